@@ -1,0 +1,71 @@
+"""The agent-runner port: what the runtime hands a runner, and what it gets back.
+
+A runner owns one agent process for one run: it launches it in the workspace, drives turns
+until the agent is done, ``agent.max_turns`` is reached or the issue stops being active, reports
+progress through ``on_update``, and kills the whole process group when its task is cancelled.
+Failures raise :class:`AgentRunError` with a stable code; a clean return is a successful run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+from lorenz.config import AgentKindSettings
+from lorenz.model import AgentUpdate, Issue, LorenzError
+
+
+class AgentRunError(LorenzError):
+    """A run failed: ``code`` is one of the runner's documented codes (``turn_failed``, ...)."""
+
+    code = "agent_run_failed"
+
+
+class ToolHandler(Protocol):
+    """Executes host-side tools an agent may call (``linear_graphql``)."""
+
+    def tool_specs(self) -> list[dict[str, Any]]:
+        """Tool descriptions advertised to the agent (name, description, input schema)."""
+        ...
+
+    async def call_tool(self, name: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
+        """Run a tool; return ``{"success": bool, "output": str, ...}``; never raise."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class AgentRunRequest:
+    """Everything one run needs."""
+
+    issue: Issue
+    attempt: int | None
+    slot_index: int
+    prompt: str
+    """The fully rendered first-turn prompt."""
+    workspace: Path
+    settings: AgentKindSettings
+    max_turns: int
+    env: Mapping[str, str]
+    """The complete environment for the agent process (tracker secrets already stripped)."""
+    on_update: Callable[[AgentUpdate], None]
+    """Progress sink; cheap and synchronous, never raises."""
+    issue_is_active: Callable[[], Awaitable[bool]]
+    """Asked before each continuation turn: keep going only while this says yes."""
+    continuation_prompt: Callable[[int, int], str]
+    """``(turn, max_turns) -> text`` for turns 2..max_turns (never the original prompt)."""
+    tools: ToolHandler | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class AgentRunResult:
+    """How a successful run ended."""
+
+    turns: int
+    session_id: str | None = None
+    stop_reason: str | None = None
+
+
+class AgentRunner(Protocol):
+    async def run(self, request: AgentRunRequest) -> AgentRunResult: ...

@@ -1,0 +1,511 @@
+"""The one configuration schema: WORKFLOW.md front matter, the Workflow CRD spec, and the docs.
+
+Every key is declared once, here, with its type, default, validation, a docstring (which
+pydantic turns into the field description, and from there into the JSON schema and the CRD),
+and a reload note in ``json_schema_extra``:
+
+* ``hot`` — re-read on every tick or every use; a reload applies it at once;
+* ``new-runs`` — read when a run starts; in-flight runs keep the old value;
+* ``restart`` — read once at start-up (listeners, stores).
+
+Validation is strict: an invalid value is an error naming its key path, never a silent fallback
+to a default. Unknown keys inside a known section are errors (a typo must not pass silently);
+unknown *top-level* keys are ignored with a warning by the loader (``lorenz.workflow``).
+
+Two field markers drive the loader's ``$VAR`` resolution without a second list of keys:
+``x-lorenz-env: secret`` (a whole-value ``$VAR`` is replaced by the variable's value, and an
+empty result counts as missing) and ``x-lorenz-env: path`` (``$VAR`` and ``~`` expansion, then
+relative paths resolve against the directory of WORKFLOW.md).
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from typing import Annotated, Any, Literal
+
+import pydantic
+from pydantic import BeforeValidator, Field
+
+RELOAD_KEY = "x-lorenz-reload"
+ENV_KEY = "x-lorenz-env"
+PASSTHROUGH_KEY = "x-lorenz-passthrough"
+
+
+def _reload(mode: Literal["hot", "new-runs", "restart"], **extra: Any) -> dict[str, Any]:
+    return {RELOAD_KEY: mode, **extra}
+
+
+def _int_like(value: Any) -> Any:
+    # NB: YAML gives real ints; accept decimal strings too ("30000"), but never bools or floats,
+    # which pydantic's lax mode would otherwise coerce (True -> 1, 3.0 -> 3).
+    if isinstance(value, bool):
+        raise ValueError("must be an integer, not a boolean")
+    if isinstance(value, float):
+        raise ValueError("must be an integer")
+    if isinstance(value, str):
+        text = value.strip()
+        if not re.fullmatch(r"[+-]?\d+", text):
+            raise ValueError("must be an integer")
+        return int(text)
+    return value
+
+
+Int = Annotated[int, BeforeValidator(_int_like)]
+PositiveInt = Annotated[int, BeforeValidator(_int_like), Field(gt=0)]
+NonNegativeInt = Annotated[int, BeforeValidator(_int_like), Field(ge=0)]
+
+
+def _strip_blank_to_none(value: Any) -> Any:
+    if isinstance(value, str) and not value.strip():
+        return None
+    return value
+
+
+OptionalScript = Annotated[str | None, BeforeValidator(_strip_blank_to_none)]
+
+
+class Section(pydantic.BaseModel):
+    """Base of every config section: unknown keys are errors, docstrings become descriptions."""
+
+    model_config = pydantic.ConfigDict(
+        extra="forbid",
+        use_attribute_docstrings=True,
+        validate_default=True,
+        frozen=True,
+    )
+
+
+class TrackerKind(enum.StrEnum):
+    LINEAR = "linear"
+    GITHUB = "github"
+    FILES = "files"
+    MEMORY = "memory"
+
+
+DEFAULT_ACTIVE_STATES = ("Todo", "In Progress")
+DEFAULT_TERMINAL_STATES = ("Closed", "Cancelled", "Canceled", "Duplicate", "Done")
+
+
+class TrackerSettings(Section):
+    """Where issues come from and which of their states mean "work on it" or "done"."""
+
+    kind: TrackerKind | None = Field(default=None, json_schema_extra=_reload("hot"))
+    """The tracker adapter: ``linear``, ``github``, ``files`` (Markdown files in a folder) or
+    ``memory`` (tests). Required before anything is dispatched."""
+
+    endpoint: str | None = Field(default=None, json_schema_extra=_reload("hot"))
+    """API endpoint. Defaults per kind: ``https://api.linear.app/graphql`` for linear,
+    ``https://api.github.com`` for github."""
+
+    api_key: str | None = Field(
+        default=None, json_schema_extra=_reload("hot", **{ENV_KEY: "secret"})
+    )
+    """API token, literal or ``$VAR``. When omitted, linear reads ``LINEAR_API_KEY`` and github
+    reads ``GITHUB_TOKEN``. A ``$VAR`` that resolves to an empty string counts as missing. In
+    Kubernetes use ``apiKeySecretRef`` on the Workflow instead."""
+
+    project_slug: str | None = Field(default=None, json_schema_extra=_reload("hot"))
+    """Linear project ``slugId`` (the last segment of the project URL). Required for linear."""
+
+    repository: str | None = Field(default=None, json_schema_extra=_reload("hot"))
+    """GitHub ``owner/name``. Required for github."""
+
+    path: str | None = Field(default=None, json_schema_extra=_reload("hot", **{ENV_KEY: "path"}))
+    """Folder of issue files for the ``files`` tracker (relative to WORKFLOW.md's folder)."""
+
+    assignee: str | None = Field(
+        default=None, json_schema_extra=_reload("hot", **{ENV_KEY: "secret"})
+    )
+    """Only issues assigned to this user id (``me`` = the token's user) are dispatchable."""
+
+    active_states: tuple[str, ...] = Field(
+        default=DEFAULT_ACTIVE_STATES, json_schema_extra=_reload("hot")
+    )
+    """States that mean "work on it"; compared trimmed and lowercased."""
+
+    terminal_states: tuple[str, ...] = Field(
+        default=DEFAULT_TERMINAL_STATES, json_schema_extra=_reload("hot")
+    )
+    """States that mean "done": runs stop and their workspaces are removed."""
+
+    required_labels: tuple[str, ...] = Field(default=(), json_schema_extra=_reload("hot"))
+    """An issue must carry every one of these labels to be dispatched or to keep running."""
+
+    provider: dict[str, Any] = Field(
+        default_factory=dict, json_schema_extra=_reload("hot", **{PASSTHROUGH_KEY: True})
+    )
+    """Adapter-owned settings passed through unchanged (documented per tracker)."""
+
+    @pydantic.field_validator("active_states", "terminal_states", "required_labels", mode="before")
+    @classmethod
+    def _lists_only(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            raise ValueError("must be a YAML list of strings, not a single string")
+        return value
+
+    @pydantic.field_validator("active_states", "terminal_states")
+    @classmethod
+    def _no_blank_states(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if any(not s.strip() for s in value):
+            raise ValueError("state names must not be blank")
+        return value
+
+    @pydantic.field_validator("required_labels")
+    @classmethod
+    def _normalize_labels(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        seen: dict[str, None] = {}
+        for label in value:
+            norm = label.strip().lower()
+            if norm:
+                seen.setdefault(norm, None)
+        return tuple(seen)
+
+    @pydantic.field_validator("endpoint")
+    @classmethod
+    def _endpoint_not_blank(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("must not be blank")
+        return value
+
+
+class PollingSettings(Section):
+    """How often the tracker is polled."""
+
+    interval_ms: PositiveInt = Field(default=30000, json_schema_extra=_reload("hot"))
+    """Milliseconds between polls; takes effect when the next poll is scheduled."""
+
+
+class WorkspaceKind(enum.StrEnum):
+    DIRECTORY = "directory"
+    WORKTREE = "worktree"
+
+
+class WorkspaceSettings(Section):
+    """Where each issue's isolated working directory lives."""
+
+    root: str | None = Field(default=None, json_schema_extra=_reload("hot", **{ENV_KEY: "path"}))
+    """Parent of all workspaces; relative to WORKFLOW.md's folder. Default:
+    ``<system temp>/lorenz_workspaces``. A running issue keeps the path it was created with."""
+
+    kind: WorkspaceKind = Field(default=WorkspaceKind.DIRECTORY, json_schema_extra=_reload("hot"))
+    """``directory`` (a plain folder) or ``worktree`` (a git worktree of ``workspace.repo`` on
+    branch ``lorenz/<identifier>``)."""
+
+    repo: str | None = Field(default=None, json_schema_extra=_reload("hot", **{ENV_KEY: "path"}))
+    """The git repository worktrees are made from (``kind: worktree`` only)."""
+
+    base_ref: str = Field(default="HEAD", json_schema_extra=_reload("hot"))
+    """The commit-ish new worktree branches start from."""
+
+    @pydantic.model_validator(mode="after")
+    def _worktree_needs_repo(self) -> WorkspaceSettings:
+        if self.kind is WorkspaceKind.WORKTREE and not self.repo:
+            raise ValueError("workspace.repo is required when workspace.kind is worktree")
+        return self
+
+
+class HooksSettings(Section):
+    """Shell scripts run in the workspace around each run (``sh -lc``, cwd = workspace)."""
+
+    after_create: OptionalScript = Field(default=None, json_schema_extra=_reload("hot"))
+    """Runs once when a workspace is newly created; failure aborts the attempt and removes the
+    new directory."""
+
+    before_run: OptionalScript = Field(default=None, json_schema_extra=_reload("hot"))
+    """Runs before every attempt; failure aborts the attempt."""
+
+    after_run: OptionalScript = Field(default=None, json_schema_extra=_reload("hot"))
+    """Runs after every attempt once the workspace exists; failure is logged and ignored."""
+
+    before_remove: OptionalScript = Field(default=None, json_schema_extra=_reload("hot"))
+    """Runs before a workspace is deleted; failure is logged and deletion goes ahead."""
+
+    timeout_ms: PositiveInt = Field(default=60000, json_schema_extra=_reload("hot"))
+    """Limit for each hook; the hook's process group is killed when it passes."""
+
+
+class AgentSettings(Section):
+    """Scheduling limits and which agent kind runs issues."""
+
+    kind: str = Field(default="codex", json_schema_extra=_reload("new-runs"))
+    """The ``agents.<kind>`` entry that runs issues (``codex`` is predefined)."""
+
+    max_concurrent_agents: PositiveInt = Field(default=10, json_schema_extra=_reload("hot"))
+    """Global cap on occupied slots (running plus reserved)."""
+
+    max_concurrent_agents_by_state: dict[str, PositiveInt] = Field(
+        default_factory=dict, json_schema_extra=_reload("hot")
+    )
+    """Per-state caps; keys are state names compared trimmed and lowercased."""
+
+    max_retry_backoff_ms: PositiveInt = Field(default=300000, json_schema_extra=_reload("hot"))
+    """Cap on the failure backoff ``10000 * 2^(attempt-1)``."""
+
+    max_turns: PositiveInt = Field(default=20, json_schema_extra=_reload("new-runs"))
+    """Turns per run on one thread while the issue stays active."""
+
+    ensemble_size: PositiveInt = Field(default=1, le=16, json_schema_extra=_reload("hot"))
+    """Slots per issue: each runs and retries independently."""
+
+    @pydantic.field_validator("max_concurrent_agents_by_state")
+    @classmethod
+    def _normalize_state_caps(cls, value: dict[str, int]) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for state, cap in value.items():
+            norm = state.strip().lower()
+            if not norm:
+                raise ValueError("state names must not be blank")
+            out[norm] = cap
+        return out
+
+
+class AgentProtocol(enum.StrEnum):
+    CODEX_APP_SERVER = "codex-app-server"
+    ACP = "acp"
+    CLAUDE_STREAM_JSON = "claude-stream-json"
+    COMMAND = "command"
+
+
+class ApprovalMode(enum.StrEnum):
+    """How Lorenz answers an agent's requests for approval (commands, file changes, ...)."""
+
+    DENY = "deny"
+    """Decline every approval request (the default: the agent works inside its sandbox)."""
+    ALLOW = "allow"
+    """Approve every request: high trust, opt in only for sandboxed hosts."""
+
+
+class AgentKindSettings(Section):
+    """One agent kind: how to launch it and how to talk to it."""
+
+    command: str = Field(min_length=1, json_schema_extra=_reload("new-runs"))
+    """Shell command, run with ``bash -lc`` in the workspace; kept verbatim."""
+
+    protocol: AgentProtocol = Field(
+        default=AgentProtocol.CODEX_APP_SERVER, json_schema_extra=_reload("new-runs")
+    )
+    """Wire protocol: ``codex-app-server``, ``acp``, ``claude-stream-json`` or ``command``."""
+
+    stall_timeout_ms: Int = Field(default=300000, json_schema_extra=_reload("hot"))
+    """A run with no agent event for this long is stalled and retried; ``<= 0`` disables."""
+
+    turn_timeout_ms: PositiveInt = Field(default=3600000, json_schema_extra=_reload("new-runs"))
+    """Limit for one turn."""
+
+    read_timeout_ms: PositiveInt = Field(default=5000, json_schema_extra=_reload("new-runs"))
+    """Limit for each request/response during the handshake."""
+
+    approvals: ApprovalMode = Field(default=ApprovalMode.DENY, json_schema_extra=_reload("new-runs"))
+    """How approval and permission requests are answered."""
+
+    approval_policy: Any = Field(
+        default=None, json_schema_extra=_reload("new-runs", **{PASSTHROUGH_KEY: True})
+    )
+    """Codex ``approvalPolicy`` passed through unchanged (string or map)."""
+
+    thread_sandbox: str | None = Field(default=None, json_schema_extra=_reload("new-runs"))
+    """Codex thread sandbox mode (``read-only``, ``workspace-write``, ``danger-full-access``)."""
+
+    turn_sandbox_policy: dict[str, Any] | None = Field(
+        default=None, json_schema_extra=_reload("new-runs", **{PASSTHROUGH_KEY: True})
+    )
+    """Codex turn ``sandboxPolicy`` passed through unchanged."""
+
+    env: dict[str, str] = Field(default_factory=dict, json_schema_extra=_reload("new-runs"))
+    """Extra environment for the agent process (tracker secrets are always stripped)."""
+
+    @pydantic.field_validator("command")
+    @classmethod
+    def _command_not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must not be blank")
+        return value
+
+
+DEFAULT_CODEX_COMMAND = "codex app-server"
+
+
+class CodexSettings(Section):
+    """Symphony-compatible ``codex`` section; it defines (or overrides) ``agents.codex``."""
+
+    command: str = Field(default=DEFAULT_CODEX_COMMAND, min_length=1)
+    """Shell command of the Codex app-server."""
+    approval_policy: Any = Field(default=None, json_schema_extra={PASSTHROUGH_KEY: True})
+    """Codex ``approvalPolicy``, passed through."""
+    thread_sandbox: str | None = None
+    """Codex thread sandbox mode."""
+    turn_sandbox_policy: dict[str, Any] | None = Field(
+        default=None, json_schema_extra={PASSTHROUGH_KEY: True}
+    )
+    """Codex turn ``sandboxPolicy``, passed through."""
+    turn_timeout_ms: PositiveInt = 3600000
+    """Limit for one turn."""
+    read_timeout_ms: PositiveInt = 5000
+    """Limit for each handshake request."""
+    stall_timeout_ms: Int = 300000
+    """Stall threshold; ``<= 0`` disables stall detection."""
+
+    def as_agent_kind(self) -> AgentKindSettings:
+        return AgentKindSettings(
+            command=self.command,
+            protocol=AgentProtocol.CODEX_APP_SERVER,
+            stall_timeout_ms=self.stall_timeout_ms,
+            turn_timeout_ms=self.turn_timeout_ms,
+            read_timeout_ms=self.read_timeout_ms,
+            approval_policy=self.approval_policy,
+            thread_sandbox=self.thread_sandbox,
+            turn_sandbox_policy=self.turn_sandbox_policy,
+        )
+
+
+class WorkerPoolSettings(Section):
+    """A worker pool that hands out hosts (two-phase dispatch)."""
+
+    enabled: bool = Field(default=False, json_schema_extra=_reload("hot"))
+    """Whether the pool governs dispatch; a disabled pool never blocks it."""
+    acquire_timeout_ms: PositiveInt = Field(default=30000, json_schema_extra=_reload("hot"))
+    """Limit for acquiring a host; reservations expire after twice this plus 60 s."""
+    drain_deadline_ms: PositiveInt = Field(default=30000, json_schema_extra=_reload("restart"))
+    """Bound on draining the pool at shutdown."""
+
+
+_HOST_RE = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.@-]+)(:\d{1,5})?$")
+
+
+class WorkerSettings(Section):
+    """Where runs execute: locally, or on SSH hosts."""
+
+    ssh_hosts: tuple[str, ...] = Field(default=(), json_schema_extra=_reload("hot"))
+    """``host`` or ``host:port`` (``[v6]:port``) entries; empty means run locally."""
+    max_concurrent_agents_per_host: PositiveInt | None = Field(
+        default=None, json_schema_extra=_reload("hot")
+    )
+    """Cap per host; unset means no per-host cap."""
+    worker_pool: WorkerPoolSettings = Field(default_factory=WorkerPoolSettings)
+    """Pool-governed dispatch."""
+
+    @pydantic.field_validator("ssh_hosts")
+    @classmethod
+    def _valid_hosts(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for host in value:
+            if not _HOST_RE.match(host.strip()):
+                raise ValueError(f"not a host or host:port: {host!r}")
+        return tuple(h.strip() for h in value)
+
+
+class ServerSettings(Section):
+    """The HTTP API, dashboard and metrics server."""
+
+    port: NonNegativeInt | None = Field(default=None, le=65535, json_schema_extra=_reload("restart"))
+    """Port to listen on; unset = no server, ``0`` = an ephemeral port. CLI ``--port`` wins."""
+    host: str = Field(default="127.0.0.1", min_length=1, json_schema_extra=_reload("restart"))
+    """Address to bind."""
+
+
+class LogFormat(enum.StrEnum):
+    TEXT = "text"
+    JSON = "json"
+
+
+class LoggingSettings(Section):
+    """Process logs and the event log file."""
+
+    log_file: str | None = Field(
+        default=None, json_schema_extra=_reload("hot", **{ENV_KEY: "path"})
+    )
+    """File that runtime events are appended to (JSON lines)."""
+    format: LogFormat = Field(default=LogFormat.TEXT, json_schema_extra=_reload("restart"))
+    """``text`` or ``json`` (one JSON object per line)."""
+    level: Literal["debug", "info", "warning", "error"] = Field(
+        default="info", json_schema_extra=_reload("restart")
+    )
+    """Minimum level of process logs."""
+
+
+class ClaimStoreBackend(enum.StrEnum):
+    MEMORY = "memory"
+    SQLITE = "sqlite"
+    TURSO = "turso"
+
+
+class ClaimStoreSettings(Section):
+    """Claim persistence. Set only through flags (``claim_store.*``), never as a section."""
+
+    backend: ClaimStoreBackend = Field(
+        default=ClaimStoreBackend.MEMORY, json_schema_extra=_reload("restart")
+    )
+    """``memory`` (process lifetime), ``sqlite`` or ``turso`` (durable, same host)."""
+    path: str = Field(default="", json_schema_extra=_reload("restart"))
+    """Store file; empty = ``<workspace.root>/.lorenz/claim-store/<sha256>/claims.db``."""
+    owner_stale_ms: NonNegativeInt = Field(default=0, json_schema_extra=_reload("restart"))
+    """Heartbeat age after which another owner's claims are recovered; 0 = store default."""
+
+
+class DaemonSettings(Section):
+    """The long-lived daemon (feature ``daemon``)."""
+
+    enabled: bool = Field(default=False, json_schema_extra=_reload("restart"))
+    """Take the leadership lease and serve control endpoints."""
+    heartbeat_ms: PositiveInt = Field(default=5000, json_schema_extra=_reload("restart"))
+    """How often the lease heartbeat is written."""
+    stale_ms: PositiveInt = Field(default=30000, json_schema_extra=_reload("restart"))
+    """Heartbeat age after which an unverifiable lease is stale."""
+
+
+class WorkflowSettings(pydantic.BaseModel):
+    """The whole front matter of WORKFLOW.md (and the spec of a Kubernetes ``Workflow``)."""
+
+    model_config = pydantic.ConfigDict(
+        extra="forbid", use_attribute_docstrings=True, validate_default=True, frozen=True
+    )
+
+    tracker: TrackerSettings = Field(default_factory=TrackerSettings)
+    """Issue source."""
+    polling: PollingSettings = Field(default_factory=PollingSettings)
+    """Poll cadence."""
+    workspace: WorkspaceSettings = Field(default_factory=WorkspaceSettings)
+    """Per-issue workspaces."""
+    hooks: HooksSettings = Field(default_factory=HooksSettings)
+    """Workspace lifecycle scripts."""
+    agent: AgentSettings = Field(default_factory=AgentSettings)
+    """Scheduling limits and the agent kind to run."""
+    agents: dict[str, AgentKindSettings] = Field(default_factory=dict)
+    """Agent kinds by name; ``codex`` is predefined from the ``codex`` section."""
+    codex: CodexSettings = Field(default_factory=CodexSettings)
+    """Symphony compatibility: defines ``agents.codex`` unless ``agents.codex`` is given."""
+    worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    """Where runs execute."""
+    server: ServerSettings = Field(default_factory=ServerSettings)
+    """HTTP server."""
+    logging: LoggingSettings = Field(default_factory=LoggingSettings)
+    """Logs."""
+    claim_store: ClaimStoreSettings = Field(default_factory=ClaimStoreSettings)
+    """Claim persistence (filled from flags by the loader)."""
+    daemon: DaemonSettings = Field(default_factory=DaemonSettings)
+    """Daemon mode (filled from flags and features by the loader)."""
+
+    def agent_kind(self, name: str | None = None) -> AgentKindSettings:
+        """The settings of agent kind ``name`` (default: ``agent.kind``)."""
+        kinds = self.effective_agents()
+        key = name or self.agent.kind
+        if key not in kinds:
+            raise KeyError(key)
+        return kinds[key]
+
+    def effective_agents(self) -> dict[str, AgentKindSettings]:
+        """``agents`` with ``codex`` filled in from the Symphony ``codex`` section."""
+        kinds = dict(self.agents)
+        kinds.setdefault("codex", self.codex.as_agent_kind())
+        return kinds
+
+    @pydantic.model_validator(mode="after")
+    def _agent_kind_defined(self) -> WorkflowSettings:
+        if self.agent.kind not in self.effective_agents():
+            known = ", ".join(sorted(self.effective_agents()))
+            raise ValueError(f"agent.kind {self.agent.kind!r} is not defined in agents ({known})")
+        return self
+
+
+TOP_LEVEL_SECTIONS: frozenset[str] = frozenset(WorkflowSettings.model_fields)
+FLAG_ONLY_SECTIONS: frozenset[str] = frozenset({"claim_store", "daemon"})

@@ -1,0 +1,208 @@
+"""The records the orchestrator keeps per slot, and the persisted form claim stores hold.
+
+In-process records carry monotonic deadlines; :class:`ClaimRecord` is what crosses a restart or
+a process boundary, so it carries wall-clock times instead (monotonic time does not survive a
+restart) and the owner that holds the slot.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import enum
+from typing import Any
+
+from lorenz.model.issues import Issue
+from lorenz.model.slots import SlotKey
+from lorenz.model.usage import TokenUsage
+
+
+class RetryKind(enum.StrEnum):
+    """Why a slot waits before it may run again."""
+
+    CONTINUATION = "continuation"
+    """The last run ended cleanly; check back shortly in case the issue is still active."""
+    FAILURE = "failure"
+    """The last run failed, stalled or could not start; back off exponentially."""
+
+
+class ClaimPhase(enum.StrEnum):
+    """Where a claimed slot is in its lifecycle (also the ``Claim`` resource's phase)."""
+
+    RESERVED = "Reserved"
+    RUNNING = "Running"
+    RETRY_PENDING = "RetryPending"
+
+
+@dataclasses.dataclass(slots=True)
+class RunningEntry:
+    """A slot with a bound run: the agent is (about to be) working on the issue."""
+
+    issue: Issue
+    slot_index: int
+    attempt: int | None
+    """``None`` for a first run; the retry's attempt number for a retry or continuation."""
+    started_at_ms: float
+    started_at: datetime.datetime
+    host: str | None = None
+    """The worker host; ``None`` is the local machine."""
+    workspace_path: str | None = None
+    session_id: str | None = None
+    thread_id: str | None = None
+    turn_id: str | None = None
+    agent_pid: int | None = None
+    last_agent_event: str | None = None
+    last_agent_message: str | None = None
+    last_agent_timestamp_ms: float | None = None
+    last_agent_at: datetime.datetime | None = None
+    turn_count: int = 0
+    usage: TokenUsage = dataclasses.field(default_factory=TokenUsage)
+    """Tokens this run has used so far (sum over its sessions)."""
+    last_reported: TokenUsage = dataclasses.field(default_factory=TokenUsage)
+    """The running totals of the current session as last reported, for delta accounting."""
+    cost_usd: float = 0.0
+    last_reported_cost_usd: float = 0.0
+    retry_kind: RetryKind | None = None
+    """The kind of retry that led to this run, if any."""
+
+    @property
+    def key(self) -> SlotKey:
+        from lorenz.model.slots import slot_key
+
+        return slot_key(self.issue.id, self.slot_index)
+
+
+@dataclasses.dataclass(slots=True)
+class ReservationRecord:
+    """A slot claimed while a worker pool looks for a host: it counts toward every cap."""
+
+    issue: Issue
+    slot_index: int
+    token: str
+    """The ABA guard: bind and cancel with any other token are no-ops."""
+    attempt: int | None
+    reserved_at_ms: float
+    expires_at_ms: float
+    reserved_at: datetime.datetime
+    consumed_retry: RetryEntry | None = None
+    """The retry entry this reservation consumed; a cancel puts it back untouched."""
+
+    @property
+    def key(self) -> SlotKey:
+        from lorenz.model.slots import slot_key
+
+        return slot_key(self.issue.id, self.slot_index)
+
+
+@dataclasses.dataclass(slots=True)
+class RetryEntry:
+    """A slot waiting for its backoff to pass before it may be dispatched again."""
+
+    issue_id: str
+    identifier: str
+    slot_index: int
+    attempt: int
+    kind: RetryKind
+    due_at_ms: float
+    """Monotonic deadline in this process."""
+    due_at: datetime.datetime
+    """The same deadline on the wall clock, for persistence and display."""
+    error: str | None = None
+    host: str | None = None
+    """The host the last run used; a retry prefers it."""
+    workspace_path: str | None = None
+
+    @property
+    def key(self) -> SlotKey:
+        from lorenz.model.slots import slot_key
+
+        return slot_key(self.issue_id, self.slot_index)
+
+
+@dataclasses.dataclass(slots=True)
+class ClaimRecord:
+    """One claimed slot as a claim store persists it (one row, or one ``Claim`` resource)."""
+
+    slot_key: SlotKey
+    issue_id: str
+    identifier: str
+    slot_index: int
+    phase: ClaimPhase
+    owner: str
+    """The identity of the process (or operator replica) that holds the slot."""
+    attempt: int | None = None
+    retry_kind: RetryKind | None = None
+    due_at: datetime.datetime | None = None
+    """Wall-clock due time of a pending retry."""
+    reservation_token: str | None = None
+    host: str | None = None
+    workspace_path: str | None = None
+    started_at: datetime.datetime | None = None
+    last_agent_at: datetime.datetime | None = None
+    turn_count: int = 0
+    usage: TokenUsage = dataclasses.field(default_factory=TokenUsage)
+    last_error: str | None = None
+    session_id: str | None = None
+    updated_at: datetime.datetime | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-safe form (timestamps as ISO strings)."""
+
+        def iso(value: datetime.datetime | None) -> str | None:
+            return value.isoformat() if value else None
+
+        return {
+            "slot_key": self.slot_key,
+            "issue_id": self.issue_id,
+            "identifier": self.identifier,
+            "slot_index": self.slot_index,
+            "phase": self.phase.value,
+            "owner": self.owner,
+            "attempt": self.attempt,
+            "retry_kind": self.retry_kind.value if self.retry_kind else None,
+            "due_at": iso(self.due_at),
+            "reservation_token": self.reservation_token,
+            "host": self.host,
+            "workspace_path": self.workspace_path,
+            "started_at": iso(self.started_at),
+            "last_agent_at": iso(self.last_agent_at),
+            "turn_count": self.turn_count,
+            "usage": self.usage.to_dict(),
+            "last_error": self.last_error,
+            "session_id": self.session_id,
+            "updated_at": iso(self.updated_at),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ClaimRecord:
+        """The inverse of :meth:`to_dict`."""
+
+        def ts(value: Any) -> datetime.datetime | None:
+            return datetime.datetime.fromisoformat(value) if value else None
+
+        usage = data.get("usage") or {}
+        return cls(
+            slot_key=SlotKey(data["slot_key"]),
+            issue_id=data["issue_id"],
+            identifier=data["identifier"],
+            slot_index=int(data["slot_index"]),
+            phase=ClaimPhase(data["phase"]),
+            owner=data["owner"],
+            attempt=data.get("attempt"),
+            retry_kind=RetryKind(data["retry_kind"]) if data.get("retry_kind") else None,
+            due_at=ts(data.get("due_at")),
+            reservation_token=data.get("reservation_token"),
+            host=data.get("host"),
+            workspace_path=data.get("workspace_path"),
+            started_at=ts(data.get("started_at")),
+            last_agent_at=ts(data.get("last_agent_at")),
+            turn_count=int(data.get("turn_count") or 0),
+            usage=TokenUsage(
+                input_tokens=int(usage.get("input_tokens", 0)),
+                output_tokens=int(usage.get("output_tokens", 0)),
+                total_tokens=int(usage.get("total_tokens", 0)),
+            ),
+            last_error=data.get("last_error"),
+            session_id=data.get("session_id"),
+            updated_at=ts(data.get("updated_at")),
+        )

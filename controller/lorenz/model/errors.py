@@ -1,0 +1,25 @@
+"""Errors a user can cause carry a stable code and a one-line message that says what to do.
+
+Codes are part of the product's interface (docs, tests, ``lorenz validate`` output, Kubernetes
+conditions): they never change once released. Messages may improve.
+"""
+
+from __future__ import annotations
+
+
+class LorenzError(Exception):
+    """Base of every coded error."""
+
+    code: str = "lorenz_error"
+
+    def __init__(self, message: str, *, code: str | None = None, key_path: str | None = None):
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+        self.message = message
+        self.key_path = key_path
+        """The config key the error is about, when there is one (``agent.max_turns``)."""
+
+    def __str__(self) -> str:
+        where = f" [{self.key_path}]" if self.key_path else ""
+        return f"{self.code}{where}: {self.message}"

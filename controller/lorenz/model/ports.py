@@ -1,0 +1,105 @@
+"""The ports the scheduling core talks through: claim persistence and worker capacity.
+
+The orchestrator never opens a file, a socket or a database. It persists every mutation of
+claim state through a :class:`ClaimStore` handed to it by a composition root, and asks a
+:class:`CapacityProbe` whether a worker pool governs dispatch. Implementations live in layer 5
+(``lorenz.claims``, ``lorenz.workers``) and in the operator (``lorenz.kube``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+from lorenz.model.entries import ClaimRecord
+from lorenz.model.slots import SlotKey
+
+
+@dataclasses.dataclass(slots=True)
+class StoredState:
+    """Everything a claim store holds, as read at start-up (hydration)."""
+
+    claims: list[ClaimRecord] = dataclasses.field(default_factory=list)
+    """Every claim row, of every owner."""
+    checkpoint: Mapping[str, Any] | None = None
+    """The last orchestrator checkpoint (usage totals, completed ids, ...), if any."""
+    stale_owners: frozenset[str] = frozenset()
+    """Owners whose heartbeat is older than the stale threshold at read time."""
+
+
+class ClaimStore(Protocol):
+    """Persistence of slot claims, shared by every process that works one workflow.
+
+    NB: :meth:`acquire` is the only exclusion point between processes: it must be a single
+    transaction that succeeds only if the slot is free, already ours, or held by a stale owner.
+    """
+
+    @property
+    def owner(self) -> str:
+        """This process's owner identity, written into every record it acquires."""
+        ...
+
+    @property
+    def durable(self) -> bool:
+        """Whether claims survive this process (``memory`` does not)."""
+        ...
+
+    async def load(self) -> StoredState:
+        """Read all claims and the checkpoint (used once, at start-up or takeover)."""
+        ...
+
+    async def acquire(self, record: ClaimRecord) -> bool:
+        """Claim ``record.slot_key`` for this owner; ``False`` if a live other owner holds it."""
+        ...
+
+    async def save(self, record: ClaimRecord) -> None:
+        """Update a claim this owner holds (phase, attempt, usage, ...)."""
+        ...
+
+    async def release(self, key: SlotKey) -> None:
+        """Drop this owner's claim on ``key`` (no-op when absent or not ours)."""
+        ...
+
+    async def take_over(self, *, from_owners: Iterable[str]) -> list[ClaimRecord]:
+        """Re-own every claim of ``from_owners`` (dead or stale) and return the new records."""
+        ...
+
+    async def save_checkpoint(self, checkpoint: Mapping[str, Any]) -> None:
+        """Persist the orchestrator's non-claim state (totals, completed ids)."""
+        ...
+
+    async def heartbeat(self) -> None:
+        """Record that this owner is alive."""
+        ...
+
+    async def close(self) -> None:
+        """Release resources; the composition root calls it once, at shutdown."""
+        ...
+
+
+class CapacityProbe(Protocol):
+    """The orchestrator's view of a worker pool: whether it governs dispatch, and if it has room.
+
+    When :meth:`governs` is true, claims become reservations that the runtime binds once the
+    pool hands out a real host (two-phase dispatch).
+    """
+
+    def governs(self) -> bool: ...
+
+    def has_capacity(self) -> bool: ...
+
+
+class StaticCapacity:
+    """No pool: the static/local path (claims go straight to running)."""
+
+    def governs(self) -> bool:
+        return False
+
+    def has_capacity(self) -> bool:
+        return True
+
+
+def records_by_key(records: Sequence[ClaimRecord]) -> dict[SlotKey, ClaimRecord]:
+    """Index claim records by slot key."""
+    return {r.slot_key: r for r in records}
