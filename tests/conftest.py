@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
-pytest_plugins = ("tests.cluster.fixtures",)
+# NB: the control-plane fixtures are a plugin so that every test folder (cluster smoke tests,
+# operator tests) can use them. A test that asks for them without the plugin fails loudly with
+# "fixture not found", so loading it conditionally cannot hide a broken harness.
+pytest_plugins = (
+    ("tests.cluster.fixtures",) if importlib.util.find_spec("tests.cluster.fixtures") else ()
+)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
