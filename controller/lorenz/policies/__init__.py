@@ -1,0 +1,85 @@
+"""Pure scheduling rules: eligibility, order, caps, host choice, backoff, stalls, outcomes.
+
+Every function here is a plain computation over model objects and settings, with no state and
+no I/O, so each rule is tested on its own and the orchestrator (layer 3) only combines them.
+"""
+
+from lorenz.policies.backoff import (
+    CONTINUATION_ATTEMPT,
+    CONTINUATION_DELAY_MS,
+    FAILURE_BASE_DELAY_MS,
+    RESERVATION_EXPIRY_MARGIN_MS,
+    failure_backoff_ms,
+    next_failure_attempt,
+    reservation_lifetime_ms,
+    retry_plan,
+)
+from lorenz.policies.concurrency import (
+    CapacityShortage,
+    available_slots,
+    capacity_shortage,
+    select_worker_host,
+    state_limit,
+)
+from lorenz.policies.eligibility import (
+    Ineligibility,
+    IssueRules,
+    dispatchable_issues,
+    has_open_blockers,
+    is_routable,
+    issue_ineligibility,
+    retry_is_due,
+    slot_ineligibility,
+)
+from lorenz.policies.ordering import (
+    UNRANKED_PRIORITY,
+    created_rank,
+    dispatch_sort_key,
+    priority_rank,
+    sort_for_dispatch,
+)
+from lorenz.policies.outcomes import (
+    POISON_WORKER_ERROR_PREFIXES,
+    WorkerHealth,
+    classify_worker_outcome,
+)
+from lorenz.policies.reconciliation import StopReason, reconciliation_decision
+from lorenz.policies.stalls import is_stalled, last_activity_ms, stall_error, stalled_for_ms
+
+__all__ = [
+    "CONTINUATION_ATTEMPT",
+    "CONTINUATION_DELAY_MS",
+    "FAILURE_BASE_DELAY_MS",
+    "POISON_WORKER_ERROR_PREFIXES",
+    "RESERVATION_EXPIRY_MARGIN_MS",
+    "UNRANKED_PRIORITY",
+    "CapacityShortage",
+    "Ineligibility",
+    "IssueRules",
+    "StopReason",
+    "WorkerHealth",
+    "available_slots",
+    "capacity_shortage",
+    "classify_worker_outcome",
+    "created_rank",
+    "dispatch_sort_key",
+    "dispatchable_issues",
+    "failure_backoff_ms",
+    "has_open_blockers",
+    "is_routable",
+    "is_stalled",
+    "issue_ineligibility",
+    "last_activity_ms",
+    "next_failure_attempt",
+    "priority_rank",
+    "reconciliation_decision",
+    "reservation_lifetime_ms",
+    "retry_is_due",
+    "retry_plan",
+    "select_worker_host",
+    "slot_ineligibility",
+    "sort_for_dispatch",
+    "stall_error",
+    "stalled_for_ms",
+    "state_limit",
+]

@@ -1,0 +1,52 @@
+"""How long a slot waits before it may run again, and how long a reservation may hold a slot.
+
+Pure arithmetic, kept apart so the numbers the docs promise (10 s, 20 s, 40 s, ... capped) are
+tested in one place and the orchestrator cannot drift from them.
+"""
+
+from __future__ import annotations
+
+from lorenz.model import RetryKind
+
+CONTINUATION_DELAY_MS = 1000
+"""A clean exit re-checks the issue after this fixed delay."""
+CONTINUATION_ATTEMPT = 1
+"""A continuation retry always carries attempt 1."""
+FAILURE_BASE_DELAY_MS = 10000
+"""The first failure waits this long; each further failure doubles it."""
+MAX_BACKOFF_EXPONENT = 30
+"""NB: the exponent is capped so a huge attempt number cannot build a huge integer; any cap
+configurable in ``agent.max_retry_backoff_ms`` is reached long before ``2**30 * 10 s``."""
+
+RESERVATION_EXPIRY_MARGIN_MS = 60000
+"""Added to twice the acquire timeout to get a reservation's defensive lifetime."""
+
+
+def failure_backoff_ms(attempt: int, *, max_backoff_ms: int) -> int:
+    """``min(10000 * 2**(attempt-1), max_backoff_ms)``; attempts below 1 count as 1."""
+    exponent = min(max(attempt, 1) - 1, MAX_BACKOFF_EXPONENT)
+    return min(FAILURE_BASE_DELAY_MS * (1 << exponent), max_backoff_ms)
+
+
+def next_failure_attempt(previous_attempt: int | None) -> int:
+    """The attempt number of the retry after a failed run (a first run counts as attempt 0)."""
+    return (previous_attempt or 0) + 1
+
+
+def retry_plan(
+    *, kind: RetryKind, previous_attempt: int | None, max_backoff_ms: int
+) -> tuple[int, int]:
+    """``(attempt, delay_ms)`` of the retry written when a run ends.
+
+    A continuation (clean exit) is always attempt 1 after 1000 ms, whatever came before; a
+    failure is the previous attempt plus one, with capped exponential backoff.
+    """
+    if kind is RetryKind.CONTINUATION:
+        return CONTINUATION_ATTEMPT, CONTINUATION_DELAY_MS
+    attempt = next_failure_attempt(previous_attempt)
+    return attempt, failure_backoff_ms(attempt, max_backoff_ms=max_backoff_ms)
+
+
+def reservation_lifetime_ms(acquire_timeout_ms: int) -> int:
+    """``acquire_timeout_ms * 2 + 60000``: after this a reservation is swept (cancelled)."""
+    return acquire_timeout_ms * 2 + RESERVATION_EXPIRY_MARGIN_MS
