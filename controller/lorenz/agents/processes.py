@@ -1,0 +1,336 @@
+"""One agent child process: launched in its own process group, read line by line, killed whole.
+
+Every wire protocol Lorenz speaks (Codex app-server, ACP, Claude stream-json, plain commands)
+runs a shell command in the workspace and exchanges newline-delimited messages over stdio. The
+traps are the same for all of them, so they are solved once, here:
+
+* agents send single lines of many megabytes (whole diffs, file contents): ``asyncio``'s line
+  reader gives up at 64 KiB, so lines are framed by hand up to :data:`MAX_LINE_BYTES`, and a
+  longer line is reported and skipped without desynchronising the stream;
+* an agent that floods stderr while nobody reads it blocks on a full pipe and looks hung:
+  stderr is drained continuously into a small ring buffer (its tail explains failures);
+* agents spawn helpers (shells, language servers, test runners): killing only the direct child
+  leaves them running, so every agent gets its own session and process group, and termination
+  signals the whole group, then sweeps any descendant that escaped it;
+* the agent must see exactly the environment it was given (tracker secrets already removed),
+  never whatever the controller happens to have.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import os
+import signal
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+
+import psutil
+
+from lorenz.agents.base import AgentRunError
+
+logger = logging.getLogger(__name__)
+
+MAX_LINE_BYTES = 16 * 1024 * 1024
+"""The longest stdout line accepted (agents send huge diffs on one line)."""
+
+STDERR_RING_BYTES = 64 * 1024
+"""How much of the most recent stderr output is kept for error messages."""
+
+_READ_CHUNK_BYTES = 256 * 1024
+_GROUP_POLL_S = 0.02
+
+
+class LineTooLong(AgentRunError):
+    """A stdout line passed :data:`MAX_LINE_BYTES`; the rest of that line is discarded."""
+
+    code = "agent_line_too_long"
+
+
+class AgentStdinClosed(AgentRunError):
+    """Writing to the agent failed because it closed its stdin (usually: it exited)."""
+
+    code = "agent_exited"
+
+
+class AgentProcess:
+    """A running agent: line-framed stdout, drained stderr, group-wide termination.
+
+    Not safe for concurrent readers: one task reads lines, any task may write.
+    """
+
+    def __init__(self, process: asyncio.subprocess.Process, *, command: str) -> None:
+        self._process = process
+        self.command = command
+        self.pid: int = process.pid
+        # NB: with start_new_session=True the child is a session and group leader, so its
+        # process-group id is its pid; it stays valid while any group member is alive.
+        self._pgid: int = process.pid
+        self._buffer = bytearray()
+        self._scan_from = 0
+        self._discarding = False
+        self._eof = False
+        self._stderr_ring: collections.deque[bytes] = collections.deque()
+        self._stderr_size = 0
+        self._stderr_total = 0
+        self._write_lock = asyncio.Lock()
+        self._terminated: asyncio.Future[int | None] | None = None
+        self._stderr_task = asyncio.create_task(
+            self._drain_stderr(), name=f"agent-stderr-{self.pid}"
+        )
+        self._descendants: dict[int, psutil.Process] = {}
+
+    # -- status ---------------------------------------------------------------------------
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit status once the process has been reaped (negative: killed by a signal)."""
+        return self._process.returncode
+
+    @property
+    def stderr_bytes_total(self) -> int:
+        """How many bytes of stderr the agent has written so far (kept or not)."""
+        return self._stderr_total
+
+    # -- stdout ---------------------------------------------------------------------------
+
+    async def read_line(self, *, timeout_s: float | None = None) -> bytes | None:
+        """One stdout line without its ``\\n``; ``None`` at end of output.
+
+        Raises :class:`TimeoutError` when no complete line arrives within ``timeout_s`` (the
+        partial line is kept for the next call) and :class:`LineTooLong` when a line passes
+        :data:`MAX_LINE_BYTES` (the rest of it is skipped; the next call reads the next line).
+        """
+        async with asyncio.timeout(timeout_s):
+            return await self._next_line()
+
+    async def _next_line(self) -> bytes | None:
+        stdout = self._process.stdout
+        assert stdout is not None
+        while True:
+            newline = self._buffer.find(b"\n", self._scan_from)
+            if newline >= 0:
+                if self._discarding:
+                    del self._buffer[: newline + 1]
+                    self._scan_from = 0
+                    self._discarding = False
+                    continue
+                line = bytes(self._buffer[:newline])
+                del self._buffer[: newline + 1]
+                self._scan_from = 0
+                return line
+            if self._discarding:
+                self._buffer.clear()
+                self._scan_from = 0
+            elif len(self._buffer) > MAX_LINE_BYTES:
+                size = len(self._buffer)
+                self._buffer.clear()
+                self._scan_from = 0
+                self._discarding = True
+                raise LineTooLong(
+                    f"agent {self.pid} sent a stdout line over {MAX_LINE_BYTES} bytes "
+                    f"({size} bytes so far); it was skipped — make the agent send smaller "
+                    "messages"
+                )
+            else:
+                self._scan_from = len(self._buffer)
+            if self._eof:
+                if self._buffer and not self._discarding:
+                    line = bytes(self._buffer)
+                    self._buffer.clear()
+                    self._scan_from = 0
+                    return line
+                return None
+            chunk = await stdout.read(_READ_CHUNK_BYTES)
+            if not chunk:
+                self._eof = True
+            else:
+                self._buffer += chunk
+
+    # -- stdin ----------------------------------------------------------------------------
+
+    async def write_line(self, data: bytes) -> None:
+        """Send ``data`` plus ``\\n`` and wait until the pipe accepted it."""
+        stdin = self._process.stdin
+        if stdin is None:
+            raise AgentStdinClosed(f"agent {self.pid} was started without stdin")
+        async with self._write_lock:
+            try:
+                stdin.write(data + b"\n")
+                await stdin.drain()
+            except (BrokenPipeError, ConnectionResetError, RuntimeError) as exc:
+                # NB: RuntimeError is what a write on an already-closed transport raises.
+                raise AgentStdinClosed(
+                    f"agent {self.pid} stopped reading its stdin ({exc.__class__.__name__}); "
+                    f"it has probably exited: {self.stderr_tail(max_bytes=500)}"
+                ) from exc
+
+    async def close_stdin(self) -> None:
+        """Signal end of input; harmless if the agent already closed its end."""
+        stdin = self._process.stdin
+        if stdin is None or stdin.is_closing():
+            return
+        stdin.close()
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            await stdin.wait_closed()
+
+    # -- stderr ---------------------------------------------------------------------------
+
+    async def _drain_stderr(self) -> None:
+        stderr = self._process.stderr
+        if stderr is None:
+            return
+        while True:
+            chunk = await stderr.read(64 * 1024)
+            if not chunk:
+                return
+            self._stderr_total += len(chunk)
+            self._stderr_ring.append(chunk)
+            self._stderr_size += len(chunk)
+            while self._stderr_size - len(self._stderr_ring[0]) >= STDERR_RING_BYTES:
+                self._stderr_size -= len(self._stderr_ring.popleft())
+
+    def stderr_tail(self, *, max_bytes: int = 4096) -> str:
+        """The last ``max_bytes`` of stderr, decoded leniently and stripped."""
+        data = b"".join(self._stderr_ring)[-max_bytes:]
+        return data.decode("utf-8", errors="replace").strip()
+
+    async def stderr_drained(self, *, timeout_s: float | None = None) -> None:
+        """Wait until stderr reached end of file (after exit), so the tail is complete."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                await asyncio.shield(self._stderr_task)
+
+    # -- lifetime -------------------------------------------------------------------------
+
+    async def wait(self, *, timeout_s: float | None = None) -> int:
+        """Wait for the process to exit; :class:`TimeoutError` if it does not in time."""
+        async with asyncio.timeout(timeout_s):
+            return await self._process.wait()
+
+    async def terminate(self, *, grace_s: float = 2.0) -> int | None:
+        """Stop the agent and everything it started; returns its exit status.
+
+        SIGTERM goes to the whole process group; whatever is still alive after ``grace_s``
+        (group members, and descendants that left the group) gets SIGKILL. Idempotent and safe
+        to call concurrently: later calls wait for the first one.
+        """
+        if self._terminated is None:
+            self._terminated = asyncio.get_running_loop().create_future()
+            try:
+                result = await asyncio.shield(self._terminate(grace_s=grace_s))
+            except BaseException:
+                # NB: a cancelled caller must not leave the child alive; finish the kill
+                # synchronously (SIGKILL cannot be refused) before propagating.
+                self._kill_everything()
+                self._terminated.set_result(self.returncode)
+                raise
+            self._terminated.set_result(result)
+            return result
+        return await asyncio.shield(self._terminated)
+
+    async def _terminate(self, *, grace_s: float) -> int | None:
+        self._remember_descendants()
+        self._signal_group(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            if self._process.returncode is not None and not self._group_alive():
+                break
+            await asyncio.sleep(_GROUP_POLL_S)
+        self._kill_everything()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(grace_s, 1.0) + 5.0):
+                await self._process.wait()
+        await self.stderr_drained(timeout_s=1.0)
+        self._close_pipes()
+        return self._process.returncode
+
+    def _remember_descendants(self) -> None:
+        with contextlib.suppress(psutil.Error):
+            for child in psutil.Process(self.pid).children(recursive=True):
+                self._descendants[child.pid] = child
+
+    def _kill_everything(self) -> None:
+        self._remember_descendants()
+        self._signal_group(signal.SIGKILL)
+        for child in self._descendants.values():
+            # NB: psutil checks the process start time, so a reused pid is never signalled.
+            with contextlib.suppress(psutil.Error):
+                if child.is_running():
+                    child.kill()
+        if self._process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self._process.kill()
+
+    def _signal_group(self, signum: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._pgid, signum)
+
+    def _group_alive(self) -> bool:
+        try:
+            os.killpg(self._pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        # NB: zombies still count as group members until their parent reaps them; treat a
+        # group made only of zombies as gone.
+        with contextlib.suppress(psutil.Error):
+            for proc in psutil.process_iter(["pid"]):
+                with contextlib.suppress(psutil.Error):
+                    if os.getpgid(proc.pid) == self._pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                        return True
+            return False
+        return True
+
+    def _close_pipes(self) -> None:
+        for stream in (self._process.stdin,):
+            if stream is not None and not stream.is_closing():
+                stream.close()
+        transport = getattr(self._process, "_transport", None)
+        if transport is not None:
+            transport.close()
+
+    async def __aenter__(self) -> AgentProcess:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.terminate()
+
+
+async def spawn_agent(
+    *, command: str, cwd: Path, env: Mapping[str, str], stdin: bool = True
+) -> AgentProcess:
+    """Start ``bash -lc <command>`` in ``cwd`` with exactly ``env``, in its own process group.
+
+    Raises :class:`AgentRunError` (``agent_spawn_failed``) when the workspace or bash is missing.
+    """
+    try:
+        process = await asyncio.create_subprocess_exec(
+            "bash",
+            "-lc",
+            command,
+            stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=str(cwd),
+            env=dict(env),
+            start_new_session=True,
+        )
+    except OSError as exc:
+        raise AgentRunError(
+            f"could not start the agent command in {cwd}: {exc.strerror or exc}; "
+            "check that the workspace exists and bash is installed",
+            code="agent_spawn_failed",
+        ) from exc
+    logger.debug("agent started", extra={"pid": process.pid, "cwd": str(cwd)})
+    return AgentProcess(process, command=command)
