@@ -1,0 +1,184 @@
+"""pytest glue for tests that need a real Kubernetes API: the `kube_control_plane` fixture.
+
+Loaded suite-wide through `pytest_plugins` in tests/conftest.py, so any test under tests/ (the
+operator tests in tests/kube/ included) can ask for `kube_control_plane` or `kube_namespace`.
+
+The backend is chosen by `--test-cluster=envtest|kind` or $LORENZ_TEST_CLUSTER (default
+envtest): envtest starts etcd + kube-apiserver + kube-controller-manager from the binaries
+tests/cluster/build.sh builds; kind uses pytest-kind's `kind_cluster` (needs Docker). Both give
+the same `tests.cluster.cluster.Cluster`.
+
+Missing binaries or a control plane that does not come up make every test that uses the
+fixture fail (an error at setup), never skip: a skipped cluster suite looks green.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+import pytest
+
+from tests.cluster.cluster import Cluster, cluster_from_kubeconfig
+from tests.cluster.controlplane import (
+    BUILD_SCRIPT,
+    Binaries,
+    ControlPlane,
+    ControlPlaneError,
+    runs_root,
+)
+
+BACKENDS = ("envtest", "kind")
+_ENV_BACKEND = "LORENZ_TEST_CLUSTER"
+_CLUSTER_FIXTURES = frozenset({"kube_control_plane", "kube_namespace"})
+
+
+@dataclass
+class _SessionState:
+    backend: str
+    control_plane: ControlPlane | None = None
+    startup_seconds: float | None = None
+
+
+_STATE = pytest.StashKey[_SessionState]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("lorenz-cluster", "Kubernetes test cluster")
+    group.addoption(
+        "--test-cluster",
+        choices=BACKENDS,
+        default=None,
+        help=f"Cluster backend for `cluster` tests (default: ${_ENV_BACKEND} or envtest).",
+    )
+
+
+def _backend(config: pytest.Config) -> str:
+    chosen = config.getoption("--test-cluster") or os.environ.get(_ENV_BACKEND) or "envtest"
+    if chosen not in BACKENDS:
+        raise pytest.UsageError(f"{_ENV_BACKEND}={chosen!r}: expected one of {BACKENDS}")
+    return str(chosen)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[_STATE] = _SessionState(backend=_backend(config))
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    state = config.stash[_STATE]
+    if state.backend == "kind":
+        return ["test cluster: kind (pytest-kind `kind_cluster`; needs Docker)"]
+    binaries = Binaries.locate()
+    v = binaries.versions
+    missing = binaries.missing()
+    status = f"MISSING {', '.join(missing)} (run {BUILD_SCRIPT})" if missing else "built"
+    return [
+        f"test cluster: envtest (kubernetes {v.get('K8S_VERSION')}, etcd {v.get('ETCD_VERSION')}, "
+        f"helm {v.get('HELM_VERSION')}); binaries {binaries.directory}: {status}",
+        f"control-plane logs: under {runs_root()}/ (exact directory in the summary)",
+    ]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Whatever uses the cluster is a `cluster` test, so `-m "not cluster"` deselects it even
+    # when its author forgot the mark.
+    for item in items:
+        fixtures = getattr(item, "fixturenames", ())
+        if _CLUSTER_FIXTURES.intersection(fixtures) and "cluster" not in item.keywords:
+            item.add_marker(pytest.mark.cluster)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    state = terminalreporter.config.stash.get(_STATE, None)
+    if state is None or state.control_plane is None:
+        return
+    took = f" (started in {state.startup_seconds:.1f}s)" if state.startup_seconds else ""
+    terminalreporter.write_line(f"control-plane logs: {state.control_plane.log_dir}{took}")
+
+
+@contextlib.contextmanager
+def _terminate_means_interrupt() -> Iterator[None]:
+    """Turn SIGTERM/SIGHUP into KeyboardInterrupt while the control plane runs.
+
+    NB: Python dies on SIGTERM without running finalizers or atexit; as KeyboardInterrupt it
+    unwinds like Ctrl-C, pytest tears the session fixtures down and the processes are stopped.
+    """
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous: dict[signal.Signals, object] = {}
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        with contextlib.suppress(ValueError):  # not the main thread: leave signals alone
+            if signal.getsignal(sig) is signal.SIG_DFL:
+                previous[sig] = signal.signal(sig, interrupt)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+
+
+def _envtest(state: _SessionState) -> Iterator[Cluster]:
+    binaries = Binaries.locate()
+    try:
+        binaries.require()
+    except ControlPlaneError as err:
+        pytest.fail(str(err), pytrace=False)
+    control_plane = ControlPlane(binaries=binaries)
+    state.control_plane = control_plane
+    # NB: atexit covers an exit that skips fixture teardown; stop() is idempotent.
+    atexit.register(control_plane.stop)
+    try:
+        with _terminate_means_interrupt():
+            began = time.monotonic()
+            try:
+                cluster = control_plane.start()
+            except ControlPlaneError as err:
+                pytest.fail(f"test control plane did not start: {err}", pytrace=False)
+            state.startup_seconds = time.monotonic() - began
+            yield cluster
+    finally:
+        control_plane.stop()
+        atexit.unregister(control_plane.stop)
+
+
+def _kind(request: pytest.FixtureRequest, workdir: Path) -> Cluster:
+    kind = request.getfixturevalue("kind_cluster")  # pytest-kind: creates the cluster
+    binaries = Binaries.locate()
+    own_kubectl = binaries.path("kubectl")
+    kubectl = own_kubectl if own_kubectl.is_file() else Path(kind.kubectl_path).resolve()
+    return cluster_from_kubeconfig(
+        backend="kind",
+        kubeconfig=Path(kind.kubeconfig_path).resolve(),
+        workdir=workdir,
+        kubectl_bin=kubectl,
+        helm_bin=binaries.path("helm"),
+    )
+
+
+@pytest.fixture(scope="session")
+def kube_control_plane(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cluster]:
+    """A running Kubernetes cluster for the whole session (see tests.cluster.cluster.Cluster)."""
+    state = request.config.stash[_STATE]
+    if state.backend == "kind":
+        yield _kind(request, tmp_path_factory.mktemp("kind"))
+        return
+    yield from _envtest(state)
+
+
+@pytest.fixture
+def kube_namespace(kube_control_plane: Cluster) -> Iterator[str]:
+    """A fresh namespace for one test, deleted (without waiting) afterwards."""
+    name = kube_control_plane.create_namespace()
+    yield name
+    kube_control_plane.delete_namespace(name, wait=False)
