@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from lorenz.config import TrackerSettings, WorkflowSettings
 from lorenz.model import Issue, LorenzError
 
 
@@ -17,6 +18,28 @@ class TrackerError(LorenzError):
     """A tracker request failed; ``code`` says how (``linear_api_status``, ...)."""
 
     code = "tracker_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str | None = None,
+        key_path: str | None = None,
+        retryable: bool = False,
+        retry_after_ms: int | None = None,
+    ) -> None:
+        super().__init__(message, code=code, key_path=key_path)
+        self.retryable = retryable
+        """Whether the same request may succeed later (transport, 5xx, rate limits)."""
+        self.retry_after_ms = retry_after_ms
+        """When the tracker said how long to wait (rate limits), that wait in milliseconds."""
+
+
+def tracker_settings_of(settings: WorkflowSettings | TrackerSettings) -> TrackerSettings:
+    """Adapters take either the whole workflow settings or just their section."""
+    if isinstance(settings, WorkflowSettings):
+        return settings.tracker
+    return settings
 
 
 class TrackerClient(Protocol):
