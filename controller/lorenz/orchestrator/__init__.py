@@ -1,0 +1,63 @@
+"""The scheduling core: one authoritative state and the only component that changes it.
+
+The runtime (layer 6) asks :class:`Orchestrator` for sorted candidates, claims them, reports
+agent progress and run endings back, and reads snapshots; the orchestrator persists every claim
+and retry through the injected claim store. See ``docs/scheduling.md`` for the rules.
+"""
+
+from lorenz.orchestrator.errors import (
+    AlreadyStarted,
+    CheckpointInvalid,
+    ClaimRecordInvalid,
+    OrchestratorError,
+)
+from lorenz.orchestrator.results import (
+    ClaimResult,
+    DispatchCandidate,
+    EligibilityReport,
+    HydrationReport,
+    Reserved,
+    Skipped,
+    SkipReason,
+    Started,
+)
+from lorenz.orchestrator.scheduling import (
+    CHECKPOINT_SCHEMA,
+    DEFAULT_FOREIGN_RECHECK_MS,
+    Orchestrator,
+)
+from lorenz.orchestrator.snapshots import (
+    BlockedRow,
+    OrchestratorSnapshot,
+    ReservingRow,
+    RetryRow,
+    RunningRow,
+)
+from lorenz.orchestrator.state import ForeignClaim, OrchestratorState
+from lorenz.policies import StopReason
+
+__all__ = [
+    "CHECKPOINT_SCHEMA",
+    "DEFAULT_FOREIGN_RECHECK_MS",
+    "AlreadyStarted",
+    "BlockedRow",
+    "CheckpointInvalid",
+    "ClaimRecordInvalid",
+    "ClaimResult",
+    "DispatchCandidate",
+    "EligibilityReport",
+    "ForeignClaim",
+    "HydrationReport",
+    "Orchestrator",
+    "OrchestratorError",
+    "OrchestratorSnapshot",
+    "OrchestratorState",
+    "Reserved",
+    "ReservingRow",
+    "RetryRow",
+    "RunningRow",
+    "SkipReason",
+    "Skipped",
+    "Started",
+    "StopReason",
+]

@@ -1,0 +1,117 @@
+"""What the orchestrator hands back: dispatch candidates, claim outcomes, hydration reports.
+
+These are the vocabulary between the decider (the orchestrator) and the actor (the runtime):
+the runtime asks for candidates, tries to claim each one, and acts on the outcome — start a run,
+start acquiring a worker for a reservation, or emit ``dispatch_skipped`` with the reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Mapping
+from typing import Any
+
+from lorenz.model import Issue, LorenzError, ReservationRecord, RetryEntry, RunningEntry, SlotKey
+
+
+@dataclasses.dataclass(slots=True)
+class DispatchCandidate:
+    """One slot of one eligible issue, in dispatch order.
+
+    NB: a plain (not frozen) slotted dataclass on purpose: eligibility builds one per eligible
+    slot on every tick, and a frozen dataclass costs six times as much to construct. Treat it as
+    read-only.
+    """
+
+    issue: Issue
+    slot_index: int
+    key: SlotKey
+    retry: RetryEntry | None = None
+    """The due retry this slot would consume (``None`` for a first run)."""
+
+    @property
+    def attempt(self) -> int | None:
+        """The attempt the run would carry: the retry's, or ``None`` for a first run."""
+        return self.retry.attempt if self.retry is not None else None
+
+    @property
+    def preferred_host(self) -> str | None:
+        """The host a retry would like to go back to."""
+        return self.retry.host if self.retry is not None else None
+
+
+class SkipReason(enum.StrEnum):
+    """Why :meth:`~lorenz.orchestrator.Orchestrator.claim` did not claim a candidate."""
+
+    GLOBAL_CAPACITY = "global_capacity"
+    STATE_CAPACITY = "state_capacity"
+    WORKER_HOST_CAPACITY = "worker_host_capacity"
+    ALREADY_CLAIMED = "already_claimed"
+    CLAIMED_ELSEWHERE = "claimed_elsewhere"
+    """Another live owner of the claim store holds the slot (``acquire`` said no)."""
+    NOT_DUE = "not_due"
+    STALE_CANDIDATE = "stale_candidate"
+    """The candidate carried a retry that is gone (released or replaced) since eligibility."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Started:
+    """Static/local path: the slot is running now, on ``entry.host``."""
+
+    entry: RunningEntry
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Reserved:
+    """Pool-governed path: the slot is held while the pool finds a host; bind or cancel it."""
+
+    reservation: ReservationRecord
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Skipped:
+    """Nothing was claimed; ``reason`` is a :class:`SkipReason` (a ``str``)."""
+
+    reason: SkipReason
+
+
+ClaimResult = Started | Reserved | Skipped
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EligibilityReport:
+    """Side effects of the last eligibility pass, for the runtime's events and timers."""
+
+    expired: tuple[ReservationRecord, ...] = ()
+    """Reservations swept because they outlived ``acquire_timeout_ms * 2 + 60000``."""
+    pruned: tuple[RetryEntry, ...] = ()
+    """Retries dropped because their issue is no longer an active, routable candidate."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HydrationReport:
+    """What :meth:`~lorenz.orchestrator.Orchestrator.hydrate` found in the claim store."""
+
+    interrupted: tuple[SlotKey, ...] = ()
+    """Running or reserved slots of a lost owner, turned into failure retries."""
+    restored_retries: tuple[SlotKey, ...] = ()
+    """Pending retries restored with their original due time."""
+    foreign: Mapping[SlotKey, str] = dataclasses.field(default_factory=dict)
+    """Slots held by other live owners, with their owner; never dispatched by us."""
+    taken_over_from: frozenset[str] = frozenset()
+    """Owners whose claims this process now owns (stale ones, and our own previous life)."""
+    usage_restored: bool = False
+    """Whether usage totals came back from the checkpoint."""
+    problems: tuple[LorenzError, ...] = ()
+    """Rows or checkpoint parts that could not be used, each with a stable code."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "interrupted": list(self.interrupted),
+            "restored_retries": list(self.restored_retries),
+            "foreign": dict(self.foreign),
+            "taken_over_from": sorted(self.taken_over_from),
+            "usage_restored": self.usage_restored,
+            "problems": [{"code": p.code, "message": p.message} for p in self.problems],
+        }

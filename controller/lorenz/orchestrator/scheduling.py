@@ -1,0 +1,934 @@
+"""The orchestrator: the only writer of scheduling state, a state machine over slots.
+
+It decides and records; it never acts. It does not fetch issues, spawn agents, arm timers or
+sleep: the runtime does all of that and reports back through these methods. The only I/O is the
+injected :class:`~lorenz.model.ClaimStore`, through which every change of a claim or a retry is
+persisted (acquire on claim; save on bind, update and finish-to-retry; release on cleanup), and
+the only time source is the injected :class:`~lorenz.model.Clock`, so tests are exact.
+
+Slot lifecycle::
+
+    unclaimed ──claim──▶ reserved ──bind──▶ running ──finish──▶ retry pending ──due──▶ unclaimed
+         │                  │ cancel/expire (no backoff, retry restored)  ▲
+         └──claim (static)──┴──────────────────▶ running                 │
+                                                  └── cleanup (reconciliation) ──▶ released
+
+NB: every mutating method holds one :class:`asyncio.Lock` for its whole body, store awaits
+included. Without it two dispatches could both pass the cap check while the first one waits on
+``store.acquire``. In-memory state is changed only *after* an acquire succeeds, so a refused
+acquire leaves everything as it was (apart from remembering the slot as foreign).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import secrets
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from lorenz.config import WorkflowSettings
+from lorenz.model import (
+    AgentUpdate,
+    CapacityProbe,
+    ClaimPhase,
+    ClaimRecord,
+    ClaimStore,
+    Clock,
+    Issue,
+    ReservationRecord,
+    RetryEntry,
+    RetryKind,
+    RunningEntry,
+    SlotKey,
+    StaticCapacity,
+    TokenUsage,
+    UsageTotals,
+    parse_slot_key,
+    slot_key,
+)
+from lorenz.orchestrator.errors import AlreadyStarted, CheckpointInvalid, ClaimRecordInvalid
+from lorenz.orchestrator.records import reserved_record, retry_record, running_record
+from lorenz.orchestrator.results import (
+    ClaimResult,
+    DispatchCandidate,
+    EligibilityReport,
+    HydrationReport,
+    Reserved,
+    Skipped,
+    SkipReason,
+    Started,
+)
+from lorenz.orchestrator.snapshots import (
+    OrchestratorSnapshot,
+    ReservingRow,
+    RetryRow,
+    RunningRow,
+)
+from lorenz.orchestrator.state import ForeignClaim, OrchestratorState
+from lorenz.policies import (
+    IssueRules,
+    StopReason,
+    capacity_shortage,
+    dispatchable_issues,
+    failure_backoff_ms,
+    next_failure_attempt,
+    reconciliation_decision,
+    reservation_lifetime_ms,
+    retry_plan,
+    select_worker_host,
+    stalled_for_ms,
+)
+from lorenz.policies.ordering import UNRANKED_PRIORITY
+
+CHECKPOINT_SCHEMA = 1
+"""Version of the checkpoint mapping written through :meth:`ClaimStore.save_checkpoint`."""
+
+DEFAULT_FOREIGN_RECHECK_MS = 30000
+"""How long a slot held by another owner is left alone before a claim may ask the store again,
+when ``claim_store.owner_stale_ms`` is 0 (the store's own default)."""
+
+_RANKS: dict[object, int] = {1: 1, 2: 2, 3: 3, 4: 4}
+_NO_TIMESTAMP = float("inf")
+_ZERO_USAGE = TokenUsage()
+
+
+def _ms(delta: datetime.timedelta) -> float:
+    return delta.total_seconds() * 1000.0
+
+
+def _max_usage(a: TokenUsage, b: TokenUsage) -> TokenUsage:
+    return TokenUsage(
+        input_tokens=max(a.input_tokens, b.input_tokens),
+        output_tokens=max(a.output_tokens, b.output_tokens),
+        total_tokens=max(a.total_tokens, b.total_tokens),
+    )
+
+
+def _dropped_below(reported: TokenUsage, last: TokenUsage) -> bool:
+    return (
+        reported.input_tokens < last.input_tokens
+        or reported.output_tokens < last.output_tokens
+        or reported.total_tokens < last.total_tokens
+    )
+
+
+def _totals_plus(
+    totals: UsageTotals, *, usage: TokenUsage, seconds: float, cost_usd: float
+) -> UsageTotals:
+    return UsageTotals(
+        input_tokens=totals.input_tokens + usage.input_tokens,
+        output_tokens=totals.output_tokens + usage.output_tokens,
+        total_tokens=totals.total_tokens + usage.total_tokens,
+        seconds_running=totals.seconds_running + seconds,
+        cost_usd=totals.cost_usd + cost_usd,
+    )
+
+
+class Orchestrator:
+    """Owns :class:`OrchestratorState`; every scheduling transition goes through a method here."""
+
+    def __init__(
+        self,
+        *,
+        settings: WorkflowSettings,
+        store: ClaimStore,
+        clock: Clock,
+        capacity: CapacityProbe | None = None,
+    ) -> None:
+        self._settings = settings
+        self._rules = IssueRules.from_settings(settings)
+        self._store = store
+        self._clock = clock
+        self._capacity: CapacityProbe = capacity if capacity is not None else StaticCapacity()
+        self._state = OrchestratorState()
+        self._lock = asyncio.Lock()
+        self._slot_span = settings.agent.ensemble_size
+        """Slot indexes ever in use (max over ensemble sizes seen and hydrated slots)."""
+        self._usage_rebase: set[SlotKey] = set()
+        self._cost_rebase: set[SlotKey] = set()
+        self._last_eligibility = EligibilityReport()
+
+    # -- settings and read-only views ---------------------------------------------------------
+
+    @property
+    def settings(self) -> WorkflowSettings:
+        return self._settings
+
+    @property
+    def state(self) -> OrchestratorState:
+        """The live state, for reading only (the runtime never writes it)."""
+        return self._state
+
+    @property
+    def rules(self) -> IssueRules:
+        """The normalized tracker rules of the current settings."""
+        return self._rules
+
+    @property
+    def last_eligibility(self) -> EligibilityReport:
+        """What the last :meth:`eligible_issues` call swept and pruned."""
+        return self._last_eligibility
+
+    def update_settings(self, settings: WorkflowSettings) -> None:
+        """Swap in reloaded settings; caps, states and timeouts apply from the next decision.
+
+        Running and reserved slots are never evicted by a lowered cap: they finish normally,
+        and no new slot is claimed until occupancy is under the new cap again.
+        """
+        self._settings = settings
+        self._rules = IssueRules.from_settings(settings)
+        self._slot_span = max(self._slot_span, settings.agent.ensemble_size)
+
+    def retry_deadlines(self) -> dict[SlotKey, float]:
+        """Monotonic due time (ms) of every pending retry, for the runtime's timers."""
+        return {key: retry.due_at_ms for key, retry in self._state.retry_attempts.items()}
+
+    def tracked_issue_ids(self) -> set[str]:
+        """Issues with a slot reserving, running or retrying (what reconciliation refetches)."""
+        return self._state.tracked_issue_ids()
+
+    def available_slots(self) -> int:
+        """Free places under the global cap right now."""
+        return max(self._settings.agent.max_concurrent_agents - self._state.occupied(), 0)
+
+    def reconciliation_decision(self, issue: Issue | None) -> StopReason | None:
+        """``None`` to keep a tracked slot going, else why it must stop (see policies)."""
+        return reconciliation_decision(issue, self._rules)
+
+    def stalled_runs(self) -> dict[SlotKey, float]:
+        """Running slots past the stall threshold now, with how long each has been silent."""
+        timeout = self._settings.agent_kind().stall_timeout_ms
+        if timeout <= 0:
+            return {}
+        now_ms = self._clock.monotonic_ms()
+        out: dict[SlotKey, float] = {}
+        for key, entry in self._state.running.items():
+            elapsed = stalled_for_ms(entry, now_ms=now_ms, stall_timeout_ms=timeout)
+            if elapsed is not None:
+                out[key] = elapsed
+        return out
+
+    def stalled(self) -> list[SlotKey]:
+        """Running slot keys past the stall threshold now."""
+        return list(self.stalled_runs())
+
+    # -- hydration ----------------------------------------------------------------------------
+
+    async def hydrate(self) -> HydrationReport:
+        """Rebuild state from the claim store at start-up (or after winning leadership).
+
+        Claims of stale owners, and our own from a previous life, are taken over: a slot that
+        was running or reserved becomes a failure retry (its run is gone), a pending retry comes
+        back with its wall-clock due time mapped onto this process's monotonic clock. Claims of
+        live other owners are remembered as foreign. Usage totals come from the checkpoint.
+        """
+        async with self._lock:
+            state = self._state
+            if state.running or state.reserved or state.retry_attempts or state.claimed:
+                raise AlreadyStarted(
+                    "hydrate() runs once, before the first dispatch; create a new orchestrator",
+                )
+            stored = await self._store.load()
+            own = self._store.owner
+            now_ms = self._clock.monotonic_ms()
+            wall = self._clock.now()
+            problems: list[ClaimRecordInvalid | CheckpointInvalid] = []
+
+            by_key: dict[SlotKey, ClaimRecord] = {}
+            for record in stored.claims:
+                problem = self._record_problem(record)
+                if problem is not None:
+                    problems.append(problem)
+                    continue
+                by_key[record.slot_key] = record
+
+            stale = {r.owner for r in by_key.values() if r.owner in stored.stale_owners}
+            previous_owner = {key: r.owner for key, r in by_key.items()}
+            recovered: dict[SlotKey, ClaimRecord] = {
+                key: r for key, r in by_key.items() if r.owner == own
+            }
+            if stale:
+                for record in await self._store.take_over(from_owners=stale):
+                    if record.slot_key in by_key or self._record_problem(record) is None:
+                        recovered[record.slot_key] = record
+            foreign: dict[SlotKey, str] = {
+                key: r.owner
+                for key, r in by_key.items()
+                if key not in recovered and r.owner != own and r.owner not in stale
+            }
+
+            interrupted: list[SlotKey] = []
+            restored: list[SlotKey] = []
+            recovered_usage = _ZERO_USAGE
+            max_backoff = self._settings.agent.max_retry_backoff_ms
+            for key, record in recovered.items():
+                self._slot_span = max(self._slot_span, record.slot_index + 1)
+                if record.phase is ClaimPhase.RETRY_PENDING:
+                    due_at = record.due_at or wall
+                    retry = RetryEntry(
+                        issue_id=record.issue_id,
+                        identifier=record.identifier,
+                        slot_index=record.slot_index,
+                        attempt=record.attempt or 1,
+                        kind=record.retry_kind or RetryKind.FAILURE,
+                        due_at_ms=now_ms + _ms(due_at - wall),
+                        due_at=due_at,
+                        error=record.last_error,
+                        host=record.host,
+                        workspace_path=record.workspace_path,
+                    )
+                    restored.append(key)
+                else:
+                    # The run (or the acquire) died with its owner: it failed, retry with backoff.
+                    attempt = next_failure_attempt(record.attempt)
+                    delay = failure_backoff_ms(attempt, max_backoff_ms=max_backoff)
+                    retry = RetryEntry(
+                        issue_id=record.issue_id,
+                        identifier=record.identifier,
+                        slot_index=record.slot_index,
+                        attempt=attempt,
+                        kind=RetryKind.FAILURE,
+                        due_at_ms=now_ms + delay,
+                        due_at=wall + datetime.timedelta(milliseconds=delay),
+                        error=f"interrupted: owner {previous_owner.get(key, own)} lost",
+                        host=record.host,
+                        workspace_path=record.workspace_path,
+                    )
+                    # NB: a live run's usage is only in its claim row, never in the checkpoint
+                    # totals (those hold ended runs), so adding it here cannot count it twice.
+                    recovered_usage = recovered_usage + record.usage
+                    interrupted.append(key)
+                state.retry_attempts[key] = retry
+            recheck_at = now_ms + self._foreign_recheck_ms()
+            for key, owner in foreign.items():
+                state.foreign[key] = ForeignClaim(owner=owner, recheck_at_ms=recheck_at)
+
+            usage_restored = False
+            if stored.checkpoint is not None:
+                totals = self._read_checkpoint(stored.checkpoint)
+                if isinstance(totals, CheckpointInvalid):
+                    problems.append(totals)
+                else:
+                    state.usage_totals = totals
+                    usage_restored = True
+            if recovered_usage != _ZERO_USAGE:
+                state.usage_totals = _totals_plus(
+                    state.usage_totals, usage=recovered_usage, seconds=0.0, cost_usd=0.0
+                )
+
+            for key in interrupted:
+                await self._store.save(retry_record(state.retry_attempts[key], owner=own, now=wall))
+            if recovered_usage != _ZERO_USAGE:
+                await self._save_checkpoint()
+            return HydrationReport(
+                interrupted=tuple(interrupted),
+                restored_retries=tuple(restored),
+                foreign=foreign,
+                taken_over_from=frozenset(
+                    stale | ({own} if any(r.owner == own for r in by_key.values()) else set())
+                ),
+                usage_restored=usage_restored,
+                problems=tuple(problems),
+            )
+
+    @staticmethod
+    def _record_problem(record: ClaimRecord) -> ClaimRecordInvalid | None:
+        try:
+            issue_id, index = parse_slot_key(record.slot_key)
+        except ValueError:
+            issue_id, index = "", -1
+        if issue_id == record.issue_id and index == record.slot_index:
+            return None
+        return ClaimRecordInvalid(
+            f"claim {record.slot_key!r} does not match issue {record.issue_id!r} slot "
+            f"{record.slot_index}; delete that claim row from the claim store",
+        )
+
+    @staticmethod
+    def _read_checkpoint(checkpoint: Mapping[str, Any]) -> UsageTotals | CheckpointInvalid:
+        raw = checkpoint.get("usage_totals") if isinstance(checkpoint, Mapping) else None
+        fields = ("input_tokens", "output_tokens", "total_tokens")
+        if not isinstance(raw, Mapping) or not all(
+            isinstance(raw.get(f, 0), int) and not isinstance(raw.get(f, 0), bool) for f in fields
+        ):
+            return CheckpointInvalid(
+                "the claim store checkpoint has no readable usage_totals; usage totals start "
+                "at zero (delete the checkpoint row to silence this)",
+            )
+        try:
+            return UsageTotals(
+                input_tokens=int(raw.get("input_tokens", 0)),
+                output_tokens=int(raw.get("output_tokens", 0)),
+                total_tokens=int(raw.get("total_tokens", 0)),
+                seconds_running=float(raw.get("seconds_running", 0.0)),
+                cost_usd=float(raw.get("cost_usd", 0.0)),
+            )
+        except (TypeError, ValueError):
+            return CheckpointInvalid(
+                "the claim store checkpoint's usage_totals are not numbers; usage totals start "
+                "at zero (delete the checkpoint row to silence this)",
+            )
+
+    def _foreign_recheck_ms(self) -> float:
+        return float(self._settings.claim_store.owner_stale_ms or DEFAULT_FOREIGN_RECHECK_MS)
+
+    # -- eligibility --------------------------------------------------------------------------
+
+    async def eligible_issues(self, issues: Sequence[Issue]) -> list[DispatchCandidate]:
+        """Sorted dispatch candidates, one per free slot of every eligible issue.
+
+        First sweeps expired reservations (cancelled with their retry restored) and prunes
+        retries whose issue is no longer an active, routable, unblocked candidate (``issues`` is
+        the full candidate list). Caps are *not* applied here: :meth:`claim` applies them, so
+        the runtime can report each skipped candidate and stop at the first capacity skip.
+        """
+        async with self._lock:
+            now_ms = self._clock.monotonic_ms()
+            expired = await self._sweep_expired_locked(now_ms) if self._state.reserved else []
+            pruned = await self._prune_retries_locked(issues) if self._state.retry_attempts else []
+            self._last_eligibility = EligibilityReport(expired=tuple(expired), pruned=tuple(pruned))
+            return self._candidates(issues, now_ms=now_ms)
+
+    async def sweep_expired_reservations(self) -> list[ReservationRecord]:
+        """Cancel every reservation past its expiry (also done by :meth:`eligible_issues`)."""
+        async with self._lock:
+            return await self._sweep_expired_locked(self._clock.monotonic_ms())
+
+    def _candidates(self, issues: Sequence[Issue], *, now_ms: float) -> list[DispatchCandidate]:
+        ok = dispatchable_issues(issues, self._rules)
+        # NB: sort the issues once, then expand slots in index order: one key per issue instead
+        # of one per slot, and the key is computed inline (no per-issue helper calls).
+        ranks = _RANKS
+        utc = datetime.UTC
+
+        def sort_key(issue: Issue) -> tuple[int, float, str, str]:
+            priority = issue.priority
+            created = issue.created_at
+            if created is None:
+                ts = _NO_TIMESTAMP
+            elif created.tzinfo is None:
+                ts = created.replace(tzinfo=utc).timestamp()
+            else:
+                ts = created.timestamp()
+            rank = UNRANKED_PRIORITY if priority is True else ranks.get(priority, UNRANKED_PRIORITY)
+            return (rank, ts, issue.identifier, issue.id)
+
+        ok.sort(key=sort_key)
+        state = self._state
+        claimed = state.claimed
+        foreign = state.foreign
+        retries = state.retry_attempts
+        span = self._settings.agent.ensemble_size
+        out: list[DispatchCandidate] = []
+        append = out.append
+        if span == 1 and not claimed and not foreign and not retries:
+            for issue in ok:
+                append(DispatchCandidate(issue, 0, SlotKey(issue.id + "#0")))
+            return out
+        for issue in ok:
+            issue_id = issue.id
+            for index in range(span):
+                key = SlotKey(f"{issue_id}#{index}")
+                if key in claimed:
+                    continue
+                if foreign:
+                    held = foreign.get(key)
+                    if held is not None and held.recheck_at_ms > now_ms:
+                        continue
+                retry = retries.get(key) if retries else None
+                if retry is not None and retry.due_at_ms > now_ms:
+                    continue
+                append(DispatchCandidate(issue, index, key, retry))
+        return out
+
+    async def _prune_retries_locked(self, issues: Sequence[Issue]) -> list[RetryEntry]:
+        retries = self._state.retry_attempts
+        wanted = {retry.issue_id for retry in retries.values()}
+        present = {issue.id: issue for issue in issues if issue.id in wanted}
+        span = self._settings.agent.ensemble_size
+        rules = self._rules
+        verdicts: dict[str, StopReason | None] = {}
+        pruned: list[RetryEntry] = []
+        for key, retry in list(retries.items()):
+            issue_id = retry.issue_id
+            if issue_id not in verdicts:
+                verdicts[issue_id] = reconciliation_decision(present.get(issue_id), rules)
+            if verdicts[issue_id] is not None or retry.slot_index >= span:
+                del retries[key]
+                pruned.append(retry)
+        for retry in pruned:
+            await self._store.release(retry.key)
+        return pruned
+
+    async def _sweep_expired_locked(self, now_ms: float) -> list[ReservationRecord]:
+        expired = [r for r in self._state.reserved.values() if r.expires_at_ms <= now_ms]
+        for reservation in expired:
+            await self._cancel_locked(reservation)
+        return expired
+
+    # -- claiming -----------------------------------------------------------------------------
+
+    async def claim(self, candidate: DispatchCandidate) -> ClaimResult:
+        """Claim one candidate slot, or say why not.
+
+        Checks, in order: already claimed here; held by another owner; the candidate's retry
+        is still the current one; the retry is due; global cap; per-state cap; worker capacity
+        (the pool's ``has_capacity()`` when it governs, else a host under its per-host cap).
+        Then ``store.acquire``. Consumes the slot's retry entry (kept inside a reservation, so
+        a cancel can put it back).
+        """
+        async with self._lock:
+            state = self._state
+            settings = self._settings
+            key = candidate.key
+            now_ms = self._clock.monotonic_ms()
+            if key in state.claimed:
+                return Skipped(SkipReason.ALREADY_CLAIMED)
+            held = state.foreign.get(key)
+            if held is not None and held.recheck_at_ms > now_ms:
+                return Skipped(SkipReason.CLAIMED_ELSEWHERE)
+            current = state.retry_attempts.get(key)
+            if candidate.retry is not None and current is not candidate.retry:
+                return Skipped(SkipReason.STALE_CANDIDATE)
+            if current is not None and current.due_at_ms > now_ms:
+                return Skipped(SkipReason.NOT_DUE)
+            issue = candidate.issue
+            state_key = issue.state_key
+            shortage = capacity_shortage(
+                state_key,
+                occupied=state.occupied(),
+                occupied_in_state=state.occupied_in_state(state_key),
+                agent=settings.agent,
+            )
+            if shortage is not None:
+                return Skipped(SkipReason(shortage.value))
+
+            governed = self._capacity.governs()
+            host: str | None = None
+            if governed:
+                if not self._capacity.has_capacity():
+                    return Skipped(SkipReason.WORKER_HOST_CAPACITY)
+            elif settings.worker.ssh_hosts:
+                host = select_worker_host(
+                    settings.worker.ssh_hosts,
+                    load=state.host_load(),
+                    per_host_cap=settings.worker.max_concurrent_agents_per_host,
+                    preferred=current.host if current is not None else None,
+                )
+                if host is None:
+                    return Skipped(SkipReason.WORKER_HOST_CAPACITY)
+
+            wall = self._clock.now()
+            owner = self._store.owner
+            attempt = current.attempt if current is not None else None
+            reservation: ReservationRecord | None = None
+            entry: RunningEntry | None = None
+            if governed:
+                lifetime = reservation_lifetime_ms(settings.worker.worker_pool.acquire_timeout_ms)
+                reservation = ReservationRecord(
+                    issue=issue,
+                    slot_index=candidate.slot_index,
+                    token=secrets.token_hex(8),
+                    attempt=attempt,
+                    reserved_at_ms=now_ms,
+                    expires_at_ms=now_ms + lifetime,
+                    reserved_at=wall,
+                    consumed_retry=current,
+                )
+                record = reserved_record(reservation, owner=owner, now=wall)
+            else:
+                entry = RunningEntry(
+                    issue=issue,
+                    slot_index=candidate.slot_index,
+                    attempt=attempt,
+                    started_at_ms=now_ms,
+                    started_at=wall,
+                    host=host,
+                    workspace_path=current.workspace_path if current is not None else None,
+                    retry_kind=current.kind if current is not None else None,
+                )
+                record = running_record(entry, owner=owner, now=wall)
+
+            if not await self._store.acquire(record):
+                state.foreign[key] = ForeignClaim(
+                    owner=None, recheck_at_ms=now_ms + self._foreign_recheck_ms()
+                )
+                return Skipped(SkipReason.CLAIMED_ELSEWHERE)
+
+            state.foreign.pop(key, None)
+            if current is not None:
+                del state.retry_attempts[key]
+            state.claimed.add(key)
+            self._slot_span = max(self._slot_span, candidate.slot_index + 1)
+            if reservation is not None:
+                state.reserved[key] = reservation
+                return Reserved(reservation)
+            assert entry is not None
+            state.running[key] = entry
+            return Started(entry)
+
+    async def bind_reservation(
+        self, reservation: ReservationRecord, *, host: str | None
+    ) -> RunningEntry | None:
+        """Turn a reservation into a running slot on ``host``; ``None`` if its token is stale.
+
+        An expired reservation that has not been swept yet still binds: expiry is a guard
+        against acquires that never return, not a deadline for ones that do.
+        """
+        async with self._lock:
+            state = self._state
+            key = reservation.key
+            current = state.reserved.get(key)
+            if current is None or current.token != reservation.token:
+                return None
+            retry = current.consumed_retry
+            entry = RunningEntry(
+                issue=current.issue,
+                slot_index=current.slot_index,
+                attempt=current.attempt,
+                started_at_ms=self._clock.monotonic_ms(),
+                started_at=self._clock.now(),
+                host=host,
+                workspace_path=retry.workspace_path if retry is not None else None,
+                retry_kind=retry.kind if retry is not None else None,
+            )
+            del state.reserved[key]
+            state.running[key] = entry
+            await self._store.save(
+                running_record(entry, owner=self._store.owner, now=entry.started_at)
+            )
+            return entry
+
+    async def cancel_reservation(self, reservation: ReservationRecord) -> bool:
+        """Release a reservation with no backoff, restoring the retry it consumed.
+
+        ``False`` (and nothing changes) when the token is stale: the reservation was already
+        bound, cancelled or swept, and the slot may belong to a newer claim.
+        """
+        async with self._lock:
+            current = self._state.reserved.get(reservation.key)
+            if current is None or current.token != reservation.token:
+                return False
+            await self._cancel_locked(current)
+            return True
+
+    async def _cancel_locked(self, reservation: ReservationRecord) -> None:
+        state = self._state
+        key = reservation.key
+        del state.reserved[key]
+        state.claimed.discard(key)
+        retry = reservation.consumed_retry
+        if retry is not None:
+            state.retry_attempts[key] = retry
+            await self._store.save(
+                retry_record(retry, owner=self._store.owner, now=self._clock.now())
+            )
+        else:
+            await self._store.release(key)
+
+    # -- running slots ------------------------------------------------------------------------
+
+    async def apply_update(self, key: SlotKey, update: AgentUpdate) -> None:
+        """Fold one agent progress report into its running entry; ignored for other keys.
+
+        Usage and cost arrive as running totals and are turned into deltas against the last
+        report, so repeats and out-of-order reports never count twice. A new session id counts
+        one more turn; if the first totals after it are *lower* than the last report, they are
+        a fresh counter (a new session) and count from zero, otherwise they continue the old one
+        (Codex reports thread totals across turns).
+
+        Persisted only when something a restart needs changed (session, pid, usage, cost), not
+        for plain events or messages, which are the bulk of the traffic.
+        """
+        async with self._lock:
+            entry = self._state.running.get(key)
+            if entry is None:
+                return
+            now_ms = self._clock.monotonic_ms()
+            wall = self._clock.now()
+            stamp = update.timestamp_ms if update.timestamp_ms is not None else now_ms
+            if entry.last_agent_timestamp_ms is None or stamp >= entry.last_agent_timestamp_ms:
+                entry.last_agent_timestamp_ms = stamp
+                entry.last_agent_at = wall - datetime.timedelta(milliseconds=max(now_ms - stamp, 0))
+                entry.last_agent_event = update.event
+                if update.message is not None:
+                    entry.last_agent_message = update.message
+            persist = False
+            if update.session_id and update.session_id != entry.session_id:
+                entry.session_id = update.session_id
+                entry.turn_count += 1
+                self._usage_rebase.add(key)
+                self._cost_rebase.add(key)
+                persist = True
+            if update.pid is not None and update.pid != entry.agent_pid:
+                entry.agent_pid = update.pid
+                persist = True
+            if update.usage is not None:
+                reported = update.usage
+                last = entry.last_reported
+                if key in self._usage_rebase:
+                    self._usage_rebase.discard(key)
+                    if _dropped_below(reported, last):
+                        last = _ZERO_USAGE
+                delta = reported.delta_since(last)
+                if delta != _ZERO_USAGE:
+                    entry.usage = entry.usage + delta
+                    persist = True
+                entry.last_reported = _max_usage(last, reported)
+            if update.cost_usd is not None:
+                last_cost = entry.last_reported_cost_usd
+                if key in self._cost_rebase:
+                    self._cost_rebase.discard(key)
+                    if update.cost_usd < last_cost:
+                        last_cost = 0.0
+                if update.cost_usd > last_cost:
+                    entry.cost_usd += update.cost_usd - last_cost
+                    persist = True
+                entry.last_reported_cost_usd = max(last_cost, update.cost_usd)
+            if update.rate_limits is not None:
+                self._state.rate_limits = dict(update.rate_limits)
+            if persist:
+                await self._store.save(running_record(entry, owner=self._store.owner, now=wall))
+
+    async def set_workspace(self, key: SlotKey, path: str) -> None:
+        """Record where a running slot's workspace is (once the runtime has created it)."""
+        async with self._lock:
+            entry = self._state.running.get(key)
+            if entry is None:
+                return
+            entry.workspace_path = path
+            await self._store.save(
+                running_record(entry, owner=self._store.owner, now=self._clock.now())
+            )
+
+    async def finish(
+        self, key: SlotKey, *, normal: bool, error: str | None = None
+    ) -> RetryEntry | None:
+        """End a running slot and always schedule its retry; ``None`` if ``key`` is not running.
+
+        Clean exit: continuation retry, attempt 1, 1000 ms. Fault: failure retry, the entry's
+        attempt plus one (a first run counts as 0), ``10000 * 2**(attempt-1)`` ms capped by
+        ``agent.max_retry_backoff_ms``. The run's time and usage go into the totals. The retry
+        is written even if the issue is no longer active; the next eligibility pass prunes it.
+        """
+        async with self._lock:
+            state = self._state
+            entry = state.running.pop(key, None)
+            if entry is None:
+                return None
+            state.claimed.discard(key)
+            self._forget_session(key)
+            now_ms = self._clock.monotonic_ms()
+            wall = self._clock.now()
+            self._add_to_totals(entry, now_ms=now_ms)
+            state.completed.add(entry.issue.id)
+            kind = RetryKind.CONTINUATION if normal else RetryKind.FAILURE
+            attempt, delay = retry_plan(
+                kind=kind,
+                previous_attempt=entry.attempt,
+                max_backoff_ms=self._settings.agent.max_retry_backoff_ms,
+            )
+            retry = RetryEntry(
+                issue_id=entry.issue.id,
+                identifier=entry.issue.identifier,
+                slot_index=entry.slot_index,
+                attempt=attempt,
+                kind=kind,
+                due_at_ms=now_ms + delay,
+                due_at=wall + datetime.timedelta(milliseconds=delay),
+                error=error,
+                host=entry.host,
+                workspace_path=entry.workspace_path,
+            )
+            state.retry_attempts[key] = retry
+            # NB: the retry row first, the checkpoint second. If the process dies in between, the
+            # run's usage is lost (undercount); the other order would count it twice on recovery.
+            await self._store.save(retry_record(retry, owner=self._store.owner, now=wall))
+            await self._save_checkpoint()
+            return retry
+
+    async def release_retry(self, key: SlotKey) -> None:
+        """Drop a pending retry and release its claim row (a no-op for claimed or unknown keys)."""
+        async with self._lock:
+            if key in self._state.claimed:
+                return
+            if self._state.retry_attempts.pop(key, None) is not None:
+                await self._store.release(key)
+
+    async def cleanup_issue(self, issue_id: str) -> list[SlotKey]:
+        """Forget every slot of an issue (running, reserved, retrying) and release its rows.
+
+        Returns the keys that were running or reserved: the runtime aborts those runs. Time and
+        usage of the stopped runs still go into the totals; no retry is scheduled.
+        """
+        async with self._lock:
+            state = self._state
+            now_ms = self._clock.monotonic_ms()
+            to_abort: list[SlotKey] = []
+            touched: list[SlotKey] = []
+            ended_runs = False
+            for index in range(self._slot_span):
+                key = slot_key(issue_id, index)
+                entry = state.running.pop(key, None)
+                reservation = state.reserved.pop(key, None)
+                retry = state.retry_attempts.pop(key, None)
+                if entry is not None:
+                    self._add_to_totals(entry, now_ms=now_ms)
+                    self._forget_session(key)
+                    ended_runs = True
+                if entry is not None or reservation is not None:
+                    state.claimed.discard(key)
+                    to_abort.append(key)
+                if entry is not None or reservation is not None or retry is not None:
+                    touched.append(key)
+            for key in touched:
+                await self._store.release(key)
+            if ended_runs:
+                await self._save_checkpoint()
+            return to_abort
+
+    async def release_slot(self, key: SlotKey) -> bool:
+        """Forget one slot (running, reserved and any retry) without scheduling a retry.
+
+        For a stop that comes from outside, such as a deleted ``Claim``: the slot becomes
+        unclaimed and may be dispatched again on the next tick. A running slot's time and usage
+        still go into the totals. ``True`` if the slot was running or reserved (abort its run).
+        """
+        async with self._lock:
+            state = self._state
+            entry = state.running.pop(key, None)
+            reservation = state.reserved.pop(key, None)
+            retry = state.retry_attempts.pop(key, None)
+            if entry is None and reservation is None and retry is None:
+                return False
+            state.claimed.discard(key)
+            if entry is not None:
+                self._add_to_totals(entry, now_ms=self._clock.monotonic_ms())
+                self._forget_session(key)
+            await self._store.release(key)
+            if entry is not None:
+                await self._save_checkpoint()
+            return entry is not None or reservation is not None
+
+    async def refresh_running_issue(self, issue: Issue) -> None:
+        """Replace the issue snapshot of its running and reserved slots (moves per-state counts).
+
+        Not persisted: a claim row keeps no state, and the identifier is the only issue field it
+        stores (refreshed in memory on retries too, written with the next transition).
+        """
+        async with self._lock:
+            state = self._state
+            for index in range(self._slot_span):
+                key = slot_key(issue.id, index)
+                entry = state.running.get(key)
+                if entry is not None:
+                    entry.issue = issue
+                reservation = state.reserved.get(key)
+                if reservation is not None:
+                    reservation.issue = issue
+                retry = state.retry_attempts.get(key)
+                if retry is not None:
+                    retry.identifier = issue.identifier
+
+    async def heartbeat(self) -> None:
+        """Tell the claim store this owner is alive."""
+        await self._store.heartbeat()
+
+    def _add_to_totals(self, entry: RunningEntry, *, now_ms: float) -> None:
+        seconds = max(now_ms - entry.started_at_ms, 0.0) / 1000.0
+        self._state.usage_totals = _totals_plus(
+            self._state.usage_totals, usage=entry.usage, seconds=seconds, cost_usd=entry.cost_usd
+        )
+
+    def _forget_session(self, key: SlotKey) -> None:
+        self._usage_rebase.discard(key)
+        self._cost_rebase.discard(key)
+
+    async def _save_checkpoint(self) -> None:
+        await self._store.save_checkpoint(
+            {"schema": CHECKPOINT_SCHEMA, "usage_totals": self._state.usage_totals.to_dict()}
+        )
+
+    # -- snapshot -----------------------------------------------------------------------------
+
+    def snapshot(self) -> OrchestratorSnapshot:
+        """The lanes right now, as frozen rows; totals include the runs still going."""
+        state = self._state
+        now_ms = self._clock.monotonic_ms()
+        wall = self._clock.now()
+        totals = state.usage_totals
+        running: list[RunningRow] = []
+        for key, entry in state.running.items():
+            runtime = max(now_ms - entry.started_at_ms, 0.0) / 1000.0
+            totals = _totals_plus(
+                totals, usage=entry.usage, seconds=runtime, cost_usd=entry.cost_usd
+            )
+            running.append(
+                RunningRow(
+                    slot_key=key,
+                    issue_id=entry.issue.id,
+                    identifier=entry.issue.identifier,
+                    slot_index=entry.slot_index,
+                    state=entry.issue.state,
+                    url=entry.issue.url,
+                    host=entry.host,
+                    workspace_path=entry.workspace_path,
+                    session_id=entry.session_id,
+                    agent_pid=entry.agent_pid,
+                    attempt=entry.attempt,
+                    retry_kind=entry.retry_kind.value if entry.retry_kind else None,
+                    turn_count=entry.turn_count,
+                    last_agent_event=entry.last_agent_event,
+                    last_agent_message=entry.last_agent_message,
+                    last_agent_at=entry.last_agent_at,
+                    started_at=entry.started_at,
+                    runtime_seconds=runtime,
+                    usage=entry.usage,
+                    cost_usd=entry.cost_usd,
+                )
+            )
+        reserving = [
+            ReservingRow(
+                slot_key=key,
+                issue_id=r.issue.id,
+                identifier=r.issue.identifier,
+                slot_index=r.slot_index,
+                state=r.issue.state,
+                attempt=r.attempt,
+                reserved_at=r.reserved_at,
+                expires_at=wall + datetime.timedelta(milliseconds=r.expires_at_ms - now_ms),
+                expires_in_ms=max(r.expires_at_ms - now_ms, 0.0),
+            )
+            for key, r in state.reserved.items()
+        ]
+        retrying = [
+            RetryRow(
+                slot_key=key,
+                issue_id=retry.issue_id,
+                identifier=retry.identifier,
+                slot_index=retry.slot_index,
+                attempt=retry.attempt,
+                kind=retry.kind.value,
+                due_at=retry.due_at,
+                due_in_ms=max(retry.due_at_ms - now_ms, 0.0),
+                error=retry.error,
+                host=retry.host,
+                workspace_path=retry.workspace_path,
+            )
+            for key, retry in sorted(
+                state.retry_attempts.items(), key=lambda item: (item[1].due_at_ms, item[0])
+            )
+        ]
+        return OrchestratorSnapshot(
+            generated_at=wall,
+            running=tuple(running),
+            reserving=tuple(reserving),
+            retrying=tuple(retrying),
+            blocked=(),
+            usage_totals=totals,
+            rate_limits=dict(state.rate_limits) if state.rate_limits is not None else None,
+            claimed_elsewhere=tuple(
+                key for key, held in state.foreign.items() if held.recheck_at_ms > now_ms
+            ),
+        )
