@@ -1,0 +1,185 @@
+"""The coded errors of loading WORKFLOW.md, resolving its configuration and rendering prompts.
+
+A user causes every one of these by what they wrote (or did not write) in WORKFLOW.md, on the
+command line or in the environment, so each has a stable ``code`` that ``lorenz validate``
+prints, the docs list and the tests pin. Messages are one line and say what to do.
+
+Most failures are a single problem. Schema validation can find many at once, so
+:class:`InvalidWorkflowConfig` carries one :class:`ConfigProblem` per failure, each with its own
+key path (and, rarely, its own code: an unknown ``tracker.kind`` is reported as
+``unsupported_tracker_kind`` even though pydantic found it). :meth:`WorkflowError.problems`
+flattens either shape into printable lines, so callers never special-case the aggregate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+
+from lorenz.model import LorenzError
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ConfigProblem:
+    """One thing wrong with the configuration, at one key path."""
+
+    key_path: str
+    """Dotted path of the offending key (``agent.max_turns``, ``flags.claim_store.backend``);
+    empty when the problem is about the document as a whole."""
+    reason: str
+    """What is wrong and, where it helps, what to write instead."""
+    code: str = "invalid_workflow_config"
+    """The stable code this line is reported under."""
+
+    def format(self) -> str:
+        """``<code> <key path>: <reason>`` (the ``lorenz validate`` line format)."""
+        where = f" {self.key_path}" if self.key_path else ""
+        return f"{self.code}{where}: {self.reason}"
+
+
+class WorkflowError(LorenzError):
+    """Base of the errors caused by the workflow file, its flags or its environment.
+
+    They are configuration errors: the CLI exits 2 on them, and the runtime refuses to start
+    (or, on reload, keeps the last good configuration).
+    """
+
+    code = "workflow_error"
+
+    def problems(self) -> list[ConfigProblem]:
+        """This error as printable problems (one, unless it aggregates several)."""
+        return [ConfigProblem(self.key_path or "", self.message, self.code)]
+
+
+class MissingWorkflowFile(WorkflowError, OSError):
+    """The workflow file cannot be read (absent, a directory, no permission).
+
+    Also an :class:`OSError`, so code that guards file access with ``except OSError`` sees it.
+    """
+
+    code = "missing_workflow_file"
+
+
+class WorkflowParseError(WorkflowError):
+    """The file is not UTF-8 text, or its YAML front matter is not valid YAML."""
+
+    code = "workflow_parse_error"
+
+
+class WorkflowFrontMatterNotAMap(WorkflowError):
+    """The front matter is valid YAML but not a mapping (a list, a string, a number)."""
+
+    code = "workflow_front_matter_not_a_map"
+
+
+class TemplateParseError(WorkflowError):
+    """The prompt body is not a valid Liquid template; the run attempt fails."""
+
+    code = "template_parse_error"
+
+
+class TemplateRenderError(WorkflowError):
+    """Rendering the prompt failed (unknown variable or filter, bad filter argument); the run
+    attempt fails."""
+
+    code = "template_render_error"
+
+
+class InvalidWorkflowConfig(WorkflowError):
+    """The front matter (or a flag value) does not fit the configuration schema."""
+
+    code = "invalid_workflow_config"
+
+    def __init__(self, problems: Sequence[ConfigProblem]):
+        self.config_problems: tuple[ConfigProblem, ...] = tuple(problems)
+        joined = "; ".join(
+            f"{p.key_path} {p.reason}" if p.key_path else p.reason for p in self.config_problems
+        )
+        first = self.config_problems[0].key_path if self.config_problems else None
+        super().__init__(joined or "invalid configuration", key_path=first or None)
+
+    def problems(self) -> list[ConfigProblem]:
+        return list(self.config_problems)
+
+
+class UnsupportedTrackerKind(WorkflowError):
+    """``tracker.kind`` names no tracker adapter this build ships."""
+
+    code = "unsupported_tracker_kind"
+
+
+class FlagOnlySection(WorkflowError):
+    """A flag-only section (``claim_store``, ``daemon``) was written directly in front matter."""
+
+    code = "flag_only_section"
+
+
+class UnknownFlag(WorkflowError):
+    """A flag key (CLI, front matter ``flags:`` or ``LORENZ_FLAG_*``) is not a known flag."""
+
+    code = "unknown_flag"
+
+
+class UnknownFeature(WorkflowError):
+    """A feature name (CLI, front matter ``features:`` or ``LORENZ_FEATURE_*``) is unknown."""
+
+    code = "unknown_feature"
+
+
+class InvalidFlagSyntax(WorkflowError):
+    """A ``--flag`` argument is not ``key=value``."""
+
+    code = "invalid_flag_syntax"
+
+
+class InvalidFeatureValue(WorkflowError):
+    """A ``LORENZ_FEATURE_*`` variable is neither truthy (1/true/yes/on) nor falsy
+    (0/false/no/off)."""
+
+    code = "invalid_feature_value"
+
+
+class MissingTrackerKind(WorkflowError):
+    """No ``tracker.kind``: nothing can be dispatched."""
+
+    code = "missing_tracker_kind"
+
+
+class MissingTrackerApiKey(WorkflowError):
+    """A linear or github tracker has no API token after ``$VAR`` and fallback resolution."""
+
+    code = "missing_tracker_api_key"
+
+
+class MissingTrackerProjectSlug(WorkflowError):
+    """A linear tracker has no ``tracker.project_slug``."""
+
+    code = "missing_tracker_project_slug"
+
+
+class MissingTrackerRepository(WorkflowError):
+    """A github tracker has no ``tracker.repository``."""
+
+    code = "missing_tracker_repository"
+
+
+class MissingTrackerPath(WorkflowError):
+    """A files tracker has no ``tracker.path``."""
+
+    code = "missing_tracker_path"
+
+
+class MissingAgentCommand(WorkflowError):
+    """The selected agent kind has a blank ``command``."""
+
+    code = "missing_agent_command"
+
+
+def _all_error_classes(root: type[WorkflowError]) -> Iterable[type[WorkflowError]]:
+    for sub in root.__subclasses__():
+        yield sub
+        yield from _all_error_classes(sub)
+
+
+ERROR_CLASSES: tuple[type[WorkflowError], ...] = tuple(_all_error_classes(WorkflowError))
+"""Every coded workflow error, in declaration order (the docs' error table is built from it)."""
