@@ -93,16 +93,23 @@ class Binaries:
     def missing(self, names: Sequence[str] = CONTROL_PLANE_BINARIES) -> list[str]:
         return [n for n in names if not os.access(self.path(n), os.X_OK)]
 
+    def missing_reason(self, names: Sequence[str] = CONTROL_PLANE_BINARIES) -> str | None:
+        """Why the control plane cannot start for lack of binaries, or None."""
+        missing = self.missing(names)
+        if not missing:
+            return None
+        log = cache_root() / self.versions["K8S_VERSION"] / "build.log"
+        return (
+            f"control-plane binaries missing from {self.directory}: {', '.join(missing)}. "
+            f"Build them with {BUILD_SCRIPT} (./scripts/bootstrap runs it; the first build "
+            f"takes tens of minutes); build log: {log}"
+        )
+
     def require(self, names: Sequence[str] = CONTROL_PLANE_BINARIES) -> None:
         """Raise ControlPlaneError saying how to get the binaries when any is missing."""
-        missing = self.missing(names)
-        if missing:
-            log = self.directory.parent / "build.log"
-            raise ControlPlaneError(
-                f"control-plane binaries missing from {self.directory}: {', '.join(missing)}. "
-                f"Build them with {BUILD_SCRIPT} (./scripts/bootstrap runs it; the first build "
-                f"takes tens of minutes); build log: {log}"
-            )
+        reason = self.missing_reason(names)
+        if reason is not None:
+            raise ControlPlaneError(reason)
 
 
 def _free_port() -> int:

@@ -68,6 +68,8 @@ def _backend(config: pytest.Config) -> str:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # NB: pyproject.toml registers it too; this keeps the plugin usable on its own (-p).
+    config.addinivalue_line("markers", "cluster: needs the real Kubernetes test control plane")
     config.stash[_STATE] = _SessionState(backend=_backend(config))
 
 
@@ -128,10 +130,9 @@ def _terminate_means_interrupt() -> Iterator[None]:
 
 def _envtest(state: _SessionState) -> Iterator[Cluster]:
     binaries = Binaries.locate()
-    try:
-        binaries.require()
-    except ControlPlaneError as err:
-        pytest.fail(str(err), pytrace=False)
+    missing = binaries.missing_reason()
+    if missing is not None:
+        pytest.fail(missing, pytrace=False)
     control_plane = ControlPlane(binaries=binaries)
     state.control_plane = control_plane
     # NB: atexit covers an exit that skips fixture teardown; stop() is idempotent.
@@ -139,10 +140,13 @@ def _envtest(state: _SessionState) -> Iterator[Cluster]:
     try:
         with _terminate_means_interrupt():
             began = time.monotonic()
+            failure: str | None = None
             try:
                 cluster = control_plane.start()
             except ControlPlaneError as err:
-                pytest.fail(f"test control plane did not start: {err}", pytrace=False)
+                failure = f"test control plane did not start: {err}"
+            if failure is not None:  # NB: outside `except`, so no chained-traceback noise
+                pytest.fail(failure, pytrace=False)
             state.startup_seconds = time.monotonic() - began
             yield cluster
     finally:

@@ -174,7 +174,9 @@ def _meta(obj: V1Lease | V1ConfigMap) -> V1ObjectMeta:
 
 def test_lease_renewal_and_conflict(kube_namespace: str, api: kubernetes.client.ApiClient) -> None:
     leases = kubernetes.client.CoordinationV1Api(api)
-    acquired = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+    # NB: the Python client writes MicroTime with isoformat(), which drops the fraction when
+    # microsecond == 0, and the API server then rejects the value: keep it non-zero.
+    acquired = datetime.datetime(2026, 1, 1, 0, 0, 0, 1, tzinfo=datetime.UTC)
     lease = leases.create_namespaced_lease(
         kube_namespace,
         V1Lease(
