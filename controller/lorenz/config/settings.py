@@ -296,7 +296,9 @@ class AgentKindSettings(Section):
     read_timeout_ms: PositiveInt = Field(default=5000, json_schema_extra=_reload("new-runs"))
     """Limit for each request/response during the handshake."""
 
-    approvals: ApprovalMode = Field(default=ApprovalMode.DENY, json_schema_extra=_reload("new-runs"))
+    approvals: ApprovalMode = Field(
+        default=ApprovalMode.DENY, json_schema_extra=_reload("new-runs")
+    )
     """How approval and permission requests are answered."""
 
     approval_policy: Any = Field(
@@ -329,21 +331,25 @@ DEFAULT_CODEX_COMMAND = "codex app-server"
 class CodexSettings(Section):
     """Symphony-compatible ``codex`` section; it defines (or overrides) ``agents.codex``."""
 
-    command: str = Field(default=DEFAULT_CODEX_COMMAND, min_length=1)
+    command: str = Field(
+        default=DEFAULT_CODEX_COMMAND, min_length=1, json_schema_extra=_reload("new-runs")
+    )
     """Shell command of the Codex app-server."""
-    approval_policy: Any = Field(default=None, json_schema_extra={PASSTHROUGH_KEY: True})
+    approval_policy: Any = Field(
+        default=None, json_schema_extra=_reload("new-runs", **{PASSTHROUGH_KEY: True})
+    )
     """Codex ``approvalPolicy``, passed through."""
-    thread_sandbox: str | None = None
+    thread_sandbox: str | None = Field(default=None, json_schema_extra=_reload("new-runs"))
     """Codex thread sandbox mode."""
     turn_sandbox_policy: dict[str, Any] | None = Field(
-        default=None, json_schema_extra={PASSTHROUGH_KEY: True}
+        default=None, json_schema_extra=_reload("new-runs", **{PASSTHROUGH_KEY: True})
     )
     """Codex turn ``sandboxPolicy``, passed through."""
-    turn_timeout_ms: PositiveInt = 3600000
+    turn_timeout_ms: PositiveInt = Field(default=3600000, json_schema_extra=_reload("new-runs"))
     """Limit for one turn."""
-    read_timeout_ms: PositiveInt = 5000
+    read_timeout_ms: PositiveInt = Field(default=5000, json_schema_extra=_reload("new-runs"))
     """Limit for each handshake request."""
-    stall_timeout_ms: Int = 300000
+    stall_timeout_ms: Int = Field(default=300000, json_schema_extra=_reload("hot"))
     """Stall threshold; ``<= 0`` disables stall detection."""
 
     def as_agent_kind(self) -> AgentKindSettings:
@@ -397,7 +403,9 @@ class WorkerSettings(Section):
 class ServerSettings(Section):
     """The HTTP API, dashboard and metrics server."""
 
-    port: NonNegativeInt | None = Field(default=None, le=65535, json_schema_extra=_reload("restart"))
+    port: NonNegativeInt | None = Field(
+        default=None, le=65535, json_schema_extra=_reload("restart")
+    )
     """Port to listen on; unset = no server, ``0`` = an ephemeral port. CLI ``--port`` wins."""
     host: str = Field(default="127.0.0.1", min_length=1, json_schema_extra=_reload("restart"))
     """Address to bind."""

@@ -1,0 +1,171 @@
+"""The ``lorenz`` command: run mode by default, plus subcommands found in a registry.
+
+Usage shapes::
+
+    lorenz [WORKFLOW.md] [--flag k=v]... [--feature f]...   # run mode (no subcommand)
+    lorenz validate [WORKFLOW.md] [--flag/--feature ...]
+    lorenz config [WORKFLOW.md] [--json] [--flag/--feature ...]
+    lorenz status|refresh|stop|operator|crds ...             # as their modules arrive
+
+A first argument that is not a known subcommand means run mode, so ``lorenz WORKFLOW.md`` and
+``lorenz --feature daemon WORKFLOW.md`` both run. (A workflow file literally named like a
+subcommand is reached as ``lorenz ./validate``.)
+
+Each subcommand is one module with ``add_arguments(parser)`` and ``run(args) -> int``, listed in
+:data:`SUBCOMMANDS` by module *name*: adding one is a new module plus one registry line, and
+nothing is imported until it is chosen. NB: keep this module free of heavy imports (pydantic,
+aiohttp, kopf): ``lorenz status`` must start in well under 300 ms, so every subcommand imports
+what it needs inside ``run``. A registered module that does not exist yet reports "not available"
+instead of being mistaken for a workflow path.
+
+Exit codes: 0 ok, 1 runtime failure, 2 configuration or usage error, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import importlib.util
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import lorenz
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+"""A runtime failure: the service could not start or died."""
+EXIT_USAGE = 2
+"""A configuration or usage error: fix the workflow file, a flag or the command line."""
+EXIT_INTERRUPTED = 130
+"""Interrupted (Ctrl-C / SIGINT)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Subcommand:
+    """Where a subcommand's code lives, and its one-line help (shown without importing it)."""
+
+    module: str
+    summary: str
+
+
+class SubcommandModule(Protocol):
+    """What a subcommand module provides."""
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
+
+    def run(self, args: argparse.Namespace) -> int: ...
+
+
+RUN_MODE = Subcommand(
+    "lorenz.cli.run", "Run the workflow: poll the tracker and dispatch agent runs."
+)
+"""What ``lorenz [WORKFLOW.md] [options]`` runs (no subcommand)."""
+
+SUBCOMMANDS: dict[str, Subcommand] = {
+    "validate": Subcommand(
+        "lorenz.cli.validate", "Check WORKFLOW.md, flags and features; print each error."
+    ),
+    "config": Subcommand(
+        "lorenz.cli.config", "Print the effective configuration and each flag's source."
+    ),
+    "status": Subcommand("lorenz.cli.status", "Show the running daemon's state."),
+    "refresh": Subcommand("lorenz.cli.refresh", "Ask the running daemon to poll now."),
+    "stop": Subcommand("lorenz.cli.stop", "Ask the running daemon to shut down gracefully."),
+    "operator": Subcommand("lorenz.cli.operator", "Run the Kubernetes operator."),
+    "crds": Subcommand("lorenz.cli.crds", "Print the Kubernetes CustomResourceDefinitions."),
+}
+"""Subcommand name → module. A module may be listed before it exists (the name is reserved)."""
+
+
+def is_available(subcommand: Subcommand) -> bool:
+    """Whether the subcommand's module exists in this installation."""
+    try:
+        return importlib.util.find_spec(subcommand.module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``lorenz`` console script; returns the exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    # NB: without a handler, warnings logged by library layers would reach stderr through
+    # logging's last-resort handler *and* be printed by the commands; run mode installs real
+    # handlers on the root logger, which this does not block.
+    lorenz_logger = logging.getLogger("lorenz")
+    if not lorenz_logger.handlers:
+        lorenz_logger.addHandler(logging.NullHandler())
+
+    if args and args[0] in ("-h", "--help"):
+        print(_top_level_help())
+        return EXIT_OK
+    if args and args[0] == "--version":
+        print(f"lorenz {lorenz.__version__}")
+        return EXIT_OK
+    if args and args[0] in SUBCOMMANDS:
+        name = args[0]
+        return _dispatch(f"lorenz {name}", SUBCOMMANDS[name], args[1:])
+    return _dispatch("lorenz", RUN_MODE, args)
+
+
+def _dispatch(prog: str, subcommand: Subcommand, rest: list[str]) -> int:
+    if not is_available(subcommand):
+        what = "run mode" if subcommand is RUN_MODE else f"{prog!r}"
+        print(
+            f"{prog}: {what} is not available in this build yet; see `lorenz --help`",
+            file=sys.stderr,
+        )
+        return EXIT_FAILURE
+    module: Any = importlib.import_module(subcommand.module)
+    parser = argparse.ArgumentParser(prog=prog, description=subcommand.summary)
+    module.add_arguments(parser)
+    try:
+        namespace = parser.parse_args(rest)
+    except SystemExit as exc:  # argparse: 0 after --help, 2 on a usage error
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    try:
+        return int(module.run(namespace))
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except Exception as exc:
+        code = _coded_exit(exc)
+        if code is None:
+            raise
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return code
+
+
+def _coded_exit(exc: BaseException) -> int | None:
+    """Exit code for a coded error that a subcommand let escape; ``None`` if not coded."""
+    from lorenz.model import LorenzError
+
+    if not isinstance(exc, LorenzError):
+        return None
+    from lorenz.workflow import WorkflowError
+
+    return EXIT_USAGE if isinstance(exc, WorkflowError) else EXIT_FAILURE
+
+
+def _top_level_help() -> str:
+    lines = [
+        "usage: lorenz [WORKFLOW.md] [--flag KEY=VALUE]... [--feature NAME]... [options]",
+        "       lorenz <command> [args]",
+        "",
+        "Turns issue-tracker work into coding-agent runs.",
+        "",
+        "Without a command, lorenz runs the workflow (default ./WORKFLOW.md);",
+        "`lorenz WORKFLOW.md --help` lists the run options.",
+        "",
+        "commands:",
+    ]
+    width = max(len(name) for name in SUBCOMMANDS)
+    for name, subcommand in SUBCOMMANDS.items():
+        if is_available(subcommand):
+            lines.append(f"  {name.ljust(width)}  {subcommand.summary}")
+    lines += [
+        "",
+        "exit codes: 0 ok, 1 runtime failure, 2 configuration or usage error, 130 interrupted",
+    ]
+    return "\n".join(lines)
