@@ -1,5 +1,38 @@
 """Claim stores: where the orchestrator persists slot claims (memory, sqlite, turso, Claims)."""
 
+from lorenz.claims.errors import (
+    ClaimStoreBusy,
+    ClaimStoreError,
+    ClaimStoreSchemaUnsupported,
+    ClaimStoreUnreadable,
+)
 from lorenz.claims.memory import MemoryClaimStore
+from lorenz.claims.opening import (
+    default_store_path,
+    open_claim_store,
+    store_path,
+    workflow_digest,
+)
+from lorenz.claims.owners import default_owner_id
+from lorenz.claims.sql import DEFAULT_OWNER_STALE_MS, SCHEMA_VERSION, SqlClaimStore, StoreEvent
+from lorenz.claims.sqlite import SqliteClaimStore
+from lorenz.claims.turso import TursoClaimStore
 
-__all__ = ["MemoryClaimStore"]
+__all__ = [
+    "DEFAULT_OWNER_STALE_MS",
+    "SCHEMA_VERSION",
+    "ClaimStoreBusy",
+    "ClaimStoreError",
+    "ClaimStoreSchemaUnsupported",
+    "ClaimStoreUnreadable",
+    "MemoryClaimStore",
+    "SqlClaimStore",
+    "SqliteClaimStore",
+    "StoreEvent",
+    "TursoClaimStore",
+    "default_owner_id",
+    "default_store_path",
+    "open_claim_store",
+    "store_path",
+    "workflow_digest",
+]

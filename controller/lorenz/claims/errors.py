@@ -1,0 +1,66 @@
+"""The coded errors a claim store raises when the file it is pointed at cannot be used.
+
+Each one names the file, because the fix is always about that file: upgrade Lorenz, point
+``claim_store.path`` elsewhere, or stop the process that holds it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lorenz.model import LorenzError
+
+
+class ClaimStoreError(LorenzError):
+    """Base of every claim-store error."""
+
+    code = "claim_store_error"
+
+    def __init__(self, message: str, *, path: Path | None = None) -> None:
+        super().__init__(message, key_path="claim_store.path" if path is not None else None)
+        self.path = path
+
+
+class ClaimStoreSchemaUnsupported(ClaimStoreError):
+    """The file holds a schema this Lorenz does not know; nothing was read or written."""
+
+    code = "claim_store_schema_unsupported"
+
+    def __init__(self, *, path: Path, version: str | None) -> None:
+        if version is None:
+            what = "has tables but no claim_store_meta table (not a Lorenz claim store)"
+        else:
+            what = f"has schema_version {version!r}, this Lorenz supports 1"
+        super().__init__(
+            f"claim store {path} {what}; upgrade Lorenz or set claim_store.path to another file",
+            path=path,
+        )
+        self.version = version
+
+
+class ClaimStoreUnreadable(ClaimStoreError):
+    """The file exists but is not a database, or cannot be opened at all."""
+
+    code = "claim_store_unreadable"
+
+    def __init__(self, *, path: Path, reason: str) -> None:
+        super().__init__(
+            f"claim store {path} cannot be opened ({reason}); "
+            f"fix its permissions or set claim_store.path to another file",
+            path=path,
+        )
+        self.reason = reason
+
+
+class ClaimStoreBusy(ClaimStoreError):
+    """Another process kept the store's write lock for longer than the bounded retry."""
+
+    code = "claim_store_busy"
+
+    def __init__(self, *, path: Path, waited_s: float) -> None:
+        super().__init__(
+            f"claim store {path} stayed locked for {waited_s:.0f} s; "
+            f"find the process holding a write transaction on it and stop it",
+            path=path,
+        )
+        self.waited_s = waited_s

@@ -1,0 +1,740 @@
+"""The durable claim store, once, for every SQLite-compatible driver (stdlib sqlite3, pyturso).
+
+Two backends speak the same SQL and must obey the same exclusion rule, so the schema, the
+transactions and the row mapping live here, and a backend only says how to connect, how to tune
+the connection, and what its "database is locked" error looks like (:class:`SqlDriver`).
+
+Exclusion between processes rests on one thing: every write runs inside ``BEGIN IMMEDIATE``,
+which takes the database's single write lock *before* reading anything. A claim is then one
+conditional upsert ("insert, or update only if the row is already ours"), so two processes can
+never both see a slot as free. A write that finds the lock taken is retried as a whole, with
+jittered backoff, for a bounded time (``claim_store_busy`` after that).
+
+The blocking driver calls run on one thread per store (a single-thread executor): the
+connection is created and used only there (pyturso connections must not cross threads), and the
+store's operations are serialized in the order they were awaited.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import dataclasses
+import datetime
+import json
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar, Protocol, Self, TypeVar
+
+import tenacity
+
+from lorenz.claims.errors import ClaimStoreBusy, ClaimStoreSchemaUnsupported, ClaimStoreUnreadable
+from lorenz.claims.owners import ProcessIdentity, current_process
+from lorenz.model import (
+    ClaimPhase,
+    ClaimRecord,
+    Clock,
+    RetryKind,
+    SlotKey,
+    StoredState,
+    SystemClock,
+    TokenUsage,
+)
+
+logger = logging.getLogger(__name__)
+
+SCHEMA_VERSION = "1"
+"""The only schema this code reads and writes (``claim_store_meta.schema_version``)."""
+
+DEFAULT_OWNER_STALE_MS = 30_000
+"""Heartbeat age after which an owner is stale, when ``claim_store.owner_stale_ms`` is 0."""
+
+EVENTS_KEPT = 500
+"""How many recent mutation events the ``events`` table keeps."""
+
+BUSY_DEADLINE_S = 10.0
+"""How long one operation keeps retrying a locked database before ``claim_store_busy``."""
+
+BUSY_TIMEOUT_MS = 2_000
+"""The driver's own wait for the write lock, per attempt (``PRAGMA busy_timeout``)."""
+
+T = TypeVar("T")
+
+
+class DbCursor(Protocol):
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+
+class DbConnection(Protocol):
+    """The DB-API subset the store uses (autocommit mode: transactions are explicit)."""
+
+    def execute(self, sql: str, parameters: Sequence[Any] = ..., /) -> DbCursor: ...
+
+    def close(self) -> None: ...
+
+
+class SqlDriver(Protocol):
+    """What differs between SQLite-compatible drivers."""
+
+    backend: str
+    """The ``claim_store.backend`` value this driver serves."""
+
+    def connect(self, path: Path) -> DbConnection:
+        """Open ``path`` in autocommit mode (no implicit transactions) with a busy timeout."""
+        ...
+
+    def tune(self, conn: DbConnection) -> None:
+        """Set journal/durability pragmas; called only after the schema version was accepted."""
+        ...
+
+    def is_busy(self, exc: BaseException) -> bool:
+        """Whether ``exc`` means "another connection holds the lock; try again"."""
+        ...
+
+    def is_database_error(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is the driver's error for an unusable file (not a database, ...)."""
+        ...
+
+
+_CLAIM_COLUMNS: tuple[str, ...] = (
+    "slot_key",
+    "owner",
+    "issue_id",
+    "identifier",
+    "slot_index",
+    "phase",
+    "attempt",
+    "retry_kind",
+    "due_at",
+    "reservation_token",
+    "host",
+    "workspace_path",
+    "started_at",
+    "last_agent_at",
+    "turn_count",
+    "input_tokens",
+    "output_tokens",
+    "total_tokens",
+    "last_error",
+    "session_id",
+    "updated_at",
+)
+
+_SCHEMA: tuple[str, ...] = (
+    "CREATE TABLE IF NOT EXISTS claim_store_meta ( key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS claims ("
+    " slot_key TEXT PRIMARY KEY, owner TEXT NOT NULL,"
+    " issue_id TEXT NOT NULL, identifier TEXT NOT NULL, slot_index INTEGER NOT NULL,"
+    " phase TEXT NOT NULL, attempt INTEGER, retry_kind TEXT, due_at TEXT,"
+    " reservation_token TEXT, host TEXT, workspace_path TEXT, started_at TEXT,"
+    " last_agent_at TEXT, turn_count INTEGER NOT NULL DEFAULT 0,"
+    " input_tokens INTEGER NOT NULL DEFAULT 0, output_tokens INTEGER NOT NULL DEFAULT 0,"
+    " total_tokens INTEGER NOT NULL DEFAULT 0, last_error TEXT, session_id TEXT,"
+    " updated_at TEXT)",
+    "CREATE INDEX IF NOT EXISTS claims_by_owner ON claims (owner)",
+    "CREATE TABLE IF NOT EXISTS owners ("
+    " owner TEXT PRIMARY KEY, heartbeat_at REAL NOT NULL, pid INTEGER, host TEXT,"
+    " started_at REAL)",
+    "CREATE TABLE IF NOT EXISTS checkpoint ("
+    " id INTEGER PRIMARY KEY CHECK (id = 1), body TEXT NOT NULL, updated_at REAL NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS events ("
+    " id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, owner TEXT NOT NULL,"
+    " kind TEXT NOT NULL, slot_key TEXT, body TEXT)",
+)
+
+_SELECT_CLAIMS = f"SELECT {', '.join(_CLAIM_COLUMNS)} FROM claims"
+# NB: the WHERE on the DO UPDATE branch is the whole exclusion rule: a row held by anyone else
+# is left untouched and changes() stays 0. Stale owners are no exception (see take_over).
+_UPSERT_CLAIM = (
+    f"INSERT INTO claims ({', '.join(_CLAIM_COLUMNS)})"
+    f" VALUES ({', '.join('?' for _ in _CLAIM_COLUMNS)})"
+    " ON CONFLICT (slot_key) DO UPDATE SET "
+    + ", ".join(f"{c} = excluded.{c}" for c in _CLAIM_COLUMNS if c != "slot_key")
+    + " WHERE claims.owner = excluded.owner"
+)
+
+
+class EventKind:
+    """The ``events.kind`` vocabulary."""
+
+    ACQUIRE = "acquire"
+    SAVE = "save"
+    RELEASE = "release"
+    TAKE_OVER = "take_over"
+    CHECKPOINT = "checkpoint"
+    OWNER_OPEN = "owner_open"
+    OWNER_CLOSE = "owner_close"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StoreEvent:
+    """One row of the bounded ``events`` table: a recent mutation, for diagnostics."""
+
+    id: int
+    at_ms: float
+    """Wall-clock epoch milliseconds of the commit."""
+    owner: str
+    kind: str
+    slot_key: SlotKey | None
+    body: Any
+    """The JSON body (the claim record for acquire/save, the keys for take_over), or None."""
+
+
+def _iso(value: datetime.datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def _when(value: str | None) -> datetime.datetime | None:
+    return datetime.datetime.fromisoformat(value) if value else None
+
+
+def _claim_params(record: ClaimRecord, *, owner: str, now: datetime.datetime) -> tuple[Any, ...]:
+    return (
+        record.slot_key,
+        owner,
+        record.issue_id,
+        record.identifier,
+        record.slot_index,
+        record.phase.value,
+        record.attempt,
+        record.retry_kind.value if record.retry_kind is not None else None,
+        _iso(record.due_at),
+        record.reservation_token,
+        record.host,
+        record.workspace_path,
+        _iso(record.started_at),
+        _iso(record.last_agent_at),
+        record.turn_count,
+        record.usage.input_tokens,
+        record.usage.output_tokens,
+        record.usage.total_tokens,
+        record.last_error,
+        record.session_id,
+        _iso(record.updated_at or now),
+    )
+
+
+def _claim_from_row(row: Sequence[Any]) -> ClaimRecord:
+    (
+        key,
+        owner,
+        issue_id,
+        identifier,
+        slot_index,
+        phase,
+        attempt,
+        retry_kind,
+        due_at,
+        token,
+        host,
+        workspace_path,
+        started_at,
+        last_agent_at,
+        turn_count,
+        input_tokens,
+        output_tokens,
+        total_tokens,
+        last_error,
+        session_id,
+        updated_at,
+    ) = row
+    return ClaimRecord(
+        slot_key=SlotKey(key),
+        issue_id=issue_id,
+        identifier=identifier,
+        slot_index=int(slot_index),
+        phase=ClaimPhase(phase),
+        owner=owner,
+        attempt=attempt,
+        retry_kind=RetryKind(retry_kind) if retry_kind else None,
+        due_at=_when(due_at),
+        reservation_token=token,
+        host=host,
+        workspace_path=workspace_path,
+        started_at=_when(started_at),
+        last_agent_at=_when(last_agent_at),
+        turn_count=int(turn_count),
+        usage=TokenUsage(
+            input_tokens=int(input_tokens),
+            output_tokens=int(output_tokens),
+            total_tokens=int(total_tokens),
+        ),
+        last_error=last_error,
+        session_id=session_id,
+        updated_at=_when(updated_at),
+    )
+
+
+def _rollback_quietly(conn: DbConnection) -> None:
+    # NB: a failed COMMIT or a busy error may already have ended the transaction.
+    with contextlib.suppress(Exception):
+        conn.execute("ROLLBACK")
+
+
+class SqlClaimStore:
+    """A :class:`~lorenz.model.ClaimStore` in one SQLite-compatible file, shared by processes.
+
+    Build it with ``await <Backend>.open(path, owner=...)``; the constructor does no I/O.
+    """
+
+    backend: ClassVar[str] = "sql"
+
+    def __init__(
+        self,
+        *,
+        driver: SqlDriver,
+        path: Path,
+        owner: str,
+        owner_stale_ms: int = 0,
+        clock: Clock | None = None,
+        events_kept: int = EVENTS_KEPT,
+        busy_deadline_s: float = BUSY_DEADLINE_S,
+        process: ProcessIdentity | None = None,
+    ) -> None:
+        if not owner:
+            raise ValueError("a claim store needs a non-empty owner id")
+        self._driver = driver
+        self._path = path
+        self._owner = owner
+        self._owner_stale_ms = owner_stale_ms or DEFAULT_OWNER_STALE_MS
+        self._clock: Clock = clock or SystemClock()
+        self._events_kept = events_kept
+        self._busy_deadline_s = busy_deadline_s
+        self._process = process or current_process()
+        self._conn: DbConnection | None = None
+        self._closed = False
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=f"lorenz-claims-{driver.backend}"
+        )
+        self._retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception(driver.is_busy),
+            wait=tenacity.wait_random_exponential(multiplier=0.005, max=0.25),
+            stop=tenacity.stop_after_delay(busy_deadline_s),
+            reraise=True,
+        )
+
+    # -- construction --------------------------------------------------------------------
+
+    @classmethod
+    def _make_driver(cls) -> SqlDriver:
+        raise NotImplementedError
+
+    @classmethod
+    async def open(
+        cls,
+        path: Path,
+        *,
+        owner: str,
+        owner_stale_ms: int = 0,
+        clock: Clock | None = None,
+        events_kept: int = EVENTS_KEPT,
+        busy_deadline_s: float = BUSY_DEADLINE_S,
+    ) -> Self:
+        """Open (creating if needed) the store at ``path`` and register ``owner``'s heartbeat.
+
+        Raises :class:`ClaimStoreSchemaUnsupported` for a file of another schema version, and
+        :class:`ClaimStoreUnreadable` for a file that is not a database.
+        """
+        store = cls(
+            driver=cls._make_driver(),
+            path=path,
+            owner=owner,
+            owner_stale_ms=owner_stale_ms,
+            clock=clock,
+            events_kept=events_kept,
+            busy_deadline_s=busy_deadline_s,
+        )
+        try:
+            await store._run(store._open_sync, opening=True)
+        except BaseException:
+            await store._dispose()
+            raise
+        return store
+
+    # -- the ClaimStore port -----------------------------------------------------------------
+
+    @property
+    def owner(self) -> str:
+        return self._owner
+
+    @property
+    def durable(self) -> bool:
+        return True
+
+    @property
+    def path(self) -> Path:
+        """The database file."""
+        return self._path
+
+    @property
+    def owner_stale_ms(self) -> int:
+        """The effective stale threshold (the default when 0 was configured)."""
+        return self._owner_stale_ms
+
+    async def load(self) -> StoredState:
+        """Every claim (of every owner), the checkpoint, and the owners that are stale now."""
+        return await self._run(self._load_sync)
+
+    async def acquire(self, record: ClaimRecord) -> bool:
+        """Claim ``record.slot_key``; ``False`` when any other owner's row holds it.
+
+        NB: a *stale* owner's row is refused too: its claims are recovered only through
+        :meth:`take_over`, so that an interrupted run comes back as a failure retry rather than
+        being silently overwritten as new work.
+        """
+        return await self._run(lambda: self._put_sync(record, kind=EventKind.ACQUIRE))
+
+    async def save(self, record: ClaimRecord) -> None:
+        """Update our claim (or create it if the slot is free); a no-op if another owns it."""
+        await self._run(lambda: self._put_sync(record, kind=EventKind.SAVE))
+
+    async def release(self, key: SlotKey) -> None:
+        await self._run(lambda: self._release_sync(key))
+
+    async def take_over(self, *, from_owners: Iterable[str]) -> list[ClaimRecord]:
+        """Re-own the claims of those ``from_owners`` that are stale *at commit time*.
+
+        Owners that are live again (their heartbeat resumed) are skipped, and so is this owner.
+        The taken owners' heartbeat rows are deleted with their claims moved, in one transaction.
+        """
+        owners = sorted(set(from_owners) - {self._owner})
+        if not owners:
+            return []
+        return await self._run(lambda: self._take_over_sync(owners))
+
+    async def save_checkpoint(self, checkpoint: Mapping[str, Any]) -> None:
+        """Persist the orchestrator checkpoint (one row, last writer wins); must be JSON-safe."""
+        body = json.dumps(dict(checkpoint), sort_keys=True)
+        await self._run(lambda: self._checkpoint_sync(body))
+
+    async def heartbeat(self) -> None:
+        """Refresh this owner's heartbeat row (wall clock)."""
+        await self._run(self._heartbeat_sync)
+
+    async def close(self) -> None:
+        """Mark this owner closed (heartbeat 0, so a successor may take over at once) and close.
+
+        Claim rows are kept: on a graceful stop the runtime releases what it no longer holds;
+        whatever remains is for the next process to recover.
+        """
+        if self._closed:
+            return
+        try:
+            if self._conn is not None:
+                await self._run(self._close_sync)
+        finally:
+            await self._dispose()
+
+    # -- extras for recovery passes and diagnostics ----------------------------------------------
+
+    async def stale_owners(self) -> frozenset[str]:
+        """Owners (other than us) holding claims or heartbeat rows, whose heartbeat is stale."""
+        return await self._run(self._stale_owners_sync)
+
+    async def recent_events(self, *, limit: int = 100) -> list[StoreEvent]:
+        """The newest ``limit`` mutation events, newest first."""
+        return await self._run(lambda: self._events_sync(limit))
+
+    async def integrity_check(self) -> str:
+        """``PRAGMA integrity_check``: ``"ok"``, or the problems found, one per line."""
+        return await self._run(self._integrity_sync)
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    async def _run(self, fn: Callable[[], T], *, opening: bool = False) -> T:
+        if self._closed or (self._conn is None and not opening):
+            raise RuntimeError(f"claim store {self._path} is closed")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, fn)
+
+    async def _dispose(self) -> None:
+        self._closed = True
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(self._executor, conn.close)
+        self._executor.shutdown(wait=False)
+
+    def _now_ms(self) -> float:
+        return self._clock.now().timestamp() * 1000.0
+
+    def _is_stale(self, heartbeat_ms: float, now_ms: float) -> bool:
+        return heartbeat_ms < now_ms - self._owner_stale_ms
+
+    def _connection(self) -> DbConnection:
+        if self._conn is None:
+            raise RuntimeError(f"claim store {self._path} is closed")
+        return self._conn
+
+    def _transaction(self, body: Callable[[DbConnection], T], *, write: bool = True) -> T:
+        """Run ``body`` in one transaction, retrying it whole while the database is locked."""
+        conn = self._connection()
+        try:
+            for attempt in self._retrying:
+                with attempt:
+                    conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+                    try:
+                        result = body(conn)
+                        conn.execute("COMMIT")
+                    except BaseException:
+                        _rollback_quietly(conn)
+                        raise
+                    return result
+        except Exception as exc:
+            if self._driver.is_busy(exc):
+                raise ClaimStoreBusy(path=self._path, waited_s=self._busy_deadline_s) from exc
+            raise
+        raise AssertionError("unreachable: tenacity either returns or raises")
+
+    def _append_event(
+        self,
+        conn: DbConnection,
+        *,
+        kind: str,
+        now_ms: float,
+        slot_key: str | None = None,
+        body: Any = None,
+    ) -> None:
+        text = json.dumps(body, sort_keys=True) if body is not None else None
+        (last_id,) = conn.execute(
+            "INSERT INTO events (at, owner, kind, slot_key, body) VALUES (?, ?, ?, ?, ?)"
+            " RETURNING id",
+            (now_ms, self._owner, kind, slot_key, text),
+        ).fetchone()
+        # NB: AUTOINCREMENT ids only grow, so "the last N" is an id range; the trim rides in the
+        # mutation's own transaction and the table can never exceed N rows.
+        conn.execute("DELETE FROM events WHERE id <= ?", (int(last_id) - self._events_kept,))
+
+    def _upsert_owner(self, conn: DbConnection, *, heartbeat_ms: float) -> None:
+        conn.execute(
+            "INSERT INTO owners (owner, heartbeat_at, pid, host, started_at)"
+            " VALUES (?, ?, ?, ?, ?)"
+            " ON CONFLICT (owner) DO UPDATE SET heartbeat_at = excluded.heartbeat_at,"
+            " pid = excluded.pid, host = excluded.host, started_at = excluded.started_at",
+            (
+                self._owner,
+                heartbeat_ms,
+                self._process.pid,
+                self._process.host,
+                self._process.started_at * 1000.0,
+            ),
+        )
+
+    # -- the blocking operations (run on the store's thread) ----------------------------------
+
+    def _open_sync(self) -> None:
+        try:
+            self._conn = self._driver.connect(self._path)
+            self._transaction(self._check_schema, write=False)
+            self._driver.tune(self._conn)
+            self._transaction(self._create_sync)
+        except Exception as exc:
+            if self._driver.is_busy(exc):
+                raise ClaimStoreBusy(path=self._path, waited_s=0) from exc
+            if self._driver.is_database_error(exc):
+                raise ClaimStoreUnreadable(path=self._path, reason=str(exc)) from exc
+            raise
+
+    def _schema_version(self, conn: DbConnection) -> tuple[bool, str | None]:
+        """``(has tables, schema_version)`` without writing anything."""
+        names = {
+            row[0]
+            for row in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'"
+            ).fetchall()
+        }
+        names = {n for n in names if not str(n).startswith("sqlite_")}
+        if "claim_store_meta" not in names:
+            return bool(names), None
+        row = conn.execute(
+            "SELECT value FROM claim_store_meta WHERE key = 'schema_version'"
+        ).fetchone()
+        return True, (str(row[0]) if row is not None else None)
+
+    def _check_schema(self, conn: DbConnection) -> None:
+        # NB: this runs before any pragma that could rewrite the file (journal_mode=WAL), so a
+        # store of an unknown version is left exactly as it was found.
+        has_tables, version = self._schema_version(conn)
+        if has_tables and version != SCHEMA_VERSION:
+            raise ClaimStoreSchemaUnsupported(path=self._path, version=version)
+
+    def _create_sync(self, conn: DbConnection) -> None:
+        # Re-checked under the write lock: another process may have created (or replaced) the
+        # schema between our first look and now.
+        has_tables, version = self._schema_version(conn)
+        if has_tables and version != SCHEMA_VERSION:
+            raise ClaimStoreSchemaUnsupported(path=self._path, version=version)
+        if not has_tables:
+            for statement in _SCHEMA:
+                conn.execute(statement)
+            conn.execute(
+                "INSERT INTO claim_store_meta (key, value) VALUES ('schema_version', ?)",
+                (SCHEMA_VERSION,),
+            )
+        now_ms = self._now_ms()
+        self._upsert_owner(conn, heartbeat_ms=now_ms)
+        # Owner rows of long-gone processes that hold nothing are noise for every later load.
+        conn.execute(
+            "DELETE FROM owners WHERE owner != ? AND heartbeat_at < ?"
+            " AND owner NOT IN (SELECT DISTINCT owner FROM claims)",
+            (self._owner, now_ms - self._owner_stale_ms),
+        )
+        self._append_event(
+            conn,
+            kind=EventKind.OWNER_OPEN,
+            now_ms=now_ms,
+            body={"pid": self._process.pid, "host": self._process.host},
+        )
+
+    def _stale_set(self, conn: DbConnection, now_ms: float) -> frozenset[str]:
+        heartbeats = {
+            str(owner): float(at)
+            for owner, at in conn.execute("SELECT owner, heartbeat_at FROM owners").fetchall()
+        }
+        claim_owners = {
+            str(row[0]) for row in conn.execute("SELECT DISTINCT owner FROM claims").fetchall()
+        }
+        stale = {o for o, at in heartbeats.items() if self._is_stale(at, now_ms)}
+        # NB: an owner with claims but no heartbeat row cannot be proven live: it is stale.
+        stale |= claim_owners - heartbeats.keys()
+        stale.discard(self._owner)
+        return frozenset(stale)
+
+    def _load_sync(self) -> StoredState:
+        def body(conn: DbConnection) -> StoredState:
+            claims = [_claim_from_row(row) for row in conn.execute(_SELECT_CLAIMS).fetchall()]
+            row = conn.execute("SELECT body FROM checkpoint WHERE id = 1").fetchone()
+            checkpoint = json.loads(row[0]) if row is not None else None
+            stale = self._stale_set(conn, self._now_ms())
+            return StoredState(claims=claims, checkpoint=checkpoint, stale_owners=stale)
+
+        return self._transaction(body, write=False)
+
+    def _stale_owners_sync(self) -> frozenset[str]:
+        return self._transaction(lambda conn: self._stale_set(conn, self._now_ms()), write=False)
+
+    def _put_sync(self, record: ClaimRecord, *, kind: str) -> bool:
+        now = self._clock.now()
+        params = _claim_params(record, owner=self._owner, now=now)
+
+        def body(conn: DbConnection) -> bool:
+            conn.execute(_UPSERT_CLAIM, params)
+            (changed,) = conn.execute("SELECT changes()").fetchone()
+            if not changed:
+                return False
+            stored = dataclasses.replace(record, owner=self._owner)
+            self._append_event(
+                conn,
+                kind=kind,
+                now_ms=now.timestamp() * 1000.0,
+                slot_key=record.slot_key,
+                body=stored.to_dict(),
+            )
+            return True
+
+        return self._transaction(body)
+
+    def _release_sync(self, key: SlotKey) -> None:
+        def body(conn: DbConnection) -> None:
+            conn.execute("DELETE FROM claims WHERE slot_key = ? AND owner = ?", (key, self._owner))
+            (changed,) = conn.execute("SELECT changes()").fetchone()
+            if changed:
+                self._append_event(
+                    conn, kind=EventKind.RELEASE, now_ms=self._now_ms(), slot_key=key
+                )
+
+        self._transaction(body)
+
+    def _take_over_sync(self, owners: Sequence[str]) -> list[ClaimRecord]:
+        def body(conn: DbConnection) -> list[ClaimRecord]:
+            now = self._clock.now()
+            now_ms = now.timestamp() * 1000.0
+            stale = self._stale_set(conn, now_ms)
+            taken: list[ClaimRecord] = []
+            taken_from: list[str] = []
+            for owner in owners:
+                if owner not in stale:
+                    continue  # NB: live (again) or unknown: never taken
+                rows = conn.execute(
+                    f"UPDATE claims SET owner = ?, updated_at = ? WHERE owner = ?"
+                    f" RETURNING {', '.join(_CLAIM_COLUMNS)}",
+                    (self._owner, now.isoformat(), owner),
+                ).fetchall()
+                conn.execute("DELETE FROM owners WHERE owner = ?", (owner,))
+                taken.extend(_claim_from_row(row) for row in rows)
+                taken_from.append(owner)
+            if taken_from:
+                self._append_event(
+                    conn,
+                    kind=EventKind.TAKE_OVER,
+                    now_ms=now_ms,
+                    body={
+                        "from_owners": taken_from,
+                        "slot_keys": sorted(r.slot_key for r in taken),
+                    },
+                )
+            return taken
+
+        taken = self._transaction(body)
+        if taken:
+            logger.info(
+                "claims taken over",
+                extra={"path": str(self._path), "owner": self._owner, "count": len(taken)},
+            )
+        return taken
+
+    def _checkpoint_sync(self, body_text: str) -> None:
+        def body(conn: DbConnection) -> None:
+            now_ms = self._now_ms()
+            conn.execute(
+                "INSERT INTO checkpoint (id, body, updated_at) VALUES (1, ?, ?)"
+                " ON CONFLICT (id) DO UPDATE SET body = excluded.body,"
+                " updated_at = excluded.updated_at",
+                (body_text, now_ms),
+            )
+            self._append_event(
+                conn, kind=EventKind.CHECKPOINT, now_ms=now_ms, body={"bytes": len(body_text)}
+            )
+
+        self._transaction(body)
+
+    def _heartbeat_sync(self) -> None:
+        # NB: heartbeats are not events: one every few seconds would push every real mutation
+        # out of the bounded event table within minutes.
+        self._transaction(lambda conn: self._upsert_owner(conn, heartbeat_ms=self._now_ms()))
+
+    def _close_sync(self) -> None:
+        def body(conn: DbConnection) -> None:
+            self._upsert_owner(conn, heartbeat_ms=0.0)
+            self._append_event(conn, kind=EventKind.OWNER_CLOSE, now_ms=self._now_ms())
+
+        self._transaction(body)
+
+    def _events_sync(self, limit: int) -> list[StoreEvent]:
+        rows = (
+            self._connection()
+            .execute(
+                "SELECT id, at, owner, kind, slot_key, body FROM events ORDER BY id DESC LIMIT ?",
+                (limit,),
+            )
+            .fetchall()
+        )
+        return [
+            StoreEvent(
+                id=int(row[0]),
+                at_ms=float(row[1]),
+                owner=str(row[2]),
+                kind=str(row[3]),
+                slot_key=SlotKey(row[4]) if row[4] is not None else None,
+                body=json.loads(row[5]) if row[5] is not None else None,
+            )
+            for row in rows
+        ]
+
+    def _integrity_sync(self) -> str:
+        rows = self._connection().execute("PRAGMA integrity_check").fetchall()
+        return "\n".join(str(row[0]) for row in rows)
