@@ -1,4 +1,12 @@
-"""Coding-agent runners: one protocol (:class:`AgentRunner`), one module per wire protocol."""
+"""Coding-agent runners: one protocol (:class:`AgentRunner`), one module per wire protocol.
+
+:func:`build_runner` maps ``agents.<kind>.protocol`` to a runner; modules are imported on demand
+so a protocol's dependencies are only needed when it is used.
+"""
+
+from __future__ import annotations
+
+import importlib
 
 from lorenz.agents.base import (
     AgentRunError,
@@ -7,5 +15,52 @@ from lorenz.agents.base import (
     AgentRunResult,
     ToolHandler,
 )
+from lorenz.agents.environment import TRACKER_SECRET_ENV, agent_environment
+from lorenz.config import AgentProtocol
 
-__all__ = ["AgentRunError", "AgentRunRequest", "AgentRunResult", "AgentRunner", "ToolHandler"]
+_RUNNERS: dict[AgentProtocol, tuple[str, str]] = {
+    AgentProtocol.CODEX_APP_SERVER: ("lorenz.agents.codex", "CodexAppServerRunner"),
+    AgentProtocol.COMMAND: ("lorenz.agents.command", "CommandRunner"),
+    AgentProtocol.ACP: ("lorenz.agents.acp", "AcpRunner"),
+    AgentProtocol.CLAUDE_STREAM_JSON: ("lorenz.agents.claude", "ClaudeStreamJsonRunner"),
+}
+
+
+def build_runner(protocol: AgentProtocol | str) -> AgentRunner:
+    """A new runner for ``protocol`` (``agents.<kind>.protocol``).
+
+    Raises :class:`AgentRunError` ``agent_protocol_unavailable`` when the protocol is unknown or
+    its runner is not installed in this build.
+    """
+    try:
+        key = AgentProtocol(protocol)
+    except ValueError:
+        known = ", ".join(p.value for p in AgentProtocol)
+        raise AgentRunError(
+            f"unknown agent protocol {protocol!r}; use one of: {known}",
+            code="agent_protocol_unavailable",
+        ) from None
+    module_name, class_name = _RUNNERS[key]
+    try:
+        module = importlib.import_module(module_name)
+        runner_class = getattr(module, class_name)
+    except (ImportError, AttributeError) as exc:
+        raise AgentRunError(
+            f"the {key.value!r} agent protocol is not available in this build ({exc}); "
+            "pick another agents.<kind>.protocol",
+            code="agent_protocol_unavailable",
+        ) from exc
+    runner: AgentRunner = runner_class()
+    return runner
+
+
+__all__ = [
+    "TRACKER_SECRET_ENV",
+    "AgentRunError",
+    "AgentRunRequest",
+    "AgentRunResult",
+    "AgentRunner",
+    "ToolHandler",
+    "agent_environment",
+    "build_runner",
+]

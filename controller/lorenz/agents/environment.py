@@ -39,7 +39,5 @@ def agent_environment(
     values = frozenset(value for value in secret_values if value)
     merged = {**base, **extra}
     return {
-        name: value
-        for name, value in merged.items()
-        if name not in names and value not in values
+        name: value for name, value in merged.items() if name not in names and value not in values
     }

@@ -1,0 +1,157 @@
+"""The ``command`` runner: any program that reads a prompt and exits is an agent.
+
+This is the smallest useful contract, for scripts, wrappers around other CLIs, and the bundled
+demo: the rendered prompt goes to the command's stdin (which is then closed) and into a file
+named by ``LORENZ_PROMPT_FILE``; every stdout line is a progress event (it keeps the run from
+looking stalled); exit status 0 is success, anything else a failure with the stderr tail.
+
+A command run is one turn: ``agent.max_turns`` does not apply (a command that wants to loop does
+so itself; continuation across runs comes from the orchestrator's 1 s continuation retry).
+``turn_timeout_ms`` bounds the whole run.
+
+The prompt file lives in a private temporary directory *outside* the workspace, so it can never
+be committed by accident, and is removed when the run ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+
+from lorenz.agents.base import AgentRunError, AgentRunRequest, AgentRunResult
+from lorenz.agents.processes import AgentProcess, AgentStdinClosed, LineTooLong, spawn_agent
+from lorenz.model import AgentUpdate
+
+logger = logging.getLogger(__name__)
+
+PROMPT_FILE_ENV = "LORENZ_PROMPT_FILE"
+OUTPUT_MESSAGE_CHARS = 500
+EXIT_DRAIN_S = 1.0
+"""After the command exits, how long output still held open by its children is read."""
+
+
+class CommandRunner:
+    """:class:`~lorenz.agents.base.AgentRunner` for ``protocol: command``."""
+
+    def __init__(self, *, terminate_grace_s: float = 2.0) -> None:
+        self.terminate_grace_s = terminate_grace_s
+
+    async def run(self, request: AgentRunRequest) -> AgentRunResult:
+        prompt_dir = Path(tempfile.mkdtemp(prefix="lorenz-prompt-"))
+        try:
+            prompt_file = prompt_dir / "prompt.md"
+            prompt_file.write_text(request.prompt, encoding="utf-8")
+            env = {**request.env, PROMPT_FILE_ENV: str(prompt_file)}
+            process = await spawn_agent(
+                command=request.settings.command, cwd=request.workspace, env=env
+            )
+            try:
+                return await self._drive(request, process)
+            finally:
+                await process.terminate(grace_s=self.terminate_grace_s)
+        finally:
+            shutil.rmtree(prompt_dir, ignore_errors=True)
+
+    async def _drive(self, request: AgentRunRequest, process: AgentProcess) -> AgentRunResult:
+        session_id = f"command-{uuid.uuid4().hex[:12]}"
+        _emit(
+            request,
+            AgentUpdate(
+                event="session_started",
+                session_id=session_id,
+                pid=process.pid,
+                message=f"command started (pid {process.pid})",
+            ),
+        )
+        feeder = asyncio.create_task(_feed_prompt(process, request.prompt))
+        timeout_ms = request.settings.turn_timeout_ms
+        try:
+            async with asyncio.timeout(timeout_ms / 1000):
+                await self._pump_output(request, process)
+                returncode = await process.wait()
+        except TimeoutError:
+            raise AgentRunError(
+                f"the command did not finish within {timeout_ms} ms "
+                "(agents.<kind>.turn_timeout_ms)",
+                code="turn_timeout",
+            ) from None
+        finally:
+            feeder.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await feeder
+        await process.stderr_drained(timeout_s=1.0)
+        if returncode != 0:
+            tail = process.stderr_tail(max_bytes=1000) or "no stderr output"
+            hint = " (command not found: check agents.<kind>.command)" if returncode == 127 else ""
+            raise AgentRunError(
+                f"agent exited with status {returncode}{hint}: {tail}", code="agent_exited"
+            )
+        _emit(request, AgentUpdate(event="turn_completed", message="command exited with 0"))
+        return AgentRunResult(turns=1, session_id=session_id, stop_reason="exited")
+
+    async def _pump_output(self, request: AgentRunRequest, process: AgentProcess) -> None:
+        """Turn stdout lines into updates until stdout ends (or shortly after the exit)."""
+        exited = asyncio.create_task(process.wait())
+        try:
+            while True:
+                if exited.done():
+                    # NB: a background child may keep stdout open forever; once the command
+                    # itself is gone, only what is already buffered or arrives soon counts.
+                    try:
+                        line = await process.read_line(timeout_s=EXIT_DRAIN_S)
+                    except TimeoutError:
+                        return
+                else:
+                    reader = asyncio.ensure_future(process.read_line())
+                    done, _ = await asyncio.wait(
+                        {reader, exited}, return_when=asyncio.FIRST_COMPLETED
+                    )
+                    if reader not in done:
+                        reader.cancel()
+                        with contextlib.suppress(asyncio.CancelledError, LineTooLong):
+                            await reader
+                        continue
+                    try:
+                        line = reader.result()
+                    except LineTooLong as exc:
+                        _emit(request, AgentUpdate(event="output", message=exc.message[:200]))
+                        continue
+                if line is None:
+                    return
+                text = line.decode("utf-8", errors="replace").rstrip("\r")
+                _emit(request, AgentUpdate(event="output", message=text[:OUTPUT_MESSAGE_CHARS]))
+        finally:
+            if not exited.done():
+                exited.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await exited
+
+
+async def _feed_prompt(process: AgentProcess, prompt: str) -> None:
+    # NB: written from its own task: a command that prints a lot before reading stdin must not
+    # deadlock against a prompt larger than the pipe buffer.
+    try:
+        data = prompt.encode("utf-8")
+        if data:
+            stdin = data[:-1] if data.endswith(b"\n") else data
+            await process.write_line(stdin)
+    except AgentStdinClosed:
+        logger.debug("command did not read its prompt from stdin", extra={"pid": process.pid})
+    finally:
+        with contextlib.suppress(Exception):
+            await process.close_stdin()
+
+
+def _emit(request: AgentRunRequest, update: AgentUpdate) -> None:
+    try:
+        request.on_update(update)
+    except Exception:
+        logger.exception("on_update raised; update dropped", extra={"event": update.event})
+
+
+__all__ = ["PROMPT_FILE_ENV", "CommandRunner"]
