@@ -1,0 +1,250 @@
+"""Finishing runs, retries, pruning, cleanup, stalls and the persisted form of each step."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+
+from lorenz.model import AgentUpdate, ClaimPhase, RetryKind, SlotKey, TokenUsage
+from lorenz.orchestrator import Orchestrator, Skipped, SkipReason, StopReason
+from tests.core.claims_helpers import run, start
+from tests.core.factories import EPOCH, issue, make, settings
+
+K1 = SlotKey("i1#0")
+
+
+async def test_normal_exit_schedules_a_short_continuation() -> None:
+    """T4.08 / ORC-09: a normal exit schedules attempt 1 after 1000 ms; the run is completed."""
+    orchestrator, store, clock = make()
+    await run(orchestrator, issue(1))
+    clock.advance(5000)
+    retry = await orchestrator.finish(K1, normal=True)
+    assert retry is not None
+    assert (retry.kind, retry.attempt) == (RetryKind.CONTINUATION, 1)
+    assert retry.due_at_ms == clock.monotonic_ms() + 1000
+    assert retry.due_at == clock.now() + datetime.timedelta(seconds=1)
+    assert orchestrator.state.running == {}
+    assert orchestrator.state.claimed == set()
+    assert orchestrator.state.completed == {"i1"}
+    assert orchestrator.state.usage_totals.seconds_running == pytest.approx(5.0)
+    assert store.claims[K1].phase is ClaimPhase.RETRY_PENDING
+    assert store.claims[K1].due_at == retry.due_at
+
+
+async def test_abnormal_exits_back_off_exponentially() -> None:
+    """T4.09 / T4.11: attempts rise, backoff doubles from 10 s, entries carry the facts."""
+    orchestrator, _, clock = make()
+    delays = []
+    for expected_attempt in (1, 2, 3):
+        await run(orchestrator, issue(1))
+        retry = await orchestrator.finish(
+            K1, normal=False, error=f"agent exited: {expected_attempt}"
+        )
+        assert retry is not None
+        assert retry.attempt == expected_attempt
+        assert retry.identifier == "ABC-1"
+        assert retry.error == f"agent exited: {expected_attempt}"
+        delays.append(retry.due_at_ms - clock.monotonic_ms())
+        assert await orchestrator.eligible_issues([issue(1)]) == []  # not due yet
+        clock.advance(delays[-1])
+    assert delays == [10000, 20000, 40000]
+
+
+async def test_a_crash_after_a_continuation_is_attempt_two() -> None:
+    orchestrator, _, clock = make()
+    await run(orchestrator, issue(1))
+    await orchestrator.finish(K1, normal=True)
+    clock.advance(1000)
+    entry = await run(orchestrator, issue(1))
+    assert entry.attempt == 1
+    assert entry.retry_kind is RetryKind.CONTINUATION
+    retry = await orchestrator.finish(K1, normal=False)
+    assert retry is not None
+    assert (retry.attempt, retry.due_at_ms - clock.monotonic_ms()) == (2, 20000)
+
+
+async def test_backoff_cap_from_config() -> None:
+    """T4.10."""
+    orchestrator, _, clock = make(config=settings(agent={"max_retry_backoff_ms": 15000}))
+    await run(orchestrator, issue(1))
+    await orchestrator.finish(K1, normal=False)
+    clock.advance(10000)
+    await run(orchestrator, issue(1))
+    retry = await orchestrator.finish(K1, normal=False)
+    assert retry is not None
+    assert retry.due_at_ms - clock.monotonic_ms() == 15000
+
+
+async def test_finish_of_an_unknown_key_does_nothing() -> None:
+    orchestrator, store, _ = make()
+    assert await orchestrator.finish(K1, normal=True) is None
+    assert orchestrator.state.retry_attempts == {}
+    assert dict(store.claims) == {}
+
+
+async def test_a_retry_becomes_a_candidate_exactly_when_due() -> None:
+    orchestrator, _, clock = make()
+    await run(orchestrator, issue(1))
+    await orchestrator.finish(K1, normal=False)
+    clock.advance(9999)
+    assert await orchestrator.eligible_issues([issue(1)]) == []
+    assert orchestrator.retry_deadlines() == {K1: clock.monotonic_ms() + 1}
+    clock.advance(1)
+    [candidate] = await orchestrator.eligible_issues([issue(1)])
+    assert candidate.attempt == 1
+
+
+async def test_retries_of_issues_no_longer_active_are_pruned() -> None:
+    orchestrator, store, _ = make(config=settings(tracker={"required_labels": ["agent"]}))
+    for n in (1, 2, 3, 4):
+        await run(orchestrator, issue(n, labels=["agent"]))
+        await orchestrator.finish(SlotKey(f"i{n}#0"), normal=True)
+    fresh = [
+        issue(1, labels=["agent"]),  # still active: kept
+        issue(2, state="Done", labels=["agent"]),  # terminal
+        issue(3),  # lost its label
+        # i4 missing from the candidate list
+    ]
+    await orchestrator.eligible_issues(fresh)
+    assert set(orchestrator.state.retry_attempts) == {K1}
+    assert {r.issue_id for r in orchestrator.last_eligibility.pruned} == {"i2", "i3", "i4"}
+    assert set(store.claims) == {K1}
+
+
+async def test_retries_of_slots_beyond_a_shrunk_ensemble_are_pruned() -> None:
+    orchestrator, _, _ = make(config=settings(agent={"ensemble_size": 2}))
+    for candidate in await orchestrator.eligible_issues([issue(1)]):
+        await start(orchestrator, candidate)
+    await orchestrator.finish(SlotKey("i1#0"), normal=True)
+    await orchestrator.finish(SlotKey("i1#1"), normal=True)
+    orchestrator.update_settings(settings(agent={"ensemble_size": 1}))
+    await orchestrator.eligible_issues([issue(1)])
+    assert set(orchestrator.state.retry_attempts) == {SlotKey("i1#0")}
+
+
+async def test_exhausted_slots_keep_the_retry_with_an_explicit_reason() -> None:
+    """T4.13: when slots run out the retry stays pending and the skip says why."""
+    orchestrator, _, clock = make(config=settings(agent={"max_concurrent_agents": 1}))
+    await run(orchestrator, issue(1))
+    await orchestrator.finish(K1, normal=False, error="boom")
+    await run(orchestrator, issue(2))
+    clock.advance(10000)
+    [candidate] = await orchestrator.eligible_issues([issue(1), issue(2)])
+    assert candidate.key == K1
+    assert await orchestrator.claim(candidate) == Skipped(SkipReason.GLOBAL_CAPACITY)
+    assert orchestrator.state.retry_attempts[K1].attempt == 1
+    assert orchestrator.state.retry_attempts[K1].error == "boom"
+
+
+async def test_cleanup_issue_releases_every_slot_and_returns_those_to_abort() -> None:
+    """T4.05 / T4.06 (core side): a stop releases claims, schedules no retry, keeps totals."""
+    orchestrator, store, clock = make(config=settings(agent={"ensemble_size": 3}))
+    c0, c1, c2 = await orchestrator.eligible_issues([issue(1)])
+    await start(orchestrator, c0)
+    await start(orchestrator, c1)
+    await orchestrator.finish(SlotKey("i1#1"), normal=True)  # retrying
+    await start(orchestrator, c2)
+    await orchestrator.apply_update(
+        SlotKey("i1#2"), AgentUpdate(event="e", usage=TokenUsage(1, 2, 3))
+    )
+    await run(orchestrator, issue(2))
+    clock.advance(2000)
+    stopped = await orchestrator.cleanup_issue("i1")
+    assert sorted(stopped) == [SlotKey("i1#0"), SlotKey("i1#2")]
+    assert set(orchestrator.state.running) == {SlotKey("i2#0")}
+    assert orchestrator.state.claimed == {SlotKey("i2#0")}
+    assert orchestrator.state.retry_attempts == {}
+    assert set(store.claims) == {SlotKey("i2#0")}
+    totals = orchestrator.state.usage_totals
+    assert totals.total_tokens == 3
+    assert totals.seconds_running == pytest.approx(4.0)  # two runs of 2 s each
+    assert orchestrator.tracked_issue_ids() == {"i2"}
+
+
+async def test_reconciliation_decisions_through_the_orchestrator() -> None:
+    """T4.04-T4.06 decisions; T4.07 nothing tracked means nothing to refetch."""
+    orchestrator, _, _ = make()
+    assert orchestrator.tracked_issue_ids() == set()
+    await run(orchestrator, issue(1))
+    assert orchestrator.tracked_issue_ids() == {"i1"}
+    assert orchestrator.reconciliation_decision(issue(1, state="In Progress")) is None
+    assert orchestrator.reconciliation_decision(issue(1, state="Backlog")) is StopReason.INACTIVE
+    assert orchestrator.reconciliation_decision(issue(1, state="Done")) is StopReason.TERMINAL
+    assert orchestrator.reconciliation_decision(None) is StopReason.MISSING
+    # hot reload of the state lists applies to the next decision
+    orchestrator.update_settings(settings(tracker={"active_states": ["Backlog"]}))
+    assert orchestrator.reconciliation_decision(issue(1, state="Backlog")) is None
+
+
+async def test_release_retry_and_release_slot() -> None:
+    orchestrator, store, clock = make()
+    await run(orchestrator, issue(1))
+    await orchestrator.release_retry(K1)  # claimed: a no-op
+    assert K1 in store.claims
+    assert K1 in orchestrator.state.running
+    await orchestrator.finish(K1, normal=True)
+    await orchestrator.release_retry(K1)
+    assert orchestrator.state.retry_attempts == {}
+    assert dict(store.claims) == {}
+    await run(orchestrator, issue(1))
+    clock.advance(3000)
+    assert await orchestrator.release_slot(K1) is True
+    assert orchestrator.state.claimed == set()
+    assert dict(store.claims) == {}
+    assert orchestrator.state.retry_attempts == {}
+    assert orchestrator.state.usage_totals.seconds_running == pytest.approx(3.0)
+    assert await orchestrator.release_slot(K1) is False
+    # released: it is a plain first-run candidate again
+    [candidate] = await orchestrator.eligible_issues([issue(1)])
+    assert candidate.retry is None
+
+
+async def test_stall_detection_uses_the_agent_kinds_threshold() -> None:
+    """T4.12 (core side): stalled runs are listed; finishing them schedules a failure retry."""
+    config = settings(
+        agents={"slow": {"command": "x", "stall_timeout_ms": 1000}}, agent={"kind": "slow"}
+    )
+    orchestrator, _, clock = make(config=config)
+    await run(orchestrator, issue(1))
+    await run(orchestrator, issue(2))
+    clock.advance(600)
+    await orchestrator.apply_update(SlotKey("i2#0"), AgentUpdate(event="tick"))
+    clock.advance(401)
+    assert orchestrator.stalled() == [K1]
+    assert orchestrator.stalled_runs() == {K1: 1001}
+    retry = await orchestrator.finish(K1, normal=False, error="stalled")
+    assert retry is not None
+    assert retry.kind is RetryKind.FAILURE
+    assert retry.attempt == 1
+    orchestrator.update_settings(
+        settings(agents={"slow": {"command": "x", "stall_timeout_ms": 0}}, agent={"kind": "slow"})
+    )
+    clock.advance(10**7)
+    assert orchestrator.stalled() == []
+
+
+async def test_finish_persists_the_retry_before_the_checkpoint() -> None:
+    from tests.core.factories import SharedClaims
+
+    shared = SharedClaims()
+    store = shared.store("me")
+    orchestrator, _, _ = make(store=store)
+    await run(orchestrator, issue(1))
+    store.calls.clear()
+    await orchestrator.finish(K1, normal=True)
+    assert store.calls == ["save i1#0 RetryPending", "save_checkpoint"]
+    assert shared.checkpoint is not None
+    assert shared.checkpoint["usage_totals"]["seconds_running"] == 0.0
+
+
+def test_epoch_is_the_manual_clock_start() -> None:
+    _, _, clock = make()
+    assert clock.now() == EPOCH
+
+
+async def test_run_helper_claims_in_one_step() -> None:
+    orchestrator, _, _ = make()
+    entry = await run(orchestrator, issue(7))
+    assert isinstance(orchestrator, Orchestrator)
+    assert entry.key == SlotKey("i7#0")
