@@ -1,0 +1,108 @@
+"""Small JSON records that map workspace directories back to the issues they belong to.
+
+After a restart there is no memory of which directory belongs to which issue, and the start-up
+clean-up is disk-driven: it lists the directories under the root and asks the tracker about
+their issues. A hashed key (``A_B--1f2e...``) cannot be turned back into an identifier, let alone
+an issue id, so every workspace key gets a marker recording both.
+
+NB: markers live under ``<root>/.lorenz/workspaces/<key>.json``, *not* inside the workspace.
+A file inside would make ``git clone <url> .`` in ``after_create`` fail ("destination path
+already exists and is not an empty directory"), would show up as an untracked file the agent
+might commit, and would make a worktree look dirty.
+
+Writes are atomic (temporary file + rename), so a crash leaves the old record or the new one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Literal
+
+from lorenz.workspaces.keys import STATE_DIR_NAME
+
+MARKER_VERSION = 1
+MARKERS_DIR = "workspaces"
+
+Layout = Literal["flat", "slots"]
+"""``flat``: the key directory is slot 0's workspace; ``slots``: it holds ``slot-<n>`` dirs."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class WorkspaceMarker:
+    """What Lorenz knows about one workspace key directory."""
+
+    key: str
+    issue_id: str
+    identifier: str
+    layout: Layout
+    created_at: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": MARKER_VERSION, **dataclasses.asdict(self)}
+
+    @classmethod
+    def from_json(cls, data: Any) -> WorkspaceMarker | None:
+        """The marker, or ``None`` when ``data`` is not a marker this version understands."""
+        if not isinstance(data, dict) or data.get("version") != MARKER_VERSION:
+            return None
+        fields = ("key", "issue_id", "identifier", "layout", "created_at")
+        if not all(isinstance(data.get(f), str) for f in fields):
+            return None
+        if data["layout"] not in ("flat", "slots"):
+            return None
+        return cls(**{f: data[f] for f in fields})
+
+
+def state_dir(root: Path) -> Path:
+    return root / STATE_DIR_NAME
+
+
+def marker_path(root: Path, key: str) -> Path:
+    return state_dir(root) / MARKERS_DIR / f"{key}.json"
+
+
+def now_iso() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat()
+
+
+def write_json_atomically(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(data, handle, indent=2, sort_keys=True)
+            handle.write("\n")
+        os.replace(tmp_name, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp_name)
+        raise
+
+
+def read_json(path: Path) -> Any:
+    """Parsed JSON, or ``None`` when the file is missing or not JSON."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return None
+    except (OSError, ValueError):
+        return None
+
+
+def read_marker(root: Path, key: str) -> WorkspaceMarker | None:
+    return WorkspaceMarker.from_json(read_json(marker_path(root, key)))
+
+
+def write_marker(root: Path, marker: WorkspaceMarker) -> None:
+    write_json_atomically(marker_path(root, marker.key), marker.to_json())
+
+
+def delete_marker(root: Path, key: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        marker_path(root, key).unlink()

@@ -1,0 +1,106 @@
+"""Path containment: a workspace is strictly inside the workspace root, for real.
+
+This is the one filesystem rule that is not negotiable: the agent's working directory, and
+anything Lorenz deletes, must be under the root. A lexical check is not enough -- a symlink
+inside the root can point anywhere -- so both the root and the workspace are canonicalized by
+resolving symlinks one path segment at a time (the way the kernel walks a path), keeping a
+non-existent tail exactly as written (it cannot be a symlink yet, and it is what ``mkdir -p``
+will create). The check runs before a workspace is created, before an agent is launched in it,
+and before anything is deleted.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from lorenz.workspaces.errors import WorkspaceError
+
+
+def _absolute(path: Path) -> Path:
+    # NB: not os.path.abspath(): it collapses ".." lexically, and "link/.." is the parent of
+    # the link's *target*, not the directory holding the link.
+    return path if path.is_absolute() else Path.cwd() / path
+
+
+def resolve_segments(path: Path) -> Path:
+    """``path`` with every existing symlink resolved, segment by segment; a missing tail is
+    kept as written. Raises ``workspace_path_unreadable`` when a segment cannot be examined
+    (permissions, a symlink loop)."""
+    parts = _absolute(path).parts
+    current = Path(parts[0])
+    for part in parts[1:]:
+        if part == "..":
+            current = current.parent
+            continue
+        candidate = current / part
+        try:
+            mode = os.lstat(candidate).st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            # Missing (or under a regular file): nothing there can redirect us; creating it
+            # will fail later with its own error if a parent is not a directory.
+            current = candidate
+            continue
+        except OSError as exc:
+            raise _unreadable(path, candidate, exc) from exc
+        if not stat.S_ISLNK(mode):
+            current = candidate
+            continue
+        try:
+            current = Path(os.path.realpath(candidate, strict=True))
+        except FileNotFoundError:
+            # A dangling link: follow it as far as it goes, the tail of its target is missing.
+            current = Path(os.path.realpath(candidate))
+        except OSError as exc:
+            raise _unreadable(path, candidate, exc) from exc
+    return current
+
+
+def _unreadable(path: Path, segment: Path, exc: OSError) -> WorkspaceError:
+    return WorkspaceError(
+        f"cannot examine {segment} while checking workspace path {path} ({exc.strerror}); "
+        "fix its permissions or remove the symlink loop",
+        code="workspace_path_unreadable",
+        path=path,
+    )
+
+
+def canonical_root(root: Path) -> Path:
+    """The workspace root, absolute and with symlinks resolved."""
+    return resolve_segments(root)
+
+
+def check_inside_root(workspace: Path, *, root: Path) -> Path:
+    """Prove ``workspace`` lies strictly inside ``root``; return its canonical form.
+
+    Raises :class:`WorkspaceError` with ``workspace_equals_root``, ``workspace_symlink_escape``
+    (lexically under the root, really elsewhere), ``workspace_outside_root`` or
+    ``workspace_path_unreadable``.
+    """
+    root_canonical = canonical_root(root)
+    canonical = resolve_segments(workspace)
+    if canonical == root_canonical:
+        raise WorkspaceError(
+            f"workspace path {workspace} is the workspace root itself; "
+            "a workspace must be a directory inside workspace.root",
+            code="workspace_equals_root",
+            path=workspace,
+        )
+    if canonical.is_relative_to(root_canonical):
+        return canonical
+    lexical = Path(os.path.normpath(_absolute(workspace)))
+    root_lexical = Path(os.path.normpath(_absolute(root)))
+    if lexical.is_relative_to(root_lexical) or lexical.is_relative_to(root_canonical):
+        raise WorkspaceError(
+            f"workspace path {workspace} leads out of the workspace root {root_canonical} "
+            f"through a symlink (really {canonical}); remove the symlink",
+            code="workspace_symlink_escape",
+            path=workspace,
+        )
+    raise WorkspaceError(
+        f"workspace path {workspace} is outside the workspace root {root_canonical}; "
+        "workspaces must stay under workspace.root",
+        code="workspace_outside_root",
+        path=workspace,
+    )
