@@ -1,0 +1,640 @@
+"""The Linear tracker (``tracker.kind: linear``): GraphQL over httpx.
+
+Three reads cover what the runtime needs: issues of the configured project in some states
+(candidates, and terminal issues for start-up clean-up), issues by id (reconciliation), and
+``viewer { id }`` once when ``tracker.assignee`` is ``me``. Each response is classified into one
+of a few stable error codes so the runtime can keep live runs through a transient failure.
+
+The agents' ``linear_graphql`` tool runs through :meth:`LinearTracker.execute_graphql` with the
+same credentials, rate-limit handling and error codes; it insists on exactly one operation per
+document, so an agent cannot smuggle a batch past whoever reads the transcript.
+
+Construction is cheap (the HTTP client is opened on first use), so a reload builds a new tracker
+from the new settings and closes the old one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Annotated, Any
+
+import graphql
+import httpx
+from pydantic import Field
+
+from lorenz.config import TrackerSettings, WorkflowSettings
+from lorenz.model import BlockerRef, Issue
+from lorenz.model.issues import normalize_state
+from lorenz.trackers.base import TrackerError, tracker_settings_of
+from lorenz.trackers.options import ProviderOptions, parse_provider_options
+from lorenz.trackers.throttling import (
+    RateLimitExhausted,
+    RateLimitHit,
+    Sleep,
+    Throttle,
+    parse_retry_after,
+    seconds_until_epoch,
+)
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_LINEAR_ENDPOINT = "https://api.linear.app/graphql"
+LINEAR_API_KEY_ENV = "LINEAR_API_KEY"
+RATELIMITED = "RATELIMITED"
+BODY_SNIPPET_BYTES = 1000
+
+
+class LinearOptions(ProviderOptions):
+    """``tracker.provider`` keys of the Linear tracker."""
+
+    page_size: Annotated[int, Field(ge=1, le=250)] = 50
+    """Issues per page (and per id batch)."""
+
+    relation_page_size: Annotated[int, Field(ge=1, le=250)] = 50
+    """Inverse relations read per issue (blockers beyond this are not seen)."""
+
+    label_page_size: Annotated[int, Field(ge=1, le=250)] = 50
+    """Labels read per issue."""
+
+
+# -- queries --------------------------------------------------------------------------------------
+
+ISSUE_FIELDS = """
+fragment LorenzIssueFields on Issue {
+  id
+  identifier
+  title
+  description
+  priority
+  state { name type }
+  branchName
+  url
+  assignee { id }
+  labels(first: $labelFirst) { nodes { name } }
+  inverseRelations(first: $relationFirst) {
+    nodes { type issue { id identifier state { name } } }
+  }
+  team { key }
+  createdAt
+  updatedAt
+}
+"""
+
+ISSUES_BY_STATES_QUERY = (
+    """
+query LorenzIssuesByStates(
+  $projectSlug: String!
+  $stateNames: [String!]!
+  $first: Int!
+  $relationFirst: Int!
+  $labelFirst: Int!
+  $after: String
+) {
+  issues(
+    filter: {project: {slugId: {eq: $projectSlug}}, state: {name: {in: $stateNames}}}
+    first: $first
+    after: $after
+  ) {
+    nodes { ...LorenzIssueFields }
+    pageInfo { hasNextPage endCursor }
+  }
+}
+"""
+    + ISSUE_FIELDS
+)
+
+ISSUES_BY_IDS_QUERY = (
+    """
+query LorenzIssuesByIds(
+  $ids: [ID!]!
+  $projectSlug: String!
+  $first: Int!
+  $relationFirst: Int!
+  $labelFirst: Int!
+) {
+  issues(
+    filter: {id: {in: $ids}, project: {slugId: {eq: $projectSlug}}}
+    first: $first
+  ) {
+    nodes { ...LorenzIssueFields }
+  }
+}
+"""
+    + ISSUE_FIELDS
+)
+
+VIEWER_QUERY = "query LorenzViewer { viewer { id } }"
+
+QUERIES = {
+    "LorenzIssuesByStates": ISSUES_BY_STATES_QUERY,
+    "LorenzIssuesByIds": ISSUES_BY_IDS_QUERY,
+    "LorenzViewer": VIEWER_QUERY,
+}
+"""Every document the tracker itself sends, by operation name (tests validate each one)."""
+
+
+# -- normalization --------------------------------------------------------------------------------
+
+
+def _nonblank(value: Any) -> str | None:
+    if isinstance(value, str) and value.strip():
+        return value
+    return None
+
+
+def _optional_str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _nodes(connection: Any) -> list[Mapping[str, Any]]:
+    nodes = _mapping(connection).get("nodes")
+    if not isinstance(nodes, list):
+        return []
+    return [node for node in nodes if isinstance(node, Mapping)]
+
+
+def parse_priority(value: Any) -> int | None:
+    """Linear priorities: 1 urgent … 4 low; 0 ("no priority") and anything odd become ``None``.
+
+    NB: the schema types ``priority`` as ``Float``; integral floats are accepted.
+    """
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int) and value > 0:
+        return value
+    return None
+
+
+def parse_timestamp(value: Any) -> datetime.datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        moment = datetime.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=datetime.UTC)
+
+
+def normalize_issue(node: Any) -> Issue | None:
+    """An issue node as an :class:`Issue`; ``None`` when a required field is missing or blank.
+
+    Optional fields that are unusable become ``None`` or empty, never a reason to drop the issue.
+    """
+    if not isinstance(node, Mapping):
+        return None
+    state = _mapping(node.get("state"))
+    issue_id = _nonblank(node.get("id"))
+    identifier = _nonblank(node.get("identifier"))
+    title = _nonblank(node.get("title"))
+    state_name = _nonblank(state.get("name"))
+    if issue_id is None or identifier is None or title is None or state_name is None:
+        return None
+    blockers = []
+    for relation in _nodes(node.get("inverseRelations")):
+        if normalize_state(_optional_str(relation.get("type"))) != "blocks":
+            continue
+        blocker = relation.get("issue")
+        if not isinstance(blocker, Mapping):
+            continue
+        blockers.append(
+            BlockerRef(
+                id=_nonblank(blocker.get("id")),
+                identifier=_nonblank(blocker.get("identifier")),
+                state=_nonblank(_mapping(blocker.get("state")).get("name")),
+            )
+        )
+    assignee_id = _nonblank(_mapping(node.get("assignee")).get("id"))
+    native_ref: dict[str, Any] = {"id": issue_id}
+    if state_type := _nonblank(state.get("type")):
+        native_ref["state_type"] = state_type
+    if team_key := _nonblank(_mapping(node.get("team")).get("key")):
+        native_ref["team_key"] = team_key
+    return Issue(
+        id=issue_id,
+        identifier=identifier,
+        title=title,
+        state=state_name,
+        description=_optional_str(node.get("description")),
+        priority=parse_priority(node.get("priority")),
+        branch_name=_nonblank(node.get("branchName")),
+        url=_nonblank(node.get("url")),
+        labels=tuple(
+            name for label in _nodes(node.get("labels")) if (name := _nonblank(label.get("name")))
+        ),
+        blocked_by=tuple(blockers),
+        created_at=parse_timestamp(node.get("createdAt")),
+        updated_at=parse_timestamp(node.get("updatedAt")),
+        assignee_id=assignee_id.strip() if assignee_id else None,
+        native_ref=native_ref,
+    )
+
+
+# -- the client -----------------------------------------------------------------------------------
+
+
+def _snippet(text: str) -> str:
+    """A response body for an error message: whitespace collapsed, at most 1000 bytes."""
+    collapsed = " ".join(text.split())
+    raw = collapsed.encode("utf-8")
+    if len(raw) <= BODY_SNIPPET_BYTES:
+        return collapsed
+    return raw[:BODY_SNIPPET_BYTES].decode("utf-8", errors="ignore") + "…"
+
+
+def _graphql_errors(body: Any) -> list[Mapping[str, Any]]:
+    if not isinstance(body, Mapping):
+        return []
+    errors = body.get("errors")
+    if not isinstance(errors, list):
+        return []
+    return [error if isinstance(error, Mapping) else {"message": str(error)} for error in errors]
+
+
+def _error_code(error: Mapping[str, Any]) -> str | None:
+    code = _mapping(error.get("extensions")).get("code")
+    return code if isinstance(code, str) else None
+
+
+def _describe_errors(errors: list[Mapping[str, Any]]) -> str:
+    parts = []
+    for error in errors[:3]:
+        message = error.get("message")
+        code = _error_code(error)
+        text = message if isinstance(message, str) else json.dumps(error)[:200]
+        parts.append(f"{text} ({code})" if code else text)
+    more = f" (+{len(errors) - 3} more)" if len(errors) > 3 else ""
+    return "; ".join(parts) + more
+
+
+def count_operations(
+    query: str,
+) -> tuple[graphql.DocumentNode, list[graphql.OperationDefinitionNode]]:
+    """Parse ``query`` and list its operations; a syntax error is ``invalid_graphql_operation``."""
+    try:
+        document = graphql.parse(query)
+    except graphql.GraphQLError as exc:
+        raise TrackerError(
+            f"the GraphQL document does not parse: {exc.message}; send one valid operation",
+            code="invalid_graphql_operation",
+        ) from None
+    operations = [
+        definition
+        for definition in document.definitions
+        if isinstance(definition, graphql.OperationDefinitionNode)
+    ]
+    return document, operations
+
+
+class LinearTracker:
+    """Reads one Linear project; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        settings: WorkflowSettings | TrackerSettings,
+        api_key: str,
+        endpoint: str | None = None,
+        http_client: httpx.AsyncClient | None = None,
+        sleep: Sleep = asyncio.sleep,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        tracker = tracker_settings_of(settings)
+        if not api_key or not api_key.strip():
+            raise TrackerError(
+                f"no Linear API key; set tracker.api_key or {LINEAR_API_KEY_ENV}",
+                code="missing_tracker_api_key",
+                key_path="tracker.api_key",
+            )
+        if not tracker.project_slug or not tracker.project_slug.strip():
+            raise TrackerError(
+                "no Linear project; set tracker.project_slug to the project's slugId "
+                "(the last segment of the project URL)",
+                code="missing_tracker_project_slug",
+                key_path="tracker.project_slug",
+            )
+        self._settings = tracker
+        self._api_key = api_key.strip()
+        self._project_slug = tracker.project_slug.strip()
+        self._endpoint = endpoint or tracker.endpoint or DEFAULT_LINEAR_ENDPOINT
+        self.options = parse_provider_options(LinearOptions, tracker.provider, kind="linear")
+        self._own_client = http_client is None
+        self._client = http_client
+        self._wall_clock = wall_clock
+        self._throttle = Throttle(policy=self.options.rate_limit_policy(), sleep=sleep)
+        assignee = (tracker.assignee or "").strip()
+        self._assignee = assignee or None
+        self._viewer_id: str | None = None
+        self._closed = False
+
+    @property
+    def endpoint(self) -> str:
+        return self._endpoint
+
+    # -- TrackerClient ------------------------------------------------------------------------
+
+    async def fetch_candidate_issues(self) -> list[Issue]:
+        return await self.fetch_issues_by_states(self._settings.active_states)
+
+    async def fetch_issues_by_states(self, states: Sequence[str]) -> list[Issue]:
+        names = list(dict.fromkeys(s for s in states if s.strip()))
+        if not names:
+            return []
+        route = await self._routing()
+        issues: list[Issue] = []
+        dropped = 0
+        after: str | None = None
+        while True:
+            data = await self._query(
+                ISSUES_BY_STATES_QUERY,
+                {
+                    "projectSlug": self._project_slug,
+                    "stateNames": names,
+                    "first": self.options.page_size,
+                    "relationFirst": self.options.relation_page_size,
+                    "labelFirst": self.options.label_page_size,
+                    "after": after,
+                },
+                operation_name="LorenzIssuesByStates",
+            )
+            connection = self._issues_connection(data, operation="LorenzIssuesByStates")
+            for node in connection["nodes"]:
+                issue = normalize_issue(node)
+                if issue is None:
+                    dropped += 1
+                else:
+                    issues.append(route(issue))
+            page = connection.get("pageInfo")
+            if not isinstance(page, Mapping):
+                raise TrackerError(
+                    "Linear returned issues without pageInfo; check tracker.endpoint",
+                    code="linear_unknown_payload",
+                )
+            if page.get("hasNextPage") is not True:
+                break
+            cursor = page.get("endCursor")
+            if not isinstance(cursor, str) or not cursor:
+                raise TrackerError(
+                    "Linear said there is a next page but gave no endCursor; retry later",
+                    code="linear_missing_end_cursor",
+                    retryable=True,
+                )
+            after = cursor
+        if dropped:
+            logger.warning(
+                "dropped malformed Linear issues project=%s states=%s count=%d",
+                self._project_slug,
+                names,
+                dropped,
+            )
+        return issues
+
+    async def fetch_issues_by_ids(self, ids: Sequence[str]) -> list[Issue]:
+        wanted = list(dict.fromkeys(i for i in ids if i))
+        if not wanted:
+            return []
+        route = await self._routing()
+        found: dict[str, Issue] = {}
+        size = self.options.page_size
+        for start in range(0, len(wanted), size):
+            batch = wanted[start : start + size]
+            data = await self._query(
+                ISSUES_BY_IDS_QUERY,
+                {
+                    "ids": batch,
+                    "projectSlug": self._project_slug,
+                    "first": len(batch),
+                    "relationFirst": self.options.relation_page_size,
+                    "labelFirst": self.options.label_page_size,
+                },
+                operation_name="LorenzIssuesByIds",
+            )
+            connection = self._issues_connection(data, operation="LorenzIssuesByIds")
+            for node in connection["nodes"]:
+                issue = normalize_issue(node)
+                if issue is None:
+                    # NB: leaving it out would read as "gone" and stop its run; fail instead.
+                    raise TrackerError(
+                        "Linear returned a malformed issue (missing id, identifier, title or "
+                        "state) while refreshing by id; retry later",
+                        code="linear_unknown_payload",
+                    )
+                found[issue.id] = route(issue)
+        return [found[i] for i in wanted if i in found]
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._client is not None and self._own_client:
+            await self._client.aclose()
+        self._client = None
+
+    # -- the linear_graphql tool --------------------------------------------------------------
+
+    async def execute_graphql(
+        self, *, query: str, variables: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Run one GraphQL operation with this tracker's credentials; return the response body
+        (``data`` and/or ``errors``) as Linear sent it."""
+        _, operations = count_operations(query)
+        if len(operations) != 1:
+            raise TrackerError(
+                f"the document has {len(operations)} operations; send exactly one per call",
+                code="invalid_graphql_operation",
+            )
+        name = operations[0].name.value if operations[0].name else None
+        return await self._post(query, dict(variables or {}), operation_name=name)
+
+    # -- internals ----------------------------------------------------------------------------
+
+    async def _routing(self) -> Callable[[Issue], Issue]:
+        """The function that sets ``dispatchable`` from ``tracker.assignee``."""
+        if self._assignee is None:
+            return _unchanged
+        target = self._assignee
+        if target.lower() == "me":
+            target = await self._viewer()
+
+        def route(issue: Issue) -> Issue:
+            if issue.assignee_id == target:
+                return issue
+            return dataclasses.replace(issue, dispatchable=False)
+
+        return route
+
+    async def _viewer(self) -> str:
+        # NB: cached per tracker instance; a reload builds a new instance and asks again.
+        if self._viewer_id is None:
+            data = await self._query(VIEWER_QUERY, {}, operation_name="LorenzViewer")
+            viewer_id = _nonblank(_mapping(data.get("viewer")).get("id"))
+            if viewer_id is None:
+                raise TrackerError(
+                    "Linear did not say who the API key belongs to; set tracker.assignee to "
+                    "a user id instead of 'me'",
+                    code="missing_linear_viewer_identity",
+                    key_path="tracker.assignee",
+                )
+            self._viewer_id = viewer_id.strip()
+        return self._viewer_id
+
+    def _issues_connection(self, data: Mapping[str, Any], *, operation: str) -> dict[str, Any]:
+        connection = data.get("issues")
+        if not isinstance(connection, Mapping) or not isinstance(connection.get("nodes"), list):
+            raise TrackerError(
+                f"Linear's answer to {operation} has no issues.nodes list; check tracker.endpoint",
+                code="linear_unknown_payload",
+            )
+        return dict(connection)
+
+    async def _query(
+        self, query: str, variables: dict[str, Any], *, operation_name: str
+    ) -> Mapping[str, Any]:
+        """A strict read: any ``errors`` entry fails the call, ``data`` must be an object."""
+        body = await self._post(query, variables, operation_name=operation_name)
+        errors = _graphql_errors(body)
+        if errors:
+            raise TrackerError(
+                f"Linear rejected {operation_name}: {_describe_errors(errors)}",
+                code="linear_graphql_errors",
+            )
+        data = body.get("data")
+        if not isinstance(data, Mapping):
+            raise TrackerError(
+                f"Linear's answer to {operation_name} has no data object; check tracker.endpoint",
+                code="linear_unknown_payload",
+            )
+        return data
+
+    async def _post(
+        self, query: str, variables: dict[str, Any], *, operation_name: str | None
+    ) -> dict[str, Any]:
+        payload: dict[str, Any] = {"query": query, "variables": variables}
+        if operation_name:
+            payload["operationName"] = operation_name
+        what = operation_name or "the GraphQL operation"
+        try:
+            return await self._throttle.run(lambda: self._send(payload, what=what))
+        except RateLimitExhausted as exc:
+            raise TrackerError(
+                f"Linear rate limit hit for {what}: {exc.detail}; Lorenz retries on a later "
+                "tick (poll less often if this persists)",
+                code="linear_rate_limited",
+                retryable=True,
+                retry_after_ms=exc.retry_after_ms,
+            ) from None
+
+    def _http(self) -> httpx.AsyncClient:
+        if self._closed:
+            raise TrackerError(
+                "this Linear tracker was closed; build a new one from the settings",
+                code="tracker_closed",
+            )
+        if self._client is None:
+            self._client = httpx.AsyncClient(
+                timeout=httpx.Timeout(self.options.timeout_ms / 1000.0),
+                headers={"Content-Type": "application/json", "Accept": "application/json"},
+            )
+        return self._client
+
+    async def _send(self, payload: dict[str, Any], *, what: str) -> dict[str, Any]:
+        client = self._http()
+        try:
+            # NB: a personal API key goes in raw, without "Bearer " (that prefix is for OAuth).
+            response = await client.post(
+                self._endpoint, json=payload, headers={"Authorization": self._api_key}
+            )
+        except httpx.HTTPError as exc:
+            raise TrackerError(
+                f"request to Linear failed for {what}: {type(exc).__name__}: {exc}; "
+                "check the network and tracker.endpoint",
+                code="linear_api_request",
+                retryable=True,
+            ) from exc
+        try:
+            body: Any = response.json()
+        except ValueError:
+            body = None
+        errors = _graphql_errors(body)
+        limited = response.status_code == 429 or any(_error_code(e) == RATELIMITED for e in errors)
+        if not limited:
+            self._note_budget(response.headers)
+        else:
+            logger.warning("Linear rate limited operation=%s status=%d", what, response.status_code)
+            raise RateLimitHit(
+                f"HTTP {response.status_code} {_describe_errors(errors) or 'rate limited'}",
+                delay_s=self._hinted_delay(response.headers),
+            )
+        if response.status_code != 200:
+            hint = (
+                "check tracker.api_key"
+                if response.status_code in (401, 403)
+                else "retry later or check tracker.endpoint"
+            )
+            logger.warning(
+                "Linear answered with HTTP %d operation=%s body=%s",
+                response.status_code,
+                what,
+                _snippet(response.text),
+            )
+            raise TrackerError(
+                f"Linear answered HTTP {response.status_code} for {what}: "
+                f"{_snippet(response.text)}; {hint}",
+                code="linear_api_status",
+                retryable=response.status_code >= 500,
+            )
+        if not isinstance(body, dict):
+            raise TrackerError(
+                f"Linear's answer to {what} is not a JSON object; check tracker.endpoint",
+                code="linear_unknown_payload",
+            )
+        return body
+
+    def _budgets(self, headers: httpx.Headers) -> Iterator[tuple[str, float | None]]:
+        """``(budget, seconds until reset)`` for each budget the headers say is spent."""
+        now = self._wall_clock()
+        for budget in ("Requests", "Complexity"):
+            remaining = headers.get(f"X-RateLimit-{budget}-Remaining")
+            if remaining is None:
+                continue
+            try:
+                spent = float(remaining) <= 0
+            except ValueError:
+                continue
+            if spent:
+                reset = headers.get(f"X-RateLimit-{budget}-Reset")
+                yield budget.lower(), seconds_until_epoch(reset, now=now)
+
+    def _note_budget(self, headers: httpx.Headers) -> None:
+        for budget, delay in self._budgets(headers):
+            if delay is not None and delay > 0:
+                self._throttle.budget_spent(
+                    delay_s=delay, reason=f"Linear {budget} budget is spent"
+                )
+
+    def _hinted_delay(self, headers: httpx.Headers) -> float | None:
+        delays = [delay for _, delay in self._budgets(headers) if delay is not None]
+        if delays:
+            return max(delays)
+        retry_after = parse_retry_after(headers.get("Retry-After"), now=self._wall_clock())
+        if retry_after is not None:
+            return retry_after
+        resets = [
+            seconds_until_epoch(headers.get(f"X-RateLimit-{b}-Reset"), now=self._wall_clock())
+            for b in ("Requests", "Complexity")
+        ]
+        known = [r for r in resets if r is not None]
+        return max(known) if known else None
+
+
+def _unchanged(issue: Issue) -> Issue:
+    return issue
