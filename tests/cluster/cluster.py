@@ -179,6 +179,13 @@ class Cluster:
 
     # -- tools -------------------------------------------------------------------------------
 
+    def environ(self, *, kubeconfig: Path | None = None) -> dict[str, str]:
+        """os.environ for a subprocess (e.g. the operator) that should talk to this cluster:
+        KUBECONFIG points at the admin kubeconfig, or at `kubeconfig`."""
+        env = self._env()
+        env["KUBECONFIG"] = str(kubeconfig or self.kubeconfig)
+        return env
+
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
         env.pop("KUBECONFIG", None)  # NB: never fall back to a developer's real cluster

@@ -70,7 +70,13 @@ def _backend(config: pytest.Config) -> str:
 def pytest_configure(config: pytest.Config) -> None:
     # NB: pyproject.toml registers it too; this keeps the plugin usable on its own (-p).
     config.addinivalue_line("markers", "cluster: needs the real Kubernetes test control plane")
-    config.stash[_STATE] = _SessionState(backend=_backend(config))
+    config.stash[_STATE] = state = _SessionState(backend=_backend(config))
+    if state.backend == "kind" and not getattr(config.option, "kind_kubectl_bin", None):
+        # NB: pytest-kind would otherwise download kubectl v1.25 (no network here, and far
+        # too old): hand it the one build.sh made, when there is one.
+        own = Binaries.locate().path("kubectl")
+        if own.is_file():
+            config.option.kind_kubectl_bin = str(own)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

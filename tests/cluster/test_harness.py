@@ -92,7 +92,9 @@ def test_missing_binaries_fail_not_skip(tmp_path: Path) -> None:
 
 
 @pytest.mark.cluster
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
+@pytest.mark.parametrize(
+    "sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=lambda sig: sig.name
+)
 def test_control_plane_dies_with_pytest(
     tmp_path: Path, sig: signal.Signals, kube_control_plane: Cluster
 ) -> None:
