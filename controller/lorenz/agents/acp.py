@@ -1,0 +1,719 @@
+"""The ``acp`` runner: drives any Agent Client Protocol agent (Gemini CLI, Claude/Codex adapters).
+
+ACP (v1) is JSON-RPC 2.0 over the agent's stdio, one message per line, with the ``jsonrpc``
+member present. A run is one agent process and one ACP session: ``initialize``, then
+``session/new`` in the workspace, then one ``session/prompt`` per turn. The agent streams
+``session/update`` notifications while it works and may ask us things
+(``session/request_permission``); the *response* to ``session/prompt`` ends the turn and says
+why (its ``stopReason``).
+
+Why the wire is driven here rather than through the official SDK's connection: the SDK
+(``agent-client-protocol``) is used for its generated schema models, which validate every
+payload we read and which the fake agent in the tests validates our payloads against. Its
+process helpers trim the child's environment, leave stderr undrained and read with a 64 KiB line
+limit; its connection object, even over a custom transport, serialises with
+``exclude_defaults`` (so ``clientCapabilities`` would vanish from ``initialize`` instead of
+saying "no fs, no terminal" explicitly), answers ``terminal/*`` requests with ``null`` instead of
+an error, runs each notification in its own task, and logs unknown update kinds as exceptions.
+Driving ~150 lines of JSON-RPC over :mod:`lorenz.agents.processes` keeps one process model for
+every agent (process groups, 16 MB lines, drained stderr, exact environment) and one ordered
+reader per run.
+
+Decisions (also in ``docs/agents.md``):
+
+* Lorenz advertises no client capabilities: ``fs.readTextFile``/``fs.writeTextFile`` and
+  ``terminal`` are all ``false``; the agent uses its own file and shell tools in the workspace.
+  Any agent-to-client request other than ``session/request_permission`` gets JSON-RPC error
+  ``-32601``.
+* Stop reasons: ``end_turn``, ``max_tokens`` and ``max_turn_requests`` end the turn normally (the
+  work so far stays in the session; the next continuation turn, if the issue is still active,
+  picks it up); ``refusal`` fails the run with ``turn_refused``; ``cancelled`` that Lorenz did not
+  ask for fails it with ``turn_interrupted``.
+* Permissions follow ``agents.<kind>.approvals``: ``allow`` selects an ``allow_once`` option
+  (else ``allow_always``), ``deny`` a ``reject_once`` option (else ``reject_always``); when no
+  option of the wanted family is offered, or a cancel is under way, the answer is the
+  ``cancelled`` outcome.
+* Usage: ``PromptResponse.usage`` (still unstable in ACP) counts the tokens of *that turn*; the
+  runner sums turns into run totals. ``usage_update.cost`` is the session's cumulative cost and
+  is reported as is when its currency is USD. ``usage_update.used``/``size`` describe the context
+  window, not consumption, and are only shown in the message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pydantic
+from acp import schema
+
+import lorenz
+from lorenz.agents.base import AgentRunError, AgentRunRequest, AgentRunResult
+from lorenz.agents.processes import AgentProcess, LineTooLong, spawn_agent
+from lorenz.config import ApprovalMode
+from lorenz.model import AgentUpdate, TokenUsage
+
+logger = logging.getLogger(__name__)
+
+ACP_PROTOCOL_VERSION = 1
+"""The ACP protocol version Lorenz speaks (v1, the stable one)."""
+
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
+AUTH_REQUIRED = -32000
+
+CLIENT_CAPABILITIES: dict[str, Any] = {
+    "fs": {"readTextFile": False, "writeTextFile": False},
+    "terminal": False,
+}
+"""What Lorenz tells agents it can do for them: nothing beyond permissions and updates."""
+
+CONTINUING_STOP_REASONS = frozenset({"end_turn", "max_tokens", "max_turn_requests"})
+"""Stop reasons after which the run goes on to the next turn (or ends successfully)."""
+
+_MESSAGE_CHARS = 200
+_PAYLOAD_CHARS = 1000
+_TRANSCRIPT_TAIL_CHARS = 2000
+
+
+def _clip(text: str, limit: int = _MESSAGE_CHARS) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else "…" + text[-(limit - 1) :]
+
+
+class AcpRpcError(Exception):
+    """An error response from the agent (or one we send back to it)."""
+
+    def __init__(self, code: int, message: str, data: Any = None) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.data = data
+
+
+class _AgentGone(Exception):
+    """The agent closed its stdout (it exited) while a request was pending."""
+
+
+def choose_permission_option(
+    options: Sequence[schema.PermissionOption], *, approvals: ApprovalMode
+) -> schema.PermissionOption | None:
+    """The option Lorenz selects for a permission request, or ``None`` for "cancelled"."""
+    if approvals is ApprovalMode.ALLOW:
+        preferred = ("allow_once", "allow_always")
+    else:
+        preferred = ("reject_once", "reject_always")
+    for kind in preferred:
+        for option in options:
+            if option.kind == kind:
+                return option
+    return None
+
+
+class _Peer:
+    """JSON-RPC 2.0 over one agent process: our requests out, the agent's messages in, in order.
+
+    One task reads stdout. Responses resolve the matching pending future; agent requests and
+    notifications are handled synchronously in arrival order (so a turn's last updates are
+    always processed before the prompt response that ends it).
+    """
+
+    def __init__(
+        self,
+        process: AgentProcess,
+        *,
+        on_request: Callable[[str, Any], Any],
+        on_notification: Callable[[str, Any], None],
+        on_malformed: Callable[[str], None],
+    ) -> None:
+        self._process = process
+        self._on_request = on_request
+        self._on_notification = on_notification
+        self._on_malformed = on_malformed
+        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._next_id = 1
+        self._reader: asyncio.Task[None] | None = None
+        self.gone = False
+
+    def start(self) -> None:
+        self._reader = asyncio.create_task(
+            self._read_loop(), name=f"acp-reader-{self._process.pid}"
+        )
+
+    async def stop(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._reader
+
+    async def _write(self, message: dict[str, Any]) -> None:
+        data = json.dumps({"jsonrpc": "2.0", **message}, separators=(",", ":"), ensure_ascii=False)
+        await self._process.write_line(data.encode("utf-8"))
+
+    async def request(self, method: str, params: dict[str, Any]) -> asyncio.Future[Any]:
+        """Send a request; the returned future resolves to its result (or raises)."""
+        if self.gone:
+            raise _AgentGone(method)
+        request_id = self._next_id
+        self._next_id += 1
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = future
+        try:
+            await self._write({"id": request_id, "method": method, "params": params})
+        except BaseException:
+            self._pending.pop(request_id, None)
+            raise
+        return future
+
+    async def notify(self, method: str, params: dict[str, Any]) -> None:
+        await self._write({"method": method, "params": params})
+
+    async def _read_loop(self) -> None:
+        try:
+            while True:
+                try:
+                    line = await self._process.read_line()
+                except LineTooLong as exc:
+                    self._on_malformed(exc.message)
+                    continue
+                if line is None:
+                    return
+                if not line.strip():
+                    continue
+                try:
+                    message = json.loads(line)
+                except ValueError:
+                    self._on_malformed(
+                        f"ignored a stdout line that is not JSON: {_clip(repr(line[:400]))}"
+                    )
+                    continue
+                if not isinstance(message, dict):
+                    self._on_malformed(
+                        f"ignored a JSON value that is not a message: {_clip(repr(line[:400]))}"
+                    )
+                    continue
+                await self._dispatch(message)
+        finally:
+            self.gone = True
+            for future in self._pending.values():
+                if not future.done():
+                    future.set_exception(_AgentGone())
+            self._pending.clear()
+
+    async def _dispatch(self, message: dict[str, Any]) -> None:
+        method = message.get("method")
+        if isinstance(method, str):
+            params = message.get("params")
+            if "id" not in message:
+                try:
+                    self._on_notification(method, params)
+                except Exception:  # one odd update must not end the run
+                    logger.exception("acp notification handler failed", extra={"method": method})
+                return
+            reply: dict[str, Any] = {"id": message["id"]}
+            try:
+                reply["result"] = self._on_request(method, params)
+            except AcpRpcError as exc:
+                error: dict[str, Any] = {"code": exc.code, "message": exc.message}
+                if exc.data is not None:
+                    error["data"] = exc.data
+                reply["error"] = error
+            except Exception as exc:  # a bug of ours must not hang the agent waiting for us
+                logger.exception("acp request handler failed", extra={"method": method})
+                reply["error"] = {"code": INTERNAL_ERROR, "message": str(exc)}
+            await self._write(reply)
+            return
+        request_id = message.get("id")
+        future = self._pending.pop(request_id, None) if isinstance(request_id, int) else None
+        if future is None:
+            self._on_malformed(
+                f"ignored a message that answers no pending request: {_clip(str(message))}"
+            )
+            return
+        if future.done():
+            return
+        error_obj = message.get("error")
+        if isinstance(error_obj, dict):
+            future.set_exception(
+                AcpRpcError(
+                    int(error_obj.get("code", INTERNAL_ERROR)),
+                    str(error_obj.get("message", "error")),
+                    error_obj.get("data"),
+                )
+            )
+        else:
+            future.set_result(message.get("result"))
+
+
+class _AcpRun:
+    """One run: the process, the session, the turn loop and the running totals."""
+
+    def __init__(self, *, request: AgentRunRequest, process: AgentProcess, grace_s: float) -> None:
+        self.request = request
+        self.process = process
+        self.grace_s = grace_s
+        self.peer = _Peer(
+            process,
+            on_request=self._on_agent_request,
+            on_notification=self._on_notification,
+            on_malformed=self._on_malformed,
+        )
+        self.session_id: str | None = None
+        self.turn = 0
+        self.in_flight: asyncio.Future[Any] | None = None
+        self.cancelling = False
+        self.tokens = TokenUsage()
+        self.tokens_reported = False
+        self.cost_usd: float | None = None
+        self.transcript = ""
+        self.tool_titles: dict[str, str] = {}
+
+    # -- reporting ------------------------------------------------------------------------
+
+    def emit(
+        self,
+        event: str,
+        *,
+        message: str | None = None,
+        session_id: str | None = None,
+        usage: TokenUsage | None = None,
+        cost_usd: float | None = None,
+        payload: dict[str, Any] | None = None,
+    ) -> None:
+        self.request.on_update(
+            AgentUpdate(
+                event=event,
+                message=message,
+                session_id=session_id,
+                usage=usage,
+                cost_usd=cost_usd,
+                pid=self.process.pid,
+                payload=payload,
+            )
+        )
+
+    def _on_malformed(self, text: str) -> None:
+        self.emit("malformed", message=text)
+
+    # -- requests -------------------------------------------------------------------------
+
+    async def call(self, method: str, params: dict[str, Any], *, timeout_s: float) -> Any:
+        future = await self.peer.request(method, params)
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await future
+        except TimeoutError:
+            ms = self.request.settings.read_timeout_ms
+            raise AgentRunError(
+                f"the ACP agent did not answer {method} within read_timeout_ms={ms}; check that "
+                "the command starts an ACP agent (e.g. `gemini --acp`) or raise "
+                f"read_timeout_ms: {self.process.stderr_tail(max_bytes=500)}",
+                code="read_timeout",
+            ) from None
+        except _AgentGone:
+            raise await self.exited(f"before answering {method}") from None
+
+    async def exited(self, when: str) -> AgentRunError:
+        with contextlib.suppress(TimeoutError):
+            await self.process.wait(timeout_s=self.grace_s)
+        await self.process.stderr_drained(timeout_s=0.5)
+        status = self.process.returncode
+        tail = self.process.stderr_tail(max_bytes=1000) or "(no stderr output)"
+        return AgentRunError(
+            f"the ACP agent exited (status {status}) {when}; its stderr ends with: {tail}",
+            code="agent_exited",
+        )
+
+    # -- the run --------------------------------------------------------------------------
+
+    async def drive(self) -> AgentRunResult:
+        self.peer.start()
+        await self.handshake()
+        assert self.session_id is not None
+        stop_reason: str | None = None
+        max_turns = self.request.max_turns
+        for turn in range(1, max_turns + 1):
+            if turn > 1 and not await self.request.issue_is_active():
+                break
+            self.turn = turn
+            if turn == 1:
+                text = self.request.prompt
+            else:
+                text = self.request.continuation_prompt(turn, max_turns)
+            stop_reason = await self.prompt_turn(text)
+        return AgentRunResult(turns=self.turn, session_id=self.session_id, stop_reason=stop_reason)
+
+    async def handshake(self) -> None:
+        read_timeout_s = self.request.settings.read_timeout_ms / 1000
+        try:
+            raw = await self.call(
+                "initialize",
+                {
+                    "protocolVersion": ACP_PROTOCOL_VERSION,
+                    "clientCapabilities": CLIENT_CAPABILITIES,
+                    "clientInfo": {
+                        "name": "lorenz",
+                        "title": "Lorenz",
+                        "version": lorenz.__version__,
+                    },
+                },
+                timeout_s=read_timeout_s,
+            )
+            init = schema.InitializeResponse.model_validate(raw)
+        except AcpRpcError as exc:
+            raise AgentRunError(
+                f"the ACP agent refused initialize ({exc.code}: {exc.message}); check the agent "
+                "command and its version",
+                code="handshake_failed",
+            ) from None
+        except pydantic.ValidationError as exc:
+            raise self.protocol_error("initialize", exc) from None
+        if init.protocol_version != ACP_PROTOCOL_VERSION:
+            raise AgentRunError(
+                f"the ACP agent speaks protocol version {init.protocol_version}, Lorenz speaks "
+                f"{ACP_PROTOCOL_VERSION}; use an agent release that supports ACP v1",
+                code="handshake_failed",
+            )
+        try:
+            raw = await self.call(
+                "session/new",
+                {"cwd": str(self.request.workspace.resolve()), "mcpServers": []},
+                timeout_s=read_timeout_s,
+            )
+            session = schema.NewSessionResponse.model_validate(raw)
+        except AcpRpcError as exc:
+            hint = "check the agent's configuration"
+            if exc.code == AUTH_REQUIRED:
+                methods = ", ".join(m.id for m in init.auth_methods or []) or "none advertised"
+                hint = (
+                    "the agent needs to be logged in (auth methods: "
+                    f"{methods}); log it in once or pass its API key in agents.<kind>.env"
+                )
+            raise AgentRunError(
+                f"the ACP agent refused session/new ({exc.code}: {exc.message}); {hint}",
+                code="handshake_failed",
+            ) from None
+        except pydantic.ValidationError as exc:
+            raise self.protocol_error("session/new", exc) from None
+        self.session_id = session.session_id
+        agent = init.agent_info
+        self.emit(
+            "handshake_completed",
+            message=f"ACP agent {agent.name if agent else 'unknown'} "
+            f"{agent.version if agent else ''}".strip(),
+        )
+
+    def protocol_error(self, what: str, exc: pydantic.ValidationError) -> AgentRunError:
+        errors = exc.errors()
+        where, why = ("?", str(exc))
+        if errors:
+            where = ".".join(str(part) for part in errors[0]["loc"]) or "(top level)"
+            why = errors[0]["msg"]
+        return AgentRunError(
+            f"the ACP agent answered {what} with an invalid payload ({where}: {why}); "
+            "it may speak another ACP version",
+            code="agent_protocol_error",
+        )
+
+    async def prompt_turn(self, text: str) -> str:
+        assert self.session_id is not None
+        turn, max_turns = self.turn, self.request.max_turns
+        self.transcript = ""
+        self.emit(
+            "session_started",
+            session_id=f"{self.session_id}-{turn}",
+            message=f"turn {turn} of at most {max_turns}",
+        )
+        try:
+            future = await self.peer.request(
+                "session/prompt",
+                {"sessionId": self.session_id, "prompt": [{"type": "text", "text": text}]},
+            )
+        except _AgentGone:
+            raise await self.exited(f"before turn {turn}") from None
+        self.in_flight = future
+        turn_timeout_s = self.request.settings.turn_timeout_ms / 1000
+        try:
+            async with asyncio.timeout(turn_timeout_s):
+                raw = await asyncio.shield(future)
+        except TimeoutError:
+            await self.cancel_in_flight()
+            self.emit("turn_failed", message=f"turn {turn} timed out")
+            raise AgentRunError(
+                f"turn {turn} did not finish within turn_timeout_ms="
+                f"{self.request.settings.turn_timeout_ms}; the agent was cancelled — raise "
+                "agents.<kind>.turn_timeout_ms if turns legitimately take longer",
+                code="turn_timeout",
+            ) from None
+        except _AgentGone:
+            self.in_flight = None
+            raise await self.exited(f"during turn {turn}") from None
+        except AcpRpcError as exc:
+            self.in_flight = None
+            self.emit("turn_failed", message=f"turn {turn} failed: {exc.message}")
+            raise AgentRunError(
+                f"the ACP agent failed turn {turn} ({exc.code}: {exc.message}); see its logs",
+                code="turn_failed",
+            ) from None
+        self.in_flight = None
+        try:
+            response = schema.PromptResponse.model_validate(raw)
+        except pydantic.ValidationError as exc:
+            raise self.protocol_error("session/prompt", exc) from None
+        stop = response.stop_reason
+        if response.usage is not None:
+            turn_usage = TokenUsage(
+                input_tokens=response.usage.input_tokens,
+                output_tokens=response.usage.output_tokens,
+                total_tokens=response.usage.total_tokens,
+            )
+            self.tokens = self.tokens + turn_usage
+            self.tokens_reported = True
+        usage = self.tokens if self.tokens_reported else None
+        if stop in CONTINUING_STOP_REASONS:
+            self.emit(
+                "turn_completed",
+                message=f"turn {turn} ended: {stop}",
+                usage=usage,
+                cost_usd=self.cost_usd,
+                payload={"stopReason": stop},
+            )
+            return stop
+        self.emit(
+            "turn_failed", message=f"turn {turn} ended: {stop}", usage=usage, cost_usd=self.cost_usd
+        )
+        if stop == "refusal":
+            raise AgentRunError(
+                f"the agent refused to continue in turn {turn} (stopReason refusal); rephrase "
+                "the issue or the prompt template",
+                code="turn_refused",
+            )
+        raise AgentRunError(
+            f"turn {turn} was cancelled by the agent (stopReason cancelled) without Lorenz "
+            "asking; see the agent's logs",
+            code="turn_interrupted",
+        )
+
+    # -- stopping -------------------------------------------------------------------------
+
+    async def cancel_in_flight(self) -> None:
+        """``session/cancel`` the running turn and give the agent a grace period to end it."""
+        self.cancelling = True
+        future = self.in_flight
+        if future is None or future.done() or self.session_id is None:
+            return
+        with contextlib.suppress(AgentRunError, OSError):
+            await self.peer.notify("session/cancel", {"sessionId": self.session_id})
+        await asyncio.wait({future}, timeout=self.grace_s)
+        if future.done() and not future.cancelled():
+            future.exception()  # NB: retrieved, so asyncio does not log "never retrieved"
+
+    async def close(self, *, graceful: bool) -> None:
+        """End the process and everything it started; close stdin first when all went well."""
+        try:
+            if graceful and not self.peer.gone:
+                with contextlib.suppress(Exception):
+                    await self.process.close_stdin()
+                with contextlib.suppress(TimeoutError):
+                    await self.process.wait(timeout_s=self.grace_s)
+        finally:
+            await self.process.terminate(grace_s=self.grace_s)
+            await self.peer.stop()
+
+    # -- what the agent sends -------------------------------------------------------------
+
+    def _on_agent_request(self, method: str, params: Any) -> Any:
+        if method == "session/request_permission":
+            return self._answer_permission(params)
+        self.emit(
+            "unsupported_request",
+            message=f"declined the agent's {method} request (Lorenz does not offer it)",
+            payload={"method": method},
+        )
+        raise AcpRpcError(METHOD_NOT_FOUND, f"Method not found: {method}", {"method": method})
+
+    def _answer_permission(self, params: Any) -> dict[str, Any]:
+        try:
+            ask = schema.RequestPermissionRequest.model_validate(params)
+        except pydantic.ValidationError as exc:
+            raise AcpRpcError(
+                INVALID_PARAMS, "invalid session/request_permission params", str(exc)
+            ) from None
+        title = (
+            ask.tool_call.title
+            or self.tool_titles.get(ask.tool_call.tool_call_id)
+            or ask.tool_call.tool_call_id
+        )
+        approvals = self.request.settings.approvals
+        option = (
+            None if self.cancelling else choose_permission_option(ask.options, approvals=approvals)
+        )
+        if option is None:
+            why = (
+                "a cancel is under way"
+                if self.cancelling
+                else f"no option fits approvals={approvals.value}"
+            )
+            self.emit(
+                "approval_cancelled",
+                message=f"permission for {_clip(title)} answered cancelled ({why})",
+                payload={"toolCallId": ask.tool_call.tool_call_id, "outcome": "cancelled"},
+            )
+            return {"outcome": {"outcome": "cancelled"}}
+        approved = option.kind.startswith("allow")
+        self.emit(
+            "approval_auto_approved" if approved else "approval_auto_denied",
+            message=f"{'approved' if approved else 'denied'} {_clip(title)} ({option.kind})",
+            payload={
+                "toolCallId": ask.tool_call.tool_call_id,
+                "optionId": option.option_id,
+                "kind": option.kind,
+            },
+        )
+        return {"outcome": {"outcome": "selected", "optionId": option.option_id}}
+
+    def _on_notification(self, method: str, params: Any) -> None:
+        if method != "session/update":
+            self.emit(
+                "notification", message=f"agent notification {method}", payload={"method": method}
+            )
+            return
+        try:
+            note = schema.SessionNotification.model_validate(params)
+        except pydantic.ValidationError:
+            kind = (
+                params.get("update", {}).get("sessionUpdate") if isinstance(params, dict) else None
+            )
+            self.emit(
+                "notification",
+                message=f"session update {kind or '?'} (not a v1 update Lorenz knows)",
+                payload={"sessionUpdate": kind},
+            )
+            return
+        self._on_update(note.update)
+
+    def _on_update(self, update: Any) -> None:
+        kind = getattr(update, "session_update", "?")
+        if isinstance(update, schema.AgentMessageChunk | schema.AgentThoughtChunk):
+            text = _content_text(update.content)
+            if isinstance(update, schema.AgentMessageChunk):
+                self.transcript = (self.transcript + text)[-_TRANSCRIPT_TAIL_CHARS:]
+                message = f"agent: {_clip(self.transcript)}"
+            else:
+                message = f"thinking: {_clip(text)}"
+            self.emit(
+                "notification",
+                message=message,
+                payload={"sessionUpdate": kind, "text": _clip(text, _PAYLOAD_CHARS)},
+            )
+        elif isinstance(update, schema.ToolCallStart):
+            self.tool_titles[update.tool_call_id] = update.title
+            self.transcript = ""
+            self.emit(
+                "notification",
+                message=f"tool call: {_clip(update.title)} "
+                f"({update.kind or 'other'}, {update.status or 'pending'})",
+                payload=_tool_payload(
+                    kind, update.tool_call_id, update.title, update.kind, update.status
+                ),
+            )
+        elif isinstance(update, schema.ToolCallProgress):
+            if update.title:
+                self.tool_titles[update.tool_call_id] = update.title
+            title = self.tool_titles.get(update.tool_call_id, update.tool_call_id)
+            self.emit(
+                "notification",
+                message=f"tool call {_clip(title)}: {update.status or 'updated'}",
+                payload=_tool_payload(kind, update.tool_call_id, title, update.kind, update.status),
+            )
+        elif isinstance(update, schema.AgentPlanUpdate):
+            done = sum(1 for entry in update.entries if entry.status == "completed")
+            current = next((e.content for e in update.entries if e.status == "in_progress"), None)
+            message = f"plan: {done}/{len(update.entries)} done"
+            if current:
+                message += f"; now: {_clip(current, 120)}"
+            self.emit("notification", message=message, payload={"sessionUpdate": kind})
+        elif isinstance(update, schema.UsageUpdate):
+            message = f"context {update.used}/{update.size} tokens"
+            cost = update.cost
+            if cost is not None:
+                message += f", session cost {cost.amount:.4f} {cost.currency}"
+                if cost.currency.upper() == "USD":
+                    self.cost_usd = cost.amount
+            self.emit(
+                "usage_updated",
+                message=message,
+                cost_usd=self.cost_usd,
+                usage=self.tokens if self.tokens_reported else None,
+                payload={"sessionUpdate": kind, "used": update.used, "size": update.size},
+            )
+        elif isinstance(update, schema.CurrentModeUpdate):
+            self.emit(
+                "notification",
+                message=f"mode: {update.current_mode_id}",
+                payload={"sessionUpdate": kind},
+            )
+        elif isinstance(update, schema.SessionInfoUpdate):
+            self.emit(
+                "notification",
+                message=f"session: {_clip(update.title or '')}",
+                payload={"sessionUpdate": kind},
+            )
+        elif isinstance(update, schema.UserMessageChunk):
+            return  # the agent echoing our own prompt back
+        else:
+            self.emit(
+                "notification", message=f"session update {kind}", payload={"sessionUpdate": kind}
+            )
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, schema.TextContentBlock):
+        return content.text
+    return f"[{getattr(content, 'type', 'content')}]"
+
+
+def _tool_payload(
+    kind: str, tool_call_id: str, title: str, tool_kind: str | None, status: str | None
+) -> dict[str, Any]:
+    return {
+        "sessionUpdate": kind,
+        "toolCallId": tool_call_id,
+        "title": _clip(title, _PAYLOAD_CHARS),
+        "kind": tool_kind,
+        "status": status,
+    }
+
+
+class AcpRunner:
+    """:class:`~lorenz.agents.base.AgentRunner` for ``protocol: acp``.
+
+    ``cancel_grace_s`` is how long an agent gets to wind down after ``session/cancel`` (or after
+    its stdin closes at the end of a run) before its process group is killed.
+    """
+
+    def __init__(self, *, cancel_grace_s: float = 2.0) -> None:
+        self.cancel_grace_s = cancel_grace_s
+
+    async def run(self, request: AgentRunRequest) -> AgentRunResult:
+        process = await spawn_agent(
+            command=request.settings.command, cwd=request.workspace, env=request.env
+        )
+        run = _AcpRun(request=request, process=process, grace_s=self.cancel_grace_s)
+        graceful = False
+        try:
+            result = await run.drive()
+            graceful = True
+            return result
+        except asyncio.CancelledError:
+            # NB: the run's task was cancelled (reconciliation, shutdown): tell the agent, give it
+            # the grace period, then the finally below kills the group; re-raise either way.
+            await run.cancel_in_flight()
+            raise
+        finally:
+            await run.close(graceful=graceful)
