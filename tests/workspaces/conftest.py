@@ -42,7 +42,19 @@ def make_issue(identifier: str = "ABC-1", *, issue_id: str | None = None, **extr
 
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
+    """The workspace root, not created yet (the manager makes it)."""
     return tmp_path / "workspaces"
+
+
+@pytest.fixture
+def existing_root(root: Path) -> Path:
+    """The workspace root, already created."""
+    root.mkdir()
+    return root
+
+
+def lexists(path: Path) -> bool:
+    return os.path.lexists(path)
 
 
 async def wait_for(predicate: Callable[[], bool], *, attempts: int = 500) -> None:
