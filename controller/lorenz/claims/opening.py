@@ -9,10 +9,15 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lorenz.claims.memory import MemoryClaimStore
-from lorenz.config.settings import ClaimStoreBackend, ClaimStoreSettings
 from lorenz.model import ClaimStore, Clock
+
+if TYPE_CHECKING:
+    # NB: only for typing: the settings module pulls in pydantic, which processes that merely
+    # touch a store (`lorenz status`, tests' child processes) should not pay for.
+    from lorenz.config.settings import ClaimStoreSettings
 
 STORE_DIR = Path(".lorenz") / "claim-store"
 STORE_FILE = "claims.db"
@@ -60,16 +65,19 @@ async def open_claim_store(
     Durable backends create the parent folders of their file. Raises the coded
     :mod:`lorenz.claims.errors` for a file that cannot be used.
     """
-    if settings.backend is ClaimStoreBackend.MEMORY:
+    backend = str(settings.backend)  # a StrEnum: compare by value
+    if backend == "memory":
         return MemoryClaimStore(owner=owner)
     path = store_path(settings, workspace_root=workspace_root, workflow_path=workflow_path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    if settings.backend is ClaimStoreBackend.SQLITE:
+    if backend == "sqlite":
         from lorenz.claims.sqlite import SqliteClaimStore
 
         return await SqliteClaimStore.open(
             path, owner=owner, owner_stale_ms=settings.owner_stale_ms, clock=clock
         )
+    if backend != "turso":
+        raise ValueError(f"unknown claim_store.backend {backend!r}")
     from lorenz.claims.turso import TursoClaimStore
 
     return await TursoClaimStore.open(

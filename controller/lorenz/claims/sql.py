@@ -83,7 +83,7 @@ class SqlDriver(Protocol):
     backend: str
     """The ``claim_store.backend`` value this driver serves."""
 
-    def connect(self, path: Path) -> DbConnection:
+    def connect(self, path: Path, *, busy_timeout_ms: int) -> DbConnection:
         """Open ``path`` in autocommit mode (no implicit transactions) with a busy timeout."""
         ...
 
@@ -267,6 +267,27 @@ def _claim_from_row(row: Sequence[Any]) -> ClaimRecord:
         session_id=session_id,
         updated_at=_when(updated_at),
     )
+
+
+def schema_version(conn: DbConnection) -> tuple[bool, str | None]:
+    """``(has tables, claim_store_meta.schema_version)`` of an open database; reads only."""
+    names = {
+        str(row[0])
+        for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
+    }
+    names = {n for n in names if not n.startswith("sqlite_")}
+    if "claim_store_meta" not in names:
+        return bool(names), None
+    row = conn.execute("SELECT value FROM claim_store_meta WHERE key = 'schema_version'").fetchone()
+    return True, (str(row[0]) if row is not None else None)
+
+
+def check_schema(conn: DbConnection, *, path: Path) -> bool:
+    """Whether the schema exists (``False``: an empty database); raise if it is not ours."""
+    has_tables, version = schema_version(conn)
+    if has_tables and version != SCHEMA_VERSION:
+        raise ClaimStoreSchemaUnsupported(path=path, version=version)
+    return has_tables
 
 
 def _rollback_quietly(conn: DbConnection) -> None:
@@ -528,7 +549,9 @@ class SqlClaimStore:
 
     def _open_sync(self) -> None:
         try:
-            self._conn = self._driver.connect(self._path)
+            self._conn = self._driver.connect(
+                self._path, busy_timeout_ms=min(BUSY_TIMEOUT_MS, int(self._busy_deadline_s * 1000))
+            )
             self._transaction(self._check_schema, write=False)
             self._driver.tune(self._conn)
             self._transaction(self._create_sync)
@@ -539,36 +562,15 @@ class SqlClaimStore:
                 raise ClaimStoreUnreadable(path=self._path, reason=str(exc)) from exc
             raise
 
-    def _schema_version(self, conn: DbConnection) -> tuple[bool, str | None]:
-        """``(has tables, schema_version)`` without writing anything."""
-        names = {
-            row[0]
-            for row in conn.execute(
-                "SELECT name FROM sqlite_master WHERE type = 'table'"
-            ).fetchall()
-        }
-        names = {n for n in names if not str(n).startswith("sqlite_")}
-        if "claim_store_meta" not in names:
-            return bool(names), None
-        row = conn.execute(
-            "SELECT value FROM claim_store_meta WHERE key = 'schema_version'"
-        ).fetchone()
-        return True, (str(row[0]) if row is not None else None)
-
     def _check_schema(self, conn: DbConnection) -> None:
         # NB: this runs before any pragma that could rewrite the file (journal_mode=WAL), so a
         # store of an unknown version is left exactly as it was found.
-        has_tables, version = self._schema_version(conn)
-        if has_tables and version != SCHEMA_VERSION:
-            raise ClaimStoreSchemaUnsupported(path=self._path, version=version)
+        check_schema(conn, path=self._path)
 
     def _create_sync(self, conn: DbConnection) -> None:
         # Re-checked under the write lock: another process may have created (or replaced) the
         # schema between our first look and now.
-        has_tables, version = self._schema_version(conn)
-        if has_tables and version != SCHEMA_VERSION:
-            raise ClaimStoreSchemaUnsupported(path=self._path, version=version)
-        if not has_tables:
+        if not check_schema(conn, path=self._path):
             for statement in _SCHEMA:
                 conn.execute(statement)
             conn.execute(

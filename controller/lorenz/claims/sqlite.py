@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import ClassVar, Literal
 
 from lorenz.claims.errors import ClaimStoreUnreadable
-from lorenz.claims.sql import BUSY_TIMEOUT_MS, DbConnection, SqlClaimStore, SqlDriver
+from lorenz.claims.sql import DbConnection, SqlClaimStore, SqlDriver
 
 Synchronous = Literal["NORMAL", "FULL"]
 
@@ -29,13 +29,13 @@ class SqliteDriver:
     def __init__(self, *, synchronous: Synchronous = "NORMAL") -> None:
         self.synchronous: Synchronous = synchronous
 
-    def connect(self, path: Path) -> DbConnection:
+    def connect(self, path: Path, *, busy_timeout_ms: int) -> DbConnection:
         # NB: isolation_level=None is autocommit: the store issues BEGIN IMMEDIATE itself;
         # the module's implicit BEGIN (DEFERRED) would upgrade to a write lock too late.
         conn = sqlite3.connect(
-            str(path), isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000
+            str(path), isolation_level=None, check_same_thread=False, timeout=busy_timeout_ms / 1000
         )
-        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
         return conn
 
     def tune(self, conn: DbConnection) -> None:

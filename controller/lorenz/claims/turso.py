@@ -11,10 +11,11 @@ engines coordinate differently. Reading it after every turso process closed is f
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 from typing import Any, ClassVar
 
-from lorenz.claims.sql import BUSY_TIMEOUT_MS, DbConnection, SqlClaimStore, SqlDriver
+from lorenz.claims.sql import DbConnection, SqlClaimStore, SqlDriver, check_schema
 
 MULTIPROCESS_FEATURE = "multiprocess_wal"
 
@@ -26,16 +27,44 @@ def _turso() -> Any:
     return turso
 
 
+SQLITE_HEADER = b"SQLite format 3\x00"
+LEGACY_JOURNAL = 1
+"""Header bytes 18/19 of a rollback-journal (non-WAL) SQLite file."""
+
+
+def _refuse_foreign_legacy_file(path: Path) -> None:
+    """Check a rollback-journal file's schema with stdlib sqlite3, read-only, before turso.
+
+    NB: opening a non-WAL file, turso converts it to WAL on the spot (header bytes 18/19), which
+    would break the promise that a store of an unknown schema is left untouched. Every turso or
+    sqlite claim store is already in WAL mode, so only a foreign file takes this path, and no
+    turso process can have it open (turso would have converted it).
+    """
+    try:
+        with path.open("rb") as handle:
+            header = handle.read(20)
+    except FileNotFoundError:
+        return
+    if len(header) < 20 or not header.startswith(SQLITE_HEADER) or header[18] != LEGACY_JOURNAL:
+        return
+    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+    try:
+        check_schema(conn, path=path)
+    finally:
+        conn.close()
+
+
 class TursoDriver:
     """pyturso, autocommit mode, multi-process WAL."""
 
     backend = "turso"
 
-    def connect(self, path: Path) -> DbConnection:
+    def connect(self, path: Path, *, busy_timeout_ms: int) -> DbConnection:
+        _refuse_foreign_legacy_file(path)
         conn: DbConnection = _turso().connect(
             str(path), experimental_features=MULTIPROCESS_FEATURE, isolation_level=None
         )
-        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
         return conn
 
     def tune(self, conn: DbConnection) -> None:
