@@ -122,10 +122,10 @@ class _Resolver:
             resolved = self._field(info.annotation, extra, value, key_path=key_path)
             if resolved is not _MISSING:
                 out[key] = resolved
-        # NB: an omitted key with a documented env fallback behaves like "$FALLBACK".
+        # NB: an omitted (or null) key with a documented env fallback behaves like "$FALLBACK".
         for dotted, env_name in self.fallbacks.items():
             parent, _, leaf = dotted.rpartition(".")
-            if parent == ".".join(path) and leaf not in out and leaf not in data:
+            if parent == ".".join(path) and data.get(leaf) is None:
                 value = self._env_value(env_name)
                 if value is not None:
                     out[leaf] = value
