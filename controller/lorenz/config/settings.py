@@ -352,6 +352,15 @@ class CodexSettings(Section):
     stall_timeout_ms: Int = Field(default=300000, json_schema_extra=_reload("hot"))
     """Stall threshold; ``<= 0`` disables stall detection."""
 
+    @pydantic.field_validator("command")
+    @classmethod
+    def _command_not_blank(cls, value: str) -> str:
+        # NB: without this, a blank command fails later, inside the model validator that builds
+        # ``agents.codex``, and the error would name ``command`` instead of ``codex.command``.
+        if not value.strip():
+            raise ValueError("must not be blank")
+        return value
+
     def as_agent_kind(self) -> AgentKindSettings:
         return AgentKindSettings(
             command=self.command,
