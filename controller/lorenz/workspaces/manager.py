@@ -357,7 +357,7 @@ class WorkspaceManager:
                                  identity=self._identity_of(issue),
                                  attempt=attempt, slot_index=slot_index)
             except BaseException:
-                await _run_to_completion(self._discard_new(workspace, root=root))
+                await _run_to_completion(self._discard_new_quietly(workspace, root=root))
                 raise
         return workspace
 
@@ -472,6 +472,13 @@ class WorkspaceManager:
                 raise
         logger.info("worktree created workspace=%s branch=%s base=%s", path, branch, base_commit)
         return True, branch
+
+    async def _discard_new_quietly(self, workspace: Workspace, *, root: Path) -> None:
+        # NB: never let the clean-up mask the hook error the caller must see.
+        try:
+            await self._discard_new(workspace, root=root)
+        except Exception:
+            logger.exception("could not remove new workspace workspace=%s", workspace.path)
 
     async def _discard_new(self, workspace: Workspace, *, root: Path) -> None:
         """Undo a creation whose ``after_create`` did not succeed."""
