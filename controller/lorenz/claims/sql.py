@@ -521,11 +521,12 @@ class SqlClaimStore:
         body: Any = None,
     ) -> None:
         text = json.dumps(body, sort_keys=True) if body is not None else None
-        (last_id,) = conn.execute(
-            "INSERT INTO events (at, owner, kind, slot_key, body) VALUES (?, ?, ?, ?, ?)"
-            " RETURNING id",
+        # NB: no RETURNING here or anywhere: turso 0.8 takes milliseconds per RETURNING statement.
+        conn.execute(
+            "INSERT INTO events (at, owner, kind, slot_key, body) VALUES (?, ?, ?, ?, ?)",
             (now_ms, self._owner, kind, slot_key, text),
-        ).fetchone()
+        )
+        (last_id,) = conn.execute("SELECT last_insert_rowid()").fetchone()
         # NB: AUTOINCREMENT ids only grow, so "the last N" is an id range; the trim rides in the
         # mutation's own transaction and the table can never exceed N rows.
         conn.execute("DELETE FROM events WHERE id <= ?", (int(last_id) - self._events_kept,))
@@ -661,13 +662,16 @@ class SqlClaimStore:
             for owner in owners:
                 if owner not in stale:
                     continue  # NB: live (again) or unknown: never taken
-                rows = conn.execute(
-                    f"UPDATE claims SET owner = ?, updated_at = ? WHERE owner = ?"
-                    f" RETURNING {', '.join(_CLAIM_COLUMNS)}",
+                rows = conn.execute(f"{_SELECT_CLAIMS} WHERE owner = ?", (owner,)).fetchall()
+                conn.execute(
+                    "UPDATE claims SET owner = ?, updated_at = ? WHERE owner = ?",
                     (self._owner, now.isoformat(), owner),
-                ).fetchall()
+                )
+                taken.extend(
+                    dataclasses.replace(_claim_from_row(row), owner=self._owner, updated_at=now)
+                    for row in rows
+                )
                 conn.execute("DELETE FROM owners WHERE owner = ?", (owner,))
-                taken.extend(_claim_from_row(row) for row in rows)
                 taken_from.append(owner)
             if taken_from:
                 self._append_event(
