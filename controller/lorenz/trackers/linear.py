@@ -504,7 +504,8 @@ class LinearTracker:
         errors = _graphql_errors(body)
         if errors:
             raise TrackerError(
-                f"Linear rejected {operation_name}: {_describe_errors(errors)}",
+                f"Linear rejected {operation_name}: {_describe_errors(errors)}; check "
+                "tracker.project_slug and the state names, or retry later",
                 code="linear_graphql_errors",
             )
         data = body.get("data")
