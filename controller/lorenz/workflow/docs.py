@@ -26,7 +26,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import annotated_types
 import pydantic
 from pydantic.fields import FieldInfo
 
@@ -73,18 +72,19 @@ def _type_name(annotation: Any) -> str:
 
 
 def _constraints(annotation: Any, metadata: Sequence[Any]) -> list[str]:
+    # NB: pydantic keeps constraints as annotated-types objects (Gt, Ge, Le, MinLen); they are
+    # read by attribute so that this module does not import pydantic's own dependencies.
     found: list[str] = []
     for item in metadata:
-        if isinstance(item, annotated_types.Gt):
-            found.append(f"> {item.gt}")
-        elif isinstance(item, annotated_types.Ge):
-            found.append(f">= {item.ge}")
-        elif isinstance(item, annotated_types.Le):
-            found.append(f"<= {item.le}")
-        elif isinstance(item, annotated_types.MinLen):
-            found.append("non-empty")
-        elif isinstance(item, FieldInfo):
+        if isinstance(item, FieldInfo):
             found.extend(_constraints(item.annotation, item.metadata))
+            continue
+        for attribute, template in (("gt", "> {}"), ("ge", ">= {}"), ("le", "<= {}")):
+            value = getattr(item, attribute, None)
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                found.append(template.format(value))
+        if getattr(item, "min_length", None) == 1:
+            found.append("non-empty")
     for arg in typing.get_args(annotation):
         if isinstance(arg, FieldInfo):
             found.extend(_constraints(arg.annotation, arg.metadata))
