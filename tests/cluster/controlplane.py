@@ -265,12 +265,19 @@ class ControlPlane:
                 self._stop_processes()
 
     def stop(self) -> None:
-        """Stop every process (reverse start order); delete data and certs; keep the logs."""
+        """Stop every process (reverse start order); delete everything but the logs (data,
+        keys, kubeconfigs with embedded credentials, tool caches)."""
         self._stop_processes()
-        for sub in ("etcd-data", "pki", "apiserver-certs", "kcm-certs"):
-            shutil.rmtree(self.run_dir / sub, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            (self.run_dir / "pid").unlink()
+        if not self.run_dir.is_dir():
+            return
+        for entry in self.run_dir.iterdir():
+            if entry == self.log_dir:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    entry.unlink()
 
     def _stop_processes(self) -> None:
         while self._processes:

@@ -328,3 +328,41 @@ def test_garbage_collection_of_owned_objects(
     # A child whose owner still exists stays.
     kept = core.read_namespaced_config_map("kept-child", kube_namespace)
     assert _meta(kept).name == "kept-child"
+
+
+def test_helm_installs_a_chart(
+    kube_control_plane: Cluster, kube_namespace: str, tmp_path: Path
+) -> None:
+    chart = tmp_path / "smoke"
+    (chart / "templates").mkdir(parents=True)
+    # NB: kubeVersion is checked against the API server's gitVersion: build.sh stamps the real
+    # version into the binaries (unstamped they say v0.0.0-master and this chart is refused).
+    (chart / "Chart.yaml").write_text(
+        "apiVersion: v2\nname: smoke\nversion: 0.1.0\nkubeVersion: '>=1.34.0-0'\n"
+    )
+    (chart / "values.yaml").write_text("greeting: hello\n")
+    (chart / "templates" / "configmap.yaml").write_text(
+        textwrap.dedent(
+            """\
+            apiVersion: v1
+            kind: ConfigMap
+            metadata:
+              name: {{ .Release.Name }}-greeting
+            data:
+              greeting: {{ .Values.greeting | quote }}
+              kube: {{ .Capabilities.KubeVersion.Version | quote }}
+            """
+        )
+    )
+    kube_control_plane.helm("lint", "--strict", str(chart))
+    kube_control_plane.helm(
+        "install", "smoke", str(chart), "-n", kube_namespace, "--set", "greeting=hi"
+    )
+    cm = kube_control_plane.kubectl_json("get", "-n", kube_namespace, "configmap", "smoke-greeting")
+    assert cm["data"]["greeting"] == "hi"
+    assert cm["data"]["kube"].startswith("v1.")
+    kube_control_plane.helm("uninstall", "smoke", "-n", kube_namespace, "--wait")
+    gone = kube_control_plane.kubectl(
+        "get", "-n", kube_namespace, "configmap", "smoke-greeting", check=False
+    )
+    assert "NotFound" in gone.stderr
