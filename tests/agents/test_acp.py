@@ -313,7 +313,7 @@ async def test_handshake_failures(
     # NB: a short read timeout only where the agent hangs; the fake needs a moment to start.
     read_timeout_ms = 300 if code == "read_timeout" else 10000
     with pytest.raises(AgentRunError) as caught:
-        await AcpRunner(cancel_grace_s=0.2).run(harness.request(read_timeout_ms=read_timeout_ms))
+        await AcpRunner(terminate_grace_s=0.2).run(harness.request(read_timeout_ms=read_timeout_ms))
     assert caught.value.code == code
     assert text in caught.value.message
     assert harness.prompts() == []
@@ -421,10 +421,9 @@ async def test_garbage_lines_are_reported_and_skipped(tmp_path: Path) -> None:
 
     assert result.stop_reason == "end_turn"
     malformed = [u.message for u in harness.events("malformed")]
-    assert len(malformed) == 3
-    assert "not JSON" in malformed[0]
-    assert "not a message" in malformed[1]
-    assert "answers no pending request" in malformed[2]
+    assert len(malformed) == 2
+    assert malformed[0].startswith("ignored a stdout line (not JSON)")
+    assert "not a JSON object" in malformed[1]
     assert "agent: survived the garbage" in harness.messages()
 
 
@@ -434,7 +433,7 @@ async def test_garbage_lines_are_reported_and_skipped(tmp_path: Path) -> None:
 async def test_cancel_kills_a_hung_agent_and_its_children(tmp_path: Path) -> None:
     harness = Harness(tmp_path, "acp_hang.json")
     child_file = harness.workspace / "acp_child.pid"
-    task = asyncio.create_task(AcpRunner(cancel_grace_s=0.3).run(harness.request()))
+    task = asyncio.create_task(AcpRunner(terminate_grace_s=0.3).run(harness.request()))
     await wait_for(
         lambda: child_file.exists() and "agent: thinking hard" in harness.messages(),
         what="the fake agent started its helper and reported progress",
@@ -454,7 +453,7 @@ async def test_cancel_kills_a_hung_agent_and_its_children(tmp_path: Path) -> Non
 async def test_turn_timeout_cancels_the_turn_then_fails(tmp_path: Path) -> None:
     harness = Harness(tmp_path, "acp_hang_cancellable.json")
     with pytest.raises(AgentRunError) as caught:
-        await AcpRunner(cancel_grace_s=5).run(harness.request(turn_timeout_ms=300))
+        await AcpRunner(terminate_grace_s=5).run(harness.request(turn_timeout_ms=300))
     assert caught.value.code == "turn_timeout"
     assert "turn_timeout_ms=300" in caught.value.message
     cancels = [m for m in harness.received() if m.get("method") == "session/cancel"]
@@ -467,7 +466,7 @@ async def test_turn_timeout_cancels_the_turn_then_fails(tmp_path: Path) -> None:
 async def test_turn_timeout_kills_an_agent_that_ignores_the_cancel(tmp_path: Path) -> None:
     harness = Harness(tmp_path, "acp_hang.json")
     with pytest.raises(AgentRunError) as caught:
-        await AcpRunner(cancel_grace_s=0.2).run(harness.request(turn_timeout_ms=300))
+        await AcpRunner(terminate_grace_s=0.2).run(harness.request(turn_timeout_ms=300))
     assert caught.value.code == "turn_timeout"
     assert_gone(harness.agent_pid())
     assert_gone(int((harness.workspace / "acp_child.pid").read_text()))
@@ -475,7 +474,7 @@ async def test_turn_timeout_kills_an_agent_that_ignores_the_cancel(tmp_path: Pat
 
 async def test_cancel_during_the_handshake_kills_the_agent(tmp_path: Path) -> None:
     harness = Harness(tmp_path, {"initialize": {"hang": True}})
-    task = asyncio.create_task(AcpRunner(cancel_grace_s=0.2).run(harness.request()))
+    task = asyncio.create_task(AcpRunner(terminate_grace_s=0.2).run(harness.request()))
     await wait_for(lambda: bool(harness.received()), what="initialize reached the agent")
     pids = {p.pid for p in psutil.Process().children(recursive=True)}
     task.cancel()
@@ -519,3 +518,9 @@ async def test_the_agent_gets_exactly_the_request_environment(
         assert stripped not in seen
     assert "tracker-token" not in seen.values()
     assert "lin_secret" not in seen.values()
+
+
+def test_the_factory_builds_this_runner() -> None:
+    from lorenz.agents import build_runner
+
+    assert isinstance(build_runner(AgentProtocol.ACP), AcpRunner)

@@ -363,7 +363,7 @@ async def test_garbage_lines_are_reported_and_skipped(tmp_path: Path) -> None:
 async def test_cancel_kills_a_hung_invocation_and_its_children(tmp_path: Path) -> None:
     harness = Harness(tmp_path, "claude_hang.json")
     child_file = harness.workspace / "claude_child.pid"
-    task = asyncio.create_task(ClaudeStreamRunner(stop_grace_s=0.3).run(harness.request()))
+    task = asyncio.create_task(ClaudeStreamRunner(terminate_grace_s=0.3).run(harness.request()))
     await wait_for(
         lambda: child_file.exists() and "agent: thinking hard" in harness.messages(),
         what="the fake started its helper and reported progress",
@@ -381,7 +381,7 @@ async def test_cancel_kills_a_hung_invocation_and_its_children(tmp_path: Path) -
 async def test_turn_timeout_stops_a_hung_invocation(tmp_path: Path) -> None:
     harness = Harness(tmp_path, "claude_hang.json")
     with pytest.raises(AgentRunError) as caught:
-        await ClaudeStreamRunner(stop_grace_s=0.2).run(harness.request(turn_timeout_ms=1500))
+        await ClaudeStreamRunner(terminate_grace_s=0.2).run(harness.request(turn_timeout_ms=1500))
     assert caught.value.code == "turn_timeout"
     assert "turn_timeout_ms=1500" in caught.value.message
     assert harness.events("turn_failed")
@@ -420,3 +420,9 @@ async def test_every_invocation_gets_exactly_the_request_environment(
         assert seen["ANTHROPIC_API_KEY"] == "agent-key"
         for stripped in ("GITHUB_TOKEN", "GH_TOKEN", "KEY", "LORENZ_CONTROLLER_ONLY"):
             assert stripped not in seen
+
+
+def test_the_factory_builds_this_runner() -> None:
+    from lorenz.agents import build_runner
+
+    assert isinstance(build_runner(AgentProtocol.CLAUDE_STREAM_JSON), ClaudeStreamRunner)

@@ -7,17 +7,16 @@ member present. A run is one agent process and one ACP session: ``initialize``, 
 (``session/request_permission``); the *response* to ``session/prompt`` ends the turn and says
 why (its ``stopReason``).
 
-Why the wire is driven here rather than through the official SDK's connection: the SDK
-(``agent-client-protocol``) is used for its generated schema models, which validate every
-payload we read and which the fake agent in the tests validates our payloads against. Its
-process helpers trim the child's environment, leave stderr undrained and read with a 64 KiB line
-limit; its connection object, even over a custom transport, serialises with
-``exclude_defaults`` (so ``clientCapabilities`` would vanish from ``initialize`` instead of
-saying "no fs, no terminal" explicitly), answers ``terminal/*`` requests with ``null`` instead of
-an error, runs each notification in its own task, and logs unknown update kinds as exceptions.
-Driving ~150 lines of JSON-RPC over :mod:`lorenz.agents.processes` keeps one process model for
-every agent (process groups, 16 MB lines, drained stderr, exact environment) and one ordered
-reader per run.
+Why the official SDK (``agent-client-protocol``) is used only for its schema: its generated
+pydantic models validate every payload we read (and the fake agent in the tests validates our
+payloads against them), but its process helpers trim the child's environment, leave stderr
+undrained and read with a 64 KiB line limit, and its connection object, even over a custom
+transport, serialises with ``exclude_defaults`` (so ``clientCapabilities`` would vanish from
+``initialize`` instead of saying "no fs, no terminal" explicitly), answers ``terminal/*``
+requests with ``null`` instead of an error, and logs unknown update kinds as exceptions. The
+wire is therefore the shared :class:`~lorenz.agents.jsonrpc.JsonRpcConnection` (with the
+``jsonrpc`` member) over :mod:`lorenz.agents.processes`: one process model for every agent
+(process groups, 16 MB lines, drained stderr, exact environment) and one ordered reader.
 
 Decisions (also in ``docs/agents.md``):
 
@@ -43,9 +42,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pydantic
@@ -53,7 +51,15 @@ from acp import schema
 
 import lorenz
 from lorenz.agents.base import AgentRunError, AgentRunRequest, AgentRunResult
-from lorenz.agents.processes import AgentProcess, LineTooLong, spawn_agent
+from lorenz.agents.jsonrpc import (
+    INVALID_PARAMS,
+    METHOD_NOT_FOUND,
+    ConnectionClosed,
+    JsonRpcConnection,
+    JsonRpcError,
+    RequestId,
+)
+from lorenz.agents.processes import AgentProcess, AgentStdinClosed, spawn_agent
 from lorenz.config import ApprovalMode
 from lorenz.model import AgentUpdate, TokenUsage
 
@@ -62,10 +68,8 @@ logger = logging.getLogger(__name__)
 ACP_PROTOCOL_VERSION = 1
 """The ACP protocol version Lorenz speaks (v1, the stable one)."""
 
-METHOD_NOT_FOUND = -32601
-INVALID_PARAMS = -32602
-INTERNAL_ERROR = -32603
 AUTH_REQUIRED = -32000
+"""ACP's "authentication required" error code."""
 
 CLIENT_CAPABILITIES: dict[str, Any] = {
     "fs": {"readTextFile": False, "writeTextFile": False},
@@ -86,20 +90,6 @@ def _clip(text: str, limit: int = _MESSAGE_CHARS) -> str:
     return text if len(text) <= limit else "…" + text[-(limit - 1) :]
 
 
-class AcpRpcError(Exception):
-    """An error response from the agent (or one we send back to it)."""
-
-    def __init__(self, code: int, message: str, data: Any = None) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
-        self.data = data
-
-
-class _AgentGone(Exception):
-    """The agent closed its stdout (it exited) while a request was pending."""
-
-
 def choose_permission_option(
     options: Sequence[schema.PermissionOption], *, approvals: ApprovalMode
 ) -> schema.PermissionOption | None:
@@ -115,141 +105,6 @@ def choose_permission_option(
     return None
 
 
-class _Peer:
-    """JSON-RPC 2.0 over one agent process: our requests out, the agent's messages in, in order.
-
-    One task reads stdout. Responses resolve the matching pending future; agent requests and
-    notifications are handled synchronously in arrival order (so a turn's last updates are
-    always processed before the prompt response that ends it).
-    """
-
-    def __init__(
-        self,
-        process: AgentProcess,
-        *,
-        on_request: Callable[[str, Any], Any],
-        on_notification: Callable[[str, Any], None],
-        on_malformed: Callable[[str], None],
-    ) -> None:
-        self._process = process
-        self._on_request = on_request
-        self._on_notification = on_notification
-        self._on_malformed = on_malformed
-        self._pending: dict[int, asyncio.Future[Any]] = {}
-        self._next_id = 1
-        self._reader: asyncio.Task[None] | None = None
-        self.gone = False
-
-    def start(self) -> None:
-        self._reader = asyncio.create_task(
-            self._read_loop(), name=f"acp-reader-{self._process.pid}"
-        )
-
-    async def stop(self) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._reader
-
-    async def _write(self, message: dict[str, Any]) -> None:
-        data = json.dumps({"jsonrpc": "2.0", **message}, separators=(",", ":"), ensure_ascii=False)
-        await self._process.write_line(data.encode("utf-8"))
-
-    async def request(self, method: str, params: dict[str, Any]) -> asyncio.Future[Any]:
-        """Send a request; the returned future resolves to its result (or raises)."""
-        if self.gone:
-            raise _AgentGone(method)
-        request_id = self._next_id
-        self._next_id += 1
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._pending[request_id] = future
-        try:
-            await self._write({"id": request_id, "method": method, "params": params})
-        except BaseException:
-            self._pending.pop(request_id, None)
-            raise
-        return future
-
-    async def notify(self, method: str, params: dict[str, Any]) -> None:
-        await self._write({"method": method, "params": params})
-
-    async def _read_loop(self) -> None:
-        try:
-            while True:
-                try:
-                    line = await self._process.read_line()
-                except LineTooLong as exc:
-                    self._on_malformed(exc.message)
-                    continue
-                if line is None:
-                    return
-                if not line.strip():
-                    continue
-                try:
-                    message = json.loads(line)
-                except ValueError:
-                    self._on_malformed(
-                        f"ignored a stdout line that is not JSON: {_clip(repr(line[:400]))}"
-                    )
-                    continue
-                if not isinstance(message, dict):
-                    self._on_malformed(
-                        f"ignored a JSON value that is not a message: {_clip(repr(line[:400]))}"
-                    )
-                    continue
-                await self._dispatch(message)
-        finally:
-            self.gone = True
-            for future in self._pending.values():
-                if not future.done():
-                    future.set_exception(_AgentGone())
-            self._pending.clear()
-
-    async def _dispatch(self, message: dict[str, Any]) -> None:
-        method = message.get("method")
-        if isinstance(method, str):
-            params = message.get("params")
-            if "id" not in message:
-                try:
-                    self._on_notification(method, params)
-                except Exception:  # one odd update must not end the run
-                    logger.exception("acp notification handler failed", extra={"method": method})
-                return
-            reply: dict[str, Any] = {"id": message["id"]}
-            try:
-                reply["result"] = self._on_request(method, params)
-            except AcpRpcError as exc:
-                error: dict[str, Any] = {"code": exc.code, "message": exc.message}
-                if exc.data is not None:
-                    error["data"] = exc.data
-                reply["error"] = error
-            except Exception as exc:  # a bug of ours must not hang the agent waiting for us
-                logger.exception("acp request handler failed", extra={"method": method})
-                reply["error"] = {"code": INTERNAL_ERROR, "message": str(exc)}
-            await self._write(reply)
-            return
-        request_id = message.get("id")
-        future = self._pending.pop(request_id, None) if isinstance(request_id, int) else None
-        if future is None:
-            self._on_malformed(
-                f"ignored a message that answers no pending request: {_clip(str(message))}"
-            )
-            return
-        if future.done():
-            return
-        error_obj = message.get("error")
-        if isinstance(error_obj, dict):
-            future.set_exception(
-                AcpRpcError(
-                    int(error_obj.get("code", INTERNAL_ERROR)),
-                    str(error_obj.get("message", "error")),
-                    error_obj.get("data"),
-                )
-            )
-        else:
-            future.set_result(message.get("result"))
-
-
 class _AcpRun:
     """One run: the process, the session, the turn loop and the running totals."""
 
@@ -257,15 +112,16 @@ class _AcpRun:
         self.request = request
         self.process = process
         self.grace_s = grace_s
-        self.peer = _Peer(
+        self.connection = JsonRpcConnection(
             process,
-            on_request=self._on_agent_request,
             on_notification=self._on_notification,
-            on_malformed=self._on_malformed,
+            on_request=self._on_agent_request,
+            on_garbage=self._on_garbage,
+            jsonrpc_member=True,
         )
         self.session_id: str | None = None
         self.turn = 0
-        self.in_flight: asyncio.Future[Any] | None = None
+        self.in_flight: asyncio.Task[Any] | None = None
         self.cancelling = False
         self.tokens = TokenUsage()
         self.tokens_reported = False
@@ -297,16 +153,20 @@ class _AcpRun:
             )
         )
 
-    def _on_malformed(self, text: str) -> None:
-        self.emit("malformed", message=text)
+    def _on_garbage(self, line: bytes | None, reason: str) -> None:
+        if line is None:
+            self.emit("malformed", message=reason)
+        else:
+            self.emit(
+                "malformed",
+                message=f"ignored a stdout line ({reason}): {_clip(repr(line[:400]))}",
+            )
 
     # -- requests -------------------------------------------------------------------------
 
     async def call(self, method: str, params: dict[str, Any], *, timeout_s: float) -> Any:
-        future = await self.peer.request(method, params)
         try:
-            async with asyncio.timeout(timeout_s):
-                return await future
+            return await self.connection.request(method, params, timeout_s=timeout_s)
         except TimeoutError:
             ms = self.request.settings.read_timeout_ms
             raise AgentRunError(
@@ -315,7 +175,7 @@ class _AcpRun:
                 f"read_timeout_ms: {self.process.stderr_tail(max_bytes=500)}",
                 code="read_timeout",
             ) from None
-        except _AgentGone:
+        except (ConnectionClosed, AgentStdinClosed):
             raise await self.exited(f"before answering {method}") from None
 
     async def exited(self, when: str) -> AgentRunError:
@@ -332,7 +192,7 @@ class _AcpRun:
     # -- the run --------------------------------------------------------------------------
 
     async def drive(self) -> AgentRunResult:
-        self.peer.start()
+        self.connection.start()
         await self.handshake()
         assert self.session_id is not None
         stop_reason: str | None = None
@@ -365,7 +225,7 @@ class _AcpRun:
                 timeout_s=read_timeout_s,
             )
             init = schema.InitializeResponse.model_validate(raw)
-        except AcpRpcError as exc:
+        except JsonRpcError as exc:
             raise AgentRunError(
                 f"the ACP agent refused initialize ({exc.code}: {exc.message}); check the agent "
                 "command and its version",
@@ -386,7 +246,7 @@ class _AcpRun:
                 timeout_s=read_timeout_s,
             )
             session = schema.NewSessionResponse.model_validate(raw)
-        except AcpRpcError as exc:
+        except JsonRpcError as exc:
             hint = "check the agent's configuration"
             if exc.code == AUTH_REQUIRED:
                 methods = ", ".join(m.id for m in init.auth_methods or []) or "none advertised"
@@ -429,18 +289,18 @@ class _AcpRun:
             session_id=f"{self.session_id}-{turn}",
             message=f"turn {turn} of at most {max_turns}",
         )
-        try:
-            future = await self.peer.request(
-                "session/prompt",
-                {"sessionId": self.session_id, "prompt": [{"type": "text", "text": text}]},
-            )
-        except _AgentGone:
-            raise await self.exited(f"before turn {turn}") from None
-        self.in_flight = future
+        params = {"sessionId": self.session_id, "prompt": [{"type": "text", "text": text}]}
+        # NB: the prompt request runs as its own task so that a timeout or a cancellation can
+        # send session/cancel and still collect the agent's answer during the grace period.
+        task = asyncio.create_task(
+            self.connection.request("session/prompt", params, timeout_s=None),
+            name=f"acp-prompt-{self.process.pid}-{turn}",
+        )
+        self.in_flight = task
         turn_timeout_s = self.request.settings.turn_timeout_ms / 1000
         try:
             async with asyncio.timeout(turn_timeout_s):
-                raw = await asyncio.shield(future)
+                raw = await asyncio.shield(task)
         except TimeoutError:
             await self.cancel_in_flight()
             self.emit("turn_failed", message=f"turn {turn} timed out")
@@ -450,10 +310,10 @@ class _AcpRun:
                 "agents.<kind>.turn_timeout_ms if turns legitimately take longer",
                 code="turn_timeout",
             ) from None
-        except _AgentGone:
+        except (ConnectionClosed, AgentStdinClosed):
             self.in_flight = None
             raise await self.exited(f"during turn {turn}") from None
-        except AcpRpcError as exc:
+        except JsonRpcError as exc:
             self.in_flight = None
             self.emit("turn_failed", message=f"turn {turn} failed: {exc.message}")
             raise AgentRunError(
@@ -504,30 +364,38 @@ class _AcpRun:
     async def cancel_in_flight(self) -> None:
         """``session/cancel`` the running turn and give the agent a grace period to end it."""
         self.cancelling = True
-        future = self.in_flight
-        if future is None or future.done() or self.session_id is None:
+        task = self.in_flight
+        if task is None or task.done() or self.session_id is None:
             return
         with contextlib.suppress(AgentRunError, OSError):
-            await self.peer.notify("session/cancel", {"sessionId": self.session_id})
-        await asyncio.wait({future}, timeout=self.grace_s)
-        if future.done() and not future.cancelled():
-            future.exception()  # NB: retrieved, so asyncio does not log "never retrieved"
+            await self.connection.notify("session/cancel", {"sessionId": self.session_id})
+        await asyncio.wait({task}, timeout=self.grace_s)
 
     async def close(self, *, graceful: bool) -> None:
         """End the process and everything it started; close stdin first when all went well."""
         try:
-            if graceful and not self.peer.gone:
+            if graceful and not self.connection.closed.done():
                 with contextlib.suppress(Exception):
                     await self.process.close_stdin()
                 with contextlib.suppress(TimeoutError):
                     await self.process.wait(timeout_s=self.grace_s)
         finally:
             await self.process.terminate(grace_s=self.grace_s)
-            await self.peer.stop()
+            task = self.in_flight
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+            await self.connection.aclose()
+            closed = self.connection.closed
+            if closed.done() and not closed.cancelled():
+                closed.exception()  # NB: mark retrieved, no "never retrieved" warning
 
     # -- what the agent sends -------------------------------------------------------------
 
-    def _on_agent_request(self, method: str, params: Any) -> Any:
+    async def _on_agent_request(
+        self, request_id: RequestId, method: str, params: Mapping[str, Any]
+    ) -> Any:
         if method == "session/request_permission":
             return self._answer_permission(params)
         self.emit(
@@ -535,13 +403,13 @@ class _AcpRun:
             message=f"declined the agent's {method} request (Lorenz does not offer it)",
             payload={"method": method},
         )
-        raise AcpRpcError(METHOD_NOT_FOUND, f"Method not found: {method}", {"method": method})
+        raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {method}", {"method": method})
 
-    def _answer_permission(self, params: Any) -> dict[str, Any]:
+    def _answer_permission(self, params: Mapping[str, Any]) -> dict[str, Any]:
         try:
             ask = schema.RequestPermissionRequest.model_validate(params)
         except pydantic.ValidationError as exc:
-            raise AcpRpcError(
+            raise JsonRpcError(
                 INVALID_PARAMS, "invalid session/request_permission params", str(exc)
             ) from None
         title = (
@@ -577,7 +445,7 @@ class _AcpRun:
         )
         return {"outcome": {"outcome": "selected", "optionId": option.option_id}}
 
-    def _on_notification(self, method: str, params: Any) -> None:
+    def _on_notification(self, method: str, params: Mapping[str, Any], size: int) -> None:
         if method != "session/update":
             self.emit(
                 "notification", message=f"agent notification {method}", payload={"method": method}
@@ -693,18 +561,18 @@ def _tool_payload(
 class AcpRunner:
     """:class:`~lorenz.agents.base.AgentRunner` for ``protocol: acp``.
 
-    ``cancel_grace_s`` is how long an agent gets to wind down after ``session/cancel`` (or after
+    ``terminate_grace_s`` is how long an agent gets to wind down after ``session/cancel`` (or after
     its stdin closes at the end of a run) before its process group is killed.
     """
 
-    def __init__(self, *, cancel_grace_s: float = 2.0) -> None:
-        self.cancel_grace_s = cancel_grace_s
+    def __init__(self, *, terminate_grace_s: float = 2.0) -> None:
+        self.terminate_grace_s = terminate_grace_s
 
     async def run(self, request: AgentRunRequest) -> AgentRunResult:
         process = await spawn_agent(
             command=request.settings.command, cwd=request.workspace, env=request.env
         )
-        run = _AcpRun(request=request, process=process, grace_s=self.cancel_grace_s)
+        run = _AcpRun(request=request, process=process, grace_s=self.terminate_grace_s)
         graceful = False
         try:
             result = await run.drive()

@@ -414,14 +414,18 @@ def _result_text(content: Any) -> str:
 class ClaudeStreamRunner:
     """:class:`~lorenz.agents.base.AgentRunner` for ``protocol: claude-stream-json``.
 
-    ``stop_grace_s`` is how long an invocation gets between SIGTERM and SIGKILL when it is
+    ``terminate_grace_s`` is how long an invocation gets between SIGTERM and SIGKILL when it is
     stopped (cancel, timeout, or leftovers after its result).
     """
 
-    def __init__(self, *, stop_grace_s: float = 2.0) -> None:
-        self.stop_grace_s = stop_grace_s
+    def __init__(self, *, terminate_grace_s: float = 2.0) -> None:
+        self.terminate_grace_s = terminate_grace_s
 
     async def run(self, request: AgentRunRequest) -> AgentRunResult:
         # NB: each invocation's process is terminated in a finally (also on cancellation), so
         # there is nothing left to clean up here.
-        return await _ClaudeRun(request=request, grace_s=self.stop_grace_s).drive()
+        return await _ClaudeRun(request=request, grace_s=self.terminate_grace_s).drive()
+
+
+ClaudeStreamJsonRunner = ClaudeStreamRunner
+"""The name :func:`lorenz.agents.build_runner` looks up for ``claude-stream-json``."""
