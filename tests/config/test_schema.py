@@ -122,3 +122,40 @@ def test_redaction_covers_secrets_and_agent_env() -> None:
     assert set(secret_key_paths()) == {"tracker.api_key", "tracker.assignee"}
     paths = {f.key_path for f in leaf_fields()}
     assert set(REDACTED_MAPS) <= paths
+
+
+_JSON_SCHEMA_KEYWORDS = frozenset(
+    {
+        "$defs", "$ref", "additionalProperties", "allOf", "anyOf", "const", "default",
+        "description", "enum", "exclusiveMaximum", "exclusiveMinimum", "format", "items",
+        "maxItems", "maxLength", "maximum", "minItems", "minLength", "minimum", "oneOf",
+        "pattern", "properties", "required", "title", "type", "uniqueItems",
+    }
+)  # fmt: skip
+
+
+def _non_standard_keywords(node: Any, path: str = "") -> list[str]:
+    if not isinstance(node, dict):
+        return []
+    found = []
+    for key, value in node.items():
+        if key.startswith("x-"):
+            continue
+        if key not in _JSON_SCHEMA_KEYWORDS:
+            found.append(f"{path}/{key}")
+        elif key in ("properties", "$defs"):
+            for name, child in value.items():
+                found += _non_standard_keywords(child, f"{path}/{key}/{name}")
+        elif key in ("anyOf", "oneOf", "allOf"):
+            for index, child in enumerate(value):
+                found += _non_standard_keywords(child, f"{path}/{key}[{index}]")
+        elif key in ("items", "additionalProperties"):
+            found += _non_standard_keywords(value, f"{path}/{key}")
+    return found
+
+
+def test_schema_uses_only_standard_keywords() -> None:
+    # NB: a constraint placed after a BeforeValidator makes pydantic emit "gt"/"ge"/"le",
+    # which are not JSON Schema and which the Kubernetes API server rejects in a CRD.
+    assert _non_standard_keywords(SCHEMA) == []
+    assert _non_standard_keywords({"properties": {"p": {"gt": 0}}}) == ["/properties/p/gt"]

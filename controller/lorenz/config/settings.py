@@ -52,8 +52,12 @@ def _int_like(value: Any) -> Any:
 
 
 Int = Annotated[int, BeforeValidator(_int_like)]
-PositiveInt = Annotated[int, BeforeValidator(_int_like), Field(gt=0)]
-NonNegativeInt = Annotated[int, BeforeValidator(_int_like), Field(ge=0)]
+# NB: the constraint must come before the BeforeValidator. The other way round pydantic still
+# validates correctly but writes a non-standard ``"gt": 0`` into the JSON schema (instead of
+# ``exclusiveMinimum``), which the Kubernetes API server rejects in a CRD.
+PositiveInt = Annotated[int, Field(gt=0), BeforeValidator(_int_like)]
+NonNegativeInt = Annotated[int, Field(ge=0), BeforeValidator(_int_like)]
+PortNumber = Annotated[int, Field(ge=0, le=65535), BeforeValidator(_int_like)]
 
 
 def _strip_blank_to_none(value: Any) -> Any:
@@ -412,9 +416,7 @@ class WorkerSettings(Section):
 class ServerSettings(Section):
     """The HTTP API, dashboard and metrics server."""
 
-    port: NonNegativeInt | None = Field(
-        default=None, le=65535, json_schema_extra=_reload("restart")
-    )
+    port: PortNumber | None = Field(default=None, json_schema_extra=_reload("restart"))
     """Port to listen on; unset = no server, ``0`` = an ephemeral port. CLI ``--port`` wins."""
     host: str = Field(default="127.0.0.1", min_length=1, json_schema_extra=_reload("restart"))
     """Address to bind."""
