@@ -1,5 +1,26 @@
-"""Issue trackers: one protocol (:class:`TrackerClient`), one module per tracker."""
+"""Issue trackers: one protocol (:class:`TrackerClient`), one module per tracker.
 
-from lorenz.trackers.base import TrackerClient, TrackerError
+``memory`` (tests, benchmarks), ``files`` (Markdown files in a folder), ``linear`` (GraphQL) and
+``github`` (Issues REST, labels as states); :func:`build_tracker` picks one from the settings.
+"""
 
-__all__ = ["TrackerClient", "TrackerError"]
+from lorenz.trackers.base import GraphQLTool, TrackerClient, TrackerError, tracker_settings_of
+from lorenz.trackers.factory import DEFAULT_SECRET_ENV, build_tracker
+from lorenz.trackers.files import FilesTracker, set_issue_state
+from lorenz.trackers.github import GitHubTracker
+from lorenz.trackers.linear import LinearTracker
+from lorenz.trackers.memory import MemoryTracker
+
+__all__ = [
+    "DEFAULT_SECRET_ENV",
+    "FilesTracker",
+    "GitHubTracker",
+    "GraphQLTool",
+    "LinearTracker",
+    "MemoryTracker",
+    "TrackerClient",
+    "TrackerError",
+    "build_tracker",
+    "set_issue_state",
+    "tracker_settings_of",
+]

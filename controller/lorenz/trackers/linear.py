@@ -22,9 +22,8 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import graphql
 import httpx
 from pydantic import Field
 
@@ -41,6 +40,9 @@ from lorenz.trackers.throttling import (
     parse_retry_after,
     seconds_until_epoch,
 )
+
+if TYPE_CHECKING:
+    import graphql
 
 logger = logging.getLogger(__name__)
 
@@ -282,6 +284,9 @@ def count_operations(
     query: str,
 ) -> tuple[graphql.DocumentNode, list[graphql.OperationDefinitionNode]]:
     """Parse ``query`` and list its operations; a syntax error is ``invalid_graphql_operation``."""
+    # NB: imported here so that reading issues does not need graphql-core, only the agent tool.
+    import graphql
+
     try:
         document = graphql.parse(query)
     except graphql.GraphQLError as exc:

@@ -1,0 +1,89 @@
+"""Choosing and building the tracker adapter from the settings (``tracker.kind``).
+
+The runtime builds a tracker at start-up and again on every reload whose settings changed, then
+closes the old one; every adapter's constructor is cheap and opens nothing, so this is safe to
+call on each reload. Configuration problems surface here as coded errors naming the key.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import httpx
+
+from lorenz.config import TrackerKind, WorkflowSettings
+from lorenz.trackers.base import TrackerClient, TrackerError
+from lorenz.trackers.files import FilesTracker
+from lorenz.trackers.github import GITHUB_TOKEN_ENV, GitHubTracker
+from lorenz.trackers.linear import LINEAR_API_KEY_ENV, LinearTracker
+from lorenz.trackers.memory import MemoryTracker
+
+DEFAULT_SECRET_ENV = {TrackerKind.LINEAR: LINEAR_API_KEY_ENV, TrackerKind.GITHUB: GITHUB_TOKEN_ENV}
+"""The variable each remote tracker reads its token from when ``tracker.api_key`` is unset."""
+
+
+def build_tracker(
+    settings: WorkflowSettings,
+    *,
+    base_dir: Path | None = None,
+    memory: MemoryTracker | None = None,
+    env: Mapping[str, str] | None = None,
+    http_client: httpx.AsyncClient | None = None,
+) -> TrackerClient:
+    """The tracker ``settings.tracker.kind`` names.
+
+    ``base_dir`` resolves a relative ``tracker.path`` (the loader normally made it absolute
+    already). ``memory`` is required for ``kind: memory`` — its issues can only come from the
+    caller — and the result is a view of it with these settings (same board and counters).
+    ``env`` (default ``os.environ``) supplies ``LINEAR_API_KEY`` / ``GITHUB_TOKEN`` when
+    ``tracker.api_key`` is unset. ``http_client`` is shared by remote trackers if given (and
+    then not closed by them).
+    """
+    tracker = settings.tracker
+    environment = os.environ if env is None else env
+    kind = tracker.kind
+    if kind is None:
+        raise TrackerError(
+            "tracker.kind is not set; set it to linear, github, files or memory",
+            code="missing_tracker_kind",
+            key_path="tracker.kind",
+        )
+    if kind is TrackerKind.MEMORY:
+        if memory is None:
+            raise TrackerError(
+                "tracker.kind memory has no issues of its own; pass a MemoryTracker to "
+                "build_tracker (tests and benchmarks) or choose another tracker.kind",
+                code="memory_tracker_needs_instance",
+                key_path="tracker.kind",
+            )
+        return memory.with_settings(settings)
+    if kind is TrackerKind.FILES:
+        if not tracker.path or not tracker.path.strip():
+            raise TrackerError(
+                "tracker.path is not set; point it at the folder of issue files",
+                code="missing_tracker_path",
+                key_path="tracker.path",
+            )
+        folder = Path(tracker.path).expanduser()
+        if not folder.is_absolute() and base_dir is not None:
+            folder = base_dir / folder
+        return FilesTracker(settings=settings, folder=folder)
+    if kind is TrackerKind.LINEAR:
+        return LinearTracker(
+            settings=settings,
+            api_key=tracker.api_key or environment.get(LINEAR_API_KEY_ENV, ""),
+            http_client=http_client,
+        )
+    if kind is TrackerKind.GITHUB:
+        return GitHubTracker(
+            settings=settings,
+            token=tracker.api_key or environment.get(GITHUB_TOKEN_ENV, ""),
+            http_client=http_client,
+        )
+    raise TrackerError(  # pragma: no cover - the settings model admits no other kind
+        f"tracker.kind {kind!r} is not supported; use linear, github, files or memory",
+        code="unsupported_tracker_kind",
+        key_path="tracker.kind",
+    )

@@ -1,0 +1,597 @@
+"""The GitHub tracker (``tracker.kind: github``): Issues REST, with labels as workflow states.
+
+A GitHub repository has no workflow states, only open and closed, so Lorenz reads states from
+labels: an issue's state is its first label whose name is one of the configured active or
+terminal states (compared trimmed and lowercased). A closed issue with no terminal label is in
+the first terminal state (closing is authoritative, whatever labels were left on it); an open
+issue with no state label is in the state ``open``, so ``active_states: [open]`` works on a
+repository without any state labels.
+
+Pull requests come back from the issues endpoints too and are skipped. Blockers come from the
+issue dependencies API (``…/dependencies/blocked_by``) where the server offers it; a 404 there
+means "no dependencies API" and the tracker stops asking for the rest of its life.
+
+Ids are issue numbers as strings (the REST API addresses issues by number); identifiers are
+``owner/name#number``. Rate limits (primary: ``x-ratelimit-remaining: 0`` until
+``x-ratelimit-reset``; secondary: 403/429 with ``retry-after``) are waited out within the
+bounded policy of :mod:`lorenz.trackers.throttling`, else reported as ``github_rate_limited``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime
+import logging
+import re
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Annotated, Any
+
+import httpx
+from pydantic import Field
+
+from lorenz.config import TrackerSettings, WorkflowSettings
+from lorenz.model import BlockerRef, Issue
+from lorenz.model.issues import normalize_state
+from lorenz.trackers.base import TrackerError, tracker_settings_of
+from lorenz.trackers.options import ProviderOptions, parse_provider_options
+from lorenz.trackers.throttling import (
+    RateLimitExhausted,
+    RateLimitHit,
+    Sleep,
+    Throttle,
+    parse_retry_after,
+    seconds_until_epoch,
+)
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_GITHUB_ENDPOINT = "https://api.github.com"
+GITHUB_TOKEN_ENV = "GITHUB_TOKEN"
+API_VERSION = "2022-11-28"
+OPEN_STATE = "open"
+SECONDARY_LIMIT_WAIT_S = 60.0
+"""GitHub's advice when a secondary limit gives no ``retry-after``: wait at least a minute."""
+BODY_SNIPPET_CHARS = 500
+_REPOSITORY_RE = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
+
+
+class GitHubOptions(ProviderOptions):
+    """``tracker.provider`` keys of the GitHub tracker."""
+
+    page_size: Annotated[int, Field(ge=1, le=100)] = 100
+    """Items per page (``per_page``)."""
+
+    dependencies: bool = True
+    """Read blockers from the issue dependencies API (one request per issue read)."""
+
+    dependency_concurrency: Annotated[int, Field(ge=1, le=16)] = 4
+    """Dependency requests in flight at once."""
+
+
+# -- normalization --------------------------------------------------------------------------------
+
+
+def _label_names(item: Mapping[str, Any]) -> list[str]:
+    labels = item.get("labels")
+    if not isinstance(labels, list):
+        return []
+    names = []
+    for label in labels:
+        name = label.get("name") if isinstance(label, Mapping) else label
+        if isinstance(name, str) and name.strip():
+            names.append(name)
+    return names
+
+
+def _timestamp(value: Any) -> datetime.datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        moment = datetime.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=datetime.UTC)
+
+
+def _nonblank(value: Any) -> str | None:
+    return value if isinstance(value, str) and value.strip() else None
+
+
+def _repository_of(item: Mapping[str, Any]) -> str | None:
+    """``owner/name`` from an issue's ``repository_url`` (``…/repos/owner/name``)."""
+    url = item.get("repository_url")
+    if not isinstance(url, str):
+        return None
+    match = re.search(r"/repos/([^/]+/[^/]+)/?$", url)
+    return match.group(1) if match else None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LabelStates:
+    """How labels (and open/closed) map to workflow states for one configuration."""
+
+    active: tuple[str, ...]
+    terminal: tuple[str, ...]
+
+    @classmethod
+    def from_settings(cls, settings: TrackerSettings) -> LabelStates:
+        return cls(active=settings.active_states, terminal=settings.terminal_states)
+
+    @property
+    def closed_fallback(self) -> str:
+        """The state of a closed issue without a terminal label."""
+        return self.terminal[0] if self.terminal else "closed"
+
+    def state_of(self, item: Mapping[str, Any]) -> str | None:
+        """The issue's workflow state, or ``None`` when its ``state`` is not open/closed."""
+        native = item.get("state")
+        if native not in ("open", "closed"):
+            return None
+        labels = _label_names(item)
+        terminal = {normalize_state(s) for s in self.terminal}
+        if native == "closed":
+            for label in labels:
+                if normalize_state(label) in terminal:
+                    return label
+            return self.closed_fallback
+        known = terminal | {normalize_state(s) for s in self.active}
+        for label in labels:
+            if normalize_state(label) in known:
+                return label
+        return OPEN_STATE
+
+
+def normalize_issue(item: Any, *, repository: str, states: LabelStates) -> Issue | None:
+    """A REST issue object as an :class:`Issue`; ``None`` when malformed. Pull requests must
+    be filtered out before (they are not malformed, just not issues)."""
+    if not isinstance(item, Mapping):
+        return None
+    number = item.get("number")
+    if isinstance(number, bool) or not isinstance(number, int) or number <= 0:
+        return None
+    title = _nonblank(item.get("title"))
+    state = states.state_of(item)
+    if title is None or state is None:
+        return None
+    assignees = item.get("assignees")
+    logins = [
+        a["login"]
+        for a in (assignees if isinstance(assignees, list) else [])
+        if isinstance(a, Mapping) and _nonblank(a.get("login"))
+    ]
+    if not logins:
+        single = item.get("assignee")
+        if isinstance(single, Mapping) and _nonblank(single.get("login")):
+            logins = [single["login"]]
+    native_ref: dict[str, Any] = {"repository": repository, "number": number}
+    for key in ("node_id", "state", "state_reason"):
+        if isinstance(item.get(key), str):
+            native_ref[key] = item[key]
+    if isinstance(item.get("id"), int) and not isinstance(item.get("id"), bool):
+        native_ref["database_id"] = item["id"]
+    if len(logins) > 1:
+        native_ref["assignees"] = logins
+    body = item.get("body")
+    return Issue(
+        id=str(number),
+        identifier=f"{repository}#{number}",
+        title=title,
+        state=state,
+        description=body if isinstance(body, str) else None,
+        url=_nonblank(item.get("html_url")),
+        labels=tuple(_label_names(item)),
+        created_at=_timestamp(item.get("created_at")),
+        updated_at=_timestamp(item.get("updated_at")),
+        assignee_id=logins[0] if logins else None,
+        native_ref=native_ref,
+    )
+
+
+def is_pull_request(item: Any) -> bool:
+    return isinstance(item, Mapping) and "pull_request" in item
+
+
+# -- the client -----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Listing:
+    """One listing request of :meth:`GitHubTracker.fetch_issues_by_states`."""
+
+    state: str
+    labels: str | None = None
+
+
+class GitHubTracker:
+    """Reads the issues of one repository; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        settings: WorkflowSettings | TrackerSettings,
+        token: str,
+        endpoint: str | None = None,
+        http_client: httpx.AsyncClient | None = None,
+        sleep: Sleep = asyncio.sleep,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        tracker = tracker_settings_of(settings)
+        if not token or not token.strip():
+            raise TrackerError(
+                f"no GitHub token; set tracker.api_key or {GITHUB_TOKEN_ENV}",
+                code="missing_tracker_api_key",
+                key_path="tracker.api_key",
+            )
+        repository = (tracker.repository or "").strip()
+        if not repository:
+            raise TrackerError(
+                "no GitHub repository; set tracker.repository to owner/name",
+                code="missing_tracker_repository",
+                key_path="tracker.repository",
+            )
+        if not _REPOSITORY_RE.match(repository):
+            raise TrackerError(
+                f"tracker.repository {repository!r} is not owner/name; write it like octo/app",
+                code="invalid_tracker_repository",
+                key_path="tracker.repository",
+            )
+        self._settings = tracker
+        self._token = token.strip()
+        self.repository = repository
+        self._endpoint = (endpoint or tracker.endpoint or DEFAULT_GITHUB_ENDPOINT).rstrip("/")
+        self.options = parse_provider_options(GitHubOptions, tracker.provider, kind="github")
+        self._states = LabelStates.from_settings(tracker)
+        self._own_client = http_client is None
+        self._client = http_client
+        self._wall_clock = wall_clock
+        self._throttle = Throttle(policy=self.options.rate_limit_policy(), sleep=sleep)
+        assignee = (tracker.assignee or "").strip()
+        self._assignee = assignee or None
+        self._viewer_login: str | None = None
+        self._dependencies_available = self.options.dependencies
+        self._closed = False
+
+    @property
+    def endpoint(self) -> str:
+        return self._endpoint
+
+    @property
+    def dependencies_available(self) -> bool:
+        """False once the server answered 404 for the dependencies API (or it is turned off)."""
+        return self._dependencies_available
+
+    # -- TrackerClient ------------------------------------------------------------------------
+
+    async def fetch_candidate_issues(self) -> list[Issue]:
+        return await self.fetch_issues_by_states(self._settings.active_states)
+
+    async def fetch_issues_by_states(self, states: Sequence[str]) -> list[Issue]:
+        wanted = {normalize_state(s): s for s in states if s.strip()}
+        if not wanted:
+            return []
+        route = await self._routing()
+        items: dict[Any, Any] = {}
+        for listing in self._listings(wanted):
+            for item in await self._list_issues(listing):
+                number = item.get("number") if isinstance(item, Mapping) else None
+                # Items without a number cannot be de-duplicated; they are malformed anyway.
+                key = number if isinstance(number, int) else object()
+                items.setdefault(key, item)
+        issues: list[Issue] = []
+        dropped = 0
+        for item in items.values():
+            if is_pull_request(item):
+                continue
+            issue = normalize_issue(item, repository=self.repository, states=self._states)
+            if issue is None:
+                dropped += 1
+            elif issue.state_key in wanted:
+                issues.append(route(issue))
+        if dropped:
+            logger.warning(
+                "dropped malformed GitHub issues repository=%s count=%d", self.repository, dropped
+            )
+        return await self._with_blockers(issues)
+
+    async def fetch_issues_by_ids(self, ids: Sequence[str]) -> list[Issue]:
+        wanted = list(dict.fromkeys(i for i in ids if i))
+        if not wanted:
+            return []
+        route = await self._routing()
+        issues: list[Issue] = []
+        for issue_id in wanted:
+            if not issue_id.isdigit():
+                continue  # not an id this tracker hands out, so not visible here
+            status, item = await self._get_json(
+                f"/repos/{self.repository}/issues/{int(issue_id)}",
+                absent=(301, 404, 410),
+                what=f"issue {issue_id}",
+            )
+            if status != 200 or is_pull_request(item):
+                continue
+            issue = normalize_issue(item, repository=self.repository, states=self._states)
+            if issue is None:
+                # NB: leaving it out would read as "gone" and stop its run; fail instead.
+                raise TrackerError(
+                    f"GitHub returned a malformed issue {self.repository}#{issue_id} (no number, "
+                    "title or open/closed state); retry later",
+                    code="github_unknown_payload",
+                )
+            issues.append(route(issue))
+        return await self._with_blockers(issues)
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._client is not None and self._own_client:
+            await self._client.aclose()
+        self._client = None
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def _listings(self, wanted: Mapping[str, str]) -> list[_Listing]:
+        """The listing requests that together return every issue in the wanted states."""
+        terminal = {normalize_state(s) for s in self._states.terminal}
+        listings: list[_Listing] = []
+        for key, name in wanted.items():
+            if key == OPEN_STATE:
+                listings.append(_Listing(state="open"))
+                continue
+            # NB: a non-terminal label on a closed issue never makes it active (closed issues are
+            # terminal), so only terminal states need closed issues listed.
+            listings.append(_Listing(state="all" if key in terminal else "open", labels=name))
+            if key == normalize_state(self._states.closed_fallback):
+                listings.append(_Listing(state="closed"))
+        return list(dict.fromkeys(listings))
+
+    async def _list_issues(self, listing: _Listing) -> list[Any]:
+        params: dict[str, str | int] = {"state": listing.state, "per_page": self.options.page_size}
+        if listing.labels is not None:
+            params["labels"] = listing.labels
+        return await self._paged(f"/repos/{self.repository}/issues", params, what="issue listing")
+
+    async def _paged(
+        self,
+        path: str,
+        params: Mapping[str, str | int],
+        *,
+        what: str,
+        absent: Collection[int] = (),
+    ) -> list[Any]:
+        """Every item of a paged listing, following ``Link: <…>; rel="next"``."""
+        url: str = f"{self._endpoint}{path}"
+        query: Mapping[str, str | int] | None = params
+        items: list[Any] = []
+        while True:
+            response = await self._request(url, params=query, what=what, absent=absent)
+            if response.status_code in absent:
+                raise _Absent(response.status_code)
+            page = self._json(response, what=what)
+            if not isinstance(page, list):
+                raise TrackerError(
+                    f"GitHub's {what} is not a JSON list; check tracker.endpoint",
+                    code="github_unknown_payload",
+                )
+            items.extend(page)
+            next_url = response.links.get("next", {}).get("url")
+            if not next_url:
+                return items
+            url, query = next_url, None  # the next link carries the query
+
+    async def _with_blockers(self, issues: list[Issue]) -> list[Issue]:
+        if not issues or not self._dependencies_available:
+            return issues
+        gate = asyncio.Semaphore(self.options.dependency_concurrency)
+
+        async def one(issue: Issue) -> Issue:
+            async with gate:
+                if not self._dependencies_available:
+                    return issue
+                return await self._blockers_of(issue)
+
+        return list(await asyncio.gather(*(one(issue) for issue in issues)))
+
+    async def _blockers_of(self, issue: Issue) -> Issue:
+        path = f"/repos/{self.repository}/issues/{issue.id}/dependencies/blocked_by"
+        try:
+            items = await self._paged(
+                path,
+                {"per_page": self.options.page_size},
+                what=f"dependencies of {issue.identifier}",
+                absent=(404, 410),
+            )
+        except _Absent as absent:
+            if absent.status == 404 and self._dependencies_available:
+                self._dependencies_available = False
+                logger.info(
+                    "GitHub has no issue dependencies API here; blockers are not read "
+                    "repository=%s endpoint=%s",
+                    self.repository,
+                    self._endpoint,
+                )
+            return issue
+        blockers = []
+        for item in items:
+            if not isinstance(item, Mapping):
+                continue
+            number = item.get("number")
+            if isinstance(number, bool) or not isinstance(number, int):
+                continue
+            repository = _repository_of(item) or self.repository
+            identifier = f"{repository}#{number}"
+            same_repo = repository.lower() == self.repository.lower()
+            blockers.append(
+                BlockerRef(
+                    id=str(number) if same_repo else identifier,
+                    identifier=identifier,
+                    state=self._states.state_of(item),
+                )
+            )
+        return dataclasses.replace(issue, blocked_by=tuple(blockers))
+
+    async def _routing(self) -> Callable[[Issue], Issue]:
+        if self._assignee is None:
+            return _unchanged
+        target = self._assignee
+        if target.lower() == "me":
+            target = await self._viewer()
+        wanted = target.casefold()
+
+        def route(issue: Issue) -> Issue:
+            logins = [issue.assignee_id] if issue.assignee_id else []
+            if issue.native_ref and isinstance(issue.native_ref.get("assignees"), list):
+                logins = list(issue.native_ref["assignees"])
+            if any(login.casefold() == wanted for login in logins):
+                return issue
+            return dataclasses.replace(issue, dispatchable=False)
+
+        return route
+
+    async def _viewer(self) -> str:
+        # NB: cached per tracker instance; a reload builds a new instance and asks again.
+        if self._viewer_login is None:
+            _, body = await self._get_json("/user", what="the token's user")
+            login = _nonblank(body.get("login")) if isinstance(body, Mapping) else None
+            if login is None:
+                raise TrackerError(
+                    "GitHub did not say who the token belongs to; set tracker.assignee to a "
+                    "login instead of 'me'",
+                    code="missing_github_viewer_identity",
+                    key_path="tracker.assignee",
+                )
+            self._viewer_login = login
+        return self._viewer_login
+
+    # -- HTTP ---------------------------------------------------------------------------------
+
+    def _http(self) -> httpx.AsyncClient:
+        if self._closed:
+            raise TrackerError(
+                "this GitHub tracker was closed; build a new one from the settings",
+                code="tracker_closed",
+            )
+        if self._client is None:
+            self._client = httpx.AsyncClient(
+                timeout=httpx.Timeout(self.options.timeout_ms / 1000.0),
+                headers={"User-Agent": "lorenz"},
+            )
+        return self._client
+
+    async def _get_json(
+        self, path: str, *, what: str, absent: Collection[int] = ()
+    ) -> tuple[int, Any]:
+        response = await self._request(
+            f"{self._endpoint}{path}", params=None, what=what, absent=absent
+        )
+        if response.status_code in absent:
+            return response.status_code, None
+        return response.status_code, self._json(response, what=what)
+
+    def _json(self, response: httpx.Response, *, what: str) -> Any:
+        try:
+            return response.json()
+        except ValueError:
+            raise TrackerError(
+                f"GitHub's answer to {what} is not JSON; check tracker.endpoint",
+                code="github_unknown_payload",
+            ) from None
+
+    async def _request(
+        self,
+        url: str,
+        *,
+        params: Mapping[str, str | int] | None,
+        what: str,
+        absent: Collection[int],
+    ) -> httpx.Response:
+        try:
+            return await self._throttle.run(
+                lambda: self._send(url, params=params, what=what, absent=absent)
+            )
+        except RateLimitExhausted as exc:
+            raise TrackerError(
+                f"GitHub rate limit hit for {what}: {exc.detail}; Lorenz retries on a later "
+                "tick (poll less often if this persists)",
+                code="github_rate_limited",
+                retryable=True,
+                retry_after_ms=exc.retry_after_ms,
+            ) from None
+
+    async def _send(
+        self,
+        url: str,
+        *,
+        params: Mapping[str, str | int] | None,
+        what: str,
+        absent: Collection[int],
+    ) -> httpx.Response:
+        client = self._http()
+        headers = {
+            "Authorization": f"Bearer {self._token}",
+            "Accept": "application/vnd.github+json",
+            "X-GitHub-Api-Version": API_VERSION,
+        }
+        try:
+            response = await client.get(url, params=params, headers=headers)
+        except httpx.HTTPError as exc:
+            raise TrackerError(
+                f"request to GitHub failed for {what}: {type(exc).__name__}: {exc}; "
+                "check the network and tracker.endpoint",
+                code="github_api_request",
+                retryable=True,
+            ) from exc
+        status = response.status_code
+        now = self._wall_clock()
+        remaining = response.headers.get("x-ratelimit-remaining")
+        reset_in = seconds_until_epoch(response.headers.get("x-ratelimit-reset"), now=now)
+        if status in (403, 429):
+            retry_after = parse_retry_after(response.headers.get("retry-after"), now=now)
+            message = _message(response)
+            if retry_after is not None:
+                raise self._limited(what, status, message, retry_after)
+            if remaining == "0":
+                raise self._limited(what, status, message, reset_in)
+            if status == 429 or "rate limit" in message.lower():
+                raise self._limited(what, status, message, SECONDARY_LIMIT_WAIT_S)
+        if remaining == "0" and reset_in:
+            self._throttle.budget_spent(delay_s=reset_in, reason="GitHub primary rate limit spent")
+        if 200 <= status < 300 or status in absent:
+            return response
+        hint = (
+            f"check tracker.api_key or {GITHUB_TOKEN_ENV} and its repository access"
+            if status in (401, 403)
+            else "check tracker.repository"
+            if status == 404
+            else "retry later or check tracker.endpoint"
+        )
+        raise TrackerError(
+            f"GitHub answered HTTP {status} for {what}: {_message(response)}; {hint}",
+            code="github_api_status",
+            retryable=status >= 500,
+        )
+
+    def _limited(self, what: str, status: int, message: str, delay: float | None) -> RateLimitHit:
+        logger.warning("GitHub rate limited request=%s status=%d delay_s=%s", what, status, delay)
+        return RateLimitHit(f"HTTP {status} {message}", delay_s=delay)
+
+
+class _Absent(Exception):
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+def _message(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, Mapping) and isinstance(body.get("message"), str):
+        return str(body["message"])
+    text = " ".join(response.text.split())
+    return text[:BODY_SNIPPET_CHARS] or response.reason_phrase
+
+
+def _unchanged(issue: Issue) -> Issue:
+    return issue
