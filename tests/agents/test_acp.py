@@ -427,6 +427,27 @@ async def test_garbage_lines_are_reported_and_skipped(tmp_path: Path) -> None:
     assert "agent: survived the garbage" in harness.messages()
 
 
+async def test_a_line_over_the_limit_is_skipped_and_the_turn_goes_on(tmp_path: Path) -> None:
+    harness = Harness(
+        tmp_path,
+        {
+            "turns": [
+                {
+                    "steps": [{"huge_message_bytes": 17 * 1024 * 1024}, {"message": "still here"}],
+                    "stopReason": "end_turn",
+                }
+            ]
+        },
+    )
+    result = await AcpRunner().run(harness.request())
+
+    assert result.stop_reason == "end_turn"
+    (malformed,) = harness.events("malformed")
+    assert malformed.message is not None
+    assert "over 16777216 bytes" in malformed.message
+    assert "agent: still here" in harness.messages()
+
+
 # -- timeouts, cancellation, process cleanup ------------------------------------------------
 
 

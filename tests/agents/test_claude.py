@@ -357,6 +357,31 @@ async def test_garbage_lines_are_reported_and_skipped(tmp_path: Path) -> None:
     assert "agent: survived the garbage" in harness.messages()
 
 
+async def test_a_line_over_the_limit_is_skipped_and_the_turn_goes_on(tmp_path: Path) -> None:
+    scenario = json.loads((SCENARIOS / "claude_huge_line.json").read_text())
+    scenario["invocations"][0]["events"][1] = {"_huge_text_bytes": 17 * 1024 * 1024}
+    harness = Harness(tmp_path, scenario)
+    result = await ClaudeStreamRunner().run(harness.request())
+
+    assert result.stop_reason == "success"
+    (malformed,) = harness.events("malformed")
+    assert malformed.message is not None
+    assert "over 16777216 bytes" in malformed.message
+    assert "agent: after the huge line" in harness.messages()
+
+
+async def test_no_session_id_means_no_continuation(tmp_path: Path) -> None:
+    scenario = json.loads((SCENARIOS / "claude_multi_turn.json").read_text())
+    for event in scenario["invocations"][0]["events"]:
+        event["session_id"] = ""
+    harness = Harness(tmp_path, scenario)
+    with pytest.raises(AgentRunError) as caught:
+        await ClaudeStreamRunner().run(harness.request(max_turns=2))
+    assert caught.value.code == "agent_protocol_error"
+    assert "cannot --resume" in caught.value.message
+    assert len(harness.invocations()) == 1
+
+
 # -- timeouts, cancellation, process cleanup ------------------------------------------------
 
 
