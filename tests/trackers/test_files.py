@@ -137,7 +137,7 @@ async def test_candidate_reads_drop_malformed_files_and_log_them_once(
     write(folder, "bad-yaml.md", "---\ntitle: [\n---\n")
     write(folder, "no-title.md", "---\nstate: Todo\n---\n")
     tracker = tracker_for(folder)
-    with caplog.at_level(logging.DEBUG, logger="lorenz.trackers.files"):
+    with caplog.at_level(logging.DEBUG, logger="lorenz.trackers"):
         assert [i.id for i in await tracker.fetch_candidate_issues()] == ["good"]
         assert [i.id for i in await tracker.fetch_candidate_issues()] == ["good"]
     records = [r for r in caplog.records if "malformed" in r.getMessage()]
@@ -342,7 +342,7 @@ def test_the_command_line_moves_an_issue(folder: Path) -> None:
         [
             sys.executable,
             "-m",
-            "lorenz.trackers.files",
+            "lorenz.trackers",
             "set-state",
             "A-1",
             "Done",
@@ -361,7 +361,7 @@ def test_the_command_line_moves_an_issue(folder: Path) -> None:
         [
             sys.executable,
             "-m",
-            "lorenz.trackers.files",
+            "lorenz.trackers",
             "set-state",
             "B-9",
             "Done",

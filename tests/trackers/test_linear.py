@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import graphql
@@ -41,7 +41,11 @@ async def make_tracker(
         await asyncio.sleep(delay)
 
     def make(
-        *, api_key: str | None = None, provider: dict[str, Any] | None = None, **settings: Any
+        *,
+        api_key: str | None = None,
+        provider: dict[str, Any] | None = None,
+        sleep: Callable[[float], Awaitable[None]] | None = None,
+        **settings: Any,
     ) -> LinearTracker:
         tracker = LinearTracker(
             settings=TrackerSettings(
@@ -52,7 +56,7 @@ async def make_tracker(
                 **settings,
             ),
             api_key=linear_server.api_key if api_key is None else api_key,
-            sleep=recording_sleep,
+            sleep=sleep or recording_sleep,
         )
         made.append(tracker)
         return tracker
@@ -486,7 +490,7 @@ async def test_ratelimited_with_a_short_reset_waits_and_succeeds(
     assert len(got) == 1
     assert len(linear_server.requests) == 2
     assert len(sleeps) == 1
-    assert 0 < sleeps[0] <= 0.5
+    assert 0 <= sleeps[0] <= 0.5
 
 
 async def test_ratelimited_with_a_distant_reset_fails_at_once_and_then_fast(
@@ -536,13 +540,17 @@ async def test_http_429_without_hints_backs_off_exponentially_within_the_cap(
 async def test_a_spent_budget_in_the_headers_delays_the_next_request(
     linear_server: FakeLinearServer, make_tracker: MakeTracker, sleeps: list[float]
 ) -> None:
-    linear_server.set_request_budget(remaining=1, reset_in_s=0.15)
-    tracker = make_tracker(provider={"rate_limit_max_wait_ms": 1000})
+    async def wait_for_the_reset(delay: float) -> None:
+        sleeps.append(delay)
+        linear_server.set_request_budget(remaining=100, reset_in_s=3600)  # the reset came
+
+    linear_server.set_request_budget(remaining=1, reset_in_s=5)
+    tracker = make_tracker(provider={"rate_limit_max_wait_ms": 10000}, sleep=wait_for_the_reset)
     await tracker.fetch_candidate_issues()  # spends the last request; headers say remaining 0
     assert sleeps == []
     await tracker.fetch_candidate_issues()
     assert len(sleeps) == 1
-    assert 0 < sleeps[0] <= 0.15
+    assert 4 < sleeps[0] <= 5
     assert [r.status for r in linear_server.requests] == [200, 200]
 
 

@@ -576,9 +576,9 @@ def write_atomically(path: Path, text: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m lorenz.trackers.files set-state <file|id> <state> [--folder DIR]``."""
+    """``python -m lorenz.trackers set-state <file|id> <state> [--folder DIR]``."""
     parser = argparse.ArgumentParser(
-        prog="python -m lorenz.trackers.files", description="Edit issue files."
+        prog="python -m lorenz.trackers", description="Edit issue files of the files tracker."
     )
     commands = parser.add_subparsers(dest="command", required=True)
     set_state = commands.add_parser("set-state", help="move an issue to another state")
@@ -593,7 +593,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     print(path)
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
