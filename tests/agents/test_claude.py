@@ -184,7 +184,7 @@ async def test_normal_turn_reports_events_usage_and_cost(tmp_path: Path) -> None
     assert 'tool call: Read {"file_path": "main.py"}' in messages
     assert "tool result: print('hi')" in messages
     assert "agent: Fixed the bug in main.py." in messages
-    (limits,) = harness.events("rate_limits_updated")
+    (limits,) = harness.events("rate_limits")
     assert limits.rate_limits == {
         "status": "allowed",
         "resetsAt": 1790000000,

@@ -272,7 +272,7 @@ class _ClaudeRun:
         elif kind == "rate_limit_event":
             info = event.get("rate_limit_info")
             self.emit(
-                "rate_limits_updated",
+                "rate_limits",
                 message=f"rate limit: {info.get('status') if isinstance(info, dict) else '?'}",
                 rate_limits=info if isinstance(info, dict) else None,
             )
