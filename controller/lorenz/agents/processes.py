@@ -119,8 +119,13 @@ class AgentProcess:
                     self._scan_from = 0
                     self._discarding = False
                     continue
+                del_upto = newline + 1
+                if newline > MAX_LINE_BYTES:
+                    del self._buffer[:del_upto]
+                    self._scan_from = 0
+                    raise self._too_long(newline)
                 line = bytes(self._buffer[:newline])
-                del self._buffer[: newline + 1]
+                del self._buffer[:del_upto]
                 self._scan_from = 0
                 return line
             if self._discarding:
@@ -131,11 +136,7 @@ class AgentProcess:
                 self._buffer.clear()
                 self._scan_from = 0
                 self._discarding = True
-                raise LineTooLong(
-                    f"agent {self.pid} sent a stdout line over {MAX_LINE_BYTES} bytes "
-                    f"({size} bytes so far); it was skipped — make the agent send smaller "
-                    "messages"
-                )
+                raise self._too_long(size)
             else:
                 self._scan_from = len(self._buffer)
             if self._eof:
@@ -150,6 +151,12 @@ class AgentProcess:
                 self._eof = True
             else:
                 self._buffer += chunk
+
+    def _too_long(self, size: int) -> LineTooLong:
+        return LineTooLong(
+            f"agent {self.pid} sent a stdout line over {MAX_LINE_BYTES} bytes ({size} bytes "
+            "seen); it was skipped — make the agent send smaller messages"
+        )
 
     # -- stdin ----------------------------------------------------------------------------
 

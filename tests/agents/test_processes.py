@@ -1,0 +1,258 @@
+"""AgentProcess: line framing, stderr draining, exact environments, whole-group termination."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from lorenz.agents.base import AgentRunError
+from lorenz.agents.processes import (
+    MAX_LINE_BYTES,
+    AgentProcess,
+    AgentStdinClosed,
+    LineTooLong,
+    spawn_agent,
+)
+from tests.agents.conftest import assert_gone, base_env, wait_for
+
+PY = sys.executable
+
+
+def py(code: str) -> str:
+    """A bash command running ``code`` with this interpreter."""
+    return f"{PY} -c {json.dumps(code)}"
+
+
+async def test_a_line_over_ten_megabytes_arrives_whole(tmp_path: Path) -> None:
+    size = 12 * 1024 * 1024
+    proc = await spawn_agent(
+        command=py(f"import sys; sys.stdout.write('a' * {size} + '\\nafter\\n')"),
+        cwd=tmp_path,
+        env=base_env(),
+    )
+    try:
+        line = await proc.read_line(timeout_s=30)
+        assert line is not None
+        assert len(line) == size
+        assert set(line) == {ord("a")}
+        assert await proc.read_line(timeout_s=10) == b"after"
+        assert await proc.read_line(timeout_s=10) is None
+    finally:
+        await proc.terminate()
+
+
+async def test_a_line_over_the_limit_is_reported_and_the_stream_goes_on(tmp_path: Path) -> None:
+    too_long = MAX_LINE_BYTES + 1024
+    code = (
+        "import sys; w = sys.stdout.write; "
+        f"w('first\\n'); w('b' * {too_long} + '\\n'); w('second\\n')"
+    )
+    proc = await spawn_agent(command=py(code), cwd=tmp_path, env=base_env())
+    try:
+        assert await proc.read_line(timeout_s=10) == b"first"
+        with pytest.raises(LineTooLong) as caught:
+            await proc.read_line(timeout_s=30)
+        assert caught.value.code == "agent_line_too_long"
+        assert await proc.read_line(timeout_s=30) == b"second"
+        assert await proc.read_line(timeout_s=10) is None
+    finally:
+        await proc.terminate()
+
+
+async def test_partial_lines_wait_for_their_newline(tmp_path: Path) -> None:
+    code = (
+        "import sys, time; o = sys.stdout; o.write('{\"half\": '); o.flush(); "
+        "time.sleep(0.3); o.write('1}\\nlast-without-newline'); o.flush()"
+    )
+    proc = await spawn_agent(command=py(code), cwd=tmp_path, env=base_env())
+    try:
+        assert await proc.read_line(timeout_s=10) == b'{"half": 1}'
+        assert await proc.read_line(timeout_s=10) == b"last-without-newline"
+        assert await proc.read_line(timeout_s=10) is None
+    finally:
+        await proc.terminate()
+
+
+async def test_a_read_timeout_keeps_the_partial_line(tmp_path: Path) -> None:
+    code = (
+        "import sys; sys.stdout.write('par'); sys.stdout.flush(); "
+        "sys.stdin.readline(); sys.stdout.write('tial\\n'); sys.stdout.flush()"
+    )
+    proc = await spawn_agent(command=py(code), cwd=tmp_path, env=base_env())
+    try:
+        with pytest.raises(TimeoutError):
+            await proc.read_line(timeout_s=0.3)
+        await proc.write_line(b"go")
+        assert await proc.read_line(timeout_s=10) == b"partial"
+    finally:
+        await proc.terminate()
+
+
+async def test_a_stderr_flood_does_not_block_stdout(tmp_path: Path) -> None:
+    # 8 MB of stderr is far more than a pipe buffer: without a drain the child would block on
+    # its stderr write and never print its stdout line.
+    code = (
+        "import sys; e = sys.stderr; "
+        "[e.write('noise ' * 100 + '\\n') for _ in range(13000)]; e.write('LAST ERROR LINE\\n'); "
+        "e.flush(); print('stdout survived', flush=True)"
+    )
+    proc = await spawn_agent(command=py(code), cwd=tmp_path, env=base_env())
+    try:
+        assert await proc.read_line(timeout_s=30) == b"stdout survived"
+        assert await proc.wait(timeout_s=10) == 0
+        await proc.stderr_drained(timeout_s=5)
+        assert proc.stderr_bytes_total > 7_000_000
+        tail = proc.stderr_tail(max_bytes=100)
+        assert tail.endswith("LAST ERROR LINE")
+        assert len(tail.encode()) <= 100
+    finally:
+        await proc.terminate()
+
+
+async def test_the_environment_is_exactly_the_one_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LORENZ_CONTROLLER_ONLY", "must-not-leak")
+    env = {**base_env(), "AGENT_VISIBLE": "yes"}
+    proc = await spawn_agent(
+        command=py("import json, os; print(json.dumps(dict(os.environ)))"),
+        cwd=tmp_path,
+        env=env,
+    )
+    try:
+        line = await proc.read_line(timeout_s=10)
+        assert line is not None
+        seen = json.loads(line)
+    finally:
+        await proc.terminate()
+    assert seen["AGENT_VISIBLE"] == "yes"
+    assert "LORENZ_CONTROLLER_ONLY" not in seen
+    # bash -l may add its own bookkeeping (PWD, SHLVL, _) and profile settings, nothing of ours.
+    assert not {k for k in seen if k.startswith("LORENZ_")}
+
+
+def _real_path(path: Path) -> bytes:
+    return os.path.realpath(path).encode()
+
+
+async def test_the_workspace_is_the_working_directory(tmp_path: Path) -> None:
+    proc = await spawn_agent(command="pwd -P", cwd=tmp_path, env=base_env())
+    try:
+        assert await proc.read_line(timeout_s=10) == _real_path(tmp_path)
+    finally:
+        await proc.terminate()
+
+
+async def test_terminate_kills_the_whole_tree(tmp_path: Path) -> None:
+    # A child that ignores SIGTERM, a grandchild, and one that left the process group with
+    # setsid: all must be gone after terminate().
+    script = tmp_path / "tree.sh"
+    script.write_text(
+        "trap '' TERM\n"
+        "sleep 300 &\n"
+        "echo $!\n"
+        "bash -c 'trap \"\" TERM; sleep 300 & echo $!; wait' &\n"
+        "setsid sleep 300 &\n"
+        "echo $!\n"
+        "wait\n"
+    )
+    proc = await spawn_agent(command=f"bash {script}", cwd=tmp_path, env=base_env())
+    pids = [proc.pid]
+    for _ in range(3):
+        line = await proc.read_line(timeout_s=10)
+        assert line is not None
+        pids.append(int(line))
+    await wait_for(lambda: len(psutil.Process(proc.pid).children(recursive=True)) >= 4)
+    descendants = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+    returncode = await proc.terminate(grace_s=0.3)
+    assert returncode is not None
+    assert proc.returncode == returncode
+    assert_gone(pids + descendants)
+
+
+async def test_terminate_is_idempotent_and_reports_the_status(tmp_path: Path) -> None:
+    proc = await spawn_agent(command="exit 7", cwd=tmp_path, env=base_env())
+    assert await proc.wait(timeout_s=10) == 7
+    assert await proc.terminate() == 7
+    assert await proc.terminate() == 7
+
+
+async def test_concurrent_terminates_wait_for_the_first(tmp_path: Path) -> None:
+    proc = await spawn_agent(command="sleep 300", cwd=tmp_path, env=base_env())
+    first, second = await asyncio.gather(proc.terminate(), proc.terminate())
+    assert first == second
+    assert first is not None
+    assert first < 0
+    assert_gone([proc.pid])
+
+
+async def test_cancelling_terminate_still_kills(tmp_path: Path) -> None:
+    proc = await spawn_agent(
+        command="trap '' TERM; echo ready; sleep 300", cwd=tmp_path, env=base_env()
+    )
+    assert await proc.read_line(timeout_s=10) == b"ready"
+    task = asyncio.create_task(proc.terminate(grace_s=30))
+    await asyncio.sleep(0.1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await wait_for(lambda: not psutil.pid_exists(proc.pid) or _zombie(proc.pid))
+    assert_gone([proc.pid])
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+async def test_writing_to_an_exited_agent_is_a_coded_error(tmp_path: Path) -> None:
+    proc = await spawn_agent(command="echo bye >&2; exit 0", cwd=tmp_path, env=base_env())
+    await proc.wait(timeout_s=10)
+    with pytest.raises(AgentStdinClosed) as caught:
+        await _write_until_refused(proc)
+    assert caught.value.code == "agent_exited"
+    await proc.terminate()
+
+
+async def _write_until_refused(proc: AgentProcess) -> None:
+    for _ in range(50):  # the first writes may still land in the pipe buffer
+        await proc.write_line(b"x" * 65536)
+
+
+async def test_a_missing_workspace_is_a_coded_spawn_error(tmp_path: Path) -> None:
+    with pytest.raises(AgentRunError) as caught:
+        await spawn_agent(command="true", cwd=tmp_path / "missing", env=base_env())
+    assert caught.value.code == "agent_spawn_failed"
+    assert "workspace" in caught.value.message
+
+
+async def test_the_agent_runs_in_its_own_process_group(tmp_path: Path) -> None:
+    proc = await spawn_agent(command="sleep 300", cwd=tmp_path, env=base_env())
+    try:
+        assert os.getpgid(proc.pid) == proc.pid
+        assert os.getpgid(proc.pid) != os.getpgid(0)
+    finally:
+        await proc.terminate()
+
+
+async def test_without_stdin_the_agent_reads_end_of_file(tmp_path: Path) -> None:
+    proc = await spawn_agent(
+        command=py("import sys; print(repr(sys.stdin.read()))"),
+        cwd=tmp_path,
+        env=base_env(),
+        stdin=False,
+    )
+    try:
+        assert await proc.read_line(timeout_s=10) == b"''"
+        with pytest.raises(AgentStdinClosed):
+            await proc.write_line(b"hello")
+    finally:
+        await proc.terminate()
