@@ -188,10 +188,6 @@ def _iso(value: datetime.datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
 
-def _when(value: str | None) -> datetime.datetime | None:
-    return datetime.datetime.fromisoformat(value) if value else None
-
-
 def _claim_params(record: ClaimRecord, *, owner: str, now: datetime.datetime) -> tuple[Any, ...]:
     return (
         record.slot_key,
@@ -218,7 +214,15 @@ def _claim_params(record: ClaimRecord, *, owner: str, now: datetime.datetime) ->
     )
 
 
+_PHASES: dict[str, ClaimPhase] = {p.value: p for p in ClaimPhase}
+_RETRY_KINDS: dict[str | None, RetryKind | None] = {k.value: k for k in RetryKind}
+_NO_USAGE = TokenUsage()
+_parse_when = datetime.datetime.fromisoformat
+
+
 def _claim_from_row(row: Sequence[Any]) -> ClaimRecord:
+    # NB: hydration converts every row of the store at start-up (10k rows in well under 200 ms
+    # is a target), so this avoids per-field helper calls and Enum() lookups on purpose.
     (
         key,
         owner,
@@ -243,29 +247,27 @@ def _claim_from_row(row: Sequence[Any]) -> ClaimRecord:
         updated_at,
     ) = row
     return ClaimRecord(
-        slot_key=SlotKey(key),
+        slot_key=key,
         issue_id=issue_id,
         identifier=identifier,
-        slot_index=int(slot_index),
-        phase=ClaimPhase(phase),
+        slot_index=slot_index,
+        phase=_PHASES[phase],
         owner=owner,
         attempt=attempt,
-        retry_kind=RetryKind(retry_kind) if retry_kind else None,
-        due_at=_when(due_at),
+        retry_kind=_RETRY_KINDS.get(retry_kind),
+        due_at=_parse_when(due_at) if due_at else None,
         reservation_token=token,
         host=host,
         workspace_path=workspace_path,
-        started_at=_when(started_at),
-        last_agent_at=_when(last_agent_at),
-        turn_count=int(turn_count),
-        usage=TokenUsage(
-            input_tokens=int(input_tokens),
-            output_tokens=int(output_tokens),
-            total_tokens=int(total_tokens),
-        ),
+        started_at=_parse_when(started_at) if started_at else None,
+        last_agent_at=_parse_when(last_agent_at) if last_agent_at else None,
+        turn_count=turn_count,
+        usage=TokenUsage(input_tokens, output_tokens, total_tokens)
+        if input_tokens or output_tokens or total_tokens
+        else _NO_USAGE,
         last_error=last_error,
         session_id=session_id,
-        updated_at=_when(updated_at),
+        updated_at=_parse_when(updated_at) if updated_at else None,
     )
 
 
