@@ -66,6 +66,7 @@ class FakeCodex:
         self.turn_id: str | None = None
         self.initialized = False
         self.initialize_seen = False
+        self.initialize_answered = False
         self.server_request_seq = 0
         self.overloads: dict[str, int] = {}
         self.item_seq = 0
@@ -186,7 +187,7 @@ class FakeCodex:
         return False
 
     def on_initialize(self, message: dict[str, Any]) -> None:
-        if self.initialize_seen:
+        if self.initialize_answered:
             raise Violation("initialize sent twice")
         self.initialize_seen = True
         params = self.check_request(message)
@@ -204,6 +205,7 @@ class FakeCodex:
                 raise Violation(f"capabilities.experimentalApi is {got}, expected otherwise")
         if self.handshake_stage("initialize", message):
             return
+        self.initialize_answered = True
         self.send(
             {
                 "id": message["id"],
@@ -238,7 +240,9 @@ class FakeCodex:
         tools = params.get("dynamicTools")
         if tools is not None:
             for spec in tools:
-                missing = [k for k in ("type", "name", "description", "inputSchema") if k not in spec]
+                missing = [
+                    k for k in ("type", "name", "description", "inputSchema") if k not in spec
+                ]
                 if missing or spec["type"] != "function":
                     raise Violation(f"bad dynamic tool spec {spec!r} (missing {missing})")
         if "tools" in self.expect:
@@ -247,7 +251,12 @@ class FakeCodex:
                 raise Violation(f"dynamicTools names {names} != {self.expect['tools']}")
         if self.handshake_stage("thread_start", message):
             return
-        thread = {"id": self.thread_id, "preview": "", "status": {"type": "idle"}, "ephemeral": False}
+        thread = {
+            "id": self.thread_id,
+            "preview": "",
+            "status": {"type": "idle"},
+            "ephemeral": False,
+        }
         thread.update(self.scenario.get("thread_start", {}).get("result_thread", {}))
         result = self.scenario.get("thread_start", {}).get("result", {"thread": thread})
         self.send({"id": message["id"], "result": result})
@@ -296,14 +305,20 @@ class FakeCodex:
         return {"threadId": self.thread_id, "turnId": self.turn_id, **params}
 
     def step(self, step: dict[str, Any]) -> None:
-        if "notify" in step:
+        if "exit" in step:
+            sys.stderr.write(step.get("stderr", "fake codex: exiting") + "\n")
+            sys.stderr.flush()
+            self.stdout.flush()
+            os._exit(int(step["exit"]))
+        elif "notify" in step:
             self.notify(step["notify"], self.ids(step.get("params", {})))
         elif "agent_message" in step:
             self.item_seq += 1
             item_id = f"item-{self.item_seq}"
             text = step["agent_message"]
             self.notify(
-                "item/started", self.ids({"item": {"type": "agentMessage", "id": item_id, "text": ""}})
+                "item/started",
+                self.ids({"item": {"type": "agentMessage", "id": item_id, "text": ""}}),
             )
             self.notify("item/agentMessage/delta", self.ids({"itemId": item_id, "delta": text}))
             self.notify(
@@ -322,7 +337,9 @@ class FakeCodex:
             last = usage.get("last", {"inputTokens": 1, "outputTokens": 1, "totalTokens": 2})
             self.notify(
                 "thread/tokenUsage/updated",
-                self.ids({"tokenUsage": {"total": total, "last": last, "modelContextWindow": 1000}}),
+                self.ids(
+                    {"tokenUsage": {"total": total, "last": last, "modelContextWindow": 1000}}
+                ),
             )
         elif "rate_limits" in step:
             self.notify("account/rateLimits/updated", {"rateLimits": step["rate_limits"]})
@@ -335,7 +352,10 @@ class FakeCodex:
             self.notify("item/agentMessage/delta", self.ids({"itemId": "huge", "delta": filler}))
         elif "partial" in step:
             data = json.dumps(
-                {"method": "item/agentMessage/delta", "params": self.ids({"delta": step["partial"]})}
+                {
+                    "method": "item/agentMessage/delta",
+                    "params": self.ids({"delta": step["partial"]}),
+                }
             ).encode()
             half = len(data) // 2
             self.write_raw(data[:half])
@@ -357,11 +377,6 @@ class FakeCodex:
                 ["sleep", "300"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL
             )
             self.record({"child_pid": child.pid})
-        elif "exit" in step:
-            sys.stderr.write(step.get("stderr", "fake codex: exiting") + "\n")
-            sys.stderr.flush()
-            self.stdout.flush()
-            os._exit(int(step["exit"]))
         else:
             raise Violation(f"scenario error: unknown step {step!r}")
 
