@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from lorenz.claims import SqlClaimStore
-from tests.claims.records import BACKENDS
-
-OpenStore = Callable[..., Awaitable[SqlClaimStore]]
+from tests.claims.records import BACKENDS, OpenStore
 
 
 @pytest.fixture(params=sorted(BACKENDS))

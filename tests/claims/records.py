@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import datetime
+from collections.abc import Awaitable, Callable
 
 from lorenz.claims import SqlClaimStore, SqliteClaimStore, TursoClaimStore
 from lorenz.model import ClaimPhase, ClaimRecord, SlotKey, slot_key
+
+OpenStore = Callable[..., Awaitable[SqlClaimStore]]
+"""The ``open_store`` fixture: ``await open_store(owner, **open_kwargs)``."""
 
 BACKENDS: dict[str, type[SqlClaimStore]] = {
     "sqlite": SqliteClaimStore,

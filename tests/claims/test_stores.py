@@ -11,13 +11,13 @@ import pytest
 
 from lorenz.claims import (
     DEFAULT_OWNER_STALE_MS,
+    ClaimOwnerLost,
     ClaimStoreBusy,
     ClaimStoreSchemaUnsupported,
     ClaimStoreUnreadable,
 )
 from lorenz.model import ClaimPhase, ManualClock, RetryKind, SlotKey, TokenUsage
-from tests.claims.conftest import OpenStore
-from tests.claims.records import BACKENDS, claim, keys_of
+from tests.claims.records import BACKENDS, OpenStore, claim, keys_of
 
 T0 = datetime.datetime(2026, 3, 1, 12, 0, tzinfo=datetime.UTC)
 
@@ -169,6 +169,19 @@ async def test_stale_owner_is_reported_and_taken_over(open_store: OpenStore) -> 
     assert rows[SlotKey("1#0")].last_error is None
     assert set(rows) == {"1#0", "2#0"}
     assert "dead" not in (await late.stale_owners())
+
+
+async def test_heartbeat_after_being_taken_over_says_so_once(open_store: OpenStore) -> None:
+    sleeper = await open_store("sleeper", clock=clock_at(0))
+    await sleeper.acquire(claim("1"))
+    heir = await open_store("heir", clock=clock_at(60_000))
+    assert keys_of(await heir.take_over(from_owners=["sleeper"])) == {"1#0"}
+    with pytest.raises(ClaimOwnerLost) as caught:
+        await sleeper.heartbeat()
+    assert caught.value.code == "claim_owner_lost"
+    assert "sleeper" in caught.value.message
+    await sleeper.heartbeat()  # said once; the owner is registered again
+    assert await sleeper.acquire(claim("1")) is False  # but the slot stays the heir's
 
 
 async def test_live_owner_is_never_taken_however_old_its_rows(open_store: OpenStore) -> None:

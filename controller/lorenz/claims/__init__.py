@@ -1,6 +1,7 @@
 """Claim stores: where the orchestrator persists slot claims (memory, sqlite, turso, Claims)."""
 
 from lorenz.claims.errors import (
+    ClaimOwnerLost,
     ClaimStoreBusy,
     ClaimStoreError,
     ClaimStoreSchemaUnsupported,
@@ -21,6 +22,7 @@ from lorenz.claims.turso import TursoClaimStore
 __all__ = [
     "DEFAULT_OWNER_STALE_MS",
     "SCHEMA_VERSION",
+    "ClaimOwnerLost",
     "ClaimStoreBusy",
     "ClaimStoreError",
     "ClaimStoreSchemaUnsupported",

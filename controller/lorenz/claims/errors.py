@@ -64,3 +64,22 @@ class ClaimStoreBusy(ClaimStoreError):
             path=path,
         )
         self.waited_s = waited_s
+
+
+class ClaimOwnerLost(ClaimStoreError):
+    """Our heartbeat went stale and another process took our claims over (or dropped our row).
+
+    The runs this process still has for those slots are now someone else's to retry: the
+    runtime must stop them rather than finish them twice.
+    """
+
+    code = "claim_owner_lost"
+
+    def __init__(self, *, path: Path, owner: str) -> None:
+        super().__init__(
+            f"claim owner {owner} was declared stale in {path} and its claims were taken over; "
+            f"stop this process's runs and restart it (keep heartbeats well under "
+            f"claim_store.owner_stale_ms)",
+            path=path,
+        )
+        self.owner = owner

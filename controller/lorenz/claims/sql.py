@@ -30,7 +30,12 @@ from typing import Any, ClassVar, Protocol, Self, TypeVar
 
 import tenacity
 
-from lorenz.claims.errors import ClaimStoreBusy, ClaimStoreSchemaUnsupported, ClaimStoreUnreadable
+from lorenz.claims.errors import (
+    ClaimOwnerLost,
+    ClaimStoreBusy,
+    ClaimStoreSchemaUnsupported,
+    ClaimStoreUnreadable,
+)
 from lorenz.claims.owners import ProcessIdentity, current_process
 from lorenz.model import (
     ClaimPhase,
@@ -435,7 +440,11 @@ class SqlClaimStore:
         await self._run(lambda: self._checkpoint_sync(body))
 
     async def heartbeat(self) -> None:
-        """Refresh this owner's heartbeat row (wall clock)."""
+        """Refresh this owner's heartbeat row (wall clock).
+
+        Raises :class:`ClaimOwnerLost` (once) when our row had been removed: we were stale and
+        another owner took our claims over, so the runs we still have are no longer ours.
+        """
         await self._run(self._heartbeat_sync)
 
     async def close(self) -> None:
@@ -713,7 +722,17 @@ class SqlClaimStore:
     def _heartbeat_sync(self) -> None:
         # NB: heartbeats are not events: one every few seconds would push every real mutation
         # out of the bounded event table within minutes.
-        self._transaction(lambda conn: self._upsert_owner(conn, heartbeat_ms=self._now_ms()))
+        def body(conn: DbConnection) -> bool:
+            present = conn.execute(
+                "SELECT 1 FROM owners WHERE owner = ?", (self._owner,)
+            ).fetchone()
+            self._upsert_owner(conn, heartbeat_ms=self._now_ms())
+            return present is not None
+
+        if not self._transaction(body):
+            # Our row existed since open; only a take_over (or the prune of a stale owner)
+            # removes it. Said once: the row is back now.
+            raise ClaimOwnerLost(path=self._path, owner=self._owner)
 
     def _close_sync(self) -> None:
         def body(conn: DbConnection) -> None:
