@@ -58,8 +58,15 @@ FENCE_ENDINGS = ("---", "...")
 IGNORED_NAMES = frozenset({"readme.md"})
 
 
-class _FrontMatterLoader(yaml.SafeLoader):
-    """PyYAML's safe loader with YAML 1.2 booleans: only ``true``/``false`` are booleans.
+try:
+    from yaml import CSafeLoader as _SafeLoader
+except ImportError:  # pragma: no cover - PyYAML built without libyaml
+    from yaml import SafeLoader as _SafeLoader  # type: ignore[assignment]
+
+
+class _FrontMatterLoader(_SafeLoader):
+    """PyYAML's safe loader (libyaml's parser when available: a cold read of a large folder is
+    several times faster) with YAML 1.2 booleans: only ``true``/``false`` are booleans.
 
     NB: YAML 1.1 turns ``yes``, ``no``, ``on`` and ``off`` into booleans, so a title "No" or a
     state "On" would silently become ``False``/``True``.
