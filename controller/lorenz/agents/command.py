@@ -84,8 +84,8 @@ class CommandRunner:
             feeder.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await feeder
-        await process.stderr_drained(timeout_s=1.0)
         if returncode != 0:
+            await process.stderr_drained(timeout_s=1.0)
             tail = process.stderr_tail(max_bytes=1000) or "no stderr output"
             hint = " (command not found: check agents.<kind>.command)" if returncode == 127 else ""
             raise AgentRunError(

@@ -83,6 +83,9 @@ class AgentProcess:
             self._drain_stderr(), name=f"agent-stderr-{self.pid}"
         )
         self._descendants: dict[int, psutil.Process] = {}
+        self._exit_seen: asyncio.Future[None] | None = None
+        self._pidfd: int | None = None
+        self._watch_exit()
 
     # -- status ---------------------------------------------------------------------------
 
@@ -215,9 +218,47 @@ class AgentProcess:
     # -- lifetime -------------------------------------------------------------------------
 
     async def wait(self, *, timeout_s: float | None = None) -> int:
-        """Wait for the process to exit; :class:`TimeoutError` if it does not in time."""
+        """Wait for the process to exit; :class:`TimeoutError` if it does not in time.
+
+        Returns as soon as the process itself has exited, even while a background child it
+        left behind still holds its stdout or stderr open.
+        """
         async with asyncio.timeout(timeout_s):
-            return await self._process.wait()
+            return await self._exit_status()
+
+    async def _exit_status(self) -> int:
+        # NB: asyncio's Process.wait() also waits for every pipe to close, so a leftover
+        # grandchild holding stdout would make it hang; watch the process itself instead: a
+        # pidfd becomes readable at exit, and the child watcher sets returncode right after.
+        while (returncode := self._process.returncode) is None:
+            if self._exit_seen is not None and not self._exit_seen.done():
+                await asyncio.wait({self._exit_seen}, timeout=0.05)
+            else:
+                await asyncio.sleep(0.005)
+        return returncode
+
+    def _watch_exit(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            self._pidfd = os.pidfd_open(self.pid)
+            self._exit_seen = loop.create_future()
+            loop.add_reader(self._pidfd, self._on_exit_seen)
+        except (AttributeError, OSError, NotImplementedError, RuntimeError):
+            self._close_pidfd()
+            self._exit_seen = None
+
+    def _on_exit_seen(self) -> None:
+        self._close_pidfd()
+        if self._exit_seen is not None and not self._exit_seen.done():
+            self._exit_seen.set_result(None)
+
+    def _close_pidfd(self) -> None:
+        if self._pidfd is not None:
+            with contextlib.suppress(Exception):
+                asyncio.get_running_loop().remove_reader(self._pidfd)
+            with contextlib.suppress(OSError):
+                os.close(self._pidfd)
+            self._pidfd = None
 
     async def terminate(self, *, grace_s: float = 2.0) -> int | None:
         """Stop the agent and everything it started; returns its exit status.
@@ -251,9 +292,10 @@ class AgentProcess:
         self._kill_everything()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(max(grace_s, 1.0) + 5.0):
-                await self._process.wait()
+                await self._exit_status()
         await self.stderr_drained(timeout_s=1.0)
         self._close_pipes()
+        self._close_pidfd()
         return self._process.returncode
 
     def _remember_descendants(self) -> None:
