@@ -73,7 +73,7 @@ class TursoDriver:
 
     def is_busy(self, exc: BaseException) -> bool:
         turso = _turso()
-        if not isinstance(exc, turso.OperationalError | turso.DatabaseError):
+        if not isinstance(exc, turso.DatabaseError):  # OperationalError is one
             return False
         text = str(exc).lower()
         return "locked" in text or "busy" in text
