@@ -155,3 +155,15 @@ def test_the_fast_chain_agrees_with_the_reference_chain(
 ) -> None:
     expected = [i for i in issues if issue_ineligibility(i, rules) is None]
     assert dispatchable_issues(issues, rules) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(random_issue(), st.sampled_from([RULES, LABELLED]))
+def test_reconciliation_keeps_exactly_what_dispatch_would_take(
+    candidate: Issue, rules: IssueRules
+) -> None:
+    """The orchestrator prunes retries by eligibility; that must equal the reconcile verdict."""
+    from lorenz.policies import reconciliation_decision
+
+    keep = reconciliation_decision(candidate, rules) is None
+    assert keep == (issue_ineligibility(candidate, rules) is None)

@@ -82,3 +82,29 @@ def test_order_does_not_depend_on_input_order(specs: list[tuple[int | None, int 
     assert forward == backward
     keys = [dispatch_sort_key(i) for i in sort_for_dispatch(issues)]
     assert keys == sorted(keys)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.one_of(st.none(), st.booleans(), st.integers(-1, 6)),
+            st.one_of(st.none(), st.integers(0, 3)),
+            st.booleans(),
+            st.sampled_from(["ABC-1", "ABC-2", "ABC-10"]),
+        ),
+        max_size=15,
+    )
+)
+def test_the_fast_sort_equals_sorting_by_the_reference_key(
+    specs: list[tuple[int | None, int | None, bool, str]],
+) -> None:
+    """Including bool priorities, equal identifiers and lists mixing naive and aware times."""
+    issues = []
+    for n, (priority, hours, naive, identifier) in enumerate(specs):
+        made = issue(n, priority=None, created=hours, identifier=identifier)
+        object.__setattr__(made, "priority", priority)
+        if naive and made.created_at is not None:
+            object.__setattr__(made, "created_at", made.created_at.replace(tzinfo=None))
+        issues.append(made)
+    assert ids(sort_for_dispatch(issues)) == ids(sorted(issues, key=dispatch_sort_key))

@@ -24,8 +24,8 @@ from __future__ import annotations
 import asyncio
 import datetime
 import secrets
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, cast
 
 from lorenz.config import WorkflowSettings
 from lorenz.model import (
@@ -77,9 +77,9 @@ from lorenz.policies import (
     reservation_lifetime_ms,
     retry_plan,
     select_worker_host,
+    sort_for_dispatch,
     stalled_for_ms,
 )
-from lorenz.policies.ordering import UNRANKED_PRIORITY
 
 CHECKPOINT_SCHEMA = 1
 """Version of the checkpoint mapping written through :meth:`ClaimStore.save_checkpoint`."""
@@ -88,9 +88,8 @@ DEFAULT_FOREIGN_RECHECK_MS = 30000
 """How long a slot held by another owner is left alone before a claim may ask the store again,
 when ``claim_store.owner_stale_ms`` is 0 (the store's own default)."""
 
-_RANKS: dict[object, int] = {1: 1, 2: 2, 3: 3, 4: 4}
-_NO_TIMESTAMP = float("inf")
 _ZERO_USAGE = TokenUsage()
+_AS_SLOT_KEY = cast("Callable[[str], SlotKey]", str)
 
 
 def _ms(delta: datetime.timedelta) -> float:
@@ -378,85 +377,85 @@ class Orchestrator:
     async def eligible_issues(self, issues: Sequence[Issue]) -> list[DispatchCandidate]:
         """Sorted dispatch candidates, one per free slot of every eligible issue.
 
-        First sweeps expired reservations (cancelled with their retry restored) and prunes
-        retries whose issue is no longer an active, routable, unblocked candidate (``issues`` is
-        the full candidate list). Caps are *not* applied here: :meth:`claim` applies them, so
+        First sweeps expired reservations (cancelled with their retry restored); afterwards
+        prunes retries whose issue is no longer an active, routable, unblocked candidate
+        (``issues`` must be the full candidate list) or whose slot index is beyond a shrunk
+        ``agent.ensemble_size``. Caps are *not* applied here: :meth:`claim` applies them, so
         the runtime can report each skipped candidate and stop at the first capacity skip.
         """
         async with self._lock:
             now_ms = self._clock.monotonic_ms()
             expired = await self._sweep_expired_locked(now_ms) if self._state.reserved else []
-            pruned = await self._prune_retries_locked(issues) if self._state.retry_attempts else []
+            candidates, eligible_tracked = self._candidates(issues, now_ms=now_ms)
+            pruned: list[RetryEntry] = []
+            if self._state.retry_attempts:
+                pruned = await self._prune_retries_locked(eligible_tracked)
             self._last_eligibility = EligibilityReport(expired=tuple(expired), pruned=tuple(pruned))
-            return self._candidates(issues, now_ms=now_ms)
+            return candidates
 
     async def sweep_expired_reservations(self) -> list[ReservationRecord]:
         """Cancel every reservation past its expiry (also done by :meth:`eligible_issues`)."""
         async with self._lock:
             return await self._sweep_expired_locked(self._clock.monotonic_ms())
 
-    def _candidates(self, issues: Sequence[Issue], *, now_ms: float) -> list[DispatchCandidate]:
-        ok = dispatchable_issues(issues, self._rules)
-        # NB: sort the issues once, then expand slots in index order: one key per issue instead
-        # of one per slot, and the key is computed inline (no per-issue helper calls).
-        ranks = _RANKS
-        utc = datetime.UTC
-
-        def sort_key(issue: Issue) -> tuple[int, float, str, str]:
-            priority = issue.priority
-            created = issue.created_at
-            if created is None:
-                ts = _NO_TIMESTAMP
-            elif created.tzinfo is None:
-                ts = created.replace(tzinfo=utc).timestamp()
-            else:
-                ts = created.timestamp()
-            rank = UNRANKED_PRIORITY if priority is True else ranks.get(priority, UNRANKED_PRIORITY)
-            return (rank, ts, issue.identifier, issue.id)
-
-        ok.sort(key=sort_key)
+    def _candidates(
+        self, issues: Sequence[Issue], *, now_ms: float
+    ) -> tuple[list[DispatchCandidate], set[str]]:
+        """The sorted candidates, and the ids of eligible issues that have a tracked slot."""
+        ordered = sort_for_dispatch(dispatchable_issues(issues, self._rules))
         state = self._state
         claimed = state.claimed
         foreign = state.foreign
         retries = state.retry_attempts
         span = self._settings.agent.ensemble_size
+        # NB: only the few issues with a claimed, foreign or retrying slot need per-slot checks;
+        # every other issue gets its candidates without a single map lookup. Candidates are
+        # built with tuple.__new__ and keys with str (SlotKey is a NewType of str, and calling
+        # it is a Python-level call): this loop runs once per eligible issue on every tick.
+        tracked: set[str] = set()
+        for tracked_key in (*claimed, *foreign, *retries):
+            tracked.add(tracked_key.rpartition("#")[0])
+        eligible_tracked: set[str] = set()
         out: list[DispatchCandidate] = []
         append = out.append
-        if span == 1 and not claimed and not foreign and not retries:
-            for issue in ok:
-                append(DispatchCandidate(issue, 0, SlotKey(issue.id + "#0")))
-            return out
-        for issue in ok:
+        make = tuple.__new__
+        as_key = _AS_SLOT_KEY
+        for issue in ordered:
             issue_id = issue.id
+            if issue_id not in tracked:
+                if span == 1:
+                    append(make(DispatchCandidate, (issue, 0, as_key(issue_id + "#0"), None)))
+                else:
+                    for index in range(span):
+                        key = as_key(f"{issue_id}#{index}")
+                        append(make(DispatchCandidate, (issue, index, key, None)))
+                continue
+            eligible_tracked.add(issue_id)
             for index in range(span):
-                key = SlotKey(f"{issue_id}#{index}")
+                key = as_key(f"{issue_id}#{index}")
                 if key in claimed:
                     continue
-                if foreign:
-                    held = foreign.get(key)
-                    if held is not None and held.recheck_at_ms > now_ms:
-                        continue
-                retry = retries.get(key) if retries else None
+                held = foreign.get(key)
+                if held is not None and held.recheck_at_ms > now_ms:
+                    continue
+                retry = retries.get(key)
                 if retry is not None and retry.due_at_ms > now_ms:
                     continue
-                append(DispatchCandidate(issue, index, key, retry))
-        return out
+                append(make(DispatchCandidate, (issue, index, key, retry)))
+        return out, eligible_tracked
 
-    async def _prune_retries_locked(self, issues: Sequence[Issue]) -> list[RetryEntry]:
+    async def _prune_retries_locked(self, eligible_ids: set[str]) -> list[RetryEntry]:
+        # NB: "eligible in this pass" is exactly "reconciliation would keep it" (same chain), so
+        # the ids seen while building candidates decide, with no second scan of the issues.
         retries = self._state.retry_attempts
-        wanted = {retry.issue_id for retry in retries.values()}
-        present = {issue.id: issue for issue in issues if issue.id in wanted}
         span = self._settings.agent.ensemble_size
-        rules = self._rules
-        verdicts: dict[str, StopReason | None] = {}
-        pruned: list[RetryEntry] = []
-        for key, retry in list(retries.items()):
-            issue_id = retry.issue_id
-            if issue_id not in verdicts:
-                verdicts[issue_id] = reconciliation_decision(present.get(issue_id), rules)
-            if verdicts[issue_id] is not None or retry.slot_index >= span:
-                del retries[key]
-                pruned.append(retry)
+        pruned = [
+            retry
+            for retry in retries.values()
+            if retry.issue_id not in eligible_ids or retry.slot_index >= span
+        ]
+        for retry in pruned:
+            del retries[retry.key]
         for retry in pruned:
             await self._store.release(retry.key)
         return pruned

@@ -10,6 +10,7 @@ ranks 5, after 4); then ``created_at`` oldest first, unknown last; then ``identi
 from __future__ import annotations
 
 import datetime
+import operator
 from collections.abc import Iterable
 
 from lorenz.model import Issue
@@ -26,7 +27,8 @@ SortKey = tuple[int, float, str, str]
 def priority_rank(priority: int | None) -> int:
     """``1..4`` rank as themselves; anything else ranks :data:`UNRANKED_PRIORITY`."""
     # NB: bools are ints in Python (True == 1); a tracker never sends one, but do not rank it.
-    if isinstance(priority, bool):
+    # (False == 0 ranks 5 anyway.)
+    if priority is True:
         return UNRANKED_PRIORITY
     return _PRIORITY_RANKS.get(priority, UNRANKED_PRIORITY)
 
@@ -50,6 +52,36 @@ def dispatch_sort_key(issue: Issue) -> SortKey:
     )
 
 
+_BY_IDENTIFIER = operator.attrgetter("identifier")
+_BY_ID = operator.attrgetter("id")
+_BY_CREATED = operator.attrgetter("created_at")
+
+
 def sort_for_dispatch(issues: Iterable[Issue]) -> list[Issue]:
-    """A new list of ``issues`` in dispatch order (stable for fully equal keys)."""
-    return sorted(issues, key=dispatch_sort_key)
+    """A new list of ``issues`` in dispatch order, equal to sorting by :func:`dispatch_sort_key`.
+
+    NB: done as stable passes from the least significant key up — id, then identifier (plain
+    string sorts, CPython's fastest), then one bucket per priority rank, then creation time
+    within each bucket — so every comparison runs in C on attribute getters instead of calling
+    a Python key function per issue; that is several times faster on 10k candidates. Naive and
+    aware timestamps cannot be compared directly: a bucket mixing them falls back to the key.
+    """
+    ordered = sorted(issues, key=_BY_ID)
+    ordered.sort(key=_BY_IDENTIFIER)
+    dated: list[list[Issue]] = [[] for _ in range(UNRANKED_PRIORITY)]
+    undated: list[list[Issue]] = [[] for _ in range(UNRANKED_PRIORITY)]
+    ranks = _PRIORITY_RANKS
+    for issue in ordered:
+        priority = issue.priority
+        rank = UNRANKED_PRIORITY if priority is True else ranks.get(priority, UNRANKED_PRIORITY)
+        (undated if issue.created_at is None else dated)[rank - 1].append(issue)
+    out: list[Issue] = []
+    for with_time, without_time in zip(dated, undated, strict=True):
+        try:
+            with_time.sort(key=_BY_CREATED)
+        except TypeError:
+            # NB: a failed sort leaves the list partly permuted; rebuild it from the full key.
+            with_time.sort(key=dispatch_sort_key)
+        out.extend(with_time)
+        out.extend(without_time)
+    return out
