@@ -11,7 +11,7 @@ import pytest
 
 from lorenz.agents import build_runner
 from lorenz.agents.base import AgentRunError
-from lorenz.agents.codex import CodexAppServerRunner
+from lorenz.agents.codex import LEGACY_DENIAL_REASON, CodexAppServerRunner
 from lorenz.config import AgentProtocol, ApprovalMode
 from lorenz.model import TokenUsage
 from tests.agents.conftest import (
@@ -187,7 +187,9 @@ async def test_approvals_are_declined_by_default(kit: RunKit, fake_codex: FakeCo
         "permissions": {},
         "scope": "turn",
     }
-    assert answers["execCommandApproval"][0]["result"] == {"decision": "denied"}
+    assert answers["execCommandApproval"][0]["result"] == {
+        "decision": {"denied": {"rejection": LEGACY_DENIAL_REASON}}
+    }
     unknown = answers["account/chatgptAuthTokens/refresh"][0]
     assert unknown["error"]["code"] == -32601
     assert len(kit.recorder.of("approval_auto_answered")) == 5
@@ -427,7 +429,7 @@ async def test_token_usage_and_rate_limits_are_extracted(
     assert len(limits) == 1
     assert limits[0].rate_limits is not None
     assert limits[0].rate_limits["limitId"] == "codex"
-    assert limits[0].rate_limits["primary"]["usedPercent"] == 12.5
+    assert limits[0].rate_limits["primary"]["usedPercent"] == 12
 
 
 async def test_cancelling_a_run_kills_the_agent_and_its_children(

@@ -11,6 +11,7 @@ and ends the process with status 97.
 Scenario keys (all optional)::
 
     thread_id        "thr-1"
+    record_sent      also record every (small) message the fake sends, as {"sent": ...}
     banner           stderr text printed at start (non-JSON stderr must not disturb parsing)
     expect           {experimental_api, tools, approval_policy, sandbox, sandbox_policy,
                       title, cwd, client_name}: what the client must send (null = absent)
@@ -85,9 +86,16 @@ class FakeCodex:
         self.stdout.flush()
 
     def send(self, message: dict[str, Any]) -> None:
-        self.write_raw(json.dumps(message).encode() + b"\n")
+        data = json.dumps(message).encode()
+        if self.scenario.get("record_sent") and len(data) < 65536:
+            self.record({"sent": message})
+        self.write_raw(data + b"\n")
 
     def notify(self, method: str, params: dict[str, Any]) -> None:
+        if method == "item/started":
+            params = {"startedAtMs": int(time.time() * 1000), **params}
+        elif method == "item/completed":
+            params = {"completedAtMs": int(time.time() * 1000), **params}
         self.send({"method": method, "params": params})
 
     def read(self) -> dict[str, Any] | None:
@@ -251,11 +259,21 @@ class FakeCodex:
                 raise Violation(f"dynamicTools names {names} != {self.expect['tools']}")
         if self.handshake_stage("thread_start", message):
             return
+        now = int(time.time())
         thread = {
             "id": self.thread_id,
+            "sessionId": f"session-{self.thread_id}",
             "preview": "",
+            "cliVersion": "0.0.0-fake",
+            "createdAt": now,
+            "updatedAt": now,
+            "cwd": cwd,
+            "modelProvider": "fake",
+            "projectId": None,
+            "source": "appServer",
             "status": {"type": "idle"},
             "ephemeral": False,
+            "turns": [],
         }
         thread.update(self.scenario.get("thread_start", {}).get("result_thread", {}))
         result = self.scenario.get("thread_start", {}).get("result", {"thread": thread})
@@ -334,7 +352,14 @@ class FakeCodex:
                 "reasoningOutputTokens": 0,
                 "totalTokens": usage.get("total", usage.get("input", 0) + usage.get("output", 0)),
             }
-            last = usage.get("last", {"inputTokens": 1, "outputTokens": 1, "totalTokens": 2})
+            last = {
+                "inputTokens": 1,
+                "cachedInputTokens": 0,
+                "outputTokens": 1,
+                "reasoningOutputTokens": 0,
+                "totalTokens": 2,
+                **usage.get("last", {}),
+            }
             self.notify(
                 "thread/tokenUsage/updated",
                 self.ids(

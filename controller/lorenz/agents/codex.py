@@ -477,12 +477,7 @@ class CodexSession:
         if method == _PERMISSIONS_APPROVAL:
             return self._decide(method, permissions_answer(self.settings.approvals, params))
         if method in _LEGACY_APPROVALS:
-            legacy = (
-                "approved_for_session"
-                if self.settings.approvals is ApprovalMode.ALLOW
-                else "denied"
-            )
-            return self._decide(method, {"decision": legacy})
+            return self._decide(method, legacy_decision_for(self.settings.approvals))
         if method in INPUT_REQUIRED_REQUESTS:
             self._input_required(method)
             if method == "mcpServer/elicitation/request":
@@ -496,6 +491,8 @@ class CodexSession:
     def _decide(self, method: str, answer: dict[str, Any]) -> dict[str, Any]:
         self.decisions.append((method, answer))
         shown = answer.get("decision", "granted" if answer.get("permissions") else "denied")
+        if isinstance(shown, Mapping):
+            shown = next(iter(shown), "decision")
         self._emit(
             AgentUpdate(
                 event="approval_auto_answered",
@@ -594,6 +591,19 @@ def decision_for(mode: ApprovalMode, params: Mapping[str, Any]) -> dict[str, Any
             if isinstance(choice, Mapping) and "acceptWithExecpolicyAmendment" in choice:
                 return {"decision": choice}
     return {"decision": preferences[0]}
+
+
+LEGACY_DENIAL_REASON: Final = "Lorenz declines approval requests (agents.<kind>.approvals: deny)"
+
+
+def legacy_decision_for(mode: ApprovalMode) -> dict[str, Any]:
+    """The answer to the v1 ``execCommandApproval`` / ``applyPatchApproval`` requests.
+
+    NB: in the pinned protocol a denial is an object carrying the reason, not a bare string.
+    """
+    if mode is ApprovalMode.ALLOW:
+        return {"decision": "approved_for_session"}
+    return {"decision": {"denied": {"rejection": LEGACY_DENIAL_REASON}}}
 
 
 def permissions_answer(mode: ApprovalMode, params: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,336 @@
+"""Conformance with the real Codex app-server (the pinned binary of ``openai-codex-cli-bin``).
+
+(a) The binary generates the JSON schema of its own protocol; every message our client sends
+    in the fake-agent scenarios is validated against it (and, the other way round, everything
+    the fake sends, so the fake stays faithful).
+(b) Our client runs the real ``initialize`` / ``initialized`` / ``thread/start`` handshake
+    against the real binary, offline (``CODEX_HOME`` in a temp dir; no login needed for that).
+
+The binary comes from the optional test extra ``conformance``. Without it these tests FAIL (a
+missing install must not look green); they skip only if the binary cannot execute here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from lorenz.agents.base import AgentRunError, AgentRunRequest
+from lorenz.agents.codex import CodexAppServerRunner, CodexSession
+from lorenz.agents.processes import spawn_agent
+from lorenz.config import ApprovalMode
+from tests.agents.conftest import FakeCodexFactory, RunKit, StaticTools
+
+INSTALL_HINT = (
+    "the Codex conformance tests need the pinned Codex binary: install the test extra with "
+    "`.venv/bin/pip install -e '.[test,conformance]'` (package openai-codex-cli-bin)"
+)
+
+RESPONSE_SCHEMAS = {
+    "item/commandExecution/requestApproval": "CommandExecutionRequestApprovalResponse",
+    "item/fileChange/requestApproval": "FileChangeRequestApprovalResponse",
+    "item/permissions/requestApproval": "PermissionsRequestApprovalResponse",
+    "item/tool/call": "DynamicToolCallResponse",
+    "item/tool/requestUserInput": "ToolRequestUserInputResponse",
+    "mcpServer/elicitation/request": "McpServerElicitationRequestResponse",
+    "execCommandApproval": "ExecCommandApprovalResponse",
+    "applyPatchApproval": "ApplyPatchApprovalResponse",
+}
+
+
+def codex_binary() -> Path:
+    try:
+        import codex_cli_bin  # type: ignore[import-not-found, import-untyped, unused-ignore]
+    except ImportError:
+        pytest.fail(INSTALL_HINT)
+    path = Path(codex_cli_bin.bundled_codex_path())
+    try:
+        probe = subprocess.run(
+            [str(path), "--version"], capture_output=True, text=True, timeout=60, check=False
+        )
+    except OSError as exc:  # e.g. a binary for another architecture
+        pytest.skip(f"the pinned Codex binary cannot execute on this machine: {exc}")
+    if probe.returncode != 0:
+        pytest.skip(f"`codex --version` failed here ({probe.returncode}): {probe.stderr[-300:]}")
+    return path
+
+
+@dataclasses.dataclass(frozen=True)
+class Schemas:
+    folder: Path
+
+    def load(self, name: str) -> dict[str, Any]:
+        data: dict[str, Any] = json.loads((self.folder / f"{name}.json").read_text())
+        return data
+
+    def variant(self, union: str, method: str) -> dict[str, Any]:
+        """The member of a ``oneOf`` union (ClientRequest, ServerNotification, ...) for method."""
+        root = self.load(union)
+        for member in root["oneOf"]:
+            if method in member["properties"]["method"].get("enum", ()):
+                return {"definitions": root.get("definitions", {}), **member}
+        raise AssertionError(f"{method!r} is not a method of {union} in this Codex version")
+
+    def validate(self, instance: Any, schema: Mapping[str, Any], *, what: str) -> None:
+        try:
+            jsonschema.Draft7Validator(schema).validate(instance)
+        except jsonschema.ValidationError as exc:
+            raise AssertionError(
+                f"{what} does not match the Codex schema: {exc.message}\n"
+                f"{json.dumps(instance)[:800]}"
+            ) from exc
+
+
+def generate(binary: Path, out: Path, *, experimental: bool) -> Schemas:
+    args = [str(binary), "app-server", "generate-json-schema", "--out", str(out)]
+    if experimental:
+        args.append("--experimental")
+    done = subprocess.run(args, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, f"generate-json-schema failed: {done.stderr[-500:]}"
+    return Schemas(out)
+
+
+@pytest.fixture(scope="module")
+def binary() -> Path:
+    return codex_binary()
+
+
+@pytest.fixture(scope="module")
+def schemas(binary: Path, tmp_path_factory: pytest.TempPathFactory) -> Schemas:
+    # NB: we send experimental fields (dynamicTools) when tools are offered, so the client is
+    # held to the experimental schema; the stable one is checked separately below.
+    return generate(binary, tmp_path_factory.mktemp("codex-schema-x"), experimental=True)
+
+
+@pytest.fixture(scope="module")
+def stable_schemas(binary: Path, tmp_path_factory: pytest.TempPathFactory) -> Schemas:
+    return generate(binary, tmp_path_factory.mktemp("codex-schema"), experimental=False)
+
+
+SCENARIOS: list[tuple[str, dict[str, Any]]] = [
+    ("normal", {}),
+    ("multi_turn", {"max_turns": 3}),
+    ("approvals", {}),
+    ("approvals", {"approvals": ApprovalMode.ALLOW}),
+    ("tool_call", {"tools": True}),
+    ("tool_call", {}),
+    ("token_usage", {}),
+    ("garbage", {}),
+    ("overload", {}),
+    ("failed", {}),
+    ("user_input", {}),
+    (
+        "normal",
+        {
+            "approval_policy": "never",
+            "thread_sandbox": "workspace-write",
+            "turn_sandbox_policy": {"type": "workspaceWrite", "networkAccess": False},
+        },
+    ),
+    (
+        "normal",
+        {
+            "approval_policy": {
+                "granular": {"sandbox_approval": True, "rules": True, "mcp_elicitations": False}
+            }
+        },
+    ),
+]
+
+
+_RECORDINGS: list[list[dict[str, Any]]] = []
+
+
+async def run_scenarios(kit: RunKit, fake_codex: FakeCodexFactory) -> list[list[dict[str, Any]]]:
+    """Run every scenario once per module; the fake's record of each (received and sent)."""
+    if not _RECORDINGS:
+        _RECORDINGS.extend(await _record_scenarios(kit, fake_codex))
+    return _RECORDINGS
+
+
+async def _record_scenarios(
+    kit: RunKit, fake_codex: FakeCodexFactory
+) -> list[list[dict[str, Any]]]:
+    runner = CodexAppServerRunner(overload_initial_delay_s=0.01, overload_max_delay_s=0.02)
+    recordings: list[list[dict[str, Any]]] = []
+    for name, options in SCENARIOS:
+        options = dict(options)
+        tools = StaticTools() if options.pop("tools", False) else None
+        max_turns = options.pop("max_turns", 1)
+        script = fake_codex(name, record_sent=True)
+        request = kit.request(command=script.command, tools=tools, max_turns=max_turns, **options)
+        code = await _run_for_code(runner, request)
+        assert code in (None, "turn_failed", "input_required"), (name, code)
+        assert script.violations() == [], (name, script.violations())
+        recordings.append(script.records())
+    return recordings
+
+
+async def _run_for_code(runner: CodexAppServerRunner, request: AgentRunRequest) -> str | None:
+    try:
+        await runner.run(request)
+    except AgentRunError as exc:
+        return exc.code
+    return None
+
+
+async def test_every_message_the_client_sends_matches_the_codex_schema(
+    kit: RunKit, fake_codex: FakeCodexFactory, schemas: Schemas
+) -> None:
+    envelope = schemas.load("JSONRPCMessage")
+    checked: dict[str, int] = {}
+    for records in await run_scenarios(kit, fake_codex):
+        asked = {
+            r["sent"]["id"]: r["sent"]["method"]
+            for r in records
+            if "sent" in r and "method" in r["sent"] and "id" in r["sent"]
+        }
+        for record in records:
+            if "received" not in record:
+                continue
+            message = record["received"]
+            schemas.validate(message, envelope, what="the JSON-RPC envelope")
+            if "method" in message and "id" in message:
+                schema = schemas.variant("ClientRequest", message["method"])
+                kind = f"request {message['method']}"
+            elif "method" in message:
+                schema = schemas.variant("ClientNotification", message["method"])
+                kind = f"notification {message['method']}"
+            elif "error" in message:
+                schema = schemas.load("JSONRPCError")
+                kind = "error reply"
+            else:
+                method = asked[message["id"]]
+                schema = schemas.load(RESPONSE_SCHEMAS[method])
+                message = message["result"]
+                kind = f"answer to {method}"
+            schemas.validate(message, schema, what=kind)
+            checked[kind] = checked.get(kind, 0) + 1
+    # Every kind of message the client can send was exercised at least once.
+    for kind in (
+        "request initialize",
+        "notification initialized",
+        "request thread/start",
+        "request turn/start",
+        "error reply",
+        "answer to item/commandExecution/requestApproval",
+        "answer to item/fileChange/requestApproval",
+        "answer to item/permissions/requestApproval",
+        "answer to item/tool/call",
+        "answer to execCommandApproval",
+    ):
+        assert checked.get(kind), f"no {kind} was checked: {sorted(checked)}"
+
+
+async def test_without_tools_the_client_stays_within_the_stable_schema(
+    kit: RunKit, fake_codex: FakeCodexFactory, stable_schemas: Schemas
+) -> None:
+    script = fake_codex("normal")
+    await CodexAppServerRunner().run(kit.request(command=script.command))
+    for message in script.received():
+        if "method" in message and "id" in message:
+            schema = stable_schemas.variant("ClientRequest", message["method"])
+        elif "method" in message:
+            schema = stable_schemas.variant("ClientNotification", message["method"])
+        else:
+            continue
+        stable_schemas.validate(message, schema, what=message["method"])
+
+
+async def test_the_fake_agent_speaks_the_real_protocol(
+    kit: RunKit, fake_codex: FakeCodexFactory, schemas: Schemas
+) -> None:
+    seen: set[str] = set()
+    for records in await run_scenarios(kit, fake_codex):
+        for record in records:
+            message = record.get("sent")
+            if message is None or "method" not in message:
+                continue
+            method = message["method"]
+            if method == "turn/failed":
+                continue  # a legacy spelling some servers used; the fake sends it on purpose
+            union = "ServerRequest" if "id" in message else "ServerNotification"
+            schemas.validate(message, schemas.variant(union, method), what=f"fake {method}")
+            seen.add(method)
+    assert {"turn/completed", "item/tool/call", "thread/tokenUsage/updated"} <= seen
+
+
+def codex_env(home: Path) -> dict[str, str]:
+    (home / "codex").mkdir(parents=True, exist_ok=True)
+    return {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": str(home),
+        "CODEX_HOME": str(home / "codex"),
+        "LANG": "C.UTF-8",
+        "RUST_LOG": "error",
+    }
+
+
+async def real_handshake(
+    kit: RunKit, binary: Path, tmp_path: Path, *, tools: StaticTools | None = None
+) -> tuple[CodexSession, str, Mapping[str, Any]]:
+    env = codex_env(tmp_path / "home")
+    request = kit.request(
+        command=f"{binary} app-server", env=env, tools=tools, read_timeout_ms=60_000
+    )
+    process = await spawn_agent(command=request.settings.command, cwd=request.workspace, env=env)
+    session = CodexSession(request, process, runner=CodexAppServerRunner())
+    try:
+        info = await session.initialize()
+        thread_id = await session.start_thread()
+    except BaseException:
+        await session.close()
+        raise
+    return session, thread_id, info
+
+
+async def test_the_real_app_server_accepts_our_handshake(
+    kit: RunKit, binary: Path, tmp_path: Path
+) -> None:
+    session, thread_id, info = await real_handshake(kit, binary, tmp_path)
+    try:
+        assert thread_id
+        assert isinstance(info.get("userAgent"), str)
+        assert session.thread_id == thread_id
+        assert session.connection.garbage_lines == 0
+    finally:
+        await session.close()
+    assert session.process.returncode is not None
+
+
+async def test_the_real_app_server_accepts_our_dynamic_tools(
+    kit: RunKit, binary: Path, tmp_path: Path
+) -> None:
+    session, thread_id, _ = await real_handshake(kit, binary, tmp_path, tools=StaticTools())
+    try:
+        assert thread_id
+    finally:
+        await session.close()
+
+
+async def test_the_real_app_server_accepts_configured_policies(
+    kit: RunKit, workspace: Path, binary: Path, tmp_path: Path
+) -> None:
+    env = codex_env(tmp_path / "home")
+    request = kit.request(
+        command=f"{binary} app-server",
+        env=env,
+        approval_policy="never",
+        thread_sandbox="workspace-write",
+        read_timeout_ms=60_000,
+    )
+    process = await spawn_agent(command=request.settings.command, cwd=workspace, env=env)
+    session = CodexSession(request, process, runner=CodexAppServerRunner())
+    try:
+        await asyncio.wait_for(session.initialize(), 60)
+        assert await asyncio.wait_for(session.start_thread(), 60)
+    finally:
+        await session.close()
