@@ -289,3 +289,16 @@ async def test_claim_refuses_a_retry_that_is_not_due() -> None:
     await orchestrator.finish(key(1), normal=True)
     # a first-run candidate made before the retry existed: the retry is what counts
     assert await orchestrator.claim(c) == Skipped(SkipReason.NOT_DUE)
+
+
+async def test_foreign_slots_of_issues_no_longer_eligible_are_forgotten() -> None:
+    shared = SharedClaims()
+    other, _, clock = make(store=shared.store("other"))
+    ours, _, _ = make(store=shared.store("ours"), clock=clock)
+    [candidate] = await other.eligible_issues([issue(1)])
+    await start(other, candidate)
+    [mine] = await ours.eligible_issues([issue(1)])
+    assert await ours.claim(mine) == Skipped(SkipReason.CLAIMED_ELSEWHERE)
+    assert key(1) in ours.state.foreign
+    await ours.eligible_issues([issue(1, state="Done")])
+    assert ours.state.foreign == {}

@@ -390,6 +390,12 @@ class Orchestrator:
             pruned: list[RetryEntry] = []
             if self._state.retry_attempts:
                 pruned = await self._prune_retries_locked(eligible_tracked)
+            if self._state.foreign:
+                # A foreign slot of an issue nobody may dispatch now is not worth remembering;
+                # a refused acquire teaches it again if the issue comes back.
+                foreign = self._state.foreign
+                for key in [k for k in foreign if k.rpartition("#")[0] not in eligible_tracked]:
+                    del foreign[key]
             self._last_eligibility = EligibilityReport(expired=tuple(expired), pruned=tuple(pruned))
             return candidates
 
