@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -39,9 +42,10 @@ def test_states_compare_trimmed_and_lowercased(state: str) -> None:
 
 @pytest.mark.parametrize("field", ["id", "identifier", "title", "state"])
 def test_a_blank_required_field_is_malformed(field: str) -> None:
-    values = {"id": "i1", "identifier": "ABC-1", "title": "t", "state": "Todo", field: "  "}
-    assert issue_ineligibility(Issue(**values), RULES) is Ineligibility.MALFORMED
-    assert dispatchable_issues([Issue(**values)], RULES) == []
+    changes: dict[str, Any] = {field: "  "}
+    blank = dataclasses.replace(issue(), **changes)
+    assert issue_ineligibility(blank, RULES) is Ineligibility.MALFORMED
+    assert dispatchable_issues([blank], RULES) == []
 
 
 def test_a_state_outside_the_active_list_is_inactive() -> None:
