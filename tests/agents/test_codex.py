@@ -192,7 +192,8 @@ async def test_approvals_are_declined_by_default(kit: RunKit, fake_codex: FakeCo
     }
     unknown = answers["account/chatgptAuthTokens/refresh"][0]
     assert unknown["error"]["code"] == -32601
-    assert len(kit.recorder.of("approval_auto_answered")) == 5
+    assert len(kit.recorder.of("approval_auto_denied")) == 5
+    assert kit.recorder.of("approval_auto_approved") == []
 
 
 async def test_approvals_are_accepted_for_the_session_when_allowed(
@@ -212,6 +213,7 @@ async def test_approvals_are_accepted_for_the_session_when_allowed(
     }
     assert answers["execCommandApproval"][0]["result"] == {"decision": "approved_for_session"}
     assert answers["account/chatgptAuthTokens/refresh"][0]["error"]["code"] == -32601
+    assert len(kit.recorder.of("approval_auto_approved")) == 5
 
 
 async def test_dynamic_tools_are_advertised_and_executed_host_side(
@@ -456,6 +458,12 @@ async def test_the_factory_builds_a_codex_runner() -> None:
     runner = build_runner(AgentProtocol.CODEX_APP_SERVER)
     assert isinstance(runner, CodexAppServerRunner)
     assert isinstance(build_runner("codex-app-server"), CodexAppServerRunner)
+
+
+async def test_the_factory_knows_every_configured_protocol() -> None:
+    for protocol in AgentProtocol:
+        runner = build_runner(protocol)
+        assert callable(getattr(runner, "run", None)), protocol
 
 
 async def test_the_factory_refuses_an_unknown_protocol() -> None:

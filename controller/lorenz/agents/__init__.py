@@ -22,7 +22,7 @@ _RUNNERS: dict[AgentProtocol, tuple[str, str]] = {
     AgentProtocol.CODEX_APP_SERVER: ("lorenz.agents.codex", "CodexAppServerRunner"),
     AgentProtocol.COMMAND: ("lorenz.agents.command", "CommandRunner"),
     AgentProtocol.ACP: ("lorenz.agents.acp", "AcpRunner"),
-    AgentProtocol.CLAUDE_STREAM_JSON: ("lorenz.agents.claude", "ClaudeStreamJsonRunner"),
+    AgentProtocol.CLAUDE_STREAM_JSON: ("lorenz.agents.claude", "ClaudeStreamRunner"),
 }
 
 

@@ -493,9 +493,10 @@ class CodexSession:
         shown = answer.get("decision", "granted" if answer.get("permissions") else "denied")
         if isinstance(shown, Mapping):
             shown = next(iter(shown), "decision")
+        approved = self.settings.approvals is ApprovalMode.ALLOW
         self._emit(
             AgentUpdate(
-                event="approval_auto_answered",
+                event="approval_auto_approved" if approved else "approval_auto_denied",
                 message=f"{method}: {shown}"[:MESSAGE_LIMIT_CHARS],
                 payload={"method": method, "answer": answer},
             )
