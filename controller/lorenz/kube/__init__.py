@@ -1,0 +1,1 @@
+"""Layer package: see docs/architecture.md."""
