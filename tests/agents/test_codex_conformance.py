@@ -5,6 +5,8 @@
     the fake sends, so the fake stays faithful).
 (b) Our client runs the real ``initialize`` / ``initialized`` / ``thread/start`` handshake
     against the real binary, offline (``CODEX_HOME`` in a temp dir; no login needed for that).
+(c) Our runner drives the real binary through whole turns — continuation, a dynamic tool
+    call, a model error — with a fake OpenAI Responses API on 127.0.0.1 as its model provider.
 
 The binary comes from the optional test extra ``conformance``. Without it these tests FAIL (a
 missing install must not look green); they skip only if the binary cannot execute here.
@@ -16,17 +18,19 @@ import asyncio
 import dataclasses
 import json
 import subprocess
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
+from aiohttp import web
 
 from lorenz.agents.base import AgentRunError, AgentRunRequest
 from lorenz.agents.codex import CodexAppServerRunner, CodexSession
 from lorenz.agents.processes import spawn_agent
 from lorenz.config import ApprovalMode
+from lorenz.model import TokenUsage
 from tests.agents.conftest import FakeCodexFactory, RunKit, StaticTools
 
 INSTALL_HINT = (
@@ -334,3 +338,162 @@ async def test_the_real_app_server_accepts_configured_policies(
         assert await asyncio.wait_for(session.start_thread(), 60)
     finally:
         await session.close()
+
+
+# -- (c) whole turns: the real binary, a fake model provider on loopback ----------------------
+
+
+@dataclasses.dataclass
+class FakeResponsesApi:
+    """A minimal OpenAI Responses API (``POST /v1/responses``, SSE) for the real binary.
+
+    Codex accepts custom model providers (``model_providers.<id>.base_url``), so the pinned
+    binary can run whole turns offline against this: each request gets a scripted reply.
+    """
+
+    mode: str = "message"
+    """``message`` (one assistant message), ``tool`` (call linear_graphql first) or ``fail``."""
+    requests: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    port: int = 0
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.requests.append(body)
+        if self.mode == "fail":
+            error = {"message": "the fake model refuses", "type": "invalid_request_error"}
+            return web.json_response({"error": error}, status=400)
+        answered = any(i.get("type") == "function_call_output" for i in body.get("input", []))
+        n = len(self.requests)
+        if self.mode == "tool" and not answered:
+            item: dict[str, Any] = {
+                "type": "function_call",
+                "id": f"fc-{n}",
+                "name": "linear_graphql",
+                "arguments": json.dumps({"query": "query { viewer { id } }"}),
+                "call_id": f"call-{n}",
+            }
+        else:
+            item = {
+                "type": "message",
+                "role": "assistant",
+                "id": f"msg-{n}",
+                "content": [{"type": "output_text", "text": f"reply {n} from the fake model"}],
+            }
+        usage = {
+            "input_tokens": 40,
+            "input_tokens_details": None,
+            "output_tokens": 8,
+            "output_tokens_details": None,
+            "total_tokens": 48,
+        }
+        events = [
+            {"type": "response.created", "response": {"id": f"resp-{n}"}},
+            {"type": "response.output_item.done", "item": item},
+            {"type": "response.completed", "response": {"id": f"resp-{n}", "usage": usage}},
+        ]
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for event in events:
+            await response.write(f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode())
+        await response.write_eof()
+        return response
+
+    def texts(self, index: int) -> str:
+        """All text of request ``index`` (what the model was shown)."""
+        return json.dumps(self.requests[index].get("input", []))
+
+
+@pytest.fixture
+async def model_api() -> AsyncIterator[FakeResponsesApi]:
+    api = FakeResponsesApi()
+    app = web.Application()
+    app.router.add_post("/v1/responses", api.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    server = site._server
+    assert server is not None
+    api.port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield api
+    finally:
+        await runner.cleanup()
+
+
+def provider_env(home: Path, api: FakeResponsesApi) -> dict[str, str]:
+    env = codex_env(home)
+    (Path(env["CODEX_HOME"]) / "config.toml").write_text(
+        'model = "fake-model"\n'
+        'model_provider = "fake"\n'
+        "[model_providers.fake]\n"
+        'name = "fake"\n'
+        f'base_url = "http://127.0.0.1:{api.port}/v1"\n'
+        'wire_api = "responses"\n'
+    )
+    return env
+
+
+def real_request(kit: RunKit, binary: Path, env: dict[str, str], **options: Any) -> AgentRunRequest:
+    return kit.request(
+        command=f"{binary} app-server",
+        env=env,
+        read_timeout_ms=60_000,
+        turn_timeout_ms=60_000,
+        **options,
+    )
+
+
+async def test_the_real_app_server_runs_a_whole_turn(
+    kit: RunKit, binary: Path, tmp_path: Path, model_api: FakeResponsesApi
+) -> None:
+    env = provider_env(tmp_path / "home", model_api)
+    result = await CodexAppServerRunner().run(real_request(kit, binary, env))
+    assert result.turns == 1
+    assert result.stop_reason == "max_turns"
+    assert "Fix the bug described in ABC-1." in model_api.texts(0)
+    messages = [u.message or "" for u in kit.recorder.of("notification")]
+    assert any("agentMessage completed: reply 1 from the fake model" in m for m in messages)
+    assert [u.usage for u in kit.recorder.of("token_usage")] == [TokenUsage(40, 8, 48)]
+    assert kit.recorder.of("malformed") == []
+
+
+async def test_the_real_app_server_continues_on_the_same_thread(
+    kit: RunKit, binary: Path, tmp_path: Path, model_api: FakeResponsesApi
+) -> None:
+    env = provider_env(tmp_path / "home", model_api)
+    result = await CodexAppServerRunner().run(real_request(kit, binary, env, max_turns=2))
+    assert result.turns == 2
+    threads = {(u.payload or {}).get("thread_id") for u in kit.recorder.of("session_started")}
+    assert len(threads) == 1
+    assert "Continue: turn 2 of 2." in model_api.texts(1)
+    assert "reply 1 from the fake model" in model_api.texts(1)  # the thread's history
+    # The real server reports cumulative thread totals; they are passed on, not summed.
+    totals = [u.usage.total_tokens for u in kit.recorder.of("token_usage") if u.usage]
+    assert totals == [48, 96]
+
+
+async def test_the_real_app_server_calls_our_dynamic_tool(
+    kit: RunKit, binary: Path, tmp_path: Path, model_api: FakeResponsesApi
+) -> None:
+    model_api.mode = "tool"
+    tools = StaticTools()
+    env = provider_env(tmp_path / "home", model_api)
+    result = await CodexAppServerRunner().run(real_request(kit, binary, env, tools=tools))
+    assert result.turns == 1
+    assert tools.calls == [("linear_graphql", {"query": "query { viewer { id } }"})]
+    outputs = [i for i in model_api.requests[1]["input"] if i.get("type") == "function_call_output"]
+    assert outputs[0]["call_id"] == "call-1"
+    assert "user-1" in json.dumps(outputs[0]["output"])
+    assert "tool_call_completed" in kit.recorder.events()
+
+
+async def test_a_model_error_from_the_real_app_server_fails_the_turn(
+    kit: RunKit, binary: Path, tmp_path: Path, model_api: FakeResponsesApi
+) -> None:
+    model_api.mode = "fail"
+    env = provider_env(tmp_path / "home", model_api)
+    with pytest.raises(AgentRunError) as caught:
+        await CodexAppServerRunner().run(real_request(kit, binary, env))
+    assert caught.value.code == "turn_failed"
+    assert "the fake model refuses" in caught.value.message
