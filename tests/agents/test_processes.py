@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -256,3 +257,19 @@ async def test_without_stdin_the_agent_reads_end_of_file(tmp_path: Path) -> None
             await proc.write_line(b"hello")
     finally:
         await proc.terminate()
+
+
+async def test_stderr_lines_are_logged_as_diagnostics(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="lorenz.agents.processes")
+    proc = await spawn_agent(
+        command="echo 'warn: not JSON {' >&2; echo out", cwd=tmp_path, env=base_env()
+    )
+    try:
+        assert await proc.read_line(timeout_s=10) == b"out"
+        await proc.wait(timeout_s=10)
+        await proc.stderr_drained(timeout_s=5)
+    finally:
+        await proc.terminate()
+    assert "agent stderr: warn: not JSON {" in caplog.messages

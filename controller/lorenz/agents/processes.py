@@ -199,6 +199,9 @@ class AgentProcess:
             if not chunk:
                 return
             self._stderr_total += len(chunk)
+            if logger.isEnabledFor(logging.DEBUG):
+                for line in chunk.decode("utf-8", errors="replace").splitlines():
+                    logger.debug("agent stderr: %s", line[:1000], extra={"pid": self.pid})
             self._stderr_ring.append(chunk)
             self._stderr_size += len(chunk)
             while self._stderr_size - len(self._stderr_ring[0]) >= STDERR_RING_BYTES:
