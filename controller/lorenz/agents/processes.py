@@ -366,8 +366,12 @@ async def spawn_agent(
 
     Raises :class:`AgentRunError` (``agent_spawn_failed``) when the workspace or bash is missing.
     """
-    try:
-        process = await asyncio.create_subprocess_exec(
+    # NB: a cancellation that lands inside create_subprocess_exec makes asyncio kill bash and
+    # wait for its pipes to close, which a grandchild holding them can delay forever. So the
+    # spawn itself is shielded; a cancelled caller waits for it, kills the whole group, and
+    # only then sees the cancellation.
+    spawn = asyncio.ensure_future(
+        asyncio.create_subprocess_exec(
             "bash",
             "-lc",
             command,
@@ -378,6 +382,14 @@ async def spawn_agent(
             env=dict(env),
             start_new_session=True,
         )
+    )
+    try:
+        process = await asyncio.shield(spawn)
+    except asyncio.CancelledError:
+        with contextlib.suppress(BaseException):
+            started = await spawn
+            await AgentProcess(started, command=command).terminate(grace_s=0.5)
+        raise
     except OSError as exc:
         raise AgentRunError(
             f"could not start the agent command in {cwd}: {exc.strerror or exc}; "

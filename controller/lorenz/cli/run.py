@@ -1,0 +1,65 @@
+"""``lorenz [WORKFLOW.md]``: run a workflow on this host (the default command).
+
+Only argument parsing lives here; the composition (which store, tracker, runner, server) is
+:mod:`lorenz.daemon.host`. Exit codes: 0 after a graceful stop or a finished ``--once``,
+2 for a configuration error (nothing started), 1 when the service failed, 130 on Ctrl-C
+before the runtime took over signal handling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+
+from lorenz.cli.options import add_workflow_arguments, print_problems, workflow_overrides
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_workflow_arguments(parser)
+    parser.add_argument(
+        "--once",
+        action="store_true",
+        help="run one tick, wait for the runs it dispatched, then exit",
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="log dry_run events for what would be dispatched; dispatch nothing",
+    )
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help="serve the API/dashboard on this port (overrides server.port; 0 = ephemeral)",
+    )
+    parser.add_argument(
+        "--no-tui", action="store_true", help="no terminal view (also off when stdout is not a TTY)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from lorenz.daemon.host import HostOptions, run_host
+    from lorenz.workflow import WorkflowError
+
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        stream=sys.stderr,
+    )
+    flags, features = workflow_overrides(args)
+    options = HostOptions(
+        workflow_path=args.workflow,
+        cli_flags=flags,
+        cli_features=features,
+        once=args.once,
+        dry_run=args.dry_run,
+        port=args.port,
+        tui=not args.no_tui and sys.stdout.isatty(),
+    )
+    try:
+        return asyncio.run(run_host(options))
+    except WorkflowError as exc:
+        print_problems([exc])
+        return 2

@@ -1,0 +1,1 @@
+"""Single-host composition root: the foreground run and (feature ``daemon``) the daemon."""

@@ -1,0 +1,163 @@
+"""The single-host composition root: choose backends, open them, run, close them in order.
+
+Everything that is a *choice* — which claim store, tracker, runner, whether to take the
+leadership lease, serve HTTP, show a terminal view — is made here and nowhere below. The order
+of shutdown is owned here too: stop the runtime, unmount the terminal view, drain the worker
+pool, stop the server, close the tracker, close the claim store, release the lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import signal
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from lorenz.agents import build_runner
+from lorenz.agents.environment import TRACKER_SECRET_ENV
+from lorenz.claims import open_claim_store
+from lorenz.claims.owners import default_owner_id
+from lorenz.model import SystemClock
+from lorenz.orchestrator import Orchestrator
+from lorenz.runtime import LorenzRuntime
+from lorenz.trackers import build_tracker
+from lorenz.workflow import LoadedWorkflow, load_workflow, validate_dispatch
+from lorenz.workspaces import WorkspaceManager
+
+logger = logging.getLogger("lorenz.daemon")
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class HostOptions:
+    """What the command line chose for one single-host run."""
+
+    workflow_path: str | None
+    cli_flags: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    cli_features: Sequence[str] = ()
+    once: bool = False
+    dry_run: bool = False
+    port: int | None = None
+    """``--port``: overrides ``server.port``."""
+    tui: bool = True
+    """Show the terminal view (only when stdout is a TTY)."""
+    environ: Mapping[str, str] | None = None
+
+
+class Attachment(Protocol):
+    """Something the host starts after the runtime exists and stops during shutdown."""
+
+    async def start(self, runtime: LorenzRuntime) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+AttachmentFactory = Callable[[LoadedWorkflow, HostOptions], Attachment | None]
+
+ATTACHMENTS: list[AttachmentFactory] = []
+"""Extra surfaces (server, terminal view) in shutdown order: the first is stopped first.
+
+Layer-8 modules register factories here so that this root stays the one place that wires a
+run together, without importing layer-7 modules that a minimal install may not need.
+"""
+
+
+def load(options: HostOptions) -> LoadedWorkflow:
+    """Load and validate the workflow; coded errors propagate (exit 2)."""
+    loaded = load_workflow(
+        options.workflow_path,
+        cli_flags=options.cli_flags,
+        cli_features=options.cli_features,
+        environ=options.environ,
+    )
+    validate_dispatch(loaded.settings)
+    for warning in loaded.warnings:
+        logger.warning("%s", warning)
+    return loaded
+
+
+async def run_host(
+    options: HostOptions, *, ready: Callable[[LorenzRuntime], None] | None = None
+) -> int:
+    """Run one workflow on this host until it stops; returns the process exit code."""
+    loaded = load(options)
+    settings = loaded.settings
+    workspace_root = Path(settings.workspace.root or ".")
+    tracker = build_tracker(settings, base_dir=loaded.base_dir)
+    store = await open_claim_store(
+        settings.claim_store,
+        workspace_root=workspace_root,
+        workflow_path=loaded.canonical_path,
+        owner=default_owner_id(),
+    )
+    closers: list[Callable[[], Awaitable[None]]] = []
+    attachments: list[Attachment] = []
+    runtime: LorenzRuntime | None = None
+    try:
+        orchestrator = Orchestrator(settings=settings, store=store, clock=SystemClock())
+        report = await orchestrator.hydrate()
+        logger.info("claims hydrated backend=%s report=%s", settings.claim_store.backend, report)
+        workspaces = WorkspaceManager(
+            settings=settings, secrets=TRACKER_SECRET_ENV, base_env=options.environ
+        )
+        runtime = LorenzRuntime(
+            workflow=loaded,
+            orchestrator=orchestrator,
+            tracker=tracker,
+            workspaces=workspaces,
+            runner_factory=build_runner,
+            tracker_factory=lambda s: build_tracker(s, base_dir=loaded.base_dir),
+            reload_workflow=lambda: load_workflow(
+                loaded.path,
+                cli_flags=options.cli_flags,
+                cli_features=options.cli_features,
+                environ=options.environ,
+            ),
+            base_env=options.environ if options.environ is not None else os.environ,
+        )
+        for factory in ATTACHMENTS:
+            attachment = factory(loaded, options)
+            if attachment is not None:
+                await attachment.start(runtime)
+                attachments.append(attachment)
+        _install_signal_handlers(runtime)
+        if ready is not None:
+            ready(runtime)
+        await runtime.start(once=options.once, dry_run=options.dry_run)
+        return 0
+    finally:
+        if runtime is not None:
+            runtime.stop()
+            await runtime.wait_for_runs()
+            for attachment in attachments:
+                with contextlib.suppress(Exception):
+                    await attachment.stop()
+            await runtime.drain_worker_pool()
+        for closer in closers:
+            with contextlib.suppress(Exception):
+                await closer()
+        with contextlib.suppress(Exception):
+            await (runtime.tracker if runtime is not None else tracker).close()
+        await store.close()
+
+
+def _install_signal_handlers(runtime: LorenzRuntime) -> None:
+    """SIGINT and SIGTERM stop gracefully; a second signal changes nothing (one shutdown)."""
+    loop = asyncio.get_running_loop()
+
+    def on_signal(signum: int) -> None:
+        logger.info("received signal=%s; stopping gracefully", signal.Signals(signum).name)
+        runtime.stop()
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signum, on_signal, signum)
+
+
+def describe_exit(exc: BaseException) -> dict[str, Any]:
+    """A JSON-safe description of why a run ended, for logs and ``--json`` output."""
+    return {"error": type(exc).__name__, "message": str(exc), "code": getattr(exc, "code", None)}

@@ -1,0 +1,80 @@
+"""Active-run handles: the runtime's grip on each detached run, from reservation to settle.
+
+A dispatched run is a detached asyncio task; the poll never waits for it. The handle is
+registered before the run starts acquiring a worker, so that stop() and reconciliation can abort
+a run at any point of its life, and it carries *why* a run was aborted: a run that was finished
+externally (stalled, canceled by reconciliation, stopped for shutdown, superseded) must not
+record a result of its own — the party that aborted it already did.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import enum
+
+from lorenz.model import SlotKey
+
+
+class AbortReason(enum.StrEnum):
+    STALLED = "stalled"
+    CANCELED = "canceled"
+    """Reconciliation (or a deleted Claim) stopped the run."""
+    SHUTDOWN = "shutdown"
+    """The runtime is stopping; the abort counts as a clean shutdown, not a failure."""
+    LEADERSHIP_LOST = "leadership_lost"
+
+
+@dataclasses.dataclass(slots=True)
+class ActiveRun:
+    key: SlotKey
+    issue_id: str
+    identifier: str
+    task: asyncio.Task[None] | None = None
+    reason: AbortReason | None = None
+    """Set when the run was finished externally."""
+    superseded: bool = False
+
+    @property
+    def is_active(self) -> bool:
+        """Whether this run may still record its own result."""
+        return self.reason is None and not self.superseded
+
+    def finish_externally(self, reason: AbortReason) -> None:
+        """Mark the run as settled by someone else and cancel its task."""
+        if self.reason is None:
+            self.reason = reason
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+
+
+class ActiveRuns:
+    """The handles by slot key."""
+
+    def __init__(self) -> None:
+        self._runs: dict[SlotKey, ActiveRun] = {}
+
+    def register(self, run: ActiveRun) -> None:
+        previous = self._runs.get(run.key)
+        if previous is not None and previous is not run:
+            previous.superseded = True
+        self._runs[run.key] = run
+
+    def get(self, key: SlotKey) -> ActiveRun | None:
+        return self._runs.get(key)
+
+    def discard(self, run: ActiveRun) -> None:
+        if self._runs.get(run.key) is run:
+            del self._runs[run.key]
+
+    def all(self) -> list[ActiveRun]:
+        return list(self._runs.values())
+
+    def tasks(self) -> list[asyncio.Task[None]]:
+        return [r.task for r in self._runs.values() if r.task is not None and not r.task.done()]
+
+    def __len__(self) -> int:
+        return len(self._runs)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._runs

@@ -1,0 +1,970 @@
+"""The I/O shell around the orchestrator: polls, dispatches, reconciles, reloads, reports.
+
+The orchestrator decides; this module acts. Every fetch, spawn, timer and broadcast lives here,
+and no scheduling decision does: the runtime asks the orchestrator what is eligible, whether a
+slot may be claimed, whether a tracked run should stop, which runs are stalled, and tells it
+what happened. One tick runs in a fixed order (see :meth:`LorenzRuntime._tick`), ticks never
+overlap, and each dispatched run is a detached task behind an :class:`~.runs.ActiveRun` handle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import json
+import logging
+import os
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+from lorenz.agents import AgentRunError, AgentRunner, AgentRunRequest
+from lorenz.agents.environment import agent_environment
+from lorenz.config import AgentProtocol, TrackerKind, WorkflowSettings
+from lorenz.model import (
+    AgentUpdate,
+    Clock,
+    EventType,
+    Issue,
+    LorenzError,
+    RetryEntry,
+    RunOutcome,
+    SlotKey,
+    SystemClock,
+)
+from lorenz.orchestrator import DispatchCandidate, Orchestrator, Reserved, Skipped, Started
+from lorenz.policies import WorkerHealth, classify_worker_outcome, stall_error
+from lorenz.runtime.projection import Projection
+from lorenz.runtime.retry_timers import RetryTimers
+from lorenz.runtime.runs import AbortReason, ActiveRun, ActiveRuns
+from lorenz.runtime.tools import tracker_tools
+from lorenz.trackers import TrackerClient
+from lorenz.workflow import (
+    LoadedWorkflow,
+    continuation_prompt,
+    render_prompt,
+    validate_dispatch,
+    workflow_stamp,
+)
+from lorenz.workspaces import Workspace, WorkspaceManager
+
+logger = logging.getLogger("lorenz.runtime")
+
+SnapshotListener = Callable[[dict[str, Any]], None]
+EventListener = Callable[[dict[str, Any]], None]
+
+
+class WorkerSlot(Protocol):
+    """A host handed out by a worker pool for one run."""
+
+    host: str | None
+
+
+class WorkerPool(Protocol):
+    """A pool that governs dispatch: reservations are bound once it hands out a host."""
+
+    async def acquire(self, *, key: SlotKey, timeout_ms: int) -> WorkerSlot | None:
+        """A slot, or ``None`` when the pool has no capacity."""
+        ...
+
+    async def release(self, slot: WorkerSlot, *, poison: bool) -> None: ...
+
+    async def drain(self, *, deadline_ms: int) -> None: ...
+
+
+class RuntimeError_(LorenzError):
+    code = "runtime_error"
+
+
+class LorenzRuntime:
+    """Drives one workflow: the poll loop, detached runs, retry timers and the snapshot."""
+
+    def __init__(
+        self,
+        *,
+        workflow: LoadedWorkflow,
+        orchestrator: Orchestrator,
+        tracker: TrackerClient,
+        workspaces: WorkspaceManager,
+        runner_factory: Callable[[AgentProtocol], AgentRunner],
+        tracker_factory: Callable[[WorkflowSettings], TrackerClient] | None = None,
+        reload_workflow: Callable[[], LoadedWorkflow] | None = None,
+        prove_leadership: Callable[[], Awaitable[None]] | None = None,
+        pool: WorkerPool | None = None,
+        clock: Clock | None = None,
+        base_env: Mapping[str, str] | None = None,
+    ) -> None:
+        self._workflow = workflow
+        self._orchestrator = orchestrator
+        self._tracker = tracker
+        self._workspaces = workspaces
+        self._runner_factory = runner_factory
+        self._tracker_factory = tracker_factory
+        self._reload_workflow = reload_workflow
+        self._prove_leadership = prove_leadership
+        self._pool = pool
+        self._clock = clock or SystemClock()
+        self._base_env = dict(os.environ if base_env is None else base_env)
+
+        self._runs = ActiveRuns()
+        self._projection = Projection()
+        self._timers = RetryTimers(clock=self._clock, on_fire=self._on_retry_due)
+        self._snapshot_listeners: list[SnapshotListener] = []
+        self._event_listeners: list[EventListener] = []
+
+        self._stopped = False
+        self._app_status = "starting"
+        self._poll_in_progress = False
+        self._pending_poll: tuple[bool, bool] | None = None
+        self._pending_waiters: list[asyncio.Future[None]] = []
+        self._wake = asyncio.Event()
+        self._startup_cleanup_done = False
+        self._background: set[asyncio.Task[Any]] = set()
+        self._loop_task: asyncio.Task[None] | None = None
+
+        self._last_poll_at: datetime.datetime | None = None
+        self._next_poll_at: datetime.datetime | None = None
+        self._last_poll_error: str | None = None
+        self._last_candidates = 0
+        self._last_eligible = 0
+        self.poll_count = 0
+        self.stats: dict[str, int] = {}
+
+    # ------------------------------------------------------------------ public surface
+
+    @property
+    def workflow(self) -> LoadedWorkflow:
+        return self._workflow
+
+    @property
+    def settings(self) -> WorkflowSettings:
+        return self._workflow.settings
+
+    @property
+    def tracker(self) -> TrackerClient:
+        """The tracker client in force (a reload may have replaced it)."""
+        return self._tracker
+
+    @property
+    def orchestrator(self) -> Orchestrator:
+        return self._orchestrator
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
+    @property
+    def next_poll_at(self) -> datetime.datetime | None:
+        return self._next_poll_at
+
+    async def start(self, *, once: bool = False, dry_run: bool = False) -> None:
+        """Run until stopped (recurring mode) or for one tick plus its runs (``once``)."""
+        self._app_status = "running"
+        self._emit_snapshot()
+        if once:
+            await self.poll_once(dry_run=dry_run, wait_for_runs=True)
+            self._app_status = "stopped"
+            self._emit_snapshot()
+            return
+        try:
+            while not self._stopped:
+                with contextlib.suppress(Exception):
+                    # NB: a failed tick is already recorded as poll_error; the loop lives on.
+                    await self.poll_once(dry_run=dry_run)
+                if self._stopped:
+                    break
+                interval_s = self.settings.polling.interval_ms / 1000.0
+                self._next_poll_at = self._clock.now() + datetime.timedelta(seconds=interval_s)
+                self._emit_snapshot()
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=interval_s)
+        finally:
+            await self._settle_runs()
+            self._app_status = "stopped"
+            self._emit_snapshot()
+
+    def stop(self) -> None:
+        """Stop at once: no new polls, every active run aborted as a clean shutdown."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._app_status = "stopping"
+        self._pending_poll = None
+        for run in self._runs.all():
+            run.finish_externally(AbortReason.SHUTDOWN)
+        self._timers.cancel_all()
+        self._wake.set()
+        self._event(EventType.STOPPING, message="runtime stopping")
+
+    async def wait_for_runs(self) -> None:
+        """Wait until every run in flight has settled."""
+        while True:
+            tasks = self._runs.tasks()
+            if not tasks:
+                return
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def drain_worker_pool(self) -> None:
+        """Bounded async teardown of a worker pool (separate from :meth:`stop`)."""
+        if self._pool is None:
+            return
+        deadline = self.settings.worker.worker_pool.drain_deadline_ms
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._pool.drain(deadline_ms=deadline), deadline / 1000.0)
+
+    def request_refresh(self) -> dict[str, Any]:
+        """Queue an immediate poll and reconcile pass (coalesced with one already under way)."""
+        requested_at = self._clock.now().isoformat()
+        coalesced = self._poll_in_progress
+        if self._stopped:
+            return {
+                "queued": False,
+                "coalesced": False,
+                "requested_at": requested_at,
+                "operations": [],
+            }
+        if self._poll_in_progress:
+            self._queue_poll(dry_run=False, wait_for_runs=False)
+        else:
+            self._wake.set()
+            if self._loop_task is None and not self._is_loop_waiting():
+                self._spawn_poll()
+        self._event(EventType.REFRESH_REQUESTED, message="refresh requested")
+        return {
+            "queued": True,
+            "coalesced": coalesced,
+            "requested_at": requested_at,
+            "operations": ["poll", "reconcile"],
+        }
+
+    def subscribe(self, listener: SnapshotListener) -> Callable[[], None]:
+        """Call ``listener`` with every new snapshot, starting with the current one."""
+        self._snapshot_listeners.append(listener)
+        listener(self.snapshot())
+
+        def unsubscribe() -> None:
+            with contextlib.suppress(ValueError):
+                self._snapshot_listeners.remove(listener)
+
+        return unsubscribe
+
+    def add_event_listener(self, listener: EventListener) -> Callable[[], None]:
+        """Call ``listener`` with every runtime event (metrics, Kubernetes Events, logs)."""
+        self._event_listeners.append(listener)
+
+        def remove() -> None:
+            with contextlib.suppress(ValueError):
+                self._event_listeners.remove(listener)
+
+        return remove
+
+    def snapshot(self) -> dict[str, Any]:
+        """The full picture, in three layers: orchestrator, runtime live fields, projections."""
+        core = self._orchestrator.snapshot().to_dict()
+        return {
+            "generated_at": self._clock.now().isoformat(),
+            "app_status": self._app_status,
+            "workflow_path": str(self._workflow.path),
+            "poll": {
+                "status": "polling" if self._poll_in_progress else "idle",
+                "interval_ms": self.settings.polling.interval_ms,
+                "candidates": self._last_candidates,
+                "eligible": self._last_eligible,
+                "last_poll_at": self._last_poll_at.isoformat() if self._last_poll_at else None,
+                "next_poll_at": self._next_poll_at.isoformat() if self._next_poll_at else None,
+                "last_error": self._last_poll_error,
+                "count": self.poll_count,
+            },
+            **core,
+            "recent_events": self._projection.recent_events(),
+            "run_history": self._projection.run_history(),
+            "log_file": self.settings.logging.log_file,
+        }
+
+    # ------------------------------------------------------------------ polling
+
+    async def poll_once(self, *, dry_run: bool = False, wait_for_runs: bool = False) -> None:
+        """One tick; a concurrent request queues behind the running one and merges with it."""
+        if self._poll_in_progress:
+            waiter = self._queue_poll(dry_run=dry_run, wait_for_runs=wait_for_runs)
+            await waiter
+            return
+        self._poll_in_progress = True
+        options = (dry_run, wait_for_runs)
+        try:
+            while True:
+                waiters, self._pending_waiters = self._pending_waiters, []
+                try:
+                    await self._tick(dry_run=options[0], wait_for_runs=options[1])
+                finally:
+                    for waiter in waiters:
+                        if not waiter.done():
+                            waiter.set_result(None)
+                if self._pending_poll is None or self._stopped:
+                    break
+                options, self._pending_poll = self._pending_poll, None
+        finally:
+            self._poll_in_progress = False
+            for waiter in self._pending_waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+            self._pending_waiters = []
+
+    def _queue_poll(self, *, dry_run: bool, wait_for_runs: bool) -> asyncio.Future[None]:
+        if self._pending_poll is None:
+            self._pending_poll = (dry_run, wait_for_runs)
+        else:
+            queued_dry, queued_wait = self._pending_poll
+            self._pending_poll = (queued_dry and dry_run, queued_wait or wait_for_runs)
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pending_waiters.append(waiter)
+        return waiter
+
+    def _is_loop_waiting(self) -> bool:
+        return self._app_status == "running" and not self._poll_in_progress
+
+    def _spawn_poll(self) -> None:
+        if self._stopped:
+            return
+        task = asyncio.get_running_loop().create_task(self._poll_quietly())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _poll_quietly(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.poll_once()
+
+    def _nudge(self) -> None:
+        """Freed capacity: fill it now rather than at the next interval."""
+        if self._stopped:
+            return
+        if self._poll_in_progress:
+            self._queue_poll(dry_run=False, wait_for_runs=False)
+        else:
+            self._spawn_poll()
+
+    def _on_retry_due(self, key: SlotKey) -> None:
+        self._nudge()
+
+    async def _tick(self, *, dry_run: bool, wait_for_runs: bool) -> None:
+        started_ms = self._clock.monotonic_ms()
+        self.poll_count += 1
+        self._emit_snapshot()
+        dispatched: list[asyncio.Task[None]] = []
+        try:
+            if self._prove_leadership is not None:
+                await self._prove_leadership()
+            await self._reload_if_changed()
+            settings = self.settings
+            validate_dispatch(settings)
+            await self._cleanup_terminal_workspaces_once()
+            await self._reconcile_stalled_runs()
+            await self._reconcile_tracked_issues()
+            candidates = await self._tracker.fetch_candidate_issues()
+            eligible = await self._orchestrator.eligible_issues(candidates)
+            self._last_candidates = len(candidates)
+            self._last_eligible = len(eligible)
+            if not dry_run:
+                self._timers.sync(self._orchestrator.retry_deadlines())
+            for candidate in eligible:
+                if self._stopped:
+                    break
+                if dry_run:
+                    self._event(
+                        EventType.DRY_RUN,
+                        issue=candidate.issue,
+                        slot=candidate.slot_index,
+                        attempt=candidate.attempt,
+                        message="would dispatch",
+                    )
+                    continue
+                task = await self._maybe_dispatch(candidate)
+                if task is not None:
+                    dispatched.append(task)
+            await self._orchestrator.heartbeat()
+            self._last_poll_error = None
+            self._last_poll_at = self._clock.now()
+            self._event(
+                EventType.POLL_COMPLETED,
+                message=f"{self._last_candidates} candidates, {self._last_eligible} eligible",
+                duration_ms=round(self._clock.monotonic_ms() - started_ms, 3),
+                candidates=self._last_candidates,
+                eligible=self._last_eligible,
+            )
+        except Exception as exc:
+            self._last_poll_at = self._clock.now()
+            self._last_poll_error = _describe(exc)
+            self._event(
+                EventType.POLL_ERROR,
+                message=self._last_poll_error,
+                code=getattr(exc, "code", type(exc).__name__),
+                duration_ms=round(self._clock.monotonic_ms() - started_ms, 3),
+            )
+            raise
+        finally:
+            self._emit_snapshot()
+        if wait_for_runs:
+            await self.wait_for_runs()
+
+    # ------------------------------------------------------------------ reload
+
+    async def _reload_if_changed(self) -> None:
+        if self._reload_workflow is None:
+            return
+        try:
+            stamp = workflow_stamp(self._workflow.path)
+        except Exception:
+            stamp = None  # unreadable now: the reload below reports why
+        if stamp is not None and stamp == self._workflow.stamp:
+            return
+        try:
+            # NB: every step that can throw runs before anything is swapped, so a failure
+            # leaves the last-known-good workflow, settings and tracker client in place.
+            loaded = self._reload_workflow()
+            validate_dispatch(loaded.settings)
+            tracker = (
+                self._tracker_factory(loaded.settings)
+                if self._tracker_factory is not None
+                and _tracker_changed(self.settings, loaded.settings)
+                else None
+            )
+        except Exception as exc:
+            self._event(
+                EventType.WORKFLOW_RELOAD_FAILED,
+                message=f"{_describe(exc)}; keeping the last known good workflow",
+                code=getattr(exc, "code", type(exc).__name__),
+            )
+            return
+        old_tracker = self._tracker if tracker is not None else None
+        self._workflow = loaded
+        self._orchestrator.update_settings(loaded.settings)
+        self._workspaces.update_settings(loaded.settings)
+        if tracker is not None:
+            self._tracker = tracker
+        if old_tracker is not None:
+            with contextlib.suppress(Exception):
+                await old_tracker.close()
+        self._event(EventType.WORKFLOW_RELOADED, message="workflow reloaded")
+
+    # ------------------------------------------------------------------ reconciliation
+
+    async def _cleanup_terminal_workspaces_once(self) -> None:
+        if self._startup_cleanup_done:
+            return
+        self._startup_cleanup_done = True
+        try:
+            on_disk = self._workspaces.list_workspaces()
+            ids = sorted({w.issue_id for w in on_disk if w.issue_id})
+            if not ids:
+                return
+            issues = await self._tracker.fetch_issues_by_ids(ids)
+            terminal = {s.strip().lower() for s in self.settings.tracker.terminal_states}
+            removed: list[str] = []
+            for issue in issues:
+                if issue.state_key in terminal:
+                    await self._workspaces.remove_issue(issue.identifier)
+                    removed.append(issue.identifier)
+            self._event(
+                EventType.STARTUP_WORKSPACE_CLEANUP,
+                message=f"removed {len(removed)} workspace(s) of terminal issues",
+                removed=removed,
+            )
+        except Exception as exc:
+            self._event(EventType.STARTUP_WORKSPACE_CLEANUP_FAILED, message=_describe(exc))
+
+    async def _reconcile_stalled_runs(self) -> None:
+        for key in self._orchestrator.stalled():
+            entry = self._orchestrator.state.running.get(key)
+            if entry is None:
+                continue
+            since = entry.last_agent_timestamp_ms or entry.started_at_ms
+            error = stall_error(self._clock.monotonic_ms() - since)
+            retry = await self._orchestrator.finish(key, normal=False, error=error)
+            run = self._runs.get(key)
+            if run is not None:
+                run.finish_externally(AbortReason.STALLED)
+            self._record_run(entry, outcome=RunOutcome.STALLED, error=error)
+            self._event(
+                EventType.RUN_STALLED, issue=entry.issue, slot=entry.slot_index, message=error
+            )
+            self._retry_event(retry)
+
+    async def _reconcile_tracked_issues(self) -> None:
+        tracked = self._orchestrator.tracked_issue_ids()
+        if not tracked:
+            return
+        try:
+            fresh = await self._tracker.fetch_issues_by_ids(sorted(tracked))
+        except Exception as exc:
+            # NB: never tear down a live run on a transient tracker error.
+            self._event(
+                EventType.RECONCILE_REFRESH_FAILED,
+                message=_describe(exc),
+                code=getattr(exc, "code", type(exc).__name__),
+            )
+            return
+        by_id = {issue.id: issue for issue in fresh}
+        for issue_id in sorted(tracked):
+            issue = by_id.get(issue_id)
+            reason = self._orchestrator.reconciliation_decision(issue)
+            if reason is None:
+                assert issue is not None
+                await self._orchestrator.refresh_running_issue(issue)
+                continue
+            await self._stop_issue(issue_id, issue=issue, reason=str(reason))
+
+    async def _stop_issue(self, issue_id: str, *, issue: Issue | None, reason: str) -> None:
+        """Stop every slot of an issue, release its claims, clean up when it is terminal."""
+        state = self._orchestrator.state
+        entries = [e for e in state.running.values() if e.issue.id == issue_id]
+        identifier = (
+            issue.identifier
+            if issue is not None
+            else next(
+                (e.issue.identifier for e in entries),
+                next(
+                    (r.identifier for r in state.retry_attempts.values() if r.issue_id == issue_id),
+                    issue_id,
+                ),
+            )
+        )
+        stopped_keys = await self._orchestrator.cleanup_issue(issue_id)
+        for key in stopped_keys:
+            self._timers.cancel(key)
+            run = self._runs.get(key)
+            if run is not None:
+                run.finish_externally(AbortReason.CANCELED)
+        for key in list(self._timers.armed()):
+            if key.rsplit("#", 1)[0] == issue_id:
+                self._timers.cancel(key)
+        for entry in entries:
+            self._record_run(entry, outcome=RunOutcome.CANCELED, error=f"stopped: {reason}")
+            self._event(
+                EventType.RUN_CANCELED,
+                issue=entry.issue,
+                slot=entry.slot_index,
+                message=f"run stopped: issue {reason}",
+                reason=reason,
+            )
+        if reason == "terminal":
+            removed = await self._workspaces.remove_issue(identifier)
+            self._event(
+                EventType.WORKSPACE_CLEANUP,
+                issue_id=issue_id,
+                identifier=identifier,
+                message=f"removed {len(removed)} workspace(s)",
+                reason=reason,
+            )
+        else:
+            self._event(
+                EventType.RUN_RECONCILED,
+                issue_id=issue_id,
+                identifier=identifier,
+                message=f"released: issue {reason}",
+                reason=reason,
+            )
+
+    async def cancel_slot(self, key: SlotKey, *, reason: str = "claim_deleted") -> bool:
+        """Stop one slot's run from outside (a deleted ``Claim``); the issue may run again."""
+        entry = self._orchestrator.state.running.get(key)
+        run = self._runs.get(key)
+        if entry is None and run is None:
+            await self._orchestrator.release_retry(key)
+            self._timers.cancel(key)
+            return False
+        if entry is not None:
+            await self._orchestrator.release_slot(key)
+            self._record_run(entry, outcome=RunOutcome.CANCELED, error=f"stopped: {reason}")
+            self._event(
+                EventType.RUN_CANCELED,
+                issue=entry.issue,
+                slot=entry.slot_index,
+                message=f"run stopped: {reason}",
+                reason=reason,
+            )
+        if run is not None:
+            run.finish_externally(AbortReason.CANCELED)
+        self._nudge()
+        return True
+
+    # ------------------------------------------------------------------ dispatch
+
+    async def _maybe_dispatch(self, candidate: DispatchCandidate) -> asyncio.Task[None] | None:
+        result = await self._orchestrator.claim(candidate)
+        issue = candidate.issue
+        if isinstance(result, Skipped):
+            self.stats[f"skipped_{result.reason}"] = (
+                self.stats.get(f"skipped_{result.reason}", 0) + 1
+            )
+            if result.reason in ("worker_host_capacity", "claimed_elsewhere"):
+                self._event(
+                    EventType.DISPATCH_SKIPPED,
+                    issue=issue,
+                    slot=candidate.slot_index,
+                    message=f"skipped: {result.reason}",
+                    reason=result.reason,
+                )
+            return None
+        key = result.reservation.key if isinstance(result, Reserved) else result.entry.key
+        run = ActiveRun(key=key, issue_id=issue.id, identifier=issue.identifier)
+        self._runs.register(run)
+        if isinstance(result, Started):
+            self._event(
+                EventType.RUN_STARTED,
+                issue=issue,
+                slot=candidate.slot_index,
+                attempt=candidate.attempt,
+                host=result.entry.host,
+                message="run started",
+            )
+            coro = self._run_slot(run, key=key)
+        else:
+            self._event(
+                EventType.RUN_RESERVING,
+                issue=issue,
+                slot=candidate.slot_index,
+                attempt=candidate.attempt,
+                message="reserving a worker",
+            )
+            coro = self._run_reserved(run, reservation=result.reservation)
+        task = asyncio.get_running_loop().create_task(coro, name=f"lorenz-run:{key}")
+        run.task = task
+        return task
+
+    async def _run_reserved(self, run: ActiveRun, *, reservation: Any) -> None:
+        assert self._pool is not None
+        timeout_ms = self.settings.worker.worker_pool.acquire_timeout_ms
+        try:
+            slot = await self._pool.acquire(key=run.key, timeout_ms=timeout_ms)
+        except asyncio.CancelledError:
+            await self._orchestrator.cancel_reservation(reservation)
+            self._runs.discard(run)
+            return
+        except Exception as exc:
+            await self._orchestrator.cancel_reservation(reservation)
+            self._runs.discard(run)
+            self._event(
+                EventType.DISPATCH_SKIPPED,
+                issue=reservation.issue,
+                slot=reservation.slot_index,
+                message=f"worker_pool_acquire_error {_describe(exc)}",
+                reason="worker_pool_acquire_error",
+            )
+            return
+        if slot is None:
+            await self._orchestrator.cancel_reservation(reservation)
+            self._runs.discard(run)
+            self._event(
+                EventType.DISPATCH_SKIPPED,
+                issue=reservation.issue,
+                slot=reservation.slot_index,
+                message="skipped: worker_host_capacity",
+                reason="worker_host_capacity",
+            )
+            return
+        entry = await self._orchestrator.bind_reservation(reservation, host=slot.host)
+        if entry is None or not run.is_active:
+            await self._pool.release(slot, poison=False)
+            self._runs.discard(run)
+            return
+        self._event(
+            EventType.RUN_STARTED,
+            issue=entry.issue,
+            slot=entry.slot_index,
+            attempt=entry.attempt,
+            host=entry.host,
+            message="run started",
+        )
+        await self._run_slot(run, key=run.key, worker_slot=slot)
+
+    async def _run_slot(
+        self, run: ActiveRun, *, key: SlotKey, worker_slot: WorkerSlot | None = None
+    ) -> None:
+        entry = self._orchestrator.state.running.get(key)
+        if entry is None:
+            self._runs.discard(run)
+            return
+        settings = self.settings
+        workflow = self._workflow
+        issue = entry.issue
+        workspace: Workspace | None = None
+        error: str | None = None
+        normal = False
+        cancelled_from_outside = False
+        try:
+            workspace = await self._workspaces.prepare(
+                issue, slot_index=entry.slot_index, attempt=entry.attempt
+            )
+            await self._orchestrator.set_workspace(key, str(workspace.path))
+            await self._workspaces.before_run(workspace, attempt=entry.attempt)
+            prompt = render_prompt(workflow, issue=issue, attempt=entry.attempt)
+            kind = settings.agent_kind()
+            runner = self._runner_factory(kind.protocol)
+            request = AgentRunRequest(
+                issue=issue,
+                attempt=entry.attempt,
+                slot_index=entry.slot_index,
+                prompt=prompt,
+                workspace=workspace.path,
+                settings=kind,
+                max_turns=settings.agent.max_turns,
+                env=self._agent_env(
+                    issue=issue,
+                    attempt=entry.attempt,
+                    slot_index=entry.slot_index,
+                    workspace=workspace.path,
+                ),
+                on_update=lambda update: self._on_agent_update(key, update),
+                issue_is_active=lambda: self._issue_still_active(issue.id),
+                continuation_prompt=continuation_prompt,
+                tools=tracker_tools(self._tracker),
+            )
+            await runner.run(request)
+            normal = True
+        except asyncio.CancelledError:
+            if run.reason is None:
+                # NB: cancelled by nobody we know of (the loop itself is going away): settle it
+                # as a shutdown, then let the cancellation propagate.
+                run.reason = AbortReason.SHUTDOWN
+                cancelled_from_outside = True
+            error = f"aborted: {run.reason}"
+        except AgentRunError as exc:
+            error = f"{exc.code}: {exc.message}"
+        except LorenzError as exc:
+            error = f"{exc.code}: {exc.message}" if not _keeps_prefix(exc) else exc.message
+        except Exception as exc:
+            error = f"agent exited: {_describe(exc)}"
+        finally:
+            if workspace is not None:
+                # NB: shielded so that cancellation (stop, stall, reconciliation) still runs
+                # after_run; the hook is bounded by hooks.timeout_ms inside the manager.
+                with contextlib.suppress(BaseException):
+                    await asyncio.shield(
+                        self._workspaces.after_run(workspace, attempt=entry.attempt)
+                    )
+            await self._settle(run, key=key, normal=normal, error=error, worker_slot=worker_slot)
+        if cancelled_from_outside:
+            raise asyncio.CancelledError
+
+    async def _settle(
+        self,
+        run: ActiveRun,
+        *,
+        key: SlotKey,
+        normal: bool,
+        error: str | None,
+        worker_slot: WorkerSlot | None,
+    ) -> None:
+        try:
+            if run.reason is AbortReason.SHUTDOWN:
+                # A clean shutdown: keep the slot's place with a continuation retry, so a
+                # durable store brings it back after a restart without counting a failure.
+                entry = self._orchestrator.state.running.get(key)
+                if entry is not None:
+                    await self._orchestrator.finish(key, normal=True, error=None)
+            elif run.is_active:
+                entry = self._orchestrator.state.running.get(key)
+                if entry is not None:
+                    retry = await self._orchestrator.finish(key, normal=normal, error=error)
+                    outcome = RunOutcome.SUCCESS if normal else RunOutcome.FAILED
+                    self._record_run(entry, outcome=outcome, error=error)
+                    self._event(
+                        EventType.RUN_FINISHED if normal else EventType.RUN_FAILED,
+                        issue=entry.issue,
+                        slot=entry.slot_index,
+                        message="run finished" if normal else (error or "run failed"),
+                        outcome=outcome.value,
+                    )
+                    self._retry_event(retry)
+                    if retry is not None and not self._stopped:
+                        self._timers.sync(self._orchestrator.retry_deadlines())
+            if worker_slot is not None and self._pool is not None:
+                health = classify_worker_outcome(error, stalled=run.reason is AbortReason.STALLED)
+                poison = health is WorkerHealth.POISON
+                with contextlib.suppress(Exception):
+                    await self._pool.release(worker_slot, poison=poison)
+        finally:
+            self._runs.discard(run)
+            self._emit_snapshot()
+            self._nudge()
+
+    async def _settle_runs(self) -> None:
+        """On the way out: let every aborted run record its shutdown."""
+        tasks = self._runs.tasks()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _agent_env(
+        self, *, issue: Issue, attempt: int | None, slot_index: int, workspace: Path
+    ) -> dict[str, str]:
+        settings = self.settings
+        kind = settings.agent_kind()
+        extra = dict(kind.env)
+        extra.update(
+            {
+                "LORENZ_ISSUE_ID": issue.id,
+                "LORENZ_ISSUE_IDENTIFIER": issue.identifier,
+                "LORENZ_ISSUE_TITLE": issue.title,
+                "LORENZ_ISSUE_STATE": issue.state,
+                "LORENZ_ATTEMPT": "" if attempt is None else str(attempt),
+                "LORENZ_SLOT": str(slot_index),
+                "LORENZ_WORKSPACE": str(workspace),
+                "LORENZ_WORKFLOW": str(self._workflow.path),
+            }
+        )
+        if settings.tracker.kind is TrackerKind.FILES and settings.tracker.path:
+            extra["LORENZ_TRACKER_PATH"] = settings.tracker.path
+        secrets = [settings.tracker.api_key] if settings.tracker.api_key else []
+        return agent_environment(base=self._base_env, extra=extra, secret_values=secrets)
+
+    async def _issue_still_active(self, issue_id: str) -> bool:
+        try:
+            found = await self._tracker.fetch_issues_by_ids([issue_id])
+        except Exception:
+            return False
+        issue = found[0] if found else None
+        return self._orchestrator.reconciliation_decision(issue) is None
+
+    def _on_agent_update(self, key: SlotKey, update: AgentUpdate) -> None:
+        task = asyncio.get_running_loop().create_task(self._apply_update(key, update))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _apply_update(self, key: SlotKey, update: AgentUpdate) -> None:
+        try:
+            await self._orchestrator.apply_update(key, update)
+        except Exception:
+            logger.exception("applying an agent update failed slot=%s", key)
+            return
+        for listener in self._event_listeners:
+            with contextlib.suppress(Exception):
+                listener(
+                    {
+                        "type": EventType.RUN_UPDATE.value,
+                        "slot_key": key,
+                        "event": update.event,
+                        "usage": update.usage.to_dict() if update.usage else None,
+                    }
+                )
+        self._emit_snapshot()
+
+    # ------------------------------------------------------------------ reporting
+
+    def _retry_event(self, retry: RetryEntry | None) -> None:
+        if retry is None:
+            return
+        self._event(
+            EventType.RETRY_SCHEDULED,
+            issue_id=retry.issue_id,
+            identifier=retry.identifier,
+            slot=retry.slot_index,
+            attempt=retry.attempt,
+            message=f"{retry.kind.value} retry #{retry.attempt} due {retry.due_at.isoformat()}",
+            retry_kind=retry.kind.value,
+            due_at=retry.due_at.isoformat(),
+            delay_ms=round(retry.due_at_ms - self._clock.monotonic_ms()),
+            error=retry.error,
+        )
+
+    def _record_run(self, entry: Any, *, outcome: RunOutcome, error: str | None) -> None:
+        now = self._clock.now()
+        self._projection.record_run(
+            {
+                "issue_id": entry.issue.id,
+                "identifier": entry.issue.identifier,
+                "slot": entry.slot_index,
+                "attempt": entry.attempt,
+                "outcome": outcome.value,
+                "error": error,
+                "started_at": entry.started_at.isoformat(),
+                "finished_at": now.isoformat(),
+                "duration_ms": round((now - entry.started_at).total_seconds() * 1000),
+                "host": entry.host,
+                "session_id": entry.session_id,
+                "turn_count": entry.turn_count,
+                "usage": entry.usage.to_dict(),
+            }
+        )
+
+    def _event(
+        self,
+        kind: EventType,
+        *,
+        issue: Issue | None = None,
+        slot: int | None = None,
+        message: str | None = None,
+        **fields: Any,
+    ) -> None:
+        event: dict[str, Any] = {"type": kind.value, "at": self._clock.now().isoformat()}
+        if issue is not None:
+            event["issue_id"] = issue.id
+            event["identifier"] = issue.identifier
+        if slot is not None:
+            event["slot"] = slot
+        if message is not None:
+            event["message"] = message
+        event.update({k: v for k, v in fields.items() if v is not None})
+        self._projection.record_event(event)
+        self.stats[kind.value] = self.stats.get(kind.value, 0) + 1
+        log_level = logging.WARNING if kind in _WARNING_EVENTS else logging.INFO
+        logger.log(log_level, "%s %s", kind.value, message or "", extra={"lorenz": event})
+        self._append_log_file(event)
+        for listener in self._event_listeners:
+            try:
+                listener(event)
+            except Exception:
+                logger.exception("event listener failed")
+
+    def _append_log_file(self, event: Mapping[str, Any]) -> None:
+        path = self.settings.logging.log_file
+        if not path:
+            return
+        try:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps(event, default=str) + "\n")
+        except OSError:
+            # NB: a broken log sink must never take the orchestrator down.
+            logger.warning("cannot append to log_file path=%s", path)
+
+    def _emit_snapshot(self) -> None:
+        if not self._snapshot_listeners:
+            return
+        snapshot = self.snapshot()
+        for listener in list(self._snapshot_listeners):
+            try:
+                listener(snapshot)
+            except Exception:
+                logger.exception("snapshot listener failed")
+
+
+_WARNING_EVENTS = frozenset(
+    {
+        EventType.POLL_ERROR,
+        EventType.RUN_FAILED,
+        EventType.RUN_STALLED,
+        EventType.RECONCILE_REFRESH_FAILED,
+        EventType.WORKFLOW_RELOAD_FAILED,
+        EventType.STARTUP_WORKSPACE_CLEANUP_FAILED,
+    }
+)
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, LorenzError):
+        return str(exc)
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _keeps_prefix(exc: LorenzError) -> bool:
+    """Workspace errors keep their message first: the worker classification reads the prefix."""
+    return exc.message.startswith(
+        ("workspace hook failed with status ", "workspace_prepare_failed:")
+    )
+
+
+def _tracker_changed(old: WorkflowSettings, new: WorkflowSettings) -> bool:
+    return old.tracker != new.tracker

@@ -1,0 +1,326 @@
+"""The runtime end to end with real agent subprocesses: dispatch, retries, stalls, reconcile."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+import os
+from pathlib import Path
+
+import psutil
+import pytest
+
+from lorenz.model import Issue, ManualClock, RetryKind, slot_key
+from tests.runtime.harness import build_rig, write_agent, write_workflow
+
+
+def issue(n: int, *, state: str = "Todo", priority: int | None = 2, **kw: object) -> Issue:
+    return Issue(
+        id=f"id-{n}",
+        identifier=f"T-{n}",
+        title=f"Issue {n}",
+        state=state,
+        priority=priority,
+        created_at=datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+        + datetime.timedelta(minutes=n),
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+async def wait_until(predicate, *, timeout: float = 10.0, step: float = 0.02) -> None:  # type: ignore[no-untyped-def]
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(step)
+
+
+RECORDING_AGENT = """
+ws = pathlib.Path(env["LORENZ_WORKSPACE"])
+(ws / "prompt.txt").write_text(prompt)
+(ws / "env.json").write_text(json.dumps(dict(env)))
+print("working on", env["LORENZ_ISSUE_IDENTIFIER"], flush=True)
+"""
+
+
+async def test_once_mode_runs_every_eligible_issue_and_schedules_continuations(
+    tmp_path: Path,
+) -> None:
+    agent = write_agent(tmp_path, "agent", RECORDING_AGENT)
+    wf = write_workflow(tmp_path, agent_script=agent,
+                        front_matter={"agents": {"test": {
+                            "protocol": "command", "command": f"python3 {agent}",
+                            "env": {"LINEAR_API_KEY": "sentinel-secret", "EXTRA": "yes"}}}})
+    rig = build_rig(wf, issues=[issue(1), issue(2), issue(3, state="Backlog")])
+    await rig.runtime.start(once=True)
+
+    finished = rig.of_type("run_finished")
+    assert sorted(e["identifier"] for e in finished) == ["T-1", "T-2"]
+    ws1 = tmp_path / "workspaces" / "T-1"
+    assert (ws1 / "prompt.txt").read_text().strip() == "Work on T-1 attempt="
+    env = json.loads((ws1 / "env.json").read_text())
+    assert env["LORENZ_ISSUE_ID"] == "id-1"
+    assert env["LORENZ_ATTEMPT"] == ""
+    assert env["EXTRA"] == "yes"
+    assert "LINEAR_API_KEY" not in env
+    retries = rig.orchestrator.state.retry_attempts
+    assert {k: (r.kind, r.attempt) for k, r in retries.items()} == {
+        slot_key("id-1", 0): (RetryKind.CONTINUATION, 1),
+        slot_key("id-2", 0): (RetryKind.CONTINUATION, 1),
+    }
+    assert not rig.orchestrator.state.claimed
+    snapshot = rig.runtime.snapshot()
+    assert [h["outcome"] for h in snapshot["run_history"]] == ["success", "success"]
+    assert snapshot["app_status"] == "stopped"
+
+
+async def test_failing_agent_retries_with_exact_exponential_backoff(tmp_path: Path) -> None:
+    agent = write_agent(tmp_path, "fail", "print('boom', file=sys.stderr); sys.exit(3)\n")
+    wf = write_workflow(tmp_path, agent_script=agent,
+                        front_matter={"agent": {"max_retry_backoff_ms": 30000}})
+    clock = ManualClock()
+    rig = build_rig(wf, issues=[issue(1)], clock=clock)
+    key = slot_key("id-1", 0)
+    expected = [(1, 10000), (2, 20000), (3, 30000), (4, 30000)]
+    for attempt, delay in expected:
+        await rig.runtime.poll_once(wait_for_runs=True)
+        retry = rig.orchestrator.state.retry_attempts[key]
+        assert retry.kind is RetryKind.FAILURE
+        assert retry.attempt == attempt
+        assert retry.due_at_ms - clock.monotonic_ms() == delay
+        assert "agent_exited" in (retry.error or "")
+        # Not due yet: a poll just before the deadline dispatches nothing.
+        clock.advance(delay - 1)
+        await rig.runtime.poll_once(wait_for_runs=True)
+        assert rig.orchestrator.state.retry_attempts[key].attempt == attempt
+        clock.advance(1)
+    failed = rig.of_type("run_failed")
+    assert len(failed) == 4
+    # the prompt saw the retry attempt number on the later runs
+    assert [h["attempt"] for h in reversed(rig.runtime.snapshot()["run_history"])] == [
+        None, 1, 2, 3]
+
+
+async def test_stalled_run_is_aborted_its_process_killed_and_retried(tmp_path: Path) -> None:
+    agent = write_agent(
+        tmp_path,
+        "hang",
+        "note('pid', str(os.getpid()))\n"
+        "time.sleep(120)\n",
+    )
+    wf = write_workflow(tmp_path, agent_script=agent,
+                        front_matter={"agents": {"test": {
+                            "protocol": "command", "command": f"python3 {agent}",
+                            "stall_timeout_ms": 1000}}})
+    clock = ManualClock()
+    rig = build_rig(wf, issues=[issue(1)], clock=clock)
+    await rig.runtime.poll_once()
+    pid_file = tmp_path / "workspaces" / "T-1" / "pid"
+    await wait_until(pid_file.exists)
+    pid = int(pid_file.read_text())
+    clock.advance(1001)
+    await rig.runtime.poll_once()
+    stalled = rig.of_type("run_stalled")
+    assert len(stalled) == 1 and "stalled for 1001ms" in stalled[0]["message"]
+    await rig.runtime.wait_for_runs()
+    await wait_until(lambda: not psutil.pid_exists(pid) or
+                     psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+    retry = rig.orchestrator.state.retry_attempts[slot_key("id-1", 0)]
+    assert (retry.kind, retry.attempt) == (RetryKind.FAILURE, 1)
+    assert [h["outcome"] for h in rig.runtime.snapshot()["run_history"]] == ["stalled"]
+    assert not rig.of_type("run_failed"), "a stalled run records one outcome only"
+
+
+HEARTBEAT_AGENT = """
+note('pid', str(os.getpid()))
+while True:
+    print('tick', flush=True)
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.parametrize(("new_state", "workspace_kept"), [("Done", False), ("Backlog", True)])
+async def test_reconciliation_stops_a_run_whose_issue_left_the_active_states(
+    tmp_path: Path, new_state: str, workspace_kept: bool
+) -> None:
+    agent = write_agent(tmp_path, "beat", HEARTBEAT_AGENT)
+    wf = write_workflow(tmp_path, agent_script=agent)
+    rig = build_rig(wf, issues=[issue(1)])
+    await rig.runtime.poll_once()
+    ws = tmp_path / "workspaces" / "T-1"
+    await wait_until((ws / "pid").exists)
+    pid = int((ws / "pid").read_text())
+    rig.tracker.set_state("id-1", new_state)
+    await rig.runtime.poll_once()
+    await rig.runtime.wait_for_runs()
+    canceled = rig.of_type("run_canceled")
+    assert len(canceled) == 1
+    reason = "terminal" if new_state == "Done" else "inactive"
+    assert canceled[0]["reason"] == reason
+    assert ws.exists() is workspace_kept
+    assert bool(rig.of_type("workspace_cleanup")) is (not workspace_kept)
+    assert not rig.orchestrator.state.running and not rig.orchestrator.state.retry_attempts
+    assert [h["outcome"] for h in rig.runtime.snapshot()["run_history"]] == ["canceled"]
+    await wait_until(lambda: not psutil.pid_exists(pid) or
+                     psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+
+
+async def test_refresh_failure_keeps_runs_alive(tmp_path: Path) -> None:
+    agent = write_agent(tmp_path, "beat", HEARTBEAT_AGENT)
+    wf = write_workflow(tmp_path, agent_script=agent)
+    rig = build_rig(wf, issues=[issue(1)])
+    await rig.runtime.poll_once()
+    await wait_until(lambda: (tmp_path / "workspaces" / "T-1" / "pid").exists())
+    rig.tracker.fail_next(1, methods=["fetch_issues_by_ids"])
+    rig.tracker.set_state("id-1", "Done")
+    await rig.runtime.poll_once()
+    assert rig.of_type("reconcile_refresh_failed")
+    assert slot_key("id-1", 0) in rig.orchestrator.state.running
+    rig.runtime.stop()
+    await rig.runtime.wait_for_runs()
+
+
+async def test_a_failed_dispatch_validation_aborts_the_tick_before_reconciliation(
+    tmp_path: Path,
+) -> None:
+    agent = write_agent(tmp_path, "beat", HEARTBEAT_AGENT)
+    wf = write_workflow(tmp_path, agent_script=agent)
+    rig = build_rig(wf, issues=[issue(1)])
+    await rig.runtime.poll_once()
+    await wait_until(lambda: (tmp_path / "workspaces" / "T-1" / "pid").exists())
+    # Break the dispatch config on disk: the reload keeps the old workflow...
+    wf.write_text(wf.read_text().replace("kind: memory", "kind: linear"))
+    rig.tracker.reset_counters()
+    await rig.runtime.poll_once()
+    assert rig.of_type("workflow_reload_failed")
+    assert rig.tracker.calls["fetch_issues_by_ids"] == 1
+    # ...and with no last-known-good to fall back on, validation aborts the whole tick.
+    broken = rig.workflow.settings.model_copy(
+        update={"tracker": rig.workflow.settings.tracker.model_copy(update={"kind": None})})
+    rig.runtime._workflow = rig.runtime.workflow.__class__(  # noqa: SLF001
+        **{**{f: getattr(rig.runtime.workflow, f) for f in rig.runtime.workflow.__slots__},
+           "settings": broken})
+    rig.tracker.reset_counters()
+    with pytest.raises(Exception, match="missing_tracker_kind"):
+        await rig.runtime.poll_once()
+    assert rig.tracker.calls["fetch_issues_by_ids"] == 0
+    assert rig.tracker.calls["fetch_candidate_issues"] == 0
+    assert rig.of_type("poll_error")[-1]["code"] == "missing_tracker_kind"
+    rig.runtime.stop()
+    await rig.runtime.wait_for_runs()
+
+
+async def test_dry_run_dispatches_nothing(tmp_path: Path) -> None:
+    agent = write_agent(tmp_path, "agent", RECORDING_AGENT)
+    wf = write_workflow(tmp_path, agent_script=agent)
+    rig = build_rig(wf, issues=[issue(1), issue(2)])
+    await rig.runtime.start(once=True, dry_run=True)
+    assert sorted(e["identifier"] for e in rig.of_type("dry_run")) == ["T-1", "T-2"]
+    assert not rig.of_type("run_started")
+    assert not (tmp_path / "workspaces").exists() or not any((tmp_path / "workspaces").iterdir())
+
+
+async def test_concurrent_polls_serialize_and_merge(tmp_path: Path) -> None:
+    agent = write_agent(tmp_path, "agent", RECORDING_AGENT)
+    wf = write_workflow(tmp_path, agent_script=agent)
+    rig = build_rig(wf, issues=[issue(1)])
+    gate = asyncio.Event()
+    fetch = rig.tracker.fetch_candidate_issues
+
+    async def gated_fetch() -> list[Issue]:
+        await gate.wait()
+        return await fetch()
+
+    rig.tracker.fetch_candidate_issues = gated_fetch
+    first = asyncio.create_task(rig.runtime.poll_once(dry_run=True))
+    await wait_until(lambda: rig.runtime.poll_count == 1)
+    queued = [asyncio.create_task(rig.runtime.poll_once(dry_run=d)) for d in (True, False, True)]
+    await asyncio.sleep(0.05)
+    assert not any(t.done() for t in [first, *queued]), "polls must wait for the one running"
+    gate.set()
+    await asyncio.gather(first, *queued)
+    # one tick for the first request, one merged tick for the three queued (dry AND → real)
+    assert rig.runtime.poll_count == 2
+    assert len(rig.of_type("dry_run")) == 1
+    assert len(rig.of_type("run_started")) == 1
+    await rig.runtime.wait_for_runs()
+
+
+async def test_stop_aborts_runs_as_a_clean_shutdown(tmp_path: Path) -> None:
+    agent = write_agent(tmp_path, "beat", HEARTBEAT_AGENT)
+    wf = write_workflow(tmp_path, agent_script=agent)
+    rig = build_rig(wf, issues=[issue(1), issue(2)])
+    task = asyncio.create_task(rig.runtime.start())
+    await wait_until(lambda: len(rig.orchestrator.state.running) == 2)
+    ws = tmp_path / "workspaces"
+    await wait_until(lambda: (ws / "T-1" / "pid").exists() and (ws / "T-2" / "pid").exists())
+    pids = [int((ws / f"T-{n}" / "pid").read_text()) for n in (1, 2)]
+    rig.runtime.stop()
+    rig.runtime.stop()
+    await asyncio.wait_for(task, 10)
+    assert not rig.of_type("run_failed")
+    retries = rig.orchestrator.state.retry_attempts.values()
+    assert sorted((r.kind, r.attempt) for r in retries) == [(RetryKind.CONTINUATION, 1)] * 2
+    for pid in pids:
+        await wait_until(lambda pid=pid: not psutil.pid_exists(pid) or
+                         psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+
+
+async def test_retry_timer_fires_between_polls(tmp_path: Path) -> None:
+    agent = write_agent(tmp_path, "agent", RECORDING_AGENT)
+    wf = write_workflow(tmp_path, agent_script=agent, front_matter={"polling": {
+        "interval_ms": 600000}})
+    rig = build_rig(wf, issues=[issue(1)])
+    task = asyncio.create_task(rig.runtime.start())
+    # the continuation retry (1000 ms) re-dispatches long before the 10-minute poll interval
+    await wait_until(lambda: len(rig.of_type("run_started")) >= 2, timeout=15)
+    second = rig.of_type("run_started")[1]
+    assert second["attempt"] == 1
+    rig.runtime.stop()
+    await asyncio.wait_for(task, 10)
+
+
+async def test_startup_cleanup_removes_workspaces_of_terminal_issues(tmp_path: Path) -> None:
+    agent = write_agent(tmp_path, "agent", RECORDING_AGENT)
+    wf = write_workflow(tmp_path, agent_script=agent)
+    rig = build_rig(wf, issues=[issue(1, state="Done"), issue(2, state="Backlog")])
+    for n in (1, 2):
+        await rig.workspaces.prepare(issue(n), slot_index=0, attempt=None)
+    assert (tmp_path / "workspaces" / "T-1").exists()
+    await rig.runtime.poll_once()
+    assert not (tmp_path / "workspaces" / "T-1").exists()
+    assert (tmp_path / "workspaces" / "T-2").exists()
+    assert rig.of_type("startup_workspace_cleanup")[0]["removed"] == ["T-1"]
+    await rig.runtime.poll_once()
+    assert len(rig.of_type("startup_workspace_cleanup")) == 1
+
+
+async def test_refresh_request_is_coalesced_while_polling(tmp_path: Path) -> None:
+    agent = write_agent(tmp_path, "agent", RECORDING_AGENT)
+    wf = write_workflow(tmp_path, agent_script=agent, front_matter={"polling": {
+        "interval_ms": 600000}})
+    rig = build_rig(wf, issues=[])
+    task = asyncio.create_task(rig.runtime.start())
+    await wait_until(lambda: rig.runtime.poll_count == 1 and not rig.runtime._poll_in_progress)  # noqa: SLF001
+    reply = rig.runtime.request_refresh()
+    assert reply["queued"] is True and reply["operations"] == ["poll", "reconcile"]
+    await wait_until(lambda: rig.runtime.poll_count == 2)
+    rig.runtime.stop()
+    await asyncio.wait_for(task, 10)
+
+
+async def test_snapshot_subscribers_get_the_current_snapshot_first(tmp_path: Path) -> None:
+    agent = write_agent(tmp_path, "agent", RECORDING_AGENT)
+    wf = write_workflow(tmp_path, agent_script=agent)
+    rig = build_rig(wf, issues=[issue(1)])
+    seen: list[dict[str, object]] = []
+    unsubscribe = rig.runtime.subscribe(seen.append)
+    assert len(seen) == 1 and seen[0]["app_status"] == "starting"
+    await rig.runtime.start(once=True)
+    unsubscribe()
+    count = len(seen)
+    assert any(s["running"] for s in seen)  # type: ignore[truthy-bool]
+    await rig.runtime.poll_once()
+    assert len(seen) == count
+    assert os.environ.get("LINEAR_API_KEY") is None or True
