@@ -208,7 +208,7 @@ async def wait_for(predicate: Callable[[], bool], *, timeout_s: float = 10.0) ->
     import asyncio
 
     async with asyncio.timeout(timeout_s):
-        while not predicate():  # noqa: ASYNC110 - polls outside state (processes, files)
+        while not predicate():
             await asyncio.sleep(0.01)
 
 

@@ -23,8 +23,8 @@ def test_demo_script_finishes_every_active_issue(tmp_path: Path) -> None:
     assert "state: Backlog" in states["DEMO-4"]
     # DEMO-3 is blocked by DEMO-2: it may only start after DEMO-2 finished.
     lines = [line for line in result.stdout.splitlines() if "run_" in line]
-    started_3 = next(i for i, line in enumerate(lines) if "run_started" in line and "DEMO-3" in line)
-    finished_2 = next(i for i, line in enumerate(lines) if "run_finished" in line and "DEMO-2" in line)
+    started_3 = next(i for i, ln in enumerate(lines) if "run_started" in ln and "DEMO-3" in ln)
+    finished_2 = next(i for i, ln in enumerate(lines) if "run_finished" in ln and "DEMO-2" in ln)
     assert finished_2 < started_3
     # the original demo files in the repository are untouched
     assert "state: Todo" in (ROOT / "examples/demo/issues/DEMO-1.md").read_text()

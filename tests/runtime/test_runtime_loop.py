@@ -122,7 +122,8 @@ async def test_stalled_run_is_aborted_its_process_killed_and_retried(tmp_path: P
     clock.advance(1001)
     await rig.runtime.poll_once()
     stalled = rig.of_type("run_stalled")
-    assert len(stalled) == 1 and "stalled for 1001ms" in stalled[0]["message"]
+    assert len(stalled) == 1
+    assert "stalled for 1001ms" in stalled[0]["message"]
     await rig.runtime.wait_for_runs()
     await wait_until(lambda: not psutil.pid_exists(pid) or
                      psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
@@ -160,7 +161,8 @@ async def test_reconciliation_stops_a_run_whose_issue_left_the_active_states(
     assert canceled[0]["reason"] == reason
     assert ws.exists() is workspace_kept
     assert bool(rig.of_type("workspace_cleanup")) is (not workspace_kept)
-    assert not rig.orchestrator.state.running and not rig.orchestrator.state.retry_attempts
+    assert not rig.orchestrator.state.running
+    assert not rig.orchestrator.state.retry_attempts
     assert [h["outcome"] for h in rig.runtime.snapshot()["run_history"]] == ["canceled"]
     await wait_until(lambda: not psutil.pid_exists(pid) or
                      psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
@@ -198,7 +200,7 @@ async def test_a_failed_dispatch_validation_aborts_the_tick_before_reconciliatio
     # ...and with no last-known-good to fall back on, validation aborts the whole tick.
     broken = rig.workflow.settings.model_copy(
         update={"tracker": rig.workflow.settings.tracker.model_copy(update={"kind": None})})
-    rig.runtime._workflow = rig.runtime.workflow.__class__(  # noqa: SLF001
+    rig.runtime._workflow = rig.runtime.workflow.__class__(
         **{**{f: getattr(rig.runtime.workflow, f) for f in rig.runtime.workflow.__slots__},
            "settings": broken})
     rig.tracker.reset_counters()
@@ -302,9 +304,10 @@ async def test_refresh_request_is_coalesced_while_polling(tmp_path: Path) -> Non
         "interval_ms": 600000}})
     rig = build_rig(wf, issues=[])
     task = asyncio.create_task(rig.runtime.start())
-    await wait_until(lambda: rig.runtime.poll_count == 1 and not rig.runtime._poll_in_progress)  # noqa: SLF001
+    await wait_until(lambda: rig.runtime.poll_count == 1 and not rig.runtime._poll_in_progress)
     reply = rig.runtime.request_refresh()
-    assert reply["queued"] is True and reply["operations"] == ["poll", "reconcile"]
+    assert reply["queued"] is True
+    assert reply["operations"] == ["poll", "reconcile"]
     await wait_until(lambda: rig.runtime.poll_count == 2)
     rig.runtime.stop()
     await asyncio.wait_for(task, 10)
@@ -316,7 +319,8 @@ async def test_snapshot_subscribers_get_the_current_snapshot_first(tmp_path: Pat
     rig = build_rig(wf, issues=[issue(1)])
     seen: list[dict[str, object]] = []
     unsubscribe = rig.runtime.subscribe(seen.append)
-    assert len(seen) == 1 and seen[0]["app_status"] == "starting"
+    assert len(seen) == 1
+    assert seen[0]["app_status"] == "starting"
     await rig.runtime.start(once=True)
     unsubscribe()
     count = len(seen)

@@ -69,7 +69,10 @@ class Issue:
     def is_well_formed(self) -> bool:
         """``id``, ``identifier``, ``title`` and ``state`` are all non-blank."""
         return bool(
-            self.id.strip() and self.identifier.strip() and self.title.strip() and self.state.strip()
+            self.id.strip()
+            and self.identifier.strip()
+            and self.title.strip()
+            and self.state.strip()
         )
 
     def to_template_dict(self) -> dict[str, Any]:

@@ -383,6 +383,9 @@ class LorenzRuntime:
                 task = await self._maybe_dispatch(candidate)
                 if task is not None:
                     dispatched.append(task)
+                elif self._orchestrator.available_slots() <= 0:
+                    # NB: the global cap is full; every later candidate would be skipped too.
+                    break
             await self._orchestrator.heartbeat()
             self._last_poll_error = None
             self._last_poll_at = self._clock.now()
