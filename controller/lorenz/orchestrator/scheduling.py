@@ -891,6 +891,7 @@ class Orchestrator:
                     runtime_seconds=runtime,
                     usage=entry.usage,
                     cost_usd=entry.cost_usd,
+                    title=entry.issue.title,
                 )
             )
         reserving = [
@@ -904,6 +905,7 @@ class Orchestrator:
                 reserved_at=r.reserved_at,
                 expires_at=wall + datetime.timedelta(milliseconds=r.expires_at_ms - now_ms),
                 expires_in_ms=max(r.expires_at_ms - now_ms, 0.0),
+                title=r.issue.title,
             )
             for key, r in state.reserved.items()
         ]

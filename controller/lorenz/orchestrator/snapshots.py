@@ -41,12 +41,15 @@ class RunningRow:
     runtime_seconds: float
     usage: TokenUsage
     cost_usd: float
+    title: str | None = None
+    """The issue title, for the dashboard and terminal view (tracker text: escape it)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "slot_key": self.slot_key,
             "issue_id": self.issue_id,
             "identifier": self.identifier,
+            "title": self.title,
             "slot_index": self.slot_index,
             "state": self.state,
             "url": self.url,
@@ -80,12 +83,15 @@ class ReservingRow:
     reserved_at: datetime.datetime
     expires_at: datetime.datetime
     expires_in_ms: float
+    title: str | None = None
+    """The issue title (tracker text: escape it)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "slot_key": self.slot_key,
             "issue_id": self.issue_id,
             "identifier": self.identifier,
+            "title": self.title,
             "slot_index": self.slot_index,
             "state": self.state,
             "attempt": self.attempt,
