@@ -328,3 +328,34 @@ async def test_snapshot_subscribers_get_the_current_snapshot_first(tmp_path: Pat
     await rig.runtime.poll_once()
     assert len(seen) == count
     assert os.environ.get("LINEAR_API_KEY") is None or True
+
+
+async def test_lost_claims_abort_local_runs_without_recording_a_result(tmp_path: Path) -> None:
+    from lorenz.claims.sqlite import SqliteClaimStore
+
+    agent = write_agent(tmp_path, "beat", HEARTBEAT_AGENT)
+    wf = write_workflow(tmp_path, agent_script=agent)
+    db = tmp_path / "claims.db"
+    ours = await SqliteClaimStore.open(db, owner="host:1:ours", owner_stale_ms=200)
+    theirs = await SqliteClaimStore.open(db, owner="host:2:theirs", owner_stale_ms=200)
+    rig = build_rig(wf, issues=[issue(1)], store=ours)
+    await rig.runtime.poll_once()
+    pid_file = tmp_path / "workspaces" / "T-1" / "pid"
+    await wait_until(pid_file.exists)
+    pid = int(pid_file.read_text())
+    await asyncio.sleep(0.3)  # our heartbeat goes stale...
+    taken = await theirs.take_over(from_owners=["host:1:ours"])  # ...and another owner takes over
+    assert [r.slot_key for r in taken] == [slot_key("id-1", 0)]
+    await rig.runtime.poll_once()
+    await rig.runtime.wait_for_runs()
+    assert rig.of_type("leadership_lost")
+    assert not rig.orchestrator.state.running
+    assert not rig.of_type("run_failed") and not rig.of_type("run_finished")
+    await wait_until(lambda: not psutil.pid_exists(pid) or
+                     psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+    # the slot stays the other owner's: we neither released nor re-claimed it
+    state = await theirs.load()
+    assert [(c.slot_key, c.owner) for c in state.claims] == [
+        (slot_key("id-1", 0), "host:2:theirs")]
+    await theirs.close()
+    await ours.close()

@@ -356,6 +356,7 @@ class LorenzRuntime:
         try:
             if self._prove_leadership is not None:
                 await self._prove_leadership()
+            await self._heartbeat_claims()
             await self._reload_if_changed()
             settings = self.settings
             validate_dispatch(settings)
@@ -386,7 +387,6 @@ class LorenzRuntime:
                 elif self._orchestrator.available_slots() <= 0:
                     # NB: the global cap is full; every later candidate would be skipped too.
                     break
-            await self._orchestrator.heartbeat()
             self._last_poll_error = None
             self._last_poll_at = self._clock.now()
             self._event(
@@ -410,6 +410,33 @@ class LorenzRuntime:
             self._emit_snapshot()
         if wait_for_runs:
             await self.wait_for_runs()
+
+    async def _heartbeat_claims(self) -> None:
+        """Prove our claims are still ours before this tick mutates anything.
+
+        A store that declared us stale and handed our claims to another owner says so once
+        (``claim_owner_lost``): every local run of those slots now belongs to someone else, so
+        it is aborted without recording a result, and the slots are forgotten locally.
+        """
+        try:
+            await self._orchestrator.heartbeat()
+        except LorenzError as exc:
+            if exc.code != "claim_owner_lost":
+                raise
+            await self.abandon_runs(reason=str(exc))
+
+    async def abandon_runs(self, *, reason: str) -> None:
+        """Abort every local run whose claim we no longer own; record nothing for them."""
+        state = self._orchestrator.state
+        issue_ids = {e.issue.id for e in state.running.values()}
+        issue_ids |= {r.issue.id for r in state.reserved.values()}
+        for run in self._runs.all():
+            run.finish_externally(AbortReason.LEADERSHIP_LOST)
+        for issue_id in sorted(issue_ids):
+            await self._orchestrator.cleanup_issue(issue_id)
+        self._timers.cancel_all()
+        self._event(EventType.LEADERSHIP_LOST, message=f"claims lost: {reason}",
+                    aborted=len(issue_ids))
 
     # ------------------------------------------------------------------ reload
 
