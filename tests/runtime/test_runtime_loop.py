@@ -350,7 +350,8 @@ async def test_lost_claims_abort_local_runs_without_recording_a_result(tmp_path:
     await rig.runtime.wait_for_runs()
     assert rig.of_type("leadership_lost")
     assert not rig.orchestrator.state.running
-    assert not rig.of_type("run_failed") and not rig.of_type("run_finished")
+    assert not rig.of_type("run_failed")
+    assert not rig.of_type("run_finished")
     await wait_until(lambda: not psutil.pid_exists(pid) or
                      psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
     # the slot stays the other owner's: we neither released nor re-claimed it
