@@ -1,0 +1,113 @@
+"""The Kubernetes API verbs the operator uses, written down once, as data.
+
+The Helm chart, the plain manifests in ``deploy/`` and the RBAC tests all derive the operator's
+ClusterRole (or per-namespace Role) from :data:`OPERATOR_RULES`, so "least privilege" has one
+definition: when the operator starts calling a new verb, the rule is added here, in the same
+change, and every consumer follows. Each rule says *why* the operator needs it; a verb without a
+reason does not belong here.
+
+NB: the operator deliberately needs no access to CustomResourceDefinitions or Namespaces: kopf's
+resource scanning is disabled (the two kinds are known up front), and it watches either all
+namespaces or the listed ones without observing Namespace objects.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Final, TypedDict
+
+
+class PolicyRule(TypedDict):
+    """One ``rbac.authorization.k8s.io/v1`` PolicyRule (the fields the operator needs)."""
+
+    apiGroups: list[str]
+    resources: list[str]
+    verbs: list[str]
+
+
+API_GROUP: Final = "lorenz.dev"
+
+RULE_REASONS: Final[dict[tuple[str, str], str]] = {
+    (API_GROUP, "workflows"): (
+        "watch Workflows (kopf), read the spec on takeover, add and remove the "
+        "lorenz.dev/cleanup finalizer (patch)"
+    ),
+    (API_GROUP, "workflows/status"): "publish conditions, poll block, lanes, usage, leader",
+    (API_GROUP, "claims"): (
+        "one Claim per claimed slot: create on claim, list on takeover, watch for deletions "
+        "(a deleted Claim cancels its run), delete on release and on Workflow deletion"
+    ),
+    (API_GROUP, "claims/status"): "claim state (phase, attempt, owner, due time) with CAS",
+    ("coordination.k8s.io", "leases"): (
+        "leader election per Workflow: read, create, and compare-and-swap update of the Lease"
+    ),
+    ("", "secrets"): "read the tracker API key named by spec.tracker.apiKeySecretRef",
+    ("", "events"): "post Kubernetes Events on the Workflow (kubectl describe)",
+}
+"""Why each resource is in :data:`OPERATOR_RULES` (docs and tests read this)."""
+
+OPERATOR_RULES: Final[list[PolicyRule]] = [
+    {
+        "apiGroups": [API_GROUP],
+        "resources": ["workflows"],
+        "verbs": ["get", "list", "watch", "patch"],
+    },
+    {
+        "apiGroups": [API_GROUP],
+        "resources": ["workflows/status"],
+        "verbs": ["get", "patch"],
+    },
+    {
+        "apiGroups": [API_GROUP],
+        "resources": ["claims"],
+        "verbs": ["get", "list", "watch", "create", "delete"],
+    },
+    {
+        "apiGroups": [API_GROUP],
+        "resources": ["claims/status"],
+        "verbs": ["get", "patch"],
+    },
+    {
+        "apiGroups": ["coordination.k8s.io"],
+        "resources": ["leases"],
+        "verbs": ["get", "create", "update"],
+    },
+    {
+        "apiGroups": [""],
+        "resources": ["secrets"],
+        "verbs": ["get"],
+    },
+    {
+        "apiGroups": [""],
+        "resources": ["events"],
+        "verbs": ["create"],
+    },
+]
+"""Every verb the operator calls, per resource: the rules of its ClusterRole (cluster-wide
+install) or of a Role in each watched namespace (namespaced install)."""
+
+
+def operator_rules() -> list[dict[str, Any]]:
+    """A deep copy of :data:`OPERATOR_RULES` as plain dicts (safe to mutate or serialize)."""
+    return [dict(copy.deepcopy(rule)) for rule in OPERATOR_RULES]
+
+
+def cluster_role(*, name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """A ClusterRole manifest granting exactly :data:`OPERATOR_RULES`."""
+    metadata: dict[str, Any] = {"name": name}
+    if labels:
+        metadata["labels"] = dict(labels)
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": metadata,
+        "rules": operator_rules(),
+    }
+
+
+def role(*, name: str, namespace: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """A namespaced Role manifest granting exactly :data:`OPERATOR_RULES` in ``namespace``."""
+    manifest = cluster_role(name=name, labels=labels)
+    manifest["kind"] = "Role"
+    manifest["metadata"]["namespace"] = namespace
+    return manifest
