@@ -1,0 +1,136 @@
+"""The terminal view of a foreground run: a rich live region redrawn from runtime snapshots.
+
+Mounted by the single-host composition root as an attachment (``start(runtime)`` after the
+runtime exists, ``stop()`` during shutdown) and only when stdout is a terminal. It draws from
+one asyncio task instead of rich's refresh thread: snapshots only mark the view dirty, the task
+redraws at most :data:`MAX_FPS` times a second — and once a second regardless, so countdowns
+tick — which keeps a burst of agent updates from costing more than a few frames, and leaves no
+thread behind on stop.
+
+While mounted, rich redirects ``sys.stdout``/``sys.stderr`` so that anything printed (log lines
+from a handler that writes to the *current* ``sys.stderr``, see :mod:`lorenz.daemon.logs`)
+scrolls above the live region instead of tearing through it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, TextIO
+
+from rich.console import Console
+from rich.live import Live
+
+from lorenz.runtime import LorenzRuntime
+from lorenz.tui.rendering import render_snapshot
+from lorenz.workflow import LoadedWorkflow
+
+MAX_FPS = 4.0
+"""Upper bound on redraws per second."""
+IDLE_REDRAW_S = 1.0
+"""Redraw at least this often without new snapshots (clocks and countdowns)."""
+
+
+class TerminalView:
+    """The live terminal view; an attachment for :func:`lorenz.daemon.host.run_host`."""
+
+    def __init__(
+        self,
+        *,
+        console: Console | None = None,
+        file: TextIO | None = None,
+        max_fps: float = MAX_FPS,
+        clock: Callable[[], datetime.datetime] | None = None,
+    ) -> None:
+        self._console = console or Console(file=file, stderr=False)
+        self._min_interval_s = 1.0 / max_fps
+        self._clock = clock or (lambda: datetime.datetime.now(datetime.UTC))
+        self._live: Live | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._unsubscribe: Callable[[], None] | None = None
+        self._snapshot: Mapping[str, Any] | None = None
+        self._dirty = asyncio.Event()
+        self.frames = 0
+        """Frames drawn so far (for tests and benchmarks)."""
+
+    @property
+    def mounted(self) -> bool:
+        return self._live is not None
+
+    async def start(self, runtime: LorenzRuntime) -> None:
+        if self._live is not None:
+            return
+        self._live = Live(
+            console=self._console,
+            auto_refresh=False,
+            # NB: "crop" keeps the region within the terminal: a live region taller than the
+            # screen cannot be redrawn in place and would scroll a copy per frame.
+            vertical_overflow="crop",
+            redirect_stdout=True,
+            redirect_stderr=True,
+            transient=False,
+        )
+        self._live.start()
+        self._unsubscribe = runtime.subscribe(self._on_snapshot)
+        self._task = asyncio.get_running_loop().create_task(
+            self._draw_loop(), name="lorenz-terminal-view"
+        )
+
+    async def stop(self) -> None:
+        """Unmount: draw the last picture, restore the cursor and the real stdout/stderr."""
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        live, self._live = self._live, None
+        if live is not None:
+            with contextlib.suppress(Exception):
+                self._draw(live)
+            live.stop()
+
+    def _on_snapshot(self, snapshot: Mapping[str, Any]) -> None:
+        self._snapshot = snapshot
+        self._dirty.set()
+
+    async def _draw_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._live is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._dirty.wait(), timeout=IDLE_REDRAW_S)
+            self._dirty.clear()
+            started = loop.time()
+            self._draw(self._live)
+            await asyncio.sleep(max(self._min_interval_s - (loop.time() - started), 0.0))
+
+    def _draw(self, live: Live) -> None:
+        if self._snapshot is None:
+            return
+        height = self._console.size.height
+        # Roughly: header, totals and lane chrome take ~16 lines; the rest goes to rows.
+        rows = max(2, min(8, (height - 16) // 4))
+        live.update(
+            render_snapshot(self._snapshot, now=self._clock(), max_rows_per_lane=rows),
+            refresh=True,
+        )
+        self.frames += 1
+
+
+class _ViewOptions(Protocol):
+    """What :func:`attachment_factory` reads from the host's options."""
+
+    @property
+    def tui(self) -> bool: ...
+
+
+def attachment_factory(loaded: LoadedWorkflow, options: _ViewOptions) -> TerminalView | None:
+    """For ``ATTACHMENTS``: a terminal view when the run mode asked for one (stdout is a TTY
+    and ``--no-tui`` is absent), otherwise nothing."""
+    if not getattr(options, "tui", False):
+        return None
+    return TerminalView()
