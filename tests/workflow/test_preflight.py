@@ -126,3 +126,16 @@ def test_every_problem_is_listed_and_the_first_is_raised() -> None:
     assert codes == ["missing_tracker_api_key", "missing_tracker_project_slug"]
     with pytest.raises(MissingTrackerApiKey):
         validate_dispatch(settings)
+
+
+def test_ssh_hosts_are_refused_until_an_ssh_runner_exists() -> None:
+    from lorenz.config import WorkflowSettings
+    from lorenz.workflow import dispatch_problems
+
+    settings = WorkflowSettings.model_validate(
+        {"tracker": {"kind": "memory"}, "worker": {"ssh_hosts": ["build-1", "build-2:2222"]}}
+    )
+    problems = dispatch_problems(settings)
+    assert [p.code for p in problems] == ["ssh_workers_unsupported"]
+    assert problems[0].key_path == "worker.ssh_hosts"
+    assert "remove worker.ssh_hosts" in problems[0].message

@@ -175,6 +175,12 @@ class MissingAgentCommand(WorkflowError):
     code = "missing_agent_command"
 
 
+class SshWorkersUnsupported(WorkflowError):
+    """``worker.ssh_hosts`` is set, but this build runs every agent on the local machine."""
+
+    code = "ssh_workers_unsupported"
+
+
 def _all_error_classes(root: type[WorkflowError]) -> Iterable[type[WorkflowError]]:
     for sub in root.__subclasses__():
         yield sub

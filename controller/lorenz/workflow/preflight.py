@@ -20,6 +20,7 @@ from lorenz.workflow.errors import (
     MissingTrackerPath,
     MissingTrackerProjectSlug,
     MissingTrackerRepository,
+    SshWorkersUnsupported,
     UnsupportedTrackerKind,
     WorkflowError,
 )
@@ -92,6 +93,16 @@ def dispatch_problems(settings: WorkflowSettings) -> list[WorkflowError]:
                 f"agent kind {agent_kind!r} has an empty command; set {where} to the shell "
                 "command that starts the agent",
                 key_path=where,
+            )
+        )
+    if settings.worker.ssh_hosts:
+        # NB: host selection and per-host caps exist in the core, but no runner executes over
+        # SSH yet; dispatching "to" a host while running locally would be a lie.
+        problems.append(
+            SshWorkersUnsupported(
+                "SSH workers are not supported yet; remove worker.ssh_hosts to run agents on "
+                "this machine",
+                key_path="worker.ssh_hosts",
             )
         )
     return problems
