@@ -1,0 +1,350 @@
+"""Prometheus metrics for one or many runtimes, each series labelled by ``workflow``.
+
+Why not prometheus-client's module-level metrics on the default registry: a test process builds
+dozens of runtimes, and the Kubernetes operator serves several Workflows from one process, so
+global metrics would either collide or mix workflows. :class:`LorenzMetrics` owns its own
+:class:`~prometheus_client.CollectorRegistry`; any number of runtimes attach to it, each under a
+``workflow`` label, and detach again (their series disappear) when a Workflow goes away.
+
+Two feeds, chosen per metric for accuracy and cost:
+
+* lane gauges and token counters are read from the orchestrator's state **at scrape time**
+  (``len()`` of a few dicts and one pass over running entries): always exact, nothing to keep
+  in sync, and no snapshot is built;
+* counters and histograms of things that *happen* (dispatches, outcomes, retries, poll errors,
+  reconcile stops, durations, latencies) are fed by the runtime's **event listener**.
+
+Dispatch latency is the time from the start of the poll tick that selected a slot to the
+``run_started`` event of its run. The runtime emits no "tick started" event, but the tick's
+closing ``poll_completed`` / ``poll_error`` event carries the tick's ``duration_ms``, so the start
+is ``at - duration_ms``: the ``run_started`` events seen during a tick are held until it closes,
+then observed. A pool-governed slot that only binds a host after its tick ended is observed
+when its ``run_started`` arrives, against the start of the tick that reserved it.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import datetime
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import Collector
+
+from lorenz.model import EventType, LorenzError, RetryKind, RunOutcome, SlotKey, slot_key
+from lorenz.policies import StopReason
+from lorenz.runtime import LorenzRuntime
+
+WORKFLOW_LABEL = "workflow"
+
+POLL_DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+RUN_DURATION_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0,
+                        7200.0, 14400.0)
+DISPATCH_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                            5.0, 10.0, 30.0, 60.0)
+
+STALLED_REASON = "stalled"
+"""``lorenz_reconcile_stops_total`` reason for a run stopped by stall reconciliation."""
+CLAIM_DELETED_REASON = "claim_deleted"
+"""... and for a run cancelled from outside (a deleted ``Claim``)."""
+KNOWN_STOP_REASONS = (*(r.value for r in StopReason), STALLED_REASON, CLAIM_DELETED_REASON)
+
+_PENDING_CAP = 10_000
+"""Bound on starts/reservations waiting for their tick's end (a tick never closes on a crash)."""
+
+_END_OUTCOMES = {
+    EventType.RUN_FINISHED.value: RunOutcome.SUCCESS.value,
+    EventType.RUN_FAILED.value: RunOutcome.FAILED.value,
+    EventType.RUN_STALLED.value: RunOutcome.STALLED.value,
+    EventType.RUN_CANCELED.value: RunOutcome.CANCELED.value,
+}
+
+
+class MetricsLabelInUse(LorenzError):
+    code = "metrics_workflow_label_in_use"
+
+
+@dataclasses.dataclass(slots=True)
+class _Feed:
+    """One attached runtime and what its event stream has told us so far."""
+
+    workflow: str
+    runtime: LorenzRuntime
+    remove_listener: Callable[[], None] | None = None
+    run_started_at: dict[SlotKey, datetime.datetime] = dataclasses.field(default_factory=dict)
+    tick_starts: list[tuple[SlotKey, datetime.datetime]] = dataclasses.field(default_factory=list)
+    tick_reservations: set[SlotKey] = dataclasses.field(default_factory=set)
+    reserved_in_tick: collections.OrderedDict[SlotKey, datetime.datetime] = dataclasses.field(
+        default_factory=collections.OrderedDict
+    )
+    series: set[tuple[str, tuple[str, ...]]] = dataclasses.field(default_factory=set)
+    """Every (metric, label values) this workflow touched, to remove them on detach."""
+
+
+class LorenzMetrics:
+    """A registry of Lorenz metrics that any number of runtimes feed (see the module docstring)."""
+
+    def __init__(self, *, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self._feeds: dict[str, _Feed] = {}
+        wf = (WORKFLOW_LABEL,)
+        self._dispatches = Counter(
+            "lorenz_dispatches", "Runs started (a slot bound to a worker and its agent launched).",
+            wf, registry=self.registry,
+        )
+        self._outcomes = Counter(
+            "lorenz_run_outcomes", "Runs ended, by outcome (success, failed, stalled, canceled).",
+            (*wf, "outcome"), registry=self.registry,
+        )
+        self._retries = Counter(
+            "lorenz_retries", "Retries scheduled, by kind (continuation, failure).",
+            (*wf, "kind"), registry=self.registry,
+        )
+        self._poll_errors = Counter(
+            "lorenz_poll_errors", "Poll ticks that ended in an error.", wf, registry=self.registry,
+        )
+        self._reconcile_stops = Counter(
+            "lorenz_reconcile_stops",
+            "Runs stopped by reconciliation, by reason (terminal, inactive, unrouted, blocked, "
+            "missing, stalled, claim_deleted).",
+            (*wf, "reason"), registry=self.registry,
+        )
+        self._poll_duration = Histogram(
+            "lorenz_poll_duration_seconds", "Duration of one poll tick (successful or not).",
+            wf, registry=self.registry, buckets=POLL_DURATION_BUCKETS,
+        )
+        self._run_duration = Histogram(
+            "lorenz_run_duration_seconds", "Duration of one run, from run start to its end.",
+            (*wf, "outcome"), registry=self.registry, buckets=RUN_DURATION_BUCKETS,
+        )
+        self._dispatch_latency = Histogram(
+            "lorenz_dispatch_latency_seconds",
+            "Start of the poll tick that selected a slot to the start of its run.",
+            wf, registry=self.registry, buckets=DISPATCH_LATENCY_BUCKETS,
+        )
+        self.registry.register(_StateCollector(self._feeds))
+
+    # ---------------------------------------------------------------- attaching
+
+    @property
+    def workflows(self) -> list[str]:
+        """The ``workflow`` label values currently attached."""
+        return list(self._feeds)
+
+    def attach(self, runtime: LorenzRuntime, *, workflow: str | None = None) -> Callable[[], None]:
+        """Feed this registry from ``runtime``; returns the matching :meth:`detach` call.
+
+        ``workflow`` is the label value (default: the workflow file path). The operator passes
+        ``<namespace>/<name>``.
+        """
+        label = workflow if workflow is not None else str(runtime.workflow.path)
+        if label in self._feeds:
+            raise MetricsLabelInUse(
+                f"a runtime is already attached under workflow={label!r}; detach it first or "
+                "choose another workflow label"
+            )
+        feed = _Feed(workflow=label, runtime=runtime)
+        self._feeds[label] = feed
+        self._zero_series(feed)
+        feed.remove_listener = runtime.add_event_listener(lambda event: self._on_event(feed, event))
+        return lambda: self.detach(label)
+
+    def detach(self, workflow: str) -> None:
+        """Stop feeding from that workflow's runtime and drop all of its series."""
+        feed = self._feeds.pop(workflow, None)
+        if feed is None:
+            return
+        if feed.remove_listener is not None:
+            feed.remove_listener()
+        metrics = self._by_name()
+        for name, labels in feed.series:
+            metric = metrics[name]
+            with contextlib.suppress(KeyError):
+                metric.remove(*labels)
+
+    def exposition(self, accept: str | None = None) -> tuple[bytes, str]:
+        """``(body, content type)`` for a scrape, in the format the ``Accept`` header asks for."""
+        encoder, content_type = choose_encoder(accept or "")
+        return encoder(self.registry), content_type
+
+    # ---------------------------------------------------------------- feeding
+
+    def _by_name(self) -> dict[str, Counter | Histogram]:
+        return {
+            "dispatches": self._dispatches,
+            "outcomes": self._outcomes,
+            "retries": self._retries,
+            "poll_errors": self._poll_errors,
+            "reconcile_stops": self._reconcile_stops,
+            "poll_duration": self._poll_duration,
+            "run_duration": self._run_duration,
+            "dispatch_latency": self._dispatch_latency,
+        }
+
+    def _child(self, feed: _Feed, name: str, *extra: str) -> Any:
+        labels = (feed.workflow, *extra)
+        feed.series.add((name, labels))
+        return self._by_name()[name].labels(*labels)
+
+    def _zero_series(self, feed: _Feed) -> None:
+        """Create every known series at zero, so rates and absent-alerts work from the start."""
+        for name in ("dispatches", "poll_errors", "poll_duration", "dispatch_latency"):
+            self._child(feed, name)
+        for outcome in RunOutcome:
+            self._child(feed, "outcomes", outcome.value)
+            self._child(feed, "run_duration", outcome.value)
+        for kind in RetryKind:
+            self._child(feed, "retries", kind.value)
+        for reason in KNOWN_STOP_REASONS:
+            self._child(feed, "reconcile_stops", reason)
+
+    def _on_event(self, feed: _Feed, event: Mapping[str, Any]) -> None:
+        kind = event.get("type")
+        if kind == EventType.RUN_UPDATE.value:
+            return  # the bulk of the traffic; tokens are read at scrape time
+        at = _timestamp(event.get("at"))
+        key = _slot_of(event)
+        if kind == EventType.RUN_STARTED.value:
+            self._child(feed, "dispatches").inc()
+            if key is None or at is None:
+                return
+            feed.run_started_at[key] = at
+            feed.tick_reservations.discard(key)
+            tick_start = feed.reserved_in_tick.pop(key, None)
+            if tick_start is not None:
+                self._observe_latency(feed, started=at, tick_start=tick_start)
+            elif len(feed.tick_starts) < _PENDING_CAP:
+                feed.tick_starts.append((key, at))
+        elif kind == EventType.RUN_RESERVING.value:
+            if key is not None and len(feed.tick_reservations) < _PENDING_CAP:
+                feed.tick_reservations.add(key)
+        elif kind == EventType.DISPATCH_SKIPPED.value:
+            if key is not None:
+                feed.reserved_in_tick.pop(key, None)
+                feed.tick_reservations.discard(key)
+        elif kind in (EventType.POLL_COMPLETED.value, EventType.POLL_ERROR.value):
+            self._on_tick_end(feed, event, at=at, error=kind == EventType.POLL_ERROR.value)
+        elif kind in _END_OUTCOMES:
+            outcome = str(event.get("outcome") or _END_OUTCOMES[kind])
+            self._child(feed, "outcomes", outcome).inc()
+            started = feed.run_started_at.pop(key, None) if key is not None else None
+            if started is not None and at is not None:
+                seconds = max((at - started).total_seconds(), 0.0)
+                self._child(feed, "run_duration", outcome).observe(seconds)
+            if kind == EventType.RUN_CANCELED.value:
+                reason = str(event.get("reason") or "unknown")
+                self._child(feed, "reconcile_stops", reason).inc()
+            elif kind == EventType.RUN_STALLED.value:
+                self._child(feed, "reconcile_stops", STALLED_REASON).inc()
+        elif kind == EventType.RETRY_SCHEDULED.value:
+            self._child(feed, "retries", str(event.get("retry_kind") or "unknown")).inc()
+        elif kind == EventType.STOPPING.value:
+            feed.tick_starts.clear()
+            feed.tick_reservations.clear()
+            feed.reserved_in_tick.clear()
+
+    def _on_tick_end(
+        self, feed: _Feed, event: Mapping[str, Any], *, at: datetime.datetime | None, error: bool
+    ) -> None:
+        if error:
+            self._child(feed, "poll_errors").inc()
+        duration_ms = event.get("duration_ms")
+        if not isinstance(duration_ms, int | float) or at is None:
+            feed.tick_starts.clear()
+            feed.tick_reservations.clear()
+            return
+        self._child(feed, "poll_duration").observe(max(float(duration_ms), 0.0) / 1000.0)
+        tick_start = at - datetime.timedelta(milliseconds=float(duration_ms))
+        for _, started in feed.tick_starts:
+            self._observe_latency(feed, started=started, tick_start=tick_start)
+        feed.tick_starts.clear()
+        for key in feed.tick_reservations:
+            feed.reserved_in_tick[key] = tick_start
+        feed.tick_reservations.clear()
+        while len(feed.reserved_in_tick) > _PENDING_CAP:
+            feed.reserved_in_tick.popitem(last=False)
+
+    def _observe_latency(
+        self, feed: _Feed, *, started: datetime.datetime, tick_start: datetime.datetime
+    ) -> None:
+        seconds = max((started - tick_start).total_seconds(), 0.0)
+        self._child(feed, "dispatch_latency").observe(seconds)
+
+
+class _StateCollector(Collector):
+    """Lane gauges and token counters, read from each orchestrator when scraped."""
+
+    def __init__(self, feeds: Mapping[str, _Feed]) -> None:
+        self._feeds = feeds
+
+    def describe(self) -> Iterable[Metric]:
+        return list(self._families())
+
+    def collect(self) -> Iterable[Metric]:
+        return list(self._families(fill=True))
+
+    def _families(self, *, fill: bool = False) -> Iterator[Metric]:
+        gauges = {
+            "running": GaugeMetricFamily(
+                "lorenz_running_slots", "Slots with a run in flight.", labels=[WORKFLOW_LABEL]
+            ),
+            "reserving": GaugeMetricFamily(
+                "lorenz_reserving_slots", "Slots reserved while a worker pool finds a host.",
+                labels=[WORKFLOW_LABEL],
+            ),
+            "retrying": GaugeMetricFamily(
+                "lorenz_retrying_slots", "Slots waiting for their retry to come due.",
+                labels=[WORKFLOW_LABEL],
+            ),
+            "blocked": GaugeMetricFamily(
+                "lorenz_blocked_slots", "Slots waiting for operator input.",
+                labels=[WORKFLOW_LABEL],
+            ),
+        }
+        tokens = CounterMetricFamily(
+            "lorenz_tokens", "Agent tokens used (ended runs plus runs in flight), by direction.",
+            labels=[WORKFLOW_LABEL, "direction"],
+        )
+        if fill:
+            for label, feed in self._feeds.items():
+                state = feed.runtime.orchestrator.state
+                gauges["running"].add_metric([label], len(state.running))
+                gauges["reserving"].add_metric([label], len(state.reserved))
+                gauges["retrying"].add_metric([label], len(state.retry_attempts))
+                # NB: this version keeps no blocked lane (see orchestrator/state.py); the gauge
+                # is exported at 0 so dashboards and alerts need no change when it arrives.
+                gauges["blocked"].add_metric([label], len(getattr(state, "blocked", ())))
+                totals = state.usage_totals
+                input_tokens = totals.input_tokens
+                output_tokens = totals.output_tokens
+                for entry in state.running.values():
+                    input_tokens += entry.usage.input_tokens
+                    output_tokens += entry.usage.output_tokens
+                tokens.add_metric([label, "input"], input_tokens)
+                tokens.add_metric([label, "output"], output_tokens)
+        yield from gauges.values()
+        yield tokens
+
+
+def _timestamp(value: Any) -> datetime.datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.datetime.fromisoformat(value)
+    except ValueError:
+        return None
+
+
+def _slot_of(event: Mapping[str, Any]) -> SlotKey | None:
+    issue_id = event.get("issue_id")
+    slot = event.get("slot")
+    if not isinstance(issue_id, str) or not isinstance(slot, int) or isinstance(slot, bool):
+        return None
+    if slot < 0:
+        return None
+    return slot_key(issue_id, slot)

@@ -1,0 +1,196 @@
+"""Server-sent events: the live snapshot stream behind the dashboard.
+
+The runtime pushes a fresh snapshot on every change — a burst of agent updates can be hundreds
+a second. Browsers neither need nor can render that, and encoding the full state once per
+client per change would make fan-out cost grow with clients times changes. So:
+
+* one :class:`SnapshotHub` per app holds a single runtime subscription (taken when the first
+  client connects, dropped when the last one leaves, so an unwatched runtime builds no
+  snapshots for us) and remembers only the latest snapshot;
+* each client sends at most one ``snapshot`` event per ``min_interval`` (~100 ms): changes that
+  arrive in between are coalesced into the next send, and a slow client simply skips to the
+  latest state when it catches up;
+* the latest snapshot is encoded once per version and the bytes shared by every client;
+* a comment line every ``heartbeat`` seconds keeps idle proxies and load balancers from cutting
+  the stream, and makes a vanished client show up as a failed write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from aiohttp import web
+
+from lorenz.runtime import LorenzRuntime
+
+logger = logging.getLogger("lorenz.server")
+
+SSE_CONTENT_TYPE = "text/event-stream"
+DEFAULT_MIN_INTERVAL_S = 0.1
+DEFAULT_HEARTBEAT_S = 15.0
+RECONNECT_MS = 2000
+"""Sent as the stream's ``retry:`` field: how long a browser waits before reconnecting."""
+
+HEARTBEAT_FRAME = b": heartbeat\n\n"
+
+Decorate = Callable[[Mapping[str, Any]], Mapping[str, Any]]
+
+
+def encode_event(*, event: str, data: Mapping[str, Any], event_id: int | None = None) -> bytes:
+    """One SSE frame. JSON has no raw newlines, so the payload is always a single data line."""
+    head = f"id: {event_id}\n" if event_id is not None else ""
+    payload = json.dumps(data, separators=(",", ":"), default=str)
+    return f"{head}event: {event}\ndata: {payload}\n\n".encode()
+
+
+class _Client:
+    __slots__ = ("changed",)
+
+    def __init__(self) -> None:
+        self.changed = asyncio.Event()
+
+
+class SnapshotHub:
+    """Fans one runtime's snapshots out to any number of SSE clients."""
+
+    def __init__(
+        self,
+        *,
+        runtime: LorenzRuntime,
+        decorate: Decorate | None = None,
+        min_interval: float = DEFAULT_MIN_INTERVAL_S,
+        heartbeat: float = DEFAULT_HEARTBEAT_S,
+    ) -> None:
+        self._runtime = runtime
+        self._decorate = decorate
+        self.min_interval = min_interval
+        self.heartbeat = heartbeat
+        self._clients: set[_Client] = set()
+        self._unsubscribe: Callable[[], None] | None = None
+        self._latest: Mapping[str, Any] | None = None
+        self._version = 0
+        self._encoded: tuple[int, bytes] | None = None
+        self._closed = False
+        self.broadcasts = 0
+        """Snapshots received from the runtime (for benchmarks and tests)."""
+        self.frames_encoded = 0
+        """Snapshot frames encoded (one per version that some client actually sent)."""
+
+    @property
+    def client_count(self) -> int:
+        return len(self._clients)
+
+    @property
+    def subscribed(self) -> bool:
+        """Whether the hub currently holds a runtime subscription."""
+        return self._unsubscribe is not None
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """End every stream (server shutdown) and drop the runtime subscription."""
+        self._closed = True
+        for client in self._clients:
+            client.changed.set()
+        self._drop_subscription()
+
+    def _on_snapshot(self, snapshot: dict[str, Any]) -> None:
+        # NB: called synchronously from inside the runtime on every change: keep it O(clients)
+        # and cheap; encoding waits until a client is ready to send.
+        self._latest = snapshot
+        self._version += 1
+        self.broadcasts += 1
+        for client in self._clients:
+            client.changed.set()
+
+    def _frame(self) -> bytes:
+        """The encoded latest snapshot, shared by every client that sends this version."""
+        if self._encoded is None or self._encoded[0] != self._version:
+            snapshot = self._latest if self._latest is not None else self._runtime.snapshot()
+            self._encoded = (self._version, self._encode(snapshot, version=self._version))
+            self.frames_encoded += 1
+        return self._encoded[1]
+
+    def _encode(self, snapshot: Mapping[str, Any], *, version: int) -> bytes:
+        document = self._decorate(snapshot) if self._decorate is not None else snapshot
+        return encode_event(event="snapshot", data=document, event_id=version)
+
+    def _join(self) -> _Client:
+        client = _Client()
+        self._clients.add(client)
+        if self._unsubscribe is None:
+            # subscribe() pushes the current snapshot at once: _latest is fresh from here on.
+            self._unsubscribe = self._runtime.subscribe(self._on_snapshot)
+        return client
+
+    def _leave(self, client: _Client) -> None:
+        self._clients.discard(client)
+        if not self._clients:
+            self._drop_subscription()
+
+    def _drop_subscription(self) -> None:
+        unsubscribe, self._unsubscribe = self._unsubscribe, None
+        if unsubscribe is not None:
+            unsubscribe()
+        self._latest = None
+        self._encoded = None
+
+    async def stream(self, request: web.Request) -> web.StreamResponse:
+        """The ``GET /api/v1/events`` handler body: runs until the client or the server leaves."""
+        response = web.StreamResponse(
+            status=200,
+            headers={
+                "Content-Type": SSE_CONTENT_TYPE,
+                "Cache-Control": "no-cache, no-transform",
+                "X-Accel-Buffering": "no",
+            },
+        )
+        if self._closed:
+            response.set_status(503)
+        await response.prepare(request)
+        if self._closed:
+            return response
+        client = self._join()
+        loop = asyncio.get_running_loop()
+        try:
+            # The first event is always the current state, built for this client now (the
+            # hub's latest may be older than this connection, and clocks move on).
+            first = self._encode(self._runtime.snapshot(), version=self._version)
+            await response.write(f"retry: {RECONNECT_MS}\n".encode() + first)
+            client.changed.clear()
+            last_write = last_send = loop.time()
+            while not self._closed:
+                idle_left = self.heartbeat - (loop.time() - last_write)
+                if idle_left <= 0 or not await _wait(client.changed, within=idle_left):
+                    await response.write(HEARTBEAT_FRAME)
+                    last_write = loop.time()
+                    continue
+                if self._closed:
+                    break
+                pause = last_send + self.min_interval - loop.time()
+                if pause > 0:
+                    await asyncio.sleep(pause)  # changes meanwhile are coalesced into this send
+                client.changed.clear()
+                await response.write(self._frame())
+                last_write = last_send = loop.time()
+        except (ConnectionResetError, ConnectionError):
+            pass  # the client went away; nothing to tell it
+        finally:
+            self._leave(client)
+        return response
+
+
+async def _wait(event: asyncio.Event, *, within: float) -> bool:
+    """Whether ``event`` was set within ``within`` seconds."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(within):
+            await event.wait()
+        return True
+    return False
