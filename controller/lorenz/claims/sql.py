@@ -173,6 +173,7 @@ class EventKind:
     CHECKPOINT = "checkpoint"
     OWNER_OPEN = "owner_open"
     OWNER_CLOSE = "owner_close"
+    OWNER_DEAD = "owner_dead"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -463,6 +464,21 @@ class SqlClaimStore:
 
     # -- extras for recovery passes and diagnostics ----------------------------------------------
 
+    async def mark_owners_dead(self, owners: Iterable[str]) -> list[str]:
+        """Declare ``owners`` dead, so the next :meth:`load` reports them stale at once.
+
+        For a caller that *proved* the processes gone — the daemon, whose lease verified its
+        predecessor's pid and start time on this host. Their heartbeat is set to 0, exactly what
+        their own :meth:`close` would have written; no claim row changes (recovery still goes
+        through :meth:`take_over`). Owners without a row are stale already; this owner is never
+        touched. Returns the owners whose rows were marked.
+        """
+        wanted = sorted(set(owners) - {self._owner})
+        if not wanted:
+            return []
+        return await self._run(lambda: self._mark_dead_sync(wanted))
+
+
     async def stale_owners(self) -> frozenset[str]:
         """Owners (other than us) holding claims or heartbeat rows, whose heartbeat is stale."""
         return await self._run(self._stale_owners_sync)
@@ -733,6 +749,25 @@ class SqlClaimStore:
             # Our row existed since open; only a take_over (or the prune of a stale owner)
             # removes it. Said once: the row is back now.
             raise ClaimOwnerLost(path=self._path, owner=self._owner)
+
+    def _mark_dead_sync(self, owners: Sequence[str]) -> list[str]:
+        def body(conn: DbConnection) -> list[str]:
+            marked: list[str] = []
+            for owner in owners:
+                row = conn.execute(
+                    "SELECT heartbeat_at FROM owners WHERE owner = ?", (owner,)
+                ).fetchone()
+                if row is None or float(row[0]) == 0.0:
+                    continue
+                conn.execute("UPDATE owners SET heartbeat_at = 0 WHERE owner = ?", (owner,))
+                marked.append(owner)
+            if marked:
+                self._append_event(
+                    conn, kind=EventKind.OWNER_DEAD, now_ms=self._now_ms(), body={"owners": marked}
+                )
+            return marked
+
+        return self._transaction(body)
 
     def _close_sync(self) -> None:
         def body(conn: DbConnection) -> None:

@@ -22,6 +22,9 @@ from lorenz.agents import build_runner
 from lorenz.agents.environment import TRACKER_SECRET_ENV
 from lorenz.claims import open_claim_store
 from lorenz.claims.owners import default_owner_id
+from lorenz.daemon import shutdown
+from lorenz.daemon.daemons import Daemon, wants_daemon, with_control_transport
+from lorenz.daemon.orphans import kill_orphans, marked_environment
 from lorenz.model import SystemClock
 from lorenz.orchestrator import Orchestrator
 from lorenz.runtime import LorenzRuntime
@@ -86,23 +89,42 @@ async def run_host(
     """Run one workflow on this host until it stops; returns the process exit code."""
     loaded = load(options)
     settings = loaded.settings
+    owner = default_owner_id()
+    daemon: Daemon | None = None
+    if wants_daemon(settings, once=options.once):
+        # NB: the lease comes before everything else: a second daemon must not poll the
+        # tracker, hydrate claims or bind a port before it learns that it is the second.
+        daemon = Daemon(
+            workflow_path=loaded.canonical_path, settings=settings.daemon, claim_owner=owner
+        )
+        await daemon.acquire()
     workspace_root = Path(settings.workspace.root or ".")
-    tracker = build_tracker(settings, base_dir=loaded.base_dir)
-    store = await open_claim_store(
-        settings.claim_store,
-        workspace_root=workspace_root,
-        workflow_path=loaded.canonical_path,
-        owner=default_owner_id(),
-    )
+    store: Any = None
     closers: list[Callable[[], Awaitable[None]]] = []
     attachments: list[Attachment] = []
     runtime: LorenzRuntime | None = None
+    tracker: Any = None
     try:
+        tracker = build_tracker(settings, base_dir=loaded.base_dir)
+        store = await open_claim_store(
+            settings.claim_store,
+            workspace_root=workspace_root,
+            workflow_path=loaded.canonical_path,
+            owner=owner,
+        )
+        if daemon is not None:
+            await daemon.recover(store)
         orchestrator = Orchestrator(settings=settings, store=store, clock=SystemClock())
         report = await orchestrator.hydrate()
         logger.info("claims hydrated backend=%s report=%s", settings.claim_store.backend, report)
+        # Processes of the owners just taken over may outlive them: none may still work on
+        # an issue when it is dispatched again (see lorenz.daemon.orphans).
+        await asyncio.to_thread(kill_orphans, report.taken_over_from - {owner})
+        base_env = marked_environment(
+            options.environ if options.environ is not None else os.environ, owner=owner
+        )
         workspaces = WorkspaceManager(
-            settings=settings, secrets=TRACKER_SECRET_ENV, base_env=options.environ
+            settings=settings, secrets=TRACKER_SECRET_ENV, base_env=base_env
         )
         runtime = LorenzRuntime(
             workflow=loaded,
@@ -117,32 +139,59 @@ async def run_host(
                 cli_features=options.cli_features,
                 environ=options.environ,
             ),
-            base_env=options.environ if options.environ is not None else os.environ,
+            prove_leadership=daemon.prove if daemon is not None else None,
+            base_env=base_env,
         )
-        for factory in ATTACHMENTS:
+        factories = list(ATTACHMENTS)
+        if daemon is not None:
+            daemon.bind(runtime)
+            factories = with_control_transport(factories, daemon=daemon)
+        for factory in factories:
             attachment = factory(loaded, options)
             if attachment is not None:
                 await attachment.start(runtime)
                 attachments.append(attachment)
+        if daemon is not None:
+            daemon.start_heartbeat(claim_heartbeat=orchestrator.heartbeat)
         _install_signal_handlers(runtime)
         if ready is not None:
             ready(runtime)
         await runtime.start(once=options.once, dry_run=options.dry_run)
+        if daemon is not None:
+            daemon.raise_if_lost()
         return 0
     finally:
         if runtime is not None:
+            shutdown.shutdown_step(shutdown.STOP_RUNTIME)
             runtime.stop()
             await runtime.wait_for_runs()
+            shutdown.shutdown_step(shutdown.UNMOUNT_TUI)
             for attachment in attachments:
-                with contextlib.suppress(Exception):
-                    await attachment.stop()
+                if not shutdown.stops_with_server(attachment):
+                    with contextlib.suppress(Exception):
+                        await attachment.stop()
+            shutdown.shutdown_step(shutdown.DRAIN_WORKER_POOL)
             await runtime.drain_worker_pool()
+            shutdown.shutdown_step(shutdown.STOP_SERVER)
+            for attachment in attachments:
+                if shutdown.stops_with_server(attachment):
+                    with contextlib.suppress(Exception):
+                        await attachment.stop()
         for closer in closers:
             with contextlib.suppress(Exception):
                 await closer()
-        with contextlib.suppress(Exception):
-            await (runtime.tracker if runtime is not None else tracker).close()
-        await store.close()
+        shutdown.shutdown_step(shutdown.CLOSE_TRACKER)
+        if runtime is not None or tracker is not None:
+            with contextlib.suppress(Exception):
+                await (runtime.tracker if runtime is not None else tracker).close()
+        shutdown.shutdown_step(shutdown.CLOSE_CLAIM_STORE)
+        try:
+            if store is not None:
+                await store.close()
+        finally:
+            if daemon is not None:
+                shutdown.shutdown_step(shutdown.RELEASE_LEASE)
+                await daemon.release()
 
 
 def _install_signal_handlers(runtime: LorenzRuntime) -> None:

@@ -1,0 +1,143 @@
+"""The coded errors of daemon mode and of the commands that attach to a daemon.
+
+Lease outcomes (``daemon_already_running``, ``daemon_lock_stale``, ``leadership_lost``, ...)
+are :mod:`lorenz.leadership`'s; these are the ones this package adds: talking to a daemon from
+the command line, the control socket's directory, and orphaned agents of a dead daemon.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from lorenz.model import LorenzError
+
+
+class DaemonError(LorenzError):
+    """Base of this package's errors."""
+
+    code = "daemon_error"
+
+
+def _start_hint(workflow: Path | str | None) -> str:
+    target = str(workflow) if workflow else "WORKFLOW.md"
+    return f"start one with `lorenz {target} --feature daemon`"
+
+
+class DaemonNotRunning(DaemonError):
+    """No daemon holds the workflow's lease (or its last holder died)."""
+
+    code = "daemon_not_running"
+
+    def __init__(
+        self,
+        *,
+        workflow: Path | str | None,
+        lease_path: Path | None,
+        dead_pid: int | None = None,
+    ) -> None:
+        if dead_pid is not None:
+            why = f"its last daemon (pid {dead_pid}) is gone; the lease {lease_path} is left over"
+        else:
+            why = f"there is no lease at {lease_path}"
+        super().__init__(f"no Lorenz daemon runs {workflow} ({why}); {_start_hint(workflow)}")
+        self.workflow = workflow
+        self.lease_path = lease_path
+        self.dead_pid = dead_pid
+
+
+class DaemonUnreachable(DaemonError):
+    """A daemon holds the lease, but its control endpoint does not answer."""
+
+    code = "daemon_unreachable"
+
+    def __init__(
+        self, *, endpoint: str | None, lease: Mapping[str, Any] | None, reason: str
+    ) -> None:
+        who = f"the daemon (pid {lease.get('pid')} on {lease.get('host')})" if lease else "it"
+        where = f" at {endpoint}" if endpoint else ""
+        super().__init__(
+            f"cannot reach {who}{where}: {reason}; retry in a moment, or check the daemon's log"
+        )
+        self.endpoint = endpoint
+        self.reason = reason
+
+
+class DaemonRequestFailed(DaemonError):
+    """The daemon answered with an error."""
+
+    code = "daemon_request_failed"
+
+    def __init__(self, *, endpoint: str, path: str, status: int, error: Mapping[str, Any]) -> None:
+        detail = error.get("message") or "no details"
+        remote = error.get("code") or f"http_{status}"
+        super().__init__(
+            f"the daemon at {endpoint} refused {path} with {status} {remote}: {detail}"
+        )
+        self.status = status
+        self.remote_code = remote
+
+
+class ControlUrlInvalid(DaemonError):
+    """``--url`` (or ``--port``) is not something a control client can talk to."""
+
+    code = "control_url_invalid"
+
+    def __init__(self, *, url: str, reason: str) -> None:
+        super().__init__(f"{url!r} is not a daemon endpoint: {reason}")
+        self.url = url
+
+
+class ControlDirUnsafe(DaemonError):
+    """The per-user runtime directory for control sockets cannot be trusted."""
+
+    code = "control_dir_unsafe"
+
+    def __init__(self, *, path: Path, reason: str) -> None:
+        super().__init__(
+            f"the control socket directory {path} is unsafe ({reason}); remove it, or set "
+            f"XDG_RUNTIME_DIR to a private directory, or serve over HTTP with --port"
+        )
+        self.path = path
+
+
+class ControlSocketPathTooLong(DaemonError):
+    """A unix socket path must fit in ``sun_path`` (107 bytes on Linux)."""
+
+    code = "control_socket_path_too_long"
+
+    def __init__(self, *, path: Path, limit: int) -> None:
+        super().__init__(
+            f"the control socket path {path} is longer than {limit} bytes; set XDG_RUNTIME_DIR "
+            f"to a shorter directory, or serve over HTTP with --port"
+        )
+        self.path = path
+
+
+class DaemonOrphansAlive(DaemonError):
+    """Agents of a dead daemon outlived a SIGKILL: starting now could run an issue twice."""
+
+    code = "daemon_orphans_alive"
+
+    def __init__(self, *, pids: Sequence[int], waited_s: float) -> None:
+        listed = ", ".join(str(pid) for pid in pids)
+        super().__init__(
+            f"agent processes of a dead daemon (pids {listed}) still run {waited_s:.0f} s after "
+            f"SIGKILL; find out why (stuck in the kernel? `ps -o stat,wchan -p {listed}`), then "
+            f"start again"
+        )
+        self.pids = tuple(pids)
+
+
+class DaemonStopTimeout(DaemonError):
+    """``lorenz stop --wait`` gave up: the daemon accepted the stop but is still running."""
+
+    code = "daemon_stop_timeout"
+
+    def __init__(self, *, endpoint: str, waited_s: float) -> None:
+        super().__init__(
+            f"the daemon at {endpoint} accepted the stop but still runs after {waited_s:.0f} s "
+            f"(runs may be slow to abort); wait longer (--timeout) or check its log"
+        )
+        self.endpoint = endpoint
