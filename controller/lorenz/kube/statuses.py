@@ -1,0 +1,345 @@
+"""What the operator writes into the cluster: Workflow status, Claim spec and status, as models.
+
+These models are the single source of three things: the ``status`` schemas of the CRDs
+(converted by :mod:`lorenz.kube.schemas`), the dicts the operator sends (``model_dump`` by
+alias, so camelCase on the wire), and the parsing of what it reads back. A Claim is the
+persisted form of one :class:`~lorenz.model.ClaimRecord`: its immutable identity (which slot)
+is the spec, everything that changes is the status; the split is checked against the record's
+fields by a test, so a field added to the record cannot be forgotten here.
+
+Conditions follow ``metav1.Condition``: ``lastTransitionTime`` moves only when ``status``
+flips, and the list is keyed by ``type``. Only the leading replica writes any of this.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import pydantic
+from pydantic import Field
+
+from lorenz.config import PASSTHROUGH_KEY
+from lorenz.kube.casing import camel
+from lorenz.model import ClaimPhase, ClaimRecord, RetryKind, SlotKey, TokenUsage
+
+ConditionStatus = Literal["True", "False", "Unknown"]
+
+READY = "Ready"
+LEADING = "Leading"
+DEGRADED = "Degraded"
+CONDITION_TYPES = (READY, LEADING, DEGRADED)
+
+REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+
+
+class WireModel(pydantic.BaseModel):
+    """Base of every object part the operator writes: camelCase on the wire, docstrings kept."""
+
+    model_config = pydantic.ConfigDict(
+        alias_generator=camel,
+        populate_by_name=True,
+        use_attribute_docstrings=True,
+        extra="ignore",
+    )
+
+    def wire(self) -> dict[str, Any]:
+        """The JSON-safe camelCase form (``None`` values kept: a merge patch deletes them)."""
+        return self.model_dump(mode="json", by_alias=True)
+
+
+# -- Workflow status --------------------------------------------------------------------------
+
+
+class Condition(WireModel):
+    """One ``metav1.Condition``."""
+
+    type: str = Field(max_length=316)
+    """``Ready``, ``Leading`` or ``Degraded``."""
+    status: ConditionStatus
+    """``True``, ``False`` or ``Unknown``."""
+    observed_generation: int | None = Field(default=None, ge=0)
+    """The Workflow generation the condition was computed from."""
+    last_transition_time: datetime.datetime
+    """When ``status`` last changed."""
+    reason: str = Field(min_length=1, max_length=1024, pattern=REASON_PATTERN)
+    """Machine-readable reason: a CamelCase word, or the stable error code for ``Degraded``."""
+    message: str = Field(default="", max_length=32768)
+    """Human-readable details."""
+
+
+class PollStatus(WireModel):
+    """The runtime's poll loop as last seen by the leader."""
+
+    last_poll_at: datetime.datetime | None = None
+    """When the last tick ended."""
+    next_poll_at: datetime.datetime | None = None
+    """When the next tick is due (earlier if a retry, a refresh or freed capacity wakes it)."""
+    interval_ms: int = 0
+    """``polling.intervalMs`` in force."""
+    candidates: int = 0
+    """Issues the tracker returned on the last tick."""
+    eligible: int = 0
+    """Slots that were eligible for dispatch on the last tick."""
+    count: int = 0
+    """Ticks since this leader started."""
+    last_error: str | None = None
+    """The last tick's error (``<code>: <message>``), cleared by a successful tick."""
+
+
+class LaneCounts(WireModel):
+    """How many slots are in each lane."""
+
+    running: int = 0
+    """Slots with a live agent run."""
+    reserving: int = 0
+    """Slots waiting for a worker host."""
+    retrying: int = 0
+    """Slots waiting for their retry to be due."""
+    blocked: int = 0
+    """Slots waiting for operator input."""
+
+
+class UsageStatus(WireModel):
+    """Token and time totals across every run of this Workflow (ended and running)."""
+
+    input_tokens: int = 0
+    """Prompt tokens."""
+    output_tokens: int = 0
+    """Completion tokens."""
+    total_tokens: int = 0
+    """All tokens."""
+    seconds_running: float = 0.0
+    """Agent wall time, summed over runs."""
+    cost_usd: float = 0.0
+    """Cost reported by agents that report it."""
+
+
+class LeaderStatus(WireModel):
+    """The replica that runs this Workflow (the Lease holder)."""
+
+    identity: str | None = None
+    """The holder identity (``<pod or host>_<id>``)."""
+    acquired_at: datetime.datetime | None = None
+    """When it took the Lease."""
+    transitions: int = 0
+    """``leaseTransitions`` of the Lease: how often leadership moved."""
+    endpoint: str | None = None
+    """Where that replica serves the snapshot API and metrics."""
+
+
+class WorkflowStatus(WireModel):
+    """``status`` of a Workflow, written by its leader."""
+
+    observed_generation: int | None = Field(default=None, ge=0)
+    """The newest spec generation the leader has processed (applied or rejected)."""
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        max_length=8,
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["type"],
+        },
+    )
+    """``Ready``, ``Leading`` and ``Degraded``."""
+    poll: PollStatus = Field(default_factory=PollStatus)
+    """The poll loop."""
+    lanes: LaneCounts = Field(default_factory=LaneCounts)
+    """Slots per lane."""
+    usage: UsageStatus = Field(default_factory=UsageStatus)
+    """Usage totals."""
+    leader: LeaderStatus = Field(default_factory=LeaderStatus)
+    """The current leader."""
+    checkpoint: dict[str, Any] | None = Field(
+        default=None, json_schema_extra={PASSTHROUGH_KEY: True}
+    )
+    """The orchestrator's checkpoint (usage totals) that survives a failover."""
+
+
+def condition(
+    type_: str,
+    status: ConditionStatus,
+    *,
+    reason: str,
+    message: str = "",
+    generation: int | None,
+    now: datetime.datetime,
+    previous: Sequence[Condition] = (),
+) -> Condition:
+    """A condition, keeping the previous ``lastTransitionTime`` when ``status`` did not flip."""
+    before = next((c for c in previous if c.type == type_), None)
+    since = before.last_transition_time if before is not None and before.status == status else now
+    return Condition(
+        type=type_,
+        status=status,
+        observed_generation=generation,
+        last_transition_time=since,
+        reason=reason,
+        message=message[:32768],
+    )
+
+
+def reason_from_code(code: str) -> str:
+    """A condition reason from an error code: the code itself when valid, else ``Error``."""
+    import re
+
+    return code if re.fullmatch(REASON_PATTERN, code) else "Error"
+
+
+def status_from_snapshot(snapshot: Mapping[str, Any]) -> dict[str, Any]:
+    """The poll block, lanes and usage totals of a runtime snapshot, in wire form."""
+    poll = snapshot.get("poll") or {}
+    usage = snapshot.get("usage_totals") or {}
+    return {
+        "poll": PollStatus(
+            last_poll_at=poll.get("last_poll_at"),
+            next_poll_at=poll.get("next_poll_at"),
+            interval_ms=int(poll.get("interval_ms") or 0),
+            candidates=int(poll.get("candidates") or 0),
+            eligible=int(poll.get("eligible") or 0),
+            count=int(poll.get("count") or 0),
+            last_error=poll.get("last_error"),
+        ).wire(),
+        "lanes": LaneCounts(
+            running=len(snapshot.get("running") or ()),
+            reserving=len(snapshot.get("reserving") or ()),
+            retrying=len(snapshot.get("retrying") or ()),
+            blocked=len(snapshot.get("blocked") or ()),
+        ).wire(),
+        "usage": UsageStatus(
+            input_tokens=int(usage.get("input_tokens") or 0),
+            output_tokens=int(usage.get("output_tokens") or 0),
+            total_tokens=int(usage.get("total_tokens") or 0),
+            # NB: rounded so that a status that changes only in the far decimals of a running
+            # clock is not "changed" on every snapshot.
+            seconds_running=round(float(usage.get("seconds_running") or 0.0), 1),
+            cost_usd=round(float(usage.get("cost_usd") or 0.0), 6),
+        ).wire(),
+    }
+
+
+# -- Claim ----------------------------------------------------------------------------------
+
+
+class ClaimUsage(WireModel):
+    """Tokens the slot's current run has used."""
+
+    input_tokens: int = 0
+    """Prompt tokens."""
+    output_tokens: int = 0
+    """Completion tokens."""
+    total_tokens: int = 0
+    """All tokens."""
+
+
+class ClaimSpec(WireModel):
+    """Which slot a Claim holds: set at creation, immutable afterwards."""
+
+    workflow: str = Field(min_length=1)
+    """The Workflow's name (same namespace)."""
+    slot_key: str = Field(min_length=1)
+    """``<issue id>#<slot index>``."""
+    issue_id: str = Field(min_length=1)
+    """The tracker's issue id."""
+    identifier: str
+    """The human identifier (``ABC-123``)."""
+    slot_index: int = Field(ge=0)
+    """Which slot of the issue's ensemble."""
+
+
+class ClaimStatus(WireModel):
+    """The claimed slot's state, as the leader's orchestrator last persisted it."""
+
+    phase: ClaimPhase
+    """``Reserved`` (waiting for a worker), ``Running`` or ``RetryPending``."""
+    owner: str
+    """The identity of the replica that holds the slot."""
+    attempt: int | None = None
+    """Retry attempt number (``None`` for a first run)."""
+    retry_kind: RetryKind | None = None
+    """``continuation`` (after a clean exit) or ``failure`` (after a fault)."""
+    due_at: datetime.datetime | None = None
+    """When a pending retry is due (wall clock)."""
+    reservation_token: str | None = None
+    """ABA guard of a reservation."""
+    host: str | None = None
+    """The worker host (``None`` = the operator pod)."""
+    workspace_path: str | None = None
+    """The slot's workspace on the operator's volume."""
+    started_at: datetime.datetime | None = None
+    """When the run (or the reservation) started."""
+    last_agent_at: datetime.datetime | None = None
+    """When the agent last reported anything."""
+    turn_count: int = 0
+    """Agent sessions (turns) so far."""
+    usage: ClaimUsage = Field(default_factory=ClaimUsage)
+    """Tokens used by the current run."""
+    last_error: str | None = None
+    """Why the last run failed."""
+    session_id: str | None = None
+    """The agent session id."""
+    updated_at: datetime.datetime | None = None
+    """When this status was written."""
+
+
+CLAIM_SPEC_FIELDS = ("slot_key", "issue_id", "identifier", "slot_index")
+"""The ClaimRecord fields that live in a Claim's spec; all others live in its status."""
+
+
+def claim_spec(record: ClaimRecord, *, workflow: str) -> dict[str, Any]:
+    """The spec of the Claim for ``record`` (wire form)."""
+    return ClaimSpec(
+        workflow=workflow,
+        slot_key=record.slot_key,
+        issue_id=record.issue_id,
+        identifier=record.identifier,
+        slot_index=record.slot_index,
+    ).wire()
+
+
+def claim_status(record: ClaimRecord) -> dict[str, Any]:
+    """The status of the Claim for ``record`` (wire form)."""
+    data = record.to_dict()
+    values = {name: data[name] for name in ClaimStatus.model_fields if name in data}
+    return ClaimStatus.model_validate(values).wire()
+
+
+def record_from_claim(obj: Mapping[str, Any]) -> ClaimRecord:
+    """The record a Claim object holds; a Claim without status yet reads as ownerless.
+
+    NB: a Claim is created first and gets its status in a second write; a creator that died in
+    between leaves a Claim with no status. It reads as ``Reserved`` by owner ``""``, which is
+    never the Lease holder, so the next leader takes it over like any stale claim.
+    """
+    spec = ClaimSpec.model_validate(obj.get("spec") or {})
+    raw_status = obj.get("status") or {}
+    if not raw_status.get("phase"):
+        status = ClaimStatus(phase=ClaimPhase.RESERVED, owner="")
+    else:
+        status = ClaimStatus.model_validate(raw_status)
+    return ClaimRecord(
+        slot_key=SlotKey(spec.slot_key),
+        issue_id=spec.issue_id,
+        identifier=spec.identifier,
+        slot_index=spec.slot_index,
+        phase=status.phase,
+        owner=status.owner,
+        attempt=status.attempt,
+        retry_kind=status.retry_kind,
+        due_at=status.due_at,
+        reservation_token=status.reservation_token,
+        host=status.host,
+        workspace_path=status.workspace_path,
+        started_at=status.started_at,
+        last_agent_at=status.last_agent_at,
+        turn_count=status.turn_count,
+        usage=TokenUsage(
+            input_tokens=status.usage.input_tokens,
+            output_tokens=status.usage.output_tokens,
+            total_tokens=status.usage.total_tokens,
+        ),
+        last_error=status.last_error,
+        session_id=status.session_id,
+        updated_at=status.updated_at,
+    )

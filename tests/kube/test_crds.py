@@ -1,0 +1,237 @@
+"""The generated CRDs: fresh on disk, accepted by the API server, and enforcing the schema.
+
+A bad Workflow must be refused at ``kubectl apply`` time with a message that names the field,
+by the structural schema (wrong type, enum, bounds, unknown fields under strict validation) or
+by a CEL rule (cross-field checks). These run against the real kube-apiserver.
+"""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+from typing import Any
+
+import pytest
+import yaml
+
+from lorenz.kube import crds
+from tests.cluster.cluster import Cluster
+from tests.kube.conftest import CRDS
+
+GOOD: dict[str, Any] = {
+    "apiVersion": "lorenz.dev/v1alpha1",
+    "kind": "Workflow",
+    "metadata": {"name": "good"},
+    "spec": {
+        "tracker": {"kind": "files", "path": "/tmp/issues"},
+        "polling": {"intervalMs": 1000},
+        "agent": {"kind": "script", "maxConcurrentAgents": 2},
+        "agents": {"script": {"command": "true", "protocol": "command"}},
+        "prompt": "Work on {{ issue.identifier }}",
+    },
+}
+
+
+def with_spec(name: str, **changes: Any) -> dict[str, Any]:
+    """GOOD with ``changes`` merged into its spec (a section value replaces, keys merge)."""
+    body = copy.deepcopy(GOOD)
+    body["metadata"]["name"] = name
+    for section, value in changes.items():
+        current = body["spec"].get(section)
+        if isinstance(current, dict) and isinstance(value, dict):
+            current.update(value)
+        elif value is None:
+            body["spec"].pop(section, None)
+        else:
+            body["spec"][section] = value
+    return body
+
+
+def apply(
+    cluster: Cluster, namespace: str, body: dict[str, Any], *, validate: str = "strict"
+) -> subprocess.CompletedProcess[str]:
+    return cluster.kubectl(
+        "apply",
+        f"--validate={validate}",
+        "-n",
+        namespace,
+        "-f",
+        "-",
+        input=yaml.safe_dump(body),
+        check=False,
+    )
+
+
+def rejected(cluster: Cluster, namespace: str, body: dict[str, Any], **kwargs: Any) -> str:
+    proc = apply(cluster, namespace, body, **kwargs)
+    assert proc.returncode != 0, f"accepted: {body['spec']}\n{proc.stdout}"
+    return proc.stderr
+
+
+def test_committed_crds_are_generated_from_the_models() -> None:
+    assert crds.stale_files(CRDS) == [], "run `lorenz crds --write crds/`"
+
+
+def test_lorenz_crds_check_reports_a_stale_file(tmp_path: Any) -> None:
+    from lorenz.cli import main
+
+    crds.write(tmp_path)
+    assert main(["crds", "--check", str(tmp_path)]) == 0
+    (tmp_path / "claims.lorenz.dev.yaml").write_text("stale\n")
+    assert main(["crds", "--check", str(tmp_path)]) == 1
+
+
+pytestmark_cluster = pytest.mark.cluster
+
+
+@pytest.mark.cluster
+def test_a_valid_workflow_is_accepted_and_keeps_only_what_was_written(
+    kube_control_plane: Cluster, kube_namespace: str, lorenz_crds: list[str]
+) -> None:
+    proc = apply(kube_control_plane, kube_namespace, GOOD)
+    assert proc.returncode == 0, proc.stderr
+    stored = kube_control_plane.kubectl_json("get", "wf", "good", "-n", kube_namespace)
+    # No server-side defaults: the model applies them, so the object holds what was written.
+    assert stored["spec"] == GOOD["spec"]
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize(
+    ("changes", "field", "fragment"),
+    [
+        ({"polling": {"intervalMs": "soon"}}, "spec.polling.intervalMs", "must be of type integer"),
+        ({"tracker": {"kind": "jira"}}, "spec.tracker.kind", "Unsupported value"),
+        (
+            {"agent": {"maxConcurrentAgents": 0}},
+            "spec.agent.maxConcurrentAgents",
+            "greater than or equal to 1",
+        ),
+        ({"agent": {"ensembleSize": 17}}, "spec.agent.ensembleSize", "less than or equal to 16"),
+        ({"agents": {"script": {"protocol": "command"}}}, "spec.agents.script.command", "Required"),
+        ({"tracker": {"activeStates": "Todo"}}, "spec.tracker.activeStates", "type array"),
+    ],
+)
+def test_structural_schema_rejects_bad_values_naming_the_field(
+    kube_control_plane: Cluster,
+    kube_namespace: str,
+    lorenz_crds: list[str],
+    changes: dict[str, Any],
+    field: str,
+    fragment: str,
+) -> None:
+    body = with_spec("bad", **changes)
+    if "agents" in changes:
+        body["spec"]["agents"] = changes["agents"]
+    stderr = rejected(kube_control_plane, kube_namespace, body)
+    assert field in stderr
+    assert fragment in stderr
+
+
+@pytest.mark.cluster
+def test_unknown_fields_fail_strict_validation_and_are_pruned_otherwise(
+    kube_control_plane: Cluster, kube_namespace: str, lorenz_crds: list[str]
+) -> None:
+    typo = with_spec("typo", polling={"intervalMS": 5})
+    stderr = rejected(kube_control_plane, kube_namespace, typo)
+    assert 'unknown field "spec.polling.intervalMS"' in stderr
+
+    proc = apply(kube_control_plane, kube_namespace, typo, validate="false")
+    assert proc.returncode == 0, proc.stderr
+    stored = kube_control_plane.kubectl_json("get", "wf", "typo", "-n", kube_namespace)
+    assert stored["spec"]["polling"] == {"intervalMs": 1000}
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize(
+    ("changes", "field", "fragment"),
+    [
+        (
+            {"tracker": {"kind": "linear", "apiKeySecretRef": {"name": "s", "key": "k"}}},
+            "spec.tracker.projectSlug",
+            "tracker.projectSlug is required when tracker.kind is linear",
+        ),
+        (
+            {"tracker": {"kind": "github", "apiKeySecretRef": {"name": "s", "key": "k"}}},
+            "spec.tracker.repository",
+            "tracker.repository is required when tracker.kind is github",
+        ),
+        (
+            {"tracker": {"kind": "github", "repository": "o/r"}},
+            "spec.tracker.apiKeySecretRef",
+            "tracker.apiKeySecretRef is required",
+        ),
+        (
+            {"tracker": {"apiKey": "lin_api_123"}},
+            "spec.tracker.apiKey",
+            "tracker.apiKey cannot be written inline",
+        ),
+        (
+            {"workspace": {"kind": "worktree"}},
+            "spec.workspace.repo",
+            "workspace.repo is required when workspace.kind is worktree",
+        ),
+        (
+            {"agent": {"kind": "claude"}},
+            "spec.agent.kind",
+            "agent.kind must name an entry of agents",
+        ),
+    ],
+)
+def test_cel_rules_reject_cross_field_violations_naming_the_field(
+    kube_control_plane: Cluster,
+    kube_namespace: str,
+    lorenz_crds: list[str],
+    changes: dict[str, Any],
+    field: str,
+    fragment: str,
+) -> None:
+    body = with_spec("cel", **changes)
+    if changes.get("tracker", {}).get("kind") in ("linear", "github"):
+        body["spec"]["tracker"].pop("path")
+    # Non-strict too: CEL is enforced by the API server whatever the client asks for.
+    stderr = rejected(kube_control_plane, kube_namespace, body, validate="false")
+    assert field in stderr
+    assert fragment in stderr
+
+
+@pytest.mark.cluster
+def test_cel_rules_accept_the_complete_forms(
+    kube_control_plane: Cluster, kube_namespace: str, lorenz_crds: list[str]
+) -> None:
+    linear = with_spec(
+        "linear",
+        tracker={
+            "kind": "linear",
+            "projectSlug": "abc123",
+            "apiKeySecretRef": {"name": "linear", "key": "token"},
+        },
+        workspace={"kind": "worktree", "repo": "/src/repo"},
+    )
+    linear["spec"]["tracker"].pop("path")
+    proc = apply(kube_control_plane, kube_namespace, linear)
+    assert proc.returncode == 0, proc.stderr
+    codex = with_spec("codex", agent={"kind": "codex"}, agents=None)
+    proc = apply(kube_control_plane, kube_namespace, codex)
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.cluster
+def test_a_claims_spec_is_immutable(
+    kube_control_plane: Cluster, kube_namespace: str, lorenz_crds: list[str]
+) -> None:
+    claim = {
+        "apiVersion": "lorenz.dev/v1alpha1",
+        "kind": "Claim",
+        "metadata": {"name": "c1"},
+        "spec": {
+            "workflow": "wf",
+            "slotKey": "I-1#0",
+            "issueId": "I-1",
+            "identifier": "I-1",
+            "slotIndex": 0,
+        },
+    }
+    assert apply(kube_control_plane, kube_namespace, claim).returncode == 0
+    claim["spec"]["slotIndex"] = 1
+    stderr = rejected(kube_control_plane, kube_namespace, claim)
+    assert "a Claim's spec is immutable" in stderr
