@@ -1,0 +1,471 @@
+"""The Helm chart offline: lint --strict, what it renders for each option, its values schema,
+and that its generated parts (RBAC from lorenz.kube.rbac, CRDs from crds/) are current.
+
+The chart on a real API server is test_chart_install.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import tomllib
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import jsonschema  # type: ignore[import-untyped]
+import pytest
+import yaml
+
+import lorenz
+from lorenz.kube.rbac import OPERATOR_RULES, RULE_REASONS
+from tests.packaging.charts import CHART, REPO, by_kind, helm, one, render, template
+
+
+def _load_generator() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("chart_generate", CHART / "generate.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+generator = _load_generator()
+
+
+def _schema() -> dict[str, Any]:
+    schema: dict[str, Any] = json.loads((CHART / "values.schema.json").read_text())
+    return schema
+
+
+def _default_values() -> dict[str, Any]:
+    values: dict[str, Any] = yaml.safe_load((CHART / "values.yaml").read_text())
+    return values
+
+
+# --- metadata ---------------------------------------------------------------------------------
+
+
+def test_chart_versions_follow_the_package() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    with (REPO / "pyproject.toml").open("rb") as file:
+        version = tomllib.load(file)["project"]["version"]
+    assert chart["apiVersion"] == "v2"
+    assert chart["name"] == "lorenz"
+    assert chart["appVersion"] == version == lorenz.__version__
+    assert chart["version"] == version
+
+
+def test_generated_parts_are_current() -> None:
+    stale = generator.stale_files()
+    assert stale == [], f"stale {stale}: run .venv/bin/python charts/lorenz/generate.py"
+
+
+def test_generator_check_mode_reports_a_stale_file(tmp_path: Path) -> None:
+    rbac = generator.RBAC_TEMPLATE
+    original = rbac.read_text()
+    try:
+        rbac.write_text(original.replace('"patch"', '"update"', 1))
+        assert generator.stale_files() == ["charts/lorenz/templates/rbac.yaml"]
+        assert generator.main(["--check"]) == 1
+    finally:
+        rbac.write_text(original)
+    assert generator.main(["--check"]) == 0
+
+
+def test_chart_crds_are_copies_of_the_repository_crds() -> None:
+    sources = sorted(path.name for path in (REPO / "crds").glob("*.yaml"))
+    copies = sorted(path.name for path in (CHART / "crds").glob("*.yaml"))
+    assert copies == sources
+    for name in sources:
+        assert (CHART / "crds" / name).read_bytes() == (REPO / "crds" / name).read_bytes()
+
+
+def test_helmignore_keeps_the_generator_out_of_the_package() -> None:
+    assert "generate.py" in (CHART / ".helmignore").read_text().split()
+
+
+# --- lint -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        None,
+        {"watchNamespace": "team-a"},
+        {"workspaces": {"persistence": {"enabled": True, "storageClass": "fast"}}},
+        {"metrics": {"serviceMonitor": {"enabled": True}}, "replicaCount": 3},
+        {"serviceAccount": {"create": False, "name": "mine"}, "rbac": {"create": False}},
+    ],
+    ids=["defaults", "namespaced", "persistence", "service-monitor", "own-account"],
+)
+def test_lint_strict_is_clean(values: dict[str, Any] | None, tmp_path: Path) -> None:
+    args = ["lint", "--strict", str(CHART)]
+    if values:
+        path = tmp_path / "values.json"
+        path.write_text(json.dumps(values))
+        args += ["--values", str(path)]
+    result = helm(*args, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "[WARNING]" not in result.stdout
+    assert "[ERROR]" not in result.stdout
+    assert "1 chart(s) linted, 0 chart(s) failed" in result.stdout
+
+
+# --- schema -----------------------------------------------------------------------------------
+
+
+def test_schema_is_valid_draft7_and_accepts_the_defaults() -> None:
+    schema = _schema()
+    assert schema["$schema"] == "http://json-schema.org/draft-07/schema#"
+    jsonschema.Draft7Validator.check_schema(schema)
+    jsonschema.Draft7Validator(schema).validate(_default_values())
+
+
+def _closed_paths(schema: dict[str, Any], prefix: str = "") -> list[str]:
+    """Object schemas (by dotted path) that declare properties."""
+    found = []
+    if "properties" in schema:
+        found.append(prefix)
+        for key, sub in schema["properties"].items():
+            found += _closed_paths(sub, f"{prefix}.{key}" if prefix else key)
+    return found
+
+
+def test_schema_closes_every_object_the_chart_owns() -> None:
+    for path in _closed_paths(_schema()):
+        node = _schema()
+        for key in [k for k in path.split(".") if k]:
+            node = node["properties"][key]
+        assert node.get("additionalProperties") is False, path or "<root>"
+
+
+def test_every_value_has_a_schema_entry_with_a_description() -> None:
+    def walk(values: dict[str, Any], schema: dict[str, Any], prefix: str) -> None:
+        for key, value in values.items():
+            path = f"{prefix}{key}"
+            assert key in schema.get("properties", {}), f"{path} missing from the schema"
+            sub = schema["properties"][key]
+            assert sub.get("description"), f"{path} has no description"
+            if isinstance(value, dict) and "properties" in sub:
+                walk(value, sub, f"{path}.")
+
+    walk(_default_values(), _schema(), "")
+
+
+def test_every_values_key_is_commented() -> None:
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    key_line = re.compile(r"^\s*[A-Za-z][A-Za-z0-9]*:")
+    for number, line in enumerate(lines):
+        if key_line.match(line):
+            above = lines[number - 1].strip() if number else ""
+            assert above.startswith("#"), f"values.yaml line {number + 1} has no comment: {line}"
+
+
+@pytest.mark.parametrize(
+    ("flag", "message"),
+    [
+        ("replicaCount=x", "at '/replicaCount': got string, want integer"),
+        ("replicaCount=-1", "/replicaCount"),
+        ("image.tags=1.0", "additional properties 'tags' not allowed"),
+        ("typo=1", "additional properties 'typo' not allowed"),
+        ("image.pullPolicy=Sometimes", "/image/pullPolicy"),
+        ("watchNamespace=Not_A_Namespace", "/watchNamespace"),
+        ("service.port=70000", "/service/port"),
+        ("workspaces.persistence.size=lots", "/workspaces/persistence/size"),
+        ("workspaces.persistence.accessModes[0]=ReadWriteSometimes", "accessModes/0"),
+        ("probes.liveness.enabled=maybe", "/probes/liveness/enabled"),
+        ("operator.logLevel=loud", "/operator/logLevel"),
+        ("image.digest=latest", "/image/digest"),
+    ],
+)
+def test_schema_rejects_bad_values(flag: str, message: str, tmp_path: Path) -> None:
+    result = template(tmp=tmp_path, extra=["--set", flag], check=False)
+    assert result.returncode != 0
+    assert "don't meet the specifications of the schema" in result.stderr
+    assert message in result.stderr
+
+
+def test_lint_fails_on_a_bad_value() -> None:
+    result = helm("lint", "--strict", str(CHART), "--set", "replicaCount=x", check=False)
+    assert result.returncode != 0
+    assert "replicaCount" in result.stdout + result.stderr
+
+
+# --- rendering --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def defaults(tmp_path: Path) -> list[dict[str, Any]]:
+    return render(tmp=tmp_path)
+
+
+def test_defaults_render_the_expected_objects(defaults: list[dict[str, Any]]) -> None:
+    kinds = sorted(obj["kind"] for obj in defaults)
+    assert kinds == [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Deployment",
+        "Service",
+        "ServiceAccount",
+    ]
+    for obj in defaults:
+        labels = obj["metadata"]["labels"]
+        assert labels["app.kubernetes.io/name"] == "lorenz"
+        assert labels["app.kubernetes.io/instance"] == "lorenz"
+        assert labels["app.kubernetes.io/version"] == lorenz.__version__
+        assert labels["app.kubernetes.io/managed-by"] == "Helm"
+        assert labels["helm.sh/chart"] == f"lorenz-{lorenz.__version__}"
+        if obj["kind"] not in ("ClusterRole", "ClusterRoleBinding"):
+            assert obj["metadata"]["namespace"] == "lorenz-system"
+
+
+def _container(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    deployment = one(objects, "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return dict(container)
+
+
+def test_deployment_is_locked_down(defaults: list[dict[str, Any]]) -> None:
+    pod = one(defaults, "Deployment")["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 10001
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    security = _container(defaults)["securityContext"]
+    assert security["runAsNonRoot"] is True
+    assert security["runAsUser"] == 10001
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+
+
+def test_deployment_image_probes_resources(defaults: list[dict[str, Any]]) -> None:
+    deployment = one(defaults, "Deployment")
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "lorenz"
+    container = _container(defaults)
+    assert container["image"] == f"lorenz:{lorenz.__version__}"
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "probes"}
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    assert ports == {"probes": 8080, "http": 9464}
+    assert "--liveness=http://0.0.0.0:8080/healthz" in container["args"]
+    assert container["args"][0] == "operator"
+    assert set(container["resources"]) == {"requests", "limits"}
+
+
+def test_writable_paths_are_volumes(defaults: list[dict[str, Any]]) -> None:
+    pod = one(defaults, "Deployment")["spec"]["template"]["spec"]
+    mounts = {m["name"]: m["mountPath"] for m in _container(defaults)["volumeMounts"]}
+    assert mounts == {
+        "tmp": "/tmp",
+        "home": "/home/lorenz",
+        "workspaces": "/var/lib/lorenz/workspaces",
+    }
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["tmp"]["emptyDir"] == {"sizeLimit": "1Gi"}
+    assert volumes["workspaces"]["emptyDir"] == {}
+
+
+def test_image_digest_and_tag(tmp_path: Path) -> None:
+    digest = "sha256:" + "0" * 64
+    pinned = render(tmp=tmp_path, values={"image": {"repository": "reg/lorenz", "digest": digest}})
+    assert _container(pinned)["image"] == f"reg/lorenz@{digest}"
+    tagged = render(tmp=tmp_path, values={"image": {"tag": "dev"}})
+    assert _container(tagged)["image"] == "lorenz:dev"
+
+
+def _rules_of(role: dict[str, Any]) -> list[dict[str, Any]]:
+    return list(role["rules"])
+
+
+def test_cluster_wide_rbac_is_exactly_the_operator_rules(defaults: list[dict[str, Any]]) -> None:
+    role = one(defaults, "ClusterRole")
+    assert _rules_of(role) == [dict(rule) for rule in OPERATOR_RULES]
+    binding = one(defaults, "ClusterRoleBinding")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "lorenz", "namespace": "lorenz-system"}
+    ]
+    # Cluster-scoped names carry the release namespace: two releases do not collide.
+    assert role["metadata"]["name"] == "lorenz-lorenz-system"
+    assert "--all-namespaces" in _container(defaults)["args"]
+
+
+def test_every_rule_is_commented_with_its_reason() -> None:
+    text = generator.RBAC_TEMPLATE.read_text()
+    for (group, resource), reason in RULE_REASONS.items():
+        assert f"# {group or 'core'}/{resource}: {reason.split()[0]}" in text
+
+
+def test_namespaced_rbac_is_a_role_in_the_watched_namespace(tmp_path: Path) -> None:
+    objects = render(tmp=tmp_path, values={"watchNamespace": "team-a"})
+    assert not by_kind(objects, "ClusterRole")
+    assert not by_kind(objects, "ClusterRoleBinding")
+    role = one(objects, "Role")
+    assert role["metadata"]["namespace"] == "team-a"
+    assert _rules_of(role) == [dict(rule) for rule in OPERATOR_RULES]
+    binding = one(objects, "RoleBinding")
+    assert binding["metadata"]["namespace"] == "team-a"
+    assert binding["roleRef"]["kind"] == "Role"
+    assert binding["subjects"][0]["namespace"] == "lorenz-system"
+    args = _container(objects)["args"]
+    assert "--namespace=team-a" in args
+    assert "--all-namespaces" not in args
+
+
+def test_rbac_and_service_account_can_be_brought_by_the_user(tmp_path: Path) -> None:
+    objects = render(
+        tmp=tmp_path,
+        values={"serviceAccount": {"create": False, "name": "mine"}, "rbac": {"create": False}},
+    )
+    kinds = {obj["kind"] for obj in objects}
+    assert kinds == {"Deployment", "Service"}
+    assert one(objects, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == "mine"
+
+
+def test_own_service_account_needs_a_name(tmp_path: Path) -> None:
+    result = template(tmp=tmp_path, extra=["--set", "serviceAccount.create=false"], check=False)
+    assert result.returncode != 0
+    assert "serviceAccount.name is required" in result.stderr
+
+
+def test_workspace_claim_is_created_and_mounted(tmp_path: Path) -> None:
+    objects = render(
+        tmp=tmp_path,
+        values={
+            "workspaces": {"persistence": {"enabled": True, "size": "50Gi", "storageClass": "fast"}}
+        },
+    )
+    claim = one(objects, "PersistentVolumeClaim")
+    assert claim["metadata"]["name"] == "lorenz-workspaces"
+    assert claim["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert claim["spec"] == {
+        "accessModes": ["ReadWriteOnce"],
+        "storageClassName": "fast",
+        "resources": {"requests": {"storage": "50Gi"}},
+    }
+    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["workspaces"] == {
+        "name": "workspaces",
+        "persistentVolumeClaim": {"claimName": "lorenz-workspaces"},
+    }
+
+
+def test_workspace_claim_storage_class_default_and_none(tmp_path: Path) -> None:
+    default = render(tmp=tmp_path, values={"workspaces": {"persistence": {"enabled": True}}})
+    assert "storageClassName" not in one(default, "PersistentVolumeClaim")["spec"]
+    none = render(
+        tmp=tmp_path, values={"workspaces": {"persistence": {"enabled": True, "storageClass": "-"}}}
+    )
+    assert one(none, "PersistentVolumeClaim")["spec"]["storageClassName"] == ""
+
+
+def test_existing_workspace_claim_is_mounted_not_created(tmp_path: Path) -> None:
+    objects = render(
+        tmp=tmp_path,
+        values={"workspaces": {"persistence": {"enabled": True, "existingClaim": "shared-ws"}}},
+    )
+    assert not by_kind(objects, "PersistentVolumeClaim")
+    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["workspaces"]["persistentVolumeClaim"] == {"claimName": "shared-ws"}
+
+
+def test_read_write_once_claim_is_refused_for_several_replicas(tmp_path: Path) -> None:
+    values = {"replicaCount": 2, "workspaces": {"persistence": {"enabled": True}}}
+    result = template(tmp=tmp_path, values=values, check=False)
+    assert result.returncode != 0
+    assert "needs accessModes [ReadWriteMany]" in result.stderr
+    shared = {
+        "replicaCount": 2,
+        "workspaces": {"persistence": {"enabled": True, "accessModes": ["ReadWriteMany"]}},
+    }
+    assert one(render(tmp=tmp_path, values=shared), "Deployment")["spec"]["replicas"] == 2
+
+
+def test_service_targets_the_pods(defaults: list[dict[str, Any]]) -> None:
+    service = one(defaults, "Service")
+    selector = one(defaults, "Deployment")["spec"]["selector"]["matchLabels"]
+    assert service["spec"]["selector"] == selector
+    assert service["spec"]["ports"] == [
+        {"name": "http", "port": 9464, "targetPort": "http", "protocol": "TCP"}
+    ]
+
+
+def test_service_monitor_is_optional(tmp_path: Path, defaults: list[dict[str, Any]]) -> None:
+    assert not by_kind(defaults, "ServiceMonitor")
+    objects = render(
+        tmp=tmp_path,
+        values={"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}},
+    )
+    monitor = one(objects, "ServiceMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    assert monitor["spec"]["selector"]["matchLabels"] == one(objects, "Service")["spec"]["selector"]
+    assert monitor["spec"]["endpoints"] == [
+        {"port": "http", "path": "/metrics", "interval": "30s", "scrapeTimeout": "10s"}
+    ]
+
+
+def test_service_monitor_needs_the_service(tmp_path: Path) -> None:
+    values = {"service": {"enabled": False}, "metrics": {"serviceMonitor": {"enabled": True}}}
+    result = template(tmp=tmp_path, values=values, check=False)
+    assert result.returncode != 0
+    assert "needs service.enabled" in result.stderr
+
+
+def test_names_are_truncated_to_63_characters(tmp_path: Path) -> None:
+    release, namespace = "r" * 53, "n" * 63  # helm's and Kubernetes' longest
+    values = {"workspaces": {"persistence": {"enabled": True}}}
+    for extra_values in ({}, {"watchNamespace": "w" * 63}):
+        objects = render(
+            tmp=tmp_path, release=release, namespace=namespace, values=values | extra_values
+        )
+        for obj in objects:
+            name = obj["metadata"]["name"]
+            if obj["kind"] in ("ClusterRole", "ClusterRoleBinding"):
+                # Cluster-scoped RBAC names are DNS subdomains (253) and carry the namespace.
+                assert len(name) <= 253
+                assert name.endswith("-" + namespace)
+            else:
+                assert len(name) <= 63, name
+        claim = one(objects, "PersistentVolumeClaim")
+        assert claim["metadata"]["name"].endswith("-workspaces")
+
+
+def test_extra_env_and_args_reach_the_container(tmp_path: Path) -> None:
+    objects = render(
+        tmp=tmp_path,
+        values={
+            "operator": {
+                "extraArgs": ["--verbose"],
+                "env": [{"name": "LORENZ_FEATURE_DURABLE_CLAIMS", "value": "1"}],
+            }
+        },
+    )
+    container = _container(objects)
+    assert container["args"][-1] == "--verbose"
+    env = {item["name"]: item for item in container["env"]}
+    assert env["LORENZ_FEATURE_DURABLE_CLAIMS"]["value"] == "1"
+    assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+
+
+def test_notes_name_the_release_and_the_crd_upgrade_step(tmp_path: Path) -> None:
+    result = helm(
+        "install", "demo", str(CHART), "--dry-run=client", "--namespace", "ops", check=False
+    )
+    assert result.returncode == 0, result.stderr
+    notes = result.stdout.split("NOTES:", 1)[1]
+    assert 'release "demo" in namespace "ops"' in notes
+    assert "kubectl apply --server-side -f <chart>/crds/" in notes
