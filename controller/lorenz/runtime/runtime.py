@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime
 import json
 import logging
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from lorenz.agents import AgentRunError, AgentRunner, AgentRunRequest
-from lorenz.agents.environment import agent_environment
+from lorenz.agents.environment import TRACKER_SECRET_ENV, agent_environment
 from lorenz.config import AgentProtocol, TrackerKind, WorkflowSettings
 from lorenz.model import (
     AgentUpdate,
@@ -114,6 +115,7 @@ class LorenzRuntime:
         self._event_listeners: list[EventListener] = []
 
         self._stopped = False
+        self._once = False
         self._app_status = "starting"
         self._poll_in_progress = False
         self._pending_poll: tuple[bool, bool] | None = None
@@ -163,6 +165,10 @@ class LorenzRuntime:
         self._app_status = "running"
         self._emit_snapshot()
         if once:
+            # NB: one tick means one. Without this, the nudges of settling runs (and the retry
+            # timers they arm) merge a follow-up tick into this one, which may dispatch a
+            # continuation that nobody waits for and that the shutdown kills moments later.
+            self._once = True
             await self.poll_once(dry_run=dry_run, wait_for_runs=True)
             self._app_status = "stopped"
             self._emit_snapshot()
@@ -190,7 +196,8 @@ class LorenzRuntime:
         if self._stopped:
             return
         self._stopped = True
-        self._app_status = "stopping"
+        if self._app_status != "stopped":  # a finished --once run stays stopped
+            self._app_status = "stopping"
         self._pending_poll = None
         for run in self._runs.all():
             run.finish_externally(AbortReason.SHUTDOWN)
@@ -337,8 +344,8 @@ class LorenzRuntime:
             await self.poll_once()
 
     def _nudge(self) -> None:
-        """Freed capacity: fill it now rather than at the next interval."""
-        if self._stopped:
+        """Freed capacity: fill it now rather than at the next interval (never in --once)."""
+        if self._stopped or self._once:
             return
         if self._poll_in_progress:
             self._queue_poll(dry_run=False, wait_for_runs=False)
@@ -398,7 +405,7 @@ class LorenzRuntime:
             )
         except Exception as exc:
             self._last_poll_at = self._clock.now()
-            self._last_poll_error = _describe(exc)
+            self._last_poll_error = self._scrub(_describe(exc))
             self._event(
                 EventType.POLL_ERROR,
                 message=self._last_poll_error,
@@ -774,6 +781,7 @@ class LorenzRuntime:
                     await asyncio.shield(
                         self._workspaces.after_run(workspace, attempt=entry.attempt)
                     )
+            error = self._scrub(error) if error is not None else None
             await self._settle(run, key=key, normal=normal, error=error, worker_slot=worker_slot)
         if cancelled_from_outside:
             raise asyncio.CancelledError
@@ -858,6 +866,8 @@ class LorenzRuntime:
         return self._orchestrator.reconciliation_decision(issue) is None
 
     def _on_agent_update(self, key: SlotKey, update: AgentUpdate) -> None:
+        if update.message:
+            update = dataclasses.replace(update, message=self._scrub(update.message))
         task = asyncio.get_running_loop().create_task(self._apply_update(key, update))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
@@ -936,6 +946,7 @@ class LorenzRuntime:
         if message is not None:
             event["message"] = message
         event.update({k: v for k, v in fields.items() if v is not None})
+        event = {k: self._scrub(v) if isinstance(v, str) else v for k, v in event.items()}
         self._projection.record_event(event)
         self.stats[kind.value] = self.stats.get(kind.value, 0) + 1
         log_level = logging.WARNING if kind in _WARNING_EVENTS else logging.INFO
@@ -958,6 +969,20 @@ class LorenzRuntime:
         except OSError:
             # NB: a broken log sink must never take the orchestrator down.
             logger.warning("cannot append to log_file path=%s", path)
+
+    def _scrub(self, text: str) -> str:
+        """``text`` with the tracker token (and the well-known token variables) as ``***``.
+
+        NB: agents echo what they saw and trackers echo what they were sent, so a token can
+        reach an error message; everything shown or written (events, the log file, snapshot
+        errors, agent messages) passes through here first.
+        """
+        secrets = [self.settings.tracker.api_key or ""]
+        secrets.extend(self._base_env.get(name, "") for name in TRACKER_SECRET_ENV)
+        for secret in sorted(secrets, key=len, reverse=True):
+            if len(secret) >= 4 and secret in text:
+                text = text.replace(secret, "***")
+        return text
 
     def _emit_snapshot(self) -> None:
         if not self._snapshot_listeners:
