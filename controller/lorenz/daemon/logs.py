@@ -1,0 +1,443 @@
+"""Process logging for a single-host run: structured lines, run context, secrets scrubbed.
+
+Lorenz logs like a Kubernetes component: a short message and the objects it concerns as
+``key=value`` pairs (text) or as top-level keys of one JSON object per line (``logging.format:
+json``, for log shippers). The runtime passes its event dict as ``extra={"lorenz": {...}}``;
+every key of it becomes a field. Lines logged while a run is in flight also carry the run's
+``issue_id``, ``identifier``, ``slot`` and ``session_id``, filled in by :class:`RunContext`
+from the run's asyncio task and the latest snapshot, so that even a line from deep inside an
+agent runner can be traced to its issue.
+
+Agents echo what they see and trackers echo what they were sent, so a tracker token can reach a
+log line through an error message. The :class:`SecretRedactor` on the handler replaces every
+known secret value (``tracker.api_key`` and the well-known token variables) with ``***`` in the
+message, the arguments, the extra fields and the traceback of every record, whichever logger
+it came from.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import datetime
+import json
+import logging
+import os
+import re
+import sys
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol, TextIO
+
+from lorenz.agents.environment import TRACKER_SECRET_ENV
+from lorenz.config import LogFormat, LoggingSettings, WorkflowSettings
+from lorenz.runtime import LorenzRuntime
+from lorenz.workflow import LoadedWorkflow
+
+REDACTED = "***"
+MIN_SECRET_CHARS = 4
+"""Shorter values are not treated as secrets: redacting them would mangle ordinary words."""
+EXTRA_KEY = "lorenz"
+"""The ``extra=`` key the runtime puts its structured fields under."""
+RUN_TASK_PREFIX = "lorenz-run:"
+"""Name prefix of the runtime's per-run tasks (``lorenz-run:<issue id>#<slot>``)."""
+
+RESERVED_JSON_KEYS = ("ts", "level", "logger", "message")
+"""Fields every JSON line starts with; an extra field of that name is kept as ``event_<key>``."""
+RUN_KEYS = ("issue_id", "identifier", "slot", "session_id")
+"""Run-scoped fields, in the order text lines show them (right after the message)."""
+
+_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+}
+_BARE_VALUE = re.compile(r"^[A-Za-z0-9_.,:/@#+\-]+$")
+
+_RECORD_ATTRIBUTES = frozenset(
+    {
+        *logging.LogRecord("", 0, "", 0, "", None, None).__dict__,
+        "message",
+        "asctime",
+        "taskName",
+        EXTRA_KEY,
+    }
+)
+"""What every record has; anything else on a record came from ``extra=`` and is a field."""
+
+
+# ------------------------------------------------------------------------------ secrets
+
+
+class SecretRedactor(logging.Filter):
+    """Replaces known secret values with ``***`` in everything a record will print."""
+
+    def __init__(self, secrets: Iterable[str | None] = ()) -> None:
+        super().__init__()
+        self._secrets: tuple[str, ...] = ()
+        self._lock = threading.Lock()
+        self.update(secrets)
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        return self._secrets
+
+    def update(self, secrets: Iterable[str | None]) -> None:
+        """Replace the set of secrets (e.g. after a reload changed ``tracker.api_key``)."""
+        values = {value for value in secrets if value and len(value) >= MIN_SECRET_CHARS}
+        # Variants a secret takes once it has been through JSON or repr() are scrubbed too.
+        for value in list(values):
+            values.add(json.dumps(value)[1:-1])
+            values.add(repr(value)[1:-1])
+        with self._lock:
+            # NB: longest first, so a secret that contains another is replaced whole.
+            self._secrets = tuple(sorted(values, key=len, reverse=True))
+
+    def add(self, secrets: Iterable[str | None]) -> None:
+        self.update([*self._secrets, *secrets])
+
+    def redact(self, text: str) -> str:
+        for secret in self._secrets:
+            if secret in text:
+                text = text.replace(secret, REDACTED)
+        return text
+
+    def redact_value(self, value: Any) -> Any:
+        """``value`` with every string inside it redacted (dicts, lists and tuples walked)."""
+        if isinstance(value, str):
+            return self.redact(value)
+        if isinstance(value, Mapping):
+            return {key: self.redact_value(item) for key, item in value.items()}
+        if isinstance(value, list | tuple):
+            return [self.redact_value(item) for item in value]
+        return value
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not self._secrets:
+            return True
+        try:
+            message = record.getMessage()
+        except Exception:  # a bad format string must not lose the line
+            message = f"{record.msg!r} {record.args!r}"
+        record.msg = self.redact(message)
+        record.args = None
+        for key, value in list(record.__dict__.items()):
+            if key == EXTRA_KEY or key not in _RECORD_ATTRIBUTES:
+                setattr(record, key, self.redact_value(value))
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = self.redact(record.exc_text)
+        if record.stack_info:
+            record.stack_info = self.redact(record.stack_info)
+        return True
+
+
+def tracker_secrets(settings: WorkflowSettings, environ: Mapping[str, str]) -> list[str]:
+    """The values never to log: ``tracker.api_key`` and the well-known token variables."""
+    values = [settings.tracker.api_key] if settings.tracker.api_key else []
+    values.extend(environ[name] for name in TRACKER_SECRET_ENV if environ.get(name))
+    return values
+
+
+# ------------------------------------------------------------------------------ run context
+
+
+class RunContext:
+    """Which issue, slot and agent session each in-flight slot key belongs to.
+
+    Fed from runtime snapshots (see :class:`RunContextAttachment`); read by the log filter for
+    every record. A slot stays known while it runs, waits for a worker or waits for its retry,
+    so the lines about its end (``run_finished``, ``retry_scheduled``) still carry its session.
+    """
+
+    def __init__(self) -> None:
+        self._slots: dict[str, dict[str, Any]] = {}
+
+    def observe(self, snapshot: Mapping[str, Any]) -> None:
+        known: dict[str, dict[str, Any]] = {}
+        for lane in ("running", "reserving", "retrying"):
+            for row in snapshot.get(lane) or ():
+                key = str(row.get("slot_key", ""))
+                fields = dict(self._slots.get(key, {}))
+                fields["issue_id"] = row.get("issue_id")
+                fields["identifier"] = row.get("identifier")
+                fields["slot"] = row.get("slot_index")
+                if row.get("session_id"):
+                    fields["session_id"] = row["session_id"]
+                known[key] = {k: v for k, v in fields.items() if v is not None}
+        self._slots = known
+
+    def fields_for(self, slot_key: str) -> dict[str, Any]:
+        return dict(self._slots.get(slot_key, {}))
+
+    def clear(self) -> None:
+        self._slots = {}
+
+
+RUN_CONTEXT = RunContext()
+"""The process-wide run context the handler installed by :func:`configure_logging` reads."""
+
+
+class RunContextFilter(logging.Filter):
+    """Adds the run-scoped fields to a record that concerns one run.
+
+    A record concerns a run when its extra fields name an issue and slot (runtime events), or
+    when it is emitted from inside a run's own task (runners, hooks, workspace code).
+    """
+
+    def __init__(self, context: RunContext = RUN_CONTEXT) -> None:
+        super().__init__()
+        self._context = context
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        extra = getattr(record, EXTRA_KEY, None)
+        fields: dict[str, Any] = dict(extra) if isinstance(extra, Mapping) else {}
+        slot_key = _slot_key_of(fields) or _current_run_task()
+        if slot_key is None:
+            return True
+        known = self._context.fields_for(slot_key)
+        if not known:
+            issue_id, _, slot = slot_key.rpartition("#")
+            known = {"issue_id": issue_id, "slot": int(slot) if slot.isdigit() else slot}
+        for key in RUN_KEYS:
+            if fields.get(key) is None and known.get(key) is not None:
+                fields[key] = known[key]
+        setattr(record, EXTRA_KEY, fields)
+        return True
+
+
+def _slot_key_of(fields: Mapping[str, Any]) -> str | None:
+    if fields.get("slot_key"):
+        return str(fields["slot_key"])
+    if fields.get("issue_id") is not None and fields.get("slot") is not None:
+        return f"{fields['issue_id']}#{fields['slot']}"
+    return None
+
+
+def _current_run_task() -> str | None:
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no running loop in this thread
+        return None
+    if task is None:
+        return None
+    name = task.get_name()
+    return name[len(RUN_TASK_PREFIX) :] if name.startswith(RUN_TASK_PREFIX) else None
+
+
+# ------------------------------------------------------------------------------ formatting
+
+
+def _timestamp(record: logging.LogRecord) -> str:
+    at = datetime.datetime.fromtimestamp(record.created, tz=datetime.UTC)
+    return at.strftime("%Y-%m-%dT%H:%M:%S.") + f"{at.microsecond // 1000:03d}Z"
+
+
+def _fields(record: logging.LogRecord) -> dict[str, Any]:
+    """The runtime's ``extra={"lorenz": {...}}`` fields, then any other ``extra=`` keys."""
+    extra = getattr(record, EXTRA_KEY, None)
+    fields: dict[str, Any] = dict(extra) if isinstance(extra, Mapping) else {}
+    for key, value in record.__dict__.items():
+        if key not in _RECORD_ATTRIBUTES and key not in fields:
+            fields[key] = value
+    return fields
+
+
+def _run_first(fields: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    ordered = [(key, fields[key]) for key in RUN_KEYS if fields.get(key) is not None]
+    ordered.extend((key, value) for key, value in fields.items() if key not in RUN_KEYS)
+    return ordered
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ``ts``, ``level``, ``logger``, ``message``, then every field."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage()
+        line: dict[str, Any] = {
+            "ts": _timestamp(record),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": message,
+        }
+        for key, value in _run_first(_fields(record)):
+            if key == "message" and isinstance(value, str) and value in message:
+                continue  # the runtime's message line already says it
+            line[f"event_{key}" if key in RESERVED_JSON_KEYS else key] = value
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:
+            line["exception"] = record.exc_text
+        if record.stack_info:
+            line["stack"] = record.stack_info
+        return json.dumps(line, default=str, ensure_ascii=False)
+
+
+class TextFormatter(logging.Formatter):
+    """``<ts> <LEVEL> <logger> "<message>" key=value …``, Kubernetes-component style."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage()
+        parts = [_timestamp(record), f"{record.levelname:<7}", record.name, json.dumps(message)]
+        for key, value in _run_first(_fields(record)):
+            if value is None or key == "at":
+                continue  # "at" repeats the line's own timestamp
+            if key == "message" and isinstance(value, str) and value in message:
+                continue
+            parts.append(f"{key}={format_value(value)}")
+        line = " ".join(parts)
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:
+            line = f"{line}\n{record.exc_text}"
+        if record.stack_info:
+            line = f"{line}\n{record.stack_info}"
+        return line
+
+
+def format_value(value: Any) -> str:
+    """A ``key=value`` value: bare when unambiguous, JSON-quoted otherwise."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return str(value)
+    if isinstance(value, str):
+        return value if _BARE_VALUE.match(value) else json.dumps(value, ensure_ascii=False)
+    return json.dumps(value, default=str, separators=(",", ":"), ensure_ascii=False)
+
+
+# ------------------------------------------------------------------------------ setup
+
+
+class _CurrentStderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is *now*.
+
+    NB: the terminal view swaps ``sys.stderr`` for a proxy that prints above its live region;
+    a handler that captured the original stream at setup would draw through the view instead.
+    """
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr
+        super().emit(record)
+
+
+@dataclasses.dataclass
+class LoggingSetup:
+    """What :func:`configure_logging` installed, so it can be updated or removed."""
+
+    handler: logging.Handler
+    redactor: SecretRedactor
+    run_context: RunContext
+
+    def close(self) -> None:
+        """Remove the handler from the root logger (tests, re-configuration)."""
+        root = logging.getLogger()
+        root.removeHandler(self.handler)
+        with contextlib.suppress(Exception):
+            self.handler.close()
+
+
+_ACTIVE: LoggingSetup | None = None
+
+
+def configure_logging(
+    settings: LoggingSettings,
+    *,
+    stream: TextIO | None = None,
+    secrets: Iterable[str | None] = (),
+    run_context: RunContext = RUN_CONTEXT,
+) -> LoggingSetup:
+    """Install Lorenz's log handler on the root logger (replacing any earlier one).
+
+    ``stream`` defaults to the *current* ``sys.stderr`` at each write (see the terminal view).
+    ``secrets`` are the values to scrub; see :func:`tracker_secrets`. Calling it again (a
+    reload, or the host after the CLI's early setup) swaps the handler, never stacks it.
+    """
+    global _ACTIVE
+    handler: logging.Handler = (
+        logging.StreamHandler(stream) if stream is not None else _CurrentStderrHandler(sys.stderr)
+    )
+    handler.setFormatter(JsonFormatter() if settings.format is LogFormat.JSON else TextFormatter())
+    redactor = SecretRedactor(secrets)
+    # NB: filters on the handler, not on a logger: logger filters skip records that propagate
+    # up from child loggers, and every Lorenz module logs through its own child logger.
+    handler.addFilter(RunContextFilter(run_context))
+    handler.addFilter(redactor)
+
+    root = logging.getLogger()
+    if _ACTIVE is not None:
+        _ACTIVE.close()
+    for existing in list(root.handlers):
+        # NB: exactly basicConfig()'s handler (the CLI's pre-workflow setup) is replaced rather
+        # than doubled; anything else on the root (pytest's capture, a user's) is left alone.
+        if type(existing) is logging.StreamHandler and existing.stream in (sys.stderr, sys.stdout):
+            root.removeHandler(existing)
+    root.addHandler(handler)
+    level = _LEVELS[settings.level]
+    root.setLevel(level)
+    # aiohttp logs every request at INFO; the dashboard's polling fallback would flood the log.
+    logging.getLogger("aiohttp.access").setLevel(max(level, logging.WARNING))
+    _ACTIVE = LoggingSetup(handler=handler, redactor=redactor, run_context=run_context)
+    return _ACTIVE
+
+
+def active_logging() -> LoggingSetup | None:
+    """The setup :func:`configure_logging` installed last, if any."""
+    return _ACTIVE
+
+
+# ------------------------------------------------------------------------------ attachment
+
+
+class _HostOptions(Protocol):
+    @property
+    def environ(self) -> Mapping[str, str] | None: ...
+
+
+class RunContextAttachment:
+    """Keeps the log context and the secret list in step with the runtime.
+
+    On every snapshot: which slots run with which session (for :class:`RunContextFilter`) and
+    the tracker key in force (a hot reload may have changed it).
+    """
+
+    def __init__(
+        self,
+        *,
+        setup: LoggingSetup,
+        environ: Mapping[str, str],
+    ) -> None:
+        self._setup = setup
+        self._environ = dict(environ)
+        self._unsubscribe: Callable[[], None] | None = None
+        self._api_key: str | None = None
+
+    async def start(self, runtime: LorenzRuntime) -> None:
+        def on_snapshot(snapshot: Mapping[str, Any]) -> None:
+            self._setup.run_context.observe(snapshot)
+            api_key = runtime.settings.tracker.api_key
+            if api_key != self._api_key:
+                self._api_key = api_key
+                self._setup.redactor.add(tracker_secrets(runtime.settings, self._environ))
+
+        self._unsubscribe = runtime.subscribe(on_snapshot)
+
+    async def stop(self) -> None:
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+        self._setup.run_context.clear()
+
+
+def attachment_factory(
+    loaded: LoadedWorkflow, options: _HostOptions
+) -> RunContextAttachment | None:
+    """For ``ATTACHMENTS``: feeds the run context once :func:`configure_logging` ran."""
+    setup = active_logging()
+    if setup is None:
+        return None
+    environ = options.environ if options.environ is not None else os.environ
+    return RunContextAttachment(setup=setup, environ=environ)

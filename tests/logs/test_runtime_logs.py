@@ -1,0 +1,228 @@
+"""A real runtime's logs and event log file: run context on run lines, secrets never written.
+
+The sentinel token reaches the runtime the ways a real one would: in an agent's stderr (an
+agent that printed what it found), and in a tracker error (an adapter echoing its request).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lorenz.agents import build_runner
+from lorenz.config import LogFormat, LoggingSettings
+from lorenz.daemon.logs import (
+    REDACTED,
+    RunContextAttachment,
+    configure_logging,
+    tracker_secrets,
+)
+from lorenz.model import Issue
+from lorenz.runtime import LorenzRuntime
+from lorenz.trackers import TrackerError
+from tests.runtime.harness import LIVE_RUNTIMES, build_rig, write_agent, write_workflow
+
+SENTINEL = "lin_api_SENTINEL_5b1d0e77c4"
+ENV_SENTINEL = "ghp_ENVSENTINEL_90af11"
+
+
+def _issue(n: int, *, title: str = "Do the thing") -> Issue:
+    return Issue(id=f"id-{n}", identifier=f"LOR-{n}", title=title, state="Todo")
+
+
+async def _wait_for(predicate: Any, *, timeout: float = 15.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.02)
+
+
+def _json_lines(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+async def test_sentinel_token_never_reaches_process_logs_or_the_log_file(tmp_path: Path) -> None:
+    log_file = tmp_path / "events" / "lorenz.jsonl"
+    agent = write_agent(
+        tmp_path,
+        "leaky",
+        f"""
+        sys.stderr.write("auth failed: Authorization: Bearer {SENTINEL} and {ENV_SENTINEL}\\n")
+        sys.exit(3)
+        """,
+    )
+    workflow = write_workflow(
+        tmp_path,
+        agent_script=agent,
+        front_matter={
+            "tracker": {"kind": "memory", "api_key": SENTINEL},
+            "polling": {"interval_ms": 60000},
+            "logging": {"log_file": str(log_file), "format": "json"},
+        },
+    )
+    rig = build_rig(workflow, issues=[_issue(1)])
+    # The controller's own environment holds a token too (as GITHUB_TOKEN would in CI).
+    runtime = LorenzRuntime(
+        workflow=rig.workflow,
+        orchestrator=rig.orchestrator,
+        tracker=rig.tracker,
+        workspaces=rig.workspaces,
+        runner_factory=build_runner,
+        base_env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "GITHUB_TOKEN": ENV_SENTINEL},
+    )
+    LIVE_RUNTIMES.append(runtime)
+    runtime.add_event_listener(rig.events.append)
+    rig.runtime = runtime
+    stream = io.StringIO()
+    setup = configure_logging(
+        rig.workflow.settings.logging,
+        stream=stream,
+        secrets=tracker_secrets(rig.workflow.settings, {"GITHUB_TOKEN": ENV_SENTINEL}),
+    )
+    attachment = RunContextAttachment(setup=setup, environ={"GITHUB_TOKEN": ENV_SENTINEL})
+    await attachment.start(rig.runtime)
+    try:
+        # 1. the agent prints the tokens on stderr and fails: run_failed + retry_scheduled.
+        await rig.runtime.poll_once(wait_for_runs=True)
+        assert rig.of_type("run_failed"), rig.events
+        assert REDACTED in json.dumps(rig.of_type("run_failed"))
+        # 2. the tracker echoes the token in its error: poll_error.
+        rig.tracker.fail_next(
+            1,
+            TrackerError(f"401 Unauthorized for token {SENTINEL}", code="linear_api_status"),
+            methods=["fetch_candidate_issues"],
+        )
+        with pytest.raises(TrackerError):
+            await rig.runtime.poll_once()
+        assert rig.of_type("poll_error"), rig.events
+        # 3. a traceback that carries the token, from any logger.
+        try:
+            raise RuntimeError(f"GET /graphql Authorization={SENTINEL}")
+        except RuntimeError:
+            logging.getLogger("lorenz.trackers.linear").exception("request failed")
+    finally:
+        await attachment.stop()
+
+    process_log = stream.getvalue()
+    event_log = log_file.read_text(encoding="utf-8")
+    for text in (process_log, event_log):
+        assert SENTINEL not in text
+        assert ENV_SENTINEL not in text
+    # The lines are there, with the secret replaced rather than the line dropped.
+    lines = _json_lines(process_log)
+    failed = next(line for line in lines if line.get("type") == "run_failed")
+    assert f"Bearer {REDACTED}" in failed["message"]
+    assert failed["identifier"] == "LOR-1"
+    poll_error = next(line for line in lines if line.get("type") == "poll_error")
+    assert REDACTED in poll_error["message"]
+    assert any("RuntimeError" in line.get("exception", "") for line in lines)
+    events = _json_lines(event_log)
+    assert {"run_started", "run_failed", "retry_scheduled", "poll_error"} <= {
+        e["type"] for e in events
+    }
+    # And what the dashboard and API show is scrubbed too.
+    assert SENTINEL not in json.dumps(rig.runtime.snapshot())
+
+
+async def test_log_file_appends_every_event_as_a_json_line(tmp_path: Path) -> None:
+    log_file = tmp_path / "deep" / "dir" / "events.jsonl"
+    log_file.parent.mkdir(parents=True)
+    log_file.write_text('{"type": "earlier", "at": "2024-01-01T00:00:00+00:00"}\n')
+    agent = write_agent(tmp_path, "ok", "print('working', flush=True)\n")
+    workflow = write_workflow(
+        tmp_path,
+        agent_script=agent,
+        front_matter={
+            "polling": {"interval_ms": 60000},
+            "logging": {"log_file": str(log_file)},
+        },
+    )
+    rig = build_rig(workflow, issues=[_issue(1), _issue(2)])
+    await rig.runtime.poll_once(wait_for_runs=True)
+    events = _json_lines(log_file.read_text(encoding="utf-8"))
+    assert events[0]["type"] == "earlier"  # appended, not truncated
+    logged = [e for e in events[1:] if e["type"] != "run_update"]
+    assert [e["type"] for e in logged] == [
+        e["type"] for e in rig.events if e["type"] != "run_update"
+    ]
+    started = [e for e in logged if e["type"] == "run_started"]
+    assert {e["identifier"] for e in started} == {"LOR-1", "LOR-2"}
+    assert all({"at", "issue_id", "slot"} <= e.keys() for e in started)
+    assert snapshot_log_file(rig) == str(log_file)
+
+
+def snapshot_log_file(rig: Any) -> Any:
+    return rig.runtime.snapshot()["log_file"]
+
+
+async def test_an_unwritable_log_file_does_not_stop_the_runtime(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where a folder should be")
+    agent = write_agent(tmp_path, "ok", "pass\n")
+    workflow = write_workflow(
+        tmp_path,
+        agent_script=agent,
+        front_matter={
+            "polling": {"interval_ms": 60000},
+            "logging": {"log_file": str(blocker / "events.jsonl")},
+        },
+    )
+    rig = build_rig(workflow, issues=[_issue(1)])
+    stream = io.StringIO()
+    configure_logging(LoggingSettings(), stream=stream)
+    await rig.runtime.poll_once(wait_for_runs=True)
+    assert rig.of_type("run_finished")
+    assert "cannot append to log_file" in stream.getvalue()
+
+
+async def test_run_lines_carry_issue_slot_and_session(tmp_path: Path) -> None:
+    marker = tmp_path / "release"
+    agent = write_agent(
+        tmp_path,
+        "waits",
+        f"""
+        print("started", flush=True)
+        while not os.path.exists({str(marker)!r}):
+            time.sleep(0.02)
+        """,
+    )
+    hook_marker = "hook-ran"
+    workflow = write_workflow(
+        tmp_path,
+        agent_script=agent,
+        front_matter={
+            "polling": {"interval_ms": 60000},
+            "hooks": {"before_run": f"echo {hook_marker}"},
+        },
+    )
+    rig = build_rig(workflow, issues=[_issue(7)])
+    stream = io.StringIO()
+    setup = configure_logging(LoggingSettings(format=LogFormat.JSON), stream=stream)
+    attachment = RunContextAttachment(setup=setup, environ={})
+    await attachment.start(rig.runtime)
+    try:
+        await rig.runtime.poll_once()
+        await _wait_for(lambda: any(r["session_id"] for r in rig.runtime.snapshot()["running"]))
+        session_id = rig.runtime.snapshot()["running"][0]["session_id"]
+        marker.write_text("go")
+        await rig.runtime.wait_for_runs()
+    finally:
+        await attachment.stop()
+    lines = _json_lines(stream.getvalue())
+    finished = next(line for line in lines if line.get("type") == "run_finished")
+    assert (finished["issue_id"], finished["identifier"], finished["slot"]) == ("id-7", "LOR-7", 0)
+    assert finished["session_id"] == session_id
+    retry = next(line for line in lines if line.get("type") == "retry_scheduled")
+    assert retry["session_id"] == session_id
+    # A line logged from inside the run's own task (the workspace hook) names the run too.
+    hook_lines = [line for line in lines if "workspace hook" in line["message"]]
+    assert hook_lines, [line["message"] for line in lines]
+    assert all(line["issue_id"] == "id-7" and line["slot"] == 0 for line in hook_lines)
+    # Lines about no run carry no run fields.
+    poll = next(line for line in lines if line.get("type") == "poll_completed")
+    assert "issue_id" not in poll
