@@ -1,0 +1,283 @@
+"""Real daemons for tests: the ``lorenz`` CLI as a subprocess, a files tracker, a recording agent.
+
+The agent is a small Python script speaking the ``command`` protocol. It appends one JSON line
+per event to an append-only log (``O_APPEND``, one ``write`` per line, so lines of concurrent
+agents never interleave) and holds an ``flock`` on a per-slot file while it runs: if it cannot
+take the lock, another agent of the same slot is alive *right now*, and it logs ``dup: true``.
+The kernel drops the lock when its holder dies — SIGKILL included — so this detects exactly
+what matters: two live processes working on one slot, across daemon incarnations.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import psutil
+import yaml
+
+from lorenz.daemon.client import Reply, Unreachable, request
+from lorenz.daemon.discovery import lease_file_for, parse_endpoint, read_lease
+
+READY_TIMEOUT_S = 60.0
+"""Hang protection only (a loaded 2-core machine can be slow to start Python); never asserted."""
+
+AGENT_SOURCE = r'''
+import fcntl, json, os, random, signal, sys, time
+
+LOG = os.environ["AGENT_LOG"]
+LOCKS = os.environ["AGENT_LOCKS"]
+SLOT = os.environ["LORENZ_ISSUE_ID"] + "#" + os.environ["LORENZ_SLOT"]
+ATTEMPT = os.environ.get("LORENZ_ATTEMPT") or None
+
+
+def record(**fields):
+    line = dict(slot=SLOT, attempt=None if ATTEMPT is None else int(ATTEMPT), pid=os.getpid(),
+                owner=os.environ.get("LORENZ_OWNER"), t=time.time(), **fields)
+    fd = os.open(LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (json.dumps(line) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+sys.stdin.read()
+lock = os.open(os.path.join(LOCKS, SLOT.replace("#", "_") + ".lock"), os.O_RDWR | os.O_CREAT)
+try:
+    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    dup = False
+except BlockingIOError:
+    dup = True
+record(event="start", dup=dup)
+if dup:
+    sys.exit(3)
+
+
+def on_term(signum, frame):
+    record(event="end", rc=-signum)
+    os._exit(143)
+
+
+signal.signal(signal.SIGTERM, on_term)
+rng = random.Random()
+time.sleep(rng.uniform(float(os.environ.get("AGENT_MIN_S", "0.2")),
+                       float(os.environ.get("AGENT_MAX_S", "1.0"))))
+rc = 1 if rng.random() < float(os.environ.get("AGENT_FAIL_RATE", "0.2")) else 0
+print("done", flush=True)
+record(event="end", rc=rc)
+sys.exit(rc)
+'''
+
+
+def short_runtime_dir() -> Path:
+    """A short private directory for ``XDG_RUNTIME_DIR`` (unix socket paths max 107 bytes)."""
+    return Path(tempfile.mkdtemp(prefix="lzd-", dir="/tmp"))
+
+
+def write_issues(folder: Path, identifiers: Sequence[str], *, state: str = "Todo") -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for identifier in identifiers:
+        (folder / f"{identifier}.md").write_text(
+            f"---\ntitle: Work on {identifier}\nstate: {state}\n---\nDo it.\n", encoding="utf-8"
+        )
+
+
+def write_daemon_workflow(
+    root: Path,
+    *,
+    issues: Sequence[str] = ("A-1", "A-2", "A-3"),
+    agent_env: Mapping[str, str] | None = None,
+    front_matter: Mapping[str, Any] | None = None,
+    agent_command: str | None = None,
+) -> Path:
+    """A workflow on a files tracker whose agent records every run to ``root/agent.log``."""
+    root.mkdir(parents=True, exist_ok=True)
+    write_issues(root / "issues", issues)
+    agent = root / "agent.py"
+    agent.write_text(AGENT_SOURCE, encoding="utf-8")
+    (root / "locks").mkdir(exist_ok=True)
+    env = {
+        "AGENT_LOG": str(root / "agent.log"),
+        "AGENT_LOCKS": str(root / "locks"),
+        **(agent_env or {}),
+    }
+    config: dict[str, Any] = {
+        "tracker": {
+            "kind": "files",
+            "path": "issues",
+            "active_states": ["Todo"],
+            "terminal_states": ["Done"],
+        },
+        "polling": {"interval_ms": 100},
+        "workspace": {"root": str(root / "workspaces")},
+        "agent": {
+            "kind": "recorder",
+            "max_concurrent_agents": 4,
+            "max_retry_backoff_ms": 300,
+        },
+        "agents": {
+            "recorder": {
+                "protocol": "command",
+                "command": agent_command or f"{sys.executable} {agent}",
+                "stall_timeout_ms": 60000,
+                "turn_timeout_ms": 60000,
+                "env": env,
+            }
+        },
+    }
+    for section, values in (front_matter or {}).items():
+        if isinstance(values, dict) and isinstance(config.get(section), dict):
+            config[section] = {**config[section], **values}
+        else:
+            config[section] = values
+    path = root / "WORKFLOW.md"
+    path.write_text(
+        f"---\n{yaml.safe_dump(config)}---\nWork on {{{{ issue.identifier }}}}\n", encoding="utf-8"
+    )
+    return path
+
+
+def daemon_environ(runtime_dir: Path, home: Path) -> dict[str, str]:
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("LORENZ_", "PYTEST_", "XDG_RUNTIME_DIR"))
+    }
+    env.update({"XDG_RUNTIME_DIR": str(runtime_dir), "HOME": str(home), "PYTHONUNBUFFERED": "1"})
+    return env
+
+
+CLI = [sys.executable, "-c", "import sys; from lorenz.cli import main; sys.exit(main())"]
+
+
+class DaemonProcess:
+    """One ``lorenz WORKFLOW.md --feature daemon ...`` process."""
+
+    def __init__(
+        self,
+        workflow: Path,
+        *,
+        env: Mapping[str, str],
+        args: Sequence[str] = ("--feature", "daemon", "--feature", "durable_claims"),
+        output: Path,
+    ) -> None:
+        self.workflow = workflow
+        self.env = dict(env)
+        self.args = list(args)
+        self.output = output
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def start(self) -> DaemonProcess:
+        with self.output.open("ab") as out:
+            self.process = subprocess.Popen(
+                [*CLI, str(self.workflow), "--no-tui", *self.args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self.env,
+                cwd=self.workflow.parent,
+            )
+        return self
+
+    def log(self) -> str:
+        return self.output.read_text(encoding="utf-8", errors="replace")
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def wait_ready(self, *, timeout_s: float = READY_TIMEOUT_S) -> dict[str, Any]:
+        """Until our lease names us with an endpoint that answers; returns the lease."""
+        deadline = time.monotonic() + timeout_s
+        lease_path = lease_file_for(self.workflow)
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise AssertionError(f"daemon exited early:\n{self.log()[-4000:]}")
+            with contextlib.suppress(Exception):
+                lease = read_lease(lease_path)
+                if lease and lease.get("pid") == self.pid and lease.get("endpoint"):
+                    reply = request(parse_endpoint(lease["endpoint"]), "GET", "/api/v1/daemon")
+                    if reply.ok:
+                        return lease
+            time.sleep(0.02)
+        raise AssertionError(f"daemon not ready in {timeout_s} s:\n{self.log()[-4000:]}")
+
+    def kill9(self) -> None:
+        assert self.process is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=30)
+
+    def terminate(self) -> None:
+        assert self.process is not None
+        with contextlib.suppress(ProcessLookupError):
+            self.process.send_signal(signal.SIGTERM)
+
+    def wait(self, *, timeout_s: float = READY_TIMEOUT_S) -> int:
+        assert self.process is not None
+        return self.process.wait(timeout=timeout_s)
+
+
+def call(endpoint: str, method: str, path: str) -> Reply:
+    return request(parse_endpoint(endpoint), method, path)
+
+
+def get_state(endpoint: str) -> dict[str, Any]:
+    reply = call(endpoint, "GET", "/api/v1/state")
+    assert reply.ok, reply
+    return reply.body
+
+
+def try_state(endpoint: str) -> dict[str, Any] | None:
+    try:
+        reply = call(endpoint, "GET", "/api/v1/state")
+    except Unreachable:
+        return None
+    return reply.body if reply.ok else None
+
+
+def read_agent_log(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def kill_marked(key: str, value: str) -> None:
+    """SIGKILL every process whose environment has ``key=value`` (test cleanup of agents)."""
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, OSError):
+            if process.environ().get(key) == value:
+                process.kill()
+
+
+@contextlib.contextmanager
+def daemons_cleaned(root: Path) -> Iterator[list[DaemonProcess]]:
+    """Collect daemons started in the block; SIGKILL leftovers and their agents afterwards."""
+    started: list[DaemonProcess] = []
+    try:
+        yield started
+    finally:
+        for daemon in started:
+            if daemon.alive():
+                daemon.kill9()
+        kill_marked("AGENT_LOG", str(root / "agent.log"))
