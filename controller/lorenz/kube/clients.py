@@ -1,0 +1,342 @@
+"""The operator's own access to the Kubernetes API: a small async REST layer, counted.
+
+kopf watches Workflows and Claims with its own aiohttp client; everything the operator
+*writes* (Claims, Leases, Workflow status and finalizers) and the few reads it makes (a Secret,
+a Lease, a Claim after a conflict) go through :class:`KubeApi`. It is deliberately thin — plain
+dicts in and out, one method per HTTP verb — on top of the official ``kubernetes`` client,
+which keeps what is hard to get right: kubeconfig parsing (client certificates, tokens, exec
+plugins), in-cluster ServiceAccount tokens that rotate, CA bundles. The official client is
+synchronous, so each request runs on a small dedicated thread pool (never the loop's default
+executor, which kopf's sync handlers share).
+
+Why not the typed API classes: their models drop a ``MicroTime``'s fraction when the
+microseconds are zero (the API server then refuses the Lease), and dicts keep every field the
+server sends, including ones newer than the client. Why not kopf's client: it is internal
+(underscored) API.
+
+Every request is counted by ``(verb, resource)`` in :attr:`KubeApi.requests`, which is how the
+"API requests per idle tick" figure is measured, and reported to an optional observer (the
+metrics). Requests carry a timeout (client-go's leader-election client uses half the renew
+deadline, so one hung request cannot cost leadership); a request that fails without a response
+raises :class:`~lorenz.kube.errors.KubeApiError` with status 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import json
+import logging
+import os
+import time
+import urllib.parse
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from lorenz.kube import resources
+from lorenz.kube.errors import KubeApiError, KubeConfigMissing
+
+logger = logging.getLogger("lorenz.kube.api")
+
+RequestObserver = Callable[[str, str, int, float], None]
+"""``(verb, resource, status, seconds)`` after every request."""
+
+MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
+def _quote(segment: str) -> str:
+    return urllib.parse.quote(segment, safe="")
+
+
+def workflows_path(namespace: str, name: str | None = None, *, status: bool = False) -> str:
+    base = f"/apis/{resources.API_VERSION}/namespaces/{_quote(namespace)}/workflows"
+    if name is None:
+        return base
+    return f"{base}/{_quote(name)}" + ("/status" if status else "")
+
+
+def claims_path(namespace: str, name: str | None = None, *, status: bool = False) -> str:
+    base = f"/apis/{resources.API_VERSION}/namespaces/{_quote(namespace)}/claims"
+    if name is None:
+        return base
+    return f"{base}/{_quote(name)}" + ("/status" if status else "")
+
+
+def leases_path(namespace: str, name: str | None = None) -> str:
+    base = f"/apis/coordination.k8s.io/v1/namespaces/{_quote(namespace)}/leases"
+    return base if name is None else f"{base}/{_quote(name)}"
+
+
+def secret_path(namespace: str, name: str) -> str:
+    return f"/api/v1/namespaces/{_quote(namespace)}/secrets/{_quote(name)}"
+
+
+def _resource_of(path: str) -> str:
+    """``claims``, ``claims/status``, ``leases``, ... from an API path (for counting)."""
+    parts = [p for p in path.split("?", 1)[0].split("/") if p]
+    if "namespaces" in parts:
+        index = parts.index("namespaces")
+        tail = parts[index + 2 :]
+    else:
+        tail = parts[3:] if parts and parts[0] == "apis" else parts[2:]
+    if not tail:
+        return "namespaces" if "namespaces" in parts else "unknown"
+    resource = tail[0]
+    if len(tail) >= 3:
+        resource = f"{resource}/{tail[2]}"
+    return resource
+
+
+def load_configuration(*, kubeconfig: str | None = None, context: str | None = None) -> Any:
+    """A ``kubernetes.client.Configuration`` from a kubeconfig, ``$KUBECONFIG``, ``~/.kube/config``
+    or the pod's ServiceAccount, in that order."""
+    import kubernetes.client
+    import kubernetes.config
+
+    configuration = kubernetes.client.Configuration()
+    explicit = kubeconfig or os.environ.get("KUBECONFIG")
+    default = Path(os.path.expanduser("~/.kube/config"))
+    try:
+        if explicit or default.is_file():
+            kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=explicit or str(default),
+                context=context,
+                client_configuration=configuration,
+                persist_config=False,
+            )
+        elif (SERVICE_ACCOUNT_DIR / "token").is_file():
+            kubernetes.config.load_incluster_config(  # type: ignore[no-untyped-call]
+                client_configuration=configuration
+            )
+        else:
+            raise KubeConfigMissing(
+                f"no KUBECONFIG, no {default}, no {SERVICE_ACCOUNT_DIR / 'token'}"
+            )
+    except kubernetes.config.ConfigException as exc:
+        raise KubeConfigMissing(str(exc)) from exc
+    return configuration
+
+
+class KubeApi:
+    """Async, counted REST calls to one API server (dicts in, dicts out)."""
+
+    def __init__(
+        self,
+        configuration: Any,
+        *,
+        request_timeout_s: float = 10.0,
+        max_workers: int = 8,
+        observer: RequestObserver | None = None,
+    ) -> None:
+        import kubernetes.client
+
+        self._client = kubernetes.client.ApiClient(configuration)
+        self._client.user_agent = "lorenz-operator"
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=max_workers, thread_name_prefix="lorenz-kube"
+        )
+        self._timeout = request_timeout_s
+        self._observer = observer
+        self.requests: collections.Counter[tuple[str, str]] = collections.Counter()
+        """Requests made so far, by ``(verb, resource)``."""
+
+    @classmethod
+    def from_kubeconfig(
+        cls,
+        *,
+        kubeconfig: str | None = None,
+        context: str | None = None,
+        request_timeout_s: float = 10.0,
+        observer: RequestObserver | None = None,
+    ) -> KubeApi:
+        """Connect with :func:`load_configuration`'s credentials."""
+        configuration = load_configuration(kubeconfig=kubeconfig, context=context)
+        return cls(configuration, request_timeout_s=request_timeout_s, observer=observer)
+
+    @property
+    def server(self) -> str:
+        return str(self._client.configuration.host)
+
+    def set_observer(self, observer: RequestObserver | None) -> None:
+        self._observer = observer
+
+    @property
+    def total_requests(self) -> int:
+        return sum(self.requests.values())
+
+    async def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        await asyncio.get_running_loop().run_in_executor(None, self._client.close)
+
+    # -- verbs -------------------------------------------------------------------------------
+
+    async def get(self, path: str, *, query: Mapping[str, str] | None = None) -> dict[str, Any]:
+        return await self.request("GET", path, query=query)
+
+    async def list_items(
+        self, path: str, *, label_selector: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Every item of a collection (follows ``continue`` tokens)."""
+        items: list[dict[str, Any]] = []
+        query: dict[str, str] = {"limit": "500"}
+        if label_selector:
+            query["labelSelector"] = label_selector
+        while True:
+            page = await self.request("GET", path, query=query, verb="list")
+            items.extend(page.get("items") or [])
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return items
+            query["continue"] = token
+
+    async def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        return await self.request("POST", path, body=body, verb="create")
+
+    async def replace(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """PUT: the body's ``metadata.resourceVersion`` makes it a compare-and-swap."""
+        return await self.request("PUT", path, body=body, verb="update")
+
+    async def merge_patch(self, path: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        """A JSON merge patch; with ``metadata.resourceVersion`` in it, a compare-and-swap."""
+        return await self.request("PATCH", path, body=patch, content_type=MERGE_PATCH)
+
+    async def json_patch(self, path: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
+        """A JSON patch (RFC 6902); a failed ``test`` op is a 422 reported as a conflict."""
+        try:
+            return await self.request("PATCH", path, body=ops, content_type=JSON_PATCH)
+        except KubeApiError as exc:
+            if exc.status == 422 and "test" in exc.detail.lower():
+                raise KubeApiError(
+                    method=exc.method,
+                    path=exc.path,
+                    status=409,
+                    reason="Conflict",
+                    detail=exc.detail,
+                    body=exc.body,
+                ) from exc
+            raise
+
+    async def delete(
+        self, path: str, *, uid: str | None = None, resource_version: str | None = None
+    ) -> dict[str, Any]:
+        """DELETE, with preconditions so that a successor of the same name survives."""
+        body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}
+        preconditions = {}
+        if uid is not None:
+            preconditions["uid"] = uid
+        if resource_version is not None:
+            preconditions["resourceVersion"] = resource_version
+        if preconditions:
+            body["preconditions"] = preconditions
+        return await self.request("DELETE", path, body=body, verb="delete")
+
+    # -- transport ---------------------------------------------------------------------------
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, str] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        verb: str | None = None,
+        timeout_s: float | None = None,
+    ) -> dict[str, Any]:
+        """One HTTP request; raises :class:`KubeApiError` for anything but a 2xx answer."""
+        resource = _resource_of(path)
+        verb = verb or {"GET": "get", "PATCH": "patch"}.get(method, method.lower())
+        self.requests[(verb, resource)] += 1
+        timeout = timeout_s if timeout_s is not None else self._timeout
+        started = time.monotonic()
+        loop = asyncio.get_running_loop()
+        status = 0
+        try:
+            status, data = await loop.run_in_executor(
+                self._executor,
+                self._send,
+                method,
+                path,
+                dict(query or {}),
+                body,
+                content_type,
+                timeout,
+            )
+        finally:
+            if self._observer is not None:
+                try:
+                    self._observer(verb, resource, status, time.monotonic() - started)
+                except Exception:
+                    logger.exception("request observer failed")
+        if 200 <= status < 300:
+            return data if isinstance(data, dict) else {}
+        reason = str(data.get("reason") or "") if isinstance(data, dict) else ""
+        detail = str(data.get("message") or "") if isinstance(data, dict) else str(data)[:500]
+        raise KubeApiError(
+            method=method,
+            path=path,
+            status=status,
+            reason=reason or _STATUS_REASONS.get(status, "Error"),
+            detail=detail,
+            body=data if isinstance(data, dict) else None,
+        )
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        query: dict[str, str],
+        body: Any,
+        content_type: str,
+        timeout: float,
+    ) -> tuple[int, Any]:
+        import urllib3
+
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        try:
+            method, url, headers, _, _ = self._client.param_serialize(
+                method=method,
+                resource_path=path,
+                query_params=list(query.items()) or None,
+                header_params=headers,
+                auth_settings=["BearerToken"],
+            )
+            payload = None if body is None else json.dumps(body)
+            response = self._client.rest_client.pool_manager.request(
+                method,
+                url,
+                body=payload,
+                headers=headers,
+                timeout=urllib3.Timeout(connect=min(timeout, 5.0), read=timeout),
+                preload_content=True,
+                # NB: connection errors only (nothing was sent); a read error is not retried,
+                # the caller decides (a CAS write may have landed).
+                retries=urllib3.Retry(total=2, connect=2, read=0, redirect=0, status=0),
+            )
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            return 0, {"reason": "Unreachable", "message": f"{type(exc).__name__}: {exc}"}
+        raw = response.data
+        try:
+            data = json.loads(raw) if raw else {}
+        except ValueError:
+            data = {"message": raw[:500].decode("utf-8", "replace")}
+        return int(response.status), data
+
+
+_STATUS_REASONS = {
+    0: "Unreachable",
+    400: "BadRequest",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "NotFound",
+    409: "Conflict",
+    422: "Invalid",
+    429: "TooManyRequests",
+    500: "InternalError",
+    503: "ServiceUnavailable",
+}

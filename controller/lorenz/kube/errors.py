@@ -1,0 +1,136 @@
+"""The coded errors of the operator: what a user (or a cluster admin) can get wrong.
+
+Each one becomes a ``Degraded`` condition reason, a Kubernetes Event or a CLI exit message, so
+each carries a stable ``code`` and a one-line message that says what to do.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lorenz.leadership import DaemonAlreadyRunning, LeaseRecord
+from lorenz.model import LorenzError
+
+
+class OperatorError(LorenzError):
+    """Base of every operator error."""
+
+    code = "operator_error"
+
+
+class KubeApiError(OperatorError):
+    """The API server refused a request, or could not be reached.
+
+    ``status`` is the HTTP status (0 when there was no response); ``reason`` the Kubernetes
+    ``Status.reason`` (``NotFound``, ``AlreadyExists``, ``Conflict``, ``Forbidden``, ...).
+    """
+
+    code = "kube_api_error"
+
+    def __init__(
+        self,
+        *,
+        method: str,
+        path: str,
+        status: int,
+        reason: str,
+        detail: str,
+        body: dict[str, Any] | None = None,
+    ) -> None:
+        hint = _HINTS.get(status, "check the API server and the operator's kubeconfig")
+        super().__init__(f"{method} {path} failed: {status} {reason}: {detail}; {hint}")
+        self.method = method
+        self.path = path
+        self.status = status
+        self.reason = reason
+        self.detail = detail
+        self.body = body or {}
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+    @property
+    def conflict(self) -> bool:
+        """A stale resourceVersion (409 Conflict) or a failed JSON-patch test (422 on ``test``)."""
+        return self.status == 409 and self.reason != "AlreadyExists"
+
+    @property
+    def already_exists(self) -> bool:
+        return self.status == 409 and self.reason == "AlreadyExists"
+
+
+_HINTS = {
+    0: "the API server did not answer; check the network and the server address",
+    401: "the credentials were refused; renew the token or fix the kubeconfig",
+    403: "grant the operator's ServiceAccount the verbs in lorenz.kube.rbac.OPERATOR_RULES",
+    404: "the object does not exist (or the CRDs are not installed: kubectl apply -f crds/)",
+    409: "another writer changed the object first; the operator retries with a fresh read",
+    422: "the object was refused by validation",
+}
+
+
+class KubeConfigMissing(OperatorError):
+    """Neither a kubeconfig nor an in-cluster ServiceAccount was found."""
+
+    code = "kube_config_missing"
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(
+            f"no Kubernetes credentials found ({detail}); set KUBECONFIG, pass --kubeconfig, "
+            "or run inside a pod with a ServiceAccount"
+        )
+
+
+class TrackerSecretMissing(OperatorError):
+    """``spec.tracker.apiKeySecretRef`` names a Secret (or key) that cannot be read."""
+
+    code = "tracker_secret_missing"
+
+    def __init__(self, *, namespace: str, name: str, key: str, detail: str) -> None:
+        super().__init__(
+            f"the tracker API key Secret {namespace}/{name} key {key!r} cannot be used "
+            f"({detail}); create it with `kubectl create secret generic {name} -n {namespace} "
+            f"--from-literal={key}=<token>` and set the lorenz.dev/refresh annotation",
+            key_path="tracker.apiKeySecretRef",
+        )
+        self.namespace = namespace
+        self.name = name
+        self.key = key
+
+
+class LeaseHeldElsewhere(DaemonAlreadyRunning, OperatorError):
+    """Another replica holds the Workflow's Lease (the acquire attempt lost).
+
+    A :class:`~lorenz.leadership.DaemonAlreadyRunning`, as the leadership protocol promises for
+    a lost acquire, with its own code: a follower replica is normal, not a misconfiguration.
+    """
+
+    code = "lease_held_elsewhere"
+
+    def __init__(self, *, lease: str, record: LeaseRecord | None) -> None:
+        holder = record.holder if record is not None else None
+        who = holder or "another candidate (a concurrent write won)"
+        LorenzError.__init__(
+            self,
+            f"the Lease {lease} is held by {who}; this replica stays a follower and takes over "
+            "if the holder stops renewing",
+        )
+        self.path = None
+        self.lease = lease
+        self.holder = holder
+        self.record = record
+        self.pid = None
+        self.endpoint = record.endpoint if record is not None else None
+
+
+class InvalidOperatorSettings(OperatorError):
+    """An operator setting (environment variable or ``lorenz operator`` flag) is invalid."""
+
+    code = "invalid_operator_settings"
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__(
+            "invalid operator settings: " + "; ".join(problems) + "; see `lorenz operator --help`"
+        )
+        self.problems = problems
