@@ -18,6 +18,11 @@ from types import MappingProxyType
 
 from aiohttp import web
 
+from lorenz.server.errors import ApiError
+
+DASHBOARD_NOT_INSTALLED = "dashboard_not_installed"
+DASHBOARD_ASSET_NOT_FOUND = "dashboard_asset_not_found"
+
 STATIC_DIR = Path(__file__).with_name("static")
 """Where the page and its assets live (``package-data`` ships ``server/static/*``)."""
 
@@ -78,15 +83,23 @@ def dashboard_routes(*, directory: Path = STATIC_DIR) -> list[web.RouteDef]:
     async def index(request: web.Request) -> web.StreamResponse:
         page = files.get(INDEX_FILE)
         if page is None:
-            raise web.HTTPNotFound(
-                text="the dashboard is not installed (server/static/index.html is missing)"
+            raise ApiError(
+                "the dashboard is not installed (lorenz/server/static/index.html is missing); "
+                "reinstall the lorenz package",
+                code=DASHBOARD_NOT_INSTALLED,
+                status=404,
             )
         return _file_response(page)
 
     async def asset(request: web.Request) -> web.StreamResponse:
         path = files.get(request.match_info["name"])
         if path is None:
-            raise web.HTTPNotFound(text="no such dashboard asset")
+            raise ApiError(
+                f"no dashboard asset named {request.match_info['name']!r}; "
+                f"the dashboard ships {', '.join(sorted(files)) or 'none'}",
+                code=DASHBOARD_ASSET_NOT_FOUND,
+                status=404,
+            )
         return _file_response(path)
 
     return [

@@ -1,0 +1,429 @@
+"""The dashboard in a real headless Chromium, against a live runtime behind the real server.
+
+Chromium is Debian's (``scripts/install-chromium``), driven over the Chrome DevTools Protocol
+from Python — a websocket from aiohttp's client — so no browser build of any tool's own is
+downloaded and node is not needed. Launch flags keep it off the network entirely.
+
+Runs are real command-protocol agents that wait for a release file, so a test decides when a
+run ends and watches the page follow through SSE, without reloading it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import itertools
+import json
+import os
+import shutil
+import signal
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from lorenz.server.dashboard import dashboard_routes
+from tests.server.helpers import Served, issue, make_rig, release, serve, wait_until
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = Path("/usr/bin/chromium")
+REPO_ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = REPO_ROOT / "test-artifacts"
+LAUNCH_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-extensions",
+    "--remote-debugging-port=0",
+)
+XSS_TITLE = '<img src=x onerror="window.__xss=1"> Fix <b>escaping</b> & "quotes"'
+
+
+class Chromium:
+    """One headless Chromium and one page, spoken to over the DevTools protocol."""
+
+    def __init__(
+        self,
+        *,
+        process: asyncio.subprocess.Process,
+        http: aiohttp.ClientSession,
+        socket: aiohttp.ClientWebSocketResponse,
+        profile: Path,
+    ) -> None:
+        self._process = process
+        self._http = http
+        self._socket = socket
+        self._profile = profile
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._page: str | None = None
+        self.errors: list[str] = []
+        """Uncaught page exceptions and console errors."""
+        self._reader = asyncio.get_running_loop().create_task(self._read())
+
+    @classmethod
+    async def launch(cls) -> Chromium:
+        _require_chromium()
+        profile = Path(tempfile.mkdtemp(prefix="lorenz-chromium-"))
+        process = await asyncio.create_subprocess_exec(
+            str(CHROMIUM),
+            *LAUNCH_FLAGS,
+            f"--user-data-dir={profile}",
+            "about:blank",
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        port_file = profile / "DevToolsActivePort"
+        try:
+            async with asyncio.timeout(30):
+                while not (port_file.exists() and len(port_file.read_text().split()) >= 2):
+                    if process.returncode is not None:
+                        raise AssertionError(f"chromium exited with {process.returncode}")
+                    await asyncio.sleep(0.05)
+            port, path = port_file.read_text().split()[:2]
+            http = aiohttp.ClientSession()
+            socket = await http.ws_connect(f"ws://127.0.0.1:{port}{path}", max_msg_size=0)
+        except BaseException:
+            _kill(process)
+            await process.wait()
+            shutil.rmtree(profile, ignore_errors=True)
+            raise
+        return cls(process=process, http=http, socket=socket, profile=profile)
+
+    async def _read(self) -> None:
+        async for message in self._socket:
+            data = json.loads(message.data)
+            future = self._pending.pop(data["id"], None) if "id" in data else None
+            if future is not None and not future.done():
+                if "error" in data:
+                    future.set_exception(AssertionError(f"CDP error: {data['error']}"))
+                else:
+                    future.set_result(data.get("result", {}))
+            elif data.get("method") == "Runtime.exceptionThrown":
+                details = data["params"]["exceptionDetails"]
+                self.errors.append(json.dumps(details.get("exception", details))[:500])
+            elif (
+                data.get("method") == "Runtime.consoleAPICalled"
+                and data["params"].get("type") == "error"
+            ):
+                self.errors.append(json.dumps(data["params"]["args"])[:500])
+
+    async def send(self, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+        message_id = next(self._ids)
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pending[message_id] = future
+        payload: dict[str, Any] = {"id": message_id, "method": method, "params": params or {}}
+        if self._page is not None and not method.startswith(("Target.", "Browser.")):
+            payload["sessionId"] = self._page
+        await self._socket.send_str(json.dumps(payload))
+        async with asyncio.timeout(30):
+            return await future
+
+    async def open(self, url: str, *, width: int = 1440, height: int = 900) -> None:
+        """A fresh tab at ``width`` x ``height`` (a laptop screen), navigated to ``url``."""
+        target = await self.send("Target.createTarget", {"url": "about:blank"})
+        attached = await self.send(
+            "Target.attachToTarget", {"targetId": target["targetId"], "flatten": True}
+        )
+        self._page = attached["sessionId"]
+        await self.send("Runtime.enable")
+        await self.send("Page.enable")
+        await self.send(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+        )
+        await self.send("Page.navigate", {"url": url})
+
+    async def evaluate(self, expression: str) -> Any:
+        result = await self.send(
+            "Runtime.evaluate",
+            {"expression": expression, "returnByValue": True, "awaitPromise": True},
+        )
+        if "exceptionDetails" in result:
+            raise AssertionError(f"page script failed: {result['exceptionDetails']}")
+        return result["result"].get("value")
+
+    async def wait_for(self, expression: str, *, timeout: float = 20.0) -> Any:
+        """Poll ``expression`` in the page until it is truthy; its value."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        last: Any = None
+        while True:
+            try:
+                last = await self.evaluate(expression)
+            except AssertionError as exc:  # the page is still loading: not there yet
+                last = exc
+            else:
+                if last:
+                    return last
+            if loop.time() > deadline:
+                raise AssertionError(f"page never satisfied: {expression} (last: {last!r})")
+            await asyncio.sleep(0.05)
+
+    async def screenshot(self, path: Path) -> None:
+        shot = await self.send("Page.captureScreenshot", {"format": "png"})
+        _write_png(path, base64.b64decode(shot["data"]))
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._page = None
+            await asyncio.wait_for(self.send("Browser.close"), 5)
+        self._reader.cancel()
+        with contextlib.suppress(BaseException):
+            await self._reader
+        await self._socket.close()
+        await self._http.close()
+        try:
+            await asyncio.wait_for(self._process.wait(), 10)
+        except TimeoutError:
+            _kill(self._process)
+            await self._process.wait()
+        shutil.rmtree(self._profile, ignore_errors=True)
+
+
+def _require_chromium() -> None:
+    # NB: a FAIL, not a skip: the dashboard is only tested here, and a skip would hide that.
+    if not CHROMIUM.exists():
+        pytest.fail(
+            f"Chromium is not installed at {CHROMIUM}; run scripts/install-chromium",
+            pytrace=False,
+        )
+
+
+def _write_png(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+
+
+def _kill(process: asyncio.subprocess.Process) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Chromium]:
+    chromium = await Chromium.launch()
+    try:
+        yield chromium
+    finally:
+        await chromium.close()
+
+
+async def _served(tmp_path: Path, *, issues: list[Any], **server_options: Any) -> Served:
+    rig = make_rig(tmp_path, issues=issues, front_matter={"polling": {"interval_ms": 60000}})
+    served = await serve(rig, static_routes=dashboard_routes(), **server_options)
+    return served
+
+
+def _start_loop(served: Served) -> asyncio.Task[None]:
+    return asyncio.get_running_loop().create_task(served.rig.runtime.start())
+
+
+def _cards(lane: str, testid: str) -> str:
+    return f"[...document.querySelectorAll('[data-testid=lane-{lane}] [data-testid={testid}]')]"
+
+
+def _lane_identifiers(lane: str, testid: str) -> str:
+    return (
+        f"{_cards(lane, testid)}.map(c => c.querySelector('[data-testid=card-identifier]')"
+        ".textContent).sort().join(',')"
+    )
+
+
+def _history(identifier: str, outcome: str) -> str:
+    return (
+        "[...document.querySelectorAll('[data-testid=history-row]')].some(r => "
+        f"r.dataset.identifier === {json.dumps(identifier)} && "
+        f"r.dataset.outcome === {json.dumps(outcome)})"
+    )
+
+
+async def test_lanes_follow_runs_live_and_tracker_text_stays_text(
+    tmp_path: Path, browser: Chromium
+) -> None:
+    served = await _served(
+        tmp_path,
+        issues=[
+            issue(1, identifier="LOR-1", title=XSS_TITLE),
+            issue(2, identifier="LOR-2", title="Retry budget for the GitHub adapter"),
+            issue(3, identifier="LOR-3", title="Terminal view: show the poll countdown"),
+        ],
+    )
+    loop = _start_loop(served)
+    await browser.open(served.url + "/")
+    # Every run starts and shows up in the Running lane, pushed over SSE.
+    await browser.wait_for(f"{_lane_identifiers('running', 'run-card')} === 'LOR-1,LOR-2,LOR-3'")
+    assert await browser.wait_for(
+        "document.querySelector('[data-testid=connection]').dataset.mode === 'live'"
+    )
+    # The hostile title is shown verbatim, as text: no element, no handler ran.
+    card_title = await browser.evaluate(
+        "document.querySelector('[data-slot-key=\"id-1#0\"] [data-testid=card-title]').textContent"
+    )
+    assert card_title == XSS_TITLE
+    assert await browser.evaluate("document.querySelectorAll('main img, main b').length") == 0
+    assert await browser.evaluate("window.__xss") is None
+    # The agent's latest output and the elapsed clock are on the card.
+    await browser.wait_for(
+        f"{_cards('running', 'run-card')}.every(c => c.querySelector("
+        "'[data-testid=card-last-event]').textContent.includes('started work on'))"
+    )
+    elapsed = await browser.evaluate(
+        "document.querySelector('[data-slot-key=\"id-2#0\"] [data-testid=card-elapsed]')"
+        ".textContent"
+    )
+    assert elapsed.endswith("s")
+    await browser.evaluate("window.__sameDocument = true")
+
+    # LOR-1 fails: it leaves Running for Retrying (failure, with the error) and History.
+    release(served.rig, "LOR-1", fail=True)
+    await browser.wait_for(f"{_lane_identifiers('retrying', 'retry-card')} === 'LOR-1'")
+    await browser.wait_for(_history("LOR-1", "failed"))
+    retry = await browser.evaluate(
+        "(() => { const c = document.querySelector('[data-testid=retry-card]'); return {"
+        "kind: c.querySelector('[data-testid=retry-kind]').textContent,"
+        "attempt: c.querySelector('[data-testid=retry-attempt]').textContent,"
+        "due: c.querySelector('[data-testid=retry-due]').textContent,"
+        "error: c.querySelector('[data-testid=retry-error]').textContent }; })()"
+    )
+    assert retry["kind"] == "failure"
+    assert retry["attempt"] == "attempt 1"
+    assert retry["due"].startswith("in ")
+    assert "exited with status 3" in retry["error"]
+    assert await browser.evaluate(_lane_identifiers("running", "run-card")) == "LOR-2,LOR-3"
+
+    # LOR-2 finishes cleanly (and is Done in the tracker): a success row in History.
+    served.rig.tracker.set_state("id-2", "Done")
+    release(served.rig, "LOR-2")
+    await browser.wait_for(_history("LOR-2", "success"))
+    await browser.wait_for(f"{_lane_identifiers('running', 'run-card')} === 'LOR-3'")
+    outcome_colour = await browser.evaluate(
+        "getComputedStyle(document.querySelector("
+        "'[data-testid=history-row][data-outcome=failed] [data-testid=history-outcome]')).color"
+    )
+    assert outcome_colour not in ("rgb(0, 0, 0)", "")
+    await browser.wait_for(
+        "[...document.querySelectorAll('[data-testid=event-row]')]"
+        ".some(e => e.dataset.type === 'run_failed')"
+    )
+    # None of it took a reload: the page is the same document throughout.
+    assert await browser.evaluate("window.__sameDocument") is True
+    await asyncio.sleep(0.6)  # let the half-second ticker repaint the clocks for the picture
+    await browser.screenshot(ARTIFACTS / "dashboard.png")
+    assert browser.errors == []
+
+    release(served.rig, "LOR-3")
+    served.rig.runtime.stop()
+    await loop
+
+
+async def test_header_shows_workflow_poll_and_ticking_clocks(
+    tmp_path: Path, browser: Chromium
+) -> None:
+    served = await _served(tmp_path, issues=[issue(1, identifier="LOR-1")])
+    loop = _start_loop(served)
+    await browser.open(served.url + "/")
+    await browser.wait_for(f"{_lane_identifiers('running', 'run-card')} === 'LOR-1'")
+    path = await browser.evaluate(
+        "document.querySelector('[data-testid=workflow-path]').textContent"
+    )
+    assert path == str(served.rig.workflow.path)
+    assert (
+        await browser.evaluate("document.querySelector('[data-testid=app-status]').textContent")
+        == "running"
+    )
+    await browser.wait_for(
+        "document.querySelector('[data-testid=next-poll]').textContent.startsWith('in ')"
+    )
+    # No snapshot arrives while the one run waits; the clocks tick in the page regardless.
+    first = await browser.evaluate(
+        "[document.querySelector('[data-testid=next-poll]').textContent,"
+        " document.querySelector('[data-testid=card-elapsed]').textContent]"
+    )
+    await browser.wait_for(
+        "document.querySelector('[data-testid=next-poll]').textContent !== "
+        f"{json.dumps(first[0])} && document.querySelector('[data-testid=card-elapsed]')"
+        f".textContent !== {json.dumps(first[1])}",
+        timeout=10,
+    )
+    assert (
+        await browser.evaluate("document.querySelector('[data-testid=poll-counts]').textContent")
+        == "1 / 1"
+    )
+    # Usage totals and the empty lanes render too.
+    assert (
+        await browser.evaluate("document.querySelector('[data-testid=usage-total]').textContent")
+        == "0"
+    )
+    assert (
+        await browser.evaluate(
+            "document.querySelector('[data-testid=lane-count-blocked]').textContent"
+        )
+        == "0"
+    )
+    assert browser.errors == []
+    release(served.rig, "LOR-1")
+    served.rig.runtime.stop()
+    await loop
+
+
+async def test_falls_back_to_polling_when_the_stream_is_unavailable(
+    tmp_path: Path, browser: Chromium
+) -> None:
+    async def no_stream(request: web.Request) -> web.Response:
+        return web.Response(status=503, text="no stream here")
+
+    served = await _served(
+        tmp_path,
+        issues=[issue(1, identifier="LOR-1")],
+        extra_routes=[web.get("/api/v1/events", no_stream)],
+    )
+    loop = _start_loop(served)
+    await browser.open(served.url + "/")
+    await browser.wait_for(f"{_lane_identifiers('running', 'run-card')} === 'LOR-1'")
+    assert await browser.wait_for(
+        "document.querySelector('[data-testid=connection]').dataset.mode === 'polling'"
+    )
+    served.rig.tracker.set_state("id-1", "Done")
+    release(served.rig, "LOR-1")
+    await wait_until(lambda: not served.rig.runtime.snapshot()["running"])
+    # The next /api/v1/state poll (every 2 s) moves the card to History.
+    await browser.wait_for(_history("LOR-1", "success"))
+    await browser.wait_for(f"{_lane_identifiers('running', 'run-card')} === ''")
+    assert browser.errors == []
+    served.rig.runtime.stop()
+    await loop
+
+
+async def test_poll_error_banner_and_refresh_button(tmp_path: Path, browser: Chromium) -> None:
+    served = await _served(tmp_path, issues=[])
+    loop = _start_loop(served)
+    await browser.open(served.url + "/")
+    await browser.wait_for("document.body.dataset.snapshots > 0")
+    assert await browser.evaluate("document.querySelector('[data-testid=poll-error]').hidden")
+    served.rig.tracker.fail_next(1, methods=["fetch_candidate_issues"])
+    polls = served.rig.runtime.poll_count
+    # The button asks the server for a poll; that poll fails and the banner says so.
+    await browser.evaluate("document.querySelector('[data-testid=refresh-button]').click()")
+    await wait_until(lambda: served.rig.runtime.poll_count > polls)
+    banner = await browser.wait_for(
+        "(() => { const b = document.querySelector('[data-testid=poll-error]');"
+        " return !b.hidden && b.textContent; })()"
+    )
+    assert banner.startswith("Last poll failed: ")
+    assert served.rig.of_type("refresh_requested")
+    assert browser.errors == []
+    served.rig.runtime.stop()
+    await loop
