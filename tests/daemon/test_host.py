@@ -1,0 +1,205 @@
+"""The composition root in daemon mode, in-process: lease first, shutdown order, lost lease."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lorenz.daemon import host
+from lorenz.daemon.discovery import lease_file_for, read_lease
+from lorenz.daemon.host import HostOptions, run_host
+from lorenz.daemon.shutdown import SHUTDOWN_ORDER, STEP_MESSAGE
+from lorenz.leadership import LeadershipLost
+from lorenz.runtime import LorenzRuntime
+from tests.daemon.harness import call, read_agent_log, write_daemon_workflow
+
+SLOW = {"AGENT_MIN_S": "30", "AGENT_MAX_S": "30", "AGENT_FAIL_RATE": "0"}
+
+
+class StepRecorder(logging.Handler):
+    def __init__(self, journal: list[str]) -> None:
+        super().__init__()
+        self.journal = journal
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.msg == STEP_MESSAGE:
+            self.journal.append(f"step {record.args[0]}")  # type: ignore[index]
+
+
+class Recording:
+    """An attachment that notes when it is stopped (and what it saw at that moment)."""
+
+    def __init__(self, name: str, journal: list[str], *, serves: bool, probe: Any) -> None:
+        self.name = name
+        self.journal = journal
+        self.serves = serves
+        self.probe = probe
+
+    async def start(self, runtime: LorenzRuntime) -> None:
+        self.journal.append(f"{self.name} started")
+
+    async def stop(self) -> None:
+        self.journal.append(f"{self.name} stopped {self.probe()}")
+
+
+@pytest.fixture
+def journal(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    entries: list[str] = []
+    handler = StepRecorder(entries)
+    logger = logging.getLogger("lorenz.daemon")
+    logger.addHandler(handler)
+    previous = logger.level
+    logger.setLevel(logging.INFO)
+    yield entries
+    logger.removeHandler(handler)
+    logger.setLevel(previous)
+
+
+def options(workflow: Path, env: dict[str, str], *features: str, **kwargs: Any) -> HostOptions:
+    return HostOptions(
+        workflow_path=str(workflow),
+        cli_features=["daemon", *features],
+        tui=False,
+        environ=env,
+        **kwargs,
+    )
+
+
+async def wait_for(predicate: Any, *, timeout_s: float = 30.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition never became true")
+        await asyncio.sleep(0.02)
+
+
+async def test_shutdown_runs_in_the_seed_order(
+    root: Path, daemon_env: dict[str, str], journal: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    workflow = write_daemon_workflow(root, issues=("A-1",), agent_env=SLOW)
+    lease_file = lease_file_for(workflow)
+    agent_log = root / "agent.log"
+
+    def run_ended() -> str:
+        entries = read_agent_log(agent_log)
+        return "run-ended" if any(e["event"] == "end" for e in entries) else "run-alive"
+
+    def lease_state() -> str:
+        return "lease-held" if lease_file.exists() else "lease-gone"
+
+    monkeypatch.setattr(
+        host,
+        "ATTACHMENTS",
+        [
+            lambda loaded, opts: Recording("tui", journal, serves=False, probe=run_ended),
+            lambda loaded, opts: Recording("server", journal, serves=True, probe=lease_state),
+        ],
+    )
+    real_build_tracker = host.build_tracker
+    real_open_store = host.open_claim_store
+
+    def build_tracker(settings: Any, **kwargs: Any) -> Any:
+        tracker = real_build_tracker(settings, **kwargs)
+        close = tracker.close
+
+        async def recorded_close() -> None:
+            journal.append("tracker closed")
+            await close()
+
+        tracker.close = recorded_close
+        return tracker
+
+    async def open_claim_store(settings: Any, **kwargs: Any) -> Any:
+        store = await real_open_store(settings, **kwargs)
+        close = store.close
+
+        async def recorded_close() -> None:
+            journal.append(f"claim store closed {lease_state()}")
+            await close()
+
+        store.close = recorded_close
+        return store
+
+    monkeypatch.setattr(host, "build_tracker", build_tracker)
+    monkeypatch.setattr(host, "open_claim_store", open_claim_store)
+
+    task = asyncio.create_task(run_host(options(workflow, daemon_env, "durable_claims")))
+    await wait_for(lambda: any(e["event"] == "start" for e in read_agent_log(agent_log)))
+    lease = read_lease(lease_file)
+    assert lease is not None and lease["endpoint"].startswith("unix://")
+    reply = await asyncio.to_thread(call, lease["endpoint"], "POST", "/api/v1/stop")
+    assert reply.status == 202 and reply.body["stopping"] is True
+    assert await asyncio.wait_for(task, 60) == 0
+
+    steps = [entry.removeprefix("step ") for entry in journal if entry.startswith("step ")]
+    assert steps == list(SHUTDOWN_ORDER)
+    after_start = journal[journal.index("server started") + 1 :]
+    assert after_start == [
+        "step stop_runtime",
+        "step unmount_tui",
+        "tui stopped run-ended",  # runs were aborted before the view went away
+        "step drain_worker_pool",
+        "step stop_server",
+        "server stopped lease-held",
+        "step close_tracker",
+        "tracker closed",
+        "step close_claim_store",
+        "claim store closed lease-held",  # the lease is given back last
+        "step release_lease",
+    ]
+    assert not lease_file.exists()
+    ends = [e for e in read_agent_log(agent_log) if e["event"] == "end"]
+    assert ends and ends[-1]["rc"] == -15  # the agent got SIGTERM from the graceful stop
+
+
+@pytest.mark.parametrize("detected_by", ["tick", "heartbeat"])
+async def test_a_removed_lease_stops_the_daemon_with_leadership_lost(
+    root: Path, daemon_env: dict[str, str], detected_by: str
+) -> None:
+    interval_ms = 50 if detected_by == "tick" else 600000
+    heartbeat_ms = 600000 if detected_by == "tick" else 50
+    workflow = write_daemon_workflow(
+        root,
+        issues=(),
+        front_matter={
+            "polling": {"interval_ms": interval_ms},
+            "flags": {"daemon.heartbeat_ms": heartbeat_ms},
+        },
+    )
+    lease_file = lease_file_for(workflow)
+    runtimes: list[LorenzRuntime] = []
+    task = asyncio.create_task(
+        run_host(options(workflow, daemon_env), ready=runtimes.append)
+    )
+    await wait_for(lambda: bool(runtimes) and runtimes[0].poll_count >= 1)
+    await wait_for(lambda: (read_lease(lease_file) or {}).get("endpoint") is not None)
+    polls_before = runtimes[0].poll_count
+    lease_file.unlink()  # what a daemon_lock_stale message tells an operator to do
+    with pytest.raises(LeadershipLost) as lost:
+        await asyncio.wait_for(task, 60)
+    assert lost.value.code == "leadership_lost"
+    assert runtimes[0].stopped
+    assert not lease_file.exists()  # release() never recreates someone else's (or no) lease
+    if detected_by == "heartbeat":
+        assert runtimes[0].poll_count == polls_before
+
+
+async def test_once_and_no_feature_take_no_lease(root: Path, daemon_env: dict[str, str]) -> None:
+    workflow = write_daemon_workflow(root, issues=())
+    lease_dir = lease_file_for(workflow).parent
+    assert await run_host(options(workflow, daemon_env, once=True)) == 0
+    assert not lease_dir.exists()
+    plain = HostOptions(workflow_path=str(workflow), once=True, tui=False, environ=daemon_env)
+    assert await run_host(plain) == 0
+    assert not lease_dir.exists()
+    runtimes: list[LorenzRuntime] = []
+    recurring = HostOptions(workflow_path=str(workflow), tui=False, environ=daemon_env)
+    task = asyncio.create_task(run_host(recurring, ready=runtimes.append))
+    await wait_for(lambda: bool(runtimes) and runtimes[0].poll_count >= 2)
+    assert not lease_dir.exists()
+    runtimes[0].stop()
+    assert await asyncio.wait_for(task, 60) == 0
