@@ -1,0 +1,341 @@
+"""`helm install` the chart into the real test API server and act as its ServiceAccount.
+
+What the chart grants is checked three ways against the API server's own RBAC authorizer:
+`kubectl auth can-i` for the verbs the brief names, a SelfSubjectAccessReview for every
+(verb, resource) pair of the operator's resources — the granted ones exactly
+`lorenz.kube.rbac.OPERATOR_RULES`, every other one denied — and real requests, which succeed for
+granted verbs and come back 403 for the rest.
+
+NB: the test control plane has no scheduler and no kubelet: the operator Deployment gets a Pod
+that stays Pending (so no `helm install --wait`), but the Pod exists only if admission (Pod
+Security `restricted` on the namespace, ServiceAccount) accepted it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lorenz.kube.rbac import OPERATOR_RULES
+from tests.cluster.cluster import Cluster, wait_until
+from tests.packaging.charts import CHART, REPO
+
+RELEASE = "lorenz"
+SERVICE_ACCOUNT = "lorenz"  # the release's full name: release "lorenz" + chart "lorenz"
+VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
+
+# Resources the operator must never touch, beyond the verbs it lacks on its own resources.
+FOREIGN_RESOURCES = (
+    ("", "pods", ""),
+    ("", "pods", "exec"),
+    ("", "configmaps", ""),
+    ("", "serviceaccounts", ""),
+    ("", "serviceaccounts", "token"),
+    ("", "namespaces", ""),
+    ("", "nodes", ""),
+    ("apps", "deployments", ""),
+    ("batch", "jobs", ""),
+    ("apiextensions.k8s.io", "customresourcedefinitions", ""),
+    ("rbac.authorization.k8s.io", "roles", ""),
+    ("rbac.authorization.k8s.io", "clusterroles", ""),
+    ("rbac.authorization.k8s.io", "rolebindings", ""),
+    ("events.k8s.io", "events", ""),
+    ("kopf.dev", "kopfpeerings", ""),
+)
+
+
+def _granted() -> set[tuple[str, str, str, str]]:
+    """(group, resource, subresource, verb) for every verb OPERATOR_RULES grants."""
+    granted = set()
+    for rule in OPERATOR_RULES:
+        for group, qualified, verb in itertools.product(
+            rule["apiGroups"], rule["resources"], rule["verbs"]
+        ):
+            resource, _, subresource = qualified.partition("/")
+            granted.add((group, resource, subresource, verb))
+    return granted
+
+
+def _matrix() -> list[tuple[str, str, str, str]]:
+    """Every (group, resource, subresource, verb) worth asking about."""
+    own = {(g, r, s) for g, r, s, _ in _granted()}
+    resources = sorted(own | set(FOREIGN_RESOURCES))
+    return [(g, r, s, verb) for (g, r, s) in resources for verb in VERBS]
+
+
+class ServiceAccountView:
+    """The API as the chart's ServiceAccount sees it."""
+
+    def __init__(self, cluster: Cluster, kubeconfig: Path) -> None:
+        self.cluster = cluster
+        self.kubeconfig = kubeconfig
+        self.client = cluster.api_client(kubeconfig=kubeconfig)
+
+    def close(self) -> None:
+        self.client.close()  # type: ignore[no-untyped-call]
+
+    def allowed(
+        self, group: str, resource: str, subresource: str, verb: str, namespace: str
+    ) -> bool:
+        import kubernetes.client
+
+        review = kubernetes.client.V1SelfSubjectAccessReview(
+            spec=kubernetes.client.V1SelfSubjectAccessReviewSpec(
+                resource_attributes=kubernetes.client.V1ResourceAttributes(
+                    group=group,
+                    resource=resource,
+                    subresource=subresource,
+                    verb=verb,
+                    namespace=namespace,
+                )
+            )
+        )
+        api = kubernetes.client.AuthorizationV1Api(self.client)
+        answer = api.create_self_subject_access_review(review)
+        assert answer.status is not None
+        return bool(answer.status.allowed)
+
+    def granted_in(self, namespace: str) -> set[tuple[str, str, str, str]]:
+        return {key for key in _matrix() if self.allowed(*key, namespace=namespace)}
+
+
+def _status_of(call: Any) -> int:
+    import kubernetes.client
+
+    try:
+        call()
+    except kubernetes.client.ApiException as exc:
+        return int(exc.status)
+    return 200
+
+
+@contextlib.contextmanager
+def _installed(cluster: Cluster, namespace: str, *values: str) -> Iterator[None]:
+    """`helm install` (never --wait: pods stay Pending here), `helm uninstall` afterwards so
+    the cluster-scoped ClusterRole and binding go too."""
+    args = ["install", RELEASE, str(CHART), "-n", namespace]
+    for value in values:
+        args += ["--set", value]
+    result = cluster.helm(*args)
+    assert "STATUS: deployed" in result.stdout, result.stdout + result.stderr
+    try:
+        yield
+    finally:
+        cluster.helm("uninstall", RELEASE, "-n", namespace, "--wait=false", check=False)
+
+
+@pytest.fixture
+def crds(kube_control_plane: Cluster) -> Cluster:
+    kube_control_plane.install_crds(REPO / "crds")
+    return kube_control_plane
+
+
+@pytest.fixture
+def other_namespace(kube_control_plane: Cluster) -> Iterator[str]:
+    name = kube_control_plane.create_namespace()
+    yield name
+    kube_control_plane.delete_namespace(name, wait=False)
+
+
+@pytest.mark.cluster
+def test_cluster_wide_install_grants_exactly_the_operator_rules(
+    crds: Cluster, kube_namespace: str, other_namespace: str
+) -> None:
+    cluster = crds
+    cluster.kubectl(
+        "label", "namespace", kube_namespace, "pod-security.kubernetes.io/enforce=restricted"
+    )
+    with _installed(cluster, kube_namespace):
+        kubeconfig = cluster.service_account_kubeconfig(
+            namespace=kube_namespace, name=SERVICE_ACCOUNT, create=False
+        )
+        view = ServiceAccountView(cluster, kubeconfig)
+        try:
+            # Cluster-wide: the same grants in its own namespace and in any other.
+            assert view.granted_in(kube_namespace) == _granted()
+            assert view.granted_in(other_namespace) == _granted()
+
+            for verb, resource in (
+                ("watch", "workflows.lorenz.dev"),
+                ("patch", "workflows.lorenz.dev"),
+                ("create", "claims.lorenz.dev"),
+                ("delete", "claims.lorenz.dev"),
+                ("update", "leases.coordination.k8s.io"),
+                ("get", "secrets"),
+                ("create", "events"),
+            ):
+                assert cluster.can_i(
+                    verb, resource, namespace=other_namespace, kubeconfig=kubeconfig
+                ), (verb, resource)
+            for verb, resource in (
+                ("delete", "secrets"),
+                ("list", "secrets"),
+                ("create", "pods"),
+                ("create", "deployments.apps"),
+                ("delete", "leases.coordination.k8s.io"),
+                ("update", "claims.lorenz.dev"),
+                ("delete", "workflows.lorenz.dev"),
+                ("list", "customresourcedefinitions.apiextensions.k8s.io"),
+                ("list", "namespaces"),
+            ):
+                assert not cluster.can_i(
+                    verb, resource, namespace=other_namespace, kubeconfig=kubeconfig
+                ), (verb, resource)
+
+            _real_requests(cluster, view, namespace=other_namespace)
+        finally:
+            view.close()
+
+        # The operator's pod passed admission under the restricted Pod Security Standard.
+        def pods() -> list[dict[str, Any]] | None:
+            listed = cluster.kubectl_json(
+                "get", "pods", "-n", kube_namespace, "-l", f"app.kubernetes.io/instance={RELEASE}"
+            )["items"]
+            return listed or None
+
+        (pod,) = wait_until(pods, timeout=60, message="the ReplicaSet created no operator pod")
+        assert pod["spec"]["serviceAccountName"] == SERVICE_ACCOUNT
+        assert pod["status"]["phase"] == "Pending"
+
+
+def _real_requests(cluster: Cluster, view: ServiceAccountView, *, namespace: str) -> None:
+    """Requests the operator makes succeed; requests outside its verbs are refused (403)."""
+    import kubernetes.client
+
+    admin = cluster.api_client()
+    try:
+        kubernetes.client.CoreV1Api(admin).create_namespaced_secret(
+            namespace,
+            kubernetes.client.V1Secret(
+                metadata=kubernetes.client.V1ObjectMeta(name="tracker-token"),
+                string_data={"token": "t0ken"},
+            ),
+        )
+    finally:
+        admin.close()  # type: ignore[no-untyped-call]
+
+    core = kubernetes.client.CoreV1Api(view.client)
+    leases = kubernetes.client.CoordinationV1Api(view.client)
+    custom = kubernetes.client.CustomObjectsApi(view.client)
+    apps = kubernetes.client.AppsV1Api(view.client)
+
+    # Granted: read the named Secret, campaign for a Lease, hold a Claim, post an Event.
+    secret = core.read_namespaced_secret("tracker-token", namespace)
+    assert secret.data is not None
+    assert secret.data["token"]
+    lease = leases.create_namespaced_lease(
+        namespace,
+        kubernetes.client.V1Lease(
+            metadata=kubernetes.client.V1ObjectMeta(name="lorenz-wf-rbac"),
+            spec=kubernetes.client.V1LeaseSpec(holder_identity="me", lease_duration_seconds=15),
+        ),
+    )
+    assert lease.spec is not None
+    lease.spec.holder_identity = "me-again"
+    leases.replace_namespaced_lease("lorenz-wf-rbac", namespace, lease)
+    claim = {
+        "apiVersion": "lorenz.dev/v1alpha1",
+        "kind": "Claim",
+        "metadata": {"name": "rbac-check"},
+        "spec": {
+            "workflow": "wf",
+            "slotKey": "ISSUE-1#0",
+            "issueId": "ISSUE-1",
+            "identifier": "ISSUE-1",
+            "slotIndex": 0,
+        },
+    }
+    custom.create_namespaced_custom_object("lorenz.dev", "v1alpha1", namespace, "claims", claim)
+    listed: dict[str, Any] = custom.list_namespaced_custom_object(  # type: ignore[assignment]
+        "lorenz.dev", "v1alpha1", namespace, "claims"
+    )
+    assert [item["metadata"]["name"] for item in listed["items"]] == ["rbac-check"]
+    core.create_namespaced_event(
+        namespace,
+        kubernetes.client.CoreV1Event(
+            metadata=kubernetes.client.V1ObjectMeta(generate_name="rbac-check-"),
+            involved_object=kubernetes.client.V1ObjectReference(
+                kind="Claim", name="rbac-check", namespace=namespace
+            ),
+            reason="RbacCheck",
+            message="posted by the operator's ServiceAccount",
+            type="Normal",
+        ),
+    )
+
+    # Denied: everything else.
+    refused = {
+        "list secrets": lambda: core.list_namespaced_secret(namespace),
+        "delete secret": lambda: core.delete_namespaced_secret("tracker-token", namespace),
+        "create pod": lambda: core.create_namespaced_pod(
+            namespace,
+            kubernetes.client.V1Pod(
+                metadata=kubernetes.client.V1ObjectMeta(name="escape"),
+                spec=kubernetes.client.V1PodSpec(
+                    containers=[kubernetes.client.V1Container(name="c", image="busybox")]
+                ),
+            ),
+        ),
+        "list deployments": lambda: apps.list_namespaced_deployment(namespace),
+        "delete lease": lambda: leases.delete_namespaced_lease("lorenz-wf-rbac", namespace),
+        "patch claim spec": lambda: custom.patch_namespaced_custom_object(
+            "lorenz.dev",
+            "v1alpha1",
+            namespace,
+            "claims",
+            "rbac-check",
+            {"metadata": {"labels": {"x": "y"}}},
+        ),
+        "list namespaces": lambda: core.list_namespace(),
+    }
+    statuses = {what: _status_of(call) for what, call in refused.items()}
+    assert statuses == dict.fromkeys(refused, 403)
+
+    # ... and the granted delete still works.
+    custom.delete_namespaced_custom_object(
+        "lorenz.dev", "v1alpha1", namespace, "claims", "rbac-check"
+    )
+
+
+@pytest.mark.cluster
+def test_watch_namespace_install_grants_only_that_namespace(
+    crds: Cluster, kube_namespace: str, other_namespace: str
+) -> None:
+    cluster = crds
+    watched = other_namespace
+    with _installed(cluster, kube_namespace, f"watchNamespace={watched}"):
+        kinds = cluster.kubectl_json(
+            "get",
+            "roles,rolebindings",
+            "-n",
+            watched,
+            "-l",
+            f"app.kubernetes.io/instance={RELEASE}",
+        )["items"]
+        assert sorted(item["kind"] for item in kinds) == ["Role", "RoleBinding"]
+        cluster_wide = cluster.kubectl_json(
+            "get", "clusterroles", "-l", f"app.kubernetes.io/instance={RELEASE}"
+        )["items"]
+        assert [item["metadata"]["name"] for item in cluster_wide] == [], cluster_wide
+
+        kubeconfig = cluster.service_account_kubeconfig(
+            namespace=kube_namespace, name=SERVICE_ACCOUNT, create=False
+        )
+        view = ServiceAccountView(cluster, kubeconfig)
+        try:
+            assert view.granted_in(watched) == _granted()
+            # Not even in the operator's own namespace, nor anywhere else.
+            assert view.granted_in(kube_namespace) == set()
+            assert view.granted_in("default") == set()
+        finally:
+            view.close()
+        assert cluster.can_i("get", "secrets", namespace=watched, kubeconfig=kubeconfig)
+        assert not cluster.can_i("get", "secrets", namespace=kube_namespace, kubeconfig=kubeconfig)
+        assert not cluster.can_i(
+            "watch", "workflows.lorenz.dev", namespace="default", kubeconfig=kubeconfig
+        )
