@@ -1,0 +1,292 @@
+"""The Claim-backed claim store against the real API server, and the orchestrator on top of it.
+
+Each test gets a fresh namespace with one Workflow object (the owner of its Claims and the
+holder of the checkpoint). "Who is the live holder" and "may this replica write" are plain
+callables here; in the operator they are the Lease provider's view.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+import pytest
+
+from lorenz.config import WorkflowSettings
+from lorenz.kube.claims import ClaimResourceStore
+from lorenz.kube.clients import KubeApi, claims_path, workflows_path
+from lorenz.kube.resources import WorkflowRef, claim_name
+from lorenz.model import (
+    ClaimPhase,
+    ClaimRecord,
+    Issue,
+    ManualClock,
+    RetryKind,
+    SlotKey,
+    TokenUsage,
+)
+from lorenz.orchestrator import DispatchCandidate, Orchestrator, Started
+from tests.cluster.cluster import Cluster
+
+pytestmark = pytest.mark.cluster
+
+NOW = datetime.datetime(2026, 3, 4, 5, 6, 7, 890123, tzinfo=datetime.UTC)
+
+
+class Leadership:
+    """The two facts the store asks the Lease about."""
+
+    def __init__(self, holder: str | None) -> None:
+        self.holder = holder
+        self.writable = True
+
+    def current_holder(self) -> str | None:
+        return self.holder
+
+    def may_write(self) -> bool:
+        return self.writable
+
+
+@pytest.fixture
+async def workflow(
+    kube_api: KubeApi, kube_namespace: str, lorenz_crds: list[str]
+) -> WorkflowRef:
+    body = {
+        "apiVersion": "lorenz.dev/v1alpha1",
+        "kind": "Workflow",
+        "metadata": {"name": "wf", "namespace": kube_namespace},
+        "spec": {"tracker": {"kind": "memory"}},
+    }
+    created = await kube_api.create(workflows_path(kube_namespace), body)
+    return WorkflowRef(namespace=kube_namespace, name="wf", uid=created["metadata"]["uid"])
+
+
+def store_for(
+    api: KubeApi, workflow: WorkflowRef, owner: str, leadership: Leadership
+) -> ClaimResourceStore:
+    return ClaimResourceStore(
+        api=api,
+        workflow=workflow,
+        owner=owner,
+        holder=leadership.current_holder,
+        may_write=leadership.may_write,
+    )
+
+
+def record(
+    issue: str = "ISSUE-1", slot: int = 0, *, owner: str = "x", **fields: Any
+) -> ClaimRecord:
+    return ClaimRecord(
+        slot_key=SlotKey(f"{issue}#{slot}"),
+        issue_id=issue,
+        identifier=issue,
+        slot_index=slot,
+        phase=fields.pop("phase", ClaimPhase.RUNNING),
+        owner=owner,
+        started_at=fields.pop("started_at", NOW),
+        **fields,
+    )
+
+
+async def claim_object(api: KubeApi, workflow: WorkflowRef, key: str) -> dict[str, Any]:
+    return await api.get(claims_path(workflow.namespace, claim_name(workflow.name, key)))
+
+
+async def test_acquire_creates_a_claim_owned_by_the_workflow(
+    kube_api: KubeApi, workflow: WorkflowRef
+) -> None:
+    store = store_for(kube_api, workflow, "leader", Leadership("leader"))
+    assert await store.acquire(record(owner="ignored", attempt=2, host="h1"))
+    obj = await claim_object(kube_api, workflow, "ISSUE-1#0")
+    assert obj["spec"] == {
+        "workflow": "wf",
+        "slotKey": "ISSUE-1#0",
+        "issueId": "ISSUE-1",
+        "identifier": "ISSUE-1",
+        "slotIndex": 0,
+    }
+    assert obj["status"]["phase"] == "Running"
+    assert obj["status"]["owner"] == "leader"
+    assert obj["status"]["attempt"] == 2
+    assert obj["metadata"]["labels"]["lorenz.dev/workflow"] == "wf"
+    (owner,) = obj["metadata"]["ownerReferences"]
+    assert owner["uid"] == workflow.uid
+
+    loaded = await store_for(kube_api, workflow, "next", Leadership("next")).load()
+    (back,) = loaded.claims
+    assert back.owner == "leader"
+    assert back.started_at == NOW
+    assert back.attempt == 2
+    assert loaded.stale_owners == frozenset({"leader"})
+
+
+async def test_every_record_field_survives_the_round_trip(
+    kube_api: KubeApi, workflow: WorkflowRef
+) -> None:
+    store = store_for(kube_api, workflow, "leader", Leadership("leader"))
+    full = record(
+        "A#B",  # a '#' inside the issue id: the slot index is after the last one
+        3,
+        owner="leader",
+        phase=ClaimPhase.RETRY_PENDING,
+        attempt=4,
+        retry_kind=RetryKind.FAILURE,
+        due_at=NOW + datetime.timedelta(seconds=80),
+        reservation_token="tok",
+        host="worker-1",
+        workspace_path="/ws/A_B",
+        last_agent_at=NOW,
+        turn_count=7,
+        usage=TokenUsage(input_tokens=1, output_tokens=2, total_tokens=3),
+        last_error="agent_exited: boom",
+        session_id="s-1",
+        updated_at=NOW,
+    )
+    assert await store.acquire(full)
+    (back,) = (await store.load()).claims
+    assert back == full
+
+
+async def test_acquire_takes_over_a_stale_claim_but_not_the_live_holders(
+    kube_api: KubeApi, workflow: WorkflowRef
+) -> None:
+    old = Leadership("old")
+    assert await store_for(kube_api, workflow, "old", old).acquire(record())
+    # "old" is no longer the holder: its claim is stale and the new leader takes it.
+    new = store_for(kube_api, workflow, "new", Leadership("new"))
+    assert await new.acquire(record(attempt=1))
+    obj = await claim_object(kube_api, workflow, "ISSUE-1#0")
+    assert obj["status"]["owner"] == "new"
+    # A store whose Lease view says "new" holds it refuses to take new's claim.
+    other = store_for(kube_api, workflow, "third", Leadership("new"))
+    assert not await other.acquire(record())
+    assert (await claim_object(kube_api, workflow, "ISSUE-1#0"))["status"]["owner"] == "new"
+
+
+async def test_a_conflicting_save_is_retried_after_a_fresh_read_not_overwritten(
+    kube_api: KubeApi, workflow: WorkflowRef, kube_control_plane: Cluster
+) -> None:
+    leadership = Leadership("leader")
+    store = store_for(kube_api, workflow, "leader", leadership)
+    assert await store.acquire(record())
+    name = claim_name("wf", "ISSUE-1#0")
+    # Someone else writes the status: our cached resourceVersion is now stale.
+    kube_control_plane.kubectl(
+        "patch", "claim", name, "-n", workflow.namespace, "--subresource=status",
+        "--type=merge", "-p", '{"status": {"lastError": "edited by hand"}}',
+    )
+    before = kube_api.requests[("get", "claims")]
+    await store.save(record(turn_count=5))
+    assert kube_api.requests[("get", "claims")] == before + 1  # the fresh read
+    obj = await claim_object(kube_api, workflow, "ISSUE-1#0")
+    assert obj["status"]["turnCount"] == 5
+    assert obj["status"]["owner"] == "leader"
+
+    # A foreign write that makes the live holder someone else is respected.
+    kube_control_plane.kubectl(
+        "patch", "claim", name, "-n", workflow.namespace, "--subresource=status",
+        "--type=merge", "-p", '{"status": {"owner": "usurper"}}',
+    )
+    leadership.holder = "usurper"
+    await store.save(record(turn_count=9))
+    obj = await claim_object(kube_api, workflow, "ISSUE-1#0")
+    assert obj["status"]["owner"] == "usurper"
+    assert obj["status"]["turnCount"] == 5
+    assert SlotKey("ISSUE-1#0") not in store.held
+
+
+async def test_release_deletes_only_the_claim_it_held(
+    kube_api: KubeApi, workflow: WorkflowRef
+) -> None:
+    store = store_for(kube_api, workflow, "leader", Leadership("leader"))
+    assert await store.acquire(record())
+    await store.release(SlotKey("ISSUE-1#0"))
+    claims = await kube_api.list_items(claims_path(workflow.namespace))
+    assert claims == []
+    await store.release(SlotKey("ISSUE-1#0"))  # no-op
+
+    # A successor Claim of the same name (another uid) survives a stale release.
+    assert await store.acquire(record())
+    stale = store.held[SlotKey("ISSUE-1#0")]
+    fresh_store = store_for(kube_api, workflow, "leader", Leadership("leader"))
+    await kube_api.delete(claims_path(workflow.namespace, stale.name))
+    assert await fresh_store.acquire(record())
+    await store.release(SlotKey("ISSUE-1#0"))
+    assert len(await kube_api.list_items(claims_path(workflow.namespace))) == 1
+
+
+async def test_a_fenced_store_makes_no_requests_and_refuses_acquires(
+    kube_api: KubeApi, workflow: WorkflowRef
+) -> None:
+    leadership = Leadership("leader")
+    store = store_for(kube_api, workflow, "leader", leadership)
+    assert await store.acquire(record())
+    leadership.writable = False
+    before = kube_api.total_requests
+    assert not await store.acquire(record("ISSUE-2"))
+    await store.save(record(turn_count=3))
+    await store.release(SlotKey("ISSUE-1#0"))
+    await store.save_checkpoint({"schema": 1})
+    await store.heartbeat()
+    assert kube_api.total_requests == before
+    assert store.fenced_writes == 4
+    obj = await claim_object(kube_api, workflow, "ISSUE-1#0")
+    assert obj["status"]["turnCount"] == 0
+
+
+async def test_checkpoint_lives_in_the_workflow_status(
+    kube_api: KubeApi, workflow: WorkflowRef
+) -> None:
+    store = store_for(kube_api, workflow, "leader", Leadership("leader"))
+    checkpoint = {"schema": 1, "usage_totals": {"input_tokens": 5, "seconds_running": 1.5}}
+    await store.save_checkpoint(checkpoint)
+    assert (await store.load()).checkpoint == checkpoint
+
+
+async def test_a_deleted_claim_is_reported_once_and_only_for_its_uid(
+    kube_api: KubeApi, workflow: WorkflowRef
+) -> None:
+    store = store_for(kube_api, workflow, "leader", Leadership("leader"))
+    assert await store.acquire(record())
+    held = store.held[SlotKey("ISSUE-1#0")]
+    assert not store.claim_deleted(uid="someone-else", slot_key=SlotKey("ISSUE-1#0"))
+    assert store.claim_deleted(uid=held.uid, slot_key=SlotKey("ISSUE-1#0"))
+    assert not store.claim_deleted(uid=held.uid, slot_key=SlotKey("ISSUE-1#0"))
+
+
+async def test_a_new_leader_hydrates_interrupted_runs_into_failure_retries(
+    kube_api: KubeApi, workflow: WorkflowRef
+) -> None:
+    settings = WorkflowSettings.model_validate({"tracker": {"kind": "memory"}})
+    clock = ManualClock(wall=NOW)
+    old_store = store_for(kube_api, workflow, "old", Leadership("old"))
+    old = Orchestrator(settings=settings, store=old_store, clock=clock)
+    await old.hydrate()
+    issue = Issue(id="ISSUE-1", identifier="ISSUE-1", title="t", state="Todo")
+    result = await old.claim(
+        DispatchCandidate(issue=issue, slot_index=0, key=SlotKey("ISSUE-1#0"))
+    )
+    assert isinstance(result, Started)
+
+    new_store = store_for(kube_api, workflow, "new", Leadership("new"))
+    new = Orchestrator(settings=settings, store=new_store, clock=clock)
+    report = await new.hydrate()
+    assert report.interrupted == (SlotKey("ISSUE-1#0"),)
+    assert report.taken_over_from == frozenset({"old"})
+    obj = await claim_object(kube_api, workflow, "ISSUE-1#0")
+    status = obj["status"]
+    assert status["owner"] == "new"
+    assert status["phase"] == "RetryPending"
+    assert status["retryKind"] == "failure"
+    assert status["attempt"] == 1
+    due = datetime.datetime.fromisoformat(status["dueAt"])
+    assert due - NOW == datetime.timedelta(seconds=10)
+
+
+async def test_an_idle_store_makes_no_requests(kube_api: KubeApi, workflow: WorkflowRef) -> None:
+    store = store_for(kube_api, workflow, "leader", Leadership("leader"))
+    assert await store.acquire(record())
+    before = kube_api.total_requests
+    for _ in range(10):
+        await store.heartbeat()
+    assert kube_api.total_requests == before
