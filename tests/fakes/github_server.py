@@ -4,10 +4,14 @@ Served by aiohttp on 127.0.0.1, it answers like api.github.com for: the reposito
 listing (``state``, ``labels`` as an AND filter compared case-insensitively, ``per_page``/``page``
 with a ``Link`` header, pull requests mixed in), a single issue (404 unknown, 410 deleted, 301
 transferred), the issue dependencies listing (``…/dependencies/blocked_by``, or 404 when the
-server is told it has no dependencies API) and ``GET /user``. Every response carries the
-``x-ratelimit-*`` headers of a primary budget; when the budget is spent it answers 403 the way
-GitHub does, and secondary limits (403/429 with ``retry-after``) can be injected along with
-server errors, malformed payloads and dropped connections. Requests are recorded.
+server is told it has no dependencies API) and ``GET /user``; and, for agents that move their own
+issues, the write endpoints that change labels (``POST``/``PUT``/``DELETE …/issues/{n}/labels``,
+``DELETE …/labels/{name}``) and state (``PATCH …/issues/{n}`` with ``state``/``state_reason``).
+Every response carries the ``x-ratelimit-*`` headers of a primary budget; when the budget is
+spent it answers 403 the way GitHub does, and secondary limits (403/429 with ``retry-after``)
+can be injected along with server errors, malformed payloads and dropped connections. Requests
+are recorded (write requests with their JSON body), and besides the tracker's token the server
+can accept more (``tokens=``), so an agent can write with credentials of its own.
 
 ``async with FakeGitHubServer() as github:`` in a test's loop, or
 ``with FakeGitHubServer().running_in_thread() as github:`` from synchronous code.
@@ -20,6 +24,7 @@ import contextlib
 import dataclasses
 import datetime
 import itertools
+import json
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -65,6 +70,8 @@ class RecordedRequest:
     query: dict[str, str]
     headers: dict[str, str]
     status: int = 0
+    body: Any = None
+    """The decoded JSON body of a write request (``None`` for reads or a body that is not JSON)."""
 
     @property
     def authorization(self) -> str | None:
@@ -96,8 +103,12 @@ class FakeGitHubServer:
         login: str = DEFAULT_LOGIN,
         dependencies_api: bool = True,
         rate_limit: int = 5000,
+        tokens: Iterable[str] = (),
     ) -> None:
+        """``tokens``: more accepted tokens besides ``token`` (other users or apps, e.g. the
+        agent's own token in end-to-end tests); requests record which one they carried."""
         self.token = token
+        self.tokens = frozenset(tokens)
         self.repository = repository
         self.login = login
         self.dependencies_api = dependencies_api
@@ -240,6 +251,12 @@ class FakeGitHubServer:
         app.router.add_get(
             "/repos/{owner}/{repo}/issues/{number}/dependencies/blocked_by", self._blocked_by
         )
+        app.router.add_patch("/repos/{owner}/{repo}/issues/{number}", self._patch)
+        labels = "/repos/{owner}/{repo}/issues/{number}/labels"
+        app.router.add_post(labels, self._add_labels)
+        app.router.add_put(labels, self._set_labels)
+        app.router.add_delete(labels, self._clear_labels)
+        app.router.add_delete(labels + "/{name}", self._remove_label)
         self._runner = web.AppRunner(app, access_log=None, middlewares=[])
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -295,12 +312,35 @@ class FakeGitHubServer:
     async def _blocked_by(self, request: web.Request) -> web.StreamResponse:
         return self._serve(request, lambda: self._dependencies(request))
 
-    def _serve(self, request: web.Request, answer: Any) -> web.StreamResponse:
+    async def _patch(self, request: web.Request) -> web.StreamResponse:
+        body = await _json_body(request)
+        return self._serve(request, lambda: self._update(request, body), body=body)
+
+    async def _add_labels(self, request: web.Request) -> web.StreamResponse:
+        body = await _json_body(request)
+        return self._serve(
+            request, lambda: self._labels_write(request, body, replace=False), body=body
+        )
+
+    async def _set_labels(self, request: web.Request) -> web.StreamResponse:
+        body = await _json_body(request)
+        return self._serve(
+            request, lambda: self._labels_write(request, body, replace=True), body=body
+        )
+
+    async def _clear_labels(self, request: web.Request) -> web.StreamResponse:
+        return self._serve(request, lambda: self._labels_clear(request))
+
+    async def _remove_label(self, request: web.Request) -> web.StreamResponse:
+        return self._serve(request, lambda: self._label_remove(request))
+
+    def _serve(self, request: web.Request, answer: Any, *, body: Any = None) -> web.StreamResponse:
         record = RecordedRequest(
             method=request.method,
             path=request.path,
             query=dict(request.query),
             headers=dict(request.headers),
+            body=body,
         )
         with self._lock:
             self.requests.append(record)
@@ -309,14 +349,20 @@ class FakeGitHubServer:
             assert request.transport is not None
             request.transport.close()
             raise ConnectionResetError("fake GitHub dropped the connection")
+        assert isinstance(response, web.Response)
         record.status = response.status
         return response
 
-    def _checked(self, request: web.Request, record: RecordedRequest) -> web.Response | None:
-        """Auth, repository, injected failures and the primary budget, in GitHub's order."""
+    def _checked(
+        self, request: web.Request, record: RecordedRequest
+    ) -> web.Response | object | None:
+        """Auth, repository, injected failures and the primary budget, in GitHub's order:
+        ``None`` to go on, else the answer (a response, or ``_DISCONNECT``)."""
         auth = record.authorization or ""
         scheme, _, credential = auth.partition(" ")
-        if scheme.lower() not in ("bearer", "token") or credential != self.token:
+        if scheme.lower() not in ("bearer", "token") or (
+            credential != self.token and credential not in self.tokens
+        ):
             return self._json(
                 401, {"message": "Bad credentials", "documentation_url": DOCS, "status": "401"}
             )
@@ -381,6 +427,94 @@ class FakeGitHubServer:
         blockers = [self._issues[n] for n in issue.blocked_by if n in self._issues]
         return self._page(request, [self._issue_json(b) for b in blockers if not b.deleted])
 
+    # -- writes -------------------------------------------------------------------------------
+
+    def _writable(self, request: web.Request) -> FakeGitHubIssue | web.Response:
+        """The issue a write addresses, or GitHub's answer when there is none to write."""
+        number = _number(request)
+        issue = self._issues.get(number) if number is not None else None
+        if issue is None or issue.transferred_to is not None:
+            return self._not_found()
+        if issue.deleted:
+            return self._json(
+                410,
+                {"message": "This issue was deleted", "documentation_url": DOCS, "status": "410"},
+            )
+        return issue
+
+    def _update(self, request: web.Request, body: Any) -> web.Response:
+        issue = self._writable(request)
+        if isinstance(issue, web.Response):
+            return issue
+        if not isinstance(body, dict):
+            return self._invalid("Problems parsing JSON")
+        state = body.get("state", issue.state)
+        reason = body.get("state_reason")
+        if state not in ("open", "closed"):
+            return self._invalid(f"state {state!r} is not open or closed")
+        if reason not in (None, "completed", "not_planned", "reopened", "duplicate"):
+            return self._invalid(f"state_reason {reason!r} is not a valid reason")
+        if "labels" in body:
+            labels = _label_list(body["labels"])
+            if labels is None:
+                return self._invalid("labels must be a list of names")
+            issue.labels = _merged([], labels)
+        for field in ("title", "body"):
+            if isinstance(body.get(field), str):
+                setattr(issue, field, body[field])
+        if state != issue.state or reason is not None:
+            issue.state = state
+            # GitHub: closing defaults the reason to completed, reopening to reopened.
+            issue.state_reason = reason or ("completed" if state == "closed" else "reopened")
+        self._touch(issue)
+        return self._json(200, self._issue_json(issue))
+
+    def _labels_write(self, request: web.Request, body: Any, *, replace: bool) -> web.Response:
+        issue = self._writable(request)
+        if isinstance(issue, web.Response):
+            return issue
+        # NB: GitHub takes ``{"labels": [...]}`` or a bare list of names.
+        labels = _label_list(body.get("labels") if isinstance(body, dict) else body)
+        if labels is None:
+            return self._invalid("labels must be a list of names")
+        issue.labels = _merged([] if replace else issue.labels, labels)
+        self._touch(issue)
+        return self._json(200, self._labels_json(issue))
+
+    def _labels_clear(self, request: web.Request) -> web.Response:
+        issue = self._writable(request)
+        if isinstance(issue, web.Response):
+            return issue
+        issue.labels = []
+        self._touch(issue)
+        return web.Response(status=204, headers=self._rate_headers())
+
+    def _label_remove(self, request: web.Request) -> web.Response:
+        issue = self._writable(request)
+        if isinstance(issue, web.Response):
+            return issue
+        name = request.match_info["name"].lower()
+        kept = [label for label in issue.labels if label.lower() != name]
+        if len(kept) == len(issue.labels):
+            return self._json(
+                404,
+                {"message": "Label does not exist", "documentation_url": DOCS, "status": "404"},
+            )
+        issue.labels = kept
+        self._touch(issue)
+        return self._json(200, self._labels_json(issue))
+
+    def _invalid(self, detail: str) -> web.Response:
+        return self._json(
+            422,
+            {
+                "message": "Validation Failed",
+                "errors": [{"message": detail}],
+                "documentation_url": DOCS,
+                "status": "422",
+            },
+        )
+
     # -- responses ----------------------------------------------------------------------------
 
     def _page(self, request: web.Request, items: list[dict[str, Any]]) -> web.Response:
@@ -408,6 +542,20 @@ class FakeGitHubServer:
         headers = {"Link": ", ".join(links)} if links else {}
         return self._json(200, chunk, headers=headers)
 
+    def _label_json(self, name: str) -> dict[str, Any]:
+        return {
+            "id": 700000 + abs(hash(name)) % 100000,
+            "node_id": f"LA_fake_{name}",
+            "url": f"{self.url}/repos/{self.repository}/labels/{name}",
+            "name": name,
+            "color": "ededed",
+            "default": False,
+            "description": None,
+        }
+
+    def _labels_json(self, issue: FakeGitHubIssue) -> list[dict[str, Any]]:
+        return [self._label_json(name) for name in issue.labels]
+
     def _issue_json(self, issue: FakeGitHubIssue) -> dict[str, Any]:
         api = f"{self.url}/repos/{self.repository}"
         kind = "pull" if issue.pull_request else "issues"
@@ -424,18 +572,7 @@ class FakeGitHubServer:
             "number": issue.number,
             "title": issue.title,
             "user": {"login": "octocat", "id": 1, "type": "User"},
-            "labels": [
-                {
-                    "id": 700000 + abs(hash(name)) % 100000,
-                    "node_id": f"LA_fake_{name}",
-                    "url": f"{api}/labels/{name}",
-                    "name": name,
-                    "color": "ededed",
-                    "default": False,
-                    "description": None,
-                }
-                for name in issue.labels
-            ],
+            "labels": self._labels_json(issue),
             "state": issue.state,
             "state_reason": issue.state_reason,
             "locked": False,
@@ -543,3 +680,36 @@ _DISCONNECT = object()
 def _number(request: web.Request) -> int | None:
     text = request.match_info.get("number", "")
     return int(text) if text.isdigit() else None
+
+
+async def _json_body(request: web.Request) -> Any:
+    """The request's JSON body; ``None`` when it is empty or not JSON (answered 422 later)."""
+    raw = await request.read()
+    if not raw:
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None
+
+
+def _label_list(value: Any) -> list[str] | None:
+    """Label names from a write body: strings, or ``{"name": ...}`` objects; else ``None``."""
+    if not isinstance(value, list):
+        return None
+    names: list[str] = []
+    for item in value:
+        name = item.get("name") if isinstance(item, dict) else item
+        if not isinstance(name, str) or not name.strip():
+            return None
+        names.append(name)
+    return names
+
+
+def _merged(current: list[str], added: list[str]) -> list[str]:
+    """``current`` plus ``added``, without a second copy of a name (compared ignoring case)."""
+    out = list(current)
+    for name in added:
+        if name.lower() not in {existing.lower() for existing in out}:
+            out.append(name)
+    return out
