@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import datetime
 import json
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -69,9 +70,20 @@ def make_rig(
     issues: list[Issue],
     agent_body: str = WAITING_AGENT,
     front_matter: dict[str, Any] | None = None,
+    agent_settings: dict[str, Any] | None = None,
     **rig_options: Any,
 ) -> RuntimeRig:
+    """A rig whose agent runs ``agent_body``; ``agent_settings`` go into ``agents.test``."""
     agent = write_agent(tmp_path, "agent", agent_body)
+    front_matter = dict(front_matter or {})
+    if agent_settings:
+        front_matter["agents"] = {"test": {
+            "protocol": "command",
+            "command": f"{sys.executable} {agent}",
+            "stall_timeout_ms": 60000,
+            "turn_timeout_ms": 60000,
+            **agent_settings,
+        }}
     workflow = write_workflow(tmp_path, agent_script=agent, front_matter=front_matter)
     return build_rig(workflow, issues=issues, **rig_options)
 
@@ -151,3 +163,37 @@ class SseReader:
                 snapshot = await self.next_snapshot(timeout=timeout)
                 if predicate(snapshot):
                     return snapshot
+
+
+@dataclasses.dataclass
+class PoolHost:
+    host: str | None
+
+
+class GatedPool:
+    """The runtime's WorkerPool protocol over named hosts, handing them out when the gate opens."""
+
+    def __init__(self, hosts: list[str]) -> None:
+        self.free = list(hosts)
+        self.gate = asyncio.Event()
+
+    async def acquire(self, *, key: Any, timeout_ms: int) -> PoolHost | None:
+        await self.gate.wait()
+        return PoolHost(self.free.pop(0)) if self.free else None
+
+    async def release(self, slot: PoolHost, *, poison: bool) -> None:
+        if slot.host is not None:
+            self.free.append(slot.host)
+
+    async def drain(self, *, deadline_ms: int) -> None:
+        return None
+
+
+class PoolGoverns:
+    """Capacity probe saying the pool governs dispatch (slots are reserved first)."""
+
+    def governs(self) -> bool:
+        return True
+
+    def has_capacity(self) -> bool:
+        return True

@@ -108,7 +108,8 @@ async def test_issue_detail_gathers_slots_workspace_events_and_agent_messages(
     assert detail["running"] == []
     assert detail["retrying"][0]["kind"] == "failure"
     assert detail["attempts"]["current_retry_attempt"] == 1
-    assert detail["last_error"] is not None and "exit" in detail["last_error"]
+    assert detail["last_error"] is not None
+    assert "exit" in detail["last_error"]
     assert [h["outcome"] for h in detail["run_history"]] == ["failed"]
     types = [e["type"] for e in detail["recent_events"]]
     assert types[:2] == ["retry_scheduled", "run_failed"]

@@ -1,0 +1,271 @@
+"""``/metrics`` scraped over HTTP and parsed, after real runs: success, failure, stops, tokens."""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+import sys
+from pathlib import Path
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from lorenz.model import slot_key
+from lorenz.server import LorenzMetrics, MetricsLabelInUse
+from tests.runtime.harness import build_rig, write_agent, write_workflow
+from tests.server.helpers import (
+    GatedPool,
+    PoolGoverns,
+    issue,
+    make_rig,
+    release,
+    serve,
+    wait_until,
+)
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+FAKE_CODEX = Path(__file__).resolve().parent.parent / "fakes" / "codex_agent.py"
+TOKEN_SCENARIO = FAKE_CODEX.parent / "scenarios" / "codex_token_usage.json"
+
+
+CHATTY_EXCEPT_T3 = """
+print("hello", flush=True)
+while True:
+    time.sleep(0.05)
+    if env["LORENZ_ISSUE_IDENTIFIER"] != "T-3":
+        print("still here", flush=True)
+"""
+"""Keeps reporting progress, except on T-3, which goes silent (and so stalls)."""
+
+
+def parse(text: str) -> Samples:
+    samples: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return samples
+
+
+async def scrape(http: aiohttp.ClientSession, url: str) -> Samples:
+    async with http.get(f"{url}/metrics") as response:
+        assert response.status == 200
+        assert response.headers["Content-Type"].startswith("text/plain")
+        return parse(await response.text())
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples[(name, frozenset(labels.items()))]
+
+
+async def test_a_successful_run_is_counted_and_timed(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    rig = make_rig(tmp_path, issues=[issue(1)])
+    served = await serve(rig)
+    wf = str(rig.workflow.path)
+    await rig.runtime.poll_once()
+    await wait_until(lambda: len(rig.orchestrator.state.running) == 1)
+
+    during = await scrape(http, served.url)
+    assert value(during, "lorenz_running_slots", workflow=wf) == 1
+    assert value(during, "lorenz_retrying_slots", workflow=wf) == 0
+    assert value(during, "lorenz_reserving_slots", workflow=wf) == 0
+    assert value(during, "lorenz_blocked_slots", workflow=wf) == 0
+    assert value(during, "lorenz_dispatches_total", workflow=wf) == 1
+    assert value(during, "lorenz_run_outcomes_total", workflow=wf, outcome="success") == 0
+
+    release(rig, "T-1")
+    await rig.runtime.wait_for_runs()
+    after = await scrape(http, served.url)
+
+    assert value(after, "lorenz_running_slots", workflow=wf) == 0
+    assert value(after, "lorenz_retrying_slots", workflow=wf) == 1
+    assert value(after, "lorenz_run_outcomes_total", workflow=wf, outcome="success") == 1
+    assert value(after, "lorenz_run_outcomes_total", workflow=wf, outcome="failed") == 0
+    assert value(after, "lorenz_retries_total", workflow=wf, kind="continuation") == 1
+    assert value(after, "lorenz_retries_total", workflow=wf, kind="failure") == 0
+    assert value(after, "lorenz_run_duration_seconds_count", workflow=wf, outcome="success") == 1
+    assert value(after, "lorenz_run_duration_seconds_sum", workflow=wf, outcome="success") > 0
+    ticks = len(rig.of_type("poll_completed")) + len(rig.of_type("poll_error"))
+    assert value(after, "lorenz_poll_duration_seconds_count", workflow=wf) == ticks
+    assert value(after, "lorenz_poll_errors_total", workflow=wf) == 0
+    # Dispatch latency: measured inside the tick that found the issue, so within its duration.
+    latency = value(after, "lorenz_dispatch_latency_seconds_sum", workflow=wf)
+    assert value(after, "lorenz_dispatch_latency_seconds_count", workflow=wf) == 1
+    assert 0 <= latency <= value(after, "lorenz_poll_duration_seconds_sum", workflow=wf)
+
+
+async def test_a_failed_run_and_a_poll_error_are_counted(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    rig = make_rig(tmp_path, issues=[issue(1)], agent_body="sys.exit(3)\n")
+    served = await serve(rig)
+    wf = str(rig.workflow.path)
+
+    await rig.runtime.poll_once(wait_for_runs=True)
+    rig.tracker.fail_next(1, methods=["fetch_candidate_issues"])
+    with pytest.raises(Exception, match="injected failure"):
+        await rig.runtime.poll_once()
+    samples = await scrape(http, served.url)
+
+    assert value(samples, "lorenz_run_outcomes_total", workflow=wf, outcome="failed") == 1
+    assert value(samples, "lorenz_retries_total", workflow=wf, kind="failure") == 1
+    assert value(samples, "lorenz_run_duration_seconds_count", workflow=wf, outcome="failed") == 1
+    assert value(samples, "lorenz_poll_errors_total", workflow=wf) == 1
+    ticks = len(rig.of_type("poll_completed")) + len(rig.of_type("poll_error"))
+    assert ticks >= 2
+    assert value(samples, "lorenz_poll_duration_seconds_count", workflow=wf) == ticks
+    assert value(samples, "lorenz_retrying_slots", workflow=wf) == 1
+
+
+async def test_reconcile_stops_are_counted_by_reason(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    rig = make_rig(
+        tmp_path,
+        issues=[issue(1), issue(2), issue(3)],
+        agent_body=CHATTY_EXCEPT_T3,
+        agent_settings={"stall_timeout_ms": 300},
+    )
+    served = await serve(rig)
+    wf = str(rig.workflow.path)
+    await rig.runtime.poll_once()
+    await wait_until(lambda: len(rig.orchestrator.state.running) == 3)
+
+    rig.tracker.set_state("id-1", "Done")  # terminal
+    rig.tracker.set_state("id-2", "Backlog")  # no longer active
+    # id-3's agent printed once and is silent since: a stall after 300 ms.
+    await wait_until(
+        lambda: all(e.last_agent_message for e in rig.orchestrator.state.running.values())
+    )
+    await asyncio.sleep(0.4)
+    await rig.runtime.poll_once()
+    await rig.runtime.wait_for_runs()
+    samples = await scrape(http, served.url)
+
+    assert value(samples, "lorenz_reconcile_stops_total", workflow=wf, reason="terminal") == 1
+    assert value(samples, "lorenz_reconcile_stops_total", workflow=wf, reason="inactive") == 1
+    assert value(samples, "lorenz_reconcile_stops_total", workflow=wf, reason="stalled") == 1
+    assert value(samples, "lorenz_reconcile_stops_total", workflow=wf, reason="missing") == 0
+    assert value(samples, "lorenz_run_outcomes_total", workflow=wf, outcome="canceled") == 2
+    assert value(samples, "lorenz_run_outcomes_total", workflow=wf, outcome="stalled") == 1
+    assert value(samples, "lorenz_running_slots", workflow=wf) == 0
+
+
+async def test_tokens_are_counted_from_agent_usage_reports(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    agent = write_agent(tmp_path, "unused", "pass\n")
+    command = " ".join(shlex.quote(p) for p in (sys.executable, str(FAKE_CODEX),
+                                                 str(TOKEN_SCENARIO)))
+    workflow = write_workflow(
+        tmp_path, agent_script=agent,
+        front_matter={"agents": {"test": {"protocol": "codex-app-server", "command": command}}},
+    )
+    rig = build_rig(workflow, issues=[issue(1)])
+    served = await serve(rig)
+    wf = str(workflow)
+
+    await rig.runtime.poll_once(wait_for_runs=True)
+    samples = await scrape(http, served.url)
+
+    assert rig.of_type("run_finished"), rig.events
+    assert value(samples, "lorenz_tokens_total", workflow=wf, direction="input") == 90
+    assert value(samples, "lorenz_tokens_total", workflow=wf, direction="output") == 30
+    assert value(samples, "lorenz_run_outcomes_total", workflow=wf, outcome="success") == 1
+
+
+async def test_dispatch_latency_of_a_pool_run_counts_from_the_tick_that_reserved_it(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    pool = GatedPool(["h1"])
+    rig = make_rig(tmp_path, issues=[issue(1)], pool=pool, capacity=PoolGoverns())
+    served = await serve(rig)
+    wf = str(rig.workflow.path)
+
+    await rig.runtime.poll_once()
+    reserving = await scrape(http, served.url)
+    assert value(reserving, "lorenz_reserving_slots", workflow=wf) == 1
+    assert value(reserving, "lorenz_dispatch_latency_seconds_count", workflow=wf) == 0
+
+    pool.gate.set()
+    await wait_until(lambda: slot_key("id-1", 0) in rig.orchestrator.state.running)
+    started = await scrape(http, served.url)
+
+    assert value(started, "lorenz_reserving_slots", workflow=wf) == 0
+    assert value(started, "lorenz_running_slots", workflow=wf) == 1
+    assert value(started, "lorenz_dispatch_latency_seconds_count", workflow=wf) == 1
+    # The run started after its tick ended: the latency covers at least the whole tick.
+    assert value(started, "lorenz_dispatch_latency_seconds_sum", workflow=wf) >= value(
+        started, "lorenz_poll_duration_seconds_sum", workflow=wf
+    )
+    release(rig, "T-1")
+
+
+async def test_several_runtimes_share_one_registry_under_workflow_labels(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    rig_a = make_rig(tmp_path / "a", issues=[issue(1)], agent_body="print('ok')\n")
+    rig_b = make_rig(tmp_path / "b", issues=[issue(1), issue(2)], agent_body="sys.exit(1)\n")
+    metrics = LorenzMetrics()
+    detach_a = metrics.attach(rig_a.runtime, workflow="team/a")
+    metrics.attach(rig_b.runtime, workflow="team/b")
+    with pytest.raises(MetricsLabelInUse) as refused:
+        metrics.attach(rig_b.runtime, workflow="team/a")
+    assert refused.value.code == "metrics_workflow_label_in_use"
+
+    await rig_a.runtime.poll_once(wait_for_runs=True)
+    await rig_b.runtime.poll_once(wait_for_runs=True)
+    body, content_type = metrics.exposition()
+    samples = parse(body.decode())
+
+    assert content_type.startswith("text/plain")
+    assert value(samples, "lorenz_dispatches_total", workflow="team/a") == 1
+    assert value(samples, "lorenz_dispatches_total", workflow="team/b") == 2
+    assert value(samples, "lorenz_run_outcomes_total", workflow="team/a", outcome="success") == 1
+    assert value(samples, "lorenz_run_outcomes_total", workflow="team/b", outcome="failed") == 2
+    assert value(samples, "lorenz_retrying_slots", workflow="team/b") == 2
+
+    detach_a()
+    await rig_a.runtime.poll_once(wait_for_runs=True)  # no longer counted anywhere
+    after = parse(metrics.exposition()[0].decode())
+    assert not any(("workflow", "team/a") in labels for _, labels in after)
+    assert value(after, "lorenz_dispatches_total", workflow="team/b") == 2
+    assert metrics.workflows == ["team/b"]
+
+
+async def test_openmetrics_is_served_when_asked_for(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    rig = make_rig(tmp_path, issues=[])
+    served = await serve(rig)
+
+    async with http.get(
+        f"{served.url}/metrics", headers={"Accept": "application/openmetrics-text"}
+    ) as response:
+        assert response.status == 200
+        assert response.headers["Content-Type"].startswith("application/openmetrics-text")
+        text = await response.text()
+    assert text.rstrip().endswith("# EOF")
+    assert "lorenz_running_slots" in text
+
+
+async def test_each_app_has_its_own_registry(tmp_path: Path, http: aiohttp.ClientSession) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    rig_a = make_rig(tmp_path / "a", issues=[issue(1)], agent_body="print('ok')\n")
+    rig_b = make_rig(tmp_path / "b", issues=[])
+    served_a = await serve(rig_a)
+    served_b = await serve(rig_b)
+
+    await rig_a.runtime.poll_once(wait_for_runs=True)
+    samples_a = await scrape(http, served_a.url)
+    samples_b = await scrape(http, served_b.url)
+
+    assert value(samples_a, "lorenz_dispatches_total", workflow=str(rig_a.workflow.path)) == 1
+    assert value(samples_b, "lorenz_dispatches_total", workflow=str(rig_b.workflow.path)) == 0
+    assert not any(("workflow", str(rig_a.workflow.path)) in labels for _, labels in samples_b)
