@@ -43,6 +43,7 @@ from lorenz.runtime.tools import tracker_tools
 from lorenz.trackers import TrackerClient
 from lorenz.workflow import (
     LoadedWorkflow,
+    WorkflowStamp,
     continuation_prompt,
     render_prompt,
     validate_dispatch,
@@ -91,6 +92,7 @@ class LorenzRuntime:
         runner_factory: Callable[[AgentProtocol], AgentRunner],
         tracker_factory: Callable[[WorkflowSettings], TrackerClient] | None = None,
         reload_workflow: Callable[[], LoadedWorkflow] | None = None,
+        source_stamp: Callable[[], WorkflowStamp] | None = None,
         prove_leadership: Callable[[], Awaitable[None]] | None = None,
         pool: WorkerPool | None = None,
         clock: Clock | None = None,
@@ -103,6 +105,10 @@ class LorenzRuntime:
         self._runner_factory = runner_factory
         self._tracker_factory = tracker_factory
         self._reload_workflow = reload_workflow
+        self._source_stamp = source_stamp
+        """What the workflow's source looks like now (a stamp unlike the loaded one means
+        "reload"); default: the WORKFLOW.md file's stamp. The operator passes the stamp of the
+        Workflow object's latest spec."""
         self._prove_leadership = prove_leadership
         self._pool = pool
         self._clock = clock or SystemClock()
@@ -451,7 +457,11 @@ class LorenzRuntime:
         if self._reload_workflow is None:
             return
         try:
-            stamp = workflow_stamp(self._workflow.path)
+            stamp = (
+                self._source_stamp()
+                if self._source_stamp is not None
+                else workflow_stamp(self._workflow.path)
+            )
         except Exception:
             stamp = None  # unreadable now: the reload below reports why
         if stamp is not None and stamp == self._workflow.stamp:
