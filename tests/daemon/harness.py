@@ -31,7 +31,7 @@ from lorenz.daemon.discovery import lease_file_for, parse_endpoint, read_lease
 READY_TIMEOUT_S = 60.0
 """Hang protection only (a loaded 2-core machine can be slow to start Python); never asserted."""
 
-AGENT_SOURCE = r'''
+AGENT_SOURCE = r"""
 import fcntl, json, os, random, signal, sys, time
 
 LOG = os.environ["AGENT_LOG"]
@@ -67,7 +67,11 @@ def on_term(signum, frame):
     os._exit(143)
 
 
-signal.signal(signal.SIGTERM, on_term)
+if os.environ.get("AGENT_IGNORE_TERM"):
+    record(event="ignoring_term")
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+else:
+    signal.signal(signal.SIGTERM, on_term)
 rng = random.Random()
 time.sleep(rng.uniform(float(os.environ.get("AGENT_MIN_S", "0.2")),
                        float(os.environ.get("AGENT_MAX_S", "1.0"))))
@@ -75,7 +79,7 @@ rc = 1 if rng.random() < float(os.environ.get("AGENT_FAIL_RATE", "0.2")) else 0
 print("done", flush=True)
 record(event="end", rc=rc)
 sys.exit(rc)
-'''
+"""
 
 
 def short_runtime_dir() -> Path:

@@ -108,7 +108,9 @@ def test_status_refresh_stop_over_http(
     assert read_lease(lease_file_for(root / "WORKFLOW.md")) is None
 
 
-def test_no_daemon_is_exit_1_with_a_coded_message(tmp_path: Path, daemon_env: dict[str, str]) -> None:
+def test_no_daemon_is_exit_1_with_a_coded_message(
+    tmp_path: Path, daemon_env: dict[str, str]
+) -> None:
     (tmp_path / "WORKFLOW.md").write_text("---\n---\n")
     for command in ("status", "refresh", "stop"):
         result = lorenz(command, "WORKFLOW.md", env=daemon_env, cwd=tmp_path)

@@ -172,9 +172,7 @@ async def test_a_removed_lease_stops_the_daemon_with_leadership_lost(
     )
     lease_file = lease_file_for(workflow)
     runtimes: list[LorenzRuntime] = []
-    task = asyncio.create_task(
-        run_host(options(workflow, daemon_env), ready=runtimes.append)
-    )
+    task = asyncio.create_task(run_host(options(workflow, daemon_env), ready=runtimes.append))
     await wait_for(lambda: bool(runtimes) and runtimes[0].poll_count >= 1)
     await wait_for(lambda: (read_lease(lease_file) or {}).get("endpoint") is not None)
     polls_before = runtimes[0].poll_count

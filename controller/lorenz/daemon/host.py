@@ -142,6 +142,9 @@ async def run_host(
             prove_leadership=daemon.prove if daemon is not None else None,
             base_env=base_env,
         )
+        # NB: before any attachment starts: once the daemon's endpoint is published, SIGTERM
+        # must already mean a graceful stop.
+        _install_signal_handlers(runtime)
         factories = list(ATTACHMENTS)
         if daemon is not None:
             daemon.bind(runtime)
@@ -153,7 +156,6 @@ async def run_host(
                 attachments.append(attachment)
         if daemon is not None:
             daemon.start_heartbeat(claim_heartbeat=orchestrator.heartbeat)
-        _install_signal_handlers(runtime)
         if ready is not None:
             ready(runtime)
         await runtime.start(once=options.once, dry_run=options.dry_run)

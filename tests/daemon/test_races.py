@@ -1,0 +1,126 @@
+"""Daemons of one workflow started at the same instant: exactly one leads, every time."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lorenz.daemon.discovery import lease_file_for, read_lease
+from tests.daemon.harness import DaemonProcess, write_daemon_workflow
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def race_rounds(workflow: Path, env: dict[str, str], out: Path, *, rounds: int, racers: int) -> int:
+    """Run ``rounds`` races of ``racers`` daemons; returns how many refusals were checked."""
+    refusals = 0
+    for round_no in range(rounds):
+        results = out / f"round-{round_no}"
+        parent = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.daemon.racers",
+                str(workflow),
+                str(racers),
+                str(results),
+                "--feature",
+                "daemon",
+                "--no-tui",
+            ],
+            cwd=ROOT,
+            env={**env, "PYTHONPATH": str(ROOT)},
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert parent.stdout is not None
+            pids = json.loads(parent.stdout.readline())
+            deadline = time.monotonic() + 60
+            while len(list(results.glob("*.rc"))) < racers - 1:
+                assert time.monotonic() < deadline, "losers did not exit"
+                assert parent.poll() is None, "every racer exited: nobody holds the lease"
+                time.sleep(0.01)
+            finished = dict(
+                tuple(map(int, path.read_text().split())) for path in results.glob("*.rc")
+            )
+            (winner,) = set(pids) - set(finished)
+            for index in range(racers):
+                text = (results / f"{index}.out").read_text()
+                if pids[index] == winner:
+                    continue
+                assert finished[pids[index]] == 1, text
+                assert "daemon_already_running" in text, text
+                assert f"pid {winner}" in text, text
+                assert "claims hydrated" not in text  # refused before opening anything
+                refusals += 1
+            lease = read_lease(lease_file_for(workflow))
+            assert lease is not None and lease["pid"] == winner
+            while (read_lease(lease_file_for(workflow)) or {}).get("endpoint") is None:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            os.kill(winner, signal.SIGTERM)
+            codes = json.loads(parent.stdout.readline())
+            assert parent.wait(timeout=60) == 0
+            assert codes[str(winner)] == 0
+            assert read_lease(lease_file_for(workflow)) is None
+        finally:
+            if parent.poll() is None:
+                for pid in pids:
+                    with_suppressed_kill(pid)
+                parent.kill()
+                parent.wait()
+    return refusals
+
+
+def with_suppressed_kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def test_the_second_daemon_refuses_every_time(
+    root: Path, daemon_env: dict[str, str], tmp_path: Path
+) -> None:
+    workflow = write_daemon_workflow(root, issues=())
+    assert race_rounds(workflow, daemon_env, tmp_path / "races", rounds=20, racers=3) >= 20
+
+
+@pytest.mark.soak
+def test_the_second_daemon_refuses_every_time_soak(
+    root: Path, daemon_env: dict[str, str], tmp_path: Path
+) -> None:
+    workflow = write_daemon_workflow(root, issues=())
+    assert race_rounds(workflow, daemon_env, tmp_path / "races", rounds=40, racers=5) >= 160
+
+
+def test_a_late_second_daemon_names_the_owner_pid_and_endpoint(
+    root: Path, daemon_env: dict[str, str], daemons: list[DaemonProcess]
+) -> None:
+    workflow = write_daemon_workflow(root, issues=())
+    first = DaemonProcess(workflow, env=daemon_env, args=["--feature", "daemon"], output=root / "1")
+    daemons.append(first.start())
+    lease = first.wait_ready()
+    second = DaemonProcess(
+        workflow, env=daemon_env, args=["--feature", "daemon"], output=root / "2"
+    )
+    daemons.append(second.start())
+    assert second.wait() == 1
+    text = second.log()
+    assert "daemon_already_running" in text
+    assert f"pid {first.pid}" in text and lease["endpoint"] in text
+    # --once never takes the lease, so it runs beside the daemon
+    once = DaemonProcess(
+        workflow, env=daemon_env, args=["--feature", "daemon", "--once"], output=root / "3"
+    )
+    daemons.append(once.start())
+    assert once.wait() == 0, once.log()
+    assert (read_lease(lease_file_for(workflow)) or {}).get("pid") == first.pid
