@@ -28,7 +28,7 @@ def main() -> None:
     import lorenz.cli
     import lorenz.cli.run
     import lorenz.daemon.host
-    import lorenz.server  # noqa: F401  (paid once, before the fork)
+    import lorenz.server
 
     ready_r, ready_w = os.pipe()
     go_r, go_w = os.pipe()

@@ -49,7 +49,8 @@ def test_status_refresh_stop_over_the_unix_socket(
     assert status.returncode == 0, status.stderr
     assert f"pid {daemon.pid}" in status.stdout
     assert lease["endpoint"] in status.stdout
-    assert "lanes" in status.stdout and "heartbeat" in status.stdout
+    assert "lanes" in status.stdout
+    assert "heartbeat" in status.stdout
 
     as_json = lorenz("status", "--json", env=daemon_env, cwd=root)  # ./WORKFLOW.md by default
     assert as_json.returncode == 0, as_json.stderr
@@ -82,7 +83,8 @@ def test_status_refresh_stop_over_http(
 ) -> None:
     daemon = start(root, daemon_env, daemons, "--port", "0")
     lease = read_lease(lease_file_for(root / "WORKFLOW.md"))
-    assert lease is not None and lease["endpoint"].startswith("http://127.0.0.1:")
+    assert lease is not None
+    assert lease["endpoint"].startswith("http://127.0.0.1:")
     port = lease["endpoint"].rsplit(":", 1)[1]
 
     for where in ([], ["--port", port], ["--url", lease["endpoint"]]):
@@ -95,7 +97,8 @@ def test_status_refresh_stop_over_http(
         assert document["poll"]["interval_ms"] == 100
 
     text = lorenz("status", env=daemon_env, cwd=root)
-    assert text.returncode == 0 and f"pid {daemon.pid}" in text.stdout
+    assert text.returncode == 0
+    assert f"pid {daemon.pid}" in text.stdout
 
     refresh = lorenz("refresh", "--port", port, env=daemon_env, cwd=root)
     assert refresh.returncode == 0, refresh.stderr
@@ -116,7 +119,8 @@ def test_no_daemon_is_exit_1_with_a_coded_message(
         result = lorenz(command, "WORKFLOW.md", env=daemon_env, cwd=tmp_path)
         assert result.returncode == 1, command
         assert "daemon_not_running" in result.stderr
-        assert "lorenz " in result.stderr and "--feature daemon" in result.stderr
+        assert "lorenz " in result.stderr
+        assert "--feature daemon" in result.stderr
     as_json = lorenz("status", "--json", env=daemon_env, cwd=tmp_path)
     assert as_json.returncode == 1
     assert json.loads(as_json.stdout)["error"]["code"] == "daemon_not_running"
@@ -143,7 +147,8 @@ def test_a_dead_daemon_is_not_running_and_an_unanswering_one_is_unreachable(
     assert read_lease(lease_path) is not None  # kill -9 leaves the lease behind
     dead = lorenz("status", env=daemon_env, cwd=root)
     assert dead.returncode == 1
-    assert "daemon_not_running" in dead.stderr and f"pid {daemon.pid}" in dead.stderr
+    assert "daemon_not_running" in dead.stderr
+    assert f"pid {daemon.pid}" in dead.stderr
 
     # A live holder (this test process) whose endpoint does not answer.
     lease = read_lease(lease_path)
@@ -165,7 +170,8 @@ def test_a_dead_daemon_is_not_running_and_an_unanswering_one_is_unreachable(
     lease_path.write_text(json.dumps(lease))
     starting = lorenz("refresh", env=daemon_env, cwd=root)
     assert starting.returncode == 1
-    assert "daemon_unreachable" in starting.stderr and "endpoint" in starting.stderr
+    assert "daemon_unreachable" in starting.stderr
+    assert "endpoint" in starting.stderr
 
     lease_path.write_text("{not json")
     garbled = lorenz("status", env=daemon_env, cwd=root)

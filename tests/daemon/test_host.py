@@ -130,9 +130,11 @@ async def test_shutdown_runs_in_the_seed_order(
     task = asyncio.create_task(run_host(options(workflow, daemon_env, "durable_claims")))
     await wait_for(lambda: any(e["event"] == "start" for e in read_agent_log(agent_log)))
     lease = read_lease(lease_file)
-    assert lease is not None and lease["endpoint"].startswith("unix://")
+    assert lease is not None
+    assert lease["endpoint"].startswith("unix://")
     reply = await asyncio.to_thread(call, lease["endpoint"], "POST", "/api/v1/stop")
-    assert reply.status == 202 and reply.body["stopping"] is True
+    assert reply.status == 202
+    assert reply.body["stopping"] is True
     assert await asyncio.wait_for(task, 60) == 0
 
     steps = [entry.removeprefix("step ") for entry in journal if entry.startswith("step ")]
@@ -153,7 +155,8 @@ async def test_shutdown_runs_in_the_seed_order(
     ]
     assert not lease_file.exists()
     ends = [e for e in read_agent_log(agent_log) if e["event"] == "end"]
-    assert ends and ends[-1]["rc"] == -15  # the agent got SIGTERM from the graceful stop
+    assert ends
+    assert ends[-1]["rc"] == -15
 
 
 @pytest.mark.parametrize("detected_by", ["tick", "heartbeat"])

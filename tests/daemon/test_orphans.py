@@ -32,7 +32,11 @@ def dead_owner_id() -> str:
 
 def spawn_marked(owner: str, tmp_path: Path) -> subprocess.Popen[bytes]:
     """A session leader with a child, both marked — like ``bash -lc <agent>``."""
-    script = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"
+    script = (
+        "import subprocess, sys, time; "
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        "time.sleep(60)"
+    )
     process = subprocess.Popen(
         [sys.executable, "-c", script],
         env=marked_environment(dict(os.environ), owner=owner),
@@ -70,7 +74,8 @@ def test_kills_the_marked_processes_of_a_dead_owner(tmp_path: Path) -> None:
         assert set(killed) >= {orphan.pid}
         orphan.wait(timeout=10)
         assert not pid_alive(grandchild)
-        assert bystander.poll() is None and pid_alive(bystander.pid)
+        assert bystander.poll() is None
+        assert pid_alive(bystander.pid)
         assert live.poll() is None  # a live owner's processes are never touched
         assert kill_orphans([dead]) == []
     finally:

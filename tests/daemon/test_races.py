@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -62,7 +63,8 @@ def race_rounds(workflow: Path, env: dict[str, str], out: Path, *, rounds: int, 
                 assert "claims hydrated" not in text  # refused before opening anything
                 refusals += 1
             lease = read_lease(lease_file_for(workflow))
-            assert lease is not None and lease["pid"] == winner
+            assert lease is not None
+            assert lease["pid"] == winner
             while (read_lease(lease_file_for(workflow)) or {}).get("endpoint") is None:
                 assert time.monotonic() < deadline
                 time.sleep(0.01)
@@ -81,10 +83,8 @@ def race_rounds(workflow: Path, env: dict[str, str], out: Path, *, rounds: int, 
 
 
 def with_suppressed_kill(pid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def test_the_second_daemon_refuses_every_time(
@@ -116,7 +116,8 @@ def test_a_late_second_daemon_names_the_owner_pid_and_endpoint(
     assert second.wait() == 1
     text = second.log()
     assert "daemon_already_running" in text
-    assert f"pid {first.pid}" in text and lease["endpoint"] in text
+    assert f"pid {first.pid}" in text
+    assert lease["endpoint"] in text
     # --once never takes the lease, so it runs beside the daemon
     once = DaemonProcess(
         workflow, env=daemon_env, args=["--feature", "daemon", "--once"], output=root / "3"

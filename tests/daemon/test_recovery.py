@@ -75,7 +75,8 @@ def test_kill_9_then_restart_kills_the_orphan_and_retries_at_once(
     while not read_agent_log(agent_log) and time.monotonic() < deadline:
         time.sleep(0.02)
     (started,) = read_agent_log(agent_log)
-    assert started["attempt"] is None and started["owner"].split(":")[1] == str(first.pid)
+    assert started["attempt"] is None
+    assert started["owner"].split(":")[1] == str(first.pid)
     first.kill9()
     assert pid_alive(started["pid"])  # kill -9 of the daemon leaves its agent running
 
@@ -96,7 +97,8 @@ def test_kill_9_then_restart_kills_the_orphan_and_retries_at_once(
         time.sleep(0.02)
     entries = read_agent_log(agent_log)
     retry = entries[-1]
-    assert retry["event"] == "start" and retry["dup"] is False
+    assert retry["event"] == "start"
+    assert retry["dup"] is False
     assert retry["attempt"] == 1  # a failure retry of the interrupted run, not new work
     assert retry["owner"] == lease["holder"]
 

@@ -29,7 +29,8 @@ def test_runtime_dir_prefers_xdg_runtime_dir() -> None:
 def test_socket_name_is_a_short_digest_of_the_workflow(tmp_path: Path) -> None:
     one = socket_path_for(tmp_path / "a" / "WORKFLOW.md", environ={"XDG_RUNTIME_DIR": "/r"})
     two = socket_path_for(tmp_path / "b" / "WORKFLOW.md", environ={"XDG_RUNTIME_DIR": "/r"})
-    assert one.parent == Path("/r/lorenz") and one != two
+    assert one.parent == Path("/r/lorenz")
+    assert one != two
     assert len(one.name) == len("0" * 24 + ".sock")
     # the same digest as the lease, shortened
     assert lease_path(tmp_path / "a" / "WORKFLOW.md").name.startswith(one.stem)
