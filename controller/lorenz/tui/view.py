@@ -17,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import logging
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, TextIO
 
@@ -52,6 +54,8 @@ class TerminalView:
         self._unsubscribe: Callable[[], None] | None = None
         self._snapshot: Mapping[str, Any] | None = None
         self._dirty = asyncio.Event()
+        self._closing = False
+        self._rerouted: list[tuple[logging.StreamHandler[Any], Any]] = []
         self.frames = 0
         """Frames drawn so far (for tests and benchmarks)."""
 
@@ -73,6 +77,8 @@ class TerminalView:
             transient=False,
         )
         self._live.start()
+        self._closing = False
+        self._reroute_log_handlers()
         self._unsubscribe = runtime.subscribe(self._on_snapshot)
         self._task = asyncio.get_running_loop().create_task(
             self._draw_loop(), name="lorenz-terminal-view"
@@ -84,14 +90,22 @@ class TerminalView:
             self._unsubscribe()
             self._unsubscribe = None
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            # NB: the loop is asked to leave rather than cancelled mid-wait: a cancellation
+            # racing a snapshot could be swallowed, and the unmount would wait forever.
+            self._closing = True
+            self._dirty.set()
+            try:
+                await asyncio.wait_for(asyncio.shield(self._task), timeout=2.0)
+            except TimeoutError:
+                self._task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._task
             self._task = None
         live, self._live = self._live, None
         if live is not None:
             with contextlib.suppress(Exception):
                 self._draw(live)
+            self._restore_log_handlers()
             live.stop()
 
     def _on_snapshot(self, snapshot: Mapping[str, Any]) -> None:
@@ -100,13 +114,37 @@ class TerminalView:
 
     async def _draw_loop(self) -> None:
         loop = asyncio.get_running_loop()
-        while self._live is not None:
+        while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._dirty.wait(), timeout=IDLE_REDRAW_S)
+                async with asyncio.timeout(IDLE_REDRAW_S):
+                    await self._dirty.wait()
+            if self._closing or self._live is None:
+                return
             self._dirty.clear()
             started = loop.time()
             self._draw(self._live)
             await asyncio.sleep(max(self._min_interval_s - (loop.time() - started), 0.0))
+
+    def _reroute_log_handlers(self) -> None:
+        """Point log handlers that write to the real terminal at rich's proxies.
+
+        NB: a handler set up before the view (``logging.basicConfig``) holds the original
+        ``sys.stderr``; its lines would be written straight into the live region and leave
+        torn copies of it on screen. Through the proxy they scroll above the view instead.
+        """
+        proxies = {id(sys.__stderr__): sys.stderr, id(sys.__stdout__): sys.stdout}
+        for handler in logging.getLogger().handlers:
+            if isinstance(handler, logging.StreamHandler) and not isinstance(
+                handler, logging.FileHandler
+            ):
+                proxy = proxies.get(id(handler.stream))
+                if proxy is not None and proxy is not handler.stream:
+                    self._rerouted.append((handler, handler.setStream(proxy)))
+
+    def _restore_log_handlers(self) -> None:
+        for handler, stream in self._rerouted:
+            handler.setStream(stream)
+        self._rerouted = []
 
     def _draw(self, live: Live) -> None:
         if self._snapshot is None:

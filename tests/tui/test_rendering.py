@@ -1,0 +1,281 @@
+"""The terminal view's drawing, read back as text from a recording console."""
+
+from __future__ import annotations
+
+import datetime
+import io
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from lorenz.model import Issue
+from lorenz.tui import render_snapshot
+from lorenz.tui.rendering import (
+    describe_rate_limits,
+    format_countdown,
+    format_duration,
+    parse_timestamp,
+)
+from tests.runtime.harness import build_rig, write_agent, write_workflow
+
+NOW = datetime.datetime(2026, 3, 4, 12, 0, 0, tzinfo=datetime.UTC)
+
+
+def _at(seconds: float) -> str:
+    return (NOW + datetime.timedelta(seconds=seconds)).isoformat()
+
+
+def _running(n: int, **fields: Any) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "slot_key": f"id-{n}#0",
+        "issue_id": f"id-{n}",
+        "identifier": f"LOR-{n}",
+        "title": f"Issue number {n}",
+        "slot_index": 0,
+        "state": "Todo",
+        "host": None,
+        "session_id": f"sess-{n}",
+        "attempt": None,
+        "turn_count": 1,
+        "last_agent_event": "notification",
+        "last_agent_message": "running the tests",
+        "last_agent_at": _at(-2),
+        "started_at": _at(-65),
+        "usage": {"input_tokens": 1234, "output_tokens": 56, "total_tokens": 1290},
+    }
+    row.update(fields)
+    return row
+
+
+def _snapshot(**fields: Any) -> dict[str, Any]:
+    snapshot: dict[str, Any] = {
+        "generated_at": NOW.isoformat(),
+        "app_status": "running",
+        "workflow_path": "/srv/repo/WORKFLOW.md",
+        "poll": {
+            "status": "idle",
+            "interval_ms": 30000,
+            "candidates": 7,
+            "eligible": 3,
+            "last_poll_at": _at(-3),
+            "next_poll_at": _at(11.2),
+            "last_error": None,
+            "count": 42,
+        },
+        "running": [_running(1)],
+        "reserving": [],
+        "retrying": [
+            {
+                "slot_key": "id-9#0",
+                "issue_id": "id-9",
+                "identifier": "LOR-9",
+                "slot_index": 0,
+                "attempt": 2,
+                "kind": "failure",
+                "due_at": _at(30),
+                "due_in_ms": 30000,
+                "error": "agent_exited: agent exited with status 1",
+                "host": None,
+                "workspace_path": None,
+            }
+        ],
+        "blocked": [],
+        "usage_totals": {
+            "input_tokens": 98765,
+            "output_tokens": 4321,
+            "total_tokens": 103086,
+            "seconds_running": 3725.0,
+            "cost_usd": 1.5,
+        },
+        "rate_limits": None,
+        "recent_events": [
+            {"type": "run_failed", "at": _at(-5), "identifier": "LOR-9", "message": "boom"},
+            {
+                "type": "run_started",
+                "at": _at(-65),
+                "identifier": "LOR-1",
+                "message": "run started",
+            },
+        ],
+        "run_history": [
+            {
+                "identifier": "LOR-9",
+                "slot": 0,
+                "attempt": 1,
+                "outcome": "failed",
+                "error": "agent_exited: agent exited with status 1",
+                "finished_at": _at(-5),
+                "duration_ms": 61000,
+            }
+        ],
+    }
+    snapshot.update(fields)
+    return snapshot
+
+
+def _text(snapshot: dict[str, Any], *, width: int = 160, **options: Any) -> str:
+    console = Console(record=True, width=width, file=io.StringIO(), color_system=None)
+    console.print(render_snapshot(snapshot, now=NOW, **options))
+    return console.export_text()
+
+
+def test_header_names_workflow_status_and_poll_countdown() -> None:
+    text = _text(_snapshot())
+    first, second = text.splitlines()[:2]
+    assert "Lorenz" in first
+    assert "● running" in first
+    assert "/srv/repo/WORKFLOW.md" in first
+    assert "next poll in 12s" in second
+    assert "last poll 3s ago" in second
+    assert "candidates 7" in second
+    assert "eligible 3" in second
+
+
+def test_countdown_says_polling_while_a_poll_runs_and_nothing_once_stopped() -> None:
+    polling = _snapshot()
+    polling["poll"] = {**polling["poll"], "status": "polling"}
+    assert "next poll polling…" in _text(polling)
+    assert "next poll —" in _text(_snapshot(app_status="stopped"))
+
+
+def test_running_lane_rows_carry_the_run() -> None:
+    text = _text(_snapshot())
+    row = next(line for line in text.splitlines() if "LOR-1" in line and "Issue number 1" in line)
+    for expected in ("local", "1m 05s", "notification running the tests", "1,234/56"):
+        assert expected in row, (expected, row)
+
+
+def test_retry_lane_shows_kind_attempt_due_and_error() -> None:
+    text = _text(_snapshot())
+    row = next(line for line in text.splitlines() if "LOR-9" in line and "failure" in line)
+    assert "in 30s" in row
+    assert "agent exited with status 1" in row
+    overdue = _snapshot()
+    overdue["retrying"][0]["due_at"] = _at(-1)
+    assert "due now" in _text(overdue)
+
+
+def test_totals_line() -> None:
+    text = _text(_snapshot())
+    totals = text.splitlines()[2]
+    for expected in (
+        "running 1",
+        "retrying 1",
+        "tokens in 98,765",
+        "out 4,321",
+        "total 103,086",
+        "agent time 1h 02m",
+        "cost $1.50",
+    ):
+        assert expected in totals, (expected, totals)
+
+
+def test_markup_in_tracker_text_is_printed_as_written() -> None:
+    hostile = "[bold red]pwned[/bold red] [link=http://x]y[/link]"
+    snapshot = _snapshot(running=[_running(1, title=hostile, last_agent_message="[blink]hi")])
+    text = _text(snapshot, width=220)
+    assert hostile in text
+    assert "[blink]hi" in text
+
+
+def test_empty_and_optional_lanes() -> None:
+    text = _text(_snapshot(running=[], retrying=[], run_history=[], recent_events=[]))
+    assert "no runs in flight" in text
+    assert "nothing yet" in text
+    assert "Reserving" not in text  # shown only when a worker pool reserves
+    assert "Blocked" not in text
+    reserving = {
+        "slot_key": "id-5#1",
+        "issue_id": "id-5",
+        "identifier": "LOR-5",
+        "title": "Needs a worker",
+        "slot_index": 1,
+        "state": "Todo",
+        "attempt": None,
+        "reserved_at": _at(-4),
+        "expires_at": _at(56),
+        "expires_in_ms": 56000,
+    }
+    blocked = {
+        "slot_key": "id-6#0",
+        "issue_id": "id-6",
+        "identifier": "LOR-6",
+        "error": "needs input",
+        "blocked_at": _at(-120),
+    }
+    text = _text(_snapshot(reserving=[reserving], blocked=[blocked]))
+    assert "Reserving 1" in text
+    row = next(line for line in text.splitlines() if "LOR-5" in line)
+    assert "4s" in row
+    assert "in 56s" in row
+    assert "Blocked 1" in text
+    assert "2m 00s" in next(line for line in text.splitlines() if "LOR-6" in line)
+
+
+def test_long_lanes_are_cut_with_a_count() -> None:
+    snapshot = _snapshot(running=[_running(n) for n in range(1, 13)])
+    text = _text(snapshot, max_rows_per_lane=3)
+    assert "Running 12" in text
+    assert "… and 9 more" in text
+    assert "LOR-3 " in text
+    assert "LOR-4 " not in text
+
+
+def test_events_are_newest_first_and_capped() -> None:
+    events = [{"type": "poll_completed", "at": _at(-n), "message": f"event {n}"} for n in range(20)]
+    text = _text(_snapshot(recent_events=events), max_events=4)
+    shown = [line for line in text.splitlines() if "event " in line and "poll_completed" in line]
+    assert [line.split("event ")[-1].strip() for line in shown] == ["0", "1", "2", "3"]
+
+
+def test_poll_error_and_rate_limits() -> None:
+    snapshot = _snapshot(rate_limits={"primary": {"used_percent": 42}, "requests": 7})
+    snapshot["poll"] = {**snapshot["poll"], "last_error": "linear_api_status: 502 from Linear"}
+    text = _text(snapshot)
+    assert "last poll failed: linear_api_status: 502 from Linear" in text
+    assert "rate limits primary 42% · requests 7" in text
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(0, "0s"), (4.9, "4s"), (65, "1m 05s"), (3725, "1h 02m"), (-3, "0s"), (float("nan"), "—")],
+)
+def test_format_duration(seconds: float, text: str) -> None:
+    assert format_duration(seconds) == text
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(11.2, "in 12s"), (0.2, "due now"), (-5, "due now"), (61, "in 1m 01s"), (60.5, "in 1m 01s")],
+)
+def test_format_countdown(seconds: float, text: str) -> None:
+    assert format_countdown(seconds) == text
+
+
+def test_parse_timestamp_and_rate_limit_edge_cases() -> None:
+    assert parse_timestamp("not a time") is None
+    assert parse_timestamp(None) is None
+    naive = parse_timestamp("2026-03-04T12:00:00")
+    assert naive is not None
+    assert naive.tzinfo is datetime.UTC
+    assert describe_rate_limits(None) == ""
+    assert describe_rate_limits({"x": None, "y": {"remaining": 3}, "z": {}}) == "y 3 · z …"
+
+
+async def test_renders_a_live_runtime_snapshot(tmp_path: Path) -> None:
+    agent = write_agent(tmp_path, "quick", "print('hello from the agent', flush=True)\n")
+    workflow = write_workflow(tmp_path, agent_script=agent)
+    rig = build_rig(
+        workflow, issues=[Issue(id="a", identifier="LIVE-1", title="Live one", state="Todo")]
+    )
+    await rig.runtime.poll_once(wait_for_runs=True)
+    console = Console(record=True, width=160, file=io.StringIO(), color_system=None)
+    console.print(render_snapshot(rig.runtime.snapshot()))
+    text = console.export_text()
+    assert str(workflow) in text
+    assert "Retrying 1" in text
+    assert "continuation" in next(line for line in text.splitlines() if "LIVE-1" in line)
+    assert "success" in text
+    assert "run_finished" in text
