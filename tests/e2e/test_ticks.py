@@ -96,3 +96,35 @@ async def test_the_next_tick_reconciles_exactly_the_tracked_issues_by_id(
     # Both issues are still active: the reconciliation kept their continuations.
     assert {r["identifier"] for r in run.snapshot["retrying"]} == {"ENG-1", "ENG-2"}
     assert not run.of_type("run_canceled")
+
+
+async def test_a_stop_right_after_the_dispatching_tick_leaves_no_phantom_run(
+    tmp_path: Path, linear_server: FakeLinearServer
+) -> None:
+    linear = linear_server
+    seed_linear_board(linear)
+    install_scenarios(tmp_path, {"ENG-1": {"exit": 0}, "ENG-2": {"exit": 0}})
+
+    def stop_as_the_tick_ends(runtime: LorenzRuntime, event: dict[str, Any]) -> None:
+        # NB: synchronously, in the loop iteration that created the run tasks: they are
+        # cancelled before their first step (a listener that stops on an event does this).
+        if event["type"] == "poll_completed":
+            runtime.stop()
+
+    run = await run_host_once(
+        _command_workflow(tmp_path, linear),
+        environ=agent_environ(tmp_path, LINEAR_API_KEY=linear.api_key),
+        once=False,
+        on_event=stop_as_the_tick_ends,
+    )
+
+    assert sorted(e["identifier"] for e in run.of_type("run_started")) == ["ENG-1", "ENG-2"]
+    # Nothing is left "running" without a process, and no claim is held by nobody.
+    assert run.snapshot["running"] == []
+    assert not run.runtime.orchestrator.state.claimed
+    # A shutdown keeps each slot's place, as for runs that were under way.
+    assert sorted((r["identifier"], r["kind"]) for r in run.snapshot["retrying"]) == [
+        ("ENG-1", "continuation"),
+        ("ENG-2", "continuation"),
+    ]
+    assert not run.of_type("run_failed")

@@ -216,8 +216,9 @@ class LorenzRuntime:
         while True:
             tasks = self._runs.tasks()
             if not tasks:
-                return
+                break
             await asyncio.gather(*tasks, return_exceptions=True)
+        await self._settle_unstarted_runs()
 
     async def drain_worker_pool(self) -> None:
         """Bounded async teardown of a worker pool (separate from :meth:`stop`)."""
@@ -843,6 +844,25 @@ class LorenzRuntime:
         tasks = self._runs.tasks()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+        await self._settle_unstarted_runs()
+
+    async def _settle_unstarted_runs(self) -> None:
+        """Settle the runs whose task ended without running a line of it.
+
+        NB: a task cancelled before its first step (``stop()`` called in the very loop
+        iteration that dispatched it) never enters its body, so nothing in it settles the slot:
+        it would stay "running", claimed, with no process. Every handle still registered once
+        its task is done is such a run (a run that started always discards its handle).
+        """
+        for run in self._runs.all():
+            if run.task is not None and run.task.done():
+                await self._settle(
+                    run,
+                    key=run.key,
+                    normal=False,
+                    error=f"aborted: {run.reason}",
+                    worker_slot=None,
+                )
 
     def _agent_env(
         self, *, issue: Issue, attempt: int | None, slot_index: int, workspace: Path
