@@ -331,6 +331,8 @@ class LoggingSetup:
     handler: logging.Handler
     redactor: SecretRedactor
     run_context: RunContext
+    workflow: str | None = None
+    """The workflow whose ``logging`` section this follows (``None``: the CLI's defaults)."""
 
     def close(self) -> None:
         """Remove the handler from the root logger (tests, re-configuration)."""
@@ -389,6 +391,22 @@ def active_logging() -> LoggingSetup | None:
     return _ACTIVE
 
 
+def configure_for_workflow(
+    loaded: LoadedWorkflow,
+    *,
+    environ: Mapping[str, str] | None = None,
+    stream: TextIO | None = None,
+) -> LoggingSetup:
+    """:func:`configure_logging` with the workflow's ``logging`` section and its secrets."""
+    setup = configure_logging(
+        loaded.settings.logging,
+        stream=stream,
+        secrets=tracker_secrets(loaded.settings, os.environ if environ is None else environ),
+    )
+    setup.workflow = str(loaded.canonical_path)
+    return setup
+
+
 # ------------------------------------------------------------------------------ attachment
 
 
@@ -435,9 +453,14 @@ class RunContextAttachment:
 def attachment_factory(
     loaded: LoadedWorkflow, options: _HostOptions
 ) -> RunContextAttachment | None:
-    """For ``ATTACHMENTS``: feeds the run context once :func:`configure_logging` ran."""
-    setup = active_logging()
-    if setup is None:
-        return None
+    """For ``ATTACHMENTS`` (register it first): the run context for the log lines.
+
+    If logging does not follow this workflow yet (the composition root did not call
+    :func:`configure_for_workflow` right after loading it), it is configured here, so that
+    ``logging.format``/``level`` and secret scrubbing apply from the first attachment on.
+    """
     environ = options.environ if options.environ is not None else os.environ
+    setup = active_logging()
+    if setup is None or setup.workflow != str(loaded.canonical_path):
+        setup = configure_for_workflow(loaded, environ=environ)
     return RunContextAttachment(setup=setup, environ=environ)
