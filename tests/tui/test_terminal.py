@@ -18,21 +18,12 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
-LAUNCHER = """
-import os, pathlib, sys
-pathlib.Path(os.environ["LORENZ_TEST_PID_FILE"]).write_text(str(os.getpid()))
-from lorenz.daemon.host import ATTACHMENTS
-from lorenz.tui import attachment_factory
-# Run mode as shipped, with the terminal view registered (a no-op once run mode registers it).
-if attachment_factory not in ATTACHMENTS:
-    ATTACHMENTS.append(attachment_factory)
-from lorenz.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
+LORENZ = Path(sys.executable).parent / "lorenz"
+"""The console script, as installed into the environment running the tests."""
 
 
 class Tmux:
@@ -120,29 +111,17 @@ def _workflow(tmp_path: Path) -> Path:
     return workflow
 
 
-def test_run_mode_shows_the_view_and_sigterm_restores_the_terminal(
-    tmp_path: Path, tmux: Tmux
-) -> None:
+def _start_lorenz(tmux: Tmux, tmp_path: Path, *args: str) -> Path:
+    """``lorenz WORKFLOW.md [args]`` in the pane; the file its exit status will be written to."""
     workflow = _workflow(tmp_path)
-    launcher = tmp_path / "launch.py"
-    launcher.write_text(LAUNCHER)
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(tmp_path),
         "TERM": "xterm-256color",
         "PYTHONPATH": str(REPO_ROOT / "controller"),
-        "LORENZ_TEST_PID_FILE": str(tmp_path / "lorenz.pid"),
     }
-    command = " ".join(
-        [
-            "env",
-            "-i",
-            *(f"{key}={value}" for key, value in env.items()),
-            sys.executable,
-            str(launcher),
-            str(workflow),
-        ]
-    )
+    assignments = [f"{key}={value}" for key, value in env.items()]
+    command = " ".join(["env", "-i", *assignments, str(LORENZ), str(workflow), *args])
     exit_file = tmp_path / "exit-status"
     # The shell records lorenz's real exit status; lorenz runs in the foreground of the pane's
     # terminal, as it does when a person starts it.
@@ -161,7 +140,21 @@ def test_run_mode_shows_the_view_and_sigterm_restores_the_terminal(
         # left behind) can still be read: a dead pane's modes are tmux's, not lorenz's.
         f"sleep 0.3; {command}; echo $? > {exit_file}; sleep 60",
     )
+    return exit_file
 
+
+def _terminate(tmux: Tmux, exit_file: Path) -> str:
+    shell = psutil.Process(int(tmux.pane("#{pane_pid}")))
+    (lorenz,) = [p for p in shell.children() if "lorenz" in " ".join(p.cmdline())]
+    lorenz.send_signal(signal.SIGTERM)
+    tmux.wait_for(lambda: exit_file.exists() and exit_file.read_text().strip() != "")
+    return exit_file.read_text().strip()
+
+
+def test_run_mode_shows_the_view_and_sigterm_restores_the_terminal(
+    tmp_path: Path, tmux: Tmux
+) -> None:
+    exit_file = _start_lorenz(tmux, tmp_path)
     # The view comes up with its lanes, the issue running, and the countdown.
     tmux.wait_for(lambda: "working on TERM-1" in tmux.screen() and "Running 1" in tmux.screen())
     screen = tmux.screen()
@@ -170,13 +163,21 @@ def test_run_mode_shows_the_view_and_sigterm_restores_the_terminal(
     assert "Shown in the terminal" in screen
     assert tmux.pane("#{cursor_flag}") == "0"  # hidden while the view is live
 
-    pid = int((tmp_path / "lorenz.pid").read_text())
-    os.kill(pid, signal.SIGTERM)
-    tmux.wait_for(lambda: exit_file.exists() and exit_file.read_text().strip() != "")
-    assert exit_file.read_text().strip() == "0"
+    assert _terminate(tmux, exit_file) == "0"
     # The terminal is back as it was: cursor shown, main screen, the last picture kept.
     assert tmux.pane("#{cursor_flag}") == "1"
     assert tmux.pane("#{alternate_on}") == "0"
     final = tmux.screen()
     assert "TERM-1" in final
     assert "Traceback" not in final
+
+
+def test_no_tui_flag_keeps_the_terminal_to_log_lines(tmp_path: Path, tmux: Tmux) -> None:
+    exit_file = _start_lorenz(tmux, tmp_path, "--no-tui")
+    tmux.wait_for(lambda: "run_started" in tmux.screen())
+    screen = tmux.screen()
+    assert "Recent events" not in screen
+    assert "● running" not in screen
+    assert "identifier=TERM-1" in screen  # structured, run-scoped log lines instead
+    assert tmux.pane("#{cursor_flag}") == "1"
+    assert _terminate(tmux, exit_file) == "0"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import sys
 
 from lorenz.cli.options import add_workflow_arguments, print_problems, workflow_overrides
@@ -40,14 +39,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lorenz.daemon.host import HostOptions, run_host
+    from lorenz import tui
+    from lorenz.config import LoggingSettings
+    from lorenz.daemon import logs
+    from lorenz.daemon.host import ATTACHMENTS, HostOptions, run_host
     from lorenz.workflow import WorkflowError
 
-    logging.basicConfig(
-        level=logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-        stream=sys.stderr,
-    )
+    # Defaults until the workflow is loaded; the logs attachment then applies its `logging`
+    # section and secrets (first in the list, so it is in force before the others start).
+    logs.configure_logging(LoggingSettings())
+    if logs.attachment_factory not in ATTACHMENTS:
+        ATTACHMENTS.insert(0, logs.attachment_factory)
+    if tui.attachment_factory not in ATTACHMENTS:
+        ATTACHMENTS.append(tui.attachment_factory)
     flags, features = workflow_overrides(args)
     options = HostOptions(
         workflow_path=args.workflow,
