@@ -299,3 +299,29 @@ def test_the_agent_cases_quote_their_commands() -> None:
     for case in CASES:
         words = shlex.split(case.command(odd).replace('"$LORENZ_ISSUE_IDENTIFIER"', "ENG-1"))
         assert "/tmp/with space/and'quote/scenarios/ENG-1.json" in words
+
+
+async def test_a_typo_in_the_strict_prompt_fails_the_attempt_before_any_agent_starts(
+    tmp_path: Path, linear_server: FakeLinearServer
+) -> None:
+    linear = linear_server
+    linear.add_issue("ENG-1", title="Add a greeting", state="Todo")
+    install_scenarios(tmp_path, {"ENG-1": {"exit": 0}})
+    workflow = write_workflow(
+        tmp_path,
+        tracker=linear_tracker(linear),
+        agent_kind="e2e",
+        agent={"protocol": "command", "command": _command_command(tmp_path)},
+        prompt="Work on {{ issue.identifier }}: {{ issue.titel }}",
+    )
+
+    run = await run_host_once(
+        workflow, environ=agent_environ(tmp_path, LINEAR_API_KEY=linear.api_key)
+    )
+
+    [failure] = run.history("ENG-1")
+    assert failure["outcome"] == "failed"
+    assert failure["error"].startswith("template_render_error: prompt for ENG-1 failed to render")
+    assert not (tmp_path / "workspaces" / "ENG-1" / "prompt.txt").exists()
+    retry = run.retry("ENG-1")
+    assert (retry["kind"], retry["attempt"]) == ("failure", 1)
