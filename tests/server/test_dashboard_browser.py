@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import datetime
 import itertools
 import json
 import os
@@ -427,3 +428,141 @@ async def test_poll_error_banner_and_refresh_button(tmp_path: Path, browser: Chr
     assert browser.errors == []
     served.rig.runtime.stop()
     await loop
+
+
+def _synthetic_snapshot(*, running: int) -> dict[str, Any]:
+    """A state document as the server sends it, with hostile text in every tracker field."""
+    now = datetime.datetime.now(datetime.UTC)
+    hostile = '<script>window.__xss=1</script><img src=x onerror="window.__xss=2">'
+    rows = [
+        {
+            "slot_key": f"id-{n}#0",
+            "issue_id": f"id-{n}",
+            "identifier": f"BIG-{n}",
+            "title": f"{hostile} title {n}",
+            "slot_index": 0,
+            "state": "Todo",
+            "url": "javascript:window.__xss=3" if n == 0 else f"https://tracker.example/BIG-{n}",
+            "host": None,
+            "session_id": None,
+            "attempt": None,
+            "turn_count": 1,
+            "last_agent_event": "notification",
+            "last_agent_message": f"{hostile} message",
+            "last_agent_at": now.isoformat(),
+            "started_at": now.isoformat(),
+            "usage": {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0},
+        }
+        for n in range(running)
+    ]
+    return {
+        "generated_at": now.isoformat(),
+        "app_status": "running",
+        "workflow_path": f"/srv/{hostile}/WORKFLOW.md",
+        "poll": {
+            "status": "idle",
+            "interval_ms": 30000,
+            "candidates": running,
+            "eligible": 0,
+            "last_poll_at": now.isoformat(),
+            "next_poll_at": (now + datetime.timedelta(seconds=30)).isoformat(),
+            "last_error": f"tracker said {hostile}",
+            "count": 1,
+        },
+        "running": rows,
+        "reserving": [],
+        "retrying": [
+            {
+                "slot_key": "id-x#0",
+                "issue_id": "id-x",
+                "identifier": f"{hostile}",
+                "slot_index": 0,
+                "attempt": 3,
+                "kind": "failure",
+                "due_at": (now + datetime.timedelta(seconds=90)).isoformat(),
+                "due_in_ms": 90000,
+                "error": f"agent said {hostile}",
+                "host": None,
+                "workspace_path": None,
+            }
+        ],
+        "blocked": [],
+        "usage_totals": {
+            "input_tokens": 0,
+            "output_tokens": 0,
+            "total_tokens": 0,
+            "seconds_running": 0,
+            "cost_usd": 0,
+        },
+        "rate_limits": {hostile: hostile},
+        "claimed_elsewhere": [],
+        "recent_events": [
+            {"type": hostile, "at": now.isoformat(), "identifier": hostile, "message": hostile}
+        ],
+        "run_history": [
+            {
+                "identifier": hostile,
+                "slot": 0,
+                "attempt": 1,
+                "outcome": hostile,
+                "error": hostile,
+                "finished_at": now.isoformat(),
+                "duration_ms": 1000,
+                "usage": {},
+                "host": None,
+                "session_id": None,
+            }
+        ],
+        "log_file": None,
+    }
+
+
+async def test_a_thousand_runs_and_hostile_text_everywhere(browser: Chromium) -> None:
+    # The page only reads the state document; here a plain aiohttp app serves a synthetic one
+    # (1000 runs is more than this machine should spawn in a test), with no event stream.
+    async def state(request: web.Request) -> web.Response:
+        return web.json_response(_synthetic_snapshot(running=1000))
+
+    async def no_stream(request: web.Request) -> web.Response:
+        return web.Response(status=503)
+
+    app = web.Application()
+    api = [web.get("/api/v1/state", state), web.get("/api/v1/events", no_stream)]
+    app.add_routes([*api, *dashboard_routes()])
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        port = runner.addresses[0][1]
+        await browser.open(f"http://127.0.0.1:{port}/")
+        await browser.wait_for(
+            "document.querySelector('[data-testid=lane-count-running]').textContent === '1000'"
+        )
+        # A capped number of cards, and a line that says how many more there are.
+        cards = await browser.evaluate(f"{_cards('running', 'run-card')}.length")
+        assert 0 < cards < 1000
+        more = await browser.evaluate(
+            "document.querySelector('[data-testid=lane-more-running]').textContent"
+        )
+        assert more.startswith(f"… and {1000 - cards} more")
+        # Nothing hostile became markup or ran, in any field.
+        assert await browser.evaluate("document.querySelectorAll('body script').length") == 0
+        assert await browser.evaluate("document.querySelectorAll('body img').length") == 0
+        assert await browser.evaluate("window.__xss") is None
+        body = await browser.evaluate("document.body.innerText")
+        assert "<script>window.__xss=1</script>" in body
+        # A javascript: URL is not made a link; http(s) ones are.
+        first = await browser.evaluate(
+            "document.querySelector('[data-slot-key=\"id-0#0\"] [data-testid=card-identifier]')"
+            ".tagName"
+        )
+        second = await browser.evaluate(
+            "document.querySelector('[data-slot-key=\"id-1#0\"] [data-testid=card-identifier]')"
+            ".getAttribute('href')"
+        )
+        assert first == "SPAN"
+        assert second == "https://tracker.example/BIG-1"
+        assert browser.errors == []
+    finally:
+        await runner.cleanup()

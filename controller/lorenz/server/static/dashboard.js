@@ -13,6 +13,9 @@
   var POLL_FALLBACK_MS = 2000;
   var SSE_RETRY_MS = 5000;
   var TICK_MS = 500;
+  // NB: a lane shows at most this many cards (the count says how many there are): at a
+  // thousand runs, rebuilding and re-laying-out every card on each snapshot would pin a core.
+  var MAX_CARDS = 120;
 
   var BAD_EVENTS = {
     poll_error: 1, run_failed: 1, run_stalled: 1, reconcile_refresh_failed: 1,
@@ -133,9 +136,13 @@
     var since = node.getAttribute('data-since');
     var until = node.getAttribute('data-until');
     var ago = node.getAttribute('data-ago');
-    if (since) node.textContent = formatDuration(serverNow() - parseIso(since));
-    else if (until) node.textContent = formatCountdown(parseIso(until) - serverNow());
-    else if (ago) node.textContent = formatAgo(ago);
+    var text;
+    if (since) text = formatDuration(serverNow() - parseIso(since));
+    else if (until) text = formatCountdown(parseIso(until) - serverNow());
+    else if (ago) text = formatAgo(ago);
+    else return;
+    // Only real changes touch the DOM (and so only they cost a layout).
+    if (node.textContent !== text) node.textContent = text;
   }
 
   function tick() {
@@ -252,7 +259,13 @@
     lane.setAttribute('data-count', String(rows.length));
     var fragment = document.createDocumentFragment();
     if (!rows.length) fragment.appendChild(el('p', { class: 'empty', text: emptyText }));
-    rows.forEach(function (row) { fragment.appendChild(build(row)); });
+    rows.slice(0, MAX_CARDS).forEach(function (row) { fragment.appendChild(build(row)); });
+    if (rows.length > MAX_CARDS) {
+      fragment.appendChild(el('p', {
+        class: 'more', testid: 'lane-more-' + name,
+        text: '… and ' + formatInt(rows.length - MAX_CARDS) + ' more (see /api/v1/state)'
+      }));
+    }
     cards.replaceChildren(fragment);
   }
 
