@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from lorenz.kube.clients import KubeApi
 from tests.cluster.cluster import Cluster
+from tests.kube.operators import Kube, OperatorProcess, Rig
 
 REPO = Path(__file__).resolve().parents[2]
 CRDS = REPO / "crds"
@@ -39,3 +41,35 @@ class ManualMonotonic:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Rig:
+    """The test's issues folder, agent script and agent log."""
+    return Rig(root=tmp_path)
+
+
+@pytest.fixture
+def kube(kube_control_plane: Cluster, kube_namespace: str, lorenz_crds: list[str]) -> Kube:
+    """kubectl in the test's namespace (CRDs installed)."""
+    return Kube(kube_control_plane, kube_namespace)
+
+
+@pytest.fixture
+def operators(
+    kube_control_plane: Cluster, tmp_path: Path, lorenz_crds: list[str]
+) -> Iterator[Callable[..., OperatorProcess]]:
+    """Start ``lorenz operator`` processes; every one is stopped after the test."""
+    started: list[OperatorProcess] = []
+
+    def start(identity: str, **kwargs: Any) -> OperatorProcess:
+        wait = kwargs.pop("wait", True)
+        operator = OperatorProcess(
+            kube_control_plane, identity=identity, workdir=tmp_path / "operators", **kwargs
+        )
+        started.append(operator)
+        return operator.start(wait=wait)
+
+    yield start
+    for operator in started:
+        operator.stop()

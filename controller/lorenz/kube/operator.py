@@ -1,0 +1,287 @@
+"""The operator process: kopf watches, one controller per Workflow, one API server.
+
+kopf runs standalone (no peering: the per-Workflow Leases decide who works, so replicas shard
+Workflows instead of freezing each other) and is used for what it does well — watching with
+reconnects and bookmarks, posting Events, the liveness probe. Its only handlers are
+``@kopf.on.event`` ones, which persist nothing: no diff-base annotations, no progress
+annotations, no kopf finalizer. The decisions live in :class:`Supervisor` and
+:class:`~lorenz.kube.controllers.WorkflowController`, level-based: an event only hands over the
+newest object.
+
+* Workflow events create, update or retire controllers (a re-created Workflow of the same name
+  is a new uid, so a new controller).
+* Claim deletions are passed to the Workflow's controller, which cancels the run if the Claim
+  was live and not deleted by the store itself.
+* On shutdown (SIGTERM/SIGINT; kopf turns them into its stop sequence) the cleanup handler
+  stops every controller: runtimes drain, Leases are released, so other replicas take over at
+  their next retry instead of after a full lease duration.
+
+NB: kopf's resource scanning is disabled (no RBAC on CRDs needed); the CRDs must therefore be
+installed before the operator starts, which the Helm chart and ``deploy/`` guarantee.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from lorenz.kube import resources
+from lorenz.kube.clients import KubeApi, load_configuration
+from lorenz.kube.controllers import WorkflowController
+from lorenz.kube.posting import Post, kopf_post
+from lorenz.kube.settings import OperatorSettings
+from lorenz.kube.specs import workflow_ref
+from lorenz.model import SlotKey
+
+logger = logging.getLogger("lorenz.kube.operator")
+
+STRIPPED_AGENT_ENV = ("KUBECONFIG",)
+"""Variables of the operator's own environment that agents and hooks never inherit."""
+
+
+class Supervisor:
+    """Every Workflow this process watches, and its controller."""
+
+    def __init__(
+        self,
+        *,
+        api: KubeApi,
+        settings: OperatorSettings,
+        base_env: Mapping[str, str] | None = None,
+        post: Post = kopf_post,
+        metrics: Any = None,
+    ) -> None:
+        self.api = api
+        self.settings = settings
+        env = dict(os.environ if base_env is None else base_env)
+        for name in STRIPPED_AGENT_ENV:
+            env.pop(name, None)
+        for name in list(env):
+            if name.startswith("LORENZ_OPERATOR_"):
+                env.pop(name)
+        self._base_env = env
+        self._post = post
+        self.metrics = metrics
+        self.controllers: dict[tuple[str, str], WorkflowController] = {}
+        self._retired: set[WorkflowController] = set()
+        self._closing = False
+
+    # -- kopf's handlers call these --------------------------------------------------------
+
+    def workflow_event(self, kind: str | None, body: Mapping[str, Any]) -> None:
+        """One watch event of a Workflow (``kind`` None = the initial listing)."""
+        ref = workflow_ref(body)
+        key = (ref.namespace, ref.name)
+        current = self.controllers.get(key)
+        if kind == "DELETED":
+            if current is not None and current.uid in (None, ref.uid):
+                self._retire(key, current)
+            return
+        if self._closing:
+            return
+        if current is not None and ref.uid is not None and current.uid not in (None, ref.uid):
+            self._retire(key, current)
+            current = None
+        if current is None:
+            current = WorkflowController(
+                body=body,
+                api=self.api,
+                settings=self.settings,
+                base_env=self._base_env,
+                post=self._post,
+                metrics=self.metrics,
+            )
+            self.controllers[key] = current
+            current.start()
+            logger.info("Workflow watched workflow=%s uid=%s", ref.display, ref.uid)
+            return
+        current.observe(body)
+        if current.finished:
+            self._retire(key, current)
+
+    def claim_event(self, kind: str | None, body: Mapping[str, Any]) -> None:
+        """One watch event of a Claim: only deletions matter."""
+        if kind != "DELETED":
+            return
+        metadata = body.get("metadata") or {}
+        spec = body.get("spec") or {}
+        workflow = spec.get("workflow")
+        slot = spec.get("slotKey")
+        uid = metadata.get("uid")
+        if not workflow or not slot or not uid:
+            return
+        controller = self.controllers.get((str(metadata.get("namespace")), str(workflow)))
+        if controller is not None:
+            controller.claim_deleted(uid=str(uid), slot_key=SlotKey(str(slot)))
+
+    def probe(self) -> dict[str, Any]:
+        """What the liveness endpoint reports."""
+        leading = sum(1 for c in self.controllers.values() if c.leading)
+        return {"workflows": len(self.controllers), "leading": leading}
+
+    async def shutdown(self) -> None:
+        """Stop every controller (drain, release), concurrently; idempotent."""
+        self._closing = True
+        controllers = [*self.controllers.values(), *self._retired]
+        self.controllers.clear()
+        if controllers:
+            await asyncio.gather(*(c.shutdown() for c in controllers), return_exceptions=True)
+        self._retired.clear()
+
+    # -- pieces ----------------------------------------------------------------------------
+
+    def _retire(self, key: tuple[str, str], controller: WorkflowController) -> None:
+        if self.controllers.get(key) is controller:
+            del self.controllers[key]
+        controller.gone()
+        self._retired.add(controller)
+        if controller.task is not None:
+            controller.task.add_done_callback(lambda _: self._retired.discard(controller))
+        logger.info("Workflow retired workflow=%s uid=%s", controller.ref.display, controller.uid)
+
+
+def build_registry(supervisor: Supervisor) -> Any:
+    """A kopf registry whose handlers feed ``supervisor`` (and configure kopf)."""
+    import kopf
+
+    registry = kopf.OperatorRegistry()
+    identity = supervisor.settings.identity
+
+    @kopf.on.startup(registry=registry)
+    async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.peering.standalone = True
+        settings.scanning.disabled = True
+        settings.posting.reporting_component = "lorenz-operator"
+        settings.posting.reporting_instance = identity
+        settings.posting.level = logging.INFO
+        # NB: long watch requests with a client timeout just above them: a half-dead stream
+        # behind a load balancer is noticed and re-opened instead of going silent.
+        settings.watching.server_timeout = 300
+        settings.watching.client_timeout = 330
+        settings.watching.connect_timeout = 30
+        settings.networking.error_backoffs = [1, 2, 3, 5, 8]
+
+    @kopf.on.login(registry=registry)
+    def login(**_: Any) -> Any:
+        # NB: the same credentials as the operator's own client (kubeconfig first, then the
+        # ServiceAccount); kopf calls this again when the API answers 401 (a rotated token).
+        return connection_info(load_configuration(kubeconfig=supervisor.settings.kubeconfig))
+
+    @kopf.on.event(resources.GROUP, resources.VERSION, resources.WORKFLOW_PLURAL, registry=registry)
+    async def workflow_seen(type: str | None, body: kopf.Body, **_: Any) -> None:
+        supervisor.workflow_event(type, _plain(body))
+
+    @kopf.on.event(resources.GROUP, resources.VERSION, resources.CLAIM_PLURAL, registry=registry)
+    async def claim_seen(type: str | None, body: kopf.Body, **_: Any) -> None:
+        supervisor.claim_event(type, _plain(body))
+
+    @kopf.on.probe(id="lorenz", registry=registry)
+    def probe(**_: Any) -> dict[str, Any]:
+        return supervisor.probe()
+
+    @kopf.on.cleanup(registry=registry)
+    async def stop_controllers(**_: Any) -> None:
+        await supervisor.shutdown()
+
+    return registry
+
+
+def connection_info(configuration: Any) -> Any:
+    """kopf's credentials from a ``kubernetes.client.Configuration``."""
+    import kopf
+
+    header = configuration.get_api_key_with_prefix(
+        "BearerToken"
+    ) or configuration.get_api_key_with_prefix("authorization")
+    parts = header.split(" ", 1) if header else []
+    scheme, token = (None, None) if not parts else (None, parts[0]) if len(parts) == 1 else parts
+    return kopf.ConnectionInfo(
+        server=configuration.host,
+        ca_path=configuration.ssl_ca_cert,
+        insecure=not configuration.verify_ssl,
+        username=configuration.username or None,
+        password=configuration.password or None,
+        scheme=scheme,
+        token=token,
+        certificate_path=configuration.cert_file,
+        private_key_path=configuration.key_file,
+    )
+
+
+def _plain(body: Any) -> dict[str, Any]:
+    """A plain, detached dict of a kopf body (its views change in place)."""
+    import copy
+
+    return copy.deepcopy(dict(body))
+
+
+def configure_logging(settings: OperatorSettings) -> None:
+    level = getattr(logging, settings.log_level.upper())
+    logging.basicConfig(
+        level=level,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        stream=sys.stderr,
+    )
+    logging.getLogger("lorenz").setLevel(level)
+    # kopf logs every handler invocation at INFO; only its warnings matter here.
+    logging.getLogger("kopf").setLevel(logging.DEBUG if level <= logging.DEBUG else logging.WARNING)
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+async def run_operator(
+    settings: OperatorSettings,
+    *,
+    ready: Callable[[Supervisor], None] | None = None,
+    stop_flag: asyncio.Event | None = None,
+) -> int:
+    """Run until SIGTERM/SIGINT (or ``stop_flag``); returns the process exit code."""
+    import kopf
+
+    from lorenz.kube import serving
+
+    api = KubeApi.from_kubeconfig(
+        kubeconfig=settings.kubeconfig, request_timeout_s=settings.request_timeout_seconds
+    )
+    metrics = serving.Metrics(api=api)
+    supervisor = Supervisor(api=api, settings=settings, metrics=metrics.lorenz)
+    server = serving.OperatorServer(supervisor=supervisor, metrics=metrics, settings=settings)
+    try:
+        await server.start()
+        registry = build_registry(supervisor)
+        ready_flag = asyncio.Event()
+
+        async def announce() -> None:
+            await ready_flag.wait()
+            logger.info(
+                "Operator running identity=%s namespaces=%s api=%s",
+                settings.identity,
+                ",".join(settings.namespaces) or "<all>",
+                server.url or "off",
+            )
+            if ready is not None:
+                ready(supervisor)
+
+        announcer = asyncio.get_running_loop().create_task(announce())
+        try:
+            await kopf.operator(
+                registry=registry,
+                standalone=True,
+                clusterwide=not settings.namespaces,
+                namespaces=list(settings.namespaces),
+                liveness_endpoint=settings.liveness_endpoint,
+                stop_flag=stop_flag,
+                ready_flag=ready_flag,
+            )
+        finally:
+            announcer.cancel()
+    finally:
+        await supervisor.shutdown()
+        with contextlib.suppress(Exception):
+            await server.stop()
+        await api.close()
+    return 0

@@ -1,0 +1,175 @@
+"""Settings of one operator process: from ``lorenz operator`` flags and the environment.
+
+What a Workflow cannot decide — where workspaces live, how leases are timed, which ports the
+process serves — is set per operator process. Each field is declared once, here, with its
+default and a docstring; the ``lorenz operator`` flags (``--lease-duration-seconds``) and
+environment variables (``LORENZ_OPERATOR_LEASE_DURATION_SECONDS``, what the Helm chart sets)
+are derived from the field names, never listed by hand. Precedence: flag > environment >
+default. Lists (``namespaces``) are comma-separated in both.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import pydantic
+from pydantic import Field
+
+from lorenz.kube.errors import InvalidOperatorSettings
+from lorenz.kube.leases import LeaseTiming
+
+ENV_PREFIX = "LORENZ_OPERATOR_"
+
+
+def default_identity() -> str:
+    """``<pod name or hostname>_<8 hex>``: unique per process, readable in ``kubectl get wf``."""
+    base = os.environ.get("POD_NAME") or socket.gethostname()
+    return f"{base}_{uuid.uuid4().hex[:8]}"
+
+
+class OperatorSettings(pydantic.BaseModel):
+    """One operator process."""
+
+    model_config = pydantic.ConfigDict(
+        extra="forbid", use_attribute_docstrings=True, validate_default=True, frozen=True
+    )
+
+    identity: str = Field(default_factory=default_identity, min_length=1, max_length=128)
+    """This replica's identity: the Lease holder name and the owner written into Claims. It must
+    be unique per process, so the default adds a random suffix to the pod name."""
+
+    namespaces: tuple[str, ...] = ()
+    """Namespaces whose Workflows this process serves; empty serves every namespace (needs a
+    ClusterRole; with a list, a Role per namespace suffices)."""
+
+    workspace_root: str = Field(
+        default_factory=lambda: str(Path(tempfile.gettempdir()) / "lorenz-operator"),
+        min_length=1,
+    )
+    """Volume that holds every Workflow's workspaces, as ``<root>/<namespace>/<name>/``
+    (relative ``tracker.path`` values of a Workflow resolve against that folder too)."""
+
+    lease_duration_seconds: int = Field(default=15, ge=1)
+    """Followers take a Workflow over after this long without an observed Lease renewal."""
+
+    renew_deadline_seconds: float = Field(default=10.0, gt=0)
+    """A leader that could not renew for this long stops its runtime (must be shorter than
+    the lease duration: the difference is the safety margin against two leaders)."""
+
+    retry_period_seconds: float = Field(default=2.0, gt=0)
+    """How often leaders renew and followers try to acquire."""
+
+    status_interval_seconds: float = Field(default=1.0, ge=0)
+    """At most one Workflow status patch per this interval (and only when it changed)."""
+
+    events_per_minute: int = Field(default=30, ge=0)
+    """Kubernetes Events posted per Workflow per minute, at most (bursts up to this many);
+    0 posts none."""
+
+    drain_timeout_seconds: float = Field(default=30.0, gt=0)
+    """On stop, how long runs get to settle before the process moves on."""
+
+    request_timeout_seconds: float = Field(default=10.0, gt=0)
+    """Timeout of each API request the operator makes itself (Lease requests use half the
+    renew deadline)."""
+
+    kubeconfig: str | None = None
+    """The kubeconfig file; unset = ``$KUBECONFIG``, ``~/.kube/config``, then the pod's
+    ServiceAccount."""
+
+    liveness_endpoint: str | None = "http://0.0.0.0:8080/healthz"
+    """kopf's liveness probe URL (empty disables it)."""
+
+    api_host: str = "0.0.0.0"
+    """Address of the metrics and snapshot API server."""
+
+    api_port: int | None = Field(default=9090, ge=0, le=65535)
+    """Port of the metrics (``/metrics``) and snapshot API (``/api/v1/workflows``) server;
+    unset disables it, 0 picks a free port."""
+
+    advertise_url: str | None = None
+    """The URL other replicas and ``kubectl get wf`` show for this process's API (written to
+    the Lease and the Workflow status); unset leaves it out."""
+
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    """Minimum level of process logs."""
+
+    @pydantic.field_validator("namespaces", mode="before")
+    @classmethod
+    def _split(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @pydantic.field_validator("liveness_endpoint", "kubeconfig", "advertise_url", mode="before")
+    @classmethod
+    def _blank_is_unset(cls, value: Any) -> Any:
+        if isinstance(value, str) and not value.strip():
+            return None
+        return value
+
+    @pydantic.model_validator(mode="after")
+    def _consistent_lease_timing(self) -> OperatorSettings:
+        self.lease_timing()  # raises InvalidOperatorSettings
+        return self
+
+    def lease_timing(self) -> LeaseTiming:
+        """The three Lease durations, checked against each other (client-go's rules)."""
+        return LeaseTiming(
+            lease_duration_s=self.lease_duration_seconds,
+            renew_deadline_s=self.renew_deadline_seconds,
+            retry_period_s=self.retry_period_seconds,
+        )
+
+    def workflow_dir(self, namespace: str, name: str) -> Path:
+        """The folder of one Workflow on the workspace volume."""
+        return Path(self.workspace_root).absolute() / namespace / name
+
+
+def env_name(field: str) -> str:
+    """``lease_duration_seconds`` → ``LORENZ_OPERATOR_LEASE_DURATION_SECONDS``."""
+    return f"{ENV_PREFIX}{field.upper()}"
+
+
+def flag_name(field: str) -> str:
+    """``lease_duration_seconds`` → ``--lease-duration-seconds``."""
+    return "--" + field.replace("_", "-")
+
+
+def load_settings(
+    *, flags: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None
+) -> OperatorSettings:
+    """Settings from ``flags`` (field name → value; ``None`` = not given) over ``environ``.
+
+    Raises :class:`InvalidOperatorSettings` naming each bad flag or variable.
+    """
+    env = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    for field in OperatorSettings.model_fields:
+        name = env_name(field)
+        if name in env:
+            values[field] = env[name]
+            origin[field] = name
+    for field, value in (flags or {}).items():
+        if value is not None:
+            values[field] = value
+            origin[field] = flag_name(field)
+    try:
+        return OperatorSettings.model_validate(values)
+    except InvalidOperatorSettings:
+        raise
+    except pydantic.ValidationError as exc:
+        problems = []
+        for error in exc.errors(include_url=False):
+            field = str(error["loc"][0]) if error["loc"] else ""
+            where = origin.get(field, field or "settings")
+            message = str(error["msg"]).removeprefix("Value error, ")
+            problems.append(f"{where}: {message}")
+        raise InvalidOperatorSettings(problems) from None

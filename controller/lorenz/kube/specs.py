@@ -1,0 +1,167 @@
+"""A Workflow object → the same :class:`~lorenz.workflow.LoadedWorkflow` a WORKFLOW.md gives.
+
+The runtime knows one kind of workflow: settings validated by the one settings model plus a
+parsed prompt. This module turns a Workflow's spec into exactly that, through the same loader
+pipeline (:func:`lorenz.workflow.settings_from_mapping`) that reads WORKFLOW.md, so a spec and a
+file with the same content behave identically. What differs is decided here:
+
+* keys are camelCase in the spec and mapped back by the generated table (:mod:`.casing`);
+* ``spec.prompt`` is the template; ``spec.tracker.apiKeySecretRef`` is read from the Secret;
+* nothing comes from the operator's environment: no ``$VAR`` values, no ``LINEAR_API_KEY``
+  fallback, no ``LORENZ_FLAG_*`` — a Workflow is self-contained, and its author cannot read the
+  operator pod's environment through it;
+* ``workspace.root`` is the Workflow's folder on the operator's volume, and relative paths
+  (``tracker.path``) resolve against that folder.
+
+The :class:`~lorenz.workflow.WorkflowStamp` of the result is derived from the spec and the
+Secret's content, so the runtime's transactional reload runs exactly when either changed.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import hashlib
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from lorenz.kube.casing import front_matter_from_spec
+from lorenz.kube.clients import KubeApi, secret_path
+from lorenz.kube.crds import PROMPT_FIELD, SECRET_REF_FIELD
+from lorenz.kube.errors import KubeApiError, TrackerSecretMissing
+from lorenz.kube.resources import WorkflowRef
+from lorenz.workflow import (
+    DEFAULT_WORKFLOW_FILENAME,
+    LoadedWorkflow,
+    PromptTemplate,
+    WorkflowStamp,
+    settings_from_mapping,
+)
+
+WORKSPACES_DIR = "workspaces"
+
+
+def workflow_ref(body: Mapping[str, Any]) -> WorkflowRef:
+    """Namespace, name and uid of a Workflow object."""
+    metadata = body.get("metadata") or {}
+    return WorkflowRef(
+        namespace=str(metadata.get("namespace") or "default"),
+        name=str(metadata["name"]),
+        uid=str(metadata["uid"]) if metadata.get("uid") else None,
+    )
+
+
+def generation_of(body: Mapping[str, Any]) -> int:
+    return int((body.get("metadata") or {}).get("generation") or 0)
+
+
+def secret_ref_of(spec: Mapping[str, Any]) -> tuple[str, str] | None:
+    """``(name, key)`` of ``spec.tracker.apiKeySecretRef``, if set."""
+    ref = (spec.get("tracker") or {}).get(SECRET_REF_FIELD)
+    if not isinstance(ref, Mapping) or not ref.get("name") or not ref.get("key"):
+        return None
+    return str(ref["name"]), str(ref["key"])
+
+
+async def read_secret_key(api: KubeApi, *, namespace: str, name: str, key: str) -> str:
+    """The decoded value of one Secret key; :class:`TrackerSecretMissing` if unusable."""
+    try:
+        secret = await api.get(secret_path(namespace, name))
+    except KubeApiError as exc:
+        detail = "no such Secret" if exc.not_found else f"{exc.status} {exc.reason}"
+        raise TrackerSecretMissing(namespace=namespace, name=name, key=key, detail=detail) from exc
+    data = secret.get("data") or {}
+    if key in data:
+        try:
+            value = base64.b64decode(str(data[key])).decode("utf-8")
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise TrackerSecretMissing(
+                namespace=namespace, name=name, key=key, detail="the value is not UTF-8"
+            ) from exc
+    elif key in (secret.get("stringData") or {}):
+        value = str(secret["stringData"][key])
+    else:
+        known = ", ".join(sorted(data)) or "none"
+        raise TrackerSecretMissing(
+            namespace=namespace, name=name, key=key, detail=f"no such key; keys: {known}"
+        )
+    if not value.strip():
+        raise TrackerSecretMissing(namespace=namespace, name=name, key=key, detail="it is empty")
+    return value.strip()
+
+
+def workflow_from_spec(
+    body: Mapping[str, Any],
+    *,
+    workflow_dir: Path,
+    api_key: str | None,
+    secret_digest: str = "",
+) -> LoadedWorkflow:
+    """The loaded workflow of a Workflow object; raises the loader's coded errors.
+
+    ``api_key`` is the Secret's value (``None`` when the spec names none); ``secret_digest``
+    goes into the stamp so that a changed Secret reloads.
+    """
+    ref = workflow_ref(body)
+    spec = copy.deepcopy(dict(body.get("spec") or {}))
+    prompt_text = str(spec.pop(PROMPT_FIELD, "") or "").strip()
+    tracker = spec.get("tracker")
+    if isinstance(tracker, dict):
+        tracker.pop(SECRET_REF_FIELD, None)
+    front_matter = front_matter_from_spec(spec)
+    raw = copy.deepcopy(front_matter)
+    workspace = front_matter.setdefault("workspace", {})
+    if isinstance(workspace, dict):
+        workspace["root"] = str(workflow_dir / WORKSPACES_DIR)
+    if api_key is not None and isinstance(front_matter.get("tracker"), dict):
+        front_matter["tracker"]["api_key"] = api_key
+    resolved = settings_from_mapping(
+        front_matter,
+        base_dir=workflow_dir,
+        environ={},
+        origin=f"Workflow {ref.display}",
+    )
+    prompt = PromptTemplate(prompt_text)
+    if prompt.parse_error is not None:
+        raise prompt.parse_error
+    canonical = json.dumps(body.get("spec") or {}, sort_keys=True, default=str)
+    content = hashlib.sha256(f"{canonical}\0{secret_digest}".encode()).hexdigest()
+    return LoadedWorkflow(
+        path=workflow_dir / DEFAULT_WORKFLOW_FILENAME,
+        settings=resolved.settings,
+        prompt_template=prompt_text,
+        prompt=prompt,
+        raw=raw,
+        warnings=resolved.warnings,
+        flag_sources=resolved.flag_sources,
+        feature_sources=resolved.feature_sources,
+        stamp=WorkflowStamp(mtime_ns=generation_of(body), size=len(canonical), sha256=content),
+    )
+
+
+async def load_workflow_object(
+    body: Mapping[str, Any], *, api: KubeApi, workflow_dir: Path
+) -> LoadedWorkflow:
+    """:func:`workflow_from_spec` with the tracker Secret read from the API."""
+    ref = workflow_ref(body)
+    api_key: str | None = None
+    digest = ""
+    secret = secret_ref_of(body.get("spec") or {})
+    if secret is not None:
+        name, key = secret
+        api_key = await read_secret_key(api, namespace=ref.namespace, name=name, key=key)
+        digest = hashlib.sha256(api_key.encode()).hexdigest()
+    return workflow_from_spec(
+        body, workflow_dir=workflow_dir, api_key=api_key, secret_digest=digest
+    )
+
+
+def failed_stamp(body: Mapping[str, Any], error: BaseException) -> WorkflowStamp:
+    """A stamp for a spec that did not load: unlike any loaded one, so the runtime's reload
+    runs (and fails with the stored error, keeping the last known good workflow)."""
+    text = f"{generation_of(body)}\0{type(error).__name__}\0{error}"
+    return WorkflowStamp(
+        mtime_ns=generation_of(body), size=-1, sha256=hashlib.sha256(text.encode()).hexdigest()
+    )
