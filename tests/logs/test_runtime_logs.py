@@ -226,3 +226,31 @@ async def test_run_lines_carry_issue_slot_and_session(tmp_path: Path) -> None:
     # Lines about no run carry no run fields.
     poll = next(line for line in lines if line.get("type") == "poll_completed")
     assert "issue_id" not in poll
+
+
+async def test_a_reloaded_tracker_key_is_scrubbed_from_then_on(tmp_path: Path) -> None:
+    agent = write_agent(tmp_path, "noop", "pass\n")
+    front_matter: dict[str, Any] = {
+        "tracker": {"kind": "memory", "api_key": "lin_api_OLD_KEY_1234"},
+        "polling": {"interval_ms": 60000},
+    }
+    workflow = write_workflow(tmp_path, agent_script=agent, front_matter=front_matter)
+    rig = build_rig(workflow, issues=[])
+    stream = io.StringIO()
+    setup = configure_logging(
+        rig.workflow.settings.logging,
+        stream=stream,
+        secrets=tracker_secrets(rig.workflow.settings, {}),
+    )
+    attachment = RunContextAttachment(setup=setup, environ={})
+    await attachment.start(rig.runtime)
+    try:
+        front_matter["tracker"]["api_key"] = "lin_api_NEW_KEY_5678"
+        write_workflow(tmp_path, agent_script=agent, front_matter=front_matter)
+        await rig.runtime.poll_once()
+        assert rig.of_type("workflow_reloaded")
+        logging.getLogger("lorenz.trackers").warning("sent lin_api_NEW_KEY_5678")
+    finally:
+        await attachment.stop()
+    assert "lin_api_NEW_KEY_5678" not in stream.getvalue()
+    assert "sent ***" in stream.getvalue()
