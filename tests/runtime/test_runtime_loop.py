@@ -360,3 +360,14 @@ async def test_lost_claims_abort_local_runs_without_recording_a_result(tmp_path:
         (slot_key("id-1", 0), "host:2:theirs")]
     await theirs.close()
     await ours.close()
+
+
+async def test_subscribers_see_the_poll_go_idle_after_every_tick(tmp_path: Path) -> None:
+    agent = write_agent(tmp_path, "agent", RECORDING_AGENT)
+    wf = write_workflow(tmp_path, agent_script=agent)
+    rig = build_rig(wf, issues=[])
+    seen: list[str] = []
+    rig.runtime.subscribe(lambda snap: seen.append(snap["poll"]["status"]))  # type: ignore[index]
+    await rig.runtime.poll_once()
+    assert "polling" in seen
+    assert seen[-1] == "idle"

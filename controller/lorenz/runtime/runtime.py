@@ -325,6 +325,8 @@ class LorenzRuntime:
                 if not waiter.done():
                     waiter.set_result(None)
             self._pending_waiters = []
+            # NB: the tick's own snapshots all say "polling"; tell subscribers it is over.
+            self._emit_snapshot()
 
     def _queue_poll(self, *, dry_run: bool, wait_for_runs: bool) -> asyncio.Future[None]:
         if self._pending_poll is None:
