@@ -73,8 +73,12 @@ if os.environ.get("AGENT_IGNORE_TERM"):
 else:
     signal.signal(signal.SIGTERM, on_term)
 rng = random.Random()
-time.sleep(rng.uniform(float(os.environ.get("AGENT_MIN_S", "0.2")),
-                       float(os.environ.get("AGENT_MAX_S", "1.0"))))
+if rng.random() < float(os.environ.get("AGENT_LONG_RATE", "0")):
+    time.sleep(rng.uniform(float(os.environ.get("AGENT_LONG_MIN_S", "3")),
+                           float(os.environ.get("AGENT_LONG_MAX_S", "5"))))
+else:
+    time.sleep(rng.uniform(float(os.environ.get("AGENT_MIN_S", "0.2")),
+                           float(os.environ.get("AGENT_MAX_S", "1.0"))))
 rc = 1 if rng.random() < float(os.environ.get("AGENT_FAIL_RATE", "0.2")) else 0
 print("done", flush=True)
 record(event="end", rc=rc)

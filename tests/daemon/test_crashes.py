@@ -2,9 +2,10 @@
 
 Each crash point starts a real daemon (``lorenz WORKFLOW.md --feature daemon --feature
 durable_claims``) on a files tracker whose issues never leave ``Todo``, so runs, continuation
-retries and (a quarter of the time) failure retries follow each other forever. The point waits
+retries and (a quarter of the time) failure retries follow each other forever; a third of
+the runs last seconds, so that agents outlive their daemon's restart. The point waits
 for a moment of one kind — an agent running, a retry pending, or just a random instant — and
-SIGKILLs the daemon there. Its store is read with ``sqlite3`` on the spot; then the next daemon
+SIGKILLs the daemon there (20 points by default, 80 in the soak). Its store is read with ``sqlite3`` on the spot; then the next daemon
 starts, and the test checks, while it runs:
 
 * the lease changed hands at once (the dead pid is verified dead) and every claim row is the
@@ -47,7 +48,16 @@ from tests.daemon.harness import (
 )
 
 ISSUES = ("A-1", "A-2", "A-3")
-AGENT = {"AGENT_MIN_S": "0.1", "AGENT_MAX_S": "1.0", "AGENT_FAIL_RATE": "0.25"}
+AGENT = {
+    "AGENT_MIN_S": "0.1",
+    "AGENT_MAX_S": "0.8",
+    "AGENT_FAIL_RATE": "0.25",
+    # NB: some runs must outlive a daemon restart, or an orphan would simply finish before the
+    # next daemon is up and the sweep would go untested.
+    "AGENT_LONG_RATE": "0.3",
+    "AGENT_LONG_MIN_S": "3",
+    "AGENT_LONG_MAX_S": "5",
+}
 KINDS = ("agent_running", "retry_pending", "anytime")
 WAIT_S = 60.0
 """Hang protection for one crash point's wait (never asserted as a speed)."""
@@ -205,11 +215,12 @@ def test_kill_9_at_random_points(
 
 
 @pytest.mark.soak
+@pytest.mark.timeout(900)
 def test_kill_9_at_random_points_soak(
     root: Path, daemon_env: dict[str, str], daemons: list[DaemonProcess]
 ) -> None:
     seed = crash_seed()
     try:
-        crash_loop(root, daemon_env, daemons, points=100, seed=seed)
+        crash_loop(root, daemon_env, daemons, points=80, seed=seed)
     except AssertionError as exc:
         raise AssertionError(f"crash loop failed with LORENZ_CRASH_SEED={seed}: {exc}") from exc
