@@ -2,11 +2,11 @@
 
 Each crash point starts a real daemon (``lorenz WORKFLOW.md --feature daemon --feature
 durable_claims``) on a files tracker whose issues never leave ``Todo``, so runs, continuation
-retries and (a quarter of the time) failure retries follow each other forever; a third of
-the runs last seconds, so that agents outlive their daemon's restart. The point waits
-for a moment of one kind — an agent running, a retry pending, or just a random instant — and
-SIGKILLs the daemon there (20 points by default, 80 in the soak). Its store is read with ``sqlite3`` on the spot; then the next daemon
-starts, and the test checks, while it runs:
+retries and (a quarter of the time) failure retries follow each other forever; a third of the
+runs last seconds, so that agents outlive their daemon's restart. The point waits for a moment
+of one kind — an agent running, a retry pending, or just a random instant — and SIGKILLs the
+daemon there (20 points by default, 80 in the soak). Its store is read with ``sqlite3`` on the
+spot; then the next daemon starts, and the test checks, while it runs:
 
 * the lease changed hands at once (the dead pid is verified dead) and every claim row is the
   new daemon's already — recovery did not wait for ``claim_store.owner_stale_ms`` (10 min);
