@@ -126,3 +126,166 @@ def test_a_failing_agent_leaves_a_retry_pending_claim_with_the_exact_backoff(
     assert row["ATTEMPT"] == "1"
     assert row["DUE"] not in ("", "<none>")
     wait_until(lambda: "RunFailed" in kube.reasons("failing"), timeout=15, message="RunFailed")
+
+
+def wait_condition(
+    kube: Kube, name: str, kind: str, status: str, *, reason: str | None = None, timeout: float = 30
+) -> dict[str, Any]:
+    def check() -> dict[str, Any] | None:
+        workflow = kube.get("workflow", name)
+        found = condition(workflow, kind)
+        if found is None or found["status"] != status:
+            return None
+        if reason is not None and found["reason"] != reason:
+            return None
+        return workflow
+
+    return wait_until(check, timeout=timeout, message=f"{kind}={status} ({reason}) on {name}")
+
+
+def patch_spec(kube: Kube, name: str, patch: str) -> None:
+    kube.cluster.kubectl(
+        "patch", "workflow", name, "-n", kube.namespace, "--type=merge", "-p", patch
+    )
+
+
+def test_a_bad_spec_update_keeps_the_last_known_good_and_sets_degraded(
+    kube: Kube, rig: Rig, operators: Callable[..., OperatorProcess]
+) -> None:
+    operators("solo", namespaces=(kube.namespace,))
+    rig.issues.mkdir()
+    kube.apply(rig.workflow("reload", interval_ms=300))
+    wait_condition(kube, "reload", "Ready", "True")
+
+    patch_spec(kube, "reload", '{"spec": {"prompt": "{% if %}broken"}}')
+    workflow = wait_condition(kube, "reload", "Degraded", "True", reason="template_parse_error")
+    degraded = condition(workflow, "Degraded")
+    assert degraded is not None
+    assert degraded["observedGeneration"] == 2
+    assert "generation 2 rejected (running generation 1)" in degraded["message"]
+    assert workflow["status"]["observedGeneration"] == 2
+    # The last known good workflow keeps polling.
+    count = workflow["status"]["poll"]["count"]
+    wait_until(
+        lambda: kube.get("workflow", "reload")["status"]["poll"]["count"] > count + 2,
+        timeout=15, message="polls go on",
+    )
+    ready = condition(kube.get("workflow", "reload"), "Ready")
+    assert ready is not None
+    assert ready["status"] == "True"
+    wait_until(lambda: "SpecRejected" in kube.reasons("reload"), timeout=15, message="event")
+
+    patch_spec(kube, "reload", '{"spec": {"prompt": "ok {{ issue.identifier }}", '
+                               '"polling": {"intervalMs": 700}}}')
+    workflow = wait_condition(kube, "reload", "Degraded", "False", reason="SpecApplied")
+    wait_until(
+        lambda: kube.get("workflow", "reload")["status"]["poll"]["intervalMs"] == 700,
+        timeout=15, message="the new interval is in force",
+    )
+    assert kube.get("workflow", "reload")["status"]["observedGeneration"] == 3
+
+
+def test_a_missing_secret_degrades_until_it_exists_and_a_refresh_is_requested(
+    kube: Kube, rig: Rig, operators: Callable[..., OperatorProcess]
+) -> None:
+    operators("solo", namespaces=(kube.namespace,))
+    rig.issues.mkdir()
+    manifest = rig.workflow("secret")
+    manifest["spec"]["tracker"]["apiKeySecretRef"] = {"name": "tracker-token", "key": "token"}
+    kube.apply(manifest)
+    workflow = wait_condition(kube, "secret", "Degraded", "True", reason="tracker_secret_missing")
+    ready = condition(workflow, "Ready")
+    assert ready is not None
+    assert ready["status"] == "False"
+    assert ready["reason"] == "tracker_secret_missing"
+    assert "tracker-token" in ready["message"]
+
+    kube.cluster.kubectl(
+        "create", "secret", "generic", "tracker-token", "-n", kube.namespace,
+        "--from-literal=token=s3cr3t-value",
+    )
+    kube.cluster.kubectl(
+        "annotate", "workflow", "secret", "-n", kube.namespace, "lorenz.dev/refresh=1"
+    )
+    workflow = wait_condition(kube, "secret", "Ready", "True")
+    assert "s3cr3t-value" not in str(workflow)
+
+
+def test_the_refresh_annotation_polls_at_once(
+    kube: Kube, rig: Rig, operators: Callable[..., OperatorProcess]
+) -> None:
+    operators("solo", namespaces=(kube.namespace,))
+    rig.issues.mkdir()
+    kube.apply(rig.workflow("refresh", interval_ms=600000))
+    workflow = wait_condition(kube, "refresh", "Ready", "True")
+    assert workflow["status"]["poll"]["count"] == 1
+    write_issue(rig.issues, "TASK-1")
+    kube.cluster.kubectl(
+        "annotate", "workflow", "refresh", "-n", kube.namespace, "lorenz.dev/refresh=now"
+    )
+    wait_until(
+        lambda: [c for c in kube.items("claims") if phase(c) == "Running"] or None,
+        timeout=15, message="the refresh dispatched the new issue",
+    )
+    assert kube.get("workflow", "refresh")["status"]["poll"]["count"] >= 2
+
+
+def test_deleting_a_claim_cancels_its_run_and_an_eligible_issue_runs_again(
+    kube: Kube, rig: Rig, operators: Callable[..., OperatorProcess]
+) -> None:
+    operators("solo", namespaces=(kube.namespace,))
+    write_issue(rig.issues, "TASK-1")
+    kube.apply(rig.workflow("cancel", seconds=60.0))
+    first = wait_until(
+        lambda: next((c for c in kube.items("claims") if phase(c) == "Running"), None),
+        timeout=30, message="a Running Claim",
+    )
+    wait_until(lambda: rig.runs() or None, timeout=15, message="the agent started")
+    kube.cluster.kubectl("delete", "claim", first["metadata"]["name"], "-n", kube.namespace)
+
+    def replaced() -> dict[str, Any] | None:
+        for claim in kube.items("claims"):
+            if claim["metadata"]["uid"] != first["metadata"]["uid"] and phase(claim) == "Running":
+                return claim
+        return None
+
+    second = wait_until(replaced, timeout=30, message="the issue is dispatched again")
+    assert second["metadata"]["name"] == first["metadata"]["name"]  # the same slot
+    runs = wait_until(lambda: r if len(r := rig.runs()) == 2 else None, timeout=15,
+                      message="a second agent run")
+    assert not runs[0].ended
+    assert not _alive(runs[0].pid)
+    assert runs[0].last_seen <= runs[1].started
+    wait_until(lambda: "ClaimDeleted" in kube.reasons("cancel"), timeout=15, message="event")
+
+
+def test_deleting_a_workflow_stops_its_runs_and_removes_claims_lease_and_finalizer(
+    kube: Kube, rig: Rig, operators: Callable[..., OperatorProcess]
+) -> None:
+    operators("solo", namespaces=(kube.namespace,))
+    write_issue(rig.issues, "TASK-1")
+    write_issue(rig.issues, "TASK-2")
+    kube.apply(rig.workflow("doomed", seconds=60.0))
+    wait_until(
+        lambda: len([c for c in kube.items("claims") if phase(c) == "Running"]) == 2 or None,
+        timeout=30, message="two Running Claims",
+    )
+    wait_until(lambda: len(rig.runs()) == 2 or None, timeout=15, message="two agents")
+    kube.cluster.kubectl(
+        "delete", "workflow", "doomed", "-n", kube.namespace, "--wait=true", "--timeout=60s"
+    )
+    assert kube.items("workflows") == []
+    assert kube.items("claims") == []
+    assert kube.holder("doomed") is None  # released (or already collected with its owner)
+    for run in rig.runs():
+        assert not _alive(run.pid)
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

@@ -174,6 +174,15 @@ class KubernetesLeaseProvider:
         """The last observed record, as a :class:`LeaseRecord`."""
         return self._record(self._cached) if self._cached is not None else None
 
+    def expires_in(self) -> float | None:
+        """Seconds until another holder's lease expires as observed here (``None``: no such
+        holder observed)."""
+        holder = self.holder
+        if self._cached is None or holder is None or holder == self._identity:
+            return None
+        duration = int((self._cached.get("spec") or {}).get("leaseDurationSeconds") or 0)
+        return self._observed_at + duration - self._monotonic()
+
     def holds_lease(self) -> bool:
         """Whether we may act as leader *now*: we hold it and renewed within the renew deadline.
 
@@ -319,6 +328,12 @@ class KubernetesLeaseProvider:
             except KubeApiError as exc:
                 logger.warning("Lease acquire failed lease=%s error=%s", self.name, exc)
             delay = self._timing.retry_period_s * (1 + random.random() * JITTER)
+            expires_in = self.expires_in()
+            if expires_in is not None:
+                # NB: try again right when the holder's lease runs out (as observed here)
+                # rather than up to a retry period later; the rule is unchanged: the takeover
+                # still needs a whole lease duration without an observed renewal.
+                delay = min(delay, max(expires_in, 0.0) + 0.01)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=delay)
         return False
