@@ -7,10 +7,11 @@ client per change would make fan-out cost grow with clients times changes. So:
 * one :class:`SnapshotHub` per app holds a single runtime subscription (taken when the first
   client connects, dropped when the last one leaves, so an unwatched runtime builds no
   snapshots for us) and remembers only the latest snapshot;
-* each client sends at most one ``snapshot`` event per ``min_interval`` (~100 ms): changes that
-  arrive in between are coalesced into the next send, and a slow client simply skips to the
-  latest state when it catches up;
-* the latest snapshot is encoded once per version and the bytes shared by every client;
+* one broadcaster sends at most one ``snapshot`` frame per ``min_interval`` (~100 ms): changes
+  that arrive in between are coalesced into the next frame, which is encoded once and the same
+  bytes handed to every client — so encoding costs at most ten per second however many
+  clients and changes there are;
+* a slow client simply skips to the newest frame when it catches up;
 * a comment line every ``heartbeat`` seconds keeps idle proxies and load balancers from cutting
   the stream, and makes a vanished client show up as a failed write.
 """
@@ -49,10 +50,12 @@ def encode_event(*, event: str, data: Mapping[str, Any], event_id: int | None = 
 
 
 class _Client:
-    __slots__ = ("changed",)
+    __slots__ = ("frame", "wake")
 
     def __init__(self) -> None:
-        self.changed = asyncio.Event()
+        self.wake = asyncio.Event()
+        self.frame: bytes | None = None
+        """The newest frame not yet written (a slow client skips the ones it missed)."""
 
 
 class SnapshotHub:
@@ -74,12 +77,13 @@ class SnapshotHub:
         self._unsubscribe: Callable[[], None] | None = None
         self._latest: Mapping[str, Any] | None = None
         self._version = 0
-        self._encoded: tuple[int, bytes] | None = None
+        self._dirty = asyncio.Event()
+        self._broadcaster: asyncio.Task[None] | None = None
         self._closed = False
         self.broadcasts = 0
         """Snapshots received from the runtime (for benchmarks and tests)."""
         self.frames_encoded = 0
-        """Snapshot frames encoded (one per version that some client actually sent)."""
+        """Snapshot frames encoded for the stream (at most one per ``min_interval``)."""
 
     @property
     def client_count(self) -> int:
@@ -98,25 +102,40 @@ class SnapshotHub:
         """End every stream (server shutdown) and drop the runtime subscription."""
         self._closed = True
         for client in self._clients:
-            client.changed.set()
+            client.wake.set()
         self._drop_subscription()
 
     def _on_snapshot(self, snapshot: dict[str, Any]) -> None:
-        # NB: called synchronously from inside the runtime on every change: keep it O(clients)
-        # and cheap; encoding waits until a client is ready to send.
+        # NB: called synchronously from inside the runtime on every change: keep it O(1);
+        # encoding waits for the broadcaster's next beat.
         self._latest = snapshot
         self._version += 1
         self.broadcasts += 1
-        for client in self._clients:
-            client.changed.set()
+        self._dirty.set()
 
-    def _frame(self) -> bytes:
-        """The encoded latest snapshot, shared by every client that sends this version."""
-        if self._encoded is None or self._encoded[0] != self._version:
-            snapshot = self._latest if self._latest is not None else self._runtime.snapshot()
-            self._encoded = (self._version, self._encode(snapshot, version=self._version))
+    async def _broadcast(self) -> None:
+        """At most one frame per ``min_interval``, encoded once, handed to every client."""
+        loop = asyncio.get_running_loop()
+        last = -self.min_interval
+        while not self._closed:
+            await self._dirty.wait()
+            pause = last + self.min_interval - loop.time()
+            if pause > 0:
+                await asyncio.sleep(pause)  # changes meanwhile are coalesced into this frame
+            self._dirty.clear()
+            snapshot = self._latest
+            if snapshot is None or not self._clients:
+                continue
+            try:
+                frame = self._encode(snapshot, version=self._version)
+            except Exception:
+                logger.exception("cannot encode a snapshot for the event stream")
+                continue
             self.frames_encoded += 1
-        return self._encoded[1]
+            last = loop.time()
+            for client in self._clients:
+                client.frame = frame
+                client.wake.set()
 
     def _encode(self, snapshot: Mapping[str, Any], *, version: int) -> bytes:
         document = self._decorate(snapshot) if self._decorate is not None else snapshot
@@ -128,6 +147,11 @@ class SnapshotHub:
         if self._unsubscribe is None:
             # subscribe() pushes the current snapshot at once: _latest is fresh from here on.
             self._unsubscribe = self._runtime.subscribe(self._on_snapshot)
+            self._dirty.clear()  # that push is no change for anyone watching
+        if self._broadcaster is None:
+            self._broadcaster = asyncio.get_running_loop().create_task(
+                self._broadcast(), name="lorenz-sse-broadcast"
+            )
         return client
 
     def _leave(self, client: _Client) -> None:
@@ -139,8 +163,10 @@ class SnapshotHub:
         unsubscribe, self._unsubscribe = self._unsubscribe, None
         if unsubscribe is not None:
             unsubscribe()
+        broadcaster, self._broadcaster = self._broadcaster, None
+        if broadcaster is not None:
+            broadcaster.cancel()
         self._latest = None
-        self._encoded = None
 
     async def stream(self, request: web.Request) -> web.StreamResponse:
         """The ``GET /api/v1/events`` handler body: runs until the client or the server leaves."""
@@ -164,22 +190,18 @@ class SnapshotHub:
             # hub's latest may be older than this connection, and clocks move on).
             first = self._encode(self._runtime.snapshot(), version=self._version)
             await response.write(f"retry: {RECONNECT_MS}\n".encode() + first)
-            client.changed.clear()
-            last_write = last_send = loop.time()
+            last_write = loop.time()
             while not self._closed:
                 idle_left = self.heartbeat - (loop.time() - last_write)
-                if idle_left <= 0 or not await _wait(client.changed, within=idle_left):
+                if idle_left <= 0 or not await _wait(client.wake, within=idle_left):
                     await response.write(HEARTBEAT_FRAME)
                     last_write = loop.time()
                     continue
-                if self._closed:
-                    break
-                pause = last_send + self.min_interval - loop.time()
-                if pause > 0:
-                    await asyncio.sleep(pause)  # changes meanwhile are coalesced into this send
-                client.changed.clear()
-                await response.write(self._frame())
-                last_write = last_send = loop.time()
+                client.wake.clear()
+                frame, client.frame = client.frame, None
+                if frame is not None and not self._closed:
+                    await response.write(frame)
+                    last_write = loop.time()
         except (ConnectionResetError, ConnectionError):
             pass  # the client went away; nothing to tell it
         finally:
