@@ -7,7 +7,6 @@ from pathlib import Path
 
 import lorenz.daemon.errors as errors
 from lorenz.daemon.shutdown import SHUTDOWN_ORDER
-from lorenz.model import LorenzError
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "daemon.md"
 
@@ -17,7 +16,7 @@ def test_every_error_code_is_documented() -> None:
     codes = {
         cls.code
         for _, cls in inspect.getmembers(errors, inspect.isclass)
-        if issubclass(cls, LorenzError) and cls is not errors.DaemonError
+        if issubclass(cls, errors.DaemonError) and cls is not errors.DaemonError
     }
     assert len(codes) >= 8
     for code in sorted(codes):
