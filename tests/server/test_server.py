@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 import socket
 import stat
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -223,3 +225,60 @@ async def test_the_factory_server_runs_on_the_settings_host(
     assert server.url.startswith("http://127.0.0.2:")
     async with http.get(f"{server.url}/api/v1/state") as response:
         assert response.status == 200
+
+
+async def test_the_single_host_run_serves_the_api_and_stops_it_on_shutdown(
+    tmp_path: Path, http: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lorenz.daemon import host
+
+    started: list[LorenzServer] = []
+
+    def recording_factory(loaded: Any, options: Any) -> LorenzServer | None:
+        server = attachment_factory(loaded, options)
+        if server is not None:
+            started.append(server)
+        return server
+
+    monkeypatch.setattr(host, "ATTACHMENTS", [recording_factory])
+    agent = write_agent(tmp_path, "agent", "pass\n")
+    (tmp_path / "issues").mkdir()
+    workflow = write_workflow(
+        tmp_path, agent_script=agent, front_matter={"tracker": {"kind": "files", "path": "issues"}}
+    )
+    ready = asyncio.Event()
+    options = host.HostOptions(
+        workflow_path=str(workflow), port=0, tui=False,
+        environ={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path)},
+    )
+    runtimes: list[Any] = []
+
+    def on_ready(runtime: Any) -> None:
+        runtimes.append(runtime)
+        ready.set()
+
+    run = asyncio.create_task(host.run_host(options, ready=on_ready))
+    try:
+        await asyncio.wait_for(ready.wait(), timeout=15)
+        (server,) = started
+        assert server.url is not None
+        url = server.url
+        state = await _get_state(http, url)
+        assert state["workflow_path"] == str(workflow)
+    finally:
+        for runtime in runtimes:
+            runtime.stop()
+        exit_code = await asyncio.wait_for(run, timeout=15)
+
+    assert exit_code == 0
+    assert server.url is None
+    with pytest.raises(aiohttp.ClientConnectionError):
+        async with aiohttp.ClientSession() as fresh, fresh.get(f"{url}/healthz"):
+            pass
+
+
+async def _get_state(http: aiohttp.ClientSession, url: str) -> dict[str, Any]:
+    async with http.get(f"{url}/api/v1/state") as response:
+        assert response.status == 200
+        document: dict[str, Any] = await response.json()
+        return document

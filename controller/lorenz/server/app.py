@@ -272,6 +272,9 @@ class PortOptions(Protocol):
 class LorenzServer:
     """The server attachment: serves :func:`build_app` on TCP and/or a unix socket."""
 
+    serves = True
+    """Tells the host this attachment is a server: stopped after the worker pool drained."""
+
     def __init__(
         self,
         *,
