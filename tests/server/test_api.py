@@ -82,6 +82,7 @@ async def test_issue_detail_gathers_slots_workspace_events_and_agent_messages(
     assert detail["issue_id"] == "id-1"
     assert detail["status"] == "running"
     assert detail["state"] == "Todo"
+    assert detail["title"] == "Issue 1"
     assert [row["slot_key"] for row in detail["running"]] == ["id-1#0"]
     assert detail["retrying"] == []
     assert detail["workspace"] == {

@@ -53,6 +53,9 @@ def issue_detail(
         "issue_id": issue_id,
         "identifier": known_identifier,
         "status": status,
+        "title": next(
+            (row["title"] for row in running + lanes["reserving"] if row.get("title")), None
+        ),
         "state": next((row["state"] for row in running + lanes["reserving"]), None),
         "url": next((row["url"] for row in running if row.get("url")), None),
         "workspace": _workspace(

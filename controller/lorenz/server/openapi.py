@@ -236,6 +236,7 @@ SCHEMAS: dict[str, Any] = {
                 "description": "The busiest lane holding a slot of the issue; `idle` when "
                 "only history or events remember it.",
             },
+            "title": _nullable(_STR),
             "state": _nullable(_STR),
             "url": _nullable(_STR),
             "workspace": _object(
