@@ -67,8 +67,8 @@ ENV HOME=/home/lorenz \
 WORKDIR /home/lorenz
 USER 10001:10001
 
-# 8080: the liveness probe endpoint; 9464: the HTTP API and /metrics.
-EXPOSE 8080 9464
+# 8080: the liveness probe endpoint (kopf); 9090: the HTTP API and /metrics.
+EXPOSE 8080 9090
 
 ENTRYPOINT ["lorenz"]
 CMD ["operator"]

@@ -20,6 +20,7 @@ import yaml
 
 import lorenz
 from lorenz.kube.rbac import OPERATOR_RULES, RULE_REASONS
+from lorenz.kube.settings import ENV_PREFIX, OperatorSettings, load_settings
 from tests.packaging.charts import CHART, REPO, by_kind, helm, one, render, template
 
 
@@ -250,13 +251,82 @@ def test_deployment_image_probes_resources(defaults: list[dict[str, Any]]) -> No
     assert pod["serviceAccountName"] == "lorenz"
     container = _container(defaults)
     assert container["image"] == f"lorenz:{lorenz.__version__}"
-    for probe in ("livenessProbe", "readinessProbe"):
-        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "probes"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "probes"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     ports = {port["name"]: port["containerPort"] for port in container["ports"]}
-    assert ports == {"probes": 8080, "http": 9464}
-    assert "--liveness=http://0.0.0.0:8080/healthz" in container["args"]
-    assert container["args"][0] == "operator"
+    assert ports == {"probes": 8080, "http": 9090}
+    assert container["args"] == ["operator"]
     assert set(container["resources"]) == {"requests", "limits"}
+
+
+def _operator_env(objects: list[dict[str, Any]]) -> dict[str, str]:
+    """The LORENZ_OPERATOR_* variables of the operator container."""
+    return {
+        item["name"]: item["value"]
+        for item in _container(objects)["env"]
+        if item["name"].startswith(ENV_PREFIX)
+    }
+
+
+def test_operator_settings_come_from_the_environment(defaults: list[dict[str, Any]]) -> None:
+    env = _operator_env(defaults)
+    assert env == {
+        "LORENZ_OPERATOR_NAMESPACES": "",
+        "LORENZ_OPERATOR_WORKSPACE_ROOT": "/var/lib/lorenz/workspaces",
+        "LORENZ_OPERATOR_LIVENESS_ENDPOINT": "http://0.0.0.0:8080/healthz",
+        "LORENZ_OPERATOR_API_HOST": "0.0.0.0",
+        "LORENZ_OPERATOR_API_PORT": "9090",
+        "LORENZ_OPERATOR_ADVERTISE_URL": "http://$(POD_IP):9090",
+        "LORENZ_OPERATOR_LOG_LEVEL": "info",
+        "LORENZ_OPERATOR_LEASE_DURATION_SECONDS": "15",
+        "LORENZ_OPERATOR_RENEW_DEADLINE_SECONDS": "10",
+        "LORENZ_OPERATOR_RETRY_PERIOD_SECONDS": "2",
+        "LORENZ_OPERATOR_DRAIN_TIMEOUT_SECONDS": "30",
+    }
+    # The variables are what the operator itself would load (no unknown name, valid values).
+    settings = load_settings(
+        environ=env | {"LORENZ_OPERATOR_ADVERTISE_URL": "http://10.0.0.7:9090"}
+    )
+    assert settings.namespaces == ()
+    assert settings.workspace_root == "/var/lib/lorenz/workspaces"
+    assert settings.api_port == 9090
+    assert settings.liveness_endpoint == "http://0.0.0.0:8080/healthz"
+    for name in env:
+        assert name.removeprefix(ENV_PREFIX).lower() in OperatorSettings.model_fields, name
+
+
+def test_chart_defaults_are_the_operator_defaults() -> None:
+    values = _default_values()["operator"]
+    fields = OperatorSettings.model_fields
+    assert values["lease"]["durationSeconds"] == fields["lease_duration_seconds"].default
+    assert values["lease"]["renewDeadlineSeconds"] == fields["renew_deadline_seconds"].default
+    assert values["lease"]["retryPeriodSeconds"] == fields["retry_period_seconds"].default
+    assert values["drainTimeoutSeconds"] == fields["drain_timeout_seconds"].default
+    assert values["logLevel"] == fields["log_level"].default
+    assert _default_values()["service"]["port"] == fields["api_port"].default
+    assert fields["liveness_endpoint"].default == "http://0.0.0.0:8080/healthz"
+    assert _default_values()["probes"]["port"] == 8080
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"operator": {"lease": {"renewDeadlineSeconds": 15}}}, "renewDeadlineSeconds must be"),
+        ({"operator": {"lease": {"retryPeriodSeconds": 10}}}, "retryPeriodSeconds must be"),
+        ({"terminationGracePeriodSeconds": 30}, "must exceed operator.drainTimeoutSeconds"),
+    ],
+)
+def test_inconsistent_timings_are_refused(
+    values: dict[str, Any], message: str, tmp_path: Path
+) -> None:
+    result = template(tmp=tmp_path, values=values, check=False)
+    assert result.returncode != 0
+    assert message in result.stderr
+
+
+def test_advertise_url_can_be_set(tmp_path: Path) -> None:
+    objects = render(tmp=tmp_path, values={"operator": {"advertiseUrl": "http://[fd00::7]:9090"}})
+    assert _operator_env(objects)["LORENZ_OPERATOR_ADVERTISE_URL"] == "http://[fd00::7]:9090"
 
 
 def test_writable_paths_are_volumes(defaults: list[dict[str, Any]]) -> None:
@@ -298,7 +368,7 @@ def test_cluster_wide_rbac_is_exactly_the_operator_rules(defaults: list[dict[str
     ]
     # Cluster-scoped names carry the release namespace: two releases do not collide.
     assert role["metadata"]["name"] == "lorenz-lorenz-system"
-    assert "--all-namespaces" in _container(defaults)["args"]
+    assert _operator_env(defaults)["LORENZ_OPERATOR_NAMESPACES"] == ""
 
 
 def test_every_rule_is_commented_with_its_reason() -> None:
@@ -318,9 +388,7 @@ def test_namespaced_rbac_is_a_role_in_the_watched_namespace(tmp_path: Path) -> N
     assert binding["metadata"]["namespace"] == "team-a"
     assert binding["roleRef"]["kind"] == "Role"
     assert binding["subjects"][0]["namespace"] == "lorenz-system"
-    args = _container(objects)["args"]
-    assert "--namespace=team-a" in args
-    assert "--all-namespaces" not in args
+    assert _operator_env(objects)["LORENZ_OPERATOR_NAMESPACES"] == "team-a"
 
 
 def test_rbac_and_service_account_can_be_brought_by_the_user(tmp_path: Path) -> None:
@@ -399,7 +467,7 @@ def test_service_targets_the_pods(defaults: list[dict[str, Any]]) -> None:
     selector = one(defaults, "Deployment")["spec"]["selector"]["matchLabels"]
     assert service["spec"]["selector"] == selector
     assert service["spec"]["ports"] == [
-        {"name": "http", "port": 9464, "targetPort": "http", "protocol": "TCP"}
+        {"name": "http", "port": 9090, "targetPort": "http", "protocol": "TCP"}
     ]
 
 
@@ -449,15 +517,15 @@ def test_extra_env_and_args_reach_the_container(tmp_path: Path) -> None:
         tmp=tmp_path,
         values={
             "operator": {
-                "extraArgs": ["--verbose"],
-                "env": [{"name": "LORENZ_FEATURE_DURABLE_CLAIMS", "value": "1"}],
+                "extraArgs": ["--events-per-minute", "5"],
+                "env": [{"name": "LORENZ_OPERATOR_STATUS_INTERVAL_SECONDS", "value": "2"}],
             }
         },
     )
     container = _container(objects)
-    assert container["args"][-1] == "--verbose"
+    assert container["args"] == ["operator", "--events-per-minute", "5"]
     env = {item["name"]: item for item in container["env"]}
-    assert env["LORENZ_FEATURE_DURABLE_CLAIMS"]["value"] == "1"
+    assert env["LORENZ_OPERATOR_STATUS_INTERVAL_SECONDS"]["value"] == "2"
     assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
 
 

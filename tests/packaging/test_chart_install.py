@@ -1,5 +1,9 @@
 """`helm install` the chart into the real test API server and act as its ServiceAccount.
 
+First the grant itself, then the proof that it suffices: `lorenz operator` runs as a separate
+process with nothing but the chart ServiceAccount's token and reconciles a Workflow from
+dispatch to deletion (Claims, Lease, status, Events, finalizer) without one refused request.
+
 What the chart grants is checked three ways against the API server's own RBAC authorizer:
 `kubectl auth can-i` for the verbs the brief names, a SelfSubjectAccessReview for every
 (verb, resource) pair of the operator's resources — the granted ones exactly
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +28,7 @@ import pytest
 
 from lorenz.kube.rbac import OPERATOR_RULES
 from tests.cluster.cluster import Cluster, wait_until
+from tests.kube.operators import Kube, OperatorProcess, Rig, issue_state, write_issue
 from tests.packaging.charts import CHART, REPO
 
 RELEASE = "lorenz"
@@ -144,7 +150,7 @@ def other_namespace(kube_control_plane: Cluster) -> Iterator[str]:
 
 @pytest.mark.cluster
 def test_cluster_wide_install_grants_exactly_the_operator_rules(
-    crds: Cluster, kube_namespace: str, other_namespace: str
+    crds: Cluster, kube_namespace: str, other_namespace: str, tmp_path: Path
 ) -> None:
     cluster = crds
     cluster.kubectl(
@@ -201,6 +207,16 @@ def test_cluster_wide_install_grants_exactly_the_operator_rules(
         (pod,) = wait_until(pods, timeout=60, message="the ReplicaSet created no operator pod")
         assert pod["spec"]["serviceAccountName"] == SERVICE_ACCOUNT
         assert pod["status"]["phase"] == "Pending"
+
+        # Everything works with that grant: the default install watches every namespace, so
+        # the operator runs cluster-wide and reconciles a Workflow in another namespace.
+        _reconcile_as_chart_account(
+            cluster,
+            kubeconfig=kubeconfig,
+            workflow_namespace=other_namespace,
+            namespaces=(),
+            workdir=tmp_path,
+        )
 
 
 def _real_requests(cluster: Cluster, view: ServiceAccountView, *, namespace: str) -> None:
@@ -304,7 +320,7 @@ def _real_requests(cluster: Cluster, view: ServiceAccountView, *, namespace: str
 
 @pytest.mark.cluster
 def test_watch_namespace_install_grants_only_that_namespace(
-    crds: Cluster, kube_namespace: str, other_namespace: str
+    crds: Cluster, kube_namespace: str, other_namespace: str, tmp_path: Path
 ) -> None:
     cluster = crds
     watched = other_namespace
@@ -339,3 +355,86 @@ def test_watch_namespace_install_grants_only_that_namespace(
         assert not cluster.can_i(
             "watch", "workflows.lorenz.dev", namespace="default", kubeconfig=kubeconfig
         )
+
+        # The Role alone is enough for the operator watching that one namespace.
+        _reconcile_as_chart_account(
+            cluster,
+            kubeconfig=kubeconfig,
+            workflow_namespace=watched,
+            namespaces=(watched,),
+            workdir=tmp_path,
+        )
+
+
+def _reconcile_as_chart_account(
+    cluster: Cluster,
+    *,
+    kubeconfig: Path,
+    workflow_namespace: str,
+    namespaces: tuple[str, ...],
+    workdir: Path,
+) -> None:
+    """`lorenz operator` with only the chart ServiceAccount's token takes a Workflow from
+    dispatch to deletion, and no request it makes is refused."""
+    rig = Rig(root=workdir / "rig")
+    write_issue(rig.issues, "PKG-1")
+    operator = OperatorProcess(
+        cluster,
+        identity="chart-account",
+        workdir=workdir / "operator",
+        namespaces=namespaces,
+        kubeconfig=kubeconfig,
+    )
+    kube = Kube(cluster, workflow_namespace)
+    try:
+        operator.start()
+        # The Workflow is created by its user (the admin here), not by the operator.
+        kube.apply(rig.workflow("packaged", seconds=0.5))
+        wait_until(
+            lambda: issue_state(rig.issues, "PKG-1") == "Done" and kube.items("claims") == [],
+            timeout=60,
+            message="the run completes and its Claim is released",
+        )
+        (run,) = rig.runs()
+        assert run.ended
+        workflow = kube.get("workflow", "packaged")
+        assert workflow["status"]["leader"]["identity"] == "chart-account"
+        ready = [c for c in workflow["status"]["conditions"] if c["type"] == "Ready"]
+        assert [c["status"] for c in ready] == ["True"]
+        assert kube.holder("packaged") == "chart-account"
+        wait_until(
+            lambda: {"LeadershipAcquired", "RunStarted"} <= kube.reasons("packaged"),
+            timeout=15,
+            message="the operator's Events on the Workflow",
+        )
+
+        # Deletion goes through the operator's finalizer (patch workflows, delete claims,
+        # release the Lease).
+        cluster.kubectl(
+            "delete",
+            "workflow",
+            "packaged",
+            "-n",
+            workflow_namespace,
+            "--timeout=60s",
+            timeout=70,
+        )
+        # NB: a wait, not a sleep: the release may land a moment after the finalizer goes,
+        # but a Lease still held after that means a zombie campaign for a deleted Workflow.
+        wait_until(
+            lambda: kube.holder("packaged") is None,
+            timeout=10,
+            message="the deleted Workflow's Lease is released, and not taken again",
+        )
+    finally:
+        operator.stop()
+    assert operator.wait() == 0, operator.log()
+    log = operator.log()
+    # Every API call is logged (urllib3, debug level) with its status: none was refused.
+    refused = [
+        line for line in log.splitlines() if re.search(r'HTTP/1\.1" 403 |[Ff]orbidden', line)
+    ]
+    assert refused == [], "\n".join(refused)
+    assert re.search(
+        r'"PATCH /apis/lorenz\.dev/v1alpha1/namespaces/\S+/workflows/packaged/status', log
+    )
