@@ -47,11 +47,7 @@ def shutdown_step(name: str) -> None:
 def stops_with_server(attachment: object) -> bool:
     """Whether an attachment is a server (stopped after the drain) rather than a view.
 
-    An attachment says so with a ``serves`` attribute; without one, anything that publishes an
-    ``endpoint`` (where clients reach it — :class:`lorenz.server.LorenzServer`) is a server.
-    Everything else is unmounted with the terminal view.
+    Servers say so with ``serves = True`` (:class:`lorenz.server.LorenzServer`, the daemon's
+    control transport); everything else is unmounted with the terminal view.
     """
-    declared = getattr(attachment, "serves", None)
-    if declared is not None:
-        return bool(declared)
-    return hasattr(attachment, "endpoint")
+    return bool(getattr(attachment, "serves", False))
