@@ -249,6 +249,7 @@ def test_deployment_image_probes_resources(defaults: list[dict[str, Any]]) -> No
     assert deployment["spec"]["strategy"] == {"type": "Recreate"}
     pod = deployment["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "lorenz"
+    assert pod["shareProcessNamespace"] is True  # the pause process reaps orphans
     container = _container(defaults)
     assert container["image"] == f"lorenz:{lorenz.__version__}"
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "probes"}
