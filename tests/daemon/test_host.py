@@ -204,3 +204,40 @@ async def test_once_and_no_feature_take_no_lease(root: Path, daemon_env: dict[st
     assert not lease_dir.exists()
     runtimes[0].stop()
     assert await asyncio.wait_for(task, 60) == 0
+
+
+async def test_with_a_port_the_daemon_serves_the_whole_api_once(
+    root: Path, daemon_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plain server factory is replaced by the daemon's transport: one listener, not two."""
+    from lorenz import server
+
+    monkeypatch.setattr(host, "ATTACHMENTS", [server.attachment_factory])
+    workflow = write_daemon_workflow(root, issues=())
+    before = listening_ports()
+    runtimes: list[LorenzRuntime] = []
+    task = asyncio.create_task(
+        run_host(options(workflow, daemon_env, port=0), ready=runtimes.append)
+    )
+    await wait_for(lambda: (read_lease(lease_file_for(workflow)) or {}).get("endpoint") is not None)
+    lease = read_lease(lease_file_for(workflow))
+    assert lease is not None
+    assert lease["endpoint"].startswith("http://127.0.0.1:")
+    state = await asyncio.to_thread(call, lease["endpoint"], "GET", "/api/v1/state")
+    assert state.status == 200
+    assert state.body["daemon"]["endpoint"] == lease["endpoint"]
+    page = await asyncio.to_thread(call, lease["endpoint"], "GET", "/api/v1/daemon")
+    assert page.body["pid"] == lease["pid"]
+    assert listening_ports() - before == {int(lease["endpoint"].rsplit(":", 1)[1])}
+    runtimes[0].stop()
+    assert await asyncio.wait_for(task, 60) == 0
+
+
+def listening_ports() -> set[int]:
+    import psutil
+
+    return {
+        c.laddr.port
+        for c in psutil.Process().net_connections(kind="tcp")
+        if c.status == psutil.CONN_LISTEN
+    }
