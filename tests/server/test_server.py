@@ -282,3 +282,23 @@ async def _get_state(http: aiohttp.ClientSession, url: str) -> dict[str, Any]:
         assert response.status == 200
         document: dict[str, Any] = await response.json()
         return document
+
+
+async def test_the_default_server_mounts_the_installed_dashboard(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    rig = make_rig(tmp_path, issues=[])
+    server = LorenzServer(port=0)  # static_routes=None: the dashboard when installed
+
+    await server.start(rig.runtime)
+    LIVE_SERVERS.append(server)
+
+    async with http.get(f"{server.url}/") as response:
+        assert response.status == 200
+        assert response.content_type == "text/html"
+    async with http.post(f"{server.url}/") as response:
+        assert response.status == 405
+        assert (await response.json())["error"]["code"] == "method_not_allowed"
+    async with http.get(f"{server.url}/api/v1/nope") as response:
+        assert response.status == 404
+        assert (await response.json())["error"]["code"] == "route_not_found"
