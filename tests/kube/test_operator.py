@@ -289,3 +289,39 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def operator_requests(operator: OperatorProcess) -> dict[tuple[str, str], float]:
+    counts: dict[tuple[str, str], float] = {}
+    for line in operator.get("/metrics").splitlines():
+        if line.startswith("lorenz_operator_api_requests_total{"):
+            labels, _, value = line.rpartition(" ")
+            verb = labels.split('verb="', 1)[1].split('"', 1)[0]
+            resource = labels.split('resource="', 1)[1].split('"', 1)[0]
+            counts[(verb, resource)] = float(value)
+    return counts
+
+
+def test_an_idle_tick_costs_at_most_one_status_patch_and_no_claim_requests(
+    kube: Kube, rig: Rig, operators: Callable[..., OperatorProcess]
+) -> None:
+    operator = operators("idle", namespaces=(kube.namespace,), lease=(15, 10.0, 2.0))
+    rig.issues.mkdir()
+    kube.apply(rig.workflow("idle", interval_ms=300))
+    wait_until(
+        lambda: kube.get("workflow", "idle").get("status", {}).get("poll", {}).get("count", 0)
+        >= 3 or None,
+        timeout=30, message="polling",
+    )
+    before_ticks = kube.get("workflow", "idle")["status"]["poll"]["count"]
+    before = operator_requests(operator)
+    wait_until(
+        lambda: kube.get("workflow", "idle")["status"]["poll"]["count"] >= before_ticks + 10
+        or None,
+        timeout=30, message="ten idle ticks",
+    )
+    after = operator_requests(operator)
+    ticks = kube.get("workflow", "idle")["status"]["poll"]["count"] - before_ticks
+    spent = {k: v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k, 0.0)}
+    assert set(spent) <= {("patch", "workflows/status"), ("update", "leases")}, spent
+    assert spent.get(("patch", "workflows/status"), 0) <= ticks + 1, (spent, ticks)

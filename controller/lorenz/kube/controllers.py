@@ -76,6 +76,8 @@ from lorenz.workspaces import WorkspaceManager
 logger = logging.getLogger("lorenz.kube.controllers")
 
 MAX_PATCH_RETRIES = 5
+STATUS_SETTLE_S = 0.05
+"""How long a burst of snapshots may settle before the status is computed and patched."""
 
 
 class RuntimeAttacher(Protocol):
@@ -514,6 +516,9 @@ class WorkflowController:
     async def _publish_loop(self) -> None:
         while True:
             await self._status_dirty.wait()
+            # NB: one tick emits a burst of snapshots (start, end, next poll scheduled); letting
+            # it settle first makes an idle tick cost one status patch, not three.
+            await asyncio.sleep(STATUS_SETTLE_S)
             self._status_dirty.clear()
             try:
                 await self.publish_status()
