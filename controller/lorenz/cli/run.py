@@ -39,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lorenz import tui
+    from lorenz import server, tui
     from lorenz.config import LoggingSettings
     from lorenz.daemon import logs
     from lorenz.daemon.host import ATTACHMENTS, HostOptions, run_host
@@ -52,6 +52,9 @@ def run(args: argparse.Namespace) -> int:
         ATTACHMENTS.insert(0, logs.attachment_factory)
     if tui.attachment_factory not in ATTACHMENTS:
         ATTACHMENTS.append(tui.attachment_factory)
+    # NB: registered by identity: daemon mode swaps this very factory for its own transport.
+    if server.attachment_factory not in ATTACHMENTS:
+        ATTACHMENTS.append(server.attachment_factory)
     flags, features = workflow_overrides(args)
     options = HostOptions(
         workflow_path=args.workflow,
