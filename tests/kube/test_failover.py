@@ -147,3 +147,55 @@ def test_kill_9_failovers_resume_from_claims_and_never_run_a_slot_twice(
         f"min {min(times):.2f} s, median {statistics.median(times):.2f} s, "
         f"max {max(times):.2f} s; runs {len(runs)}, retried {sum(r.attempt >= 1 for r in runs)}"
     )
+
+
+def owner_of_first_claim(kube: Kube) -> str | None:
+    claims = kube.items("claims")
+    return claims[0]["status"]["owner"] if claims else None
+
+
+def claim_writes(operator: OperatorProcess) -> float:
+    total = 0.0
+    for line in operator.get("/metrics").splitlines():
+        if line.startswith("lorenz_operator_api_requests_total{") and 'resource="claims' in line:
+            total += float(line.rpartition(" ")[2])
+    return total
+
+
+def test_a_paused_leader_that_lost_its_lease_stops_before_writing_anything(
+    kube: Kube, rig: Rig, operators: Callable[..., OperatorProcess]
+) -> None:
+    a = operators("pause-a", namespaces=(kube.namespace,), lease=LEASE)
+    write_issue(rig.issues, "TASK-1")
+    kube.apply(rig.workflow("paused", seconds=8.0, max_backoff_ms=10000))
+    wait_until(lambda: rig.runs() or None, timeout=30, message="A runs the issue")
+    b = operators("pause-b", namespaces=(kube.namespace,), lease=LEASE)
+    assert kube.holder("paused") == "pause-a"
+    writes_before = claim_writes(a)
+
+    a.kill(signal.SIGSTOP)  # a GC pause, a frozen node: A cannot renew, and does not know
+    try:
+        wait_until(lambda: kube.holder("paused") == "pause-b" or None, timeout=15,
+                   interval=0.05, message="B takes over from the frozen A")
+        wait_until(
+            lambda: owner_of_first_claim(kube) == "pause-b" or None,
+            timeout=15, message="B re-owns the Claim",
+        )
+    finally:
+        a.kill(signal.SIGCONT)
+    wait_until(lambda: "Lease lost" in a.log() or None, timeout=15, message="A notices")
+    wait_until(lambda: not a.leads(kube.namespace, "paused") or None, timeout=15,
+               message="A stopped its runtime")
+    # Whatever A's runtime did when it woke up (a run ending, a tick), the fenced store sent
+    # nothing: every Claim write since the pause came from B.
+    assert claim_writes(a) == writes_before
+    assert b.leads(kube.namespace, "paused")
+    first = rig.runs()[0]
+    wait_until(
+        lambda: (lambda r: r if len(r) >= 2 else None)(rig.runs()), timeout=40,
+        message="B retries the interrupted run",
+    )
+    runs = rig.runs()
+    assert not first.ended
+    assert overlapping_runs(runs) == []
+    assert runs[1].attempt == 1

@@ -448,3 +448,31 @@ def test_lorenz_operator_refuses_bad_settings(capsys: pytest.CaptureFixture[str]
 
     assert main(["operator", "--retry-period-seconds", "9"]) == 2
     assert "invalid_operator_settings" in capsys.readouterr().err
+
+
+def test_docs_list_every_operator_flag_and_error_code() -> None:
+    from lorenz.kube import errors
+    from lorenz.kube.settings import flag_name
+
+    text = (REPO / "docs" / "operator.md").read_text()
+    for field in OperatorSettings.model_fields:
+        assert f"`{flag_name(field)}" in text, field
+    codes = {
+        cls.code
+        for cls in vars(errors).values()
+        if isinstance(cls, type) and issubclass(cls, errors.LorenzError) and cls.__module__
+        == errors.__name__
+    }
+    for code in codes - {"operator_error"}:
+        assert f"`{code}`" in text, code
+
+
+def test_a_lost_lease_is_a_coded_leadership_error() -> None:
+    from lorenz.kube.errors import LeaseLost
+    from lorenz.leadership import LeadershipLost
+
+    lost = LeaseLost(lease="ns/lorenz-wf-x", holder="b", since_renew_s=2.5)
+    assert isinstance(lost, LeadershipLost)
+    assert lost.code == "leadership_lost"
+    assert "held by b" in str(lost)
+    assert "2.5 s ago" in str(lost)

@@ -44,7 +44,7 @@ from lorenz.agents.environment import TRACKER_SECRET_ENV
 from lorenz.kube import resources
 from lorenz.kube.claims import ClaimResourceStore
 from lorenz.kube.clients import KubeApi, claims_path, workflows_path
-from lorenz.kube.errors import KubeApiError
+from lorenz.kube.errors import KubeApiError, LeaseLost
 from lorenz.kube.leases import KubernetesLeaseProvider
 from lorenz.kube.posting import EventKind, EventPoster, Post, kopf_post
 from lorenz.kube.settings import OperatorSettings
@@ -65,7 +65,6 @@ from lorenz.kube.statuses import (
     reason_from_code,
     status_from_snapshot,
 )
-from lorenz.leadership import LeadershipLost
 from lorenz.model import EventType, LorenzError, SlotKey, SystemClock
 from lorenz.orchestrator import Orchestrator
 from lorenz.runtime import LorenzRuntime
@@ -450,7 +449,11 @@ class WorkflowController:
 
     async def _prove_leadership(self) -> None:
         if not self.lease.holds_lease():
-            raise LeadershipLost(path=Path(self.lease.name), holder=self.lease.holder)
+            raise LeaseLost(
+                lease=f"{self.ref.namespace}/{self.lease.name}",
+                holder=self.lease.holder if self.lease.holder != self.lease.identity else None,
+                since_renew_s=self.lease.since_renewal(),
+            )
 
     # -- spec changes ----------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lorenz.leadership import DaemonAlreadyRunning, LeaseRecord
+from lorenz.leadership import DaemonAlreadyRunning, LeadershipLost, LeaseRecord
 from lorenz.model import LorenzError
 
 
@@ -122,6 +122,22 @@ class LeaseHeldElsewhere(DaemonAlreadyRunning, OperatorError):
         self.record = record
         self.pid = None
         self.endpoint = record.endpoint if record is not None else None
+
+
+class LeaseLost(LeadershipLost):
+    """This replica can no longer prove it holds the Workflow's Lease (renewals failed for the
+    renew deadline, or another replica holds it): it stops that Workflow's runtime."""
+
+    def __init__(self, *, lease: str, holder: str | None, since_renew_s: float) -> None:
+        LeadershipLost.__init__(self, path=None, holder=holder)
+        who = f"held by {holder}" if holder else "not renewed"
+        LorenzError.__init__(
+            self,
+            f"this replica's Lease {lease} is no longer provably its own ({who}; last renewal "
+            f"{since_renew_s:.1f} s ago): it stops the Workflow's runtime and a follower takes "
+            "over; check the API server connection if this repeats",
+        )
+        self.lease = lease
 
 
 class InvalidOperatorSettings(OperatorError):

@@ -183,6 +183,10 @@ class KubernetesLeaseProvider:
         duration = int((self._cached.get("spec") or {}).get("leaseDurationSeconds") or 0)
         return self._observed_at + duration - self._monotonic()
 
+    def since_renewal(self) -> float:
+        """Seconds since our last successful write was sent (infinite if there was none)."""
+        return self._monotonic() - self._last_renew_ok
+
     def holds_lease(self) -> bool:
         """Whether we may act as leader *now*: we hold it and renewed within the renew deadline.
 
