@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from lorenz.kube.clients import KubeApi, leases_path
+from lorenz.kube.clients import KubeApi, leases_path, workflows_path
 from lorenz.kube.errors import InvalidOperatorSettings, LeaseHeldElsewhere
 from lorenz.kube.leases import KubernetesLeaseProvider, LeaseTiming, micro_time
 from lorenz.kube.resources import WorkflowRef
@@ -173,10 +173,19 @@ async def test_racing_candidates_elect_exactly_one(
 
 
 async def test_the_lease_names_its_workflow_as_owner_once_the_uid_is_known(
-    kube_api: KubeApi, kube_namespace: str
+    kube_api: KubeApi, kube_namespace: str, lorenz_crds: list[str]
 ) -> None:
-    uid = "0b4b5d2e-1111-2222-3333-444455556666"
-    ref = WorkflowRef(namespace=kube_namespace, name="owned", uid=uid)
+    # NB: a real Workflow: with a made-up uid the garbage collector deletes the Lease at once.
+    created = await kube_api.create(
+        workflows_path(kube_namespace),
+        {
+            "apiVersion": "lorenz.dev/v1alpha1",
+            "kind": "Workflow",
+            "metadata": {"name": "owned"},
+            "spec": {"tracker": {"kind": "memory"}},
+        },
+    )
+    ref = WorkflowRef(namespace=kube_namespace, name="owned", uid=created["metadata"]["uid"])
     a = KubernetesLeaseProvider(api=kube_api, workflow=ref, identity="a", timing=TIMING)
     await a.acquire()
     lease = await kube_api.get(leases_path(kube_namespace, "lorenz-wf-owned"))

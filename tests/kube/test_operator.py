@@ -69,14 +69,18 @@ def test_a_workflow_runs_to_completion(
     (run,) = rig.runs()
     assert run.ended
 
-    workflow = kube.get("workflow", "demo")
+    # The status follows within a status interval.
+    workflow = wait_until(
+        lambda: (w := kube.get("workflow", "demo"))["status"]["lanes"]["running"] == 0 and w,
+        timeout=15, message="the status shows the run ended",
+    )
     status = workflow["status"]
+    assert status["lanes"] == {"running": 0, "reserving": 0, "retrying": 0, "blocked": 0}
     assert status["observedGeneration"] == workflow["metadata"]["generation"]
     assert condition(workflow, "Ready")["status"] == "True"  # type: ignore[index]
     assert condition(workflow, "Leading")["status"] == "True"  # type: ignore[index]
     assert condition(workflow, "Degraded")["status"] == "False"  # type: ignore[index]
     assert status["leader"]["identity"] == "solo"
-    assert status["lanes"] == {"running": 0, "reserving": 0, "retrying": 0, "blocked": 0}
     assert status["usage"]["secondsRunning"] >= 2.0
     assert status["checkpoint"]["usage_totals"]["seconds_running"] >= 2.0
     assert "lorenz.dev/cleanup" in workflow["metadata"]["finalizers"]
