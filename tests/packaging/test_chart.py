@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import tarfile
 import tomllib
 from pathlib import Path
 from types import ModuleType
@@ -84,8 +85,17 @@ def test_chart_crds_are_copies_of_the_repository_crds() -> None:
         assert (CHART / "crds" / name).read_bytes() == (REPO / "crds" / name).read_bytes()
 
 
-def test_helmignore_keeps_the_generator_out_of_the_package() -> None:
-    assert "generate.py" in (CHART / ".helmignore").read_text().split()
+def test_packaged_chart_has_the_crds_and_not_the_generator(tmp_path: Path) -> None:
+    helm("package", str(CHART), "--destination", str(tmp_path))
+    (archive,) = tmp_path.glob("lorenz-*.tgz")
+    assert archive.name == f"lorenz-{lorenz.__version__}.tgz"
+    with tarfile.open(archive) as bundle:
+        names = set(bundle.getnames())
+    assert "lorenz/generate.py" not in names
+    assert not [name for name in names if "__pycache__" in name]
+    for path in (REPO / "crds").glob("*.yaml"):
+        assert f"lorenz/crds/{path.name}" in names
+    assert {"lorenz/values.schema.json", "lorenz/templates/NOTES.txt"} <= names
 
 
 # --- lint -------------------------------------------------------------------------------------
