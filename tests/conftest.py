@@ -10,8 +10,15 @@ import pytest
 # operator tests) can use them. A test that asks for them without the plugin fails loudly with
 # "fixture not found", so loading it conditionally cannot hide a broken harness.
 pytest_plugins = (
-    ("tests.cluster.fixtures",) if importlib.util.find_spec("tests.cluster.fixtures") else ()
+    "tests.fakes",
+    *(("tests.cluster.fixtures",) if importlib.util.find_spec("tests.cluster.fixtures") else ()),
 )
+"""``tests.fakes`` holds the fake-tracker fixtures (``linear_server``, ``github_server``).
+
+NB: registered once, here: importing the same fixture functions into two folder conftests makes
+pytest bind them to whichever folder registered them first, so the other folder's tests report
+"fixture not found" in a full run.
+"""
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

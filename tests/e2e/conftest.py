@@ -2,6 +2,4 @@
 
 from __future__ import annotations
 
-from tests.fakes import github_server, linear_server
-
-__all__ = ["github_server", "linear_server"]
+# The fake-tracker fixtures come from the `tests.fakes` plugin (see tests/conftest.py).

@@ -1,5 +1,3 @@
 """The tracker tests run against the local fakes of Linear and GitHub."""
 
-from tests.fakes import github_server, linear_server
-
-__all__ = ["github_server", "linear_server"]
+# The fake-tracker fixtures come from the `tests.fakes` plugin (see tests/conftest.py).
