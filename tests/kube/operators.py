@@ -62,7 +62,10 @@ AGENT = textwrap.dedent(
     issue = pathlib.Path(env["LORENZ_TRACKER_PATH"], env["LORENZ_ISSUE_IDENTIFIER"] + ".md")
     text = issue.read_text()
     tmp = issue.with_name("." + issue.name + ".tmp")
-    tmp.write_text(re.sub(r"(?m)^state: .*$", "state: Done", text, count=1))
+    # NB: the state and who completed it change in one atomic rename, so "which run completed
+    # the issue" never depends on whether the agent lived long enough to log it.
+    done = f"state: Done\\ndone_by: {os.getpid()}"
+    tmp.write_text(re.sub(r"(?m)^state: .*$", done, text, count=1))
     os.replace(tmp, issue)
     note("end")
     """
@@ -78,6 +81,13 @@ def write_issue(folder: Path, identifier: str, *, state: str = "Todo") -> Path:
         encoding="utf-8",
     )
     return path
+
+
+def completed_by(folder: Path, identifier: str) -> int | None:
+    """The pid of the agent run that moved the issue to Done (``None`` if none did)."""
+    text = (folder / f"{identifier}.md").read_text(encoding="utf-8")
+    match = re.search(r"(?m)^done_by: (\d+)$", text)
+    return int(match.group(1)) if match else None
 
 
 def issue_state(folder: Path, identifier: str) -> str:

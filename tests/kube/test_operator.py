@@ -14,7 +14,14 @@ from typing import Any
 import pytest
 
 from tests.cluster.cluster import wait_until
-from tests.kube.operators import Kube, OperatorProcess, Rig, issue_state, write_issue
+from tests.kube.operators import (
+    Kube,
+    OperatorProcess,
+    Rig,
+    completed_by,
+    issue_state,
+    write_issue,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -67,7 +74,7 @@ def test_a_workflow_runs_to_completion(
     wait_until(lambda: kube.items("claims") == [], timeout=30, message="the Claim is released")
     assert issue_state(rig.issues, "TASK-1") == "Done"
     (run,) = rig.runs()
-    assert run.ended
+    assert completed_by(rig.issues, "TASK-1") == run.pid
 
     # The status follows within a status interval.
     workflow = wait_until(

@@ -75,6 +75,8 @@ from lorenz.workspaces import WorkspaceManager
 logger = logging.getLogger("lorenz.kube.controllers")
 
 MAX_PATCH_RETRIES = 5
+TRANSIENT_RETRIES = 3
+"""Retries (one retry period apart) of a spec rebuild whose API read failed transiently."""
 STATUS_SETTLE_S = 0.05
 """How long a burst of snapshots may settle before the status is computed and patched."""
 
@@ -460,14 +462,29 @@ class WorkflowController:
     async def _rebuild_candidate(self, *, refresh: bool) -> None:
         body = self._body
         generation = generation_of(body)
-        try:
-            loaded = await load_workflow_object(body, api=self._api, workflow_dir=self.workflow_dir)
-        except Exception as exc:
-            self._candidate = exc
-            self._candidate_stamp = failed_stamp(body, exc)
+        outcome: LoadedWorkflow | BaseException
+        for attempt in range(TRANSIENT_RETRIES + 1):
+            try:
+                outcome = await load_workflow_object(
+                    body, api=self._api, workflow_dir=self.workflow_dir
+                )
+                break
+            except KubeApiError as exc:
+                outcome = exc
+                if not _transient(exc) or attempt == TRANSIENT_RETRIES:
+                    break
+                await asyncio.sleep(self._settings.retry_period_seconds)
+            except Exception as exc:
+                outcome = exc
+                break
+        if generation < self._candidate_generation:
+            return  # NB: a newer spec was built meanwhile; never go back to an older one
+        if isinstance(outcome, LoadedWorkflow):
+            self._candidate = outcome
+            self._candidate_stamp = outcome.stamp
         else:
-            self._candidate = loaded
-            self._candidate_stamp = loaded.stamp
+            self._candidate = outcome
+            self._candidate_stamp = failed_stamp(body, outcome)
         self._candidate_generation = generation
         runtime = self.runtime
         if runtime is not None:
@@ -730,6 +747,10 @@ class WorkflowController:
     ) -> None:
         waits = [lost.wait(), self._deleting.wait(), self._stop.wait(), *(e.wait() for e in events)]
         await _first(*waits, seconds=seconds)
+
+
+def _transient(exc: KubeApiError) -> bool:
+    return exc.status == 0 or exc.status == 429 or exc.status >= 500
 
 
 def _conditions_of(body: Mapping[str, Any]) -> list[Condition]:
