@@ -689,30 +689,15 @@ class LorenzRuntime:
         try:
             slot = await self._pool.acquire(key=run.key, timeout_ms=timeout_ms)
         except asyncio.CancelledError:
-            await self._orchestrator.cancel_reservation(reservation)
-            self._runs.discard(run)
+            await self._give_back(run, reservation, reason=None)
             return
         except Exception as exc:
-            await self._orchestrator.cancel_reservation(reservation)
-            self._runs.discard(run)
-            self._event(
-                EventType.DISPATCH_SKIPPED,
-                issue=reservation.issue,
-                slot=reservation.slot_index,
-                message=f"worker_pool_acquire_error {_describe(exc)}",
-                reason="worker_pool_acquire_error",
-            )
+            await self._give_back(run, reservation, reason="worker_pool_acquire_error",
+                                  message=f"worker_pool_acquire_error {_describe(exc)}")
             return
         if slot is None:
-            await self._orchestrator.cancel_reservation(reservation)
-            self._runs.discard(run)
-            self._event(
-                EventType.DISPATCH_SKIPPED,
-                issue=reservation.issue,
-                slot=reservation.slot_index,
-                message="skipped: worker_host_capacity",
-                reason="worker_host_capacity",
-            )
+            await self._give_back(run, reservation, reason="worker_host_capacity",
+                                  message="skipped: worker_host_capacity")
             return
         entry = await self._orchestrator.bind_reservation(reservation, host=slot.host)
         if entry is None or not run.is_active:
@@ -728,6 +713,15 @@ class LorenzRuntime:
             message="run started",
         )
         await self._run_slot(run, key=run.key, worker_slot=slot)
+
+    async def _give_back(self, run: ActiveRun, reservation: Any, *, reason: str | None,
+                         message: str | None = None) -> None:
+        """No host for a reservation: cancel it (no backoff, retry restored) and say why."""
+        await self._orchestrator.cancel_reservation(reservation)
+        self._runs.discard(run)
+        if reason is not None:
+            self._event(EventType.DISPATCH_SKIPPED, issue=reservation.issue,
+                        slot=reservation.slot_index, message=message, reason=reason)
 
     async def _run_slot(
         self, run: ActiveRun, *, key: SlotKey, worker_slot: WorkerSlot | None = None
