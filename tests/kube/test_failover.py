@@ -100,10 +100,11 @@ def test_kill_9_failovers_resume_from_claims_and_never_run_a_slot_twice(
     identities = iter(f"fo-{i}" for i in range(100))
     live = [operators(next(identities), namespaces=(kube.namespace,), lease=LEASE)
             for _ in range(2)]
-    issues = [f"TASK-{i}" for i in range(6)]
+    # Enough work that every kill lands on a leader with runs in flight.
+    issues = [f"TASK-{i}" for i in range(3 * failovers)]
     for identifier in issues:
         write_issue(rig.issues, identifier)
-    kube.apply(rig.workflow("failover", seconds=1.5, max_backoff_ms=10000, concurrency=3))
+    kube.apply(rig.workflow("failover", seconds=3.0, max_backoff_ms=10000, concurrency=3))
 
     times: list[float] = []
     for _ in range(failovers):
@@ -122,7 +123,7 @@ def test_kill_9_failovers_resume_from_claims_and_never_run_a_slot_twice(
 
     wait_until(
         lambda: all(issue_state(rig.issues, i) == "Done" for i in issues) or None,
-        timeout=120, interval=0.5, message="every issue done after the failovers",
+        timeout=240, interval=0.5, message="every issue done after the failovers",
     )
     wait_until(lambda: kube.items("claims") == [] or None, timeout=30, message="Claims released")
     runs = rig.runs()
@@ -134,7 +135,9 @@ def test_kill_9_failovers_resume_from_claims_and_never_run_a_slot_twice(
         (completing,) = [r for r in of_slot if r.pid == completed_by(rig.issues, identifier)]
         assert all(r.started <= completing.started for r in of_slot), of_slot
     # Interrupted runs were resumed from their Claims as failure retries.
-    assert any(r.attempt >= 1 for r in runs)
+    interrupted = [r for r in runs if r.pid != completed_by(rig.issues, r.slot.split("#")[0])]
+    assert len(interrupted) >= failovers // 2, (len(interrupted), failovers)
+    assert sum(r.attempt >= 1 for r in runs) >= len(interrupted)
     for run in runs:
         with pytest.raises(ProcessLookupError):
             os.kill(run.pid, 0)
@@ -146,7 +149,8 @@ def test_kill_9_failovers_resume_from_claims_and_never_run_a_slot_twice(
     print(
         f"\nfailover after kill -9 ({len(times)}x, lease {duration} s, retry {period} s): "
         f"min {min(times):.2f} s, median {statistics.median(times):.2f} s, "
-        f"max {max(times):.2f} s; runs {len(runs)}, retried {sum(r.attempt >= 1 for r in runs)}"
+        f"max {max(times):.2f} s; {len(issues)} issues, {len(runs)} runs, "
+        f"{len(interrupted)} interrupted and retried"
     )
 
 
