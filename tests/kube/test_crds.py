@@ -81,8 +81,6 @@ def test_lorenz_crds_check_reports_a_stale_file(tmp_path: Any) -> None:
     assert main(["crds", "--check", str(tmp_path)]) == 1
 
 
-pytestmark_cluster = pytest.mark.cluster
-
 
 @pytest.mark.cluster
 def test_a_valid_workflow_is_accepted_and_keeps_only_what_was_written(
