@@ -267,8 +267,17 @@ class WorkflowController:
             f"transitions {record.transitions if record else 0})",
         )
         self._dirty()
+
+        async def halt_renewer() -> None:
+            # NB: the renewer must be stopped before any release: a renewal racing the release
+            # re-acquires the just-released Lease, and then nobody ever releases it again.
+            stop_renewing.set()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await renewer
+
         try:
             if self._deleting.is_set():
+                await halt_renewer()
                 await self._cleanup_deleted()
                 return
             await self._ensure_finalizer()
@@ -293,9 +302,11 @@ class WorkflowController:
                 )
             elif self._deleting.is_set():
                 await self._stop_runtime()
+                await halt_renewer()
                 await self._cleanup_deleted()
             else:
                 await self._stop_runtime()
+                await halt_renewer()
                 await self._release()
         finally:
             stop_renewing.set()
