@@ -17,6 +17,7 @@ store's operations are serialized in the order they were awaited.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import concurrent.futures
 import contextlib
@@ -304,7 +305,7 @@ def _rollback_quietly(conn: DbConnection) -> None:
         conn.execute("ROLLBACK")
 
 
-class SqlClaimStore:
+class SqlClaimStore(abc.ABC):
     """A :class:`~lorenz.model.ClaimStore` in one SQLite-compatible file, shared by processes.
 
     Build it with ``await <Backend>.open(path, owner=...)``; the constructor does no I/O.
@@ -349,8 +350,9 @@ class SqlClaimStore:
     # -- construction --------------------------------------------------------------------
 
     @classmethod
+    @abc.abstractmethod
     def _make_driver(cls) -> SqlDriver:
-        raise NotImplementedError
+        """The DB-API driver of this backend (each backend module overrides it)."""
 
     @classmethod
     async def open(
