@@ -51,7 +51,11 @@ def main() -> None:
                 code = 99
             sys.stdout.flush()
             sys.stderr.flush()
-            (out / f"{index}.rc").write_text(f"{os.getpid()} {code}\n")
+            # NB: written then renamed: the test globs *.rc while racers are still exiting,
+            # and must never read a file that exists but is still empty.
+            partial = out / f"{index}.rc.partial"
+            partial.write_text(f"{os.getpid()} {code}\n")
+            os.replace(partial, out / f"{index}.rc")
             os._exit(code)
         pids.append(pid)
     os.close(ready_w)
