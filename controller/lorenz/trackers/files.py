@@ -519,11 +519,9 @@ _PLAIN_SCALAR = re.compile(r"[A-Za-z0-9][A-Za-z0-9 _./()-]*")
 def yaml_scalar(value: str) -> str:
     """``value`` as a YAML scalar: plain when that reads back as the same string, else quoted."""
     if _PLAIN_SCALAR.fullmatch(value) and not value.endswith(" "):
-        try:
+        with contextlib.suppress(yaml.YAMLError):
             if load_front_matter_yaml(value) == value:
                 return value
-        except yaml.YAMLError:
-            pass
     return json.dumps(value, ensure_ascii=False)  # a JSON string is a YAML double-quoted scalar
 
 

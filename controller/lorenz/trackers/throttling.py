@@ -13,6 +13,7 @@ reading the hint the server gave, and refusing to wait longer than the policy al
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import email.utils
 import time
@@ -84,10 +85,8 @@ def parse_retry_after(value: str | None, *, now: float) -> float | None:
     if value is None:
         return None
     text = value.strip()
-    try:
+    with contextlib.suppress(ValueError):  # not delta seconds: try an HTTP date
         return max(0.0, float(text))
-    except ValueError:
-        pass
     try:
         moment = email.utils.parsedate_to_datetime(text)
     except (TypeError, ValueError):

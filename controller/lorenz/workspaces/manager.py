@@ -686,7 +686,7 @@ class WorkspaceManager:
             # path itself was checked to be a real directory under the root.
             await asyncio.to_thread(shutil.rmtree, path)
         except FileNotFoundError:
-            pass
+            return  # already gone: removing a missing workspace is not an error
         except OSError as exc:
             raise WorkspaceError(
                 f"cannot remove workspace {path} ({exc.strerror or exc}); "
