@@ -19,19 +19,19 @@ can accept more (``tokens=``), so an agent can write with credentials of its own
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
 import datetime
 import itertools
 import json
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import urlencode
 
 from aiohttp import web
+
+from tests.fakes.loopback import LoopbackFake
 
 DEFAULT_TOKEN = "ghp_fake0123456789abcdefABCDEF012345"
 DEFAULT_REPOSITORY = "octo-org/lorenz-fake"
@@ -92,8 +92,10 @@ class _Failure:
 FAILURE_KINDS = ("status", "secondary", "primary", "malformed", "not_json", "disconnect")
 
 
-class FakeGitHubServer:
+class FakeGitHubServer(LoopbackFake):
     """GitHub's Issues REST API over one seeded repository; see the module docstring."""
+
+    thread_name = "fake-github"
 
     def __init__(
         self,
@@ -121,8 +123,6 @@ class FakeGitHubServer:
         self._remaining = rate_limit
         self._reset_at = time.time() + 3600
         self._lock = threading.RLock()
-        self._runner: web.AppRunner | None = None
-        self._port: int | None = None
 
     # -- seeding and moving things ------------------------------------------------------------
 
@@ -243,8 +243,7 @@ class FakeGitHubServer:
             raise RuntimeError("the fake GitHub server is not running")
         return f"http://127.0.0.1:{self._port}"
 
-    async def start(self) -> FakeGitHubServer:
-        app = web.Application()
+    def _add_routes(self, app: web.Application) -> None:
         app.router.add_get("/user", self._user)
         app.router.add_get("/repos/{owner}/{repo}/issues", self._list)
         app.router.add_get("/repos/{owner}/{repo}/issues/{number}", self._single)
@@ -257,46 +256,6 @@ class FakeGitHubServer:
         app.router.add_put(labels, self._set_labels)
         app.router.add_delete(labels, self._clear_labels)
         app.router.add_delete(labels + "/{name}", self._remove_label)
-        self._runner = web.AppRunner(app, access_log=None, middlewares=[])
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self._port = int(self._runner.addresses[0][1])
-        return self
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    async def __aenter__(self) -> FakeGitHubServer:
-        return await self.start()
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.stop()
-
-    @contextlib.contextmanager
-    def running_in_thread(self) -> Iterator[FakeGitHubServer]:
-        """Serve from a background thread with its own event loop (for synchronous callers)."""
-        loop = asyncio.new_event_loop()
-        started = threading.Event()
-
-        def serve() -> None:
-            asyncio.set_event_loop(loop)
-            loop.run_until_complete(self.start())
-            started.set()
-            loop.run_forever()
-            loop.run_until_complete(self.stop())
-            loop.close()
-
-        thread = threading.Thread(target=serve, name="fake-github", daemon=True)
-        thread.start()
-        started.wait(timeout=30)
-        try:
-            yield self
-        finally:
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(timeout=30)
 
     # -- handlers -----------------------------------------------------------------------------
 

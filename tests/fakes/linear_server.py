@@ -21,7 +21,6 @@ tests that drive a subprocess); both give :attr:`FakeLinearServer.url`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import datetime
 import functools
@@ -30,12 +29,14 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import graphql
 from aiohttp import web
+
+from tests.fakes.loopback import LoopbackFake
 
 SCHEMA_PATH = Path(__file__).with_name("linear_schema.graphql")
 SDK_VERSION = "98.0.0"
@@ -189,8 +190,10 @@ class _Failure:
 FAILURE_KINDS = ("status", "graphql_errors", "ratelimited", "malformed", "not_json", "disconnect")
 
 
-class FakeLinearServer:
+class FakeLinearServer(LoopbackFake):
     """Linear's GraphQL endpoint over seeded data; see the module docstring."""
+
+    thread_name = "fake-linear"
 
     def __init__(
         self,
@@ -221,8 +224,6 @@ class FakeLinearServer:
         self.request_limit = request_limit
         self._requests_remaining = request_limit
         self._requests_reset_at = time.time() + 3600.0
-        self._runner: web.AppRunner | None = None
-        self._port: int | None = None
         self._thread: threading.Thread | None = None
         self._thread_loop: asyncio.AbstractEventLoop | None = None
         self.add_team(team_key)
@@ -444,49 +445,8 @@ class FakeLinearServer:
             raise RuntimeError("the fake Linear server is not running")
         return f"http://127.0.0.1:{self._port}/graphql"
 
-    async def start(self) -> FakeLinearServer:
-        app = web.Application()
+    def _add_routes(self, app: web.Application) -> None:
         app.router.add_post("/graphql", self._handle)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self._port = int(self._runner.addresses[0][1])
-        return self
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    async def __aenter__(self) -> FakeLinearServer:
-        return await self.start()
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.stop()
-
-    @contextlib.contextmanager
-    def running_in_thread(self) -> Iterator[FakeLinearServer]:
-        """Serve from a background thread with its own event loop (for synchronous callers)."""
-        loop = asyncio.new_event_loop()
-        started = threading.Event()
-
-        def serve() -> None:
-            asyncio.set_event_loop(loop)
-            loop.run_until_complete(self.start())
-            started.set()
-            loop.run_forever()
-            loop.run_until_complete(self.stop())
-            loop.close()
-
-        thread = threading.Thread(target=serve, name="fake-linear", daemon=True)
-        thread.start()
-        started.wait(timeout=30)
-        try:
-            yield self
-        finally:
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(timeout=30)
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         raw = await request.read()
