@@ -254,3 +254,32 @@ async def test_a_reloaded_tracker_key_is_scrubbed_from_then_on(tmp_path: Path) -
         await attachment.stop()
     assert "lin_api_NEW_KEY_5678" not in stream.getvalue()
     assert "sent ***" in stream.getvalue()
+
+
+async def test_a_json_escaped_token_in_a_tracker_error_is_scrubbed_from_events(
+    tmp_path: Path,
+) -> None:
+    # A token with a quote and a backslash: a tracker that echoes its request as JSON carries
+    # the escaped form (\" and \\), which a raw-value match never finds.
+    token = 'lin_api_"ESC\\APED"_77'
+    agent = write_agent(tmp_path, "noop", "pass\n")
+    workflow = write_workflow(
+        tmp_path,
+        agent_script=agent,
+        front_matter={
+            "tracker": {"kind": "memory", "api_key": token},
+            "polling": {"interval_ms": 60000},
+        },
+    )
+    rig = build_rig(workflow, issues=[])
+    body = json.dumps({"errors": [{"message": f"bad token {token}"}]})
+    rig.tracker.fail_next(
+        1, TrackerError(f"400 {body}", code="linear_api_status"), methods=["fetch_candidate_issues"]
+    )
+    with pytest.raises(TrackerError):
+        await rig.runtime.poll_once()
+    shown = json.dumps(rig.of_type("poll_error")) + json.dumps(rig.runtime.snapshot())
+    assert rig.of_type("poll_error"), rig.events
+    assert json.dumps(token)[1:-1] not in shown
+    assert token not in shown
+    assert REDACTED in shown

@@ -11,13 +11,9 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from types import MappingProxyType
 
-TRACKER_SECRET_ENV: tuple[str, ...] = (
-    "LINEAR_API_KEY",
-    "GITHUB_TOKEN",
-    "GH_TOKEN",
-    "LORENZ_TRACKER_API_KEY",
-)
-"""Variables that hold tracker credentials and are never passed to an agent."""
+from lorenz.secrets import TRACKER_SECRET_ENV, strip_secrets
+
+__all__ = ["TRACKER_SECRET_ENV", "agent_environment"]
 
 _NOTHING: Mapping[str, str] = MappingProxyType({})
 
@@ -32,12 +28,6 @@ def agent_environment(
     """``base`` overlaid with ``extra``, without any variable named or valued like a secret.
 
     ``base`` is usually ``os.environ``; ``extra`` holds ``agents.<kind>.env`` and the run's
-    ``LORENZ_*`` variables. Empty secret values are ignored (they would strip every empty
-    variable and protect nothing).
+    ``LORENZ_*`` variables. The rules are :func:`lorenz.secrets.strip_secrets`'.
     """
-    names = frozenset(secret_names)
-    values = frozenset(value for value in secret_values if value)
-    merged = {**base, **extra}
-    return {
-        name: value for name, value in merged.items() if name not in names and value not in values
-    }
+    return strip_secrets(base=base, extra=extra, names=secret_names, values=secret_values)

@@ -26,18 +26,16 @@ import logging
 import os
 import re
 import sys
-import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol, TextIO
 
-from lorenz.agents.environment import TRACKER_SECRET_ENV
 from lorenz.config import LogFormat, LoggingSettings, WorkflowSettings
 from lorenz.runtime import LorenzRuntime
+from lorenz.secrets import MIN_SECRET_CHARS, REDACTED, Redactor
+from lorenz.secrets import tracker_secrets as secret_values
 from lorenz.workflow import LoadedWorkflow
 
-REDACTED = "***"
-MIN_SECRET_CHARS = 4
-"""Shorter values are not treated as secrets: redacting them would mangle ordinary words."""
+__all__ = ["MIN_SECRET_CHARS", "REDACTED", "SecretRedactor", "tracker_secrets"]
 EXTRA_KEY = "lorenz"
 """The ``extra=`` key the runtime puts its structured fields under."""
 RUN_TASK_PREFIX = "lorenz-run:"
@@ -72,50 +70,36 @@ _RECORD_ATTRIBUTES = frozenset(
 
 
 class SecretRedactor(logging.Filter):
-    """Replaces known secret values with ``***`` in everything a record will print."""
+    """Replaces known secret values with ``***`` in everything a record will print.
+
+    The rules (which values, which escaped forms, nested fields) are
+    :class:`lorenz.secrets.Redactor`'s; this filter only applies them to a log record.
+    """
 
     def __init__(self, secrets: Iterable[str | None] = ()) -> None:
         super().__init__()
-        self._secrets: tuple[str, ...] = ()
-        self._lock = threading.Lock()
-        self.update(secrets)
+        self._redactor = Redactor(secrets)
 
     @property
     def secrets(self) -> tuple[str, ...]:
-        return self._secrets
+        return self._redactor.secrets
 
     def update(self, secrets: Iterable[str | None]) -> None:
         """Replace the set of secrets (e.g. after a reload changed ``tracker.api_key``)."""
-        values = {value for value in secrets if value and len(value) >= MIN_SECRET_CHARS}
-        # Variants a secret takes once it has been through JSON or repr() are scrubbed too.
-        for value in list(values):
-            values.add(json.dumps(value)[1:-1])
-            values.add(repr(value)[1:-1])
-        with self._lock:
-            # NB: longest first, so a secret that contains another is replaced whole.
-            self._secrets = tuple(sorted(values, key=len, reverse=True))
+        self._redactor.update(secrets)
 
     def add(self, secrets: Iterable[str | None]) -> None:
-        self.update([*self._secrets, *secrets])
+        self._redactor.add(secrets)
 
     def redact(self, text: str) -> str:
-        for secret in self._secrets:
-            if secret in text:
-                text = text.replace(secret, REDACTED)
-        return text
+        return self._redactor.redact(text)
 
     def redact_value(self, value: Any) -> Any:
         """``value`` with every string inside it redacted (dicts, lists and tuples walked)."""
-        if isinstance(value, str):
-            return self.redact(value)
-        if isinstance(value, Mapping):
-            return {key: self.redact_value(item) for key, item in value.items()}
-        if isinstance(value, list | tuple):
-            return [self.redact_value(item) for item in value]
-        return value
+        return self._redactor.redact_value(value)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not self._secrets:
+        if not self._redactor:
             return True
         try:
             message = record.getMessage()
@@ -137,9 +121,7 @@ class SecretRedactor(logging.Filter):
 
 def tracker_secrets(settings: WorkflowSettings, environ: Mapping[str, str]) -> list[str]:
     """The values never to log: ``tracker.api_key`` and the well-known token variables."""
-    values = [settings.tracker.api_key] if settings.tracker.api_key else []
-    values.extend(environ[name] for name in TRACKER_SECRET_ENV if environ.get(name))
-    return values
+    return secret_values(api_key=settings.tracker.api_key, environ=environ)
 
 
 # ------------------------------------------------------------------------------ run context

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from lorenz.agents import AgentRunError, AgentRunner, AgentRunRequest
-from lorenz.agents.environment import TRACKER_SECRET_ENV, agent_environment
+from lorenz.agents.environment import agent_environment
 from lorenz.config import AgentProtocol, TrackerKind, WorkflowSettings
 from lorenz.model import (
     AgentUpdate,
@@ -40,6 +40,7 @@ from lorenz.runtime.projection import Projection
 from lorenz.runtime.retry_timers import RetryTimers
 from lorenz.runtime.runs import AbortReason, ActiveRun, ActiveRuns
 from lorenz.runtime.tools import tracker_tools
+from lorenz.secrets import Redactor, tracker_secrets
 from lorenz.trackers import TrackerClient
 from lorenz.workflow import (
     LoadedWorkflow,
@@ -113,6 +114,9 @@ class LorenzRuntime:
         self._pool = pool
         self._clock = clock or SystemClock()
         self._base_env = dict(os.environ if base_env is None else base_env)
+        self._redactor = Redactor()
+        self._redactor_key: str | None = None
+        self._redactor.update(tracker_secrets(api_key=None, environ=self._base_env))
 
         self._runs = ActiveRuns()
         self._projection = Projection()
@@ -972,7 +976,7 @@ class LorenzRuntime:
         if message is not None:
             event["message"] = message
         event.update({k: v for k, v in fields.items() if v is not None})
-        event = {k: self._scrub(v) if isinstance(v, str) else v for k, v in event.items()}
+        event = self._current_redactor().redact_value(event)
         self._projection.record_event(event)
         self.stats[kind.value] = self.stats.get(kind.value, 0) + 1
         log_level = logging.WARNING if kind in _WARNING_EVENTS else logging.INFO
@@ -1003,12 +1007,15 @@ class LorenzRuntime:
         reach an error message; everything shown or written (events, the log file, snapshot
         errors, agent messages) passes through here first.
         """
-        secrets = [self.settings.tracker.api_key or ""]
-        secrets.extend(self._base_env.get(name, "") for name in TRACKER_SECRET_ENV)
-        for secret in sorted(secrets, key=len, reverse=True):
-            if len(secret) >= 4 and secret in text:
-                text = text.replace(secret, "***")
-        return text
+        return self._current_redactor().redact(text)
+
+    def _current_redactor(self) -> Redactor:
+        """The redactor for the current settings (rebuilt only when a reload changed the key)."""
+        api_key = self.settings.tracker.api_key
+        if self._redactor_key != api_key:
+            self._redactor.update(tracker_secrets(api_key=api_key, environ=self._base_env))
+            self._redactor_key = api_key
+        return self._redactor
 
     def _emit_snapshot(self) -> None:
         if not self._snapshot_listeners:

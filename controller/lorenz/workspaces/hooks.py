@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import BinaryIO, Literal
 
+from lorenz.secrets import strip_secrets
 from lorenz.workspaces.errors import HOOK_FAILED_PREFIX, WorkspaceHookError
 
 logger = logging.getLogger(__name__)
@@ -170,10 +171,6 @@ def hook_environment(
 ) -> dict[str, str]:
     """``base`` without tracker secrets (by name, or by a value equal to a secret), plus
     ``variables``."""
-    env = {
-        name: value
-        for name, value in base.items()
-        if name not in strip_names and value not in strip_values
-    }
+    env = strip_secrets(base=base, names=strip_names, values=strip_values)
     env.update(variables)
     return env

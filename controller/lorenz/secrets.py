@@ -1,0 +1,141 @@
+"""The one place that knows what a secret is and how to keep it out of output and processes.
+
+Agents run code chosen by a model and echo what they saw; trackers echo what they were sent. A
+tracker token can therefore reach an error message, an agent update, an event, a log line or a
+child process's environment by many roads. Every road goes through this module:
+
+* :class:`Redactor` replaces known secret values with ``***`` in text and in nested values
+  (mappings, lists, tuples), including the forms a value takes after ``json.dumps`` or
+  ``repr()`` (escaped quotes, backslashes, non-ASCII);
+* :func:`strip_secrets` builds a child environment without the well-known credential variables
+  and without any variable whose value equals a secret (however the user named it).
+
+It sits at the bottom of the layers so that the runtime, the daemon's log filter, the agent and
+hook launchers and the operator all apply the same rules.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Collection, Iterable, Mapping
+from types import MappingProxyType
+from typing import Any
+
+REDACTED = "***"
+"""What a secret value is replaced with."""
+
+MIN_SECRET_CHARS = 4
+"""Shorter values are not treated as secrets: redacting them would mangle ordinary words."""
+
+TRACKER_SECRET_ENV: tuple[str, ...] = (
+    "LINEAR_API_KEY",
+    "GITHUB_TOKEN",
+    "GH_TOKEN",
+    "LORENZ_TRACKER_API_KEY",
+)
+"""Variables that hold tracker credentials: never passed to an agent or a hook, always redacted."""
+
+_NOTHING: Mapping[str, str] = MappingProxyType({})
+
+
+def secret_variants(value: str) -> set[str]:
+    """``value`` and the forms it takes once it has been through JSON or ``repr()``.
+
+    NB: a JSON-encoded error body (``{"error": "bad token \\"abc\\""}``) carries the escaped form,
+    not the raw one; matching only the raw form would let such a body through.
+    """
+    return {
+        value,
+        json.dumps(value)[1:-1],
+        json.dumps(value, ensure_ascii=False)[1:-1],
+        repr(value)[1:-1],
+    }
+
+
+class Redactor:
+    """Replaces known secret values with ``***``; thread-safe, updatable after a reload."""
+
+    def __init__(self, secrets: Iterable[str | None] = ()) -> None:
+        self._lock = threading.Lock()
+        self._raw: tuple[str, ...] = ()
+        self._needles: tuple[str, ...] = ()
+        self.update(secrets)
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """The secret values themselves (without their escaped variants)."""
+        return self._raw
+
+    def update(self, secrets: Iterable[str | None]) -> None:
+        """Replace the set of secrets (e.g. after a reload changed ``tracker.api_key``)."""
+        raw = {value for value in secrets if value and len(value) >= MIN_SECRET_CHARS}
+        needles: set[str] = set()
+        for value in raw:
+            needles |= secret_variants(value)
+        with self._lock:
+            self._raw = tuple(sorted(raw))
+            # NB: longest first, so a secret that contains another is replaced whole.
+            self._needles = tuple(sorted(needles, key=len, reverse=True))
+
+    def add(self, secrets: Iterable[str | None]) -> None:
+        """Add secrets to the ones already known."""
+        self.update([*self._raw, *secrets])
+
+    def __bool__(self) -> bool:
+        return bool(self._needles)
+
+    def redact(self, text: str) -> str:
+        """``text`` with every known secret (in any of its variants) as ``***``."""
+        for needle in self._needles:
+            if needle in text:
+                text = text.replace(needle, REDACTED)
+        return text
+
+    def redact_value(self, value: Any) -> Any:
+        """``value`` with every string inside it redacted (mappings, lists and tuples walked).
+
+        Mapping keys are redacted too: a secret used as a key is as visible as a value.
+        """
+        if isinstance(value, str):
+            return self.redact(value)
+        if isinstance(value, Mapping):
+            return {
+                (self.redact(key) if isinstance(key, str) else key): self.redact_value(item)
+                for key, item in value.items()
+            }
+        if isinstance(value, list | tuple):
+            return [self.redact_value(item) for item in value]
+        return value
+
+
+def tracker_secrets(
+    *, api_key: str | None, environ: Mapping[str, str], names: Collection[str] = TRACKER_SECRET_ENV
+) -> list[str]:
+    """The values never to show: the resolved ``tracker.api_key`` and the well-known variables."""
+    values = [api_key] if api_key else []
+    values.extend(environ[name] for name in names if environ.get(name))
+    return values
+
+
+def strip_secrets(
+    *,
+    base: Mapping[str, str],
+    extra: Mapping[str, str] = _NOTHING,
+    names: Collection[str] = TRACKER_SECRET_ENV,
+    values: Collection[str] = (),
+) -> dict[str, str]:
+    """``base`` overlaid with ``extra``, without any variable named or valued like a secret.
+
+    Empty secret values are ignored (they would strip every empty variable and protect
+    nothing). ``extra`` is filtered too: a secret listed in ``agents.<kind>.env`` by mistake
+    does not reach the child either.
+    """
+    strip_names = frozenset(names)
+    strip_values = frozenset(value for value in values if value)
+    merged = {**base, **extra}
+    return {
+        name: value
+        for name, value in merged.items()
+        if name not in strip_names and value not in strip_values
+    }
