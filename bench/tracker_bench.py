@@ -1,0 +1,190 @@
+"""Tracker work per drained board: how many requests, candidate scans and loop CPU seconds.
+
+One host run (the single-host composition root, as ``lorenz WORKFLOW.md`` builds it) drains a
+board of 100 Todo issues from the fake Linear server with 10 slots. Each agent is a small
+``command`` script that does what a real coding agent does at the end of its work: it moves its
+own issue to Done over Linear's API, then goes on for a moment (a push, a comment) and exits 0.
+
+It prints what a user pays for that drain:
+
+* tracker requests Lorenz sent (the agents' own mutations are not counted), by operation;
+* candidate scans (full ``LorenzCandidates`` pages) and by-id reads;
+* CPU seconds of the event-loop thread (the orchestrator, the runtime and its HTTP client;
+  the fake server runs in its own thread and the agents in their own processes);
+* how each run ended: ``success`` or ``canceled`` (a run cut off after its issue went Done).
+
+Run: ``.venv/bin/python bench/tracker_bench.py [--issues 100] [--slots 10]``. Prints figures;
+asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import shlex
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import yaml
+from tests.fakes.linear_server import FakeLinearServer
+
+from lorenz.daemon.host import HostOptions, run_host
+from lorenz.runtime import LorenzRuntime
+
+AGENT = """\
+import json, os, sys, time, urllib.request
+sys.stdin.read()
+url, key_file, done_state, linger = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+key = open(key_file, encoding="utf-8").read().strip()
+body = json.dumps({
+    "operationName": "BenchAgentDone",
+    "query": "mutation BenchAgentDone($id: String!, $state: String!) "
+             "{ issueUpdate(id: $id, input: {stateId: $state}) { success } }",
+    "variables": {"id": os.environ["LORENZ_ISSUE_ID"], "state": done_state},
+}).encode()
+request = urllib.request.Request(url, data=body, method="POST",
+                                 headers={"Content-Type": "application/json",
+                                          "Authorization": key})
+urllib.request.urlopen(request, timeout=30).read()
+print("moved to Done; pushing", flush=True)
+time.sleep(linger)
+print("pushed", flush=True)
+"""
+
+AGENT_OPERATION = "BenchAgentDone"
+
+
+def write_workflow(tmp: Path, linear: FakeLinearServer, *, slots: int, linger_s: float,
+                   interval_ms: int) -> Path:
+    script = tmp / "bench_agent.py"
+    script.write_text(AGENT, encoding="utf-8")
+    key_file = tmp / "linear.key"
+    key_file.write_text(linear.api_key, encoding="utf-8")
+    done = next(s for s in linear._states.values() if s.name == "Done")
+    command = " ".join(shlex.quote(str(p)) for p in (
+        sys.executable, script, linear.url, key_file, done.id, linger_s))
+    config: dict[str, Any] = {
+        "tracker": {
+            "kind": "linear",
+            "endpoint": linear.url,
+            "api_key": "$LINEAR_API_KEY",
+            "project_slug": linear.project_slug,
+            "active_states": ["Todo", "In Progress"],
+            "terminal_states": ["Done", "Canceled", "Duplicate"],
+        },
+        "polling": {"interval_ms": interval_ms},
+        "workspace": {"root": str(tmp / "workspaces")},
+        "agent": {"kind": "bench", "max_turns": 1, "max_concurrent_agents": slots},
+        "agents": {"bench": {"protocol": "command", "command": command,
+                             "stall_timeout_ms": 60000, "turn_timeout_ms": 60000}},
+    }
+    path = tmp / "WORKFLOW.md"
+    path.write_text(f"---\n{yaml.safe_dump(config, sort_keys=False)}---\nWork on "
+                    "{{ issue.identifier }}\n", encoding="utf-8")
+    return path
+
+
+async def drain(tmp: Path, linear: FakeLinearServer, *, issues: int, slots: int,
+                linger_s: float, interval_ms: int, timeout_s: float) -> dict[str, Any]:
+    for n in range(issues):
+        linear.add_issue(f"ENG-{n + 1}", title=f"bench issue {n + 1}", state="Todo",
+                         priority=1 + n % 4)
+    workflow = write_workflow(tmp, linear, slots=slots, linger_s=linger_s,
+                              interval_ms=interval_ms)
+    home = tmp / "home"
+    home.mkdir()
+    environ = {"PATH": "/usr/bin:/bin", "HOME": str(home), "LANG": "C.UTF-8",
+               "LINEAR_API_KEY": linear.api_key}
+    events: list[dict[str, Any]] = []
+    holder: list[LorenzRuntime] = []
+
+    def all_done() -> bool:
+        return all(i.state_id == _done_id(linear) for i in linear._issues.values())
+
+    def listen(event: dict[str, Any]) -> None:
+        events.append(event)
+        runtime = holder[0]
+        if event["type"] in ("run_finished", "run_failed", "run_canceled", "run_reconciled",
+                             "workspace_cleanup", "poll_completed") and all_done():
+            snapshot = runtime.orchestrator.snapshot()
+            if not snapshot.running and not snapshot.reserving:
+                runtime.stop()
+
+    def ready(runtime: LorenzRuntime) -> None:
+        holder.append(runtime)
+        runtime.add_event_listener(listen)
+
+    options = HostOptions(workflow_path=str(workflow), tui=False, environ=environ)
+    cpu_started = time.thread_time()
+    wall_started = time.perf_counter()
+    try:
+        await asyncio.wait_for(run_host(options, ready=ready), timeout=timeout_s)
+    finally:
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(Exception):
+                loop.remove_signal_handler(signum)
+    return {
+        "cpu_s": time.thread_time() - cpu_started,
+        "wall_s": time.perf_counter() - wall_started,
+        "events": events,
+        "runtime": holder[0],
+    }
+
+
+_OUTCOMES = {"run_finished": "success", "run_failed": "failed", "run_canceled": "canceled",
+             "run_stalled": "stalled"}
+
+
+def _done_id(linear: FakeLinearServer) -> str:
+    return next(s.id for s in linear._states.values() if s.name == "Done")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--issues", type=int, default=100)
+    parser.add_argument("--slots", type=int, default=10)
+    parser.add_argument("--linger", type=float, default=0.3,
+                        help="seconds an agent keeps working after moving its issue to Done")
+    parser.add_argument("--interval-ms", type=int, default=5000)
+    parser.add_argument("--timeout", type=float, default=600.0)
+    args = parser.parse_args()
+    linear = FakeLinearServer(request_limit=1_000_000)
+    with linear.running_in_thread(), tempfile.TemporaryDirectory() as tmp_dir:
+        result = asyncio.run(drain(Path(tmp_dir), linear, issues=args.issues, slots=args.slots,
+                                   linger_s=args.linger, interval_ms=args.interval_ms,
+                                   timeout_s=args.timeout))
+        requests = [r for r in linear.requests if r.operation_name != AGENT_OPERATION]
+    by_operation = collections.Counter(r.operation_name or "?" for r in requests)
+    # A scan is one walk through the candidate pages: its first page has no cursor.
+    candidate_scans = sum(1 for r in requests if r.operation_name == "LorenzIssuesByStates"
+                          and not r.variables.get("after"))
+    events = result["events"]
+    outcomes = collections.Counter(_OUTCOMES[e["type"]] for e in events if e["type"] in _OUTCOMES)
+    continuation_retries = sum(
+        1 for e in events if e["type"] == "retry_scheduled" and e.get("retry_kind") ==
+        "continuation")
+    runs = sum(outcomes.values())
+    print(f"board: {args.issues} issues, {args.slots} slots, agent lingers {args.linger}s "
+          f"after moving its issue to Done, poll interval {args.interval_ms} ms")
+    print(f"drained in {result['wall_s']:.1f} s wall")
+    print(f"tracker requests        {len(requests):6d}   "
+          + ", ".join(f"{name}={count}" for name, count in sorted(by_operation.items())))
+    print(f"candidate scans         {candidate_scans:6d}")
+    print(f"loop thread CPU         {result['cpu_s']:8.2f} s")
+    print(f"runs                    {runs:6d}   "
+          + ", ".join(f"{name}={count}" for name, count in sorted(outcomes.items())))
+    print(f"runs canceled           {outcomes.get('canceled', 0):6d} of {runs}")
+    print(f"continuation retries    {continuation_retries:6d}   (retry_scheduled continuation)")
+
+
+if __name__ == "__main__":
+    main()
