@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Builds the test control plane's binaries from the Go module proxy, because no prebuilt release
+# Builds the test cluster's binaries from the Go module proxy, because no prebuilt release
 # binary can be downloaded here and there is no Docker for kind: kube-apiserver,
 # kube-controller-manager and kubectl from k8s.io/kubernetes, etcd from go.etcd.io/etcd/server/v3,
-# and the helm CLI. Pins live in tests/cluster/versions.env.
+# and the helm CLI (the control plane); kubelet and kube-scheduler from k8s.io/kubernetes,
+# containerd v2 with its runc shim and ctr, runc, the bridge/host-local/loopback CNI plugins and
+# a tiny sandbox ("pause") command (the test node, tests/cluster/node.py). Pins live in
+# tests/cluster/versions.env.
 #
 # Output: ${LORENZ_K8S_CACHE:-$HOME/.cache/lorenz/k8s}/<K8S_VERSION>/bin/, outside the checkout.
 # Each binary has a stamp (its pin plus a hash of its tools module); when every stamp matches,
@@ -32,28 +35,42 @@ if [ "${1:-}" = --print ]; then
 fi
 
 # name -> tools module directory; the order is the build order (etcd and the apiserver first:
-# they are what most cluster tests need).
-names=(etcd kube-apiserver kube-controller-manager kubectl helm)
+# they are what most cluster tests need; the node's binaries last).
+names=(etcd kube-apiserver kube-controller-manager kubectl helm
+  kube-scheduler kubelet containerd containerd-shim-runc-v2 ctr runc pause
+  bridge host-local loopback)
 module_of() {
   case "$1" in
     etcd) echo etcd ;;
     kube-apiserver | kube-controller-manager | kubectl) echo kube ;;
     helm) echo helm ;;
+    kube-scheduler | kubelet) echo kubenode ;;
+    containerd | containerd-shim-runc-v2 | ctr) echo containerd ;;
+    runc) echo runc ;;
+    pause) echo pause ;;
+    bridge | host-local | loopback) echo cni ;;
   esac
 }
 pin_of() {
   case "$(module_of "$1")" in
     etcd) echo "etcd=$ETCD_VERSION" ;;
-    kube) echo "kubernetes=$K8S_VERSION" ;;
+    kube | kubenode) echo "kubernetes=$K8S_VERSION" ;;
     helm) echo "helm=$HELM_VERSION" ;;
+    containerd) echo "containerd=$CONTAINERD_VERSION" ;;
+    runc) echo "runc=$RUNC_VERSION" ;;
+    pause) echo "pause=local" ;;
+    cni) echo "cni-plugins=$CNI_PLUGINS_VERSION" ;;
   esac
 }
-# What a binary's stamp must say: its pin and a hash of the sources that produce it.
+# What a binary's stamp must say: its pin and a hash of the sources that produce it (hashed once
+# per module and run: the fast path below must stay well under a second).
+declare -A module_hash=()
+for mod in $(for n in "${names[@]}"; do module_of "$n"; done | sort -u); do
+  module_hash[$mod]=$(cd "$here/tools/$mod" && find . -type f | LC_ALL=C sort | xargs cat |
+    sha256sum | cut -c1-16)
+done
 want_stamp() {
-  local mod
-  mod=$(module_of "$1")
-  printf '%s %s\n' "$(pin_of "$1")" \
-    "$(cd "$here/tools/$mod" && find . -type f | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16)"
+  printf '%s %s\n' "$(pin_of "$1")" "${module_hash[$(module_of "$1")]}"
 }
 is_fresh() {
   [ -x "$bin/$1" ] && [ -f "$stamps/$1" ] && [ "$(cat "$stamps/$1")" = "$(want_stamp "$1")" ]
@@ -82,8 +99,9 @@ export GOTOOLCHAIN=local GOFLAGS="-mod=mod -buildvcs=false" CGO_ENABLED=0
 log=$out/build.log
 work=$out/work
 times=$out/build-times.txt
-echo "tests/cluster/build.sh: building the test control plane ($K8S_VERSION, etcd $ETCD_VERSION," \
-  "helm $HELM_VERSION) into $bin; log: $log" >&2
+echo "tests/cluster/build.sh: building the test cluster ($K8S_VERSION, etcd $ETCD_VERSION," \
+  "helm $HELM_VERSION, containerd $CONTAINERD_VERSION, runc $RUNC_VERSION," \
+  "CNI plugins $CNI_PLUGINS_VERSION) into $bin; log: $log" >&2
 echo "== $(date -u +%FT%TZ) build.sh start: $("$go" version), $(nproc) cores" >>"$log"
 set -E
 trap '[ "$BASH_SUBSHELL" != 0 ] || {
@@ -100,12 +118,12 @@ scratch_copy() {
   echo "$dir"
 }
 
-# Generates the kube module: require k8s.io/kubernetes and one replace per staging module, the
+# Generates a Kubernetes tools module (kube, kubenode): require k8s.io/kubernetes and one replace per staging module, the
 # list taken from the tag's own go.mod (its `require ... v0.0.0` entries that it replaces with
 # ./staging/src/k8s.io/<name>), each pointed at the published v0.<minor>.<patch>.
-prepare_kube() {
-  local dir gomod staging n=0 name
-  dir=$(scratch_copy kube)
+prepare_kube() { # module
+  local mod=$1 dir gomod staging n=0 name
+  dir=$(scratch_copy "$mod")
   gomod=$("$go" mod download -json "k8s.io/kubernetes@$K8S_VERSION" |
     python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
   staging=$("$go" mod edit -json "$gomod" | python3 -c '
@@ -129,17 +147,45 @@ print("\n".join(sorted(zero)))
       "$go" mod edit -replace="$name=$name@v0.$ver"
       n=$((n + 1))
     done
-    echo "kube module: $n staging replaces => v0.$ver" >&2
+    echo "$mod module: $n staging replaces => v0.$ver" >&2
     "$go" mod tidy
   ) >>"$log" 2>&1
   echo "$dir"
 }
 
-prepare_tool() { # module, tool package, version
-  local dir
-  dir=$(scratch_copy "$1")
-  (cd "$dir" && "$go" get -tool "$2@$3" && "$go" mod tidy) >>"$log" 2>&1
+prepare_tool() { # module, version, tool package...
+  local dir mod=$1 version=$2 pkg
+  shift 2
+  dir=$(scratch_copy "$mod")
+  local args=()
+  for pkg in "$@"; do args+=("$pkg@$version"); done
+  (cd "$dir" && "$go" get -tool "${args[@]}" && "$go" mod tidy) >>"$log" 2>&1
   echo "$dir"
+}
+
+# One scratch module per tools module and build.sh run: the binaries of one module (the three
+# Kubernetes ones, containerd's three, the CNI plugins) share its generated go.mod and build cache.
+declare -A prepared=()
+prepared_dir() { # module; sets $dir (not printed: a subshell would lose the cache)
+  local mod=$1
+  if [ -z "${prepared[$mod]:-}" ]; then
+    case "$mod" in
+      kube | kubenode) prepared[$mod]=$(prepare_kube "$mod") ;;
+      containerd)
+        local c=github.com/containerd/containerd/v2/cmd
+        prepared[$mod]=$(prepare_tool containerd "$CONTAINERD_VERSION" \
+          "$c/containerd" "$c/containerd-shim-runc-v2" "$c/ctr")
+        ;;
+      runc) prepared[$mod]=$(prepare_tool runc "$RUNC_VERSION" github.com/opencontainers/runc) ;;
+      cni)
+        local p=github.com/containernetworking/plugins/plugins
+        prepared[$mod]=$(prepare_tool cni "$CNI_PLUGINS_VERSION" \
+          "$p/main/bridge" "$p/ipam/host-local" "$p/main/loopback")
+        ;;
+      pause) prepared[$mod]=$(scratch_copy pause) ;;
+    esac
+  fi
+  dir=${prepared[$mod]}
 }
 
 kube_ldflags() {
@@ -159,33 +205,57 @@ kube_ldflags() {
 }
 
 build_one() { # name
-  local name=$1 mod dir target ldflags start end
+  local name=$1 mod dir target ldflags start end cgo=0 tags=
   mod=$(module_of "$name")
   start=$(date +%s.%N)
   echo "== $(date -u +%FT%TZ) $name ($(pin_of "$name"))" >>"$log"
+  ldflags="-s -w"
   case "$mod" in
-    kube)
-      dir=$kube_dir
+    kube | kubenode)
+      prepared_dir "$mod"
       target=./cmd/$name
       ldflags=$(kube_ldflags)
       ;;
     etcd)
-      dir=$(prepare_tool etcd go.etcd.io/etcd/server/v3 "$ETCD_VERSION")
+      dir=$(prepare_tool etcd "$ETCD_VERSION" go.etcd.io/etcd/server/v3)
       target=go.etcd.io/etcd/server/v3
-      ldflags="-s -w"
       ;;
     helm)
       local major=${HELM_VERSION%%.*}
       local helm_mod=helm.sh/helm
       [ "$major" = v2 ] || helm_mod="$helm_mod/$major"
-      dir=$(prepare_tool helm "$helm_mod/cmd/helm" "$HELM_VERSION")
+      dir=$(prepare_tool helm "$HELM_VERSION" "$helm_mod/cmd/helm")
       target=$helm_mod/cmd/helm
-      ldflags="-s -w -X $helm_mod/internal/version.version=$HELM_VERSION"
+      ldflags+=" -X $helm_mod/internal/version.version=$HELM_VERSION"
       ldflags+=" -X $helm_mod/internal/version.gitTreeState=clean"
       ;;
+    containerd)
+      prepared_dir containerd
+      target=github.com/containerd/containerd/v2/cmd/$name
+      ;;
+    runc)
+      # NB: runc needs cgo and the seccomp build tag (libseccomp-dev): without seccomp every
+      # container the kubelet asks for fails with "seccomp not supported".
+      prepared_dir runc
+      target=github.com/opencontainers/runc
+      cgo=1
+      tags=seccomp
+      ldflags+=" -X main.version=${RUNC_VERSION#v}"
+      ;;
+    pause)
+      prepared_dir pause
+      target=.
+      ;;
+    cni)
+      prepared_dir cni
+      case "$name" in
+        host-local) target=github.com/containernetworking/plugins/plugins/ipam/$name ;;
+        *) target=github.com/containernetworking/plugins/plugins/main/$name ;;
+      esac
+      ;;
   esac
-  (cd "$dir" && "$go" build -trimpath -ldflags="$ldflags" -o "$bin/.$name.tmp" "$target") \
-    >>"$log" 2>&1
+  (cd "$dir" && CGO_ENABLED=$cgo "$go" build -trimpath -tags="$tags" -ldflags="$ldflags" \
+    -o "$bin/.$name.tmp" "$target") >>"$log" 2>&1
   mv -f "$bin/.$name.tmp" "$bin/$name"
   want_stamp "$name" >"$stamps/$name"
   end=$(date +%s.%N)
@@ -196,13 +266,8 @@ build_one() { # name
 }
 
 total_start=$(date +%s)
-kube_dir=
 for n in "${names[@]}"; do
   if is_fresh "$n"; then continue; fi
-  if [ "$(module_of "$n")" = kube ] && [ -z "$kube_dir" ]; then
-    # The three Kubernetes binaries share one generated module (and its build cache).
-    kube_dir=$(prepare_kube)
-  fi
   build_one "$n"
 done
 echo "tests/cluster/build.sh: done in $(($(date +%s) - total_start))s; binaries in $bin" \
