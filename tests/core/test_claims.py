@@ -75,7 +75,7 @@ async def test_per_state_cap_counts_the_current_issue_state() -> None:
     await start(orchestrator, todo1)
     assert await orchestrator.claim(todo2) == Skipped(SkipReason.STATE_CAPACITY)
     await start(orchestrator, doing)
-    # T4.04: a refresh moves the running entry to its new state, and with it the count.
+    # A refresh moves the running entry to its new state, and with it the count.
     await orchestrator.refresh_running_issue(issue(1, priority=1, state="In Progress"))
     assert orchestrator.state.running[key(1)].issue.state == "In Progress"
     await start(orchestrator, todo2)
@@ -88,7 +88,7 @@ async def test_hosts_least_loaded_first_then_full_means_no_dispatch() -> None:
     c1, c2, c3 = await orchestrator.eligible_issues([issue(1), issue(2), issue(3)])
     assert (await start(orchestrator, c1)).entry.host == "a"
     assert (await start(orchestrator, c2)).entry.host == "b"
-    # ORC-22: all hosts full → no dispatch, never a local fallback
+    # All hosts full → no dispatch, never a local fallback
     assert await orchestrator.claim(c3) == Skipped(SkipReason.WORKER_HOST_CAPACITY)
     assert key(3) not in orchestrator.state.claimed
 

@@ -33,7 +33,7 @@ AGENT = settings(
 
 
 def test_state_limit_uses_its_normalized_entry_or_the_global_cap() -> None:
-    """T1.14: the per-state map normalizes state names."""
+    """The per-state map normalizes state names."""
     assert state_limit("in progress", agent=AGENT) == 1
     assert state_limit("todo", agent=AGENT) == 3
 
@@ -75,13 +75,13 @@ def test_every_host_full_means_no_host_not_local() -> None:
 
 
 def test_failure_backoff_progression_and_default_cap() -> None:
-    """T4.09: exponential backoff from 10 s (ORC-11: 10, 20, 40, 80, 160, then 300 s)."""
+    """Exponential backoff from 10 s (10, 20, 40, 80, 160, then 300 s)."""
     got = [failure_backoff_ms(a, max_backoff_ms=300000) for a in range(1, 8)]
     assert got == [10000, 20000, 40000, 80000, 160000, 300000, 300000]
 
 
 def test_backoff_cap_comes_from_config() -> None:
-    """T4.10: the cap comes from agent.max_retry_backoff_ms."""
+    """The cap comes from agent.max_retry_backoff_ms."""
     assert failure_backoff_ms(3, max_backoff_ms=25000) == 25000
     assert failure_backoff_ms(1, max_backoff_ms=5000) == 5000
 
@@ -92,7 +92,7 @@ def test_huge_attempts_do_not_overflow() -> None:
 
 
 def test_retry_plan_continuation_and_failure() -> None:
-    """T4.08, ORC-11: clean exit → attempt 1 in 1 s; continuation then crash → attempt 2, 20 s."""
+    """Clean exit → attempt 1 in 1 s; continuation then crash → attempt 2, 20 s."""
     assert retry_plan(kind=RetryKind.CONTINUATION, previous_attempt=5, max_backoff_ms=300000) == (
         1,
         CONTINUATION_DELAY_MS,

@@ -60,12 +60,12 @@ def test_terminal_wins_over_active_when_a_state_is_in_both_lists() -> None:
 
 
 def test_dispatchable_false_is_unrouted() -> None:
-    """T4.02 (Δ S2): an issue with dispatchable = false is not eligible."""
+    """An issue with dispatchable = false is not eligible."""
     assert issue_ineligibility(issue(dispatchable=False), RULES) is Ineligibility.UNROUTED
 
 
 def test_required_labels_must_all_be_present_case_insensitively() -> None:
-    """T4.03 (Δ S2): required-label filtering is case-insensitive, after normalization."""
+    """Required-label filtering is case-insensitive, after normalization."""
     assert LABELLED.required_labels == ("agent", "backend")
     assert is_routable(issue(labels=["AGENT", " Backend", "extra"]), LABELLED)
     assert not is_routable(issue(labels=["agent"]), LABELLED)
@@ -74,13 +74,13 @@ def test_required_labels_must_all_be_present_case_insensitively() -> None:
 
 
 def test_todo_with_a_non_terminal_blocker_is_blocked() -> None:
-    """T4.02: a Todo issue with non-terminal blockers is not eligible."""
+    """A Todo issue with non-terminal blockers is not eligible."""
     blocked = issue(state="Todo", blockers=["In Progress"])
     assert issue_ineligibility(blocked, RULES) is Ineligibility.BLOCKED
 
 
 def test_todo_whose_blockers_are_all_terminal_is_eligible() -> None:
-    """T4.03: a Todo issue whose blockers are all terminal is eligible."""
+    """A Todo issue whose blockers are all terminal is eligible."""
     assert issue_ineligibility(issue(state="Todo", blockers=["Done", " cancelled "]), RULES) is None
 
 

@@ -16,7 +16,7 @@ def ids(issues: list) -> list[str]:  # type: ignore[type-arg]
 
 
 def test_priority_first_then_oldest_creation() -> None:
-    """T4.01: dispatch sorts by priority, then oldest creation time."""
+    """Dispatch sorts by priority, then oldest creation time."""
     issues = [
         issue(1, priority=2, created=1),
         issue(2, priority=1, created=5),

@@ -15,7 +15,7 @@ K1 = SlotKey("i1#0")
 
 
 async def test_normal_exit_schedules_a_short_continuation() -> None:
-    """T4.08 / ORC-09: a normal exit schedules attempt 1 after 1000 ms; the run is completed."""
+    """A normal exit schedules attempt 1 after 1000 ms; the run is completed."""
     orchestrator, store, clock = make()
     await run(orchestrator, issue(1))
     clock.advance(5000)
@@ -33,7 +33,7 @@ async def test_normal_exit_schedules_a_short_continuation() -> None:
 
 
 async def test_abnormal_exits_back_off_exponentially() -> None:
-    """T4.09 / T4.11: attempts rise, backoff doubles from 10 s, entries carry the facts."""
+    """Attempts rise, backoff doubles from 10 s, entries carry the facts."""
     orchestrator, _, clock = make()
     delays = []
     for expected_attempt in (1, 2, 3):
@@ -65,7 +65,7 @@ async def test_a_crash_after_a_continuation_is_attempt_two() -> None:
 
 
 async def test_backoff_cap_from_config() -> None:
-    """T4.10."""
+    """Backoff is capped by agent.max_retry_backoff_ms."""
     orchestrator, _, clock = make(config=settings(agent={"max_retry_backoff_ms": 15000}))
     await run(orchestrator, issue(1))
     await orchestrator.finish(K1, normal=False)
@@ -124,7 +124,7 @@ async def test_retries_of_slots_beyond_a_shrunk_ensemble_are_pruned() -> None:
 
 
 async def test_exhausted_slots_keep_the_retry_with_an_explicit_reason() -> None:
-    """T4.13: when slots run out the retry stays pending and the skip says why."""
+    """When slots run out the retry stays pending and the skip says why."""
     orchestrator, _, clock = make(config=settings(agent={"max_concurrent_agents": 1}))
     await run(orchestrator, issue(1))
     await orchestrator.finish(K1, normal=False, error="boom")
@@ -138,7 +138,7 @@ async def test_exhausted_slots_keep_the_retry_with_an_explicit_reason() -> None:
 
 
 async def test_cleanup_issue_releases_every_slot_and_returns_those_to_abort() -> None:
-    """T4.05 / T4.06 (core side): a stop releases claims, schedules no retry, keeps totals."""
+    """A stop releases claims, schedules no retry, keeps totals."""
     orchestrator, store, clock = make(config=settings(agent={"ensemble_size": 3}))
     c0, c1, c2 = await orchestrator.eligible_issues([issue(1)])
     await start(orchestrator, c0)
@@ -163,7 +163,7 @@ async def test_cleanup_issue_releases_every_slot_and_returns_those_to_abort() ->
 
 
 async def test_reconciliation_decisions_through_the_orchestrator() -> None:
-    """T4.04-T4.06 decisions; T4.07 nothing tracked means nothing to refetch."""
+    """Refresh decisions; nothing tracked means nothing to refetch."""
     orchestrator, _, _ = make()
     assert orchestrator.tracked_issue_ids() == set()
     await run(orchestrator, issue(1))
@@ -201,7 +201,7 @@ async def test_release_retry_and_release_slot() -> None:
 
 
 async def test_stall_detection_uses_the_agent_kinds_threshold() -> None:
-    """T4.12 (core side): stalled runs are listed; finishing them schedules a failure retry."""
+    """Stalled runs are listed; finishing them schedules a failure retry."""
     config = settings(
         agents={"slow": {"command": "x", "stall_timeout_ms": 1000}}, agent={"kind": "slow"}
     )

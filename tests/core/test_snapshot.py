@@ -1,4 +1,4 @@
-"""The orchestrator's snapshot: lanes, rows and their JSON form (T4.14)."""
+"""The orchestrator's snapshot: lanes, rows and their JSON form."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Front matter splitting and YAML decoding (checklist WF-03..WF-08, T1.06, T1.07)."""
+"""Front matter splitting and YAML decoding."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The shipped sample examples/WORKFLOW.md loads, validates and renders (PR-09)."""
+"""The shipped sample examples/WORKFLOW.md loads, validates and renders."""
 
 from __future__ import annotations
 

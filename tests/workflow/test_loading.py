@@ -29,7 +29,7 @@ def _problems(exc: InvalidWorkflowConfig) -> dict[str, ConfigProblem]:
     return {p.key_path: p for p in exc.problems()}
 
 
-# -- T1.01 / T1.02: path selection --------------------------------------------------------------
+# -- path selection --------------------------------------------------------------
 
 
 def test_explicit_path_is_used(write_workflow: WriteWorkflow, tmp_path: Path) -> None:
@@ -60,7 +60,7 @@ def test_default_path_is_workflow_md_in_the_working_directory(
     assert select_workflow_path() == tmp_path / "WORKFLOW.md"
 
 
-# -- T1.05: missing file -------------------------------------------------------------------------
+# -- missing file -------------------------------------------------------------------------
 
 
 def test_missing_file_is_a_typed_error(tmp_path: Path) -> None:
@@ -86,7 +86,7 @@ def test_a_directory_is_not_a_workflow_file(tmp_path: Path) -> None:
         load_workflow(tmp_path / "WORKFLOW.md", environ={})
 
 
-# -- T1.08: defaults ---------------------------------------------------------------------------
+# -- defaults ---------------------------------------------------------------------------
 
 
 def test_defaults_apply_when_optional_values_are_missing(write_workflow: WriteWorkflow) -> None:
@@ -127,7 +127,7 @@ def test_null_values_mean_the_default(write_workflow: WriteWorkflow) -> None:
     assert settings.agent.max_turns == 20
 
 
-# -- T1.09: tracker kinds ----------------------------------------------------------------------
+# -- tracker kinds ----------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("kind", [k.value for k in TrackerKind])
@@ -146,7 +146,7 @@ def test_an_unsupported_tracker_kind_is_reported_under_its_own_code() -> None:
     assert problem.format().startswith("unsupported_tracker_kind tracker.kind: ")
 
 
-# -- T1.13: commands stay verbatim -------------------------------------------------------------
+# -- commands stay verbatim -------------------------------------------------------------
 
 
 def test_codex_command_is_kept_as_a_shell_string() -> None:
@@ -175,7 +175,7 @@ def test_a_whole_value_var_in_a_command_is_not_substituted() -> None:
     assert kind.env == {"K": "$SECRET"}
 
 
-# -- T1.14: per-state caps ---------------------------------------------------------------------
+# -- per-state caps ---------------------------------------------------------------------
 
 
 def test_per_state_caps_normalize_state_names() -> None:

@@ -1,4 +1,4 @@
-"""Dispatch preflight (checklist CFG-V1..V3): one coded error per missing piece."""
+"""Dispatch preflight: one coded error per missing piece."""
 
 from __future__ import annotations
 

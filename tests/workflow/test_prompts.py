@@ -1,4 +1,4 @@
-"""Strict prompt rendering (checklist PR-01..PR-09, T1.15, T1.16)."""
+"""Strict prompt rendering."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def _issue(**overrides: object) -> Issue:
     return Issue(**fields)  # type: ignore[arg-type]
 
 
-# -- T1.15 / PR-02: inputs ---------------------------------------------------------------------
+# -- inputs ---------------------------------------------------------------------
 
 
 def test_renders_issue_and_attempt() -> None:
@@ -91,7 +91,7 @@ def test_null_fields_are_defined() -> None:
     assert template.render(issue=_issue(branch_name=None)) == "no branch"
 
 
-# -- T1.16 / PR-01: strictness -----------------------------------------------------------------
+# -- strictness -----------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -140,7 +140,7 @@ def test_error_lines_are_file_lines(write_workflow: WriteWorkflow) -> None:
         loaded.render_prompt(issue=_issue())
 
 
-# -- PR-05: default template -------------------------------------------------------------------
+# -- default template -------------------------------------------------------------------
 
 
 def test_blank_body_uses_the_default_template(write_workflow: WriteWorkflow) -> None:
@@ -167,7 +167,7 @@ def test_unterminated_front_matter_gives_the_default_prompt(write_workflow: Writ
     assert loaded.prompt.is_default
 
 
-# -- PR-06 / PR-09: load failures differ from template failures --------------------------------
+# -- load failures differ from template failures --------------------------------
 
 
 def test_a_workflow_load_failure_differs_from_a_template_parse_error(
@@ -221,7 +221,7 @@ def test_static_problems_report_a_parse_error() -> None:
     assert problem.code == "template_parse_error"
 
 
-# -- PR-08: continuation turns -----------------------------------------------------------------
+# -- continuation turns -----------------------------------------------------------------
 
 
 def test_continuation_prompt_names_the_turn_and_is_not_the_original() -> None:

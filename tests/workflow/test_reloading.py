@@ -1,4 +1,4 @@
-"""Reload on change; keep the last good workflow on a bad one (T1.03, T1.04, WF-11..WF-13)."""
+"""Reload on change; keep the last good workflow on a bad one."""
 
 from __future__ import annotations
 

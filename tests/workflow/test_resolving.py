@@ -1,4 +1,4 @@
-"""``$VAR`` indirection and path resolution (checklist CFG-R2..R5, T1.10..T1.12)."""
+"""``$VAR`` indirection and path resolution."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def _linear(api_key: object = ..., **extra: Any) -> dict[str, Any]:
     return {"tracker": tracker}
 
 
-# -- CFG-R2: what counts as a reference --------------------------------------------------------
+# -- what counts as a reference --------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -57,7 +57,7 @@ def test_non_whole_value_references_stay_literal() -> None:
     assert _settings(_linear("env:TOKEN"), env).tracker.api_key == "env:TOKEN"
 
 
-# -- CFG-R3 / T1.10 / T1.11: secrets -----------------------------------------------------------
+# -- secrets -----------------------------------------------------------
 
 
 def test_api_key_literal() -> None:
@@ -129,7 +129,7 @@ def test_environment_is_os_environ_by_default(monkeypatch: pytest.MonkeyPatch) -
     assert resolved.settings.tracker.api_key == "from-os"
 
 
-# -- CFG-R4 / T1.11 / T1.12: paths -------------------------------------------------------------
+# -- paths -------------------------------------------------------------
 
 
 def test_relative_paths_resolve_against_the_workflow_folder() -> None:
@@ -208,7 +208,7 @@ def test_endpoint_urls_are_never_rewritten() -> None:
     assert s.tracker.endpoint == "http://127.0.0.1:9/graphql"
 
 
-# -- CFG-R5: keys to strings, nulls dropped, pass-through kept ---------------------------------
+# -- keys to strings, nulls dropped, pass-through kept ---------------------------------
 
 
 def test_map_keys_become_strings() -> None:

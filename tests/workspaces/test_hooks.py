@@ -1,4 +1,4 @@
-"""Running one hook (WS-07): status, merged output, truncation, timeouts, process groups."""
+"""Running one hook: status, merged output, truncation, timeouts, process groups."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Workspace keys and branch names (WS-01, T2.01, T2.11)."""
+"""Workspace keys and branch names."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The workspace manager in directory mode: T2.01-T2.12, hook semantics (WS-04, WS-08, WS-09),
-removal (WS-10), listing for the start-up sweep."""
+"""The workspace manager in directory mode: hook semantics,
+removal, listing for the start-up sweep."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Path containment (WS-06, T2.11, T2.12): lexical escapes, symlinks, the root itself."""
+"""Path containment: lexical escapes, symlinks, the root itself."""
 
 from __future__ import annotations
 

@@ -134,7 +134,7 @@ class RetryRow:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class BlockedRow:
-    """A slot waiting for operator input (ORC-21). Not produced by this version; see state.py."""
+    """A slot waiting for operator input. Not produced by this version; see state.py."""
 
     slot_key: str
     issue_id: str

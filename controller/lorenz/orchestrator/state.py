@@ -9,8 +9,9 @@ key, no behaviour beyond counting. The invariants that make it meaningful are ke
 * no slot key is both claimed and in ``retry_attempts``;
 * occupancy (running plus reserved) never grows past a cap.
 
-NB: the blocked-for-input lane of the Elixir implementation (ORC-21) is not kept: a run that
-asks for operator input fails and retries with backoff (Symphony's first-draft behaviour), so
+NB: the blocked-for-input lane some Symphony implementations keep is not kept: a run that
+asks for operator input fails and retries with backoff (Symphony's first-draft behaviour; see
+docs/architecture.md for what Symphony is), so
 there is no ``blocked`` map and the snapshot's ``blocked`` lane is always empty.
 """
 

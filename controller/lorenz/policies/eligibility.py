@@ -93,7 +93,7 @@ class IssueRules:
 
 
 def is_routable(issue: Issue, rules: IssueRules) -> bool:
-    """``dispatchable`` is true and every required label is on the issue (ISS-05)."""
+    """``dispatchable`` is true and every required label is on the issue."""
     if not issue.dispatchable:
         return False
     labels = issue.labels  # already normalized by Issue itself
