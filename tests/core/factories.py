@@ -3,22 +3,28 @@
 ``SharedClaims`` is a faithful in-process implementation of the ClaimStore contract for several
 owners at once (exclusive acquire, stale-owner takeover, heartbeats): the durable stores are the
 only other backends with more than one owner, and the core must be tested against that contract
-without waiting for them.
+without waiting for them. A contract test (``tests/claims/test_contract.py``) holds it to the
+very cases the SQL stores pass, so a core test cannot pass on behaviour no real store has.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import datetime
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
-from lorenz.claims import MemoryClaimStore
+from lorenz.claims import DEFAULT_OWNER_STALE_MS, ClaimOwnerLost, MemoryClaimStore
+from lorenz.claims.owners import Liveness, owner_liveness
 from lorenz.config import WorkflowSettings
-from lorenz.model import BlockerRef, ClaimRecord, Issue, ManualClock, SlotKey, StoredState
+from lorenz.model import BlockerRef, ClaimRecord, Clock, Issue, ManualClock, SlotKey, StoredState
 from lorenz.orchestrator import Orchestrator
 
 EPOCH = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+SHARED_PATH = Path("shared-claims")
+"""What ``claim_owner_lost`` names as the store of :class:`SharedClaims`."""
 
 
 def issue(
@@ -84,16 +90,58 @@ class PoolProbe:
 
 
 class SharedClaims:
-    """The rows of one claim store, shared by several owners (as one sqlite file would be)."""
+    """The rows of one claim store, shared by several owners (as one sqlite file would be).
 
-    def __init__(self) -> None:
+    It keeps the durable stores' contract exactly — ``tests/claims/test_contract.py`` runs the
+    same cases against it, the memory store and both SQL backends: ``acquire`` refuses *any*
+    other owner's row, stale ones included (those come back only through ``take_over``, which
+    re-checks staleness and drops the old owner's heartbeat); an owner is stale when its
+    heartbeat is older than ``owner_stale_ms`` by ``clock``, when it closed, or when ``liveness``
+    proves it dead; and a taken-over owner's next heartbeat raises ``claim_owner_lost`` once.
+    """
+
+    def __init__(
+        self,
+        *,
+        clock: Clock | None = None,
+        owner_stale_ms: int = DEFAULT_OWNER_STALE_MS,
+        liveness: Callable[[str], Liveness] | None = None,
+    ) -> None:
         self.rows: dict[SlotKey, ClaimRecord] = {}
         self.checkpoint: dict[str, Any] | None = None
+        self.clock: Clock = clock or ManualClock()
+        self.owner_stale_ms = owner_stale_ms
+        self.liveness: Callable[[str], Liveness] = liveness or owner_liveness
+        self.heartbeat_at: dict[str, float] = {}
+        """Owner → wall-clock ms of its last heartbeat (0: closed or declared dead)."""
         self.stale: set[str] = set()
+        """Owners declared dead, as ``mark_owners_dead`` does: stale whatever their heartbeat."""
         self.heartbeats: dict[str, int] = {}
+        """How many heartbeats each owner sent."""
 
     def store(self, owner: str) -> SharedStore:
+        """Open the store for ``owner`` (registers its heartbeat, like opening a file)."""
+        self.heartbeat_at[owner] = self.now_ms()
         return SharedStore(self, owner=owner)
+
+    def now_ms(self) -> float:
+        return self.clock.now().timestamp() * 1000.0
+
+    def is_stale(self, owner: str) -> bool:
+        """The SQL stores' rule (``SqlClaimStore._owner_is_stale``)."""
+        heartbeat = self.heartbeat_at.get(owner)
+        if owner in self.stale or heartbeat == 0.0:
+            return True
+        liveness = self.liveness(owner)
+        if liveness is Liveness.DEAD:
+            return True
+        if liveness is Liveness.ALIVE:
+            return False
+        return heartbeat is None or heartbeat < self.now_ms() - self.owner_stale_ms
+
+    def stale_owners(self, *, reader: str) -> frozenset[str]:
+        owners = self.heartbeat_at.keys() | {r.owner for r in self.rows.values()}
+        return frozenset(o for o in owners - {reader} if self.is_stale(o))
 
 
 class SharedStore:
@@ -112,9 +160,9 @@ class SharedStore:
     def durable(self) -> bool:
         return True
 
-    def _may_write(self, key: SlotKey) -> bool:
+    def _ours_or_free(self, key: SlotKey) -> bool:
         held = self.shared.rows.get(key)
-        return held is None or held.owner == self._owner or held.owner in self.shared.stale
+        return held is None or held.owner == self._owner
 
     async def load(self) -> StoredState:
         self.calls.append("load")
@@ -122,12 +170,16 @@ class SharedStore:
         return StoredState(
             claims=[copy.copy(r) for r in self.shared.rows.values()],
             checkpoint=copy.deepcopy(checkpoint),
-            stale_owners=frozenset(self.shared.stale),
+            stale_owners=self.shared.stale_owners(reader=self._owner),
         )
+
+    async def stale_owners(self) -> frozenset[str]:
+        return self.shared.stale_owners(reader=self._owner)
 
     async def acquire(self, record: ClaimRecord) -> bool:
         self.calls.append(f"acquire {record.slot_key}")
-        if not self._may_write(record.slot_key):
+        # NB: a stale owner's row is refused like any other: see SqlClaimStore.acquire.
+        if not self._ours_or_free(record.slot_key):
             return False
         stored = copy.copy(record)
         stored.owner = self._owner
@@ -136,8 +188,7 @@ class SharedStore:
 
     async def save(self, record: ClaimRecord) -> None:
         self.calls.append(f"save {record.slot_key} {record.phase.value}")
-        held = self.shared.rows.get(record.slot_key)
-        if held is not None and held.owner != self._owner:
+        if not self._ours_or_free(record.slot_key):
             return
         stored = copy.copy(record)
         stored.owner = self._owner
@@ -152,19 +203,38 @@ class SharedStore:
     async def take_over(self, *, from_owners: Iterable[str]) -> list[ClaimRecord]:
         owners = set(from_owners) - {self._owner}
         self.calls.append(f"take_over {sorted(owners)}")
+        stale = self.shared.stale_owners(reader=self._owner)
+        now = self.shared.clock.now()
         taken = []
-        for record in self.shared.rows.values():
-            if record.owner in owners:
-                record.owner = self._owner
-                taken.append(copy.copy(record))
+        for owner in sorted(owners & stale):
+            for key, record in list(self.shared.rows.items()):
+                if record.owner == owner:
+                    moved = dataclasses.replace(record, owner=self._owner, updated_at=now)
+                    self.shared.rows[key] = moved
+                    taken.append(copy.copy(moved))
+            self.shared.heartbeat_at.pop(owner, None)
+            self.shared.stale.discard(owner)
         return taken
+
+    async def mark_owners_dead(self, owners: Iterable[str]) -> list[str]:
+        marked = []
+        for owner in sorted(set(owners) - {self._owner}):
+            if self.shared.heartbeat_at.get(owner, 0.0) != 0.0:
+                self.shared.heartbeat_at[owner] = 0.0
+                marked.append(owner)
+        return marked
 
     async def save_checkpoint(self, checkpoint: Mapping[str, Any]) -> None:
         self.calls.append("save_checkpoint")
         self.shared.checkpoint = copy.deepcopy(dict(checkpoint))
 
     async def heartbeat(self) -> None:
-        self.shared.heartbeats[self._owner] = self.shared.heartbeats.get(self._owner, 0) + 1
+        shared = self.shared
+        shared.heartbeats[self._owner] = shared.heartbeats.get(self._owner, 0) + 1
+        present = self._owner in shared.heartbeat_at
+        shared.heartbeat_at[self._owner] = shared.now_ms()
+        if not present:
+            raise ClaimOwnerLost(path=SHARED_PATH, owner=self._owner)
 
     async def close(self) -> None:
-        return None
+        self.shared.heartbeat_at[self._owner] = 0.0

@@ -37,7 +37,7 @@ from lorenz.claims.errors import (
     ClaimStoreSchemaUnsupported,
     ClaimStoreUnreadable,
 )
-from lorenz.claims.owners import ProcessIdentity, current_process
+from lorenz.claims.owners import Liveness, ProcessIdentity, current_process, owner_liveness
 from lorenz.model import (
     ClaimPhase,
     ClaimRecord,
@@ -324,6 +324,7 @@ class SqlClaimStore(abc.ABC):
         events_kept: int = EVENTS_KEPT,
         busy_deadline_s: float = BUSY_DEADLINE_S,
         process: ProcessIdentity | None = None,
+        liveness: Callable[[str], Liveness] | None = None,
     ) -> None:
         if not owner:
             raise ValueError("a claim store needs a non-empty owner id")
@@ -335,6 +336,7 @@ class SqlClaimStore(abc.ABC):
         self._events_kept = events_kept
         self._busy_deadline_s = busy_deadline_s
         self._process = process or current_process()
+        self._liveness: Callable[[str], Liveness] = liveness or owner_liveness
         self._conn: DbConnection | None = None
         self._closed = False
         self._executor = concurrent.futures.ThreadPoolExecutor(
@@ -364,9 +366,12 @@ class SqlClaimStore(abc.ABC):
         clock: Clock | None = None,
         events_kept: int = EVENTS_KEPT,
         busy_deadline_s: float = BUSY_DEADLINE_S,
+        liveness: Callable[[str], Liveness] | None = None,
     ) -> Self:
         """Open (creating if needed) the store at ``path`` and register ``owner``'s heartbeat.
 
+        ``liveness`` says whether an owner id's process still runs (default
+        :func:`~lorenz.claims.owners.owner_liveness`: pid and start time, on this host only).
         Raises :class:`ClaimStoreSchemaUnsupported` for a file of another schema version, and
         :class:`ClaimStoreUnreadable` for a file that is not a database.
         """
@@ -378,6 +383,7 @@ class SqlClaimStore(abc.ABC):
             clock=clock,
             events_kept=events_kept,
             busy_deadline_s=busy_deadline_s,
+            liveness=liveness,
         )
         try:
             await store._run(store._open_sync, opening=True)
@@ -479,7 +485,6 @@ class SqlClaimStore(abc.ABC):
         if not wanted:
             return []
         return await self._run(lambda: self._mark_dead_sync(wanted))
-
 
     async def stale_owners(self) -> frozenset[str]:
         """Owners (other than us) holding claims or heartbeat rows, whose heartbeat is stale."""
@@ -630,11 +635,30 @@ class SqlClaimStore(abc.ABC):
         claim_owners = {
             str(row[0]) for row in conn.execute("SELECT DISTINCT owner FROM claims").fetchall()
         }
-        stale = {o for o, at in heartbeats.items() if self._is_stale(at, now_ms)}
-        # NB: an owner with claims but no heartbeat row cannot be proven live: it is stale.
-        stale |= claim_owners - heartbeats.keys()
-        stale.discard(self._owner)
-        return frozenset(stale)
+        return frozenset(
+            owner
+            for owner in (heartbeats.keys() | claim_owners) - {self._owner}
+            if self._owner_is_stale(owner, heartbeats.get(owner), now_ms)
+        )
+
+    def _owner_is_stale(self, owner: str, heartbeat_ms: float | None, now_ms: float) -> bool:
+        """The one staleness rule, for every reader (load, stale_owners, take_over).
+
+        * heartbeat 0 — the owner closed, or was declared dead — stale;
+        * on this host, its pid and start time decide at once: dead is stale, and alive is
+          *not*, however old its heartbeat (a hung Lorenz must be stopped, not shadowed: its
+          agents may still be working, and taking its claims would run them twice);
+        * otherwise (another host, a custom owner id) the heartbeat's age decides, and an owner
+          with claims but no heartbeat row cannot be proven live: stale.
+        """
+        if heartbeat_ms == 0.0:
+            return True
+        liveness = self._liveness(owner)
+        if liveness is Liveness.DEAD:
+            return True
+        if liveness is Liveness.ALIVE:
+            return False
+        return heartbeat_ms is None or self._is_stale(heartbeat_ms, now_ms)
 
     def _load_sync(self) -> StoredState:
         def body(conn: DbConnection) -> StoredState:

@@ -21,18 +21,25 @@ child (``bash``), never the agent bash started.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 import signal
-import socket
 import time
 from collections.abc import Collection, Iterable, Mapping
 
 import psutil
 
+from lorenz.claims.owners import Liveness, OwnerId, owner_liveness
 from lorenz.daemon.errors import DaemonOrphansAlive
-from lorenz.leadership import Liveness, local_liveness
+
+__all__ = [
+    "OWNER_ENV",
+    "OwnerId",
+    "find_orphans",
+    "kill_orphans",
+    "marked_environment",
+    "owner_is_dead",
+]
 
 logger = logging.getLogger("lorenz.daemon")
 
@@ -41,33 +48,12 @@ OWNER_ENV = "LORENZ_OWNER"
 KILL_WAIT_S = 10.0
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class OwnerId:
-    """A parsed owner id: ``<host>:<pid>:<process start time>``."""
-
-    host: str
-    pid: int
-    started_at: float
-
-    @classmethod
-    def parse(cls, text: str) -> OwnerId | None:
-        host, _, rest = text.rpartition(":")
-        host, _, pid = host.rpartition(":")
-        try:
-            return cls(host=host, pid=int(pid), started_at=float(rest))
-        except ValueError:
-            return None
-
-
 def owner_is_dead(owner: str, *, host: str | None = None) -> bool:
     """Whether ``owner`` is provably gone: same host, and its pid died or was reused.
 
     Another host's owner, or one we may not inspect, is never dead from here.
     """
-    parsed = OwnerId.parse(owner)
-    if parsed is None or parsed.host != (host or socket.gethostname()):
-        return False
-    return local_liveness(parsed.pid, parsed.started_at) is Liveness.DEAD
+    return owner_liveness(owner, host=host) is Liveness.DEAD
 
 
 def marked_environment(base: Mapping[str, str], *, owner: str) -> dict[str, str]:

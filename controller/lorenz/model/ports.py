@@ -32,7 +32,9 @@ class ClaimStore(Protocol):
     """Persistence of slot claims, shared by every process that works one workflow.
 
     NB: :meth:`acquire` is the only exclusion point between processes: it must be a single
-    transaction that succeeds only if the slot is free, already ours, or held by a stale owner.
+    transaction that succeeds only if the slot is free or already ours. A row of any other
+    owner is refused, a stale one's included: those come back only through :meth:`take_over`,
+    so an interrupted run is retried as a failure instead of being overwritten as new work.
     """
 
     @property
@@ -50,7 +52,7 @@ class ClaimStore(Protocol):
         ...
 
     async def acquire(self, record: ClaimRecord) -> bool:
-        """Claim ``record.slot_key`` for this owner; ``False`` if a live other owner holds it."""
+        """Claim ``record.slot_key`` for this owner; ``False`` if any other owner holds it."""
         ...
 
     async def save(self, record: ClaimRecord) -> None:
@@ -62,7 +64,8 @@ class ClaimStore(Protocol):
         ...
 
     async def take_over(self, *, from_owners: Iterable[str]) -> list[ClaimRecord]:
-        """Re-own every claim of ``from_owners`` (dead or stale) and return the new records."""
+        """Re-own every claim of those ``from_owners`` that are stale (or dead) at commit time,
+        and return the moved records."""
         ...
 
     async def save_checkpoint(self, checkpoint: Mapping[str, Any]) -> None:
