@@ -17,6 +17,9 @@ runs ``lorenz operator`` as separate processes, exactly as the end-to-end tests 
    own wall clock), and to that tick becoming visible in the status.
 3. **Failover after kill -9**: two operators with 3 s / 2 s / 0.5 s Leases; the leader of one
    Workflow is SIGKILLed ``--failovers`` times; time until the Lease names the survivor.
+4. **Graceful handover after SIGTERM**: the same, but the leader is stopped with SIGTERM while a
+   run is in flight (``--handovers`` times); it releases the Lease, so the follower should not
+   wait out the lease duration.
 """
 
 from __future__ import annotations
@@ -217,12 +220,57 @@ def failover(cluster: Cluster, work: Path, *, failovers: int) -> None:
     print("   all: " + ", ".join(f"{t:.2f}" for t in times))
 
 
+def graceful_handover(cluster: Cluster, work: Path, *, handovers: int) -> None:
+    """SIGTERM of the leader with a run in flight → the follower holds the Lease."""
+    namespace = cluster.create_namespace()
+    kube = Kube(cluster, namespace)
+    rig = Rig(root=work / "handover")
+    lease = (3, 2.0, 0.5)
+    serial = iter(range(1000))
+
+    def start() -> OperatorProcess:
+        return OperatorProcess(
+            cluster, identity=f"ho-{next(serial)}", workdir=work / "handover-ops",
+            namespaces=(namespace,), lease=lease,
+        ).start()
+
+    live = [start(), start()]
+    times: list[float] = []
+    try:
+        for i in range(handovers):
+            write_issue(rig.issues, f"TASK-{i}")
+        kube.apply(rig.workflow("handover", seconds=600.0, interval_ms=1000))
+        for _ in range(handovers):
+            leader = wait_until(
+                lambda: next((o for o in live if o.identity == kube.holder("handover")), None),
+                timeout=60, interval=0.05, message="a leader",
+            )
+            wait_until(lambda: rig.runs() or None, timeout=60, message="a run in flight")
+            leader.kill(signal.SIGTERM)
+            stopped = time.monotonic()
+            live.remove(leader)
+            survivor = live[0]
+            wait_until(lambda s=survivor: kube.holder("handover") == s.identity or None,
+                       timeout=60, interval=0.02, message="takeover")
+            times.append(time.monotonic() - stopped)
+            leader.wait(timeout=60)
+            live.append(start())
+    finally:
+        for operator in live:
+            operator.stop()
+    print(f"\n4. graceful handover after SIGTERM with a run in flight ({handovers}x, Lease "
+          f"{lease[0]} s; without the release a follower would wait the lease duration):")
+    print(f"   min {min(times):.2f} s, median {statistics.median(times):.2f} s, "
+          f"max {max(times):.2f} s")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workflows", type=int, default=5)
     parser.add_argument("--idle-seconds", type=float, default=30.0)
     parser.add_argument("--applies", type=int, default=5)
     parser.add_argument("--failovers", type=int, default=10)
+    parser.add_argument("--handovers", type=int, default=5)
     args = parser.parse_args()
     control_plane = ControlPlane(binaries=Binaries.locate())
     cluster = control_plane.start()
@@ -233,6 +281,7 @@ def main() -> int:
             idle_cost(cluster, work, workflows=args.workflows, seconds=args.idle_seconds)
             first_poll(cluster, work, applies=args.applies)
             failover(cluster, work, failovers=args.failovers)
+            graceful_handover(cluster, work, handovers=args.handovers)
     finally:
         control_plane.stop()
     return 0

@@ -48,6 +48,8 @@ AGENT = textwrap.dedent(
             os.close(fd)
     note("start")
     seconds = float(env.get("AGENT_SECONDS", "1"))
+    if attempt == "0" and env.get("AGENT_FIRST_SECONDS"):
+        seconds = float(env["AGENT_FIRST_SECONDS"])
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         # NB: printing is what keeps the run from stalling, and what kills an orphaned agent
@@ -123,6 +125,7 @@ class Rig:
         name: str,
         *,
         seconds: float = 1.0,
+        first_seconds: float | None = None,
         fail: bool = False,
         interval_ms: int = 500,
         max_backoff_ms: int = 300000,
@@ -130,7 +133,12 @@ class Rig:
         prompt: str = "Work on {{ issue.identifier }}",
         extra: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """A Workflow manifest: files tracker on :attr:`issues`, the logging agent."""
+        """A Workflow manifest: files tracker on :attr:`issues`, the logging agent.
+
+        ``first_seconds`` is how long a first attempt (attempt 0) works instead of
+        ``seconds``: a long first attempt is still running whenever a test interrupts it,
+        however slow the machine, and the retries after it finish quickly.
+        """
         spec: dict[str, Any] = {
             "tracker": {"kind": "files", "path": str(self.issues)},
             "polling": {"intervalMs": interval_ms},
@@ -144,11 +152,16 @@ class Rig:
                     "protocol": "command",
                     "command": f"{sys.executable} {self.agent}",
                     "stallTimeoutMs": 60000,
-                    "turnTimeoutMs": 120000,
+                    "turnTimeoutMs": max(120000, int((first_seconds or 0) * 1000) + 60000),
                     "env": {
                         "AGENT_LOG": str(self.agent_log),
                         "AGENT_SECONDS": str(seconds),
                         "AGENT_FAIL": "1" if fail else "0",
+                        **(
+                            {"AGENT_FIRST_SECONDS": str(first_seconds)}
+                            if first_seconds is not None
+                            else {}
+                        ),
                     },
                 }
             },
@@ -361,6 +374,13 @@ class Kube:
         except Exception:
             return None
         return spec.get("holderIdentity") or None
+
+    def claim_owners(self) -> dict[str, str | None]:
+        """``{slot: status.owner}`` of every Claim in the namespace."""
+        return {
+            str(c["metadata"]["name"]): (c.get("status") or {}).get("owner")
+            for c in self.items("claims")
+        }
 
     def events(self, workflow: str) -> list[dict[str, Any]]:
         selector = f"involvedObject.name={workflow},involvedObject.kind=Workflow"

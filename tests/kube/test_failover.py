@@ -1,19 +1,20 @@
 """Several operator processes: Workflows are sharded by Lease, and a dead leader is replaced.
 
-Each process is a real ``lorenz operator`` with short Lease timings (3 s / 2 s / 0.5 s), so a
-takeover after ``kill -9`` is expected within lease duration plus a retry period or two (the
-follower only *observes* the last renewal, up to one retry period after it happened). Every
-agent run is logged with wall-clock times by the agent itself; a slot that ran twice at once
-would show up as two overlapping intervals.
+Each process is a real ``lorenz operator`` with short Lease timings (3 s / 2 s / 0.5 s). The
+tests wait on what the cluster shows (Lease holder, Claim owner and phase, the issue's state)
+with bounds far above the expected times, so a loaded machine slows them down but never fails
+them; how fast a takeover is, is a figure of ``bench/operator_bench.py``. Every agent run is
+logged with wall-clock times by the agent itself; a slot that ran twice at once would show up
+as two overlapping intervals.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -64,33 +65,44 @@ def test_workflows_are_sharded_each_led_by_exactly_one_replica(
         assert status["leader"]["identity"] == leader.identity
 
 
+def claim_of(kube: Kube, *, owner: str, phase: str) -> dict[str, Any] | None:
+    """The first Claim owned by ``owner`` in ``phase`` (``None`` while there is none)."""
+    for claim in kube.items("claims"):
+        status = claim.get("status") or {}
+        if status.get("owner") == owner and status.get("phase") == phase:
+            return claim
+    return None
+
+
 def test_sigterm_releases_the_lease_and_a_follower_resumes_at_once(
     kube: Kube, rig: Rig, operators: Callable[..., OperatorProcess]
 ) -> None:
     a = operators("term-a", namespaces=(kube.namespace,), lease=LEASE)
     write_issue(rig.issues, "TASK-1")
-    kube.apply(rig.workflow("graceful", seconds=3.0))
-    wait_until(lambda: rig.runs() or None, timeout=30, message="a run on A")
+    # NB: the first attempt works far longer than any wait below, so it is still running when
+    # A is stopped however slow the machine is; B's continuation finishes in a second.
+    kube.apply(rig.workflow("graceful", seconds=1.0, first_seconds=600.0))
+    wait_until(lambda: claim_of(kube, owner="term-a", phase="Running"), timeout=60,
+               message="A's run holds the Claim")
+    wait_until(lambda: rig.runs() or None, timeout=60, message="A's agent started")
     operators("term-b", namespaces=(kube.namespace,), lease=LEASE)
     assert kube.holder("graceful") == "term-a"
 
     a.kill(signal.SIGTERM)
-    stopped_at = time.monotonic()
-    assert a.wait(timeout=30) == 0
-    wait_until(lambda: kube.holder("graceful") == "term-b" or None, timeout=10, interval=0.05,
+    assert a.wait(timeout=60) == 0
+    # The release is what lets B take over without waiting out the lease duration; the
+    # handover time itself is a figure of bench/operator_bench.py.
+    assert "Lease released" in a.log()
+    wait_until(lambda: kube.holder("graceful") == "term-b" or None, timeout=60, interval=0.05,
                message="B takes over")
-    takeover = time.monotonic() - stopped_at
-    # Without the release B would wait a full lease duration (3 s) after A's last renewal.
-    assert takeover < 3.0, takeover
-    print(f"\ngraceful handover after SIGTERM: {takeover:.2f} s (lease duration 3 s)")
-    wait_until(lambda: issue_state(rig.issues, "TASK-1") == "Done" or None, timeout=30,
+    wait_until(lambda: issue_state(rig.issues, "TASK-1") == "Done" or None, timeout=60,
                message="B finishes the issue")
     runs = rig.runs()
-    assert len(runs) == 2
+    assert len(runs) == 2, runs
     assert runs[0].attempt == 0
     assert runs[1].attempt == 1  # the continuation retry A's shutdown left in the Claim
+    assert completed_by(rig.issues, "TASK-1") == runs[1].pid
     assert overlapping_runs(runs) == []
-    assert "Lease released" in a.log()
 
 
 @pytest.mark.parametrize("failovers", [10, pytest.param(30, marks=pytest.mark.soak)])
@@ -106,19 +118,16 @@ def test_kill_9_failovers_resume_from_claims_and_never_run_a_slot_twice(
         write_issue(rig.issues, identifier)
     kube.apply(rig.workflow("failover", seconds=3.0, max_backoff_ms=10000, concurrency=3))
 
-    times: list[float] = []
     for _ in range(failovers):
         leader = leader_of(kube, "failover", live)
         # Let the leader work (and renew) for a moment, so it dies holding Claims.
         time.sleep(1.0)
         leader.kill(signal.SIGKILL)
-        killed_at = time.monotonic()
         leader.wait(timeout=10)
         live.remove(leader)
         survivor = live[0]
         wait_until(lambda s=survivor: kube.holder("failover") == s.identity or None,
-                   timeout=15, interval=0.02, message="the survivor takes over")
-        times.append(time.monotonic() - killed_at)
+                   timeout=120, interval=0.02, message="the survivor takes over")
         live.append(operators(next(identities), namespaces=(kube.namespace,), lease=LEASE))
 
     wait_until(
@@ -141,17 +150,6 @@ def test_kill_9_failovers_resume_from_claims_and_never_run_a_slot_twice(
     for run in runs:
         with pytest.raises(ProcessLookupError):
             os.kill(run.pid, 0)
-    duration, _, period = LEASE
-    # The last renewal is observed up to a (jittered) retry period late; the follower then
-    # tries again right at the observed expiry.
-    assert statistics.median(times) <= duration + period, times
-    assert max(times) <= duration + 2 * period + 0.5, times
-    print(
-        f"\nfailover after kill -9 ({len(times)}x, lease {duration} s, retry {period} s): "
-        f"min {min(times):.2f} s, median {statistics.median(times):.2f} s, "
-        f"max {max(times):.2f} s; {len(issues)} issues, {len(runs)} runs, "
-        f"{len(interrupted)} interrupted and retried"
-    )
 
 
 def owner_of_first_claim(kube: Kube) -> str | None:
@@ -172,35 +170,40 @@ def test_a_paused_leader_that_lost_its_lease_stops_before_writing_anything(
 ) -> None:
     a = operators("pause-a", namespaces=(kube.namespace,), lease=LEASE)
     write_issue(rig.issues, "TASK-1")
-    kube.apply(rig.workflow("paused", seconds=8.0, max_backoff_ms=10000))
-    wait_until(lambda: rig.runs() or None, timeout=30, message="A runs the issue")
+    # NB: the first attempt outlives the pause however long the takeover takes (A aborts it
+    # when it wakes up); B's retry finishes in a second.
+    kube.apply(rig.workflow("paused", seconds=1.0, first_seconds=600.0, max_backoff_ms=10000))
+    wait_until(lambda: claim_of(kube, owner="pause-a", phase="Running"), timeout=60,
+               message="A's run holds the Claim")
+    wait_until(lambda: rig.runs() or None, timeout=60, message="A's agent started")
     b = operators("pause-b", namespaces=(kube.namespace,), lease=LEASE)
     assert kube.holder("paused") == "pause-a"
+    # A writes a Claim only when a run changes phase: with its one run in flight it is quiet.
     writes_before = claim_writes(a)
 
     a.kill(signal.SIGSTOP)  # a GC pause, a frozen node: A cannot renew, and does not know
     try:
-        wait_until(lambda: kube.holder("paused") == "pause-b" or None, timeout=15,
+        wait_until(lambda: kube.holder("paused") == "pause-b" or None, timeout=120,
                    interval=0.05, message="B takes over from the frozen A")
         wait_until(
             lambda: owner_of_first_claim(kube) == "pause-b" or None,
-            timeout=15, message="B re-owns the Claim",
+            timeout=120, message="B re-owns the Claim",
         )
     finally:
         a.kill(signal.SIGCONT)
-    wait_until(lambda: "Lease lost" in a.log() or None, timeout=15, message="A notices")
-    wait_until(lambda: not a.leads(kube.namespace, "paused") or None, timeout=15,
+    wait_until(lambda: "Lease lost" in a.log() or None, timeout=60, message="A notices")
+    wait_until(lambda: not a.leads(kube.namespace, "paused") or None, timeout=60,
                message="A stopped its runtime")
     # Whatever A's runtime did when it woke up (a run ending, a tick), the fenced store sent
     # nothing: every Claim write since the pause came from B.
     assert claim_writes(a) == writes_before
     assert b.leads(kube.namespace, "paused")
-    first = rig.runs()[0]
-    wait_until(
-        lambda: (lambda r: r if len(r) >= 2 else None)(rig.runs()), timeout=40,
-        message="B retries the interrupted run",
-    )
+    wait_until(lambda: issue_state(rig.issues, "TASK-1") == "Done" or None, timeout=120,
+               message="B retries the interrupted run and finishes the issue")
     runs = rig.runs()
-    assert not first.ended
+    assert len(runs) == 2, runs
+    first, retry = runs
+    assert not first.ended  # aborted by A when it woke up, never completed
+    assert retry.attempt == 1
+    assert completed_by(rig.issues, "TASK-1") == retry.pid
     assert overlapping_runs(runs) == []
-    assert runs[1].attempt == 1
