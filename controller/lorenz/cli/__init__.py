@@ -30,7 +30,7 @@ import importlib.util
 import logging
 import sys
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import lorenz
 
@@ -49,14 +49,6 @@ class Subcommand:
 
     module: str
     summary: str
-
-
-class SubcommandModule(Protocol):
-    """What a subcommand module provides."""
-
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
-
-    def run(self, args: argparse.Namespace) -> int: ...
 
 
 RUN_MODE = Subcommand(

@@ -381,8 +381,6 @@ class CodexSettings(Section):
 class WorkerPoolSettings(Section):
     """A worker pool that hands out hosts (two-phase dispatch)."""
 
-    enabled: bool = Field(default=False, json_schema_extra=_reload("hot"))
-    """Whether the pool governs dispatch; a disabled pool never blocks it."""
     acquire_timeout_ms: PositiveInt = Field(default=30000, json_schema_extra=_reload("hot"))
     """Limit for acquiring a host; reservations expire after twice this plus 60 s."""
     drain_deadline_ms: PositiveInt = Field(default=30000, json_schema_extra=_reload("restart"))

@@ -207,8 +207,3 @@ def _install_signal_handlers(runtime: LorenzRuntime) -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(signum, on_signal, signum)
-
-
-def describe_exit(exc: BaseException) -> dict[str, Any]:
-    """A JSON-safe description of why a run ended, for logs and ``--json`` output."""
-    return {"error": type(exc).__name__, "message": str(exc), "code": getattr(exc, "code", None)}

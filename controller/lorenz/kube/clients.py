@@ -162,9 +162,6 @@ class KubeApi:
     def server(self) -> str:
         return str(self._client.configuration.host)
 
-    def set_observer(self, observer: RequestObserver | None) -> None:
-        self._observer = observer
-
     @property
     def total_requests(self) -> int:
         return sum(self.requests.values())

@@ -9,7 +9,7 @@ claim state through a :class:`ClaimStore` handed to it by a composition root, an
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 from lorenz.model.entries import ClaimRecord
@@ -101,8 +101,3 @@ class StaticCapacity:
 
     def has_capacity(self) -> bool:
         return True
-
-
-def records_by_key(records: Sequence[ClaimRecord]) -> dict[SlotKey, ClaimRecord]:
-    """Index claim records by slot key."""
-    return {r.slot_key: r for r in records}
