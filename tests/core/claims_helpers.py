@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from lorenz.model import Issue, RunningEntry, slot_key
-from lorenz.orchestrator import DispatchCandidate, Orchestrator, Started
+from lorenz.model import Issue, RetryEntry, RunningEntry, slot_key
+from lorenz.orchestrator import DispatchCandidate, Finished, Orchestrator, Started
 
 
 async def start(orchestrator: Orchestrator, candidate: DispatchCandidate) -> Started:
@@ -22,3 +22,8 @@ async def run(orchestrator: Orchestrator, issue: Issue, *, slot: int = 0) -> Run
     retry = orchestrator.state.retry_attempts.get(key)
     candidate = DispatchCandidate(issue, slot, key, retry)
     return (await start(orchestrator, candidate)).entry
+
+
+def retry_of(finished: Finished | None) -> RetryEntry | None:
+    """The retry a ``finish()`` wrote (``None`` when nothing was running or it released)."""
+    return finished.retry if finished is not None else None

@@ -13,6 +13,7 @@ from lorenz.orchestrator import (
     SkipReason,
     Started,
 )
+from tests.core.claims_helpers import retry_of
 from tests.core.factories import PoolProbe, SharedClaims, issue, make, settings
 
 
@@ -100,7 +101,7 @@ async def test_a_retry_goes_back_to_its_previous_host_when_it_has_room() -> None
     c1, c2 = await orchestrator.eligible_issues([issue(1), issue(2)])
     await start(orchestrator, c1)  # a
     assert (await start(orchestrator, c2)).entry.host == "b"
-    retry = await orchestrator.finish(key(2), normal=False, error="boom")
+    retry = retry_of(await orchestrator.finish(key(2), normal=False, error="boom"))
     assert retry is not None
     assert retry.host == "b"
     clock.advance(10000)
@@ -152,7 +153,7 @@ async def test_cancel_restores_the_consumed_retry_without_backoff() -> None:
     orchestrator, store, clock = make(capacity=probe)
     [first] = await orchestrator.eligible_issues([issue(1)])
     await start(orchestrator, first)
-    retry = await orchestrator.finish(key(1), normal=False, error="boom")
+    retry = retry_of(await orchestrator.finish(key(1), normal=False, error="boom"))
     assert retry is not None
     clock.advance(10000)
     probe.governing = True
@@ -209,7 +210,7 @@ async def test_expiry_sweep_is_exact_and_restores_retries() -> None:
     )
     [c] = await orchestrator.eligible_issues([issue(1)])
     await start(orchestrator, c)
-    retry = await orchestrator.finish(key(1), normal=True)
+    retry = retry_of(await orchestrator.finish(key(1), normal=True))
     clock.advance(1000)
     probe.governing = True
     [c] = await orchestrator.eligible_issues([issue(1)])
@@ -264,7 +265,7 @@ async def test_ensemble_slots_are_independent() -> None:
     candidates = await orchestrator.eligible_issues([issue(1)])
     assert [c.key for c in candidates] == [key(1, 0), key(1, 1), key(1, 2)]
     await start(orchestrator, candidates[1])
-    retry = await orchestrator.finish(key(1, 1), normal=False)
+    retry = retry_of(await orchestrator.finish(key(1, 1), normal=False))
     assert retry is not None
     assert retry.slot_index == 1
     left = await orchestrator.eligible_issues([issue(1)])

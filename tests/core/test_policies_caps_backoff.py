@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from lorenz.model import RetryKind, RunningEntry
+from lorenz.model import RetryKind, RunFailure, RunningEntry
 from lorenz.policies import (
     CONTINUATION_DELAY_MS,
-    POISON_WORKER_ERROR_PREFIXES,
+    POISON_WORKER_ERROR_CODES,
     CapacityShortage,
     IssueRules,
     StopReason,
@@ -139,23 +139,22 @@ def test_stall_error_text() -> None:
     assert stall_error(1234.9) == "stalled for 1234ms without agent activity"
 
 
-@pytest.mark.parametrize("prefix", POISON_WORKER_ERROR_PREFIXES)
-def test_host_caused_errors_poison_by_prefix(prefix: str) -> None:
-    assert classify_worker_outcome(prefix + "x") is WorkerHealth.POISON
+@pytest.mark.parametrize("code", sorted(POISON_WORKER_ERROR_CODES))
+def test_host_caused_failures_poison_by_code(code: str) -> None:
+    assert classify_worker_outcome(RunFailure(code=code, text="x")) is WorkerHealth.POISON
 
 
 @pytest.mark.parametrize(
-    "error",
+    "failure",
     [
         None,
-        "invalid_ssh_timeout: bad value",
-        "local hook failed with status 1",
-        "agent failed: workspace hook failed with status 2",
-        "turn_failed: oops",
+        RunFailure(code="invalid_ssh_timeout", text="ssh_timeout: bad value"),
+        RunFailure(code="turn_failed", text="workspace hook failed with status 2"),
+        RunFailure(code="agent_exited", text="workspace_hook_failed: mentioned, not the code"),
     ],
 )
-def test_everything_else_is_healthy(error: str | None) -> None:
-    assert classify_worker_outcome(error) is WorkerHealth.HEALTHY
+def test_everything_else_is_healthy(failure: RunFailure | None) -> None:
+    assert classify_worker_outcome(failure) is WorkerHealth.HEALTHY
 
 
 def test_a_stall_always_poisons() -> None:

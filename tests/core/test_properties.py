@@ -41,6 +41,7 @@ from lorenz.model import (
 )
 from lorenz.orchestrator import DispatchCandidate, Orchestrator, Reserved, Started
 from lorenz.policies import state_limit
+from tests.core.claims_helpers import retry_of
 from tests.core.factories import PoolProbe, issue, settings
 
 STATES = ["Todo", "In Progress", "Done", "Backlog"]
@@ -207,7 +208,7 @@ class SchedulingMachine(RuleBasedStateMachine):
         keys = sorted(self.orchestrator.state.running)
         key = keys[pick % len(keys)]
         previous = self.orchestrator.state.running[key].attempt
-        retry = self.run(self.orchestrator.finish(key, normal=normal, error=None))
+        retry = retry_of(self.run(self.orchestrator.finish(key, normal=normal, error=None)))
         assert retry is not None
         assert retry.attempt == (1 if normal else (previous or 0) + 1)
         if wait:  # make the retry due and try to consume it at once

@@ -8,7 +8,7 @@ import pytest
 
 from lorenz.model import AgentUpdate, ClaimPhase, RetryKind, SlotKey, TokenUsage
 from lorenz.orchestrator import Orchestrator, Skipped, SkipReason, StopReason
-from tests.core.claims_helpers import run, start
+from tests.core.claims_helpers import retry_of, run, start
 from tests.core.factories import EPOCH, issue, make, settings
 
 K1 = SlotKey("i1#0")
@@ -19,7 +19,7 @@ async def test_normal_exit_schedules_a_short_continuation() -> None:
     orchestrator, store, clock = make()
     await run(orchestrator, issue(1))
     clock.advance(5000)
-    retry = await orchestrator.finish(K1, normal=True)
+    retry = retry_of(await orchestrator.finish(K1, normal=True))
     assert retry is not None
     assert (retry.kind, retry.attempt) == (RetryKind.CONTINUATION, 1)
     assert retry.due_at_ms == clock.monotonic_ms() + 1000
@@ -38,9 +38,9 @@ async def test_abnormal_exits_back_off_exponentially() -> None:
     delays = []
     for expected_attempt in (1, 2, 3):
         await run(orchestrator, issue(1))
-        retry = await orchestrator.finish(
+        retry = retry_of(await orchestrator.finish(
             K1, normal=False, error=f"agent exited: {expected_attempt}"
-        )
+        ))
         assert retry is not None
         assert retry.attempt == expected_attempt
         assert retry.identifier == "ABC-1"
@@ -59,7 +59,7 @@ async def test_a_crash_after_a_continuation_is_attempt_two() -> None:
     entry = await run(orchestrator, issue(1))
     assert entry.attempt == 1
     assert entry.retry_kind is RetryKind.CONTINUATION
-    retry = await orchestrator.finish(K1, normal=False)
+    retry = retry_of(await orchestrator.finish(K1, normal=False))
     assert retry is not None
     assert (retry.attempt, retry.due_at_ms - clock.monotonic_ms()) == (2, 20000)
 
@@ -71,7 +71,7 @@ async def test_backoff_cap_from_config() -> None:
     await orchestrator.finish(K1, normal=False)
     clock.advance(10000)
     await run(orchestrator, issue(1))
-    retry = await orchestrator.finish(K1, normal=False)
+    retry = retry_of(await orchestrator.finish(K1, normal=False))
     assert retry is not None
     assert retry.due_at_ms - clock.monotonic_ms() == 15000
 
@@ -150,8 +150,12 @@ async def test_cleanup_issue_releases_every_slot_and_returns_those_to_abort() ->
     )
     await run(orchestrator, issue(2))
     clock.advance(2000)
-    stopped = await orchestrator.cleanup_issue("i1")
-    assert sorted(stopped) == [SlotKey("i1#0"), SlotKey("i1#2")]
+    released = await orchestrator.cleanup_issue("i1")
+    assert sorted(released.aborted) == [SlotKey("i1#0"), SlotKey("i1#2")]
+    assert [e.key for e in released.runs] == [SlotKey("i1#0"), SlotKey("i1#2")]
+    assert [r.key for r in released.retries] == [SlotKey("i1#1")]
+    assert released.runs[1].usage.total_tokens == 3
+    assert released.identifier == "ABC-1"
     assert set(orchestrator.state.running) == {SlotKey("i2#0")}
     assert orchestrator.state.claimed == {SlotKey("i2#0")}
     assert orchestrator.state.retry_attempts == {}
@@ -189,12 +193,14 @@ async def test_release_retry_and_release_slot() -> None:
     assert dict(store.claims) == {}
     await run(orchestrator, issue(1))
     clock.advance(3000)
-    assert await orchestrator.release_slot(K1) is True
+    released = await orchestrator.release_slot(K1)
+    assert [e.key for e in released.runs] == [K1]
+    assert released.aborted == (K1,)
     assert orchestrator.state.claimed == set()
     assert dict(store.claims) == {}
     assert orchestrator.state.retry_attempts == {}
     assert orchestrator.state.usage_totals.seconds_running == pytest.approx(3.0)
-    assert await orchestrator.release_slot(K1) is False
+    assert not await orchestrator.release_slot(K1)
     # released: it is a plain first-run candidate again
     [candidate] = await orchestrator.eligible_issues([issue(1)])
     assert candidate.retry is None
@@ -211,17 +217,35 @@ async def test_stall_detection_uses_the_agent_kinds_threshold() -> None:
     clock.advance(600)
     await orchestrator.apply_update(SlotKey("i2#0"), AgentUpdate(event="tick"))
     clock.advance(401)
-    assert orchestrator.stalled() == [K1]
     assert orchestrator.stalled_runs() == {K1: 1001}
-    retry = await orchestrator.finish(K1, normal=False, error="stalled")
-    assert retry is not None
-    assert retry.kind is RetryKind.FAILURE
-    assert retry.attempt == 1
+    [stalled] = await orchestrator.finish_stalled()
+    assert (stalled.entry.key, stalled.silent_ms) == (K1, 1001)
+    assert stalled.error == "stalled for 1001ms without agent activity"
+    assert stalled.retry.kind is RetryKind.FAILURE
+    assert stalled.retry.attempt == 1
+    assert stalled.retry.error == stalled.error
+    assert orchestrator.stalled_runs() == {}
+    assert await orchestrator.finish_stalled() == ()
     orchestrator.update_settings(
         settings(agents={"slow": {"command": "x", "stall_timeout_ms": 0}}, agent={"kind": "slow"})
     )
     clock.advance(10**7)
-    assert orchestrator.stalled() == []
+    assert orchestrator.stalled_runs() == {}
+
+
+async def test_finish_returns_the_ended_entry_and_can_release_instead_of_retrying() -> None:
+    orchestrator, store, clock = make()
+    entry = await run(orchestrator, issue(1))
+    clock.advance(1500)
+    finished = await orchestrator.finish(K1, normal=True, release=True)
+    assert finished is not None
+    assert finished.entry is entry
+    assert finished.retry is None
+    assert orchestrator.state.retry_attempts == {}
+    assert orchestrator.state.claimed == set()
+    assert dict(store.claims) == {}
+    assert orchestrator.state.usage_totals.seconds_running == pytest.approx(1.5)
+    assert await orchestrator.finish(K1, normal=True) is None
 
 
 async def test_finish_persists_the_retry_before_the_checkpoint() -> None:

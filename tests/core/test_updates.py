@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 
 from lorenz.model import AgentUpdate, SlotKey, TokenUsage
-from tests.core.claims_helpers import run
+from tests.core.claims_helpers import retry_of, run
 from tests.core.factories import SharedClaims, issue, make
 
 K1 = SlotKey("i1#0")
@@ -155,7 +155,7 @@ async def test_set_workspace_is_recorded_and_carried_into_the_retry() -> None:
     await run(orchestrator, issue(1))
     await orchestrator.set_workspace(K1, "/w/ABC-1")
     assert store.claims[K1].workspace_path == "/w/ABC-1"
-    retry = await orchestrator.finish(K1, normal=False)
+    retry = retry_of(await orchestrator.finish(K1, normal=False))
     assert retry is not None
     assert retry.workspace_path == "/w/ABC-1"
     clock.advance(10000)

@@ -122,3 +122,27 @@ async def test_a_stalled_pool_run_poisons_its_worker(tmp_path: Path) -> None:
     await rig.runtime.poll_once()
     await rig.runtime.wait_for_runs()
     assert pool.released == [("h1", True)]
+
+
+async def test_a_failed_hook_poisons_its_worker_by_code_and_an_agent_echo_does_not(
+    tmp_path: Path,
+) -> None:
+    # An agent that *prints* the hook-failure text and fails is an agent failure: healthy.
+    agent = write_agent(tmp_path, "echo", "print('workspace hook failed with status 1', "
+                                           "file=sys.stderr)\nsys.exit(3)\n")
+    wf = write_workflow(tmp_path, agent_script=agent)
+    pool = CountingPool(["h1"])
+    rig = build_rig(wf, issues=[issue(1)], pool=pool, capacity=Governs())
+    await rig.runtime.poll_once(wait_for_runs=True)
+    assert pool.released == [("h1", False)]
+
+    hooked = tmp_path / "hooked"
+    hooked.mkdir()
+    wf = write_workflow(hooked, agent_script=agent,
+                        front_matter={"hooks": {"before_run": "exit 1"}})
+    pool = CountingPool(["h2"])
+    rig = build_rig(wf, issues=[issue(1)], pool=pool, capacity=Governs())
+    await rig.runtime.poll_once(wait_for_runs=True)
+    assert pool.released == [("h2", True)]
+    [failed] = rig.of_type("run_failed")
+    assert failed["message"].startswith("workspace_hook_failed: ")

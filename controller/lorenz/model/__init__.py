@@ -12,7 +12,7 @@ from lorenz.model.entries import (
     RetryKind,
     RunningEntry,
 )
-from lorenz.model.errors import LorenzError
+from lorenz.model.errors import LorenzError, RunFailure
 from lorenz.model.events import EVENT_TYPES, RUN_OUTCOMES, EventType, RunOutcome
 from lorenz.model.issues import BlockerRef, Issue
 from lorenz.model.ports import CapacityProbe, ClaimStore, StaticCapacity, StoredState
@@ -36,6 +36,7 @@ __all__ = [
     "ReservationRecord",
     "RetryEntry",
     "RetryKind",
+    "RunFailure",
     "RunOutcome",
     "RunningEntry",
     "SlotKey",

@@ -6,6 +6,8 @@ conditions): they never change once released. Messages may improve.
 
 from __future__ import annotations
 
+import dataclasses
+
 
 class LorenzError(Exception):
     """Base of every coded error."""
@@ -23,3 +25,23 @@ class LorenzError(Exception):
     def __str__(self) -> str:
         where = f" [{self.key_path}]" if self.key_path else ""
         return f"{self.code}{where}: {self.message}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunFailure:
+    """Why a run did not end cleanly: a stable code to decide on, and the text users see.
+
+    Decisions (does this poison the worker host?) read ``code``; ``text`` goes into the retry
+    entry, the run history and events, and is never parsed.
+    """
+
+    code: str
+    text: str
+
+    @classmethod
+    def from_error(cls, error: LorenzError) -> RunFailure:
+        """A coded error as a failure: ``<code>: <message>``."""
+        return cls(code=error.code, text=f"{error.code}: {error.message}")
+
+    def __str__(self) -> str:
+        return self.text

@@ -78,6 +78,63 @@ ClaimResult = Started | Reserved | Skipped
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Finished:
+    """What :meth:`~lorenz.orchestrator.Orchestrator.finish` ended, and what it scheduled."""
+
+    entry: RunningEntry
+    """The running entry as it was when the run ended (usage, session, turns, start time)."""
+    retry: RetryEntry | None
+    """The retry it wrote; ``None`` when the slot was released instead (``release=True``)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StalledRun:
+    """One run :meth:`~lorenz.orchestrator.Orchestrator.finish_stalled` ended as a stall."""
+
+    entry: RunningEntry
+    retry: RetryEntry
+    """The failure retry it wrote."""
+    error: str
+    """The stall text the retry carries (``stalled for <ms>ms without agent activity``)."""
+    silent_ms: float
+    """How long the run had been silent."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Released:
+    """What :meth:`~lorenz.orchestrator.Orchestrator.cleanup_issue` or ``release_slot`` removed.
+
+    Nothing of it was turned into a retry; every claim row of it was released.
+    """
+
+    runs: tuple[RunningEntry, ...] = ()
+    """Running slots that ended (their time and usage went into the totals)."""
+    reservations: tuple[ReservationRecord, ...] = ()
+    """Reservations that were dropped (their acquire is still under way in the runtime)."""
+    retries: tuple[RetryEntry, ...] = ()
+    """Pending retries that were dropped."""
+
+    @property
+    def aborted(self) -> tuple[SlotKey, ...]:
+        """Keys of the runs and reservations: the runtime aborts those tasks."""
+        return (*(e.key for e in self.runs), *(r.key for r in self.reservations))
+
+    @property
+    def identifier(self) -> str | None:
+        """The issue's identifier, from whatever was removed (``None`` if nothing was)."""
+        for entry in self.runs:
+            return entry.issue.identifier
+        for reservation in self.reservations:
+            return reservation.issue.identifier
+        for retry in self.retries:
+            return retry.identifier
+        return None
+
+    def __bool__(self) -> bool:
+        return bool(self.runs or self.reservations or self.retries)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class EligibilityReport:
     """Side effects of the last eligibility pass, for the runtime's events and timers."""
 

@@ -53,10 +53,13 @@ from lorenz.orchestrator.results import (
     ClaimResult,
     DispatchCandidate,
     EligibilityReport,
+    Finished,
     HydrationReport,
+    Released,
     Reserved,
     Skipped,
     SkipReason,
+    StalledRun,
     Started,
 )
 from lorenz.orchestrator.snapshots import (
@@ -78,6 +81,7 @@ from lorenz.policies import (
     retry_plan,
     select_worker_host,
     sort_for_dispatch,
+    stall_error,
     stalled_for_ms,
 )
 
@@ -187,6 +191,12 @@ class Orchestrator:
         """Issues with a slot reserving, running or retrying (what reconciliation refetches)."""
         return self._state.tracked_issue_ids()
 
+    def claimed_issue_ids(self) -> set[str]:
+        """Issues with a slot running or reserved here (what a lost claim store aborts)."""
+        ids = {entry.issue.id for entry in self._state.running.values()}
+        ids.update(reservation.issue.id for reservation in self._state.reserved.values())
+        return ids
+
     def available_slots(self) -> int:
         """Free places under the global cap right now."""
         return max(self._settings.agent.max_concurrent_agents - self._state.occupied(), 0)
@@ -207,10 +217,6 @@ class Orchestrator:
             if elapsed is not None:
                 out[key] = elapsed
         return out
-
-    def stalled(self) -> list[SlotKey]:
-        """Running slot keys past the stall threshold now."""
-        return list(self.stalled_runs())
 
     # -- hydration ----------------------------------------------------------------------------
 
@@ -708,50 +714,73 @@ class Orchestrator:
             )
 
     async def finish(
-        self, key: SlotKey, *, normal: bool, error: str | None = None
-    ) -> RetryEntry | None:
-        """End a running slot and always schedule its retry; ``None`` if ``key`` is not running.
+        self, key: SlotKey, *, normal: bool, error: str | None = None, release: bool = False
+    ) -> Finished | None:
+        """End a running slot and schedule its retry; ``None`` if ``key`` is not running.
 
         Clean exit: continuation retry, attempt 1, 1000 ms. Fault: failure retry, the entry's
         attempt plus one (a first run counts as 0), ``10000 * 2**(attempt-1)`` ms capped by
         ``agent.max_retry_backoff_ms``. The run's time and usage go into the totals. The retry
         is written even if the issue is no longer active; the next eligibility pass prunes it.
+        ``release=True`` writes no retry and releases the claim instead: the runtime knows the
+        issue is done with (a fresh read after the exit said so).
         """
         async with self._lock:
-            state = self._state
-            entry = state.running.pop(key, None)
-            if entry is None:
-                return None
-            state.claimed.discard(key)
-            self._forget_session(key)
-            now_ms = self._clock.monotonic_ms()
-            wall = self._clock.now()
-            self._add_to_totals(entry, now_ms=now_ms)
-            state.completed.add(entry.issue.id)
-            kind = RetryKind.CONTINUATION if normal else RetryKind.FAILURE
-            attempt, delay = retry_plan(
-                kind=kind,
-                previous_attempt=entry.attempt,
-                max_backoff_ms=self._settings.agent.max_retry_backoff_ms,
-            )
-            retry = RetryEntry(
-                issue_id=entry.issue.id,
-                identifier=entry.issue.identifier,
-                slot_index=entry.slot_index,
-                attempt=attempt,
-                kind=kind,
-                due_at_ms=now_ms + delay,
-                due_at=wall + datetime.timedelta(milliseconds=delay),
-                error=error,
-                host=entry.host,
-                workspace_path=entry.workspace_path,
-            )
-            state.retry_attempts[key] = retry
-            # NB: the retry row first, the checkpoint second. If the process dies in between, the
-            # run's usage is lost (undercount); the other order would count it twice on recovery.
-            await self._store.save(retry_record(retry, owner=self._store.owner, now=wall))
+            return await self._finish_locked(key, normal=normal, error=error, release=release)
+
+    async def finish_stalled(self) -> tuple[StalledRun, ...]:
+        """End every running slot past the stall threshold with a failure retry."""
+        async with self._lock:
+            stalled: list[StalledRun] = []
+            for key, silent_ms in self.stalled_runs().items():
+                error = stall_error(silent_ms)
+                finished = await self._finish_locked(key, normal=False, error=error, release=False)
+                if finished is not None and finished.retry is not None:
+                    stalled.append(StalledRun(entry=finished.entry, retry=finished.retry,
+                                              error=error, silent_ms=silent_ms))
+            return tuple(stalled)
+
+    async def _finish_locked(
+        self, key: SlotKey, *, normal: bool, error: str | None, release: bool
+    ) -> Finished | None:
+        state = self._state
+        entry = state.running.pop(key, None)
+        if entry is None:
+            return None
+        state.claimed.discard(key)
+        self._forget_session(key)
+        now_ms = self._clock.monotonic_ms()
+        wall = self._clock.now()
+        self._add_to_totals(entry, now_ms=now_ms)
+        state.completed.add(entry.issue.id)
+        if release:
+            await self._store.release(key)
             await self._save_checkpoint()
-            return retry
+            return Finished(entry=entry, retry=None)
+        kind = RetryKind.CONTINUATION if normal else RetryKind.FAILURE
+        attempt, delay = retry_plan(
+            kind=kind,
+            previous_attempt=entry.attempt,
+            max_backoff_ms=self._settings.agent.max_retry_backoff_ms,
+        )
+        retry = RetryEntry(
+            issue_id=entry.issue.id,
+            identifier=entry.issue.identifier,
+            slot_index=entry.slot_index,
+            attempt=attempt,
+            kind=kind,
+            due_at_ms=now_ms + delay,
+            due_at=wall + datetime.timedelta(milliseconds=delay),
+            error=error,
+            host=entry.host,
+            workspace_path=entry.workspace_path,
+        )
+        state.retry_attempts[key] = retry
+        # NB: the retry row first, the checkpoint second. If the process dies in between, the
+        # run's usage is lost (undercount); the other order would count it twice on recovery.
+        await self._store.save(retry_record(retry, owner=self._store.owner, now=wall))
+        await self._save_checkpoint()
+        return Finished(entry=entry, retry=retry)
 
     async def release_retry(self, key: SlotKey) -> None:
         """Drop a pending retry and release its claim row (a no-op for claimed or unknown keys)."""
@@ -761,18 +790,19 @@ class Orchestrator:
             if self._state.retry_attempts.pop(key, None) is not None:
                 await self._store.release(key)
 
-    async def cleanup_issue(self, issue_id: str) -> list[SlotKey]:
+    async def cleanup_issue(self, issue_id: str) -> Released:
         """Forget every slot of an issue (running, reserved, retrying) and release its rows.
 
-        Returns the keys that were running or reserved: the runtime aborts those runs. Time and
+        Returns what was removed: the runtime aborts the runs and reservations in it. Time and
         usage of the stopped runs still go into the totals; no retry is scheduled.
         """
         async with self._lock:
             state = self._state
             now_ms = self._clock.monotonic_ms()
-            to_abort: list[SlotKey] = []
+            runs: list[RunningEntry] = []
+            reservations: list[ReservationRecord] = []
+            retries: list[RetryEntry] = []
             touched: list[SlotKey] = []
-            ended_runs = False
             for index in range(self._slot_span):
                 key = slot_key(issue_id, index)
                 entry = state.running.pop(key, None)
@@ -781,24 +811,28 @@ class Orchestrator:
                 if entry is not None:
                     self._add_to_totals(entry, now_ms=now_ms)
                     self._forget_session(key)
-                    ended_runs = True
+                    runs.append(entry)
+                if reservation is not None:
+                    reservations.append(reservation)
+                if retry is not None:
+                    retries.append(retry)
                 if entry is not None or reservation is not None:
                     state.claimed.discard(key)
-                    to_abort.append(key)
                 if entry is not None or reservation is not None or retry is not None:
                     touched.append(key)
             for key in touched:
                 await self._store.release(key)
-            if ended_runs:
+            if runs:
                 await self._save_checkpoint()
-            return to_abort
+            return Released(runs=tuple(runs), reservations=tuple(reservations),
+                            retries=tuple(retries))
 
-    async def release_slot(self, key: SlotKey) -> bool:
+    async def release_slot(self, key: SlotKey) -> Released:
         """Forget one slot (running, reserved and any retry) without scheduling a retry.
 
         For a stop that comes from outside, such as a deleted ``Claim``: the slot becomes
         unclaimed and may be dispatched again on the next tick. A running slot's time and usage
-        still go into the totals. ``True`` if the slot was running or reserved (abort its run).
+        still go into the totals. Returns what was removed (empty for an unknown key).
         """
         async with self._lock:
             state = self._state
@@ -806,7 +840,7 @@ class Orchestrator:
             reservation = state.reserved.pop(key, None)
             retry = state.retry_attempts.pop(key, None)
             if entry is None and reservation is None and retry is None:
-                return False
+                return Released()
             state.claimed.discard(key)
             if entry is not None:
                 self._add_to_totals(entry, now_ms=self._clock.monotonic_ms())
@@ -814,7 +848,11 @@ class Orchestrator:
             await self._store.release(key)
             if entry is not None:
                 await self._save_checkpoint()
-            return entry is not None or reservation is not None
+            return Released(
+                runs=(entry,) if entry is not None else (),
+                reservations=(reservation,) if reservation is not None else (),
+                retries=(retry,) if retry is not None else (),
+            )
 
     async def refresh_running_issue(self, issue: Issue) -> None:
         """Replace the issue snapshot of its running and reserved slots (moves per-state counts).

@@ -39,7 +39,7 @@ from lorenz.policies.ordering import (
     sort_for_dispatch,
 )
 from lorenz.policies.outcomes import (
-    POISON_WORKER_ERROR_PREFIXES,
+    POISON_WORKER_ERROR_CODES,
     WorkerHealth,
     classify_worker_outcome,
 )
@@ -50,7 +50,7 @@ __all__ = [
     "CONTINUATION_ATTEMPT",
     "CONTINUATION_DELAY_MS",
     "FAILURE_BASE_DELAY_MS",
-    "POISON_WORKER_ERROR_PREFIXES",
+    "POISON_WORKER_ERROR_CODES",
     "RESERVATION_EXPIRY_MARGIN_MS",
     "UNRANKED_PRIORITY",
     "CapacityShortage",

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from lorenz.agents import AgentRunError, AgentRunner, AgentRunRequest
+from lorenz.agents import AgentRunner, AgentRunRequest
 from lorenz.agents.environment import agent_environment
 from lorenz.config import AgentProtocol, TrackerKind, WorkflowSettings
 from lorenz.model import (
@@ -30,12 +30,21 @@ from lorenz.model import (
     Issue,
     LorenzError,
     RetryEntry,
+    RunFailure,
+    RunningEntry,
     RunOutcome,
     SlotKey,
     SystemClock,
 )
-from lorenz.orchestrator import DispatchCandidate, Orchestrator, Reserved, Skipped, Started
-from lorenz.policies import WorkerHealth, classify_worker_outcome, stall_error
+from lorenz.orchestrator import (
+    DispatchCandidate,
+    Orchestrator,
+    Released,
+    Reserved,
+    Skipped,
+    Started,
+)
+from lorenz.policies import WorkerHealth, classify_worker_outcome
 from lorenz.runtime.projection import Projection
 from lorenz.runtime.retry_timers import RetryTimers
 from lorenz.runtime.runs import AbortReason, ActiveRun, ActiveRuns
@@ -74,10 +83,6 @@ class WorkerPool(Protocol):
     async def release(self, slot: WorkerSlot, *, poison: bool) -> None: ...
 
     async def drain(self, *, deadline_ms: int) -> None: ...
-
-
-class RuntimeError_(LorenzError):
-    code = "runtime_error"
 
 
 class LorenzRuntime:
@@ -447,9 +452,7 @@ class LorenzRuntime:
 
     async def abandon_runs(self, *, reason: str) -> None:
         """Abort every local run whose claim we no longer own; record nothing for them."""
-        state = self._orchestrator.state
-        issue_ids = {e.issue.id for e in state.running.values()}
-        issue_ids |= {r.issue.id for r in state.reserved.values()}
+        issue_ids = self._orchestrator.claimed_issue_ids()
         for run in self._runs.all():
             run.finish_externally(AbortReason.LEADERSHIP_LOST)
         for issue_id in sorted(issue_ids):
@@ -529,21 +532,17 @@ class LorenzRuntime:
             self._event(EventType.STARTUP_WORKSPACE_CLEANUP_FAILED, message=_describe(exc))
 
     async def _reconcile_stalled_runs(self) -> None:
-        for key in self._orchestrator.stalled():
-            entry = self._orchestrator.state.running.get(key)
-            if entry is None:
-                continue
-            since = entry.last_agent_timestamp_ms or entry.started_at_ms
-            error = stall_error(self._clock.monotonic_ms() - since)
-            retry = await self._orchestrator.finish(key, normal=False, error=error)
-            run = self._runs.get(key)
+        for stalled in await self._orchestrator.finish_stalled():
+            entry = stalled.entry
+            run = self._runs.get(entry.key)
             if run is not None:
                 run.finish_externally(AbortReason.STALLED)
-            self._record_run(entry, outcome=RunOutcome.STALLED, error=error)
+            self._record_run(entry, outcome=RunOutcome.STALLED, error=stalled.error)
             self._event(
-                EventType.RUN_STALLED, issue=entry.issue, slot=entry.slot_index, message=error
+                EventType.RUN_STALLED, issue=entry.issue, slot=entry.slot_index,
+                message=stalled.error,
             )
-            self._retry_event(retry)
+            self._retry_event(stalled.retry)
 
     async def _reconcile_tracked_issues(self) -> None:
         tracked = self._orchestrator.tracked_issue_ids()
@@ -571,21 +570,9 @@ class LorenzRuntime:
 
     async def _stop_issue(self, issue_id: str, *, issue: Issue | None, reason: str) -> None:
         """Stop every slot of an issue, release its claims, clean up when it is terminal."""
-        state = self._orchestrator.state
-        entries = [e for e in state.running.values() if e.issue.id == issue_id]
-        identifier = (
-            issue.identifier
-            if issue is not None
-            else next(
-                (e.issue.identifier for e in entries),
-                next(
-                    (r.identifier for r in state.retry_attempts.values() if r.issue_id == issue_id),
-                    issue_id,
-                ),
-            )
-        )
-        stopped_keys = await self._orchestrator.cleanup_issue(issue_id)
-        for key in stopped_keys:
+        released = await self._orchestrator.cleanup_issue(issue_id)
+        identifier = issue.identifier if issue is not None else released.identifier or issue_id
+        for key in released.aborted:
             self._timers.cancel(key)
             run = self._runs.get(key)
             if run is not None:
@@ -593,7 +580,7 @@ class LorenzRuntime:
         for key in list(self._timers.armed()):
             if key.rsplit("#", 1)[0] == issue_id:
                 self._timers.cancel(key)
-        for entry in entries:
+        for entry in released.runs:
             self._record_run(entry, outcome=RunOutcome.CANCELED, error=f"stopped: {reason}")
             self._event(
                 EventType.RUN_CANCELED,
@@ -622,14 +609,12 @@ class LorenzRuntime:
 
     async def cancel_slot(self, key: SlotKey, *, reason: str = "claim_deleted") -> bool:
         """Stop one slot's run from outside (a deleted ``Claim``); the issue may run again."""
-        entry = self._orchestrator.state.running.get(key)
         run = self._runs.get(key)
-        if entry is None and run is None:
-            await self._orchestrator.release_retry(key)
-            self._timers.cancel(key)
+        self._timers.cancel(key)
+        released: Released = await self._orchestrator.release_slot(key)
+        if not released.aborted and run is None:
             return False
-        if entry is not None:
-            await self._orchestrator.release_slot(key)
+        for entry in released.runs:
             self._record_run(entry, outcome=RunOutcome.CANCELED, error=f"stopped: {reason}")
             self._event(
                 EventType.RUN_CANCELED,
@@ -673,7 +658,7 @@ class LorenzRuntime:
                 host=result.entry.host,
                 message="run started",
             )
-            coro = self._run_slot(run, key=key)
+            coro = self._run_slot(run, entry=result.entry)
         else:
             self._event(
                 EventType.RUN_RESERVING,
@@ -716,7 +701,7 @@ class LorenzRuntime:
             host=entry.host,
             message="run started",
         )
-        await self._run_slot(run, key=run.key, worker_slot=slot)
+        await self._run_slot(run, entry=entry, worker_slot=slot)
 
     async def _give_back(self, run: ActiveRun, reservation: Any, *, reason: str | None,
                          message: str | None = None) -> None:
@@ -728,17 +713,14 @@ class LorenzRuntime:
                         slot=reservation.slot_index, message=message, reason=reason)
 
     async def _run_slot(
-        self, run: ActiveRun, *, key: SlotKey, worker_slot: WorkerSlot | None = None
+        self, run: ActiveRun, *, entry: RunningEntry, worker_slot: WorkerSlot | None = None
     ) -> None:
-        entry = self._orchestrator.state.running.get(key)
-        if entry is None:
-            self._runs.discard(run)
-            return
+        key = entry.key
         settings = self.settings
         workflow = self._workflow
         issue = entry.issue
         workspace: Workspace | None = None
-        error: str | None = None
+        error: RunFailure | None = None
         normal = False
         cancelled_from_outside = False
         try:
@@ -777,13 +759,11 @@ class LorenzRuntime:
                 # as a shutdown, then let the cancellation propagate.
                 run.reason = AbortReason.SHUTDOWN
                 cancelled_from_outside = True
-            error = f"aborted: {run.reason}"
-        except AgentRunError as exc:
-            error = f"{exc.code}: {exc.message}"
+            error = _aborted(run.reason)
         except LorenzError as exc:
-            error = f"{exc.code}: {exc.message}" if not _keeps_prefix(exc) else exc.message
+            error = RunFailure.from_error(exc)
         except Exception as exc:
-            error = f"agent exited: {_describe(exc)}"
+            error = RunFailure(code="agent_exited", text=f"agent exited: {_describe(exc)}")
         finally:
             if workspace is not None:
                 # NB: shielded so that cancellation (stop, stall, reconciliation) still runs
@@ -792,7 +772,8 @@ class LorenzRuntime:
                     await asyncio.shield(
                         self._workspaces.after_run(workspace, attempt=entry.attempt)
                     )
-            error = self._scrub(error) if error is not None else None
+            if error is not None:
+                error = RunFailure(code=error.code, text=self._scrub(error.text))
             await self._settle(run, key=key, normal=normal, error=error, worker_slot=worker_slot)
         if cancelled_from_outside:
             raise asyncio.CancelledError
@@ -803,31 +784,30 @@ class LorenzRuntime:
         *,
         key: SlotKey,
         normal: bool,
-        error: str | None,
+        error: RunFailure | None,
         worker_slot: WorkerSlot | None,
     ) -> None:
+        text = error.text if error is not None else None
         try:
             if run.reason is AbortReason.SHUTDOWN:
                 # A clean shutdown: keep the slot's place with a continuation retry, so a
                 # durable store brings it back after a restart without counting a failure.
-                entry = self._orchestrator.state.running.get(key)
-                if entry is not None:
-                    await self._orchestrator.finish(key, normal=True, error=None)
+                await self._orchestrator.finish(key, normal=True, error=None)
             elif run.is_active:
-                entry = self._orchestrator.state.running.get(key)
-                if entry is not None:
-                    retry = await self._orchestrator.finish(key, normal=normal, error=error)
+                finished = await self._orchestrator.finish(key, normal=normal, error=text)
+                if finished is not None:
+                    entry = finished.entry
                     outcome = RunOutcome.SUCCESS if normal else RunOutcome.FAILED
-                    self._record_run(entry, outcome=outcome, error=error)
+                    self._record_run(entry, outcome=outcome, error=text)
                     self._event(
                         EventType.RUN_FINISHED if normal else EventType.RUN_FAILED,
                         issue=entry.issue,
                         slot=entry.slot_index,
-                        message="run finished" if normal else (error or "run failed"),
+                        message="run finished" if normal else (text or "run failed"),
                         outcome=outcome.value,
                     )
-                    self._retry_event(retry)
-                    if retry is not None and not self._stopped:
+                    self._retry_event(finished.retry)
+                    if finished.retry is not None and not self._stopped:
                         self._timers.sync(self._orchestrator.retry_deadlines())
             if worker_slot is not None and self._pool is not None:
                 health = classify_worker_outcome(error, stalled=run.reason is AbortReason.STALLED)
@@ -860,7 +840,7 @@ class LorenzRuntime:
                     run,
                     key=run.key,
                     normal=False,
-                    error=f"aborted: {run.reason}",
+                    error=_aborted(run.reason),
                     worker_slot=None,
                 )
 
@@ -938,7 +918,7 @@ class LorenzRuntime:
             error=retry.error,
         )
 
-    def _record_run(self, entry: Any, *, outcome: RunOutcome, error: str | None) -> None:
+    def _record_run(self, entry: RunningEntry, *, outcome: RunOutcome, error: str | None) -> None:
         now = self._clock.now()
         self._projection.record_run(
             {
@@ -1047,11 +1027,8 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def _keeps_prefix(exc: LorenzError) -> bool:
-    """Workspace errors keep their message first: the worker classification reads the prefix."""
-    return exc.message.startswith(
-        ("workspace hook failed with status ", "workspace_prepare_failed:")
-    )
+def _aborted(reason: AbortReason | None) -> RunFailure:
+    return RunFailure(code="run_aborted", text=f"aborted: {reason}")
 
 
 def _tracker_changed(old: WorkflowSettings, new: WorkflowSettings) -> bool:

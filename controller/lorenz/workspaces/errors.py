@@ -5,8 +5,8 @@ that exits 1, a hand-edited worktree), so each one carries a stable ``code`` the
 into events and a one-line message that says what to change. Two contracts matter outside this
 package:
 
-* a hook that exits non-zero has a message starting with ``workspace hook failed with status
-  <N>`` -- the runtime classifies worker outcomes by that prefix, so it never changes;
+* the codes are what the runtime decides on (a ``workspace_hook_failed`` run poisons its worker
+  host, see :mod:`lorenz.policies.outcomes`); messages are for people and may improve;
 * preserved worktrees (dirty or foreign) are reported as errors rather than silently skipped, so
   a clean-up that leaves something behind is always visible.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 from lorenz.model import LorenzError
 
 HOOK_FAILED_PREFIX = "workspace hook failed with status "
-"""The message prefix of a non-zero hook exit (matched by prefix in the runtime)."""
+"""How the message of a non-zero hook exit starts (for people; decisions read the code)."""
 
 PRESERVING_CODES: frozenset[str] = frozenset({"worktree_dirty", "worktree_foreign"})
 """Codes meaning "this path was deliberately kept": nothing is wrong with Lorenz itself."""
