@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from lorenz.agents.processes import AgentProcess, AgentStdinClosed, LineTooLong
+from lorenz.tasks import BackgroundTasks
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ class JsonRpcConnection:
         self._jsonrpc_member = jsonrpc_member
         self._next_id = 1
         self._pending: dict[RequestId, asyncio.Future[Any]] = {}
-        self._handlers: set[asyncio.Task[None]] = set()
+        self._handlers = BackgroundTasks(name="jsonrpc-handlers", log=logger)
         self._loop = asyncio.get_running_loop()
         self.closed: asyncio.Future[None] = self._loop.create_future()
         """Resolves when stdout ends; its exception is set if the reader itself failed."""
@@ -245,9 +246,9 @@ class JsonRpcConnection:
             future.set_result(message.get("result"))
 
     def _start_handler(self, request_id: RequestId, method: str, params: Mapping[str, Any]) -> None:
-        task = asyncio.create_task(self._handle(request_id, method, params))
-        self._handlers.add(task)
-        task.add_done_callback(self._handlers.discard)
+        self._handlers.spawn(
+            self._handle(request_id, method, params), name=f"jsonrpc-handle-{method}"
+        )
 
     async def _handle(self, request_id: RequestId, method: str, params: Mapping[str, Any]) -> None:
         try:

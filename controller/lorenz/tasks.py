@@ -1,0 +1,129 @@
+"""The small asyncio kit every layer uses for background work, first-of waits and shielding.
+
+Three patterns kept recurring by hand, each with a trap of its own:
+
+* **fire-and-forget tasks** — the event loop holds only a weak reference to a task, so a task
+  nobody keeps can be garbage-collected mid-flight, and an exception in a task nobody awaits is
+  reported only as "Task exception was never retrieved" at interpreter exit.
+  :class:`BackgroundTasks` keeps a strong reference until the task ends and logs its failure
+  at once, with the task's name;
+* **first of several awaitables** — ``asyncio.wait(..., return_when=FIRST_COMPLETED)`` leaves
+  the losers running unless the caller remembers to cancel them. :func:`first_of` cancels and
+  awaits them;
+* **work that must not be cut in half** — a tracker request or a file write that a cancelled
+  caller abandons mid-send leaves the other side with a truncated body.
+  :func:`run_to_completion` lets the work finish, then re-raises the cancellation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Coroutine, Iterator
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+logger = logging.getLogger(__name__)
+
+
+class BackgroundTasks:
+    """A set of tasks nobody awaits: kept alive until they end, failures logged at once."""
+
+    def __init__(self, *, name: str, log: logging.Logger | None = None) -> None:
+        self._name = name
+        self._log = log or logger
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def spawn(self, coro: Coroutine[Any, Any, T], *, name: str | None = None) -> asyncio.Task[T]:
+        """Start ``coro`` as a task of this set and return it."""
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._finished)
+        return task
+
+    def _finished(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            self._log.error(
+                "background task failed set=%s task=%s error=%s: %s",
+                self._name,
+                task.get_name(),
+                type(exc).__name__,
+                exc,
+                exc_info=exc,
+            )
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def __iter__(self) -> Iterator[asyncio.Task[Any]]:
+        return iter(list(self._tasks))
+
+    async def wait(self, *, timeout_s: float | None = None) -> bool:
+        """Wait until every task has ended (or ``timeout_s`` seconds); true if all ended."""
+        pending = list(self._tasks)
+        if not pending:
+            return True
+        _, still = await asyncio.wait(pending, timeout=timeout_s)
+        return not still
+
+    async def cancel_all(self, *, timeout_s: float | None = None) -> None:
+        """Cancel every task and wait (at most ``timeout_s`` seconds) for them to end."""
+        pending = list(self._tasks)
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=timeout_s)
+
+
+async def first_of(
+    *awaitables: Awaitable[Any], timeout_s: float | None = None
+) -> asyncio.Task[Any] | None:
+    """The first of ``awaitables`` to finish (``None`` on timeout); the others are cancelled.
+
+    NB: the losers are awaited after their cancellation, so nothing they hold (a subprocess
+    pipe, a socket) is still being torn down when the caller goes on.
+    """
+    tasks = [asyncio.ensure_future(item) for item in awaitables]
+    try:
+        done, _ = await asyncio.wait(
+            tasks, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
+        )
+    finally:
+        for task in tasks:
+            if not task.done():
+                task.cancel()
+        # NB: a loser that fails while being cancelled has nothing to say to the winner's caller.
+        await asyncio.gather(*tasks, return_exceptions=True)
+    if not done:
+        return None
+    # Several can finish in the same loop iteration: the first in argument order wins.
+    return next(task for task in tasks if task in done)
+
+
+async def run_to_completion(aw: Awaitable[T]) -> T:
+    """Await ``aw`` to its end even if the caller is cancelled meanwhile; then re-raise that.
+
+    For work that must not be cut in half (a request being sent, a record being written). The
+    work itself is not cancelled; a second cancellation of the caller while it waits is also
+    absorbed until the work has finished.
+    """
+    task = asyncio.ensure_future(aw)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.cancelled():
+                raise
+            cancelled = True
+        except BaseException:  # the work's own error: task.result() below raises it
+            break
+    if cancelled:
+        # The caller asked to stop while the work ran; now that it has ended, it may.
+        raise asyncio.CancelledError
+    return task.result()
