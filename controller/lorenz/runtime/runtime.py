@@ -55,6 +55,7 @@ from lorenz.workflow import (
     LoadedWorkflow,
     WorkflowStamp,
     continuation_prompt,
+    load_off_loop,
     render_prompt,
     validate_dispatch,
     workflow_stamp,
@@ -479,7 +480,7 @@ class LorenzRuntime:
         try:
             # NB: every step that can throw runs before anything is swapped, so a failure
             # leaves the last-known-good workflow, settings and tracker client in place.
-            loaded = self._reload_workflow()
+            loaded = await load_off_loop(self._reload_workflow)
             validate_dispatch(loaded.settings)
             tracker = (
                 self._tracker_factory(loaded.settings)

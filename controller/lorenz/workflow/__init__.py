@@ -5,6 +5,7 @@ the scheduling core reads and the prompt that agents receive. It reads files and
 environment, and nothing else; the runtime above decides when to (re)load.
 """
 
+from lorenz.workflow.bounded_yaml import MAX_WORKFLOW_BYTES, MAX_YAML_DEPTH, MAX_YAML_NODES
 from lorenz.workflow.documents import SplitDocument, parse_front_matter, split_front_matter
 from lorenz.workflow.errors import (
     ERROR_CLASSES,
@@ -28,7 +29,10 @@ from lorenz.workflow.errors import (
     UnsupportedTrackerKind,
     WorkflowError,
     WorkflowFrontMatterNotAMap,
+    WorkflowLoadTimeout,
     WorkflowParseError,
+    WorkflowTooComplex,
+    WorkflowTooLarge,
 )
 from lorenz.workflow.flags import (
     FEATURES,
@@ -62,7 +66,7 @@ from lorenz.workflow.prompts import (
     continuation_prompt,
 )
 from lorenz.workflow.redaction import REDACTED, flag_report, redacted_settings
-from lorenz.workflow.reloading import ReloadResult, WorkflowReloader
+from lorenz.workflow.reloading import LOAD_TIMEOUT_S, ReloadResult, WorkflowReloader, load_off_loop
 from lorenz.workflow.resolving import default_workspace_root
 
 __all__ = [
@@ -72,6 +76,10 @@ __all__ = [
     "FEATURES",
     "KNOWN_FEATURES",
     "KNOWN_FLAGS",
+    "LOAD_TIMEOUT_S",
+    "MAX_WORKFLOW_BYTES",
+    "MAX_YAML_DEPTH",
+    "MAX_YAML_NODES",
     "REDACTED",
     "TEMPLATE_VARIABLES",
     "ConfigProblem",
@@ -103,15 +111,19 @@ __all__ = [
     "UnsupportedTrackerKind",
     "WorkflowError",
     "WorkflowFrontMatterNotAMap",
+    "WorkflowLoadTimeout",
     "WorkflowParseError",
     "WorkflowReloader",
     "WorkflowStamp",
+    "WorkflowTooComplex",
+    "WorkflowTooLarge",
     "continuation_prompt",
     "default_workspace_root",
     "dispatch_problems",
     "env_feature_name",
     "env_flag_name",
     "flag_report",
+    "load_off_loop",
     "load_workflow",
     "parse_flag_assignment",
     "parse_front_matter",

@@ -7,7 +7,7 @@ The page is hand-written prose with generated blocks between markers::
     <!-- /generated:keys -->
 
 Blocks: ``keys`` (every key: type, default, validation, reload note, description), ``flags``,
-``features`` and ``errors`` (every coded workflow error). Run::
+``features``, ``errors`` (every coded workflow error) and ``limits`` (the parsing bounds). Run::
 
     python -m lorenz.workflow.docs            # rewrite docs/configuration.md in place
     python -m lorenz.workflow.docs --check    # exit 1 if it is out of date (the tests do this)
@@ -29,8 +29,15 @@ from typing import Any
 import pydantic
 from pydantic.fields import FieldInfo
 
-from lorenz.workflow.errors import ERROR_CLASSES
+from lorenz.workflow.bounded_yaml import MAX_WORKFLOW_BYTES, MAX_YAML_DEPTH, MAX_YAML_NODES
+from lorenz.workflow.errors import (
+    ERROR_CLASSES,
+    WorkflowLoadTimeout,
+    WorkflowTooComplex,
+    WorkflowTooLarge,
+)
 from lorenz.workflow.flags import FEATURES, FLAG_FIELDS, env_feature_name, env_flag_name
+from lorenz.workflow.reloading import LOAD_TIMEOUT_S
 from lorenz.workflow.schema import SettingsField, iter_fields
 
 DEFAULT_DOC = Path("docs/configuration.md")
@@ -181,11 +188,25 @@ def render_errors() -> str:
     return "\n".join(rows)
 
 
+def render_limits() -> str:
+    rows = ["| limit | value | when exceeded |", "|---|---|---|"]
+    for name, value, code in (
+        ("file size", f"{MAX_WORKFLOW_BYTES} bytes (1 MiB)", WorkflowTooLarge.code),
+        ("nesting depth of maps and lists", str(MAX_YAML_DEPTH), WorkflowTooComplex.code),
+        ("values (scalars, maps, lists), aliases expanded", str(MAX_YAML_NODES),
+         WorkflowTooComplex.code),
+        ("time for a hot reload", f"{LOAD_TIMEOUT_S:g} s", WorkflowLoadTimeout.code),
+    ):
+        rows.append(f"| {name} | {value} | `{code}` |")
+    return "\n".join(rows)
+
+
 BLOCKS: dict[str, Callable[[], str]] = {
     "keys": render_keys,
     "flags": render_flags,
     "features": render_features,
     "errors": render_errors,
+    "limits": render_limits,
 }
 
 

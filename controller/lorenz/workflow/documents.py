@@ -9,7 +9,9 @@ silently, where we must report ``workflow_front_matter_not_a_map``. The rules:
 * lines end with ``\\r\\n``, ``\\n`` or ``\\r`` (any mix);
 * with no closing ``---``, every remaining line is YAML and the body is empty;
 * empty (or whitespace-only) front matter is ``{}``; anything other than a map is an error;
-* the body is trimmed of surrounding whitespace.
+* the body is trimmed of surrounding whitespace;
+* the YAML is decoded within bounds of depth and alias-expanded size (an alias bomb or a
+  thousand-deep nesting is a coded error, not a frozen or crashed process).
 """
 
 from __future__ import annotations
@@ -21,7 +23,12 @@ from typing import Any
 
 import yaml
 
-from lorenz.workflow.errors import WorkflowFrontMatterNotAMap, WorkflowParseError
+from lorenz.workflow.bounded_yaml import YamlTooComplex, load_bounded_yaml
+from lorenz.workflow.errors import (
+    WorkflowFrontMatterNotAMap,
+    WorkflowParseError,
+    WorkflowTooComplex,
+)
 
 FENCE = "---"
 _NEWLINE = re.compile(r"\r\n|\r|\n")
@@ -62,12 +69,19 @@ def split_front_matter(text: str) -> SplitDocument:
 
 
 def parse_front_matter(yaml_text: str | None, *, path: Path | None = None) -> dict[str, Any]:
-    """Decode the front matter into a map; ``None`` or blank text gives ``{}``."""
+    """Decode the front matter into a map; ``None`` or blank text gives ``{}``.
+
+    Decoding is bounded in depth and expanded size (:mod:`lorenz.workflow.bounded_yaml`).
+    """
     if yaml_text is None or not yaml_text.strip():
         return {}
     where = f"{path}: " if path else ""
     try:
-        data = yaml.safe_load(yaml_text)
+        data = load_bounded_yaml(yaml_text)
+    except YamlTooComplex as exc:
+        raise WorkflowTooComplex(
+            f"{where}front matter is too complex: {exc}; flatten it or remove repeated aliases"
+        ) from None
     except yaml.YAMLError as exc:
         raise WorkflowParseError(
             f"{where}front matter is not valid YAML ({_describe_yaml_error(exc)}); fix the YAML "

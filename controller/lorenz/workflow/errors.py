@@ -66,6 +66,26 @@ class WorkflowParseError(WorkflowError):
     code = "workflow_parse_error"
 
 
+class WorkflowTooLarge(WorkflowError):
+    """The workflow file is larger than the limit (1 MiB); it is not parsed."""
+
+    code = "workflow_too_large"
+
+
+class WorkflowTooComplex(WorkflowError):
+    """The front matter nests deeper than 64 levels or has more than 100,000 values once YAML
+    aliases are expanded (an alias bomb); the message names the limit."""
+
+    code = "workflow_too_complex"
+
+
+class WorkflowLoadTimeout(WorkflowError):
+    """Loading the workflow took longer than the reload time bound (10 s); the last good
+    workflow stays in force."""
+
+    code = "workflow_load_timeout"
+
+
 class WorkflowFrontMatterNotAMap(WorkflowError):
     """The front matter is valid YAML but not a mapping (a list, a string, a number)."""
 

@@ -29,12 +29,15 @@ import pydantic
 
 from lorenz.config import FLAG_ONLY_SECTIONS, TOP_LEVEL_SECTIONS, WorkflowSettings
 from lorenz.model import Issue, RetryKind
+from lorenz.workflow.bounded_yaml import MAX_WORKFLOW_BYTES, MAX_YAML_DEPTH
 from lorenz.workflow.documents import decode_workflow_bytes, parse_front_matter, split_front_matter
 from lorenz.workflow.errors import (
     ConfigProblem,
     FlagOnlySection,
     InvalidWorkflowConfig,
     MissingWorkflowFile,
+    WorkflowTooComplex,
+    WorkflowTooLarge,
 )
 from lorenz.workflow.flags import (
     FEATURES,
@@ -129,7 +132,8 @@ def _read(path: Path) -> tuple[bytes, WorkflowStamp]:
     try:
         with path.open("rb") as handle:
             stat = os.fstat(handle.fileno())
-            content = handle.read()
+            # NB: one byte past the limit is enough to know the file is too large.
+            content = handle.read(MAX_WORKFLOW_BYTES + 1)
     except OSError as exc:
         reason = exc.strerror or exc.__class__.__name__
         raise MissingWorkflowFile(
@@ -172,22 +176,36 @@ def load_workflow(
     """
     workflow_path = select_workflow_path(path, cwd=cwd)
     content, stamp = _read(workflow_path)
-    text = decode_workflow_bytes(content, path=workflow_path)
-    document = split_front_matter(text)
-    front_matter = parse_front_matter(document.front_matter, path=workflow_path)
-    resolved = settings_from_mapping(
-        front_matter,
-        base_dir=workflow_path.parent,
-        cli_flags=cli_flags,
-        cli_features=cli_features,
-        environ=environ,
-        origin=str(workflow_path),
-    )
+    if len(content) > MAX_WORKFLOW_BYTES:
+        raise WorkflowTooLarge(
+            f"{workflow_path} is larger than {MAX_WORKFLOW_BYTES} bytes (limit 1 MiB); keep "
+            "long instructions in files the prompt points to"
+        )
+    try:
+        text = decode_workflow_bytes(content, path=workflow_path)
+        document = split_front_matter(text)
+        front_matter = parse_front_matter(document.front_matter, path=workflow_path)
+        resolved = settings_from_mapping(
+            front_matter,
+            base_dir=workflow_path.parent,
+            cli_flags=cli_flags,
+            cli_features=cli_features,
+            environ=environ,
+            origin=str(workflow_path),
+        )
+        prompt = PromptTemplate(document.body, first_line=document.body_line)
+    except RecursionError:
+        # NB: the YAML is depth-bounded, but the prompt template parser (and anything else
+        # that recurses over outside input) must not crash a command or the daemon either.
+        raise WorkflowTooComplex(
+            f"{workflow_path} is nested too deeply to load (limit depth {MAX_YAML_DEPTH}); "
+            "flatten the front matter or the template"
+        ) from None
     return LoadedWorkflow(
         path=workflow_path,
         settings=resolved.settings,
         prompt_template=document.body,
-        prompt=PromptTemplate(document.body, first_line=document.body_line),
+        prompt=prompt,
         raw=front_matter,
         warnings=resolved.warnings,
         flag_sources=resolved.flag_sources,

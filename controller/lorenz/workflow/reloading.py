@@ -8,23 +8,37 @@ A reload replaces the current workflow only if the whole pipeline succeeds: read
 schema, and the dispatch preflight. Otherwise the last good workflow stays in force, the error is
 logged and returned, and the stamp is *not* advanced, so the same error is reported on every
 check until the file is fixed (an operator who missed the first log line sees the next one).
+
+An async caller (the runtime's tick) runs the load through :func:`load_off_loop`, so parsing
+never blocks the event loop that serves polls, runs and ``/healthz``, and is bounded in time.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from lorenz.config import WorkflowSettings
-from lorenz.workflow.errors import WorkflowError
+from lorenz.workflow.errors import WorkflowError, WorkflowLoadTimeout
 from lorenz.workflow.loading import LoadedWorkflow, load_workflow, workflow_stamp
 from lorenz.workflow.preflight import validate_dispatch
 
+if TYPE_CHECKING:
+    import asyncio
+
 logger = logging.getLogger("lorenz.workflow")
+
+LOAD_TIMEOUT_S = 10.0
+"""How long a load run by :func:`load_off_loop` may take before ``workflow_load_timeout``."""
+
+T = TypeVar("T")
 
 SettingsCheck = Callable[[WorkflowSettings], None]
 
@@ -108,3 +122,66 @@ class WorkflowReloader:
             exc.code,
             exc.message,
         )
+
+
+async def load_off_loop(
+    load: Callable[[], T], *, timeout_s: float = LOAD_TIMEOUT_S, what: str = "workflow"
+) -> T:
+    """``load()`` run in a worker thread, awaited for at most ``timeout_s``.
+
+    The event loop keeps serving polls, runs and HTTP while the file is parsed. Past the bound
+    :class:`WorkflowLoadTimeout` is raised and the late result, if any, is dropped. NB: a thread
+    cannot be killed: the parsing bounds keep every load short, and this bound only keeps an
+    unforeseen slow input (or a hung network file system) from stalling the caller. The thread
+    is a daemon thread, so an abandoned load never holds up the process's exit the way a stuck
+    ``asyncio.to_thread`` worker holds up ``asyncio.run``'s executor shutdown.
+    """
+    # NB: imported here: `lorenz validate` imports this module and must start fast.
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+    future.add_done_callback(_retrieve)
+
+    def work() -> None:
+        try:
+            result = load()
+        except BaseException as exc:  # NB: everything is handed to the awaiting side
+            _settle_threadsafe(loop, future, None, exc)
+        else:
+            _settle_threadsafe(loop, future, result, None)
+
+    threading.Thread(target=work, name=f"lorenz-load-{what}", daemon=True).start()
+    try:
+        return await asyncio.wait_for(asyncio.shield(future), timeout=timeout_s)
+    except TimeoutError:
+        raise WorkflowLoadTimeout(
+            f"loading the {what} took longer than {timeout_s:g} s (limit); check it for a very "
+            "large or deeply nested front matter"
+        ) from None
+
+
+def _settle_threadsafe(
+    loop: asyncio.AbstractEventLoop,
+    future: asyncio.Future[Any],
+    result: Any,
+    error: BaseException | None,
+) -> None:
+    def settle() -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    # NB: a closed loop raises RuntimeError: nobody waits for this load any more.
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(settle)
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    # NB: a load abandoned at its time bound may still fail later; retrieving the exception
+    # keeps asyncio from logging "exception was never retrieved" for it.
+    if not future.cancelled():
+        future.exception()
