@@ -146,7 +146,9 @@ async def test_reconciliation_stops_a_run_whose_issue_left_the_active_states(
     tmp_path: Path, new_state: str, workspace_kept: bool
 ) -> None:
     agent = write_agent(tmp_path, "beat", HEARTBEAT_AGENT)
-    wf = write_workflow(tmp_path, agent_script=agent)
+    # No grace: a terminal issue's run is stopped at once (test_terminal_grace covers grace).
+    wf = write_workflow(tmp_path, agent_script=agent,
+                        front_matter={"agent": {"terminal_grace_ms": 0}})
     rig = build_rig(wf, issues=[issue(1)])
     await rig.runtime.poll_once()
     ws = tmp_path / "workspaces" / "T-1"

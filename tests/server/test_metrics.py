@@ -128,6 +128,7 @@ async def test_reconcile_stops_are_counted_by_reason(
         issues=[issue(1), issue(2), issue(3)],
         agent_body=CHATTY_EXCEPT_T3,
         agent_settings={"stall_timeout_ms": 300},
+        front_matter={"agent": {"terminal_grace_ms": 0}},  # a terminal stop cancels at once
     )
     served = await serve(rig)
     wf = str(rig.workflow.path)

@@ -252,6 +252,13 @@ class AgentSettings(Section):
     ensemble_size: PositiveInt = Field(default=1, le=16, json_schema_extra=_reload("hot"))
     """Slots per issue: each runs and retries independently."""
 
+    terminal_grace_ms: NonNegativeInt = Field(default=60000, json_schema_extra=_reload("hot"))
+    """How long a run whose issue turned terminal mid-turn may go on to finish that turn.
+
+    Agents often move their own issue to Done and then push or comment: a poll seeing Done
+    first must not kill them mid-push. No new turn starts; the run is cancelled if it is still
+    going when this ends. ``0`` cancels at once."""
+
     @pydantic.field_validator("max_concurrent_agents_by_state")
     @classmethod
     def _normalize_state_caps(cls, value: dict[str, int]) -> dict[str, int]:

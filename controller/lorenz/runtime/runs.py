@@ -13,7 +13,7 @@ import asyncio
 import dataclasses
 import enum
 
-from lorenz.model import SlotKey
+from lorenz.model import Issue, SlotKey
 
 
 class AbortReason(enum.StrEnum):
@@ -34,6 +34,8 @@ class ActiveRun:
     reason: AbortReason | None = None
     """Set when the run was finished externally."""
     superseded: bool = False
+    started: bool = False
+    """The slot is bound and its agent run under way (not just reserving a worker)."""
 
     @property
     def is_active(self) -> bool:
@@ -46,6 +48,21 @@ class ActiveRun:
             self.reason = reason
         if self.task is not None and not self.task.done():
             self.task.cancel()
+
+
+@dataclasses.dataclass(slots=True)
+class TerminalGrace:
+    """An issue that turned terminal while some of its runs were in a turn.
+
+    Those runs may finish the turn (no new one starts); whichever comes first ends the grace:
+    the last of them settling, or the deadline timer, which cancels what is still going.
+    """
+
+    issue: Issue
+    """The terminal issue as the tracker returned it."""
+    keys: set[SlotKey]
+    """Running slots still finishing their turn."""
+    timer: asyncio.TimerHandle | None = None
 
 
 class ActiveRuns:
@@ -66,6 +83,9 @@ class ActiveRuns:
     def discard(self, run: ActiveRun) -> None:
         if self._runs.get(run.key) is run:
             del self._runs[run.key]
+
+    def of_issue(self, issue_id: str) -> list[ActiveRun]:
+        return [run for run in self._runs.values() if run.issue_id == issue_id]
 
     def all(self) -> list[ActiveRun]:
         return list(self._runs.values())

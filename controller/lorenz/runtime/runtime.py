@@ -35,6 +35,7 @@ from lorenz.model import (
     RunOutcome,
     SlotKey,
     SystemClock,
+    parse_slot_key,
 )
 from lorenz.orchestrator import (
     DispatchCandidate,
@@ -44,10 +45,10 @@ from lorenz.orchestrator import (
     Skipped,
     Started,
 )
-from lorenz.policies import WorkerHealth, classify_worker_outcome
+from lorenz.policies import StopReason, WorkerHealth, classify_worker_outcome
 from lorenz.runtime.projection import Projection
 from lorenz.runtime.retry_timers import RetryTimers
-from lorenz.runtime.runs import AbortReason, ActiveRun, ActiveRuns
+from lorenz.runtime.runs import AbortReason, ActiveRun, ActiveRuns, TerminalGrace
 from lorenz.runtime.tools import tracker_tools
 from lorenz.secrets import Redactor, tracker_secrets
 from lorenz.trackers import TrackerClient
@@ -125,6 +126,8 @@ class LorenzRuntime:
         self._redactor.update(tracker_secrets(api_key=None, environ=self._base_env))
 
         self._runs = ActiveRuns()
+        self._graces: dict[str, TerminalGrace] = {}
+        """Issues that turned terminal mid-turn, by id, while their runs finish the turn."""
         self._projection = Projection()
         self._timers = RetryTimers(clock=self._clock, on_fire=self._on_retry_due)
         self._snapshot_listeners: list[SnapshotListener] = []
@@ -215,6 +218,10 @@ class LorenzRuntime:
         if self._app_status != "stopped":  # a finished --once run stays stopped
             self._app_status = "stopping"
         self._pending_poll = None
+        for grace in self._graces.values():
+            if grace.timer is not None:
+                grace.timer.cancel()
+        self._graces.clear()
         for run in self._runs.all():
             run.finish_externally(AbortReason.SHUTDOWN)
         self._timers.cancel_all()
@@ -567,7 +574,64 @@ class LorenzRuntime:
                 assert issue is not None
                 await self._orchestrator.refresh_running_issue(issue)
                 continue
+            if reason is StopReason.TERMINAL and self._finishing_turn(issue_id, issue):
+                continue
+            self._end_grace(issue_id)
             await self._stop_issue(issue_id, issue=issue, reason=str(reason))
+
+    def _finishing_turn(self, issue_id: str, issue: Issue | None) -> bool:
+        """Whether runs of this terminal issue are (now) finishing their turn in a grace."""
+        if issue_id in self._graces:
+            return True
+        return issue is not None and self._begin_grace(issue)
+
+    def _begin_grace(self, issue: Issue) -> bool:
+        """Let the runs of a just-terminal issue finish their turn; ``False``: stop them now.
+
+        Only bound runs are in a turn; a slot still reserving a worker is given back at once
+        (its retry is then pruned, the issue being terminal).
+        """
+        grace_ms = self.settings.agent.terminal_grace_ms
+        runs = [run for run in self._runs.of_issue(issue.id) if run.is_active]
+        turning = [run for run in runs if run.started]
+        if grace_ms <= 0 or not turning:
+            return False
+        for run in runs:
+            if not run.started:
+                run.finish_externally(AbortReason.CANCELED)
+        grace = TerminalGrace(issue=issue, keys={run.key for run in turning})
+        grace.timer = asyncio.get_running_loop().call_later(
+            grace_ms / 1000.0, self._on_grace_over, issue.id
+        )
+        self._graces[issue.id] = grace
+        for run in turning:
+            self._event(
+                EventType.RUN_FINISHING,
+                issue=issue,
+                slot=parse_slot_key(run.key)[1],
+                message=f"issue terminal: the turn in progress may finish within {grace_ms} ms; "
+                        "no new turn starts",
+                reason=str(StopReason.TERMINAL),
+                grace_ms=grace_ms,
+            )
+        return True
+
+    def _end_grace(self, issue_id: str) -> TerminalGrace | None:
+        grace = self._graces.pop(issue_id, None)
+        if grace is not None and grace.timer is not None:
+            grace.timer.cancel()
+        return grace
+
+    def _on_grace_over(self, issue_id: str) -> None:
+        """The grace ran out: cancel what is still going, as any terminal stop does."""
+        grace = self._end_grace(issue_id)
+        if grace is None or self._stopped:
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._stop_issue(issue_id, issue=grace.issue, reason=str(StopReason.TERMINAL))
+        )
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _stop_issue(self, issue_id: str, *, issue: Issue | None, reason: str) -> None:
         """Stop every slot of an issue, release its claims, clean up when it is terminal."""
@@ -659,6 +723,7 @@ class LorenzRuntime:
                 host=result.entry.host,
                 message="run started",
             )
+            run.started = True
             coro = self._run_slot(run, entry=result.entry)
         else:
             self._event(
@@ -702,6 +767,7 @@ class LorenzRuntime:
             host=entry.host,
             message="run started",
         )
+        run.started = True
         await self._run_slot(run, entry=entry, worker_slot=slot)
 
     async def _give_back(self, run: ActiveRun, reservation: Any, *, reason: str | None,
@@ -794,6 +860,8 @@ class LorenzRuntime:
                 # A clean shutdown: keep the slot's place with a continuation retry, so a
                 # durable store brings it back after a restart without counting a failure.
                 await self._orchestrator.finish(key, normal=True, error=None)
+            elif run.is_active and key in self._grace_keys(run.issue_id):
+                await self._settle_in_grace(run, key=key, normal=normal, text=text)
             elif run.is_active:
                 finished = await self._orchestrator.finish(key, normal=normal, error=text)
                 if finished is not None:
@@ -819,6 +887,31 @@ class LorenzRuntime:
             self._runs.discard(run)
             self._emit_snapshot()
             self._nudge()
+
+    def _grace_keys(self, issue_id: str) -> set[SlotKey]:
+        grace = self._graces.get(issue_id)
+        return grace.keys if grace is not None else set()
+
+    async def _settle_in_grace(
+        self, run: ActiveRun, *, key: SlotKey, normal: bool, text: str | None
+    ) -> None:
+        """A run of a terminal issue ended its last turn: no retry; the last one cleans up."""
+        grace = self._graces[run.issue_id]
+        grace.keys.discard(key)
+        finished = await self._orchestrator.finish(key, normal=normal, error=text, release=True)
+        if finished is not None:
+            entry = finished.entry
+            outcome = RunOutcome.SUCCESS if normal else RunOutcome.FAILED
+            self._record_run(entry, outcome=outcome, error=text)
+            self._event(
+                EventType.RUN_FINISHED if normal else EventType.RUN_FAILED,
+                issue=entry.issue,
+                slot=entry.slot_index,
+                message="run finished; issue terminal" if normal else (text or "run failed"),
+                outcome=outcome.value,
+            )
+        if not grace.keys and self._end_grace(run.issue_id) is not None:
+            await self._stop_issue(run.issue_id, issue=grace.issue, reason=str(StopReason.TERMINAL))
 
     async def _settle_runs(self) -> None:
         """On the way out: let every aborted run record its shutdown."""
@@ -869,6 +962,8 @@ class LorenzRuntime:
         return agent_environment(base=self._base_env, extra=extra, secret_values=secrets)
 
     async def _issue_still_active(self, issue_id: str) -> bool:
+        if issue_id in self._graces:
+            return False  # terminal already: the turn under way is the last one
         try:
             found = await self._tracker.fetch_issues_by_ids([issue_id])
         except Exception:
