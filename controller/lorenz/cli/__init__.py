@@ -140,6 +140,21 @@ def _coded_exit(exc: BaseException) -> int | None:
     return EXIT_USAGE if isinstance(exc, WorkflowError) else EXIT_FAILURE
 
 
+def _run_mode_help() -> list[str]:
+    """The run mode's arguments and options as argparse words them (usage line dropped)."""
+    if not is_available(RUN_MODE):
+        return []
+    module: Any = importlib.import_module(RUN_MODE.module)
+    parser = argparse.ArgumentParser(prog="lorenz", add_help=False)
+    module.add_arguments(parser)
+    sections = parser.format_help().split("\n\n", 1)
+    body = sections[1] if len(sections) > 1 else ""
+    body = body.replace("positional arguments:", "run arguments:").replace(
+        "options:", "run options:"
+    )
+    return [*body.rstrip().splitlines(), ""]
+
+
 def _top_level_help() -> str:
     lines = [
         "usage: lorenz [WORKFLOW.md] [--flag KEY=VALUE]... [--feature NAME]... [options]",
@@ -147,10 +162,10 @@ def _top_level_help() -> str:
         "",
         "Turns issue-tracker work into coding-agent runs.",
         "",
-        "Without a command, lorenz runs the workflow (default ./WORKFLOW.md);",
-        "`lorenz WORKFLOW.md --help` lists the run options.",
+        "Without a command, lorenz runs the workflow (default ./WORKFLOW.md).",
         "",
-        "commands:",
+        *_run_mode_help(),
+        "commands (`lorenz <command> --help` for each):",
     ]
     width = max(len(name) for name in SUBCOMMANDS)
     for name, subcommand in SUBCOMMANDS.items():

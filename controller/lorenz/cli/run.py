@@ -25,7 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dry-run",
         action="store_true",
-        help="log dry_run events for what would be dispatched; dispatch nothing",
+        help="run one tick that logs dry_run events for what would be dispatched, dispatch "
+        "nothing, take no daemon lease, then exit",
     )
     parser.add_argument(
         "--port",
@@ -60,7 +61,9 @@ def run(args: argparse.Namespace) -> int:
         workflow_path=args.workflow,
         cli_flags=flags,
         cli_features=features,
-        once=args.once,
+        # NB: a dry run is one tick like --once: it must neither poll forever nor take the
+        # daemon lease from (or contend with) a real daemon of the same workflow.
+        once=args.once or args.dry_run,
         dry_run=args.dry_run,
         port=args.port,
         tui=not args.no_tui and sys.stdout.isatty(),

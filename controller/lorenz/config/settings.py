@@ -134,7 +134,8 @@ class TrackerSettings(Section):
     """States that mean "done": runs stop and their workspaces are removed."""
 
     required_labels: tuple[str, ...] = Field(default=(), json_schema_extra=_reload("hot"))
-    """An issue must carry every one of these labels to be dispatched or to keep running."""
+    """An issue must carry every one of these labels to be dispatched or to keep running
+    (compared trimmed and lowercased; a blank entry is an error)."""
 
     provider: dict[str, Any] = Field(
         default_factory=dict, json_schema_extra=_reload("hot", **{PASSTHROUGH_KEY: True})
@@ -159,10 +160,15 @@ class TrackerSettings(Section):
     @classmethod
     def _normalize_labels(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         seen: dict[str, None] = {}
-        for label in value:
+        for index, label in enumerate(value):
             norm = label.strip().lower()
-            if norm:
-                seen.setdefault(norm, None)
+            if not norm:
+                # NB: dropping it would be worse than refusing it: a list of only blank entries
+                # would silently turn the label gate off and dispatch every issue.
+                raise ValueError(
+                    f"entry {index} is blank; remove it or write the label's name"
+                )
+            seen.setdefault(norm, None)
         return tuple(seen)
 
     @pydantic.field_validator("endpoint")

@@ -364,6 +364,9 @@ def configure_logging(
     root.setLevel(level)
     # aiohttp logs every request at INFO; the dashboard's polling fallback would flood the log.
     logging.getLogger("aiohttp.access").setLevel(max(level, logging.WARNING))
+    # httpx logs every tracker request at INFO; its lines come back with `logging.level: debug`.
+    for name in ("httpx", "httpcore"):
+        logging.getLogger(name).setLevel(level if level <= logging.DEBUG else logging.WARNING)
     _ACTIVE = LoggingSetup(handler=handler, redactor=redactor, run_context=run_context)
     return _ACTIVE
 

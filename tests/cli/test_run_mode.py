@@ -1,0 +1,210 @@
+"""Run mode as a user meets it: ``--dry-run``, ``--help``, the start-up log lines, imports."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lorenz.cli import main
+from lorenz.config import LoggingSettings
+from lorenz.daemon import host, logs
+from lorenz.daemon.discovery import lease_file_for
+from lorenz.daemon.host import HostOptions, run_host
+from lorenz.workflow import InvalidWorkflowConfig, load_workflow
+
+LORENZ = Path(sys.executable).with_name("lorenz")
+HANG_GUARD_S = 120.0
+"""Hang protection for subprocesses only; never asserted as a figure."""
+
+ISSUE = """---
+id: id-1
+identifier: RUN-1
+title: Something to do
+state: Todo
+---
+Do it.
+"""
+
+
+def files_workflow(tmp_path: Path, *, extra: str = "") -> Path:
+    issues = tmp_path / "issues"
+    issues.mkdir(exist_ok=True)
+    (issues / "RUN-1.md").write_text(ISSUE, encoding="utf-8")
+    marker = tmp_path / "agent-ran"
+    path = tmp_path / "WORKFLOW.md"
+    path.write_text(
+        "---\n"
+        "tracker:\n"
+        "  kind: files\n"
+        "  path: issues\n"
+        f"{extra}"
+        "polling:\n"
+        "  interval_ms: 100\n"
+        "workspace:\n"
+        "  root: workspaces\n"
+        "agent:\n"
+        "  kind: marker\n"
+        "agents:\n"
+        "  marker:\n"
+        "    protocol: command\n"
+        f"    command: touch {marker}\n"
+        "logging:\n"
+        "  log_file: events.jsonl\n"
+        "---\n"
+        "Work on {{ issue.identifier }}.\n",
+        encoding="utf-8",
+    )
+    return path
+
+
+def run_lorenz(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(LORENZ), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+
+
+# ------------------------------------------------------------------ --dry-run
+
+
+def test_dry_run_is_one_tick_that_dispatches_nothing_and_takes_no_lease(tmp_path: Path) -> None:
+    workflow = files_workflow(tmp_path)
+    result = run_lorenz(str(workflow), "--dry-run", "--no-tui", "--feature", "daemon",
+                        cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    kinds = [event["type"] for event in events]
+    assert kinds.count("poll_completed") == 1, kinds
+    assert "dry_run" in kinds
+    assert "run_started" not in kinds
+    assert not (tmp_path / "agent-ran").exists()
+    assert "state: Todo" in (tmp_path / "issues" / "RUN-1.md").read_text()
+    lease = lease_file_for(workflow)
+    assert not lease.exists(), "a dry run must not take (or leave) the daemon lease"
+    assert "leadership acquired" not in result.stderr
+
+
+# ------------------------------------------------------------------ required_labels
+
+
+@pytest.mark.parametrize("labels", ['[""]', '["agent", "  "]'])
+def test_a_blank_required_label_is_refused(tmp_path: Path, labels: str) -> None:
+    workflow = files_workflow(tmp_path, extra=f"  required_labels: {labels}\n")
+    with pytest.raises(InvalidWorkflowConfig) as caught:
+        load_workflow(workflow, environ={})
+    [problem] = caught.value.problems()
+    assert problem.key_path == "tracker.required_labels"
+    assert "blank" in problem.reason
+    result = run_lorenz("validate", str(workflow), cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stdout.startswith("invalid_workflow_config tracker.required_labels: entry ")
+
+
+def test_required_labels_are_still_trimmed_lowercased_and_deduplicated(tmp_path: Path) -> None:
+    workflow = files_workflow(tmp_path, extra='  required_labels: [" Agent ", "agent", "X"]\n')
+    assert load_workflow(workflow, environ={}).settings.tracker.required_labels == ("agent", "x")
+
+
+# ------------------------------------------------------------------ --help
+
+
+def test_top_level_help_lists_the_run_options(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for option in ("--once", "--dry-run", "--port", "--no-tui", "--flag", "--feature"):
+        assert option in out, option
+    assert "validate" in out
+
+
+# ------------------------------------------------------------------ logs
+
+
+def test_httpx_request_lines_are_demoted_unless_the_level_is_debug() -> None:
+    try:
+        logs.configure_logging(LoggingSettings())
+        for name in ("httpx", "httpcore"):
+            assert not logging.getLogger(name).isEnabledFor(logging.INFO), name
+            assert logging.getLogger(name).isEnabledFor(logging.WARNING), name
+        logs.configure_logging(LoggingSettings(level="debug"))
+        for name in ("httpx", "httpcore"):
+            assert logging.getLogger(name).isEnabledFor(logging.DEBUG), name
+    finally:
+        setup = logs.active_logging()
+        if setup is not None:
+            setup.close()
+
+
+async def test_the_hydration_line_prints_counts_not_a_repr(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    workflow = files_workflow(tmp_path)
+    (tmp_path / "issues" / "RUN-1.md").unlink()
+    monkeypatch.setattr(host, "ATTACHMENTS", [])
+    monkeypatch.chdir(tmp_path)
+    with caplog.at_level(logging.INFO, logger="lorenz.daemon"):
+        code = await run_host(HostOptions(workflow_path=str(workflow), once=True, environ={}))
+    assert code == 0
+    [line] = [r.getMessage() for r in caplog.records if "claims hydrated" in r.getMessage()]
+    assert "HydrationReport" not in line
+    assert line == (
+        "claims hydrated backend=memory interrupted=0 restored_retries=0 foreign=0 "
+        "taken_over=0 problems=0"
+    )
+
+
+# ------------------------------------------------------------------ start-up imports
+
+HEAVY = ("kopf", "kubernetes")
+
+PROBE = """
+import sys
+from lorenz.cli import main
+code = main(sys.argv[1:])
+heavy = sorted(m for m in sys.modules if m.split(".")[0] in {heavy!r})
+print("HEAVY=" + ",".join(heavy))
+sys.exit(code)
+"""
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["validate", "WORKFLOW.md"], ["config", "WORKFLOW.md"], ["WORKFLOW.md", "--once", "--no-tui"]],
+    ids=["validate", "config", "run-once"],
+)
+def test_commands_outside_operator_mode_do_not_import_the_kubernetes_stack(
+    tmp_path: Path, args: list[str]
+) -> None:
+    files_workflow(tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-c", PROBE.format(heavy=set(HEAVY)), *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "HEAVY=\n" in result.stdout, result.stdout
+
+
+def test_the_kubernetes_stack_is_installed_so_the_probe_can_see_it() -> None:
+    # NB: the probe above can only fail if the stack is importable at all: show that it is.
+    result = subprocess.run(
+        [sys.executable, "-c", "import kopf, kubernetes, sys; print('kopf' in sys.modules)"],
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+        check=False,
+    )
+    assert result.stdout.strip() == "True", result.stderr
