@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from lorenz import assembly
 from lorenz.daemon import host
 from lorenz.daemon.discovery import lease_file_for, read_lease
 from lorenz.daemon.host import HostOptions, run_host
@@ -99,7 +100,7 @@ async def test_shutdown_runs_in_the_seed_order(
             lambda loaded, opts: Recording("server", journal, serves=True, probe=lease_state),
         ],
     )
-    real_build_tracker = host.build_tracker
+    real_build_tracker = assembly.build_tracker
     real_open_store = host.open_claim_store
 
     def build_tracker(settings: Any, **kwargs: Any) -> Any:
@@ -124,7 +125,7 @@ async def test_shutdown_runs_in_the_seed_order(
         store.close = recorded_close
         return store
 
-    monkeypatch.setattr(host, "build_tracker", build_tracker)
+    monkeypatch.setattr(assembly, "build_tracker", build_tracker)
     monkeypatch.setattr(host, "open_claim_store", open_claim_store)
 
     task = asyncio.create_task(run_host(options(workflow, daemon_env, "durable_claims")))

@@ -55,7 +55,7 @@ async def workflow(
         "apiVersion": "lorenz.dev/v1alpha1",
         "kind": "Workflow",
         "metadata": {"name": "wf", "namespace": kube_namespace},
-        "spec": {"tracker": {"kind": "memory"}},
+        "spec": {"tracker": {"kind": "files", "path": "issues"}},
     }
     created = await kube_api.create(workflows_path(kube_namespace), body)
     return WorkflowRef(namespace=kube_namespace, name="wf", uid=created["metadata"]["uid"])

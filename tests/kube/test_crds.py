@@ -164,6 +164,11 @@ def test_unknown_fields_fail_strict_validation_and_are_pruned_otherwise(
             "tracker.apiKey cannot be written inline",
         ),
         (
+            {"tracker": {"kind": "memory"}},
+            "spec.tracker.kind",
+            "tracker.kind memory holds issues inside one process",
+        ),
+        (
             {"workspace": {"kind": "worktree"}},
             "spec.workspace.repo",
             "workspace.repo is required when workspace.kind is worktree",

@@ -182,7 +182,7 @@ async def test_the_lease_names_its_workflow_as_owner_once_the_uid_is_known(
             "apiVersion": "lorenz.dev/v1alpha1",
             "kind": "Workflow",
             "metadata": {"name": "owned"},
-            "spec": {"tracker": {"kind": "memory"}},
+            "spec": {"tracker": {"kind": "files", "path": "issues"}},
         },
     )
     ref = WorkflowRef(namespace=kube_namespace, name="owned", uid=created["metadata"]["uid"])

@@ -336,3 +336,36 @@ def test_an_idle_tick_costs_at_most_one_status_patch_and_no_claim_requests(
     spent = {k: v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k, 0.0)}
     assert set(spent) <= {("patch", "workflows/status"), ("update", "leases")}, spent
     assert spent.get(("patch", "workflows/status"), 0) <= ticks + 1, (spent, ticks)
+
+
+def test_a_workflow_that_cannot_start_is_degraded_and_backs_off_holding_its_lease(
+    kube: Kube, rig: Rig, operators: Callable[..., OperatorProcess]
+) -> None:
+    operator = operators("backoff", namespaces=(kube.namespace,))
+    rig.issues.mkdir()
+    # The Workflow's folder on the volume is a file: every start fails the same way.
+    folder = operator.workdir / "volume-backoff" / kube.namespace / "stuck"
+    folder.parent.mkdir(parents=True)
+    folder.write_text("not a folder")
+    kube.apply(rig.workflow("stuck"))
+    workflow = wait_condition(kube, "stuck", "Degraded", "True", reason="workflow_dir_unusable")
+    ready = condition(workflow, "Ready")
+    assert ready is not None
+    assert (ready["status"], ready["reason"]) == ("False", "workflow_dir_unusable")
+
+    def start_failures() -> list[str]:
+        return sorted(e["message"] for e in kube.events("stuck") if e["reason"] == "StartFailed")
+
+    failures = wait_until(lambda: (f := start_failures()) and len(f) >= 2 and f, timeout=60,
+                          message="a second, later start attempt")
+    # Each failure doubles the wait (5 s, 10 s, ...) instead of retrying at once.
+    assert any("attempt 1; next in 5 s" in m for m in failures), failures
+    assert any("attempt 2; next in 10 s" in m for m in failures), failures
+    assert kube.lease("stuck")["spec"].get("leaseTransitions", 0) == 0  # never released
+
+    folder.unlink()
+    # The next attempt (at most 40 s away if the machine is slow) starts the runtime.
+    workflow = wait_condition(kube, "stuck", "Ready", "True", timeout=120)
+    degraded = condition(workflow, "Degraded")
+    assert degraded is not None
+    assert degraded["status"] == "False"

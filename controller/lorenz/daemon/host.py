@@ -18,8 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from lorenz.agents import build_runner
-from lorenz.agents.environment import TRACKER_SECRET_ENV
+from lorenz.assembly import assemble_runtime, tracker_factory
 from lorenz.claims import open_claim_store
 from lorenz.claims.owners import default_owner_id
 from lorenz.daemon import shutdown
@@ -28,9 +27,7 @@ from lorenz.daemon.orphans import kill_orphans, marked_environment
 from lorenz.model import SystemClock
 from lorenz.orchestrator import Orchestrator
 from lorenz.runtime import LorenzRuntime
-from lorenz.trackers import build_tracker
 from lorenz.workflow import LoadedWorkflow, load_workflow, validate_dispatch
-from lorenz.workspaces import WorkspaceManager
 
 logger = logging.getLogger("lorenz.daemon")
 
@@ -105,7 +102,8 @@ async def run_host(
     runtime: LorenzRuntime | None = None
     tracker: Any = None
     try:
-        tracker = build_tracker(settings, base_dir=loaded.base_dir)
+        trackers = tracker_factory(base_dir=loaded.base_dir)
+        tracker = trackers(settings)
         store = await open_claim_store(
             settings.claim_store,
             workspace_root=workspace_root,
@@ -129,16 +127,12 @@ async def run_host(
         base_env = marked_environment(
             options.environ if options.environ is not None else os.environ, owner=owner
         )
-        workspaces = WorkspaceManager(
-            settings=settings, secrets=TRACKER_SECRET_ENV, base_env=base_env
-        )
-        runtime = LorenzRuntime(
+        runtime = assemble_runtime(
             workflow=loaded,
             orchestrator=orchestrator,
+            base_env=base_env,
+            trackers=trackers,
             tracker=tracker,
-            workspaces=workspaces,
-            runner_factory=build_runner,
-            tracker_factory=lambda s: build_tracker(s, base_dir=loaded.base_dir),
             reload_workflow=lambda: load_workflow(
                 loaded.path,
                 cli_flags=options.cli_flags,
@@ -146,7 +140,6 @@ async def run_host(
                 environ=options.environ,
             ),
             prove_leadership=daemon.prove if daemon is not None else None,
-            base_env=base_env,
         )
         # NB: before any attachment starts: once the daemon's endpoint is published, SIGTERM
         # must already mean a graceful stop.

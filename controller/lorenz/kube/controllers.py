@@ -39,44 +39,27 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from lorenz.agents import build_runner
-from lorenz.agents.environment import TRACKER_SECRET_ENV
+from lorenz.assembly import assemble_runtime, tracker_factory
 from lorenz.kube import resources
+from lorenz.kube.candidates import SpecCandidates
 from lorenz.kube.claims import ClaimResourceStore
-from lorenz.kube.clients import KubeApi, claims_path, workflows_path
-from lorenz.kube.errors import KubeApiError, LeaseLost
+from lorenz.kube.clients import KubeApi, workflows_path
+from lorenz.kube.errors import KubeApiError, LeaseLost, OperatorError
+from lorenz.kube.finalizers import delete_claims, edit_finalizer
+from lorenz.kube.leading import Campaign, Term
 from lorenz.kube.leases import KubernetesLeaseProvider
 from lorenz.kube.posting import EventKind, EventPoster, Post, kopf_post
 from lorenz.kube.settings import OperatorSettings
-from lorenz.kube.specs import (
-    failed_stamp,
-    generation_of,
-    load_workflow_object,
-    workflow_ref,
-)
-from lorenz.kube.statuses import (
-    DEGRADED,
-    LEADING,
-    READY,
-    Condition,
-    ConditionStatus,
-    LeaderStatus,
-    condition,
-    reason_from_code,
-    status_from_snapshot,
-)
+from lorenz.kube.specs import generation_of, load_workflow_object, workflow_ref
+from lorenz.kube.statuses import Condition
+from lorenz.kube.workflow_status import Degradation, StatusInputs, workflow_status
 from lorenz.model import EventType, LorenzError, SlotKey, SystemClock
 from lorenz.orchestrator import Orchestrator
 from lorenz.runtime import LorenzRuntime
-from lorenz.trackers import build_tracker
-from lorenz.workflow import LoadedWorkflow, WorkflowStamp, validate_dispatch
-from lorenz.workspaces import WorkspaceManager
+from lorenz.workflow import LoadedWorkflow, validate_dispatch
 
 logger = logging.getLogger("lorenz.kube.controllers")
 
-MAX_PATCH_RETRIES = 5
-TRANSIENT_RETRIES = 3
-"""Retries (one retry period apart) of a spec rebuild whose API read failed transiently."""
 STATUS_SETTLE_S = 0.05
 """How long a burst of snapshots may settle before the status is computed and patched."""
 
@@ -119,6 +102,10 @@ class WorkflowController:
             identity=settings.identity,
             timing=settings.lease_timing(),
         )
+        self.campaign = Campaign(lease=self.lease)
+        self.candidates = SpecCandidates(
+            api=api, workflow_dir=self.workflow_dir, retry_period_s=settings.retry_period_seconds
+        )
         self.events = EventPoster(
             reference={
                 "apiVersion": resources.API_VERSION,
@@ -145,11 +132,10 @@ class WorkflowController:
         self.store: ClaimResourceStore | None = None
         self._runtime_task: asyncio.Task[None] | None = None
         self._unsubscribe: Callable[[], None] | None = None
-        self._candidate: LoadedWorkflow | BaseException | None = None
-        self._candidate_stamp: WorkflowStamp | None = None
-        self._candidate_generation = 0
         self._applied_generation: int | None = None
-        self._degraded: tuple[str, str, int] | None = None
+        self._degraded: Degradation | None = None
+        self._start_failures = 0
+        """Failed starts in a row (the backoff doubles with each; a good poll resets it)."""
         self._snapshot: dict[str, Any] | None = None
         self._last_status: dict[str, Any] | None = None
         self._conditions: list[Condition] = []
@@ -237,7 +223,7 @@ class WorkflowController:
         try:
             await self.lease.set_endpoint(self._settings.advertise_url)
             while not self._stop.is_set() and not self.finished:
-                if not await self.lease.wait_for_leadership(stop=self._stop):
+                if not await self.campaign.win(stop=self._stop):
                     if self._deleting.is_set() and self.lease.holds_lease():
                         await self._cleanup_deleted()
                     break
@@ -248,15 +234,13 @@ class WorkflowController:
                     logger.exception("Workflow controller failed workflow=%s", self.ref.display)
                     await self._abandon(reason="controller failure")
                     with contextlib.suppress(Exception):
-                        await self.lease.release()
+                        await self.campaign.release()
         finally:
             for task in list(self._background):
                 task.cancel()
 
     async def _lead(self) -> None:
-        lost = asyncio.Event()
-        stop_renewing = asyncio.Event()
-        renewer = self._spawn(self._renew(lost, stop_renewing))
+        term = self.campaign.begin_term()
         publisher = self._spawn(self._publish_loop())
         self._releasing = False
         record = self.lease.observed
@@ -267,63 +251,60 @@ class WorkflowController:
             f"transitions {record.transitions if record else 0})",
         )
         self._dirty()
-
-        async def halt_renewer() -> None:
-            # NB: the renewer must be stopped before any release: a renewal racing the release
-            # re-acquires the just-released Lease, and then nobody ever releases it again.
-            stop_renewing.set()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await renewer
-
         try:
             if self._deleting.is_set():
-                await halt_renewer()
+                await term.halt()
                 await self._cleanup_deleted()
                 return
-            await self._ensure_finalizer()
+            await edit_finalizer(api=self._api, workflow=self.ref, add=True)
             while True:
-                if not await self._start_runtime(lost):
+                if not await self._start_runtime(term):
                     break
                 assert self._runtime_task is not None
                 await _first(
-                    lost.wait(), self._deleting.wait(), self._stop.wait(), self._runtime_task
+                    term.lost.wait(), self._deleting.wait(), self._stop.wait(), self._runtime_task
                 )
-                if lost.is_set() or self._deleting.is_set() or self._stop.is_set():
+                if term.lost.is_set() or self._deleting.is_set() or self._stop.is_set():
                     break
-                logger.error("Runtime ended by itself; restarting workflow=%s", self.ref.display)
+                ended = self._runtime_task
+                failure = ended.exception() if ended.done() and not ended.cancelled() else None
                 await self._stop_runtime()
-            if lost.is_set():
+                await self._back_off(
+                    term.lost,
+                    self._start_failed(
+                        failure or RuntimeError("the runtime stopped by itself"),
+                        generation=self._applied_generation or generation_of(self._body),
+                    ),
+                )
+            if term.lost.is_set():
                 await self._abandon(reason="the Lease was lost")
+                holder = self.lease.holder
                 self.post(
                     "Warning",
                     "LeadershipLost",
-                    f"{self.lease.identity} lost the Lease (now held by "
-                    f"{self.lease.holder or 'nobody'}); its runs were aborted",
+                    f"{self.lease.identity} lost the Lease "
+                    + (f"to {holder}" if holder and holder != self.lease.identity
+                       else "(no renewal succeeded within the renew deadline)")
+                    + "; its runs were aborted and the new leader retries them",
                 )
             elif self._deleting.is_set():
                 await self._stop_runtime()
-                await halt_renewer()
+                await term.halt()
                 await self._cleanup_deleted()
             else:
                 await self._stop_runtime()
-                await halt_renewer()
+                await term.halt()
                 await self._release()
         finally:
-            stop_renewing.set()
             publisher.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await renewer
-
-    async def _renew(self, lost: asyncio.Event, stop_renewing: asyncio.Event) -> None:
-        await self.lease.renew_until_lost(stop=stop_renewing)
-        if not stop_renewing.is_set():
-            lost.set()
+            await term.halt()
 
     # -- runtime ---------------------------------------------------------------------------
 
-    async def _start_runtime(self, lost: asyncio.Event) -> bool:
+    async def _start_runtime(self, term: Term) -> bool:
         """Build, hydrate and start the runtime from the newest spec; ``False`` if we must
         leave first (lost, deleting, stopping)."""
+        lost = term.lost
         while True:
             if lost.is_set() or self._deleting.is_set() or self._stop.is_set():
                 return False
@@ -336,10 +317,7 @@ class WorkflowController:
                 )
                 validate_dispatch(loaded.settings)
             except KubeApiError as exc:
-                logger.warning(
-                    "Workflow spec not readable workflow=%s error=%s", self.ref.display, exc
-                )
-                await self._wait(lost, seconds=self._settings.retry_period_seconds)
+                await self._back_off(lost, self._start_failed(exc, generation=generation))
                 continue
             except LorenzError as exc:
                 self._reject(exc, generation=generation)
@@ -347,14 +325,53 @@ class WorkflowController:
                 continue
             try:
                 await self._launch(loaded, generation=generation)
-            except KubeApiError as exc:
-                logger.warning("Claims not readable workflow=%s error=%s", self.ref.display, exc)
-                await self._wait(lost, seconds=self._settings.retry_period_seconds)
+            except Exception as exc:  # NB: whatever fails a start backs off; never a hot loop
+                await self._back_off(lost, self._start_failed(exc, generation=generation))
                 continue
             return True
 
+    def _start_failed(self, exc: BaseException, *, generation: int) -> float:
+        """Record a failed start (Degraded, an Event, the log); the wait before the next."""
+        self._start_failures += 1
+        delay: float = min(
+            self._settings.start_backoff_seconds * 2.0 ** (self._start_failures - 1),
+            self._settings.start_backoff_max_seconds,
+        )
+        code = str(getattr(exc, "code", None) or "start_failed")
+        message = str(getattr(exc, "message", None) or exc) or type(exc).__name__
+        self._degraded = Degradation(
+            code=code, message=message, generation=generation, stage="failed to start"
+        )
+        logger.warning(
+            "Runtime failed to start workflow=%s code=%s error=%s retry_in=%.0fs failures=%d",
+            self.ref.display, code, message, delay, self._start_failures,
+        )
+        self.post(
+            "Warning",
+            "StartFailed",
+            f"{code}: {message} (attempt {self._start_failures}; next in {delay:.0f} s)",
+        )
+        self._dirty()
+        return delay
+
+    async def _back_off(self, lost: asyncio.Event, delay: float) -> None:
+        """Wait ``delay`` before the next start, or less when the spec changes meanwhile."""
+        self._changed.clear()
+        await self._wait(lost, self._changed, seconds=delay)
+        if self._changed.is_set():
+            self._start_failures = 0  # a new spec deserves a prompt first try
+
     async def _launch(self, loaded: LoadedWorkflow, *, generation: int) -> None:
         settings = loaded.settings
+        base_dir = self.workflow_dir
+        try:
+            base_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise OperatorError(
+                f"the Workflow's folder {base_dir} cannot be created ({exc.strerror or exc}): "
+                "check the operator's workspace volume",
+                code="workflow_dir_unusable",
+            ) from exc
         store = ClaimResourceStore(
             api=self._api,
             workflow=self.ref,
@@ -379,28 +396,17 @@ class WorkflowController:
             len(report.restored_retries),
             len(report.foreign),
         )
-        base_dir = self.workflow_dir
-        base_dir.mkdir(parents=True, exist_ok=True)
-        tracker = build_tracker(settings, base_dir=base_dir, env={})
-        workspaces = WorkspaceManager(
-            settings=settings, secrets=TRACKER_SECRET_ENV, base_env=self._base_env
-        )
-        self._candidate = loaded
-        self._candidate_stamp = loaded.stamp
-        self._candidate_generation = generation
+        self.candidates.adopt(loaded, generation=generation)
         self._applied_generation = generation
         self._degraded = None
-        runtime = LorenzRuntime(
+        runtime = assemble_runtime(
             workflow=loaded,
             orchestrator=orchestrator,
-            tracker=tracker,
-            workspaces=workspaces,
-            runner_factory=build_runner,
-            tracker_factory=lambda s: build_tracker(s, base_dir=base_dir, env={}),
-            reload_workflow=self._reload,
-            source_stamp=self._source_stamp,
-            prove_leadership=self._prove_leadership,
             base_env=self._base_env,
+            trackers=tracker_factory(base_dir=base_dir, env={}),
+            reload_workflow=self.candidates.reload,
+            source_stamp=self.candidates.source_stamp,
+            prove_leadership=self._prove_leadership,
         )
         runtime.add_event_listener(self._on_runtime_event)
         self.store = store
@@ -471,51 +477,14 @@ class WorkflowController:
     # -- spec changes ----------------------------------------------------------------------
 
     async def _rebuild_candidate(self, *, refresh: bool) -> None:
-        body = self._body
-        generation = generation_of(body)
-        outcome: LoadedWorkflow | BaseException
-        for attempt in range(TRANSIENT_RETRIES + 1):
-            try:
-                outcome = await load_workflow_object(
-                    body, api=self._api, workflow_dir=self.workflow_dir
-                )
-                break
-            except KubeApiError as exc:
-                outcome = exc
-                if not _transient(exc) or attempt == TRANSIENT_RETRIES:
-                    break
-                await asyncio.sleep(self._settings.retry_period_seconds)
-            except Exception as exc:
-                outcome = exc
-                break
-        if generation < self._candidate_generation:
+        if not await self.candidates.rebuild(self._body):
             return  # NB: a newer spec was built meanwhile; never go back to an older one
-        if isinstance(outcome, LoadedWorkflow):
-            self._candidate = outcome
-            self._candidate_stamp = outcome.stamp
-        else:
-            self._candidate = outcome
-            self._candidate_stamp = failed_stamp(body, outcome)
-        self._candidate_generation = generation
         runtime = self.runtime
         if runtime is not None:
             runtime.request_refresh()
 
-    def _source_stamp(self) -> WorkflowStamp:
-        if self._candidate_stamp is None:
-            raise RuntimeError("no candidate workflow yet")
-        return self._candidate_stamp
-
-    def _reload(self) -> LoadedWorkflow:
-        candidate = self._candidate
-        if isinstance(candidate, BaseException):
-            raise candidate
-        if candidate is None:
-            raise RuntimeError("no candidate workflow yet")
-        return candidate
-
     def _reject(self, exc: LorenzError, *, generation: int) -> None:
-        self._degraded = (exc.code, str(exc), generation)
+        self._degraded = Degradation(code=exc.code, message=str(exc), generation=generation)
         logger.warning("Workflow spec rejected workflow=%s error=%s", self.ref.display, exc)
         self.post("Warning", "SpecRejected", str(exc))
         self._dirty()
@@ -526,17 +495,24 @@ class WorkflowController:
         kind = event.get("type")
         if kind == EventType.WORKFLOW_RELOADED.value:
             self._degraded = None
-            self._applied_generation = self._candidate_generation
+            self._applied_generation = self.candidates.generation
             self._dirty()
         elif kind == EventType.WORKFLOW_RELOAD_FAILED.value:
             code = str(event.get("code") or "workflow_reload_failed")
-            self._degraded = (code, str(event.get("message") or ""), self._candidate_generation)
+            self._degraded = Degradation(
+                code=code,
+                message=str(event.get("message") or ""),
+                generation=self.candidates.generation,
+            )
             self._dirty()
         if kind != EventType.LEADERSHIP_LOST.value:
             self.events.runtime_event(event)
 
     def _on_snapshot(self, snapshot: dict[str, Any]) -> None:
         self._snapshot = snapshot
+        poll = snapshot.get("poll") or {}
+        if poll.get("last_poll_at") and not poll.get("last_error"):
+            self._start_failures = 0
         self._dirty()
 
     # -- status ----------------------------------------------------------------------------
@@ -557,88 +533,28 @@ class WorkflowController:
                 logger.warning("Status patch failed workflow=%s error=%s", self.ref.display, exc)
             await asyncio.sleep(self._settings.status_interval_seconds)
 
+    def status_inputs(self) -> StatusInputs:
+        """The facts the status depends on, now."""
+        record = self.lease.observed
+        return StatusInputs(
+            generation=generation_of(self._body),
+            applied_generation=self._applied_generation,
+            candidate_generation=self.candidates.generation,
+            degraded=self._degraded,
+            running=self.runtime is not None,
+            snapshot=self._snapshot,
+            releasing=self._releasing,
+            identity=self.lease.identity,
+            lease_name=self.lease.name,
+            acquired_at=record.acquired_at if record is not None else None,
+            transitions=record.transitions if record is not None else 0,
+            endpoint=self._settings.advertise_url,
+        )
+
     def status_body(self) -> dict[str, Any]:
         """The status this leader would write now (conditions keep their transition times)."""
-        now = _utc_now()
         previous = self._conditions or _conditions_of(self._body)
-        generation = generation_of(self._body)
-        applied = self._applied_generation
-        snapshot = self._snapshot
-        ready: tuple[ConditionStatus, str, str]
-        if self._releasing:
-            ready = ("False", "NoLeader", "the leader released the Lease; a follower takes over")
-        elif self.runtime is None and self._degraded is not None:
-            code, message, _ = self._degraded
-            ready = ("False", reason_from_code(code), message)
-        elif self.runtime is None or snapshot is None:
-            ready = ("Unknown", "Starting", "the runtime is starting")
-        else:
-            poll = snapshot.get("poll") or {}
-            if poll.get("last_error"):
-                ready = ("False", "PollFailed", str(poll["last_error"]))
-            elif not poll.get("last_poll_at"):
-                ready = ("Unknown", "Starting", "waiting for the first poll")
-            else:
-                ready = (
-                    "True",
-                    "Polling",
-                    f"last poll: {poll.get('candidates', 0)} candidates, "
-                    f"{poll.get('eligible', 0)} eligible",
-                )
-        record = self.lease.observed
-        leading: tuple[ConditionStatus, str, str]
-        if self._releasing:
-            leading = ("False", "LeaseReleased", f"{self.lease.identity} released the Lease")
-        else:
-            leading = (
-                "True",
-                "LeaseHeld",
-                f"{self.lease.identity} holds Lease {self.lease.name}",
-            )
-        if self._degraded is not None:
-            code, message, rejected = self._degraded
-            kept = f" (running generation {applied})" if applied is not None else ""
-            degraded: tuple[ConditionStatus, str, str] = (
-                "True",
-                reason_from_code(code),
-                f"generation {rejected} rejected{kept}: {message}",
-            )
-            degraded_generation = rejected
-        else:
-            degraded = ("False", "SpecApplied", f"generation {applied} applied")
-            degraded_generation = applied if applied is not None else generation
-        conditions = [
-            condition(
-                READY, ready[0], reason=ready[1], message=ready[2],
-                generation=applied if applied is not None else generation,
-                now=now, previous=previous,
-            ),
-            condition(
-                LEADING, leading[0], reason=leading[1], message=leading[2],
-                generation=generation, now=now, previous=previous,
-            ),
-            condition(
-                DEGRADED, degraded[0], reason=degraded[1], message=degraded[2],
-                generation=degraded_generation, now=now, previous=previous,
-            ),
-        ]
-        observed = max(applied or 0, self._candidate_generation, self._degraded_generation())
-        status: dict[str, Any] = {
-            "observedGeneration": observed or None,
-            "conditions": [c.wire() for c in conditions],
-            "leader": LeaderStatus(
-                identity=None if self._releasing else self.lease.identity,
-                acquired_at=None if self._releasing or record is None else record.acquired_at,
-                transitions=record.transitions if record is not None else 0,
-                endpoint=None if self._releasing else self._settings.advertise_url,
-            ).wire(),
-        }
-        if snapshot is not None:
-            status.update(status_from_snapshot(snapshot))
-        return status
-
-    def _degraded_generation(self) -> int:
-        return self._degraded[2] if self._degraded is not None else 0
+        return workflow_status(self.status_inputs(), previous, _utc_now())
 
     async def publish_status(self, *, force: bool = False) -> bool:
         """Patch the status if it changed (and we still hold the Lease); ``True`` if patched."""
@@ -664,81 +580,21 @@ class WorkflowController:
         self._releasing = True
         with contextlib.suppress(KubeApiError):
             await self.publish_status(force=True)
-        await self.lease.release()
+        await self.campaign.release()
         logger.info(
             "Workflow released workflow=%s identity=%s", self.ref.display, self.lease.identity
         )
 
     async def _cleanup_deleted(self) -> None:
         """The Workflow is being deleted: delete its Claims, release the Lease, unblock it."""
-        items = await self._api.list_items(
-            claims_path(self.ref.namespace),
-            label_selector=resources.workflow_selector(self.ref.name),
-        )
-        deleted = 0
-        for item in items:
-            metadata = item.get("metadata") or {}
-            owners = {o.get("uid") for o in metadata.get("ownerReferences") or ()}
-            if (item.get("spec") or {}).get("workflow") != self.ref.name:
-                continue
-            if owners and self.ref.uid not in owners:
-                continue  # a Claim of a re-created Workflow of the same name
-            with contextlib.suppress(KubeApiError):
-                await self._api.delete(
-                    claims_path(self.ref.namespace, str(metadata["name"])), uid=metadata.get("uid")
-                )
-                deleted += 1
-        await self.lease.release()
-        await self._edit_finalizer(add=False)
+        deleted = await delete_claims(api=self._api, workflow=self.ref)
+        await self.campaign.release()
+        await edit_finalizer(api=self._api, workflow=self.ref, add=False)
         self.finished = True
         self._stop.set()
         logger.info(
             "Workflow cleaned up workflow=%s claims_deleted=%d", self.ref.display, deleted
         )
-
-    async def _ensure_finalizer(self) -> None:
-        await self._edit_finalizer(add=True)
-
-    async def _edit_finalizer(self, *, add: bool) -> None:
-        path = workflows_path(self.ref.namespace, self.ref.name)
-        for _ in range(MAX_PATCH_RETRIES):
-            try:
-                current = await self._api.get(path)
-            except KubeApiError as exc:
-                if exc.not_found:
-                    return
-                raise
-            metadata = current.get("metadata") or {}
-            if self.ref.uid is not None and metadata.get("uid") != self.ref.uid:
-                return
-            finalizers = list(metadata.get("finalizers") or [])
-            present = resources.CLEANUP_FINALIZER in finalizers
-            if present == add:
-                return
-            ops: list[dict[str, Any]] = [
-                {
-                    "op": "test",
-                    "path": "/metadata/resourceVersion",
-                    "value": metadata["resourceVersion"],
-                }
-            ]
-            finalizer = resources.CLEANUP_FINALIZER
-            if add and not finalizers:
-                ops.append({"op": "add", "path": "/metadata/finalizers", "value": [finalizer]})
-            elif add:
-                ops.append({"op": "add", "path": "/metadata/finalizers/-", "value": finalizer})
-            else:
-                index = finalizers.index(resources.CLEANUP_FINALIZER)
-                ops.append({"op": "remove", "path": f"/metadata/finalizers/{index}"})
-            try:
-                await self._api.json_patch(path, ops)
-                return
-            except KubeApiError as exc:
-                if exc.not_found:
-                    return
-                if not exc.conflict:
-                    raise
-        logger.warning("Finalizer edit kept conflicting workflow=%s", self.ref.display)
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -758,10 +614,6 @@ class WorkflowController:
     ) -> None:
         waits = [lost.wait(), self._deleting.wait(), self._stop.wait(), *(e.wait() for e in events)]
         await _first(*waits, seconds=seconds)
-
-
-def _transient(exc: KubeApiError) -> bool:
-    return exc.status == 0 or exc.status == 429 or exc.status >= 500
 
 
 def _conditions_of(body: Mapping[str, Any]) -> list[Condition]:

@@ -100,6 +100,13 @@ def workflow_spec_schema() -> dict[str, Any]:
     tracker["required"] = ["kind"]
     tracker["x-kubernetes-validations"] = [
         _rule(
+            "self.kind != 'memory'",
+            "tracker.kind memory holds issues inside one process (tests, demos) and cannot "
+            "be used by a Workflow: use files, linear or github",
+            reason="FieldValueInvalid",
+            field_path=".kind",
+        ),
+        _rule(
             f"!has(self.{INLINE_KEY_FIELD})",
             "tracker.apiKey cannot be written inline: store the token in a Secret and "
             "reference it with tracker.apiKeySecretRef {name, key}",

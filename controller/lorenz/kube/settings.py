@@ -72,6 +72,14 @@ class OperatorSettings(pydantic.BaseModel):
     """Kubernetes Events posted per Workflow per minute, at most (bursts up to this many);
     0 posts none."""
 
+    start_backoff_seconds: float = Field(default=5.0, gt=0)
+    """After a Workflow's runtime failed to start (its tracker cannot be built, its Claims
+    cannot be read), the first retry waits this long; each further failure doubles the wait,
+    up to ``start_backoff_max_seconds``. A spec change retries at once."""
+
+    start_backoff_max_seconds: float = Field(default=300.0, gt=0)
+    """The longest wait between two start attempts of a failing Workflow."""
+
     drain_timeout_seconds: float = Field(default=30.0, gt=0)
     """On stop, how long runs get to settle before the process moves on."""
 

@@ -1,0 +1,72 @@
+"""The one recipe that turns a loaded workflow and an orchestrator into a runtime.
+
+Both composition roots — the single-host daemon (``lorenz.daemon.host``) and the operator's
+per-Workflow controller (``lorenz.kube``) — run the same runtime; only where its pieces come
+from differs (a WORKFLOW.md file or a Workflow object, a SQLite file or Claim resources, the
+process environment or an allow-listed one). What a runtime is made of (the tracker the
+settings name, a workspace manager that never leaks tracker secrets to hooks, the agent
+runner of the agent kind) is decided here once, so the two roots cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+
+from lorenz.agents import build_runner
+from lorenz.agents.environment import TRACKER_SECRET_ENV
+from lorenz.config import WorkflowSettings
+from lorenz.orchestrator import Orchestrator
+from lorenz.runtime import LorenzRuntime
+from lorenz.trackers import TrackerClient, build_tracker
+from lorenz.workflow import LoadedWorkflow, WorkflowStamp
+from lorenz.workspaces import WorkspaceManager
+
+
+def tracker_factory(
+    *, base_dir: Path, env: Mapping[str, str] | None = None
+) -> Callable[[WorkflowSettings], TrackerClient]:
+    """How a runtime builds a tracker for (re)loaded settings.
+
+    ``env`` is where tracker credentials are read from when the settings name none
+    (``None``: the process environment, as on a single host; the operator passes ``{}``: a
+    Workflow's credentials come only from its own Secret).
+    """
+
+    def build(settings: WorkflowSettings) -> TrackerClient:
+        return build_tracker(settings, base_dir=base_dir, env=env)
+
+    return build
+
+
+def assemble_runtime(
+    *,
+    workflow: LoadedWorkflow,
+    orchestrator: Orchestrator,
+    base_env: Mapping[str, str],
+    trackers: Callable[[WorkflowSettings], TrackerClient],
+    tracker: TrackerClient | None = None,
+    reload_workflow: Callable[[], LoadedWorkflow],
+    source_stamp: Callable[[], WorkflowStamp] | None = None,
+    prove_leadership: Callable[[], Awaitable[None]] | None = None,
+) -> LorenzRuntime:
+    """A runtime for ``workflow``, ready to ``start()``.
+
+    ``base_env`` is the environment agents and hooks start from (tracker secrets are stripped
+    from it for hooks); ``tracker`` is one already built by ``trackers`` (the host builds it
+    first so a tracker error surfaces before any claim is touched), otherwise it is built here.
+    """
+    return LorenzRuntime(
+        workflow=workflow,
+        orchestrator=orchestrator,
+        tracker=tracker if tracker is not None else trackers(workflow.settings),
+        workspaces=WorkspaceManager(
+            settings=workflow.settings, secrets=TRACKER_SECRET_ENV, base_env=base_env
+        ),
+        runner_factory=build_runner,
+        tracker_factory=trackers,
+        reload_workflow=reload_workflow,
+        source_stamp=source_stamp,
+        prove_leadership=prove_leadership,
+        base_env=base_env,
+    )

@@ -1,0 +1,104 @@
+"""The ``lorenz.dev/cleanup`` finalizer of a Workflow, and the garbage it guards.
+
+A Workflow's Claims are owned by it (ownerReferences), so Kubernetes' garbage collector would
+delete them eventually; the finalizer makes the deletion wait until the leader has stopped
+its runtime and deleted them itself, so no run outlives its Workflow and a re-created Workflow
+of the same name never inherits them.
+
+NB: the finalizer list is edited with a JSON patch whose first op tests the list just read. A
+merge patch would replace the whole list (and drop other controllers' finalizers); without the
+test op an edit computed from a stale read could do the same. Testing the resourceVersion
+instead would make the edit lose to the leader's own status patches, which change it. On a
+failed test (422) or a conflict (409) the object is read again and the edit recomputed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any
+
+from lorenz.kube import resources
+from lorenz.kube.clients import KubeApi, claims_path, workflows_path
+from lorenz.kube.errors import KubeApiError
+from lorenz.kube.resources import WorkflowRef
+
+logger = logging.getLogger("lorenz.kube.finalizers")
+
+MAX_PATCH_RETRIES = 5
+
+
+def finalizer_ops(metadata: dict[str, Any], *, add: bool) -> list[dict[str, Any]] | None:
+    """The JSON patch that adds or removes the cleanup finalizer (``None``: nothing to do)."""
+    finalizers = list(metadata.get("finalizers") or [])
+    finalizer = resources.CLEANUP_FINALIZER
+    if (finalizer in finalizers) == add:
+        return None
+    if add and not finalizers:
+        # NB: JSON patch cannot test that a path is absent: only here the resourceVersion is
+        # the precondition (a Workflow without finalizers is one nobody else is editing).
+        version = metadata["resourceVersion"]
+        return [
+            {"op": "test", "path": "/metadata/resourceVersion", "value": version},
+            {"op": "add", "path": "/metadata/finalizers", "value": [finalizer]},
+        ]
+    # The precondition is the list itself: status patches (which change the resourceVersion
+    # several times a minute) cannot make this edit fail, another finalizer's edit can.
+    ops: list[dict[str, Any]] = [
+        {"op": "test", "path": "/metadata/finalizers", "value": finalizers}
+    ]
+    if add:
+        ops.append({"op": "add", "path": "/metadata/finalizers/-", "value": finalizer})
+    else:
+        ops.append({"op": "remove", "path": f"/metadata/finalizers/{finalizers.index(finalizer)}"})
+    return ops
+
+
+async def edit_finalizer(*, api: KubeApi, workflow: WorkflowRef, add: bool) -> bool:
+    """Add or remove the cleanup finalizer; ``True`` when the object ends in that state."""
+    path = workflows_path(workflow.namespace, workflow.name)
+    for _ in range(MAX_PATCH_RETRIES):
+        try:
+            current = await api.get(path)
+        except KubeApiError as exc:
+            if exc.not_found:
+                return not add
+            raise
+        metadata = current.get("metadata") or {}
+        if workflow.uid is not None and metadata.get("uid") != workflow.uid:
+            return not add  # a re-created Workflow of the same name: not ours to edit
+        ops = finalizer_ops(metadata, add=add)
+        if ops is None:
+            return True
+        try:
+            await api.json_patch(path, ops)
+            return True
+        except KubeApiError as exc:
+            if exc.not_found:
+                return not add
+            if not (exc.conflict or exc.status == 422):
+                raise
+    logger.warning("Finalizer edit kept conflicting workflow=%s", workflow.display)
+    return False
+
+
+async def delete_claims(*, api: KubeApi, workflow: WorkflowRef) -> int:
+    """Delete the Claims of ``workflow`` (not those of a re-created one); how many went."""
+    items = await api.list_items(
+        claims_path(workflow.namespace),
+        label_selector=resources.workflow_selector(workflow.name),
+    )
+    deleted = 0
+    for item in items:
+        metadata = item.get("metadata") or {}
+        owners = {o.get("uid") for o in metadata.get("ownerReferences") or ()}
+        if (item.get("spec") or {}).get("workflow") != workflow.name:
+            continue
+        if owners and workflow.uid not in owners:
+            continue  # a Claim of a re-created Workflow of the same name
+        with contextlib.suppress(KubeApiError):  # NB: already gone, or the namespace is going
+            await api.delete(
+                claims_path(workflow.namespace, str(metadata["name"])), uid=metadata.get("uid")
+            )
+            deleted += 1
+    return deleted

@@ -1,0 +1,147 @@
+"""What a Workflow's status says, as a pure function of what its leader knows.
+
+The controller gathers the facts (is a runtime running, which generation is applied, which was
+rejected and why, the runtime's last snapshot, the Lease record) into :class:`StatusInputs`;
+:func:`workflow_status` turns them into the status body. Keeping it pure means every rule of
+the conditions (Ready, Leading, Degraded) is tested without a cluster, a runtime or a clock,
+and that the status a leader would write is the same whatever order the facts arrived in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from lorenz.kube.statuses import (
+    DEGRADED,
+    LEADING,
+    READY,
+    Condition,
+    ConditionStatus,
+    LeaderStatus,
+    condition,
+    reason_from_code,
+    status_from_snapshot,
+)
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Degradation:
+    """Why the Workflow is degraded: a rejected spec or a runtime that failed to start."""
+
+    code: str
+    """The stable error code (also the condition's reason)."""
+    message: str
+    """The one-line message saying what to do."""
+    generation: int
+    """The generation it concerns."""
+    stage: str = "rejected"
+    """What happened to that generation (``rejected``, ``failed to start``)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class StatusInputs:
+    """Everything the status of one Workflow depends on, at one moment."""
+
+    generation: int
+    """``metadata.generation`` of the newest object seen."""
+    applied_generation: int | None
+    """The generation the running runtime was built from (``None``: none applied yet)."""
+    candidate_generation: int = 0
+    """The newest generation that was loaded (successfully or not)."""
+    degraded: Degradation | None = None
+    running: bool = False
+    """A runtime exists (it may still be starting)."""
+    snapshot: Mapping[str, Any] | None = None
+    """The runtime's last snapshot."""
+    releasing: bool = False
+    """The leader is handing the Workflow over (shutdown)."""
+    identity: str
+    """This replica's identity."""
+    lease_name: str
+    acquired_at: datetime.datetime | None = None
+    transitions: int = 0
+    endpoint: str | None = None
+    """Where this replica serves the API."""
+
+
+def ready_condition(inputs: StatusInputs) -> tuple[ConditionStatus, str, str]:
+    """``Ready``: the runtime polls successfully."""
+    if inputs.releasing:
+        return ("False", "NoLeader", "the leader released the Lease; a follower takes over")
+    if not inputs.running and inputs.degraded is not None:
+        return ("False", reason_from_code(inputs.degraded.code), inputs.degraded.message)
+    if not inputs.running or inputs.snapshot is None:
+        return ("Unknown", "Starting", "the runtime is starting")
+    poll = inputs.snapshot.get("poll") or {}
+    if poll.get("last_error"):
+        return ("False", "PollFailed", str(poll["last_error"]))
+    if not poll.get("last_poll_at"):
+        return ("Unknown", "Starting", "waiting for the first poll")
+    return (
+        "True",
+        "Polling",
+        f"last poll: {poll.get('candidates', 0)} candidates, {poll.get('eligible', 0)} eligible",
+    )
+
+
+def workflow_status(
+    inputs: StatusInputs, previous: Sequence[Condition], now: datetime.datetime
+) -> dict[str, Any]:
+    """The status body (wire form); conditions keep their transition times from ``previous``."""
+    applied = inputs.applied_generation
+    ready = ready_condition(inputs)
+    leading: tuple[ConditionStatus, str, str]
+    if inputs.releasing:
+        leading = ("False", "LeaseReleased", f"{inputs.identity} released the Lease")
+    else:
+        leading = ("True", "LeaseHeld", f"{inputs.identity} holds Lease {inputs.lease_name}")
+    degradation = inputs.degraded
+    degraded: tuple[ConditionStatus, str, str]
+    if degradation is not None:
+        kept = f" (running generation {applied})" if applied is not None else ""
+        degraded = (
+            "True",
+            reason_from_code(degradation.code),
+            f"generation {degradation.generation} {degradation.stage}{kept}: "
+            f"{degradation.message}",
+        )
+        degraded_generation = degradation.generation
+    else:
+        degraded = ("False", "SpecApplied", f"generation {applied} applied")
+        degraded_generation = applied if applied is not None else inputs.generation
+    conditions = [
+        condition(
+            READY, ready[0], reason=ready[1], message=ready[2],
+            generation=applied if applied is not None else inputs.generation,
+            now=now, previous=previous,
+        ),
+        condition(
+            LEADING, leading[0], reason=leading[1], message=leading[2],
+            generation=inputs.generation, now=now, previous=previous,
+        ),
+        condition(
+            DEGRADED, degraded[0], reason=degraded[1], message=degraded[2],
+            generation=degraded_generation, now=now, previous=previous,
+        ),
+    ]
+    observed = max(
+        applied or 0,
+        inputs.candidate_generation,
+        degradation.generation if degradation is not None else 0,
+    )
+    status: dict[str, Any] = {
+        "observedGeneration": observed or None,
+        "conditions": [c.wire() for c in conditions],
+        "leader": LeaderStatus(
+            identity=None if inputs.releasing else inputs.identity,
+            acquired_at=None if inputs.releasing else inputs.acquired_at,
+            transitions=inputs.transitions,
+            endpoint=None if inputs.releasing else inputs.endpoint,
+        ).wire(),
+    }
+    if inputs.snapshot is not None:
+        status.update(status_from_snapshot(dict(inputs.snapshot)))
+    return status

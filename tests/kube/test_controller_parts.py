@@ -1,0 +1,157 @@
+"""The pieces of a Workflow's controller on their own: the pure status, the finalizer edits."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+import pytest
+
+from lorenz.kube import resources
+from lorenz.kube.clients import KubeApi, workflows_path
+from lorenz.kube.errors import KubeApiError
+from lorenz.kube.finalizers import edit_finalizer, finalizer_ops
+from lorenz.kube.resources import WorkflowRef
+from lorenz.kube.statuses import Condition
+from lorenz.kube.workflow_status import Degradation, StatusInputs, workflow_status
+
+NOW = datetime.datetime(2026, 3, 4, 5, 6, 7, tzinfo=datetime.UTC)
+LATER = NOW + datetime.timedelta(minutes=5)
+
+
+def inputs(**fields: Any) -> StatusInputs:
+    values: dict[str, Any] = {
+        "generation": 2,
+        "applied_generation": 2,
+        "candidate_generation": 2,
+        "identity": "op-a",
+        "lease_name": "lorenz-wf-x",
+        "running": True,
+        "snapshot": {"poll": {"last_poll_at": "2026-03-04T05:06:00Z", "candidates": 3,
+                              "eligible": 1}},
+    }
+    values.update(fields)
+    return StatusInputs(**values)
+
+
+def conditions_of(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in status["conditions"]}
+
+
+def test_a_polling_runtime_is_ready_and_not_degraded() -> None:
+    status = workflow_status(inputs(), [], NOW)
+    found = conditions_of(status)
+    assert found["Ready"]["status"] == "True"
+    assert found["Ready"]["reason"] == "Polling"
+    assert found["Degraded"]["status"] == "False"
+    assert found["Leading"]["status"] == "True"
+    assert status["leader"]["identity"] == "op-a"
+    assert status["observedGeneration"] == 2
+
+
+def test_a_rejected_spec_is_degraded_while_the_last_good_one_keeps_running() -> None:
+    degraded = Degradation(code="workflow_invalid", message="fix the prompt", generation=3)
+    status = workflow_status(inputs(generation=3, degraded=degraded), [], NOW)
+    found = conditions_of(status)
+    assert found["Degraded"]["status"] == "True"
+    assert found["Degraded"]["reason"] == "workflow_invalid"
+    assert "running generation 2" in found["Degraded"]["message"]
+    assert found["Ready"]["status"] == "True"  # the kept workflow still polls
+    assert status["observedGeneration"] == 3
+
+
+def test_without_a_runtime_the_degradation_is_why_it_is_not_ready() -> None:
+    degraded = Degradation(code="tracker_unreachable", message="check the URL", generation=1)
+    status = workflow_status(
+        inputs(running=False, snapshot=None, applied_generation=None, degraded=degraded), [], NOW
+    )
+    ready = conditions_of(status)["Ready"]
+    assert (ready["status"], ready["reason"]) == ("False", "tracker_unreachable")
+
+
+def test_a_releasing_leader_names_nobody() -> None:
+    status = workflow_status(inputs(releasing=True), [], NOW)
+    assert status["leader"]["identity"] is None
+    assert conditions_of(status)["Leading"]["status"] == "False"
+
+
+def test_conditions_keep_their_transition_time_while_their_status_holds() -> None:
+    first = workflow_status(inputs(), [], NOW)
+    previous = [Condition.model_validate(c) for c in first["conditions"]]
+    again = workflow_status(inputs(), previous, LATER)
+    assert again == first
+    flipped = workflow_status(inputs(snapshot={"poll": {"last_error": "boom"}}), previous, LATER)
+    ready = conditions_of(flipped)["Ready"]
+    assert ready["status"] == "False"
+    assert ready["lastTransitionTime"] != conditions_of(first)["Ready"]["lastTransitionTime"]
+
+
+def test_removing_the_finalizer_tests_the_list_not_the_resource_version() -> None:
+    metadata = {"resourceVersion": "7", "finalizers": ["a/b", resources.CLEANUP_FINALIZER]}
+    ops = finalizer_ops(metadata, add=False)
+    assert ops == [
+        {"op": "test", "path": "/metadata/finalizers", "value": metadata["finalizers"]},
+        {"op": "remove", "path": "/metadata/finalizers/1"},
+    ]
+    assert finalizer_ops(metadata, add=True) is None
+
+
+@pytest.fixture
+async def workflow(
+    kube_api: KubeApi, kube_namespace: str, lorenz_crds: list[str]
+) -> WorkflowRef:
+    body = {
+        "apiVersion": "lorenz.dev/v1alpha1",
+        "kind": "Workflow",
+        "metadata": {"name": "wf", "namespace": kube_namespace, "finalizers": ["example.com/x"]},
+        "spec": {"tracker": {"kind": "files", "path": "issues"}},
+    }
+    created = await kube_api.create(workflows_path(kube_namespace), body)
+    return WorkflowRef(namespace=kube_namespace, name="wf", uid=created["metadata"]["uid"])
+
+
+async def finalizers(api: KubeApi, workflow: WorkflowRef) -> list[str]:
+    current = await api.get(workflows_path(workflow.namespace, workflow.name))
+    return list(current["metadata"].get("finalizers") or [])
+
+
+async def clear_finalizers(api: KubeApi, workflow: WorkflowRef) -> None:
+    await api.merge_patch(
+        workflows_path(workflow.namespace, workflow.name), {"metadata": {"finalizers": None}}
+    )
+
+
+@pytest.mark.cluster
+async def test_a_finalizer_edit_never_loses_to_a_status_patch(
+    kube_api: KubeApi, workflow: WorkflowRef
+) -> None:
+    path = workflows_path(workflow.namespace, workflow.name)
+    read = (await kube_api.get(path))["metadata"]
+    # The leader's own status patch lands between the read and the edit.
+    await kube_api.merge_patch(
+        workflows_path(workflow.namespace, workflow.name, status=True),
+        {"status": {"observedGeneration": 1}},
+    )
+    ops = finalizer_ops(read, add=True)
+    assert ops is not None
+    await kube_api.json_patch(path, ops)
+    assert await finalizers(kube_api, workflow) == ["example.com/x", resources.CLEANUP_FINALIZER]
+    await clear_finalizers(kube_api, workflow)
+
+
+@pytest.mark.cluster
+async def test_a_finalizer_edit_from_a_stale_list_is_refused_and_recomputed(
+    kube_api: KubeApi, workflow: WorkflowRef
+) -> None:
+    path = workflows_path(workflow.namespace, workflow.name)
+    assert await edit_finalizer(api=kube_api, workflow=workflow, add=True)
+    read = (await kube_api.get(path))["metadata"]
+    # Someone else's finalizer goes first: the index computed from ``read`` is stale.
+    await kube_api.json_patch(path, [{"op": "remove", "path": "/metadata/finalizers/0"}])
+    ops = finalizer_ops(read, add=False)
+    assert ops is not None
+    with pytest.raises(KubeApiError) as refused:
+        await kube_api.json_patch(path, ops)
+    assert refused.value.status == 422
+    assert await edit_finalizer(api=kube_api, workflow=workflow, add=False)
+    assert await finalizers(kube_api, workflow) == []
