@@ -89,8 +89,12 @@ def delta(after: dict[Any, float], before: dict[Any, float]) -> dict[Any, float]
     return {k: v - before.get(k, 0.0) for k, v in after.items() if v - before.get(k, 0.0) > 0}
 
 
-def ticks(kube: Kube, names: list[str]) -> int:
-    return sum(int(kube.get("workflow", n)["status"]["poll"]["count"]) for n in names)
+def ticks(operator: OperatorProcess, namespace: str, names: list[str]) -> int:
+    """Poll ticks so far, from the leader's API (the status has them at most once a minute)."""
+    return sum(
+        int(operator.get(f"/api/v1/workflows/{namespace}/{n}/state")["poll"]["count"])
+        for n in names
+    )
 
 
 def idle_cost(cluster: Cluster, work: Path, *, workflows: int, seconds: float) -> None:
@@ -108,15 +112,14 @@ def idle_cost(cluster: Cluster, work: Path, *, workflows: int, seconds: float) -
             kube.apply(rig.workflow(name, interval_ms=1000))
         for name in names:
             wait_until(
-                lambda n=name: (kube.get("workflow", n).get("status") or {}).get("poll", {})
-                .get("count", 0) >= 3 or None,
-                timeout=60, message="idle workflows polling",
+                lambda n=name: ticks(operator, namespace, [n]) >= 3 or None,
+                timeout=120, message="idle workflows polling",
             )
         time.sleep(2.0)
-        ticks_before, own_before = ticks(kube, names), operator_requests(operator)
+        ticks_before, own_before = ticks(operator, namespace, names), operator_requests(operator)
         server_before = apiserver_requests(cluster)
         time.sleep(seconds)
-        ticks_after, own_after = ticks(kube, names), operator_requests(operator)
+        ticks_after, own_after = ticks(operator, namespace, names), operator_requests(operator)
         server_after = apiserver_requests(cluster)
     finally:
         operator.stop()

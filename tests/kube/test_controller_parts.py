@@ -13,7 +13,12 @@ from lorenz.kube.errors import KubeApiError
 from lorenz.kube.finalizers import edit_finalizer, finalizer_ops
 from lorenz.kube.resources import WorkflowRef
 from lorenz.kube.statuses import Condition
-from lorenz.kube.workflow_status import Degradation, StatusInputs, workflow_status
+from lorenz.kube.workflow_status import (
+    Degradation,
+    StatusInputs,
+    only_bookkeeping_changed,
+    workflow_status,
+)
 
 NOW = datetime.datetime(2026, 3, 4, 5, 6, 7, tzinfo=datetime.UTC)
 LATER = NOW + datetime.timedelta(minutes=5)
@@ -84,6 +89,20 @@ def test_conditions_keep_their_transition_time_while_their_status_holds() -> Non
     ready = conditions_of(flipped)["Ready"]
     assert ready["status"] == "False"
     assert ready["lastTransitionTime"] != conditions_of(first)["Ready"]["lastTransitionTime"]
+
+
+def test_only_the_poll_bookkeeping_of_an_idle_tick_may_wait() -> None:
+    def polled(count: int, **poll: Any) -> dict[str, Any]:
+        snapshot = {"poll": {"last_poll_at": f"2026-03-04T05:06:{count:02d}Z", "count": count,
+                             "next_poll_at": f"2026-03-04T05:07:{count:02d}Z",
+                             "candidates": 3, "eligible": 1, **poll}}
+        return workflow_status(inputs(snapshot=snapshot), [], NOW)
+
+    assert only_bookkeeping_changed(polled(2), polled(1))
+    assert not only_bookkeeping_changed(polled(2, eligible=2), polled(1))
+    assert not only_bookkeeping_changed(polled(2, last_error="boom"), polled(1))
+    never_polled = workflow_status(inputs(snapshot={"poll": {}}), [], NOW)
+    assert not only_bookkeeping_changed(polled(1), never_polled)
 
 
 def test_removing_the_finalizer_tests_the_list_not_the_resource_version() -> None:

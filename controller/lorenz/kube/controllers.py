@@ -35,6 +35,7 @@ import asyncio
 import contextlib
 import datetime
 import logging
+import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -52,7 +53,12 @@ from lorenz.kube.posting import EventKind, EventPoster, Post, kopf_post
 from lorenz.kube.settings import OperatorSettings
 from lorenz.kube.specs import generation_of, load_workflow_object, workflow_ref
 from lorenz.kube.statuses import Condition
-from lorenz.kube.workflow_status import Degradation, StatusInputs, workflow_status
+from lorenz.kube.workflow_status import (
+    Degradation,
+    StatusInputs,
+    only_bookkeeping_changed,
+    workflow_status,
+)
 from lorenz.model import EventType, LorenzError, SlotKey, SystemClock
 from lorenz.orchestrator import Orchestrator
 from lorenz.runtime import LorenzRuntime
@@ -138,6 +144,9 @@ class WorkflowController:
         """Failed starts in a row (the backoff doubles with each; a good poll resets it)."""
         self._snapshot: dict[str, Any] | None = None
         self._last_status: dict[str, Any] | None = None
+        self._last_write_at = 0.0
+        self._deferred: asyncio.TimerHandle | None = None
+        """A status write postponed by the idle rate limit."""
         self._conditions: list[Condition] = []
         self._releasing = False
         self._background: set[asyncio.Task[Any]] = set()
@@ -297,6 +306,9 @@ class WorkflowController:
                 await self._release()
         finally:
             publisher.cancel()
+            if self._deferred is not None:
+                self._deferred.cancel()
+                self._deferred = None
             await term.halt()
 
     # -- runtime ---------------------------------------------------------------------------
@@ -563,6 +575,20 @@ class WorkflowController:
         status = self.status_body()
         if not force and status == self._last_status:
             return False
+        if not force and self._last_status is not None and only_bookkeeping_changed(
+            status, self._last_status
+        ):
+            wait = self._last_write_at + self._settings.idle_status_interval_seconds
+            wait -= time.monotonic()
+            if wait > 0:
+                # NB: nothing a user acts on changed (only when the last poll was): write it
+                # later, once, instead of on every idle tick.
+                if self._deferred is None:
+                    self._deferred = asyncio.get_running_loop().call_later(wait, self._dirty)
+                return False
+        if self._deferred is not None:
+            self._deferred.cancel()
+            self._deferred = None
         path = workflows_path(self.ref.namespace, self.ref.name, status=True)
         try:
             await self._api.merge_patch(path, {"status": status})
@@ -571,6 +597,7 @@ class WorkflowController:
                 return False
             raise
         self._last_status = status
+        self._last_write_at = time.monotonic()
         self._conditions = [Condition.model_validate(c) for c in status["conditions"]]
         return True
 

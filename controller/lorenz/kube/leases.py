@@ -359,7 +359,10 @@ class KubernetesLeaseProvider:
                     self.try_acquire_or_renew(), timeout=max(remaining, 0.05)
                 )
             except (KubeApiError, TimeoutError) as exc:
-                logger.warning("Lease renew failed lease=%s error=%s", self.name, exc)
+                # NB: a TimeoutError has no message: name it, or the log says "error=".
+                logger.warning(
+                    "Lease renew failed lease=%s error=%s", self.name, str(exc) or repr(exc)
+                )
                 ok = False
             if ok:
                 continue

@@ -68,6 +68,12 @@ class OperatorSettings(pydantic.BaseModel):
     status_interval_seconds: float = Field(default=1.0, ge=0)
     """At most one Workflow status patch per this interval (and only when it changed)."""
 
+    idle_status_interval_seconds: float = Field(default=60.0, ge=0)
+    """While only the poll bookkeeping changes (``status.poll.lastPollAt``, ``nextPollAt``,
+    ``count``), at most one status patch per Workflow per this interval; anything else a user
+    sees (conditions, lanes, counts, errors) is written at once. The operator's API and metrics
+    always have the current values."""
+
     events_per_minute: int = Field(default=30, ge=0)
     """Kubernetes Events posted per Workflow per minute, at most (bursts up to this many);
     0 posts none."""

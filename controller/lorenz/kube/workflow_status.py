@@ -145,3 +145,27 @@ def workflow_status(
     if inputs.snapshot is not None:
         status.update(status_from_snapshot(dict(inputs.snapshot)))
     return status
+
+
+BOOKKEEPING = ("lastPollAt", "nextPollAt", "count")
+"""Keys of ``status.poll`` that move on every tick while nothing else does: an idle Workflow
+writes them at most once per ``idle_status_interval_seconds`` (they are always current in the
+operator's API and in ``lorenz_poll_duration_seconds_count``)."""
+
+
+def only_bookkeeping_changed(status: Mapping[str, Any], previous: Mapping[str, Any]) -> bool:
+    """Whether ``status`` differs from ``previous`` only in the poll bookkeeping."""
+
+    def without(body: Mapping[str, Any]) -> dict[str, Any]:
+        stripped = dict(body)
+        poll = dict(stripped.get("poll") or {})
+        for key in BOOKKEEPING:
+            poll.pop(key, None)
+        stripped["poll"] = poll
+        return stripped
+
+    # NB: the first poll (``lastPollAt`` appearing) also flips Ready, so it is never deferred.
+    first_poll = bool((status.get("poll") or {}).get("lastPollAt")) != bool(
+        (previous.get("poll") or {}).get("lastPollAt")
+    )
+    return not first_poll and without(status) == without(previous)
