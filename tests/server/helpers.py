@@ -63,6 +63,12 @@ class Served:
         assert self.server.url is not None
         return self.server.url
 
+    @property
+    def auth(self) -> dict[str, str]:
+        """The header state-changing requests over TCP need (the server's bearer token)."""
+        assert self.server.guard is not None
+        return {"Authorization": f"Bearer {self.server.guard.token}"}
+
 
 def make_rig(
     tmp_path: Path,

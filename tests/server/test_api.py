@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import urllib.parse
 from pathlib import Path
@@ -178,7 +179,11 @@ async def test_refresh_queues_a_poll_and_answers_202(
 
     for body in (None, b"", b"{}", b"  {}  "):
         before = rig.runtime.poll_count
-        async with http.post(f"{served.url}/api/v1/refresh", data=body) as response:
+        async with http.post(
+            f"{served.url}/api/v1/refresh",
+            data=body,
+            headers={**served.auth, "Content-Type": "application/json"} if body else served.auth,
+        ) as response:
             assert response.status == 202
             result = await response.json()
         assert result["queued"] is True
@@ -200,7 +205,9 @@ async def test_refresh_with_a_body_other_than_empty_object_is_400(
     served = await serve(rig)
 
     async with http.post(
-        f"{served.url}/api/v1/refresh", data=body, headers={"Content-Type": "application/json"}
+        f"{served.url}/api/v1/refresh",
+        data=body,
+        headers={"Content-Type": "application/json", **served.auth},
     ) as response:
         assert response.status == 400
         code, _ = _error_of(await response.json())
@@ -219,7 +226,7 @@ async def test_refresh_and_health_after_the_runtime_stopped_are_503(
 
     rig.runtime.stop()
 
-    async with http.post(f"{served.url}/api/v1/refresh") as response:
+    async with http.post(f"{served.url}/api/v1/refresh", headers=served.auth) as response:
         assert response.status == 503
         assert _error_of(await response.json())[0] == "orchestrator_unavailable"
     async with http.get(f"{served.url}/healthz") as response:
@@ -293,10 +300,10 @@ async def test_extra_routes_override_builtins_and_static_routes_mount(
             "description": "stopping"}}}}},
     )
 
-    async with http.post(f"{served.url}/api/v1/refresh") as response:
+    async with http.post(f"{served.url}/api/v1/refresh", headers=served.auth) as response:
         assert response.status == 202
         assert (await response.json())["by"] == "daemon"
-    async with http.post(f"{served.url}/api/v1/stop") as response:
+    async with http.post(f"{served.url}/api/v1/stop", headers=served.auth) as response:
         assert response.status == 202
     async with http.get(f"{served.url}/") as response:
         assert "dashboard" in await response.text()
@@ -353,7 +360,11 @@ async def test_malformed_requests_never_crash_the_server(
         await writer.wait_closed()
 
     # A large body on refresh is refused without reading it all into a crash.
-    async with http.post(f"{served.url}/api/v1/refresh", data=b"{" * (3 * 1024 * 1024)) as resp:
+    async with http.post(
+        f"{served.url}/api/v1/refresh",
+        data=b"{" * (3 * 1024 * 1024),
+        headers={**served.auth, "Content-Type": "application/json"},
+    ) as resp:
         assert resp.status in (400, 413)
         assert _error_of(await resp.json())[0] in ("invalid_request_body", "request_rejected")
 
@@ -382,7 +393,7 @@ async def test_no_response_ever_contains_the_tracker_api_key(
         async with http.get(served.url + path) as response:
             bodies.append(await response.text())
             bodies.append(json.dumps(dict(response.headers)))
-    async with http.post(f"{served.url}/api/v1/refresh") as response:
+    async with http.post(f"{served.url}/api/v1/refresh", headers=served.auth) as response:
         bodies.append(await response.text())
     async with http.get(f"{served.url}/api/v1/events") as response:
         chunks = b""
@@ -393,3 +404,42 @@ async def test_no_response_ever_contains_the_tracker_api_key(
     assert all(SENTINEL_SECRET not in body for body in bodies)
     assert any("T-2" in body for body in bodies)  # the bodies really carry the state
     release(rig, "T-1")
+
+
+async def test_a_failed_reload_is_in_the_state_until_a_reload_succeeds(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    rig = make_rig(tmp_path, issues=[])
+    served = await serve(rig)
+    path = rig.workflow.path
+    good = path.read_text(encoding="utf-8")
+    await rig.runtime.poll_once()
+    assert (await get_json(http, f"{served.url}/api/v1/state"))["config_error"] is None
+
+    path.write_text("---\ntracker: [unterminated\n---\nbody\n", encoding="utf-8")
+    await rig.runtime.poll_once()
+    error = (await get_json(http, f"{served.url}/api/v1/state"))["config_error"]
+    assert error["code"] == "workflow_parse_error"
+    assert error["message"]
+    since = datetime.datetime.fromisoformat(error["since"])
+    assert since.tzinfo is not None
+
+    # Still broken (differently): the error is the new one, its start stays the first failure's.
+    path.write_text("---\npolling: {interval_ms: -5}\n---\nbody\n", encoding="utf-8")
+    await rig.runtime.poll_once()
+    again = (await get_json(http, f"{served.url}/api/v1/state"))["config_error"]
+    assert again["since"] == error["since"]
+    assert again["message"] != error["message"]
+
+    # Put back as it was: the workflow in force is the file again, nothing is failing.
+    path.write_text(good, encoding="utf-8")
+    await rig.runtime.poll_once()
+    assert (await get_json(http, f"{served.url}/api/v1/state"))["config_error"] is None
+
+    path.write_text("---\ntracker: [unterminated\n---\nbody\n", encoding="utf-8")
+    await rig.runtime.poll_once()
+    assert (await get_json(http, f"{served.url}/api/v1/state"))["config_error"] is not None
+    path.write_text(good.replace("interval_ms: 50", "interval_ms: 60"), encoding="utf-8")
+    await rig.runtime.poll_once()
+    assert rig.of_type("workflow_reloaded")
+    assert (await get_json(http, f"{served.url}/api/v1/state"))["config_error"] is None

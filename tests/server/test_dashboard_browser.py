@@ -414,6 +414,20 @@ async def test_poll_error_banner_and_refresh_button(tmp_path: Path, browser: Chr
     await browser.open(served.url + "/")
     await browser.wait_for("document.body.dataset.snapshots > 0")
     assert await browser.evaluate("document.querySelector('[data-testid=poll-error]').hidden")
+    # Without the server's token the button is refused (401), and the page says what to do.
+    await browser.evaluate("document.querySelector('[data-testid=refresh-button]').click()")
+    notice = await browser.wait_for(
+        "(() => { const n = document.querySelector('[data-testid=refresh-notice]');"
+        " return !n.hidden && n.textContent; })()"
+    )
+    assert "#token=" in notice
+    assert not served.rig.of_type("refresh_requested")
+
+    # Opened with #token=... the page keeps it for the tab and drops it from the address bar.
+    assert served.server.guard is not None
+    await browser.open(f"{served.url}/#token={served.server.guard.token}")
+    await browser.wait_for("document.body.dataset.snapshots > 0")
+    assert await browser.evaluate("window.location.hash") == ""
     served.rig.tracker.fail_next(1, methods=["fetch_candidate_issues"])
     polls = served.rig.runtime.poll_count
     # The button asks the server for a poll; that poll fails and the banner says so.
@@ -425,9 +439,44 @@ async def test_poll_error_banner_and_refresh_button(tmp_path: Path, browser: Chr
     )
     assert banner.startswith("Last poll failed: ")
     assert served.rig.of_type("refresh_requested")
+    assert await browser.evaluate("document.querySelector('[data-testid=refresh-notice]').hidden")
     assert browser.errors == []
     served.rig.runtime.stop()
     await loop
+
+
+async def test_a_failed_reload_shows_a_banner_until_the_workflow_is_fixed(
+    tmp_path: Path, browser: Chromium
+) -> None:
+    served = await _served(tmp_path, issues=[])
+    path = served.rig.workflow.path
+    good = path.read_text(encoding="utf-8")
+    await served.rig.runtime.poll_once()
+    await browser.open(served.url + "/")
+    await browser.wait_for("document.body.dataset.snapshots > 0")
+    hidden = "document.querySelector('[data-testid=config-error]').hidden"
+    assert await browser.evaluate(hidden)
+
+    path.write_text("---\ntracker: [<img src=x onerror=alert(1)>\n---\nbody\n", encoding="utf-8")
+    await served.rig.runtime.poll_once()
+    code = await browser.wait_for(
+        "(() => { const b = document.querySelector('[data-testid=config-error]');"
+        " return !b.hidden && b.dataset.code; })()"
+    )
+    assert code == "workflow_parse_error"
+    text = await browser.evaluate(
+        "document.querySelector('[data-testid=config-error]').textContent"
+    )
+    assert text.startswith("WORKFLOW.md reload failed: workflow_parse_error")
+    assert "last good workflow" in text
+    assert await browser.evaluate("document.querySelectorAll('[data-testid=config-error] img')"
+                                  ".length") == 0
+    await browser.screenshot(ARTIFACTS / "dashboard-config-error.png")
+
+    path.write_text(good, encoding="utf-8")
+    await served.rig.runtime.poll_once()
+    await browser.wait_for(hidden)
+    assert browser.errors == []
 
 
 def _synthetic_snapshot(*, running: int) -> dict[str, Any]:

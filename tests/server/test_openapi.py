@@ -115,7 +115,7 @@ async def test_every_lane_row_and_issue_detail_matches_the_document(
         detail = await get_json(http, f"{served.url}/api/v1/issues/{identifier}")
         assert detail["status"] == status
         _assert_valid("IssueDetail", detail)
-    async with http.post(f"{served.url}/api/v1/refresh") as response:
+    async with http.post(f"{served.url}/api/v1/refresh", headers=served.auth) as response:
         _assert_valid("RefreshAccepted", await response.json())
     async with http.get(f"{served.url}/api/v1/nope") as response:
         _assert_valid("Error", await response.json())
@@ -130,7 +130,7 @@ async def test_every_lane_row_and_issue_detail_matches_the_document(
     release(served.rig, "T-1")
 
 
-def _run_schemathesis(base_url: str) -> list[str]:
+def _run_schemathesis(base_url: str, *, headers: dict[str, str]) -> list[str]:
     """Every operation, positive and negative examples; returns the failures (none expected)."""
     # NB: the served document, loaded as a dict (from_url leaves out the document's own route).
     served_document = requests.get(f"{base_url}/api/v1/openapi.json", timeout=10).json()
@@ -161,7 +161,7 @@ def _run_schemathesis(base_url: str) -> list[str]:
                 print_blob=False,
             )
             def check(case: Any) -> None:
-                case.call_and_validate(base_url=base_url, timeout=10)
+                case.call_and_validate(base_url=base_url, headers=headers, timeout=10)
 
             try:
                 check()
@@ -176,7 +176,7 @@ async def test_schemathesis_finds_no_nonconformance_and_no_server_error(tmp_path
     served = await serve_every_lane(tmp_path)
 
     # NB: schemathesis is synchronous (requests); it runs in a thread while this loop serves.
-    failures = await asyncio.to_thread(_run_schemathesis, served.url)
+    failures = await asyncio.to_thread(_run_schemathesis, served.url, headers=served.auth)
 
     assert not failures, "\n\n".join(failures)
     assert threading.active_count() >= 1

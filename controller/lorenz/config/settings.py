@@ -431,6 +431,26 @@ class ServerSettings(Section):
     """Port to listen on; unset = no server, ``0`` = an ephemeral port. CLI ``--port`` wins."""
     host: str = Field(default="127.0.0.1", min_length=1, json_schema_extra=_reload("restart"))
     """Address to bind."""
+    allowed_hosts: tuple[str, ...] = Field(default=(), json_schema_extra=_reload("restart"))
+    """Extra names the server answers to in the ``Host`` header, ``name`` (any port) or
+    ``name:port`` (``[v6]:port``), e.g. a reverse proxy's name. Loopback (``localhost``,
+    ``127.0.0.1``, ``[::1]``) and the bound address with the bound port always are; any other
+    name is refused with ``host_not_allowed`` (DNS rebinding)."""
+
+    @pydantic.field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _host_list(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(part for part in value.split(",") if part.strip())
+        return value
+
+    @pydantic.field_validator("allowed_hosts")
+    @classmethod
+    def _valid_allowed_hosts(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for host in value:
+            if not _HOST_RE.match(host.strip()) or "@" in host:
+                raise ValueError(f"not a host name or host:port: {host!r}")
+        return tuple(h.strip().lower() for h in value)
 
 
 class LogFormat(enum.StrEnum):

@@ -5,6 +5,10 @@ records its endpoint — an HTTP URL when the dashboard server is on, else a uni
 daemon on another host, ``--url`` (``http://host:port`` or ``unix:///path``) or ``--port``
 (``http://127.0.0.1:PORT``) name the endpoint directly and the lease is not read.
 
+Over TCP every request carries the daemon's bearer token (``Authorization: Bearer``), read from
+the file beside the lease (``--token-file PATH`` names another, e.g. one copied from the
+daemon's host); without it the daemon refuses ``refresh`` and ``stop`` with 401.
+
 Exit codes: 0 ok; 1 the daemon is not running, unreachable or refused (coded:
 ``daemon_not_running``, ``daemon_unreachable``, ``daemon_request_failed``,
 ``daemon_lock_unreadable``, ``daemon_stop_timeout``); 2 usage (``control_url_invalid``).
@@ -34,7 +38,7 @@ EXIT_USAGE = 2
 
 
 def add_attach_arguments(parser: argparse.ArgumentParser) -> None:
-    """``[WORKFLOW.md] [--url URL] [--port N] [--json]``."""
+    """``[WORKFLOW.md] [--url URL] [--port N] [--token-file PATH] [--json]``."""
     parser.add_argument(
         "workflow",
         nargs="?",
@@ -54,13 +58,24 @@ def add_attach_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="the daemon's HTTP port on 127.0.0.1 (skips the lease)",
     )
+    parser.add_argument(
+        "--token-file",
+        default=None,
+        metavar="PATH",
+        help="file holding the daemon's bearer token (default: the one beside its lease)",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
 
 
 def attached(args: argparse.Namespace, action: Callable[[Target], int]) -> int:
     """Find the daemon the arguments name and run ``action`` on it; coded errors → exit code."""
     try:
-        target = find_target(workflow=args.workflow, url=args.url, port=args.port)
+        target = find_target(
+            workflow=args.workflow,
+            url=args.url,
+            port=args.port,
+            token_file=getattr(args, "token_file", None),
+        )
         return action(target)
     except Exception as exc:
         code = getattr(exc, "code", None)
@@ -76,7 +91,7 @@ def attached(args: argparse.Namespace, action: Callable[[Target], int]) -> int:
 def call(target: Target, method: str, path: str, *, timeout_s: float = 5.0) -> Reply:
     """``method path`` on the daemon; raises the coded errors (never returns a non-2xx reply)."""
     try:
-        reply = request(target.endpoint, method, path, timeout_s=timeout_s)
+        reply = request(target.endpoint, method, path, timeout_s=timeout_s, token=target.token)
     except Unreachable as exc:
         raise unreachable_error(target, reason=str(exc)) from None
     if not reply.ok:
@@ -91,7 +106,7 @@ def call(target: Target, method: str, path: str, *, timeout_s: float = 5.0) -> R
 def try_call(target: Target, method: str, path: str) -> Reply | None:
     """Like :func:`call`, but a 404/405 (a server without that route) gives ``None``."""
     try:
-        reply = request(target.endpoint, method, path)
+        reply = request(target.endpoint, method, path, token=target.token)
     except Unreachable as exc:
         raise unreachable_error(target, reason=str(exc)) from None
     if reply.status in (404, 405):
@@ -146,7 +161,9 @@ def wait_until_stopped(target: Target, *, timeout_s: float, poll_s: float = 0.05
                 return
         else:
             try:
-                request(target.endpoint, "GET", "/api/v1/daemon", timeout_s=1.0)
+                request(
+                    target.endpoint, "GET", "/api/v1/daemon", timeout_s=1.0, token=target.token
+                )
             except Unreachable:
                 return
         time.sleep(poll_s)

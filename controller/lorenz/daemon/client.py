@@ -64,11 +64,17 @@ def request(
     path: str,
     *,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    token: str | None = None,
 ) -> Reply:
     """``method path`` against ``endpoint``; raises :class:`Unreachable` on any transport error.
 
-    A body that is not a JSON object is returned as ``{"text": ...}`` so callers can show it.
+    ``token`` goes out as ``Authorization: Bearer`` over TCP (never over the unix socket, which
+    needs none). A body that is not a JSON object is returned as ``{"text": ...}`` so callers
+    can show it.
     """
+    headers = {"Accept": "application/json", "Connection": "close"}
+    if token is not None and endpoint.socket_path is None:
+        headers["Authorization"] = f"Bearer {token}"
     connection: http.client.HTTPConnection
     if endpoint.socket_path is not None:
         connection = UnixHTTPConnection(endpoint.socket_path, timeout=timeout_s)
@@ -81,7 +87,7 @@ def request(
             method,
             endpoint.base_path + path,
             body=b"" if method in ("POST", "PUT") else None,
-            headers={"Accept": "application/json", "Connection": "close"},
+            headers=headers,
         )
         response = connection.getresponse()
         raw = response.read()

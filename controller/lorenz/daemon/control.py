@@ -13,7 +13,14 @@ socket (see :mod:`lorenz.daemon.sockets`). NB: the server owns ``POST /api/v1/re
 already, so the routes mounted on it are built with ``include_refresh=False`` and the server's
 own handler answers — one implementation, whatever the transport.
 
-Errors use the server's envelope, ``{"error": {"code": ..., "message": ...}}``.
+Errors use the server's envelope, ``{"error": {"code": ..., "message": ...}}``. A body other
+than empty or ``{}`` is refused on both POST routes (400 ``invalid_request_body``).
+
+Over TCP the server's request guard (:mod:`lorenz.server.guard`) also asks the POST routes for
+the daemon's bearer token — fresh at every start, in the ``0600`` file
+:func:`~lorenz.daemon.discovery.token_file_for` names beside the lease — and refuses foreign
+Host headers and cross-origin senders. The unix socket asks for no token: only this user can
+open it.
 """
 
 from __future__ import annotations
@@ -27,8 +34,10 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from lorenz.daemon.discovery import token_file_for
 from lorenz.daemon.errors import ControlSocketPathTooLong
 from lorenz.daemon.sockets import SUN_PATH_MAX, ensure_private_dir, unix_endpoint
+from lorenz.server.bodies import read_empty_object
 
 if TYPE_CHECKING:
     from lorenz.daemon.daemons import Daemon
@@ -54,6 +63,7 @@ def control_routes(*, daemon: Daemon, include_refresh: bool = True) -> list[web.
         return web.json_response(daemon.info())
 
     async def post_refresh(request: web.Request) -> web.Response:
+        await read_empty_object(request)
         runtime = daemon.runtime
         if runtime is None:
             return error_response(
@@ -62,6 +72,7 @@ def control_routes(*, daemon: Daemon, include_refresh: bool = True) -> list[web.
         return web.json_response(runtime.request_refresh(), status=202)
 
     async def post_stop(request: web.Request) -> web.Response:
+        await read_empty_object(request)
         record = daemon.record
         body = {
             "stopping": True,
@@ -99,13 +110,30 @@ def control_openapi_paths() -> dict[str, Any]:
             "post": {
                 "operationId": "stopDaemon",
                 "summary": "Graceful shutdown: answered first, then the shutdown order runs",
+                "security": [{"bearerToken": []}, {}],
                 "responses": {
                     "202": {
                         "description": "Shutdown begins.",
                         "content": {"application/json": {"schema": STOP_SCHEMA}},
                     },
+                    "400": {
+                        "description": "A body other than empty or `{}`.",
+                        "content": {"application/json": {"schema": error}},
+                    },
+                    "401": {
+                        "description": "Over TCP: no bearer token, or not this daemon's.",
+                        "content": {"application/json": {"schema": error}},
+                    },
+                    "403": {
+                        "description": "A foreign Host header or a cross-origin sender.",
+                        "content": {"application/json": {"schema": error}},
+                    },
                     "405": {
                         "description": "Wrong method.",
+                        "content": {"application/json": {"schema": error}},
+                    },
+                    "415": {
+                        "description": "A body declared as anything but application/json.",
                         "content": {"application/json": {"schema": error}},
                     },
                 },
@@ -214,6 +242,9 @@ class DaemonControl:
             daemon_info=daemon.info,
             static_routes=() if socket_path is not None else None,
             extra_openapi_paths=control_openapi_paths(),
+            # NB: over TCP the state-changing routes need this daemon's token, rotated at each
+            # start; the unix socket needs none (its 0600 mode admits only this user).
+            token_file=token_file_for(daemon.workflow_path) if port is not None else None,
         )
         self.endpoint: str | None = None
 

@@ -56,6 +56,8 @@ class Target:
     """The lease record it came from (``None`` for ``--url``/``--port``)."""
     lease_path: Path | None
     workflow_path: Path | None
+    token: str | None = None
+    """The bearer token sent over TCP (``--token-file``, else the workflow's token file)."""
 
 
 def canonical_workflow_path(workflow: str | os.PathLike[str]) -> Path:
@@ -68,6 +70,24 @@ def lease_file_for(workflow: str | os.PathLike[str]) -> Path:
     canonical = canonical_workflow_path(workflow)
     digest = hashlib.sha256(str(canonical).encode("utf-8")).hexdigest()
     return canonical.parent / LEASE_DIR / f"{digest}.lock.json"
+
+
+def token_file_for(workflow: str | os.PathLike[str]) -> Path:
+    """``<workflow dir>/.lorenz/daemon/<sha256>.token``: the bearer token of the workflow's
+    server (``0600``, rewritten at each start; see :mod:`lorenz.server.credentials`)."""
+    lease = lease_file_for(workflow)
+    return lease.with_name(lease.name.removesuffix(".lock.json") + ".token")
+
+
+def read_token(path: Path) -> str | None:
+    """The token in ``path``; ``None`` when there is none (or it is not readable by us)."""
+    try:
+        with path.open("rb") as handle:
+            raw = handle.read(1025)
+    except OSError:
+        return None
+    token = raw.decode("ascii", "replace").strip()
+    return token if token and len(raw) <= 1024 else None
 
 
 def read_lease(path: Path) -> dict[str, Any] | None:
@@ -132,20 +152,37 @@ def _invalid(value: str, why: str) -> NoReturn:
     raise ControlUrlInvalid(url=value, reason=why)
 
 
-def find_target(*, workflow: str | None, url: str | None = None, port: int | None = None) -> Target:
+def find_target(
+    *,
+    workflow: str | None,
+    url: str | None = None,
+    port: int | None = None,
+    token_file: str | None = None,
+) -> Target:
     """The daemon to talk to: ``--url``, else ``--port`` (on 127.0.0.1), else the lease.
 
-    Raises :class:`~lorenz.daemon.errors.DaemonNotRunning` when there is no lease,
-    :class:`~lorenz.daemon.errors.DaemonUnreachable` when the lease has no endpoint yet.
+    The token is read from ``token_file`` (``--token-file``) when given, else from the
+    workflow's token file (``WORKFLOW.md`` defaults to ``./WORKFLOW.md``, also with ``--url``
+    and ``--port``). Raises :class:`~lorenz.daemon.errors.DaemonNotRunning` when there is no
+    lease, :class:`~lorenz.daemon.errors.DaemonUnreachable` when the lease has no endpoint yet.
     """
+    workflow_path = canonical_workflow_path(workflow or DEFAULT_WORKFLOW)
+    token = read_token(Path(token_file) if token_file else token_file_for(workflow_path))
     if url is not None:
-        return Target(endpoint=parse_endpoint(url), lease=None, lease_path=None, workflow_path=None)
+        return Target(
+            endpoint=parse_endpoint(url),
+            lease=None,
+            lease_path=None,
+            workflow_path=None,
+            token=token,
+        )
     if port is not None:
         if not 0 < port < 65536:
             _invalid(str(port), "--port takes a number from 1 to 65535")
         endpoint = Endpoint(url=f"http://127.0.0.1:{port}", host="127.0.0.1", port=port)
-        return Target(endpoint=endpoint, lease=None, lease_path=None, workflow_path=None)
-    workflow_path = canonical_workflow_path(workflow or DEFAULT_WORKFLOW)
+        return Target(
+            endpoint=endpoint, lease=None, lease_path=None, workflow_path=None, token=token
+        )
     path = lease_file_for(workflow_path)
     lease = read_lease(path)
     if lease is None:
@@ -160,5 +197,9 @@ def find_target(*, workflow: str | None, url: str | None = None, port: int | Non
             endpoint=None, lease=lease, reason="it has not published an endpoint yet"
         )
     return Target(
-        endpoint=parse_endpoint(recorded), lease=lease, lease_path=path, workflow_path=workflow_path
+        endpoint=parse_endpoint(recorded),
+        lease=lease,
+        lease_path=path,
+        workflow_path=workflow_path,
+        token=token,
     )

@@ -147,6 +147,8 @@ class LorenzRuntime:
         self._last_poll_at: datetime.datetime | None = None
         self._next_poll_at: datetime.datetime | None = None
         self._last_poll_error: str | None = None
+        self._config_error: dict[str, str] | None = None
+        """``{code, message, since}`` of the reload failing now; ``None`` once one succeeds."""
         self._last_candidates = 0
         self._last_eligible = 0
         self.poll_count = 0
@@ -312,6 +314,7 @@ class LorenzRuntime:
             "recent_events": self._projection.recent_events(),
             "run_history": self._projection.run_history(),
             "log_file": self.settings.logging.log_file,
+            "config_error": dict(self._config_error) if self._config_error else None,
         }
 
     # ------------------------------------------------------------------ polling
@@ -483,6 +486,7 @@ class LorenzRuntime:
         except Exception:
             stamp = None  # unreadable now: the reload below reports why
         if stamp is not None and stamp == self._workflow.stamp:
+            self._config_error = None  # NB: back to the very workflow in force: nothing failing
             return
         try:
             # NB: every step that can throw runs before anything is swapped, so a failure
@@ -496,12 +500,20 @@ class LorenzRuntime:
                 else None
             )
         except Exception as exc:
+            code = str(getattr(exc, "code", type(exc).__name__))
+            self._config_error = {
+                "code": code,
+                "message": self._scrub(_config_message(exc)),
+                "since": (self._config_error or {}).get("since")
+                or self._clock.now().isoformat(),
+            }
             self._event(
                 EventType.WORKFLOW_RELOAD_FAILED,
                 message=f"{_describe(exc)}; keeping the last known good workflow",
-                code=getattr(exc, "code", type(exc).__name__),
+                code=code,
             )
             return
+        self._config_error = None
         old_tracker = self._tracker if tracker is not None else None
         self._workflow = loaded
         self._orchestrator.update_settings(loaded.settings)
@@ -1125,6 +1137,13 @@ def _describe(exc: BaseException) -> str:
 
 def _aborted(reason: AbortReason | None) -> RunFailure:
     return RunFailure(code="run_aborted", text=f"aborted: {reason}")
+
+
+def _config_message(exc: BaseException) -> str:
+    """A reload error without its code in front (the snapshot carries the code beside it)."""
+    if isinstance(exc, LorenzError):
+        return f"[{exc.key_path}] {exc.message}" if exc.key_path else exc.message
+    return _describe(exc)
 
 
 def _tracker_changed(old: WorkflowSettings, new: WorkflowSettings) -> bool:

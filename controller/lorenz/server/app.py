@@ -30,17 +30,20 @@ from aiohttp import web
 
 from lorenz.model import LorenzError
 from lorenz.runtime import LorenzRuntime
+from lorenz.server.bodies import MAX_BODY_BYTES, read_empty_object
+from lorenz.server.credentials import token_file_beside, write_token_file
 from lorenz.server.errors import (
-    INVALID_REQUEST_BODY,
     ISSUE_NOT_FOUND,
     ORCHESTRATOR_UNAVAILABLE,
     ApiError,
     error_middleware,
 )
+from lorenz.server.guard import RequestGuard
 from lorenz.server.issues import issue_detail
 from lorenz.server.journal import IssueJournal
 from lorenz.server.metrics import LorenzMetrics
 from lorenz.server.openapi import openapi_document
+from lorenz.server.protocol_log import ProtocolErrorLog
 from lorenz.server.streaming import DEFAULT_HEARTBEAT_S, DEFAULT_MIN_INTERVAL_S, SnapshotHub
 from lorenz.workflow import LoadedWorkflow
 from lorenz.workspaces import WorkspaceManager
@@ -53,6 +56,7 @@ RUNTIME_KEY = web.AppKey("lorenz_runtime", LorenzRuntime)
 HUB_KEY = web.AppKey("lorenz_snapshot_hub", SnapshotHub)
 JOURNAL_KEY = web.AppKey("lorenz_issue_journal", IssueJournal)
 METRICS_KEY = web.AppKey("lorenz_metrics", LorenzMetrics)
+GUARD_KEY = web.AppKey("lorenz_request_guard", RequestGuard)
 
 UNIX_PATH_MAX_BYTES = 107
 """Longest unix socket path Linux accepts (``sun_path`` is 108 bytes with its NUL)."""
@@ -113,18 +117,7 @@ class _Api:
         return _json(detail)
 
     async def refresh(self, request: web.Request) -> web.StreamResponse:
-        body = await request.read()
-        if body.strip():
-            try:
-                parsed = json.loads(body)
-            except (ValueError, UnicodeDecodeError):
-                parsed = None
-            if parsed != {}:
-                raise ApiError(
-                    "POST /api/v1/refresh takes an empty body or {}; send nothing else",
-                    code=INVALID_REQUEST_BODY,
-                    status=400,
-                )
+        await read_empty_object(request)
         if self.runtime.stopped:
             raise _stopped()
         result = self.runtime.request_refresh()
@@ -178,6 +171,7 @@ def build_app(
     extra_openapi_paths: Mapping[str, Any] | None = None,
     sse_min_interval: float = DEFAULT_MIN_INTERVAL_S,
     sse_heartbeat: float = DEFAULT_HEARTBEAT_S,
+    guard: RequestGuard | None = None,
 ) -> web.Application:
     """The application for one runtime.
 
@@ -186,7 +180,9 @@ def build_app(
     ``metrics``: a shared :class:`LorenzMetrics` the caller attaches runtimes to itself (the
     operator); by default the app makes its own and attaches ``runtime`` under
     ``metrics_workflow`` (default: the workflow path) while it runs. ``extra_openapi_paths`` are
-    merged into the OpenAPI document (document your extra routes there).
+    merged into the OpenAPI document (document your extra routes there). ``guard`` checks Host,
+    Origin and the bearer token (:mod:`lorenz.server.guard`); by default one with a fresh random
+    token (``app[GUARD_KEY].token``) and no extra host names.
     """
     owns_metrics = metrics is None
     metrics = metrics if metrics is not None else LorenzMetrics()
@@ -213,7 +209,12 @@ def build_app(
         state_document=state_document,
         openapi=openapi_document(extra_paths=extra_openapi_paths),
     )
-    app = web.Application(middlewares=[error_middleware])
+    guard = guard if guard is not None else RequestGuard()
+    # NB: error_middleware is the outer one, so the guard's refusals get the JSON envelope.
+    app = web.Application(
+        middlewares=[error_middleware, guard.middleware], client_max_size=MAX_BODY_BYTES
+    )
+    app[GUARD_KEY] = guard
     app[RUNTIME_KEY] = runtime
     app[HUB_KEY] = hub
     app[JOURNAL_KEY] = journal
@@ -289,8 +290,15 @@ class LorenzServer:
         sse_min_interval: float = DEFAULT_MIN_INTERVAL_S,
         sse_heartbeat: float = DEFAULT_HEARTBEAT_S,
         shutdown_timeout: float = 5.0,
+        token_file: Path | None = None,
+        allowed_hosts: Sequence[str] | None = None,
     ) -> None:
-        """``static_routes=None`` mounts the dashboard if it is installed; ``()`` mounts none."""
+        """``static_routes=None`` mounts the dashboard if it is installed; ``()`` mounts none.
+
+        ``token_file``: where :meth:`start` writes this server's fresh bearer token (``0600``);
+        ``allowed_hosts``: Host names accepted beside loopback and the bound address (default:
+        the runtime's ``server.allowed_hosts``).
+        """
         if port is None and unix_socket is None:
             raise ServerError(
                 "the server has nowhere to listen; set server.port (or --port), or a unix socket",
@@ -307,6 +315,10 @@ class LorenzServer:
         self._sse_min_interval = sse_min_interval
         self._sse_heartbeat = sse_heartbeat
         self._shutdown_timeout = shutdown_timeout
+        self._token_file = token_file
+        self._allowed_hosts = None if allowed_hosts is None else tuple(allowed_hosts)
+        self.guard: RequestGuard | None = None
+        """The request guard of the running app (its ``token`` is what clients must send)."""
         self._runner: web.AppRunner | None = None
         self._bound_port: int | None = None
         self._socket_inode: int | None = None
@@ -351,11 +363,30 @@ class LorenzServer:
             extra_openapi_paths=self._extra_openapi_paths,
             sse_min_interval=self._sse_min_interval,
             sse_heartbeat=self._sse_heartbeat,
+            guard=RequestGuard(
+                token_file=self._token_file,
+                allowed_hosts=(
+                    runtime.settings.server.allowed_hosts
+                    if self._allowed_hosts is None
+                    else self._allowed_hosts
+                ),
+                bind_host=self._host,
+            ),
         )
+        guard = app[GUARD_KEY]
+        if self._token_file is not None and self._requested_port is not None:
+            # NB: before the listener opens, so no client can meet the new server with the
+            # previous start's token still in the file.
+            write_token_file(self._token_file, guard.token)
         # NB: handler_cancellation ends an SSE handler as soon as its client disconnects;
         # otherwise it would only notice at its next write (up to a heartbeat later).
+        # ``logger``: requests the HTTP parser refuses become rate-limited warnings, not
+        # tracebacks (lorenz.server.protocol_log).
         runner = web.AppRunner(
-            app, handler_cancellation=True, shutdown_timeout=self._shutdown_timeout
+            app,
+            handler_cancellation=True,
+            shutdown_timeout=self._shutdown_timeout,
+            logger=ProtocolErrorLog(),
         )
         await runner.setup()
         try:
@@ -369,6 +400,7 @@ class LorenzServer:
             raise
         self._runner = runner
         self.app = app
+        self.guard = guard
         logger.info("server listening endpoint=%s", self.endpoint)
 
     async def _start_tcp(self, runner: web.AppRunner) -> None:
@@ -412,6 +444,7 @@ class LorenzServer:
             self._remove_own_socket()
             self._bound_port = None
             self.app = None
+            self.guard = None
 
     def _remove_own_socket(self) -> None:
         path = self._unix_socket
@@ -488,5 +521,11 @@ def attachment_factory(loaded: LoadedWorkflow, options: PortOptions) -> LorenzSe
     port = options.port if options.port is not None else settings.port
     if port is None:
         return None
-    return LorenzServer(host=settings.host, port=port)
+    from lorenz.leadership import lease_path
+
+    return LorenzServer(
+        host=settings.host,
+        port=port,
+        token_file=token_file_beside(lease_path(loaded.canonical_path)),
+    )
 

@@ -25,6 +25,12 @@ ROUTE_NOT_FOUND = "route_not_found"
 METHOD_NOT_ALLOWED = "method_not_allowed"
 ISSUE_NOT_FOUND = "issue_not_found"
 INVALID_REQUEST_BODY = "invalid_request_body"
+REQUEST_BODY_TOO_DEEP = "request_body_too_deep"
+UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
+HOST_NOT_ALLOWED = "host_not_allowed"
+CROSS_ORIGIN_REFUSED = "cross_origin_refused"
+AUTH_TOKEN_MISSING = "auth_token_missing"
+AUTH_TOKEN_INVALID = "auth_token_invalid"
 ORCHESTRATOR_UNAVAILABLE = "orchestrator_unavailable"
 REQUEST_REJECTED = "request_rejected"
 INTERNAL_ERROR = "internal_error"
@@ -34,6 +40,12 @@ ERROR_CODES: tuple[str, ...] = (
     METHOD_NOT_ALLOWED,
     ISSUE_NOT_FOUND,
     INVALID_REQUEST_BODY,
+    REQUEST_BODY_TOO_DEEP,
+    UNSUPPORTED_MEDIA_TYPE,
+    HOST_NOT_ALLOWED,
+    CROSS_ORIGIN_REFUSED,
+    AUTH_TOKEN_MISSING,
+    AUTH_TOKEN_INVALID,
     ORCHESTRATOR_UNAVAILABLE,
     REQUEST_REJECTED,
     INTERNAL_ERROR,

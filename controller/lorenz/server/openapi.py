@@ -210,6 +210,11 @@ SCHEMAS: dict[str, Any] = {
                 "description": "Newest first.",
             },
             "log_file": _nullable(_STR),
+            "config_error": {
+                **_nullable(_ref("ConfigError")),
+                "description": "Why the last reload of WORKFLOW.md failed (the runtime keeps "
+                "the last good one), until a reload succeeds; else null.",
+            },
             "daemon": {
                 "type": "object",
                 "description": "Present when the long-lived daemon runs this workflow.",
@@ -217,6 +222,14 @@ SCHEMAS: dict[str, Any] = {
         },
         optional=("daemon",),
         description="The whole runtime at one instant (also each SSE `snapshot` event).",
+    ),
+    "ConfigError": _object(
+        {
+            "code": _STR,
+            "message": _STR,
+            "since": {**_TIME, "description": "When reloads began to fail."},
+        },
+        description="The reload error in force.",
     ),
     "AgentUpdateEntry": _object(
         {
@@ -349,6 +362,7 @@ PATHS: dict[str, Any] = {
         "post": {
             "operationId": "refresh",
             "summary": "Queue an immediate poll and reconcile pass",
+            "security": [{"bearerToken": []}, {}],
             "requestBody": {
                 "required": False,
                 "description": "Empty, or an empty JSON object.",
@@ -361,8 +375,21 @@ PATHS: dict[str, Any] = {
             },
             "responses": {
                 "202": _json(_ref("RefreshAccepted"), "Queued (coalesced with one under way)."),
-                "400": _error("The body is not empty or `{}` (`invalid_request_body`)."),
+                "400": _error(
+                    "The body is not empty or `{}` (`invalid_request_body`), or nests too "
+                    "deep (`request_body_too_deep`)."
+                ),
+                "401": _error(
+                    "Over TCP: no bearer token (`auth_token_missing`) or not this server's "
+                    "(`auth_token_invalid`)."
+                ),
+                "403": _error(
+                    "A foreign Host header (`host_not_allowed`) or a cross-origin sender "
+                    "(`cross_origin_refused`)."
+                ),
                 "405": _NOT_ALLOWED,
+                "413": _error("The body is over 64 KiB (`request_rejected`)."),
+                "415": _error("A body declared as anything but JSON (`unsupported_media_type`)."),
                 "503": _error("The runtime has stopped (`orchestrator_unavailable`)."),
             },
         }
@@ -442,5 +469,16 @@ def openapi_document(*, extra_paths: Mapping[str, Any] | None = None) -> dict[st
             "control routes when mounted).",
         },
         "paths": paths,
-        "components": {"schemas": copy.deepcopy(SCHEMAS)},
+        "components": {
+            "schemas": copy.deepcopy(SCHEMAS),
+            "securitySchemes": {
+                "bearerToken": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "The server's token file (0600, beside the workflow's "
+                    "lease; fresh at every start). Required over TCP for every state-changing "
+                    "route; the unix socket needs none.",
+                }
+            },
+        },
     }

@@ -10,6 +10,7 @@
   var STATE_URL = '/api/v1/state';
   var EVENTS_URL = '/api/v1/events';
   var REFRESH_URL = '/api/v1/refresh';
+  var TOKEN_KEY = 'lorenz-token';
   var POLL_FALLBACK_MS = 2000;
   var SSE_RETRY_MS = 5000;
   var TICK_MS = 500;
@@ -158,6 +159,7 @@
     var s = current;
     if (!s) return;
     renderHeader(s);
+    renderConfigError(s.config_error);
     renderTotals(s);
     renderLane('running', s.running || [], runningCard, 'no runs in flight');
     renderLane('reserving', s.reserving || [], reservingCard, 'none');
@@ -211,6 +213,29 @@
       banner.hidden = true;
       banner.textContent = '';
     }
+  }
+
+  // The reload error in force: the runtime keeps the last good WORKFLOW.md until a reload
+  // succeeds, and the banner stays as long as the snapshot carries the error.
+  function renderConfigError(error) {
+    var banner = $('config-error');
+    banner.textContent = '';
+    if (!error) {
+      banner.hidden = true;
+      banner.removeAttribute('data-code');
+      return;
+    }
+    banner.hidden = false;
+    banner.setAttribute('data-code', String(error.code || ''));
+    banner.appendChild(el('strong', { text: 'WORKFLOW.md reload failed: ' }));
+    banner.appendChild(el('span', { testid: 'config-error-code', class: 'code', text: error.code }));
+    banner.appendChild(document.createTextNode(' '));
+    banner.appendChild(el('span', { testid: 'config-error-message', text: error.message }));
+    banner.appendChild(el('span', {
+      testid: 'config-error-since', class: 'since',
+      title: error.since, text: ' — since ' + String(error.since || '?') +
+        '; still running the last good workflow'
+    }));
   }
 
   function renderTotals(s) {
@@ -524,15 +549,50 @@
     };
   }
 
+  // The server's bearer token (state-changing routes need it over TCP). It arrives once in the
+  // address fragment (#token=..., never sent to any server), is kept for this tab only, and
+  // the fragment is removed from the address bar and history.
+  function takeToken() {
+    var match = /(?:^#|&)token=([^&]+)/.exec(window.location.hash || '');
+    if (match) {
+      try { window.sessionStorage.setItem(TOKEN_KEY, decodeURIComponent(match[1])); } catch (e) { }
+      window.history.replaceState(null, '', window.location.pathname + window.location.search);
+    }
+  }
+
+  function storedToken() {
+    try { return window.sessionStorage.getItem(TOKEN_KEY); } catch (e) { return null; }
+  }
+
+  function showRefreshNotice(text) {
+    var notice = $('refresh-notice');
+    notice.textContent = text || '';
+    notice.hidden = !text;
+  }
+
   function requestRefresh() {
     var button = $('refresh-button');
+    var headers = { Accept: 'application/json' };
+    var token = storedToken();
+    if (token) headers.Authorization = 'Bearer ' + token;
     button.disabled = true;
-    fetch(REFRESH_URL, { method: 'POST', headers: { Accept: 'application/json' } })
+    fetch(REFRESH_URL, { method: 'POST', headers: headers })
+      .then(function (response) {
+        if (response.status === 401) {
+          showRefreshNotice('Refresh needs the server\'s token: open this page as ' +
+            window.location.origin + '/#token=<the token file beside the lease>');
+        } else if (!response.ok) {
+          showRefreshNotice('Refresh refused (' + response.status + ')');
+        } else {
+          showRefreshNotice('');
+        }
+      })
       .catch(function () { /* the next snapshot shows whether it happened */ })
       .then(function () { window.setTimeout(function () { button.disabled = false; }, 500); });
   }
 
   function start() {
+    takeToken();
     $('refresh-button').addEventListener('click', requestRefresh);
     connect();
     window.setInterval(tick, TICK_MS);

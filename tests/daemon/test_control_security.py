@@ -1,0 +1,153 @@
+"""A real daemon on ``--port``, attacked as a web page and a stranger would: it stays up.
+
+Cross-origin and token-less stops, a foreign Host, malformed stop bodies, and the token file
+(``0600``, fresh at every start) that ``lorenz stop`` reads.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import stat
+from pathlib import Path
+from typing import Any
+
+from lorenz.daemon.discovery import lease_file_for, read_lease, read_token, token_file_for
+from lorenz.server.credentials import token_file_beside
+from tests.daemon.harness import DaemonProcess
+from tests.daemon.test_cli import lorenz, start
+
+
+def _send(
+    endpoint: str, method: str, path: str, *, body: bytes = b"", headers: dict[str, str]
+) -> tuple[int, dict[str, Any]]:
+    host, port = endpoint.removeprefix("http://").rsplit(":", 1)
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        connection.request(method, path, body=body, headers=headers)
+        response = connection.getresponse()
+        raw = response.read()
+        return response.status, json.loads(raw) if raw else {}
+    finally:
+        connection.close()
+
+
+def _code(body: dict[str, Any]) -> str:
+    code: str = body["error"]["code"]
+    return code
+
+
+def _still_serving(daemon: DaemonProcess, endpoint: str) -> None:
+    # NB: an accepted stop is recorded (stop_requested) in the loop iteration right after its
+    # answer is written, so this later request would see it; no waiting needed.
+    assert daemon.alive()
+    status, body = _send(endpoint, "GET", "/api/v1/daemon", headers={})
+    assert status == 200
+    assert body["stop_requested"] is None
+
+
+def test_a_web_page_cannot_stop_a_daemon_on_a_port(
+    root: Path, daemon_env: dict[str, str], daemons: list[DaemonProcess]
+) -> None:
+    daemon = start(root, daemon_env, daemons, "--port", "0")
+    lease = read_lease(lease_file_for(root / "WORKFLOW.md"))
+    assert lease is not None
+    endpoint = lease["endpoint"]
+    netloc = endpoint.removeprefix("http://")
+    token = read_token(token_file_for(root / "WORKFLOW.md"))
+    assert token is not None
+
+    # What a page on http://evil.example can send without a preflight: text/plain, no token.
+    page = {"Origin": "http://evil.example", "Content-Type": "text/plain", "Host": netloc}
+    status, body = _send(endpoint, "POST", "/api/v1/stop", body=b"{}", headers=page)
+    assert status in (401, 403), body
+    _still_serving(daemon, endpoint)
+    # Even a page that somehow held the token is refused for its origin.
+    status, body = _send(
+        endpoint,
+        "POST",
+        "/api/v1/stop",
+        headers={"Origin": "http://evil.example", "Authorization": f"Bearer {token}"},
+    )
+    assert (status, _code(body)) == (403, "cross_origin_refused")
+    _still_serving(daemon, endpoint)
+    # DNS rebinding: the page's own name now points at 127.0.0.1.
+    rebound = {"Host": f"evil.example:{netloc.rsplit(':', 1)[1]}"}
+    status, body = _send(endpoint, "GET", "/api/v1/state", headers=rebound)
+    assert (status, _code(body)) == (403, "host_not_allowed")
+    status, body = _send(
+        endpoint,
+        "POST",
+        "/api/v1/stop",
+        headers={**rebound, "Authorization": f"Bearer {token}"},
+    )
+    assert (status, _code(body)) == (403, "host_not_allowed")
+    _still_serving(daemon, endpoint)
+    # A local stranger without the token file.
+    for headers, code in (
+        ({}, "auth_token_missing"),
+        ({"Authorization": "Bearer guessed"}, "auth_token_invalid"),
+    ):
+        status, body = _send(endpoint, "POST", "/api/v1/stop", headers=headers)
+        assert (status, _code(body)) == (401, code)
+        status, body = _send(endpoint, "POST", "/api/v1/refresh", headers=headers)
+        assert (status, _code(body)) == (401, code)
+    _still_serving(daemon, endpoint)
+    # Malformed stop bodies are refused like refresh's, token or not.
+    auth = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    for bad in (b"{", b'{"now": true}', b"[]", b"[" * 5000 + b"]" * 5000):
+        status, body = _send(endpoint, "POST", "/api/v1/stop", body=bad, headers=auth)
+        assert status == 400, bad[:20]
+        assert _code(body) in ("invalid_request_body", "request_body_too_deep")
+    _still_serving(daemon, endpoint)
+    assert "stop requested" not in daemon.log()
+
+    # The owner's command reads the token file and stops it.
+    stop = lorenz("stop", "WORKFLOW.md", "--wait", env=daemon_env, cwd=root)
+    assert stop.returncode == 0, stop.stderr
+    assert daemon.wait() == 0
+    assert "stop requested reason=api" in daemon.log()
+
+
+def test_the_token_file_is_private_and_fresh_at_every_start(
+    root: Path, daemon_env: dict[str, str], daemons: list[DaemonProcess]
+) -> None:
+    workflow = root / "WORKFLOW.md"
+    first = start(root, daemon_env, daemons, "--port", "0")
+    path = token_file_for(workflow)
+    assert path == token_file_beside(lease_file_for(workflow))
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    old = read_token(path)
+    assert old is not None
+    assert old not in (lease_file_for(workflow).read_text(encoding="utf-8"), first.log())
+    stop = lorenz("stop", "--wait", env=daemon_env, cwd=root)
+    assert stop.returncode == 0, stop.stderr
+    assert first.wait() == 0
+
+    second = start(root, daemon_env, daemons, "--port", "0")
+    new = read_token(path)
+    assert new is not None
+    assert new != old
+    lease = read_lease(lease_file_for(workflow))
+    assert lease is not None
+    status, body = _send(
+        lease["endpoint"], "POST", "/api/v1/stop", headers={"Authorization": f"Bearer {old}"}
+    )
+    assert (status, _code(body)) == (401, "auth_token_invalid")
+    _still_serving(second, lease["endpoint"])
+
+    # Without the file (another host, another user), --token-file names a copy of it.
+    copy = root / "copied.token"
+    copy.write_text(new + "\n", encoding="utf-8")
+    path.unlink()
+    refused = lorenz("refresh", "--url", lease["endpoint"], env=daemon_env, cwd=root)
+    assert refused.returncode == 1
+    assert "auth_token_missing" in refused.stderr
+    refresh = lorenz(
+        "refresh", "--url", lease["endpoint"], "--token-file", str(copy),
+        env=daemon_env, cwd=root,
+    )
+    assert refresh.returncode == 0, refresh.stderr
+    stop = lorenz("stop", "--token-file", str(copy), "--wait", env=daemon_env, cwd=root)
+    assert stop.returncode == 0, stop.stderr
+    assert second.wait() == 0
