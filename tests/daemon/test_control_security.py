@@ -7,13 +7,22 @@ Cross-origin and token-less stops, a foreign Host, malformed stop bodies, and th
 from __future__ import annotations
 
 import http.client
+import http.server
 import json
 import stat
+import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from lorenz.daemon.discovery import lease_file_for, read_lease, read_token, token_file_for
-from lorenz.server.credentials import token_file_beside
+from lorenz.daemon import attach
+from lorenz.daemon.discovery import (
+    find_target,
+    lease_file_for,
+    read_lease,
+    read_token,
+    token_file_for,
+)
+from lorenz.server.credentials import token_file_beside, write_token_file
 from tests.daemon.harness import DaemonProcess
 from tests.daemon.test_cli import lorenz, start
 
@@ -151,3 +160,54 @@ def test_the_token_file_is_private_and_fresh_at_every_start(
     stop = lorenz("stop", "--token-file", str(copy), "--wait", env=daemon_env, cwd=root)
     assert stop.returncode == 0, stop.stderr
     assert second.wait() == 0
+
+
+class _Recorder(http.server.BaseHTTPRequestHandler):
+    seen: ClassVar[list[tuple[str, str | None]]] = []
+
+    def _answer(self) -> None:
+        self.seen.append((self.command, self.headers.get("Authorization")))
+        length = int(self.headers.get("Content-Length") or 0)
+        self.rfile.read(length)
+        body = b'{"queued": true}'
+        self.send_response(200 if self.command == "GET" else 202)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return None
+
+
+def test_the_token_goes_only_to_state_changing_requests_on_this_machine(tmp_path: Path) -> None:
+    workflow = tmp_path / "WORKFLOW.md"
+    workflow.write_text("---\n---\n", encoding="utf-8")
+    write_token_file(token_file_for(workflow), "local-secret")
+    copy = tmp_path / "copy.token"
+    copy.write_text("copied-secret\n", encoding="utf-8")
+    servers = [http.server.ThreadingHTTPServer((address, 0), _Recorder)
+               for address in ("127.0.0.1", "127.0.0.2")]
+    for server in servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        local, other = (f"http://{s.server_address[0]}:{s.server_address[1]}" for s in servers)
+        cases = [
+            (find_target(workflow=str(workflow), url=local), "Bearer local-secret"),
+            (find_target(workflow=str(workflow), port=servers[0].server_address[1]),
+             "Bearer local-secret"),
+            (find_target(workflow=str(workflow), url=other), None),
+            (find_target(workflow=str(workflow), url=other, token_file=str(copy)),
+             "Bearer copied-secret"),
+        ]
+        for target, expected in cases:
+            _Recorder.seen.clear()
+            attach.call(target, "GET", "/api/v1/state")
+            attach.call(target, "POST", "/api/v1/refresh")
+            assert _Recorder.seen == [("GET", None), ("POST", expected)], target.endpoint
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()

@@ -5,9 +5,10 @@ records its endpoint — an HTTP URL when the dashboard server is on, else a uni
 daemon on another host, ``--url`` (``http://host:port`` or ``unix:///path``) or ``--port``
 (``http://127.0.0.1:PORT``) name the endpoint directly and the lease is not read.
 
-Over TCP every request carries the daemon's bearer token (``Authorization: Bearer``), read from
-the file beside the lease (``--token-file PATH`` names another, e.g. one copied from the
-daemon's host); without it the daemon refuses ``refresh`` and ``stop`` with 401.
+Over TCP ``refresh`` and ``stop`` carry the daemon's bearer token (``Authorization: Bearer``),
+read from the file beside the lease (``--token-file PATH`` names another, e.g. one copied from
+the daemon's host); without it the daemon refuses them with 401. ``status`` sends none (reads
+need none), and a ``--url`` to another host gets only a token named with ``--token-file``.
 
 Exit codes: 0 ok; 1 the daemon is not running, unreachable or refused (coded:
 ``daemon_not_running``, ``daemon_unreachable``, ``daemon_request_failed``,
@@ -91,7 +92,9 @@ def attached(args: argparse.Namespace, action: Callable[[Target], int]) -> int:
 def call(target: Target, method: str, path: str, *, timeout_s: float = 5.0) -> Reply:
     """``method path`` on the daemon; raises the coded errors (never returns a non-2xx reply)."""
     try:
-        reply = request(target.endpoint, method, path, timeout_s=timeout_s, token=target.token)
+        reply = request(
+            target.endpoint, method, path, timeout_s=timeout_s, token=_token_for(target, method)
+        )
     except Unreachable as exc:
         raise unreachable_error(target, reason=str(exc)) from None
     if not reply.ok:
@@ -106,7 +109,7 @@ def call(target: Target, method: str, path: str, *, timeout_s: float = 5.0) -> R
 def try_call(target: Target, method: str, path: str) -> Reply | None:
     """Like :func:`call`, but a 404/405 (a server without that route) gives ``None``."""
     try:
-        reply = request(target.endpoint, method, path, token=target.token)
+        reply = request(target.endpoint, method, path, token=_token_for(target, method))
     except Unreachable as exc:
         raise unreachable_error(target, reason=str(exc)) from None
     if reply.status in (404, 405):
@@ -118,6 +121,11 @@ def try_call(target: Target, method: str, path: str) -> Reply | None:
             endpoint=target.endpoint.url, path=path, status=reply.status, error=reply.error()
         )
     return reply
+
+
+def _token_for(target: Target, method: str) -> str | None:
+    """The bearer token goes out only where it is needed: state-changing requests."""
+    return None if method in ("GET", "HEAD") else target.token
 
 
 def unreachable_error(target: Target, *, reason: str) -> LorenzError:
@@ -161,9 +169,7 @@ def wait_until_stopped(target: Target, *, timeout_s: float, poll_s: float = 0.05
                 return
         else:
             try:
-                request(
-                    target.endpoint, "GET", "/api/v1/daemon", timeout_s=1.0, token=target.token
-                )
+                request(target.endpoint, "GET", "/api/v1/daemon", timeout_s=1.0)
             except Unreachable:
                 return
         time.sleep(poll_s)

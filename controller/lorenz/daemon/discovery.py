@@ -23,6 +23,8 @@ from typing import Any, NoReturn
 
 DEFAULT_WORKFLOW = "WORKFLOW.md"
 LEASE_DIR = Path(".lorenz") / "daemon"
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+"""Hosts of ``--url`` the workflow's own token file may be sent to (without ``--token-file``)."""
 UNIX_SCHEME = "unix"
 """``unix:///absolute/path.sock``: how a lease names a unix-socket endpoint."""
 
@@ -162,15 +164,19 @@ def find_target(
     """The daemon to talk to: ``--url``, else ``--port`` (on 127.0.0.1), else the lease.
 
     The token is read from ``token_file`` (``--token-file``) when given, else from the
-    workflow's token file (``WORKFLOW.md`` defaults to ``./WORKFLOW.md``, also with ``--url``
-    and ``--port``). Raises :class:`~lorenz.daemon.errors.DaemonNotRunning` when there is no
+    workflow's token file (``WORKFLOW.md`` defaults to ``./WORKFLOW.md``) — for ``--url`` only
+    when it names this machine's loopback: a local daemon's token is never sent to a host the
+    command line named. Raises :class:`~lorenz.daemon.errors.DaemonNotRunning` when there is no
     lease, :class:`~lorenz.daemon.errors.DaemonUnreachable` when the lease has no endpoint yet.
     """
     workflow_path = canonical_workflow_path(workflow or DEFAULT_WORKFLOW)
     token = read_token(Path(token_file) if token_file else token_file_for(workflow_path))
     if url is not None:
+        endpoint = parse_endpoint(url)
+        if token_file is None and not endpoint.is_unix and endpoint.host not in LOOPBACK_HOSTS:
+            token = None
         return Target(
-            endpoint=parse_endpoint(url),
+            endpoint=endpoint,
             lease=None,
             lease_path=None,
             workflow_path=None,
