@@ -68,6 +68,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "stop": Subcommand("lorenz.cli.stop", "Ask the running daemon to shut down gracefully."),
     "operator": Subcommand("lorenz.cli.operator", "Run the Kubernetes operator."),
     "crds": Subcommand("lorenz.cli.crds", "Print the Kubernetes CustomResourceDefinitions."),
+    "worker": Subcommand("lorenz.cli.worker", "Execute one run (started by a controller)."),
 }
 """Subcommand name → module. A module may be listed before it exists (the name is reserved)."""
 

@@ -1,0 +1,77 @@
+"""``lorenz worker``: execute one run (started by a controller, not by hand).
+
+Shapes::
+
+    lorenz worker --spec FILE|- --state-root DIR [--detach]   # create the state dir, run
+    lorenz worker --state-dir DIR [--detach]                  # run the spec already in DIR
+    lorenz worker --state-dir DIR --probe                     # print what DIR proves (JSON)
+    lorenz worker --state-dir DIR --journal-after N           # print records after seq N
+
+With ``--detach`` the command returns as soon as the worker (in a session of its own) serves
+its control socket, printing one JSON line; that is how controllers start workers, locally and
+over ssh. Exit codes: 0 success (or started, with ``--detach``), 1 the run failed, 2 bad spec
+or state directory, 3 canceled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--spec", metavar="FILE", help="the run spec (JSON); - for stdin")
+    parser.add_argument("--state-root", metavar="DIR", help="where state directories live")
+    parser.add_argument("--state-dir", metavar="DIR", help="the run's state directory")
+    parser.add_argument(
+        "--detach", action="store_true", help="run in a new session; return once it serves"
+    )
+    parser.add_argument("--probe", action="store_true", help="print the worker's state")
+    parser.add_argument(
+        "--journal-after", type=int, metavar="SEQ", help="print journal records after SEQ"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+    import json
+    from pathlib import Path
+
+    from lorenz.model import LorenzError
+    from lorenz.workers.journal import JOURNAL_NAME, read_journal
+    from lorenz.workers.launch import answer, read_spec, serve, start_from_spec
+    from lorenz.workers.states import default_state_root, probe_local
+
+    try:
+        if args.spec is not None:
+            if args.spec == "-":
+                spec = read_spec(sys.stdin.buffer)
+            else:
+                with open(args.spec, "rb") as stream:
+                    spec = read_spec(stream)
+            root = Path(args.state_root) if args.state_root else default_state_root()
+            return start_from_spec(spec, state_root=root.expanduser(), detach=args.detach)
+        if args.state_dir is None:
+            print("lorenz worker: give --spec or --state-dir", file=sys.stderr)
+            return 2
+        state_dir = Path(args.state_dir).expanduser()
+        if args.probe:
+            probe = asyncio.run(probe_local(state_dir))
+            print(json.dumps(probe.to_json()))
+            return 0
+        if args.journal_after is not None:
+            for record in read_journal(state_dir / JOURNAL_NAME, after_seq=args.journal_after):
+                sys.stdout.write(json.dumps(record.to_json()) + "\n")
+            return 0
+        return serve(state_dir, detach=args.detach)
+    except LorenzError as exc:
+        if args.detach:
+            answer({"ok": False, "code": exc.code, "message": exc.message})
+        print(f"lorenz worker: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    from lorenz.cli import main
+
+    sys.exit(main(["worker", *sys.argv[1:]]))

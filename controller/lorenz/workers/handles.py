@@ -1,0 +1,251 @@
+"""Handles: the controller's grip on one worker, wherever it runs, across reconnects.
+
+A handle remembers the last sequence number it collected. Following a run is then a loop:
+attach after that seq, take records in order, and on a lost connection ask the transport what
+became of the worker — alive: attach again after the same seq; final: read the rest from the
+journal; gone: the run died (:class:`WorkerGone`); unknown: keep asking for a while, then
+:class:`WorkerUnknown`. Every record is delivered exactly once and in order, across any number
+of reconnects and controller restarts (a new controller builds a new handle with the last seq
+it had persisted).
+
+Transports hide where the worker is: :class:`LocalTransport` (this host's state directory) and
+:class:`~lorenz.workers.ssh.SshTransport` (a remote host, reached through ssh).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Protocol
+
+from lorenz.model import LorenzError
+from lorenz.workers.client import CallHandlers, ConnectionLost, WorkerConnection
+from lorenz.workers.journal import JOURNAL_NAME, Record, read_journal
+from lorenz.workers.launch import (
+    LOCAL_WORKER_COMMAND,
+    LaunchResult,
+    run_launch_command,
+    worker_process_env,
+)
+from lorenz.workers.protocol import LINE_LIMIT_BYTES, SOCKET_NAME
+from lorenz.workers.spec import RunSpec
+from lorenz.workers.states import Probe, ProbeState, default_state_root, probe_local
+
+logger = logging.getLogger(__name__)
+
+
+class WorkerGone(LorenzError):
+    """The worker ended without a final record (killed, crashed, its host rebooted)."""
+
+    code = "worker_gone"
+
+
+class WorkerUnknown(LorenzError):
+    """The worker's fate cannot be proven (its host or socket does not answer)."""
+
+    code = "worker_unknown"
+
+
+class SequenceGap(LorenzError):
+    """Records did not continue the collected sequence: a bug or a foreign journal."""
+
+    code = "worker_sequence_gap"
+
+
+class Transport(Protocol):
+    """Where workers run, and how to reach them."""
+
+    name: str
+
+    async def launch(self, spec: RunSpec) -> LaunchResult: ...
+
+    async def probe(self, handle: str) -> Probe: ...
+
+    async def read_journal(self, handle: str, *, after_seq: int) -> list[Record]: ...
+
+    async def connect(
+        self, handle: str
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]: ...
+
+    async def close(self) -> None: ...
+
+
+class LocalTransport:
+    """Workers on this host, under ``state_root``."""
+
+    name = "local"
+
+    def __init__(
+        self,
+        *,
+        state_root: Path | None = None,
+        command: Sequence[str] = LOCAL_WORKER_COMMAND,
+        env: Mapping[str, str] | None = None,
+        secret_values: Sequence[str] = (),
+        launch_timeout_s: float = 60.0,
+    ) -> None:
+        self.state_root = state_root or default_state_root()
+        self.command = tuple(command)
+        self.env = worker_process_env(base=env, secret_values=secret_values)
+        """The worker processes' environment (tracker secrets stripped by name and value)."""
+        self.launch_timeout_s = launch_timeout_s
+
+    def state_dir(self, handle: str) -> Path:
+        return self.state_root / handle
+
+    async def launch(self, spec: RunSpec) -> LaunchResult:
+        return await run_launch_command(
+            self.command,
+            spec=spec,
+            state_root=str(self.state_root),
+            env=self.env,
+            timeout_s=self.launch_timeout_s,
+        )
+
+    async def probe(self, handle: str) -> Probe:
+        return await probe_local(self.state_dir(handle))
+
+    async def read_journal(self, handle: str, *, after_seq: int) -> list[Record]:
+        return read_journal(self.state_dir(handle) / JOURNAL_NAME, after_seq=after_seq)
+
+    async def connect(self, handle: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        return await asyncio.open_unix_connection(
+            str(self.state_dir(handle) / SOCKET_NAME), limit=LINE_LIMIT_BYTES
+        )
+
+    async def close(self) -> None:
+        return None
+
+
+class WorkerHandle:
+    """One run's worker as the controller sees it."""
+
+    def __init__(
+        self,
+        *,
+        transport: Transport,
+        handle: str,
+        last_seq: int = 0,
+        handlers: CallHandlers | None = None,
+        unknown_patience_s: float = 30.0,
+    ) -> None:
+        self.transport = transport
+        self.handle = handle
+        self.last_seq = last_seq
+        """The newest seq delivered to the consumer (persist it to re-attach without a gap)."""
+        self.handlers = handlers or CallHandlers()
+        self.unknown_patience_s = unknown_patience_s
+        """How long :meth:`follow` keeps probing an ``unknown`` worker before giving up."""
+        self.final: Record | None = None
+        self.connection: WorkerConnection | None = None
+        self.attaches = 0
+        """How many times :meth:`follow` attached (1 + reconnects)."""
+
+    async def probe(self) -> Probe:
+        return await self.transport.probe(self.handle)
+
+    async def connect(self) -> WorkerConnection:
+        reader, writer = await self.transport.connect(self.handle)
+        return await WorkerConnection.open(reader, writer, handlers=self.handlers)
+
+    async def follow(self, on_record: Callable[[Record], None]) -> Record:
+        """Deliver every record after :attr:`last_seq` to ``on_record``; return the final one.
+
+        Raises :class:`WorkerGone` or :class:`WorkerUnknown` when the run cannot be followed to
+        its end.
+        """
+        unknown_since: float | None = None
+        loop = asyncio.get_running_loop()
+        while self.final is None:
+            try:
+                connection = await self.connect()
+            except (OSError, ConnectionLost) as exc:
+                probe = await self.probe()
+                if probe.state is ProbeState.ALIVE:
+                    await asyncio.sleep(0.2)
+                    continue
+                if probe.state is ProbeState.FINAL:
+                    await self._catch_up(on_record)
+                    break
+                if probe.state is ProbeState.GONE:
+                    await self._catch_up(on_record)
+                    if self.final is not None:
+                        break
+                    raise WorkerGone(
+                        f"the worker of {self.handle} ended without a final record "
+                        f"({probe.detail or exc}); the run is retried as a failure",
+                    ) from None
+                now = loop.time()
+                unknown_since = unknown_since if unknown_since is not None else now
+                if now - unknown_since > self.unknown_patience_s:
+                    raise WorkerUnknown(
+                        f"the worker of {self.handle} cannot be reached: {probe.detail}",
+                    ) from None
+                await asyncio.sleep(1.0)
+                continue
+            unknown_since = None
+            self.connection = connection
+            self.attaches += 1
+            try:
+                await connection.attach(after_seq=self.last_seq)
+                async for record in connection.records():
+                    self._deliver(record, on_record)
+                    if record.is_final:
+                        await connection.ack(record.seq)
+                        break
+            except ConnectionLost:
+                pass
+            finally:
+                self.connection = None
+                await connection.close()
+        assert self.final is not None
+        return self.final
+
+    async def cancel(self, reason: str) -> bool:
+        """Ask the worker to end the run; ``False`` when it cannot be reached."""
+        connection = self.connection
+        if connection is not None and not connection.closed.is_set():
+            with contextlib.suppress(ConnectionLost):
+                await connection.cancel(reason)
+                return True
+        try:
+            connection = await self.connect()
+        except (OSError, ConnectionLost):
+            return False
+        try:
+            await connection.cancel(reason)
+            return True
+        except ConnectionLost:
+            return False
+        finally:
+            await connection.close()
+
+    async def _catch_up(self, on_record: Callable[[Record], None]) -> None:
+        for record in await self.transport.read_journal(self.handle, after_seq=self.last_seq):
+            self._deliver(record, on_record)
+
+    def _deliver(self, record: Record, on_record: Callable[[Record], None]) -> None:
+        if record.seq <= self.last_seq:
+            return  # NB: cannot happen with an honest worker; never deliver twice.
+        if record.seq != self.last_seq + 1:
+            raise SequenceGap(
+                f"worker {self.handle} sent seq {record.seq} after {self.last_seq}",
+            )
+        self.last_seq = record.seq
+        if record.is_final:
+            self.final = record
+        try:
+            on_record(record)
+        except Exception:
+            logger.exception("a record consumer raised; record %d of %s", record.seq, self.handle)
+
+
+async def launch(
+    spec: RunSpec, *, transport: Transport, handlers: CallHandlers | None = None
+) -> tuple[WorkerHandle, LaunchResult]:
+    """Start (or find) the worker of ``spec``; the handle to follow it."""
+    result = await transport.launch(spec)
+    return WorkerHandle(transport=transport, handle=result.handle, handlers=handlers), result

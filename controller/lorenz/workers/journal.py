@@ -1,0 +1,189 @@
+"""The run journal: numbered records, append-only JSON lines, the one truth about a run.
+
+Whatever a controller saw of a run, it can see again from here: the worker writes every agent
+update and run event before it tells anybody, so a client that re-attaches "after sequence N"
+gets exactly the records it missed. The file is fsync'd at turn boundaries and after the final
+record, the points a restarted controller must not lose; in between, a crash of the *machine*
+can cost the newest updates, never a crash of the worker or the controller.
+
+A writer killed mid-``write`` leaves a torn last line. Readers skip it (it never completed, so
+nobody saw it); a writer reopening the file cuts it off before appending, so the file stays a
+sequence of whole records. A malformed line anywhere else is corruption and is reported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any, Final
+
+from lorenz.model import LorenzError
+
+JOURNAL_NAME: Final = "journal.jsonl"
+
+RECORD_LIMIT_BYTES: Final = 256 * 1024
+"""A record larger than this is journaled without its ``payload`` (a marker says so)."""
+
+FINAL: Final = "final"
+"""Kind of the last record of every finished run."""
+
+SYNC_KINDS: Final = frozenset({"turn_completed", "session_started", FINAL, "run_started"})
+"""Record kinds after which the journal is fsync'd (turn boundaries and the run's ends)."""
+
+
+class JournalCorrupt(LorenzError):
+    code = "worker_journal_corrupt"
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Record:
+    """One journal entry."""
+
+    seq: int
+    """1, 2, 3, … without gaps."""
+    kind: str
+    """``run_started``, ``hook``, ``agent_update``, ``tool_call``, ``cancel``, ``final``, …"""
+    time_ms: int
+    """Wall-clock time of writing, in ms since the epoch."""
+    data: Mapping[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"seq": self.seq, "kind": self.kind, "t": self.time_ms, "data": dict(self.data)}
+
+    @classmethod
+    def from_json(cls, raw: Any) -> Record:
+        if not isinstance(raw, Mapping):
+            raise ValueError("a record is an object")
+        seq, kind, at, data = raw.get("seq"), raw.get("kind"), raw.get("t"), raw.get("data")
+        if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
+            raise ValueError("seq must be a positive integer")
+        if not isinstance(kind, str) or not isinstance(at, int) or not isinstance(data, Mapping):
+            raise ValueError("kind, t and data are required")
+        return cls(seq=seq, kind=kind, time_ms=at, data=data)
+
+    @property
+    def is_final(self) -> bool:
+        return self.kind == FINAL
+
+
+def encode_record(record: Record) -> bytes:
+    line = json.dumps(record.to_json(), separators=(",", ":"), default=str).encode()
+    if len(line) > RECORD_LIMIT_BYTES:
+        data = {k: v for k, v in record.data.items() if k != "payload"}
+        data["payload_dropped_bytes"] = len(line)
+        slim = dataclasses.replace(record, data=data)
+        line = json.dumps(slim.to_json(), separators=(",", ":"), default=str).encode()
+        if len(line) > RECORD_LIMIT_BYTES:
+            data = {"payload_dropped_bytes": len(line), "event": record.data.get("event")}
+            line = json.dumps(dataclasses.replace(record, data=data).to_json()).encode()
+    return line + b"\n"
+
+
+class JournalWriter:
+    """Appends records to one journal; the only writer of its file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        records, good_bytes = _scan(path)
+        self._last_seq = records[-1].seq if records else 0
+        self._final = next((r for r in records if r.is_final), None)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+        # NB: cut a torn tail off before appending, or the next record would be glued to it.
+        os.ftruncate(fd, good_bytes)
+        os.lseek(fd, 0, os.SEEK_END)
+        self._fd = fd
+
+    @property
+    def last_seq(self) -> int:
+        return self._last_seq
+
+    @property
+    def final(self) -> Record | None:
+        return self._final
+
+    def append(self, kind: str, data: Mapping[str, Any], *, sync: bool | None = None) -> Record:
+        """Write one record (``write(2)`` at once: visible to readers when this returns)."""
+        if self._final is not None:
+            raise JournalCorrupt(
+                f"journal {self.path} already holds its final record; nothing may follow it",
+            )
+        record = Record(
+            seq=self._last_seq + 1, kind=kind, time_ms=int(time.time() * 1000), data=data
+        )
+        line = encode_record(record)
+        view = memoryview(line)
+        while view:
+            written = os.write(self._fd, view)
+            view = view[written:]
+        self._last_seq = record.seq
+        if record.is_final:
+            self._final = record
+        if sync is None:
+            sync = kind in SYNC_KINDS or record.data.get("event") in SYNC_KINDS
+        if sync:
+            os.fsync(self._fd)
+        return record
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.fsync(self._fd)
+            os.close(self._fd)
+            self._fd = -1
+
+
+def read_journal(path: Path, *, after_seq: int = 0) -> list[Record]:
+    """Every whole record with ``seq > after_seq``; a torn last line is skipped.
+
+    Raises :class:`JournalCorrupt` for a malformed line before the last one, or for sequence
+    numbers that do not count up by one.
+    """
+    records, _ = _scan(path)
+    return [r for r in records if r.seq > after_seq]
+
+
+def iter_lines(data: bytes) -> Iterator[tuple[int, bytes, bool]]:
+    """``(end offset, line, complete)`` for each line of ``data``."""
+    start = 0
+    while start < len(data):
+        end = data.find(b"\n", start)
+        if end < 0:
+            yield len(data), data[start:], False
+            return
+        yield end + 1, data[start:end], True
+        start = end + 1
+
+
+def _scan(path: Path) -> tuple[list[Record], int]:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return [], 0
+    records: list[Record] = []
+    good = 0
+    for end, line, complete in iter_lines(data):
+        try:
+            record = Record.from_json(json.loads(line))
+        except (ValueError, RecursionError) as exc:
+            if not complete or (end == len(data) and not line.strip()):
+                break  # the torn last line of a writer that died mid-write
+            if end == len(data):
+                break  # NB: a complete but garbled last line is a torn write too (a page lost)
+            raise JournalCorrupt(
+                f"journal {path} has a malformed record at byte {good} ({exc}); the run's "
+                "history cannot be trusted, inspect or remove the state directory",
+            ) from None
+        if not complete:
+            break  # valid JSON but no newline: the write may not have ended, treat as torn
+        expected = records[-1].seq + 1 if records else 1
+        if record.seq != expected:
+            raise JournalCorrupt(
+                f"journal {path} jumps from seq {expected - 1} to {record.seq}; inspect or "
+                "remove the state directory",
+            )
+        records.append(record)
+        good = end
+    return records, good

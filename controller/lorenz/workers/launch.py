@@ -1,0 +1,286 @@
+"""Starting a worker so that nothing the controller does to itself can take the run along.
+
+Both placements start a worker the same way: the controller runs ``lorenz worker --spec -
+--state-root ROOT --detach`` (locally, or on the far side of ``ssh``) with the spec on stdin.
+That command creates the run's state directory (0700) and ``spec.json`` (0600), forks the
+worker, and the worker calls ``setsid()``: a new POSIX session and process group, no
+controlling terminal, stdio on ``worker.log``. The command itself exits as soon as the worker's
+socket is bound and prints one JSON line saying so. Hence the worker
+
+* is not in the controller's process group (``kill -9 -<pgid>`` of the controller misses it),
+* is not the controller's child (no zombie to reap, nothing dies with the parent), and
+* does not hold the ssh session's stdio (ssh returns; the session ending does not hang it up).
+
+Launching is idempotent per handle: a handle whose worker is alive, finished or unknown is not
+started again (the answer says which), and a handle whose worker died is refused — a new
+attempt has a new handle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+import pydantic
+
+from lorenz.agents import TRACKER_SECRET_ENV, agent_environment
+from lorenz.model import LorenzError
+from lorenz.workers.journal import JOURNAL_NAME, read_journal
+from lorenz.workers.protocol import SOCKET_NAME
+from lorenz.workers.spec import RunSpec
+from lorenz.workers.states import (
+    LOG_NAME,
+    ProbeState,
+    WorkerStateError,
+    create_state_dir,
+    probe_local,
+    write_spec,
+)
+from lorenz.workers.worker import ExitStatus, Worker, load_spec
+
+logger = logging.getLogger(__name__)
+
+LOCAL_WORKER_COMMAND: Final = (sys.executable, "-m", "lorenz.cli.worker")
+"""How a local worker is started: this interpreter, so the worker runs the same installation."""
+
+SPEC_LIMIT_BYTES: Final = 4 * 1024 * 1024
+
+
+class WorkerLaunchError(LorenzError):
+    """A worker could not be started; ``code`` says why."""
+
+    code = "worker_launch_failed"
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class LaunchResult:
+    handle: str
+    state_dir: str
+    """On the host the worker runs on."""
+    socket: str
+    pid: int | None
+    existing: str | None = None
+    """``None`` for a fresh start; else the probe state of the worker already there."""
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> LaunchResult:
+        pid = raw.get("pid")
+        existing = raw.get("existing")
+        return cls(
+            handle=str(raw["handle"]),
+            state_dir=str(raw["state_dir"]),
+            socket=str(raw["socket"]),
+            pid=pid if isinstance(pid, int) else None,
+            existing=existing if isinstance(existing, str) else None,
+        )
+
+
+def worker_process_env(
+    *, base: Mapping[str, str] | None = None, secret_values: Sequence[str] = ()
+) -> dict[str, str]:
+    """The worker process's own environment: the controller's without tracker secrets."""
+    return agent_environment(
+        base=os.environ if base is None else base,
+        secret_names=TRACKER_SECRET_ENV,
+        secret_values=secret_values,
+    )
+
+
+async def run_launch_command(
+    command: Sequence[str],
+    *,
+    spec: RunSpec,
+    state_root: str,
+    env: Mapping[str, str],
+    timeout_s: float,
+) -> LaunchResult:
+    """Run ``command worker --spec - --state-root ROOT --detach``; parse its answer."""
+    argv = [*command, "--spec", "-", "--state-root", state_root, "--detach"]
+    try:
+        process = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=dict(env),
+            start_new_session=True,
+        )
+    except OSError as exc:
+        raise WorkerLaunchError(
+            f"could not run {argv[0]}: {exc.strerror or exc}; check the worker command",
+            code="worker_launch_failed",
+        ) from exc
+    try:
+        async with asyncio.timeout(timeout_s):
+            out, err = await process.communicate(spec.model_dump_json().encode())
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+        await process.wait()
+        raise WorkerLaunchError(
+            f"starting the worker {spec.handle} took longer than {timeout_s:.0f} s",
+            code="worker_launch_timeout",
+        ) from None
+    answer = _last_json_line(out)
+    if answer is not None and answer.get("ok") is True:
+        return LaunchResult.from_json(answer)
+    if answer is not None and isinstance(answer.get("code"), str):
+        raise WorkerLaunchError(str(answer.get("message")), code=str(answer["code"]))
+    tail = err.decode(errors="replace").strip()[-500:]
+    raise WorkerLaunchError(
+        f"the worker command exited with status {process.returncode}: "
+        f"{tail or 'no output'}",
+        code="worker_launch_failed",
+    )
+
+
+def _last_json_line(out: bytes) -> dict[str, Any] | None:
+    for line in reversed(out.splitlines()):
+        with contextlib.suppress(ValueError):
+            value = json.loads(line)
+            if isinstance(value, dict):
+                return value
+    return None
+
+
+# -- the worker side of the launch (what ``lorenz worker`` runs) --------------------------
+
+
+def answer(payload: Mapping[str, Any]) -> None:
+    sys.stdout.write(json.dumps(dict(payload)) + "\n")
+    sys.stdout.flush()
+
+
+def read_spec(stream: Any) -> RunSpec:
+    raw = stream.read(SPEC_LIMIT_BYTES + 1)
+    if len(raw) > SPEC_LIMIT_BYTES:
+        raise WorkerStateError(
+            f"the run spec is larger than {SPEC_LIMIT_BYTES} bytes", code="worker_spec_invalid"
+        )
+    try:
+        return RunSpec.model_validate_json(raw)
+    except pydantic.ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise WorkerStateError(
+            f"the run spec is invalid at {where or '(root)'}: {first['msg']}; controller and "
+            "worker must run compatible lorenz versions",
+            code="worker_spec_invalid",
+        ) from None
+
+
+def start_from_spec(spec: RunSpec, *, state_root: Path, detach: bool) -> int:
+    """Create the state directory for ``spec`` and start (or find) its worker."""
+    state_dir = create_state_dir(state_root, spec.handle)
+    probe = asyncio.run(probe_local(state_dir, timeout_s=2.0))
+    journal = read_journal(state_dir / JOURNAL_NAME) if probe.state is ProbeState.GONE else []
+    if probe.state is not ProbeState.GONE:
+        answer(
+            {
+                "ok": True,
+                "handle": spec.handle,
+                "state_dir": str(state_dir),
+                "socket": str(state_dir / SOCKET_NAME),
+                "pid": probe.pid,
+                "existing": probe.state.value,
+            }
+        )
+        return 0
+    if journal:
+        raise WorkerStateError(
+            f"the worker of {spec.handle} already ran and died without a final record; a new "
+            "attempt gets a new handle",
+            code="worker_handle_used",
+        )
+    write_spec(state_dir, spec)
+    return serve(state_dir, detach=detach)
+
+
+def serve(state_dir: Path, *, detach: bool) -> int:
+    """Run the worker of ``state_dir``; with ``detach``, in a new session, answering once
+    its socket is bound (the answer is one JSON line on stdout)."""
+    spec = load_spec(state_dir)
+    if not detach:
+        return asyncio.run(_serve(spec, state_dir, ready_fd=None))
+    read_fd, write_fd = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid > 0:
+        os.close(write_fd)
+        with os.fdopen(read_fd, "rb") as ready:
+            reply = ready.read()
+        result = _last_json_line(reply)
+        if result is None:
+            result = {
+                "ok": False,
+                "code": "worker_start_failed",
+                "message": f"the worker exited before it was ready; see {state_dir / LOG_NAME}",
+            }
+        answer(result)
+        return 0 if result.get("ok") else 1
+    # The worker: a session of its own, stdio on the log, then the run.
+    os.close(read_fd)
+    status = int(ExitStatus.FAILED)
+    try:
+        os.setsid()
+        _redirect_stdio(state_dir / LOG_NAME)
+        logging.basicConfig(
+            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+        )
+        status = asyncio.run(_serve(spec, state_dir, ready_fd=write_fd))
+    except BaseException:
+        logger.exception("the worker failed")
+    finally:
+        logging.shutdown()
+        os._exit(status)
+
+
+def _redirect_stdio(log_path: Path) -> None:
+    null = os.open(os.devnull, os.O_RDONLY)
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(null, 0)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(null)
+    os.close(log)
+
+
+async def _serve(spec: RunSpec, state_dir: Path, *, ready_fd: int | None) -> int:
+    worker = Worker(spec=spec, state_dir=state_dir)
+    try:
+        await worker.bind()
+    except LorenzError as exc:
+        _ready(ready_fd, {"ok": False, "code": exc.code, "message": exc.message})
+        if ready_fd is None:
+            print(f"lorenz worker: {exc}", file=sys.stderr)
+        return int(ExitStatus.SPEC_INVALID)
+    _ready(
+        ready_fd,
+        {
+            "ok": True,
+            "handle": spec.handle,
+            "state_dir": str(state_dir),
+            "socket": str(worker.socket_path),
+            "pid": os.getpid(),
+            "existing": None,
+        },
+    )
+    return int(await worker.run())
+
+
+def _ready(fd: int | None, payload: Mapping[str, Any]) -> None:
+    if fd is None:
+        return
+    with contextlib.suppress(OSError):
+        os.write(fd, (json.dumps(dict(payload)) + "\n").encode())
+    with contextlib.suppress(OSError):
+        os.close(fd)

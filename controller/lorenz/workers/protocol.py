@@ -1,0 +1,77 @@
+"""The worker control protocol: newline-delimited JSON objects over a unix stream socket.
+
+One message per line, each an object with an ``op``. The socket is the only way in: it lives in
+the run's 0700 state directory with mode 0600, and the worker also refuses peers of another
+uid (``SO_PEERCRED``). Lines are bounded (:data:`LINE_LIMIT_BYTES`), so a confused peer cannot
+make either side buffer without limit.
+
+Client → worker:
+
+``attach {after_seq}``       replay every record with a larger seq, then ``live``, then records
+                             as they are written. The newest attached client is the controller:
+                             calls go to it.
+``cancel {reason}``          end the run: the agent is stopped, ``after_run`` runs, the final
+                             record says ``canceled`` with the reason.
+``ping {id}``                heartbeat; answered with ``pong {id, last_seq, phase}``.
+``reply {id, result}``       the answer to a ``call``.
+``ack {seq}``                the final record was collected; the worker may exit at once.
+
+Worker → client:
+
+``hello {handle, pid, last_seq, generation, version}``   first line on every connection
+``record {record}`` / ``live {seq}``                     the journal, replayed then live
+``pong {id, last_seq, phase}``
+``call {id, method, params}``  ``method`` is ``tool`` (``{name, arguments}``, answered with the
+                               tool result) or ``issue_active`` (answered with a boolean)
+``error {code, message}``      the peer sent something that is not a message
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, Final
+
+PROTOCOL_VERSION: Final = 1
+
+LINE_LIMIT_BYTES: Final = 8 * 1024 * 1024
+"""The longest message either side accepts (a large tool result fits; a runaway peer not)."""
+
+SOCKET_NAME: Final = "control.sock"
+
+SOCKET_PATH_LIMIT: Final = 107
+"""``sun_path`` holds 108 bytes including the terminating NUL."""
+
+
+class ProtocolError(Exception):
+    """The peer sent something that is not a protocol message."""
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    return json.dumps(message, separators=(",", ":"), default=str).encode() + b"\n"
+
+
+def decode(line: bytes) -> dict[str, Any]:
+    try:
+        message = json.loads(line)
+    except (ValueError, RecursionError) as exc:
+        raise ProtocolError(f"not JSON: {exc}") from None
+    if not isinstance(message, dict) or not isinstance(message.get("op"), str):
+        raise ProtocolError("a message is a JSON object with an `op` string")
+    return message
+
+
+async def read_message(reader: asyncio.StreamReader) -> dict[str, Any] | None:
+    """The next message, or ``None`` at end of stream.
+
+    Raises :class:`ProtocolError` for an over-long or malformed line.
+    """
+    try:
+        line = await reader.readuntil(b"\n")
+    except asyncio.IncompleteReadError as exc:
+        if exc.partial.strip():
+            raise ProtocolError("the stream ended inside a message") from None
+        return None
+    except asyncio.LimitOverrunError:
+        raise ProtocolError(f"a message is longer than {LINE_LIMIT_BYTES} bytes") from None
+    return decode(line)

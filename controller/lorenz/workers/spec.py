@@ -1,0 +1,164 @@
+"""The run spec: everything a worker needs to execute one run, and nothing secret.
+
+The controller writes it once, before the worker starts; the worker reads it and never asks for
+more configuration. It is a file on disk (``spec.json``, 0600) and, for SSH placement, a stream
+on ssh's stdin, so it must hold no tracker credential: the agent environment in it is already
+stripped of secrets, and host-side tools are listed by their specs only (the calls come back to
+the controller, which holds the token).
+
+The *handle* is a pure function of (workflow, issue key, slot, attempt, generation). A controller
+that crashed between starting a worker and recording that it did so can therefore compute the
+same name again and find the worker, instead of starting a second one (seed 004's deterministic
+handles).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Any, Final
+
+import pydantic
+from pydantic import Field
+
+from lorenz.config import AgentKindSettings
+from lorenz.model import Issue
+
+SPEC_VERSION: Final = 1
+
+HANDLE_PREFIX: Final = "lzw"
+"""Every worker handle starts with this (``lzw-…``); state-dir scans look only at these."""
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+class SpecModel(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
+
+
+class IssueSpec(SpecModel):
+    """The issue fields a run uses (prompt rendering already happened in the controller)."""
+
+    id: str = Field(min_length=1, max_length=500)
+    """Tracker id of the issue."""
+    identifier: str = Field(min_length=1, max_length=200)
+    """Human key (``ABC-123``)."""
+    title: str = Field(default="", max_length=2000)
+    """Title, used for the Codex turn title."""
+    state: str = Field(default="", max_length=200)
+    """Tracker state when the run was dispatched."""
+    url: str | None = Field(default=None, max_length=2000)
+    """Link to the issue."""
+
+    def to_issue(self) -> Issue:
+        return Issue(
+            id=self.id,
+            identifier=self.identifier,
+            title=self.title or self.identifier,
+            state=self.state or "unknown",
+            url=self.url,
+        )
+
+    @classmethod
+    def from_issue(cls, issue: Issue) -> IssueSpec:
+        return cls(
+            id=issue.id,
+            identifier=issue.identifier,
+            title=issue.title,
+            state=issue.state,
+            url=issue.url,
+        )
+
+
+class HookSpec(SpecModel):
+    """The workspace hooks the worker runs itself (``sh -lc`` in the workspace)."""
+
+    after_create: str | None = None
+    """Run when the worker had to create the workspace (remote placement)."""
+    before_run: str | None = None
+    """Run before the agent; a failure ends the run as failed without starting the agent."""
+    after_run: str | None = None
+    """Run after the agent, also after a failure or a cancel; a failure is journaled only."""
+    timeout_ms: int = Field(default=60000, gt=0)
+    """Limit for each hook; its process group is killed when it passes."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Complete environment of the hooks (secrets already stripped by the controller)."""
+
+
+class RunSpec(SpecModel):
+    """One run, as the controller hands it to a worker."""
+
+    version: int = SPEC_VERSION
+    """Spec format version; a worker refuses versions it does not know."""
+    workflow: str = Field(min_length=1, max_length=4096)
+    """Identity of the workflow (its canonical path or ``namespace/name``)."""
+    issue: IssueSpec
+    """The issue this run works on."""
+    slot_index: int = Field(default=0, ge=0)
+    """Ensemble slot of the issue."""
+    attempt: int | None = Field(default=None, ge=0)
+    """Retry attempt (``None`` for a first run)."""
+    generation: int = Field(default=0, ge=0)
+    """Controller generation that dispatched the run (the fence of point 3)."""
+    prompt: str = Field(max_length=1_000_000)
+    """The rendered first-turn prompt."""
+    agent: AgentKindSettings
+    """How to launch the agent and speak to it."""
+    max_turns: int = Field(default=20, gt=0)
+    """Turn limit of the run."""
+    workspace: str = Field(min_length=1, max_length=4096)
+    """Absolute path of the workspace on the host the worker runs on."""
+    create_workspace: bool = False
+    """Create the workspace (and run ``after_create``) when it is missing: remote placement."""
+    hooks: HookSpec = Field(default_factory=HookSpec)
+    """Hooks run by the worker."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Complete environment of the agent process (secrets already stripped)."""
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+    """Specs of the host-side tools the controller executes (``linear_graphql``)."""
+    controller_wait_ms: int = Field(default=300_000, gt=0)
+    """How long a call that needs the controller (a tool, the between-turn activity check)
+    waits for one to attach before it is answered without it."""
+    linger_ms: int = Field(default=30_000, ge=0)
+    """How long the worker keeps serving its final record for a controller to collect."""
+
+    @pydantic.field_validator("workspace")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError("must be an absolute path")
+        return value
+
+    @property
+    def handle(self) -> str:
+        return run_handle(
+            workflow=self.workflow,
+            issue_key=self.issue.identifier,
+            slot_index=self.slot_index,
+            attempt=self.attempt,
+            generation=self.generation,
+        )
+
+
+def run_handle(
+    *, workflow: str, issue_key: str, slot_index: int, attempt: int | None, generation: int
+) -> str:
+    """The deterministic handle of a run: ``lzw-<identifier>-s<slot>-a<attempt>-g<gen>-<hash>``.
+
+    Short on purpose: it names a directory that holds a unix socket, and socket paths are
+    limited to 107 bytes. The hash covers every input, so two workflows with the same issue
+    keys never share a handle; the readable part is only for people.
+    """
+    digest = hashlib.sha256(
+        "\0".join(
+            (workflow, issue_key, str(slot_index), "" if attempt is None else str(attempt),
+             str(generation))
+        ).encode()
+    ).hexdigest()[:12]
+    readable = _UNSAFE.sub("_", issue_key)[:24] or "issue"
+    attempt_part = "0" if attempt is None else str(attempt)
+    return f"{HANDLE_PREFIX}-{readable}-s{slot_index}-a{attempt_part}-g{generation}-{digest}"
+
+
+def is_handle(name: str) -> bool:
+    return name.startswith(f"{HANDLE_PREFIX}-") and not _UNSAFE.search(name)

@@ -1,0 +1,211 @@
+"""The state directory of a run, and what it proves about the run's worker.
+
+``<state root>/<handle>/`` (0700) holds ``spec.json`` (0600, the run spec), ``journal.jsonl``
+(0600, the records), ``worker.json`` (pid and process start time), ``worker.log`` (the worker's
+own stderr) and ``control.sock`` (0600). The handle is deterministic, so a controller that
+knows (workflow, issue, slot, attempt, generation) knows where to look — also after it crashed
+before it could write down that it had started the worker.
+
+A probe answers with one of four states (the table in ``docs/runs.md``):
+
+``alive``    the socket answers: adopt (attach after the last collected seq);
+``final``    the journal ends with a final record: settle from it;
+``gone``     no socket, no live pid, no final record: the run died, retry as a failure;
+``unknown``  the pid lives but the socket does not answer (or, remotely, the host does not):
+             neither adopt nor retry — quarantine until it resolves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import enum
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Final
+
+import psutil
+
+from lorenz.model import LorenzError
+from lorenz.workers.journal import JOURNAL_NAME, JournalCorrupt, Record, read_journal
+from lorenz.workers.protocol import SOCKET_NAME, SOCKET_PATH_LIMIT, ProtocolError, read_message
+from lorenz.workers.spec import RunSpec, is_handle
+
+SPEC_NAME: Final = "spec.json"
+STATUS_NAME: Final = "worker.json"
+LOG_NAME: Final = "worker.log"
+
+PROBE_TIMEOUT_S: Final = 5.0
+
+
+class WorkerStateError(LorenzError):
+    """A state directory or its spec cannot be used; ``code`` says why."""
+
+    code = "worker_state_error"
+
+
+class ProbeState(enum.StrEnum):
+    ALIVE = "alive"
+    FINAL = "final"
+    GONE = "gone"
+    UNKNOWN = "unknown"
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Probe:
+    state: ProbeState
+    final: Record | None = None
+    last_seq: int = 0
+    """The newest seq in the journal (local probes) or the worker's hello (socket probes)."""
+    pid: int | None = None
+    detail: str = ""
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "state": self.state.value,
+            "final": self.final.to_json() if self.final else None,
+            "last_seq": self.last_seq,
+            "pid": self.pid,
+            "detail": self.detail,
+        }
+
+    @classmethod
+    def from_json(cls, raw: object) -> Probe:
+        if not isinstance(raw, dict):
+            raise ValueError("a probe is an object")
+        final = raw.get("final")
+        pid = raw.get("pid")
+        last_seq = raw.get("last_seq")
+        return cls(
+            state=ProbeState(str(raw.get("state"))),
+            final=Record.from_json(final) if final is not None else None,
+            last_seq=last_seq if isinstance(last_seq, int) else 0,
+            pid=pid if isinstance(pid, int) else None,
+            detail=str(raw.get("detail") or ""),
+        )
+
+
+def default_state_root() -> Path:
+    """``$LORENZ_WORKER_STATE`` or ``~/.lorenz/workers``: short, so socket paths fit."""
+    configured = os.environ.get("LORENZ_WORKER_STATE")
+    if configured:
+        return Path(configured)
+    return Path.home() / ".lorenz" / "workers"
+
+
+def create_state_dir(root: Path, handle: str) -> Path:
+    """``root/handle`` with mode 0700 (and ``root`` too, when it is created here)."""
+    if not is_handle(handle):
+        raise WorkerStateError(f"{handle!r} is not a worker handle", code="worker_handle_invalid")
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    state_dir = root / handle
+    with contextlib.suppress(FileExistsError):
+        state_dir.mkdir(mode=0o700)
+    info = state_dir.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        raise WorkerStateError(
+            f"{state_dir} is not a directory owned by this user; remove it or pick another "
+            "worker state directory",
+            code="worker_state_dir_foreign",
+        )
+    os.chmod(state_dir, 0o700)
+    socket_path = os.fsencode(str(state_dir / SOCKET_NAME))
+    if len(socket_path) > SOCKET_PATH_LIMIT:
+        raise WorkerStateError(
+            f"the control socket path {state_dir / SOCKET_NAME} would be longer than "
+            f"{SOCKET_PATH_LIMIT} bytes; use a shorter worker state directory",
+            code="worker_socket_path_too_long",
+        )
+    return state_dir
+
+
+def write_spec(state_dir: Path, spec: RunSpec) -> Path:
+    """Write ``spec.json`` (0600) atomically."""
+    path = state_dir / SPEC_NAME
+    tmp = state_dir / f".{SPEC_NAME}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(spec.model_dump_json())
+    os.replace(tmp, path)
+    return path
+
+
+def worker_pid(state_dir: Path) -> int | None:
+    """The worker's pid if that process still runs (pid reuse is ruled out by start time)."""
+    try:
+        status = json.loads((state_dir / STATUS_NAME).read_text())
+        pid = int(status["pid"])
+        created = float(status["create_time"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    try:
+        process = psutil.Process(pid)
+        if abs(process.create_time() - created) > 0.01:
+            return None
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return None
+    except psutil.Error:
+        return None
+    return pid
+
+
+async def probe_local(state_dir: Path, *, timeout_s: float = PROBE_TIMEOUT_S) -> Probe:
+    """What ``state_dir`` proves about its worker (see the module docstring)."""
+    try:
+        records = read_journal(state_dir / JOURNAL_NAME)
+    except JournalCorrupt as exc:
+        return Probe(state=ProbeState.UNKNOWN, detail=str(exc))
+    last_seq = records[-1].seq if records else 0
+    if records and records[-1].is_final:
+        return Probe(state=ProbeState.FINAL, final=records[-1], last_seq=last_seq)
+    pid = worker_pid(state_dir)
+    hello = await socket_hello(state_dir / SOCKET_NAME, timeout_s=timeout_s)
+    if hello is not None:
+        seq = hello.get("last_seq")
+        return Probe(
+            state=ProbeState.ALIVE,
+            last_seq=seq if isinstance(seq, int) else last_seq,
+            pid=pid,
+        )
+    # The worker may have written its final record between the two reads.
+    records = read_journal(state_dir / JOURNAL_NAME)
+    if records and records[-1].is_final:
+        return Probe(state=ProbeState.FINAL, final=records[-1], last_seq=records[-1].seq)
+    if pid is not None:
+        return Probe(
+            state=ProbeState.UNKNOWN,
+            last_seq=last_seq,
+            pid=pid,
+            detail=f"worker pid {pid} lives but its control socket does not answer",
+        )
+    return Probe(state=ProbeState.GONE, last_seq=last_seq, detail="no worker and no final record")
+
+
+async def socket_hello(path: Path, *, timeout_s: float) -> dict[str, object] | None:
+    """The worker's ``hello`` on a fresh connection, or ``None`` when nobody answers."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            reader, writer = await asyncio.open_unix_connection(str(path))
+            try:
+                message = await read_message(reader)
+            finally:
+                writer.close()
+                with contextlib.suppress(Exception):
+                    await writer.wait_closed()
+    except (OSError, TimeoutError, ProtocolError):
+        return None
+    if message is None or message.get("op") != "hello":
+        return None
+    return message
+
+
+def list_handles(root: Path) -> list[str]:
+    """Every run handle with a state directory under ``root`` (sorted)."""
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return []
+    return sorted(name for name in names if is_handle(name) and (root / name).is_dir())

@@ -1,0 +1,624 @@
+"""The worker: one process that executes exactly one run and outlives the controller.
+
+A controller that stops, crashes, is upgraded or loses leadership must not take the agents
+with it (containerd's per-container shim is the model: it keeps a container's stdio and exit
+status while containerd itself restarts). So a run is this process, in a POSIX session of its
+own, holding the agent session (through :mod:`lorenz.agents`, the same code the controller
+used to run in-process), the ``before_run``/``after_run`` hooks, and the journal. Controllers
+come and go as clients of its control socket.
+
+What the worker does not have is credentials: host-side tools (``linear_graphql``) and the
+between-turn "is the issue still active?" question are *calls* to whichever controller is
+attached. With none attached, a call waits up to ``controller_wait_ms`` for one, then is
+answered without it (a failed tool call; "not active", which ends the run between turns).
+
+The end of a run is its final record (outcome, usage, exit status). The worker then lingers
+``linger_ms`` for a controller to collect it (``ack``) and exits; the record stays in the
+journal for a controller that comes later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import enum
+import itertools
+import json
+import logging
+import os
+import signal
+import socket
+import struct
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final
+
+import psutil
+
+from lorenz.agents import AgentRunRequest, AgentRunResult, build_runner
+from lorenz.model import AgentUpdate, LorenzError
+from lorenz.workers.journal import FINAL, JournalWriter, Record, read_journal
+from lorenz.workers.protocol import (
+    LINE_LIMIT_BYTES,
+    PROTOCOL_VERSION,
+    SOCKET_NAME,
+    SOCKET_PATH_LIMIT,
+    ProtocolError,
+    encode,
+    read_message,
+)
+from lorenz.workers.spec import RunSpec
+from lorenz.workers.states import SPEC_NAME, STATUS_NAME, WorkerStateError
+from lorenz.workflow import continuation_prompt
+from lorenz.workspaces import HookName, run_hook
+
+logger = logging.getLogger(__name__)
+
+QUEUE_LIMIT: Final = 100_000
+"""Live messages queued for one client before it is dropped (it re-attaches from its seq)."""
+
+
+class ExitStatus(enum.IntEnum):
+    """The worker's exit status, also written into the final record."""
+
+    SUCCESS = 0
+    FAILED = 1
+    SPEC_INVALID = 2
+    CANCELED = 3
+
+
+class Phase(enum.StrEnum):
+    STARTING = "starting"
+    PREPARING = "preparing"
+    AGENT = "agent"
+    CLEANUP = "cleanup"
+    FINAL = "final"
+
+
+class _ConnectionClosed(Exception):
+    pass
+
+
+@dataclasses.dataclass(eq=False)
+class _Client:
+    writer: asyncio.StreamWriter
+    queue: asyncio.Queue[bytes | None] = dataclasses.field(default_factory=asyncio.Queue)
+    attached: bool = False
+    controller: bool = False
+    closed: bool = False
+
+    def send(self, message: dict[str, Any]) -> None:
+        self.send_raw(encode(message))
+
+    def send_raw(self, line: bytes) -> None:
+        if self.closed:
+            return
+        if self.queue.qsize() >= QUEUE_LIMIT:
+            logger.warning("client too slow, dropped; it re-attaches from its last seq")
+            self.close()
+            return
+        self.queue.put_nowait(line)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.queue.put_nowait(None)
+
+
+@dataclasses.dataclass(eq=False)
+class _Call:
+    id: int
+    method: str
+    params: dict[str, Any]
+    idempotent: bool
+    future: asyncio.Future[Any]
+    sent_to: _Client | None = None
+
+
+class ForwardedTools:
+    """The :class:`~lorenz.agents.ToolHandler` of a worker: every call goes to the controller."""
+
+    def __init__(self, worker: Worker, specs: list[dict[str, Any]]) -> None:
+        self._worker = worker
+        self._specs = specs
+
+    def tool_specs(self) -> list[dict[str, Any]]:
+        return [dict(spec) for spec in self._specs]
+
+    async def call_tool(self, name: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
+        try:
+            result = await self._worker.call(
+                "tool", {"name": name, "arguments": dict(arguments)}, idempotent=False
+            )
+        except _ConnectionClosed:
+            result = {
+                "success": False,
+                "output": "the controller's connection closed during the call; it may or may "
+                "not have run — check before repeating it",
+            }
+        except TimeoutError:
+            result = {
+                "success": False,
+                "output": "no controller is attached to run host-side tools right now",
+            }
+        if not isinstance(result, dict):
+            result = {"success": False, "output": "the controller answered with no result"}
+        self._worker.journal(
+            "tool_call", {"name": name, "success": bool(result.get("success"))}
+        )
+        return result
+
+
+class Worker:
+    """Runs one :class:`RunSpec` in ``state_dir`` and serves its control socket."""
+
+    def __init__(self, *, spec: RunSpec, state_dir: Path) -> None:
+        self.spec = spec
+        self.state_dir = state_dir
+        self.socket_path = state_dir / SOCKET_NAME
+        self.phase = Phase.STARTING
+        self._journal = JournalWriter(state_dir / "journal.jsonl")
+        self._clients: set[_Client] = set()
+        self._controller: _Client | None = None
+        self._calls: dict[int, _Call] = {}
+        self._call_ids = itertools.count(1)
+        self._run_task: asyncio.Task[Record] | None = None
+        self._cancel_reason: str | None = None
+        self._acked = asyncio.Event()
+        self._usage: dict[str, int] | None = None
+        self._cost_usd: float | None = None
+        self._server: asyncio.Server | None = None
+        self._agent_task: asyncio.Task[AgentRunResult] | None = None
+
+    # -- the journal ---------------------------------------------------------------------
+
+    def journal(self, kind: str, data: Mapping[str, Any]) -> Record:
+        """Write a record, then send it to every attached client (in that order, always)."""
+        record = self._journal.append(kind, data)
+        line = encode({"op": "record", "record": record.to_json()})
+        for client in list(self._clients):
+            if client.attached:
+                client.send_raw(line)
+        return record
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def bind(self) -> None:
+        """Open the control socket (0600). Raises :class:`WorkerStateError` when another worker
+        for this run is alive, or when the path is too long for a unix socket."""
+        path = str(self.socket_path)
+        if len(os.fsencode(path)) > SOCKET_PATH_LIMIT:
+            raise WorkerStateError(
+                f"the control socket path {path} is longer than {SOCKET_PATH_LIMIT} bytes; "
+                "use a shorter worker state directory",
+                code="worker_socket_path_too_long",
+            )
+        if self.socket_path.exists():
+            if await _socket_answers(path):
+                raise WorkerStateError(
+                    f"a worker for {self.spec.handle} is already serving {path}",
+                    code="worker_already_running",
+                )
+            self.socket_path.unlink()
+        old_umask = os.umask(0o177)
+        try:
+            self._server = await asyncio.start_unix_server(
+                self._serve_client, path=path, limit=LINE_LIMIT_BYTES
+            )
+        finally:
+            os.umask(old_umask)
+        os.chmod(path, 0o600)
+        _write_status(self.state_dir, pid=os.getpid(), handle=self.spec.handle)
+
+    async def run(self) -> ExitStatus:
+        """Execute the run to its final record, linger, close; the exit status."""
+        if self._journal.final is not None:
+            # A worker that finished before; a new one must not run the agent again.
+            return ExitStatus(int(self._journal.final.data.get("exit_status", 1)))
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.cancel, f"signal {signal.Signals(sig).name}")
+        loop.add_signal_handler(signal.SIGHUP, lambda: None)
+        self._run_task = asyncio.create_task(self._execute())
+        try:
+            final = await asyncio.shield(self._run_task)
+        except asyncio.CancelledError:
+            final = await self._run_task
+        if self.spec.linger_ms > 0 and not self._acked.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.spec.linger_ms / 1000):
+                    await self._acked.wait()
+        await self.close()
+        return ExitStatus(int(final.data["exit_status"]))
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(FileNotFoundError):
+                self.socket_path.unlink()
+        for client in list(self._clients):
+            client.close()
+        await asyncio.sleep(0)
+        self._journal.close()
+
+    def cancel(self, reason: str) -> None:
+        """Stop the run: the agent is stopped, ``after_run`` runs, the run ends ``canceled``."""
+        if self._cancel_reason is not None or self._run_task is None or self._run_task.done():
+            return
+        self._cancel_reason = reason or "canceled"
+        self.journal("cancel", {"reason": self._cancel_reason})
+        self._agent_task_cancel()
+
+    def _agent_task_cancel(self) -> None:
+        task = self._agent_task
+        if task is not None and not task.done():
+            task.cancel()
+
+    async def _execute(self) -> Record:
+        spec = self.spec
+        self.journal(
+            "run_started",
+            {
+                "handle": spec.handle,
+                "pid": os.getpid(),
+                "generation": spec.generation,
+                "issue_id": spec.issue.id,
+                "identifier": spec.issue.identifier,
+                "attempt": spec.attempt,
+                "workspace": spec.workspace,
+            },
+        )
+        workspace = Path(spec.workspace)
+        outcome, error, code = "success", None, None
+        result: AgentRunResult | None = None
+        work = asyncio.create_task(self._work(workspace))
+        self._agent_task = work
+        if self._cancel_reason is not None:
+            work.cancel()  # NB: a cancel that arrived before the work began.
+        try:
+            result = await work
+        except asyncio.CancelledError:
+            if not work.cancelled():
+                raise
+            outcome, code = "canceled", "canceled"
+            error = self._cancel_reason or "canceled"
+        except LorenzError as exc:
+            outcome, error, code = "failed", exc.message, exc.code
+        except Exception as exc:
+            logger.exception("the run crashed")
+            outcome, error, code = "failed", f"{type(exc).__name__}: {exc}", "worker_crashed"
+        finally:
+            self._agent_task = None
+        self.phase = Phase.CLEANUP
+        if _is_dir(workspace):
+            await self._after_run(workspace)
+        self.phase = Phase.FINAL
+        status = {
+            "success": ExitStatus.SUCCESS,
+            "failed": ExitStatus.FAILED,
+            "canceled": ExitStatus.CANCELED,
+        }[outcome]
+        return self.journal(
+            FINAL,
+            {
+                "outcome": outcome,
+                "error": error,
+                "error_code": code,
+                "reason": self._cancel_reason,
+                "usage": self._usage,
+                "cost_usd": self._cost_usd,
+                "turns": result.turns if result else None,
+                "session_id": result.session_id if result else None,
+                "stop_reason": result.stop_reason if result else None,
+                "exit_status": int(status),
+            },
+        )
+
+    async def _work(self, workspace: Path) -> AgentRunResult:
+        """Prepare the workspace, run ``before_run``, then the agent session."""
+        spec = self.spec
+        self.phase = Phase.PREPARING
+        if spec.create_workspace and not _is_dir(workspace):
+            _make_dir(workspace)
+            await self._hook("after_create", workspace)
+        if not _is_dir(workspace):
+            raise WorkerStateError(
+                f"workspace {workspace} does not exist on this host; the controller prepares "
+                "it (local placement) or the spec asks the worker to create it (remote)",
+                code="workspace_missing",
+            )
+        await self._hook("before_run", workspace)
+        self.phase = Phase.AGENT
+        return await build_runner(spec.agent.protocol).run(self._request(workspace))
+
+    def _request(self, workspace: Path) -> AgentRunRequest:
+        spec = self.spec
+        return AgentRunRequest(
+            issue=spec.issue.to_issue(),
+            attempt=spec.attempt,
+            slot_index=spec.slot_index,
+            prompt=spec.prompt,
+            workspace=workspace,
+            settings=spec.agent,
+            max_turns=spec.max_turns,
+            env=spec.env,
+            on_update=self._on_update,
+            issue_is_active=self._issue_is_active,
+            continuation_prompt=continuation_prompt,
+            tools=ForwardedTools(self, spec.tools) if spec.tools else None,
+        )
+
+    def _on_update(self, update: AgentUpdate) -> None:
+        if update.usage is not None:
+            self._usage = update.usage.to_dict()
+        if update.cost_usd is not None:
+            self._cost_usd = update.cost_usd
+        self.journal("agent_update", agent_update_data(update))
+
+    async def _issue_is_active(self) -> bool:
+        try:
+            answer = await self.call("issue_active", {}, idempotent=True)
+        except TimeoutError:
+            self.journal("controller_absent", {"question": "issue_active"})
+            return False
+        return answer is True
+
+    async def _hook(self, name: HookName, workspace: Path) -> None:
+        script: str | None = getattr(self.spec.hooks, name)
+        if not script:
+            return
+        self.journal("hook_started", {"hook": name})
+        try:
+            result = await run_hook(
+                name=name,
+                script=script,
+                cwd=workspace,
+                env=self.spec.hooks.env,
+                timeout_ms=self.spec.hooks.timeout_ms,
+                log_context={"handle": self.spec.handle},
+            )
+        except LorenzError as exc:
+            self.journal(
+                "hook_finished", {"hook": name, "ok": False, "error": str(exc), "code": exc.code}
+            )
+            raise
+        self.journal("hook_finished", {"hook": name, "ok": True, "output": result.output})
+
+    async def _after_run(self, workspace: Path) -> None:
+        # NB: shielded: a second cancel (or SIGTERM) during cleanup must not skip after_run.
+        task = asyncio.ensure_future(self._hook("after_run", workspace))
+        with contextlib.suppress(Exception):
+            while not task.done():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.shield(task)
+            task.result()
+
+    # -- calls to the controller ---------------------------------------------------------
+
+    async def call(self, method: str, params: dict[str, Any], *, idempotent: bool) -> Any:
+        """Ask the attached controller; wait ``controller_wait_ms`` for one if none is.
+
+        Raises :class:`TimeoutError` when no controller answered in time, and
+        ``_ConnectionClosed`` when a non-idempotent call's controller went away mid-call.
+        """
+        loop = asyncio.get_running_loop()
+        call = _Call(
+            id=next(self._call_ids),
+            method=method,
+            params=params,
+            idempotent=idempotent,
+            future=loop.create_future(),
+        )
+        self._calls[call.id] = call
+        try:
+            if self._controller is not None:
+                self._send_call(call, self._controller)
+            # NB: a call nobody received yet is sent by _set_controller when one attaches.
+            async with asyncio.timeout(self.spec.controller_wait_ms / 1000):
+                return await call.future
+        finally:
+            self._calls.pop(call.id, None)
+
+    def _send_call(self, call: _Call, client: _Client) -> None:
+        call.sent_to = client
+        client.send({"op": "call", "id": call.id, "method": call.method, "params": call.params})
+
+    def _client_gone(self, client: _Client) -> None:
+        client.close()
+        self._clients.discard(client)
+        if self._controller is client:
+            self._controller = None
+            for other in self._clients:
+                if other.controller and other.attached:
+                    self._set_controller(other)
+        for call in list(self._calls.values()):
+            if call.sent_to is client and not call.future.done():
+                if call.idempotent:
+                    call.sent_to = None
+                    if self._controller is not None:
+                        self._send_call(call, self._controller)
+                else:
+                    call.future.set_exception(_ConnectionClosed())
+
+    def _set_controller(self, client: _Client) -> None:
+        self._controller = client
+        for call in self._calls.values():
+            if call.sent_to is None and not call.future.done():
+                self._send_call(call, client)
+
+    # -- the control socket --------------------------------------------------------------
+
+    async def _serve_client(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        sock = writer.get_extra_info("socket")
+        if sock is not None and _peer_uid(sock) != os.getuid():
+            writer.close()
+            return
+        client = _Client(writer=writer)
+        self._clients.add(client)
+        sender = asyncio.create_task(self._send_loop(client))
+        client.send(
+            {
+                "op": "hello",
+                "version": PROTOCOL_VERSION,
+                "handle": self.spec.handle,
+                "pid": os.getpid(),
+                "generation": self.spec.generation,
+                "last_seq": self._journal.last_seq,
+            }
+        )
+        try:
+            while not client.closed:
+                try:
+                    message = await read_message(reader)
+                except ProtocolError as exc:
+                    client.send({"op": "error", "code": "protocol_error", "message": str(exc)})
+                    break
+                except (ConnectionError, OSError):
+                    break
+                if message is None:
+                    break
+                self._handle(client, message)
+        finally:
+            self._client_gone(client)
+            with contextlib.suppress(Exception):
+                await sender
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _send_loop(self, client: _Client) -> None:
+        writer = client.writer
+        try:
+            while True:
+                line = await client.queue.get()
+                if line is None:
+                    break
+                writer.write(line)
+                if client.queue.empty():
+                    await writer.drain()
+        except (ConnectionError, OSError):
+            client.close()
+
+    def _handle(self, client: _Client, message: dict[str, Any]) -> None:
+        op = message["op"]
+        if op == "attach":
+            after = message.get("after_seq", 0)
+            if not isinstance(after, int) or isinstance(after, bool) or after < 0:
+                client.send({"op": "error", "code": "bad_request", "message": "after_seq"})
+                return
+            # NB: read and subscribe in one step (no await in between): every record is either
+            # in this replay or sent live, never both, never neither.
+            for record in read_journal(self._journal.path, after_seq=after):
+                client.send({"op": "record", "record": record.to_json()})
+            client.send({"op": "live", "seq": self._journal.last_seq})
+            client.attached = True
+            if message.get("role", "controller") == "controller":
+                client.controller = True
+                self._set_controller(client)
+        elif op == "ping":
+            client.send(
+                {
+                    "op": "pong",
+                    "id": message.get("id"),
+                    "last_seq": self._journal.last_seq,
+                    "phase": self.phase.value,
+                }
+            )
+        elif op == "cancel":
+            reason = message.get("reason")
+            self.cancel(str(reason)[:500] if reason else "canceled")
+        elif op == "reply":
+            call_id = message.get("id")
+            call = self._calls.get(call_id) if isinstance(call_id, int) else None
+            if call is not None and call.sent_to is client and not call.future.done():
+                call.future.set_result(message.get("result"))
+        elif op == "ack":
+            final = self._journal.final
+            if final is not None and message.get("seq") == final.seq:
+                self._acked.set()
+        else:
+            client.send({"op": "error", "code": "unknown_op", "message": f"unknown op {op!r}"})
+
+
+def agent_update_data(update: AgentUpdate) -> dict[str, Any]:
+    """The journal form of an :class:`AgentUpdate` (``timestamp_ms`` is the record's ``t``)."""
+    data: dict[str, Any] = {"event": update.event}
+    if update.message is not None:
+        data["message"] = update.message
+    if update.session_id is not None:
+        data["session_id"] = update.session_id
+    if update.usage is not None:
+        data["usage"] = update.usage.to_dict()
+    if update.cost_usd is not None:
+        data["cost_usd"] = update.cost_usd
+    if update.rate_limits is not None:
+        data["rate_limits"] = dict(update.rate_limits)
+    if update.pid is not None:
+        data["pid"] = update.pid
+    if update.payload is not None:
+        data["payload"] = dict(update.payload)
+    return data
+
+
+def _is_dir(path: Path) -> bool:
+    return path.is_dir()
+
+
+def _make_dir(path: Path) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+
+
+def _peer_uid(sock: socket.socket) -> int:
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    return int(uid)
+
+
+async def _socket_answers(path: str) -> bool:
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_unix_connection(path), timeout=2.0)
+    except (OSError, TimeoutError):
+        return False
+    writer.close()
+    return True
+
+
+def _write_status(state_dir: Path, *, pid: int, handle: str) -> None:
+    """``worker.json``: the pid and its start time (a reused pid is not this worker)."""
+    status = {
+        "pid": pid,
+        "create_time": psutil.Process(pid).create_time(),
+        "handle": handle,
+    }
+    tmp = state_dir / f".{STATUS_NAME}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle_file:
+        json.dump(status, handle_file)
+    os.replace(tmp, state_dir / STATUS_NAME)
+
+
+def load_spec(state_dir: Path) -> RunSpec:
+    """The spec in ``state_dir``; raises :class:`WorkerStateError` ``worker_spec_invalid``."""
+    import pydantic
+
+    path = state_dir / SPEC_NAME
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise WorkerStateError(
+            f"cannot read the run spec {path}: {exc.strerror or exc}",
+            code="worker_spec_invalid",
+        ) from None
+    try:
+        return RunSpec.model_validate_json(raw)
+    except pydantic.ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise WorkerStateError(
+            f"the run spec {path} is invalid at {where or '(root)'}: {first['msg']}; it was "
+            "written by an incompatible lorenz version",
+            code="worker_spec_invalid",
+        ) from None

@@ -1,0 +1,177 @@
+"""A run in a local worker, end to end: real `lorenz worker` processes, a scripted Codex agent."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+from lorenz.workers.handles import LocalTransport, WorkerHandle, launch
+from lorenz.workers.journal import read_journal
+from lorenz.workers.spec import HookSpec
+from lorenz.workers.states import ProbeState, probe_local, worker_pid
+from tests.workers.conftest import Collected, SpecFactory, base_env, process_gone, wait_until
+
+
+async def test_a_run_executes_hooks_and_agent_and_ends_with_a_final_record(
+    state_root: Path, make_spec: SpecFactory, tmp_path: Path
+) -> None:
+    hooks = HookSpec(
+        before_run=f"echo before > {tmp_path}/before.txt",
+        after_run=f"echo after > {tmp_path}/after.txt",
+        env=base_env(),
+    )
+    spec, scenario = make_spec(
+        turns=[{"steps": [{"message": "one"}, {"usage": 42}]}], hooks=hooks
+    )
+    transport = LocalTransport(state_root=state_root, env=base_env())
+    handle, result = await launch(spec, transport=transport)
+    assert result.existing is None
+    assert result.handle == spec.handle
+    collected = Collected()
+
+    final = await handle.follow(collected)
+
+    assert final.data["outcome"] == "success"
+    assert final.data["exit_status"] == 0
+    assert final.data["usage"] == {"input_tokens": 41, "output_tokens": 1, "total_tokens": 42}
+    assert final.data["turns"] == 1
+    assert collected.seqs() == list(range(1, len(collected.records) + 1))
+    kinds = collected.kinds()
+    assert kinds[0] == "run_started"
+    assert kinds[-1] == "final"
+    hooks_seen = [
+        (r.data["hook"], r.data["ok"]) for r in collected.records if r.kind == "hook_finished"
+    ]
+    assert hooks_seen == [("before_run", True), ("after_run", True)]
+    assert "session_started" in collected.events()
+    assert "turn_completed" in collected.events()
+    assert (tmp_path / "before.txt").read_text() == "before\n"
+    assert (tmp_path / "after.txt").read_text() == "after\n"
+    assert scenario.marks.read_text().split("\n")[:2] == ["start 1", "end 1"]
+    # The journal on disk is what the controller saw.
+    state_dir = state_root / spec.handle
+    on_disk = read_journal(state_dir / "journal.jsonl")
+    assert [r.to_json() for r in on_disk] == [r.to_json() for r in collected.records]
+    # The ack lets the worker exit at once.
+    await wait_until(lambda: worker_pid(state_dir) is None)
+    assert not (state_dir / "control.sock").exists()
+
+
+async def test_state_directory_socket_and_files_are_private(
+    state_root: Path, make_spec: SpecFactory
+) -> None:
+    spec, _scenario = make_spec(turns=[{"steps": [{"gate": "/nonexistent/gate"}]}])
+    transport = LocalTransport(state_root=state_root, env=base_env())
+    handle, _ = await launch(spec, transport=transport)
+    state_dir = state_root / spec.handle
+    try:
+        assert stat.S_IMODE(state_dir.stat().st_mode) == 0o700
+        for name in ("control.sock", "spec.json", "journal.jsonl", "worker.json", "worker.log"):
+            assert stat.S_IMODE((state_dir / name).stat().st_mode) == 0o600, name
+    finally:
+        await handle.cancel("test over")
+        await handle.follow(Collected())
+
+
+async def test_launching_a_live_handle_again_finds_the_worker_instead_of_starting_one(
+    state_root: Path, make_spec: SpecFactory
+) -> None:
+    spec, scenario = make_spec(gate="go")
+    transport = LocalTransport(state_root=state_root, env=base_env())
+    handle, first = await launch(spec, transport=transport)
+    _, again = await launch(spec, transport=transport)
+    assert again.existing == "alive"
+    assert again.pid == first.pid
+    scenario.open_gate("go")
+    final = await handle.follow(Collected())
+    assert final.data["outcome"] == "success"
+    _, after = await launch(spec, transport=transport)
+    assert after.existing == "final"
+    marks = scenario.marks.read_text().split()
+    assert marks.count("start") == 1, "the agent ran exactly once"
+
+
+async def test_a_failing_before_run_hook_ends_the_run_failed_without_the_agent(
+    state_root: Path, make_spec: SpecFactory, tmp_path: Path
+) -> None:
+    hooks = HookSpec(
+        before_run="echo nope; exit 3", after_run=f"touch {tmp_path}/after", env=base_env()
+    )
+    spec, scenario = make_spec(hooks=hooks)
+    handle, _ = await launch(spec, transport=LocalTransport(state_root=state_root, env=base_env()))
+    final = await handle.follow(Collected())
+    assert final.data["outcome"] == "failed"
+    assert final.data["error_code"] == "workspace_hook_failed"
+    assert final.data["exit_status"] == 1
+    assert not scenario.marks.exists(), "the agent never started"
+    assert (tmp_path / "after").exists(), "after_run still ran"
+
+
+async def test_a_failed_turn_is_a_failed_run(state_root: Path, make_spec: SpecFactory) -> None:
+    spec, _ = make_spec(turns=[{"steps": [{"fail": "model refused"}]}])
+    handle, _ = await launch(spec, transport=LocalTransport(state_root=state_root, env=base_env()))
+    final = await handle.follow(Collected())
+    assert final.data["outcome"] == "failed"
+    assert final.data["error_code"] == "turn_failed"
+    assert "model refused" in final.data["error"]
+
+
+async def test_a_remote_style_spec_creates_its_workspace_and_runs_after_create(
+    state_root: Path, make_spec: SpecFactory, tmp_path: Path
+) -> None:
+    workspace = tmp_path / "remote" / "ABC-9"
+    hooks = HookSpec(after_create="echo created > created.txt", env=base_env())
+    spec, _ = make_spec(workspace=workspace, create_workspace=True, hooks=hooks)
+    handle, _ = await launch(spec, transport=LocalTransport(state_root=state_root, env=base_env()))
+    final = await handle.follow(Collected())
+    assert final.data["outcome"] == "success"
+    assert (workspace / "created.txt").read_text() == "created\n"
+
+
+async def test_a_missing_workspace_fails_the_run_with_a_code(
+    state_root: Path, make_spec: SpecFactory, tmp_path: Path
+) -> None:
+    spec, _ = make_spec(workspace=tmp_path / "nowhere", create_workspace=False)
+    handle, _ = await launch(spec, transport=LocalTransport(state_root=state_root, env=base_env()))
+    final = await handle.follow(Collected())
+    assert final.data["error_code"] == "workspace_missing"
+
+
+async def test_probe_reports_final_after_the_worker_exited(
+    state_root: Path, make_spec: SpecFactory
+) -> None:
+    spec, _ = make_spec()
+    handle, result = await launch(
+        spec, transport=LocalTransport(state_root=state_root, env=base_env())
+    )
+    await handle.follow(Collected())
+    assert result.pid is not None
+    await wait_until(lambda: process_gone(result.pid or 0))
+    probe = await probe_local(state_root / spec.handle)
+    assert probe.state is ProbeState.FINAL
+    assert probe.final is not None
+    assert probe.final.data["outcome"] == "success"
+    # A later controller with a fresh handle collects the same final record, and only it.
+    late = WorkerHandle(
+        transport=LocalTransport(state_root=state_root, env=base_env()),
+        handle=spec.handle,
+        last_seq=probe.final.seq - 1,
+    )
+    collected = Collected()
+    final = await late.follow(collected)
+    assert collected.seqs() == [final.seq]
+
+
+def test_spec_file_holds_no_secret_and_the_handle_is_deterministic(
+    make_spec: SpecFactory,
+) -> None:
+    spec, _ = make_spec(identifier="ABC-7")
+    same = spec.model_copy()
+    assert spec.handle == same.handle
+    bumped = spec.model_copy(update={"generation": spec.generation + 1})
+    assert bumped.handle != spec.handle
+    assert spec.handle.startswith("lzw-ABC-7-s0-a0-g0-")
+    assert "SECRET" not in json.dumps(spec.model_dump(mode="json"))
+    assert os.sep not in spec.handle
