@@ -238,6 +238,21 @@ def test_poll_error_and_rate_limits() -> None:
     assert "rate limits primary 42% · requests 7" in text
 
 
+def test_the_reload_error_in_force_is_shown_until_it_is_gone() -> None:
+    snapshot = _snapshot()
+    snapshot["config_error"] = {
+        "code": "workflow_parse_error",
+        "message": "front matter is not valid YAML [red]x[/red]",
+        "since": "2026-01-01T12:00:00+00:00",
+    }
+    text = _text(snapshot)
+    assert "WORKFLOW.md reload failed: workflow_parse_error front matter is not valid YAML" in text
+    assert "[red]x[/red]" in text  # markup in the message is printed literally
+    assert "since 2026-01-01T12:00:00+00:00" in text
+    snapshot["config_error"] = None
+    assert "reload failed" not in _text(snapshot)
+
+
 @pytest.mark.parametrize(
     ("seconds", "text"),
     [(0, "0s"), (4.9, "4s"), (65, "1m 05s"), (3725, "1h 02m"), (-3, "0s"), (float("nan"), "—")],

@@ -67,6 +67,16 @@ def render_snapshot(
     """
     at = now or datetime.datetime.now(datetime.UTC)
     parts: list[RenderableType] = [_header(snapshot, now=at), _totals(snapshot)]
+    config_error = snapshot.get("config_error")
+    if isinstance(config_error, Mapping):
+        parts.append(
+            Text.assemble(
+                ("WORKFLOW.md reload failed: ", "bold yellow"),
+                (f"{config_error.get('code')} ", "bold yellow"),
+                (str(config_error.get("message") or ""), "yellow"),
+                (f" (since {config_error.get('since')}; running the last good one)", "dim"),
+            )
+        )
     poll = snapshot.get("poll") or {}
     if poll.get("last_error"):
         parts.append(
