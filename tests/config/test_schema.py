@@ -25,7 +25,8 @@ def _resolve(node: dict[str, Any]) -> dict[str, Any]:
     if ref is None:
         return node
     assert ref.startswith("#/$defs/"), ref
-    return DEFS[ref.removeprefix("#/$defs/")]
+    resolved: dict[str, Any] = DEFS[ref.removeprefix("#/$defs/")]
+    return resolved
 
 
 def _untyped_holes(node: dict[str, Any], path: str) -> list[str]:

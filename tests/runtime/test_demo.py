@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
+
+from tests.cli.processes import run_bounded
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -12,9 +13,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_demo_script_finishes_every_active_issue(tmp_path: Path) -> None:
     work = tmp_path / "demo"
     env = {**os.environ, "LORENZ_DEMO_DIR": str(work), "LORENZ_DEMO_TIMEOUT": "90"}
-    result = subprocess.run(
-        [str(ROOT / "scripts" / "demo")], env=env, capture_output=True, text=True, timeout=180
-    )
+    # NB: on timeout the whole tree (script, lorenz, agents) is stopped, not just the script.
+    result = run_bounded([str(ROOT / "scripts" / "demo")], env=env, timeout=180)
+    assert not result.timed_out, result.stdout + result.stderr
     assert result.returncode == 0, result.stdout + result.stderr
     assert "All active issues done." in result.stdout
     assert "lorenz stopped (exit 0)" in result.stdout

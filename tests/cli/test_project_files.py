@@ -1,0 +1,74 @@
+"""The files a newcomer looks for exist and say what the tooling does."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+HANG_GUARD_S = 300.0
+
+
+def test_the_license_is_the_apache_2_text_that_pyproject_names() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    assert project["license"] == "Apache-2.0"
+    text = (ROOT / "LICENSE").read_text(encoding="utf-8")
+    assert "Apache License" in text
+    assert "Version 2.0, January 2004" in text
+    assert "END OF TERMS AND CONDITIONS" in text
+    assert "9. Accepting Warranty or Additional Liability." in text
+
+
+def test_contributing_and_changelog_exist() -> None:
+    contributing = (ROOT / "CONTRIBUTING.md").read_text(encoding="utf-8")
+    for topic in ("./scripts/test --fast", "lint-imports", "docs/architecture.md", "Where"):
+        assert topic in contributing, topic
+    assert (ROOT / "CHANGELOG.md").read_text(encoding="utf-8").startswith("# Changelog")
+
+
+def test_pre_commit_runs_ruff_and_mypy() -> None:
+    config = yaml.safe_load((ROOT / ".pre-commit-config.yaml").read_text(encoding="utf-8"))
+    entries = {hook["id"]: hook["entry"] for repo in config["repos"] for hook in repo["hooks"]}
+    assert entries["ruff"].startswith("ruff check")
+    assert entries["mypy"] == "mypy"
+
+
+def test_mypy_checks_the_tests_too() -> None:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["mypy"]
+    assert "tests" in config["packages"]
+    assert config["strict"] is True
+
+
+def collected(*args: str) -> set[str]:
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+         *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return {line.split("[")[0] for line in result.stdout.splitlines() if "::" in line}
+
+
+def test_helm_tests_are_cluster_tests_and_the_others_are_not() -> None:
+    cluster = collected("-m", "cluster", "tests/packaging")
+    others = collected("-m", "not cluster", "tests/packaging")
+    # run helm directly, through a fixture, and through a module helper
+    assert "tests/packaging/test_chart.py::test_lint_strict_is_clean" in cluster
+    assert "tests/packaging/test_chart.py::test_deployment_is_locked_down" in cluster
+    assert (
+        "tests/packaging/test_wheel.py::test_installed_operator_accepts_the_charts_settings"
+        in cluster
+    )
+    # need no helm
+    assert "tests/packaging/test_chart.py::test_every_values_key_is_commented" in others
+    assert "tests/packaging/test_wheel.py::test_installed_package_generates_the_committed_crds" in (
+        others
+    )
