@@ -236,6 +236,7 @@ def test_nesting_depth_ignores_brackets_inside_strings() -> None:
     assert nesting_depth('"[[[[[[[["') == 0
     assert nesting_depth(r'["\"[[[[", {}]') == 2
     assert nesting_depth("]]]]{") == 1
+    assert nesting_depth("[" * 1000, stop_above=32) == 33
 
 
 # -- what the HTTP parser refuses ------------------------------------------------------------

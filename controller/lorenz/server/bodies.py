@@ -26,13 +26,19 @@ _JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
 _BRACKETS = re.compile(r"[\[\]{}]")
 
 
-def nesting_depth(text: str) -> int:
-    """How deeply arrays and objects nest in ``text`` (brackets inside strings do not count)."""
+def nesting_depth(text: str, *, stop_above: int | None = None) -> int:
+    """How deeply arrays and objects nest in ``text`` (brackets inside strings do not count).
+
+    With ``stop_above``, counting stops at the first bracket deeper than that (a bomb is
+    refused after ``stop_above + 1`` brackets, not after all of them).
+    """
     depth = deepest = 0
-    for bracket in _BRACKETS.findall(_JSON_STRING.sub('""', text)):
-        if bracket in "[{":
+    for match in _BRACKETS.finditer(_JSON_STRING.sub('""', text)):
+        if match.group() in "[{":
             depth += 1
             deepest = max(deepest, depth)
+            if stop_above is not None and deepest > stop_above:
+                break
         else:
             depth = max(depth - 1, 0)
     return deepest
@@ -44,7 +50,7 @@ def parse_json_body(raw: bytes, *, route: str, max_depth: int = MAX_BODY_DEPTH) 
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise _invalid(route, "the body is not UTF-8") from None
-    if nesting_depth(text) > max_depth:
+    if nesting_depth(text, stop_above=max_depth) > max_depth:
         raise ApiError(
             f"the body of {route} nests deeper than {max_depth} levels; send a flatter document",
             code=REQUEST_BODY_TOO_DEEP,
