@@ -9,6 +9,7 @@ from __future__ import annotations
 import http.client
 import http.server
 import json
+import socket
 import stat
 import threading
 from pathlib import Path
@@ -109,7 +110,23 @@ def test_a_web_page_cannot_stop_a_daemon_on_a_port(
         assert status == 400, bad[:20]
         assert _code(body) in ("invalid_request_body", "request_body_too_deep")
     _still_serving(daemon, endpoint)
-    assert "stop requested" not in daemon.log()
+    # Parser bombs: a 100 KB request line and a 100 KB header, three times each.
+    host, port = netloc.rsplit(":", 1)
+    for payload in (
+        b"GET /" + b"a" * 100_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"b" * 100_000 + b"\r\n\r\n",
+    ) * 3:
+        with socket.create_connection((host, int(port)), timeout=30) as raw:
+            raw.sendall(payload)
+            assert raw.recv(64).split(b" ")[1] == b"400"
+    _still_serving(daemon, endpoint)
+    log = daemon.log()
+    assert "stop requested" not in log
+    assert log.count("malformed HTTP request refused") == 1, log[-3000:]
+    assert "Traceback" not in log
+    assert " ERROR " not in log
+    assert "aaaaaaaa" not in log
+    assert "bbbbbbbb" not in log
 
     # The owner's command reads the token file and stops it.
     stop = lorenz("stop", "WORKFLOW.md", "--wait", env=daemon_env, cwd=root)
