@@ -490,6 +490,8 @@ class ClaimStoreSettings(Section):
     """Store file; empty = ``<workspace.root>/.lorenz/claim-store/<sha256>/claims.db``."""
     owner_stale_ms: NonNegativeInt = Field(default=0, json_schema_extra=_reload("restart"))
     """Heartbeat age after which another owner's claims are recovered; 0 = store default."""
+    recovery_interval_ms: PositiveInt = Field(default=5000, json_schema_extra=_reload("restart"))
+    """How often a running Lorenz with a durable store takes over stale or dead owners' claims."""
 
 
 class DaemonSettings(Section):

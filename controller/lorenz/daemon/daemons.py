@@ -7,7 +7,8 @@ scheduler on this host. :class:`Daemon` wraps a
 * :meth:`Daemon.acquire` runs before anything else opens (tracker, claim store, server,
   runtime), and remembers which predecessor it replaced — a holder the lease proved dead;
 * :meth:`Daemon.recover` kills that predecessor's orphaned agents and tells a durable claim
-  store it is dead, so its claims are recovered at once instead of after ``owner_stale_ms``;
+  store it is dead (the store proves a dead owner on this host by itself too, by pid and start
+  time; this covers an owner whose pid the store may not inspect);
 * :meth:`Daemon.prove` is the runtime's ``prove_leadership``: every tick starts with it, and
   a lost lease stops the runtime before the tick mutates anything;
 * a heartbeat task renews the lease (and the claim store's owner row) every
@@ -125,8 +126,8 @@ class Daemon:
                 self._dead_predecessors.add(previous.holder)
             else:
                 # NB: another daemon took the lease and died between our read and our acquire.
-                # The holder we saw is dead as well, but the one we replaced is unknown to us:
-                # its claims come back once stale (``claim_store.owner_stale_ms``).
+                # The holder we saw is dead as well; the one we replaced is unknown to us, but
+                # the store proves it dead by its pid and start time all the same.
                 if _is_dead_record(previous):
                     self._dead_predecessors.add(previous.holder)
         logger.info(

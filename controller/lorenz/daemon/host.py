@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from lorenz.assembly import assemble_runtime, tracker_factory
-from lorenz.claims import open_claim_store
+from lorenz.claims import SqlClaimStore, open_claim_store
 from lorenz.claims.owners import default_owner_id
 from lorenz.daemon import shutdown
 from lorenz.daemon.daemons import Daemon, wants_daemon, with_control_transport
 from lorenz.daemon.orphans import kill_orphans, marked_environment
+from lorenz.daemon.recovery import RecoveryPasses
 from lorenz.model import SystemClock
 from lorenz.orchestrator import Orchestrator
 from lorenz.runtime import LorenzRuntime
@@ -100,6 +101,7 @@ async def run_host(
     closers: list[Callable[[], Awaitable[None]]] = []
     attachments: list[Attachment] = []
     runtime: LorenzRuntime | None = None
+    recovery: RecoveryPasses | None = None
     tracker: Any = None
     try:
         trackers = tracker_factory(base_dir=loaded.base_dir)
@@ -155,6 +157,16 @@ async def run_host(
                 attachments.append(attachment)
         if daemon is not None:
             daemon.start_heartbeat(claim_heartbeat=orchestrator.heartbeat)
+        if isinstance(store, SqlClaimStore) and not (options.once or options.dry_run):
+            # Owners that die after hydration: see lorenz.daemon.recovery.
+            recovery = RecoveryPasses(
+                store=store,
+                orchestrator=orchestrator,
+                interval_ms=settings.claim_store.recovery_interval_ms,
+                prove_leadership=daemon.prove if daemon is not None else None,
+                on_recovered=runtime.request_refresh,
+            )
+            recovery.start()
         if ready is not None:
             ready(runtime)
         await runtime.start(once=options.once, dry_run=options.dry_run)
@@ -162,6 +174,8 @@ async def run_host(
             daemon.raise_if_lost()
         return 0
     finally:
+        if recovery is not None:
+            await recovery.stop()
         if runtime is not None:
             shutdown.shutdown_step(shutdown.STOP_RUNTIME)
             runtime.stop()

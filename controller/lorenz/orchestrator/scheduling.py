@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import secrets
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, cast
 
 from lorenz.config import WorkflowSettings
@@ -266,40 +266,13 @@ class Orchestrator:
             interrupted: list[SlotKey] = []
             restored: list[SlotKey] = []
             recovered_usage = _ZERO_USAGE
-            max_backoff = self._settings.agent.max_retry_backoff_ms
             for key, record in recovered.items():
-                self._slot_span = max(self._slot_span, record.slot_index + 1)
+                retry = self._retry_of_recovered(
+                    record, previous_owner=previous_owner.get(key, own), now_ms=now_ms, wall=wall
+                )
                 if record.phase is ClaimPhase.RETRY_PENDING:
-                    due_at = record.due_at or wall
-                    retry = RetryEntry(
-                        issue_id=record.issue_id,
-                        identifier=record.identifier,
-                        slot_index=record.slot_index,
-                        attempt=record.attempt or 1,
-                        kind=record.retry_kind or RetryKind.FAILURE,
-                        due_at_ms=now_ms + _ms(due_at - wall),
-                        due_at=due_at,
-                        error=record.last_error,
-                        host=record.host,
-                        workspace_path=record.workspace_path,
-                    )
                     restored.append(key)
                 else:
-                    # The run (or the acquire) died with its owner: it failed, retry with backoff.
-                    attempt = next_failure_attempt(record.attempt)
-                    delay = failure_backoff_ms(attempt, max_backoff_ms=max_backoff)
-                    retry = RetryEntry(
-                        issue_id=record.issue_id,
-                        identifier=record.identifier,
-                        slot_index=record.slot_index,
-                        attempt=attempt,
-                        kind=RetryKind.FAILURE,
-                        due_at_ms=now_ms + delay,
-                        due_at=wall + datetime.timedelta(milliseconds=delay),
-                        error=f"interrupted: owner {previous_owner.get(key, own)} lost",
-                        host=record.host,
-                        workspace_path=record.workspace_path,
-                    )
                     # NB: a live run's usage is only in its claim row, never in the checkpoint
                     # totals (those hold ended runs), so adding it here cannot count it twice.
                     recovered_usage = recovered_usage + record.usage
@@ -336,6 +309,99 @@ class Orchestrator:
                 usage_restored=usage_restored,
                 problems=tuple(problems),
             )
+
+    async def take_over(self, owners: Iterable[str]) -> HydrationReport:
+        """Take over the claims of ``owners`` while running (a periodic recovery pass).
+
+        The same recovery as :meth:`hydrate`, for owners found stale (or dead) after start-up:
+        the store re-checks each owner's staleness inside its own transaction, so a live owner
+        loses nothing; a moved slot that was running or reserved becomes a failure retry with
+        its attempt incremented, a pending retry keeps its attempt and wall-clock due time.
+        Moved slots are no longer "claimed elsewhere": they are dispatched when due, by us.
+        The caller must have stopped the owners' agents first (their slots are ours now).
+        """
+        async with self._lock:
+            state = self._state
+            own = self._store.owner
+            now_ms = self._clock.monotonic_ms()
+            wall = self._clock.now()
+            interrupted: list[SlotKey] = []
+            restored: list[SlotKey] = []
+            problems: list[ClaimRecordInvalid | CheckpointInvalid] = []
+            taken_from: set[str] = set()
+            recovered_usage = _ZERO_USAGE
+            for owner in sorted(set(owners) - {own}):
+                # NB: one owner per call, so each interrupted run names the owner it was lost with.
+                for record in await self._store.take_over(from_owners=[owner]):
+                    taken_from.add(owner)
+                    key = record.slot_key
+                    problem = self._record_problem(record)
+                    if problem is not None:
+                        problems.append(problem)
+                        continue
+                    if key in state.claimed:
+                        continue  # NB: cannot happen (the row was another owner's); never clobber
+                    state.foreign.pop(key, None)
+                    retry = self._retry_of_recovered(
+                        record, previous_owner=owner, now_ms=now_ms, wall=wall
+                    )
+                    if record.phase is ClaimPhase.RETRY_PENDING:
+                        restored.append(key)
+                    else:
+                        recovered_usage = recovered_usage + record.usage
+                        interrupted.append(key)
+                    state.retry_attempts[key] = retry
+            if recovered_usage != _ZERO_USAGE:
+                state.usage_totals = _totals_plus(
+                    state.usage_totals, usage=recovered_usage, seconds=0.0, cost_usd=0.0
+                )
+            for key in interrupted:
+                await self._store.save(retry_record(state.retry_attempts[key], owner=own, now=wall))
+            if recovered_usage != _ZERO_USAGE:
+                await self._save_checkpoint()
+            return HydrationReport(
+                interrupted=tuple(interrupted),
+                restored_retries=tuple(restored),
+                taken_over_from=frozenset(taken_from),
+                problems=tuple(problems),
+            )
+
+    def _retry_of_recovered(
+        self, record: ClaimRecord, *, previous_owner: str, now_ms: float, wall: datetime.datetime
+    ) -> RetryEntry:
+        """The retry a recovered claim comes back as (see :meth:`hydrate`)."""
+        self._slot_span = max(self._slot_span, record.slot_index + 1)
+        if record.phase is ClaimPhase.RETRY_PENDING:
+            due_at = record.due_at or wall
+            return RetryEntry(
+                issue_id=record.issue_id,
+                identifier=record.identifier,
+                slot_index=record.slot_index,
+                attempt=record.attempt or 1,
+                kind=record.retry_kind or RetryKind.FAILURE,
+                due_at_ms=now_ms + _ms(due_at - wall),
+                due_at=due_at,
+                error=record.last_error,
+                host=record.host,
+                workspace_path=record.workspace_path,
+            )
+        # The run (or the acquire) died with its owner: it failed, retry with backoff.
+        attempt = next_failure_attempt(record.attempt)
+        delay = failure_backoff_ms(
+            attempt, max_backoff_ms=self._settings.agent.max_retry_backoff_ms
+        )
+        return RetryEntry(
+            issue_id=record.issue_id,
+            identifier=record.identifier,
+            slot_index=record.slot_index,
+            attempt=attempt,
+            kind=RetryKind.FAILURE,
+            due_at_ms=now_ms + delay,
+            due_at=wall + datetime.timedelta(milliseconds=delay),
+            error=f"interrupted: owner {previous_owner} lost",
+            host=record.host,
+            workspace_path=record.workspace_path,
+        )
 
     @staticmethod
     def _record_problem(record: ClaimRecord) -> ClaimRecordInvalid | None:
