@@ -60,6 +60,7 @@ def test_known_flags_are_every_field_of_the_flag_only_sections() -> None:
         "claim_store.backend",
         "claim_store.path",
         "claim_store.owner_stale_ms",
+        "claim_store.recovery_interval_ms",
         "daemon.enabled",
         "daemon.heartbeat_ms",
         "daemon.stale_ms",
