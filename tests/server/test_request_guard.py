@@ -184,6 +184,19 @@ async def test_the_token_file_is_private_rewritten_each_start_and_honoured(
     assert status == 401
 
 
+async def test_an_unwritable_token_file_is_a_warning_and_the_server_serves(
+    tmp_path: Path, http: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("", encoding="utf-8")
+    served = await _served(tmp_path, token_file=blocker / "x.token")
+    assert "code=server_token_file_unwritable" in caplog.text
+    async with http.get(f"{served.url}/api/v1/state") as response:
+        assert response.status == 200
+    status, _, _ = await _post(http, served, "/api/v1/refresh", headers=served.auth)
+    assert status == 202  # the token still works for whoever holds it in memory
+
+
 def test_token_files_are_written_atomically_and_read_defensively(tmp_path: Path) -> None:
     path = token_file_beside(tmp_path / "d" / "0123.lock.json")
     assert path == tmp_path / "d" / "0123.token"

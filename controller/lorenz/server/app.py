@@ -375,9 +375,8 @@ class LorenzServer:
         )
         guard = app[GUARD_KEY]
         if self._token_file is not None and self._requested_port is not None:
-            # NB: before the listener opens, so no client can meet the new server with the
-            # previous start's token still in the file.
-            write_token_file(self._token_file, guard.token)
+            # NB: before the listener opens: the first client already finds this start's token.
+            self._publish_token(self._token_file, guard.token)
         # NB: handler_cancellation ends an SSE handler as soon as its client disconnects;
         # otherwise it would only notice at its next write (up to a heartbeat later).
         # ``logger``: requests the HTTP parser refuses become rate-limited warnings, not
@@ -402,6 +401,21 @@ class LorenzServer:
         self.app = app
         self.guard = guard
         logger.info("server listening endpoint=%s", self.endpoint)
+
+    @staticmethod
+    def _publish_token(path: Path, token: str) -> None:
+        """Write the token file; if that fails, serve anyway (reads need no token) and say so."""
+        try:
+            write_token_file(path, token)
+        except OSError as exc:
+            # NB: a read-only checkout must not stop the dashboard; only state-changing
+            # requests from the lorenz commands are lost (SIGTERM still stops a daemon).
+            logger.warning(
+                "token file not written code=server_token_file_unwritable path=%s error=%s; "
+                "lorenz refresh/stop over TCP will be refused until the directory is writable",
+                path,
+                exc.strerror or exc,
+            )
 
     async def _start_tcp(self, runner: web.AppRunner) -> None:
         assert self._requested_port is not None
