@@ -280,15 +280,18 @@ def test_deleting_a_claim_cancels_its_run_and_an_eligible_issue_runs_again(
 def test_deleting_a_workflow_stops_its_runs_and_removes_claims_lease_and_finalizer(
     kube: Kube, rig: Rig, operators: Callable[..., OperatorProcess]
 ) -> None:
-    operators("solo", namespaces=(kube.namespace,))
+    operator = operators("solo", namespaces=(kube.namespace,))
     write_issue(rig.issues, "TASK-1")
     write_issue(rig.issues, "TASK-2")
     kube.apply(rig.workflow("doomed", seconds=60.0))
+    folder = operator.workdir / "volume-solo" / kube.namespace / "doomed"
     wait_until(
         lambda: len([c for c in kube.items("claims") if phase(c) == "Running"]) == 2 or None,
         timeout=30, message="two Running Claims",
     )
     wait_until(lambda: len(rig.runs()) == 2 or None, timeout=15, message="two agents")
+    workspaces = sorted(p.name for p in (folder / "workspaces").iterdir() if p.name[0] != ".")
+    assert len(workspaces) == 2, workspaces
     kube.cluster.kubectl(
         "delete", "workflow", "doomed", "-n", kube.namespace, "--wait=true", "--timeout=60s"
     )
@@ -297,6 +300,43 @@ def test_deleting_a_workflow_stops_its_runs_and_removes_claims_lease_and_finaliz
     assert kube.holder("doomed") is None  # released (or already collected with its owner)
     for run in rig.runs():
         assert not _alive(run.pid)
+    # Its workspaces went with it: a new Workflow of the same name starts from scratch.
+    assert not (folder / "workspaces").exists()
+
+
+def test_deleting_a_namespace_with_workflows_and_claims_completes_without_leases(
+    kube: Kube, rig: Rig, operators: Callable[..., OperatorProcess]
+) -> None:
+    namespace = kube.cluster.create_namespace()
+    doomed = Kube(kube.cluster, namespace)
+    operator = operators("nsdel", namespaces=(namespace,))
+    write_issue(rig.issues, "TASK-1")
+    names = [f"wf-{i}" for i in range(10)]
+    for name in names:
+        doomed.apply(rig.workflow(name, seconds=600.0))
+    wait_until(
+        lambda: len([c for c in doomed.items("claims") if phase(c) == "Running"]) == len(names)
+        or None,
+        timeout=120, message="every Workflow runs its Claim",
+    )
+    # The worst order: the namespace controller has deleted the Leases before any replica saw
+    # the Workflows' deletion (here: no replica runs while the namespace starts terminating).
+    operator.stop()
+    kube.cluster.delete_namespace(namespace, wait=False)
+    wait_until(lambda: doomed.items("leases") == [] or None, timeout=120,
+               message="the namespace controller deleted the Leases")
+    assert len(doomed.items("workflows")) == len(names)  # held by the finalizer
+    operator.start()
+    wait_until(
+        lambda: namespace not in kube.cluster.kubectl("get", "namespaces", "-o", "name").stdout
+        or None,
+        timeout=180, interval=1.0, message="the namespace is gone",
+    )
+    log = operator.log()
+    assert "Cleaning up without a Lease (namespace terminating)" in log
+    assert "grant the operator" not in log  # a terminating namespace is no RBAC problem
+    for name in names:
+        assert not (operator.workdir / "volume-nsdel" / namespace / name / "workspaces").exists()
 
 
 def _alive(pid: int) -> bool:

@@ -46,7 +46,7 @@ from lorenz.kube.candidates import SpecCandidates
 from lorenz.kube.claims import ClaimResourceStore
 from lorenz.kube.clients import KubeApi, workflows_path
 from lorenz.kube.errors import KubeApiError, LeaseLost, OperatorError
-from lorenz.kube.finalizers import delete_claims, edit_finalizer
+from lorenz.kube.finalizers import delete_claims, edit_finalizer, remove_workspaces
 from lorenz.kube.leading import Campaign, Term
 from lorenz.kube.leases import KubernetesLeaseProvider
 from lorenz.kube.posting import EventKind, EventPoster, Post, kopf_post
@@ -133,6 +133,8 @@ class WorkflowController:
         """A spec or refresh change was observed (wakes a leader waiting for a valid spec)."""
         self._status_dirty = asyncio.Event()
         self._refresh_value = self._annotation(body)
+        if (body.get("metadata") or {}).get("deletionTimestamp"):
+            self._deleting.set()  # NB: first seen already being deleted (operator restart)
 
         self.runtime: LorenzRuntime | None = None
         self.store: ClaimResourceStore | None = None
@@ -233,7 +235,9 @@ class WorkflowController:
             await self.lease.set_endpoint(self._settings.advertise_url)
             while not self._stop.is_set() and not self.finished:
                 if not await self.campaign.win(stop=self._stop):
-                    if self._deleting.is_set() and self.lease.holds_lease():
+                    if self.lease.namespace_terminating:
+                        await self._cleanup_in_terminating_namespace()
+                    elif self._deleting.is_set() and self.lease.holds_lease():
                         await self._cleanup_deleted()
                     break
                 self.terms += 1
@@ -612,10 +616,29 @@ class WorkflowController:
             "Workflow released workflow=%s identity=%s", self.ref.display, self.lease.identity
         )
 
+    async def _cleanup_in_terminating_namespace(self) -> None:
+        """The namespace is being deleted, so no Lease can exist: clean up without one.
+
+        NB: safe without the Lease: no replica can lead (a Lease cannot be created), a leader
+        whose Lease the namespace controller deleted loses it at its next renewal and aborts
+        its runs without writing, and every step here is idempotent (several replicas may run
+        it at once).
+        """
+        await _first(self._deleting.wait(), self._stop.wait())
+        if not self._deleting.is_set():
+            return
+        logger.info("Cleaning up without a Lease (namespace terminating) workflow=%s",
+                    self.ref.display)
+        await self._cleanup_deleted()
+
     async def _cleanup_deleted(self) -> None:
-        """The Workflow is being deleted: delete its Claims, release the Lease, unblock it."""
+        """The Workflow is being deleted: delete its Claims and its workspaces, release the
+        Lease, unblock the deletion."""
         deleted = await delete_claims(api=self._api, workflow=self.ref)
         await self.campaign.release()
+        # NB: before the finalizer goes: only then can a Workflow of the same name be created,
+        # and it must not find (or lose) this one's workspaces.
+        await remove_workspaces(self.workflow_dir)
         await edit_finalizer(api=self._api, workflow=self.ref, add=False)
         self.finished = True
         self._stop.set()

@@ -38,6 +38,8 @@ class KubeApiError(OperatorError):
         body: dict[str, Any] | None = None,
     ) -> None:
         hint = _HINTS.get(status, "check the API server and the operator's kubeconfig")
+        if _namespace_terminating(status, detail, body):
+            hint = "the namespace is being deleted: nothing can be created in it any more"
         super().__init__(f"{method} {path} failed: {status} {reason}: {detail}; {hint}")
         self.method = method
         self.path = path
@@ -56,8 +58,22 @@ class KubeApiError(OperatorError):
         return self.status == 409 and self.reason != "AlreadyExists"
 
     @property
+    def namespace_terminating(self) -> bool:
+        """A create refused because its namespace is being deleted (403, not an RBAC denial)."""
+        return _namespace_terminating(self.status, self.detail, self.body)
+
+    @property
     def already_exists(self) -> bool:
         return self.status == 409 and self.reason == "AlreadyExists"
+
+
+def _namespace_terminating(status: int, detail: str, body: dict[str, Any] | None) -> bool:
+    if status != 403:
+        return False
+    causes = ((body or {}).get("details") or {}).get("causes") or ()
+    if any(isinstance(c, dict) and c.get("reason") == "NamespaceTerminating" for c in causes):
+        return True
+    return "because it is being terminated" in detail
 
 
 _HINTS = {

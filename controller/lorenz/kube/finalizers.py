@@ -2,8 +2,9 @@
 
 A Workflow's Claims are owned by it (ownerReferences), so Kubernetes' garbage collector would
 delete them eventually; the finalizer makes the deletion wait until the leader has stopped
-its runtime and deleted them itself, so no run outlives its Workflow and a re-created Workflow
-of the same name never inherits them.
+its runtime and deleted them itself — and removed its workspaces from the volume, which no
+garbage collector knows about — so no run outlives its Workflow and a re-created Workflow of
+the same name never inherits either.
 
 NB: the finalizer list is edited with a JSON patch whose first op tests the list just read. A
 merge patch would replace the whole list (and drop other controllers' finalizers); without the
@@ -14,14 +15,18 @@ failed test (422) or a conflict (409) the object is read again and the edit reco
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import shutil
+from pathlib import Path
 from typing import Any
 
 from lorenz.kube import resources
 from lorenz.kube.clients import KubeApi, claims_path, workflows_path
 from lorenz.kube.errors import KubeApiError
 from lorenz.kube.resources import WorkflowRef
+from lorenz.kube.specs import WORKSPACES_DIR
 
 logger = logging.getLogger("lorenz.kube.finalizers")
 
@@ -102,3 +107,23 @@ async def delete_claims(*, api: KubeApi, workflow: WorkflowRef) -> int:
             )
             deleted += 1
     return deleted
+
+
+async def remove_workspaces(workflow_dir: Path) -> None:
+    """Remove the workspaces of a deleted Workflow (``<its folder>/workspaces``).
+
+    The rest of the Workflow's folder (a files tracker's issues, say) is the user's data and
+    stays.
+    """
+    target = workflow_dir / WORKSPACES_DIR
+    if not target.exists():
+        return
+
+    def remove() -> None:
+        def failed(function: object, path: str, info: Any) -> None:
+            logger.warning("Workspace removal failed path=%s error=%s", path, info[1])
+
+        shutil.rmtree(target, onerror=failed)
+
+    await asyncio.to_thread(remove)
+    logger.info("Workspaces removed path=%s", target)

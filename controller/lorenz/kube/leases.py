@@ -138,6 +138,8 @@ class KubernetesLeaseProvider:
         self._last_renew_ok: float = -math.inf
         """Monotonic time at which the last successful write of ours was *sent*."""
         self._endpoint: str | None = None
+        self.namespace_terminating = False
+        """The Lease's namespace refused to create it because it is being deleted."""
 
     # -- facts -----------------------------------------------------------------------------
 
@@ -324,12 +326,23 @@ class KubernetesLeaseProvider:
         return True
 
     async def wait_for_leadership(self, *, stop: asyncio.Event) -> bool:
-        """Try every (jittered) retry period until we lead (``True``) or ``stop`` is set."""
+        """Try every (jittered) retry period until we lead (``True``) or ``stop`` is set.
+
+        ``False`` also when the Lease cannot be created because its namespace is being deleted
+        (:attr:`namespace_terminating` tells which).
+        """
         while not stop.is_set():
             try:
                 if await self.try_acquire_or_renew():
                     return True
             except KubeApiError as exc:
+                if exc.namespace_terminating:
+                    # NB: nobody can create this Lease any more; retrying would spin until the
+                    # namespace is gone, and it never goes while the finalizer waits for us.
+                    self.namespace_terminating = True
+                    logger.info("Lease cannot be created, namespace terminating lease=%s/%s",
+                                self._workflow.namespace, self.name)
+                    return False
                 logger.warning("Lease acquire failed lease=%s error=%s", self.name, exc)
             delay = self._timing.retry_period_s * (1 + random.random() * JITTER)
             expires_in = self.expires_in()
