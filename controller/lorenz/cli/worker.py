@@ -57,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
         state_dir = Path(args.state_dir).expanduser()
         if args.probe:
             probe = asyncio.run(probe_local(state_dir))
-            print(json.dumps(probe.to_json()))
+            socket_path = (state_dir / "control.sock").absolute()
+            print(json.dumps({**probe.to_json(), "socket": str(socket_path)}))
             return 0
         if args.journal_after is not None:
             for record in read_journal(state_dir / JOURNAL_NAME, after_seq=args.journal_after):

@@ -27,6 +27,7 @@ from lorenz.workers.journal import JOURNAL_NAME, Record, read_journal
 from lorenz.workers.launch import (
     LOCAL_WORKER_COMMAND,
     LaunchResult,
+    launch_arguments,
     run_launch_command,
     worker_process_env,
 )
@@ -98,9 +99,8 @@ class LocalTransport:
 
     async def launch(self, spec: RunSpec) -> LaunchResult:
         return await run_launch_command(
-            self.command,
+            [*self.command, *launch_arguments(str(self.state_root))],
             spec=spec,
-            state_root=str(self.state_root),
             env=self.env,
             timeout_s=self.launch_timeout_s,
         )
@@ -164,9 +164,6 @@ class WorkerHandle:
                 connection = await self.connect()
             except (OSError, ConnectionLost) as exc:
                 probe = await self.probe()
-                if probe.state is ProbeState.ALIVE:
-                    await asyncio.sleep(0.2)
-                    continue
                 if probe.state is ProbeState.FINAL:
                     await self._catch_up(on_record)
                     break
@@ -178,13 +175,15 @@ class WorkerHandle:
                         f"the worker of {self.handle} ended without a final record "
                         f"({probe.detail or exc}); the run is retried as a failure",
                     ) from None
+                # Alive but not reachable, or unknown: wait, within bounds.
                 now = loop.time()
                 unknown_since = unknown_since if unknown_since is not None else now
                 if now - unknown_since > self.unknown_patience_s:
                     raise WorkerUnknown(
-                        f"the worker of {self.handle} cannot be reached: {probe.detail}",
+                        f"the worker of {self.handle} cannot be reached "
+                        f"({probe.state.value}: {probe.detail or exc})",
                     ) from None
-                await asyncio.sleep(1.0)
+                await asyncio.sleep(0.2 if probe.state is ProbeState.ALIVE else 1.0)
                 continue
             unknown_since = None
             self.connection = connection

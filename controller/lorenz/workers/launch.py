@@ -94,16 +94,24 @@ def worker_process_env(
     )
 
 
+def launch_arguments(state_root: str) -> list[str]:
+    """The arguments after ``lorenz worker`` that start a worker from a spec on stdin."""
+    return ["--spec", "-", "--state-root", state_root, "--detach"]
+
+
 async def run_launch_command(
-    command: Sequence[str],
+    argv: Sequence[str],
     *,
     spec: RunSpec,
-    state_root: str,
     env: Mapping[str, str],
     timeout_s: float,
+    unreachable_status: int | None = None,
 ) -> LaunchResult:
-    """Run ``command worker --spec - --state-root ROOT --detach``; parse its answer."""
-    argv = [*command, "--spec", "-", "--state-root", state_root, "--detach"]
+    """Run ``argv`` (``… worker --spec - --state-root ROOT --detach``); parse its answer.
+
+    ``unreachable_status`` is the exit status meaning "the host could not be reached" (ssh:
+    255), reported as ``worker_host_unreachable``.
+    """
     try:
         process = await asyncio.create_subprocess_exec(
             *argv,
@@ -135,6 +143,12 @@ async def run_launch_command(
     if answer is not None and isinstance(answer.get("code"), str):
         raise WorkerLaunchError(str(answer.get("message")), code=str(answer["code"]))
     tail = err.decode(errors="replace").strip()[-500:]
+    if unreachable_status is not None and process.returncode == unreachable_status:
+        raise WorkerLaunchError(
+            f"the worker host could not be reached: {tail or 'no output'}; check that it is up "
+            "and that ssh to it works without a prompt",
+            code="worker_host_unreachable",
+        )
     raise WorkerLaunchError(
         f"the worker command exited with status {process.returncode}: "
         f"{tail or 'no output'}",
