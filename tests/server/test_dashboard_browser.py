@@ -17,6 +17,7 @@ import datetime
 import itertools
 import json
 import os
+import re
 import shutil
 import signal
 import tempfile
@@ -289,21 +290,23 @@ async def test_lanes_follow_runs_live_and_tracker_text_stays_text(
     await browser.evaluate("window.__sameDocument = true")
 
     # LOR-1 fails: it leaves Running for Retrying (failure, with the error) and History.
+    # NB: read in one evaluation, one consistent page: its retry is due 10 s later, and on a
+    # loaded machine the page may only get there after that (LOR-1 then runs and fails again).
     release(served.rig, "LOR-1", fail=True)
-    await browser.wait_for(f"{_lane_identifiers('retrying', 'retry-card')} === 'LOR-1'")
-    await browser.wait_for(_history("LOR-1", "failed"))
-    retry = await browser.evaluate(
-        "(() => { const c = document.querySelector('[data-testid=retry-card]'); return {"
+    retry = await browser.wait_for(
+        f"(() => {{ if ({_lane_identifiers('retrying', 'retry-card')} !== 'LOR-1'"
+        f" || {_lane_identifiers('running', 'run-card')} !== 'LOR-2,LOR-3'"
+        f" || !({_history('LOR-1', 'failed')})) return null;"
+        " const c = document.querySelector('[data-testid=retry-card]'); return {"
         "kind: c.querySelector('[data-testid=retry-kind]').textContent,"
         "attempt: c.querySelector('[data-testid=retry-attempt]').textContent,"
         "due: c.querySelector('[data-testid=retry-due]').textContent,"
         "error: c.querySelector('[data-testid=retry-error]').textContent }; })()"
     )
     assert retry["kind"] == "failure"
-    assert retry["attempt"] == "attempt 1"
-    assert retry["due"].startswith("in ")
+    assert re.fullmatch(r"attempt [1-9][0-9]*", retry["attempt"]), retry
+    assert retry["due"].startswith("in ") or retry["due"] == "due now", retry
     assert "exited with status 3" in retry["error"]
-    assert await browser.evaluate(_lane_identifiers("running", "run-card")) == "LOR-2,LOR-3"
 
     # LOR-2 finishes cleanly (and is Done in the tracker): a success row in History.
     served.rig.tracker.set_state("id-2", "Done")
