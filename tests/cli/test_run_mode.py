@@ -198,6 +198,23 @@ def test_commands_outside_operator_mode_do_not_import_the_kubernetes_stack(
     assert "HEAVY=\n" in result.stdout, result.stdout
 
 
+def test_a_run_without_a_port_does_not_import_the_http_server_stack(tmp_path: Path) -> None:
+    files_workflow(tmp_path)
+    probe = PROBE.format(heavy={"aiohttp", "prometheus_client"})
+    plain = subprocess.run(
+        [sys.executable, "-c", probe, "WORKFLOW.md", "--once", "--no-tui"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=HANG_GUARD_S, check=False,
+    )
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    assert "HEAVY=\n" in plain.stdout, plain.stdout
+    served = subprocess.run(
+        [sys.executable, "-c", probe, "WORKFLOW.md", "--once", "--no-tui", "--port", "0"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=HANG_GUARD_S, check=False,
+    )
+    assert served.returncode == 0, served.stdout + served.stderr
+    assert "aiohttp" in served.stdout.split("HEAVY=", 1)[1], served.stdout
+
+
 def test_the_kubernetes_stack_is_installed_so_the_probe_can_see_it() -> None:
     # NB: the probe above can only fail if the stack is importable at all: show that it is.
     result = subprocess.run(

@@ -11,8 +11,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from typing import TYPE_CHECKING
 
 from lorenz.cli.options import add_workflow_arguments, print_problems, workflow_overrides
+
+if TYPE_CHECKING:
+    from lorenz.daemon.host import Attachment, HostOptions
+    from lorenz.workflow import LoadedWorkflow
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,7 +45,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lorenz import server, tui
     from lorenz.config import LoggingSettings
     from lorenz.daemon import logs
     from lorenz.daemon.host import ATTACHMENTS, HostOptions, run_host
@@ -51,11 +55,9 @@ def run(args: argparse.Namespace) -> int:
     logs.configure_logging(LoggingSettings())
     if logs.attachment_factory not in ATTACHMENTS:
         ATTACHMENTS.insert(0, logs.attachment_factory)
-    if tui.attachment_factory not in ATTACHMENTS:
-        ATTACHMENTS.append(tui.attachment_factory)
-    # NB: registered by identity: daemon mode swaps this very factory for its own transport.
-    if server.attachment_factory not in ATTACHMENTS:
-        ATTACHMENTS.append(server.attachment_factory)
+    for factory in (terminal_view_when_wanted, http_server_when_configured):
+        if factory not in ATTACHMENTS:
+            ATTACHMENTS.append(factory)
     flags, features = workflow_overrides(args)
     options = HostOptions(
         workflow_path=args.workflow,
@@ -73,3 +75,37 @@ def run(args: argparse.Namespace) -> int:
     except WorkflowError as exc:
         print_problems([exc])
         return 2
+
+
+# NB: the terminal view and the HTTP server are imported only when this run uses them: the
+# server's stack (aiohttp, prometheus-client) is a fifth of the CPU a plain run spends before
+# its first tracker request.
+
+
+def terminal_view_when_wanted(loaded: LoadedWorkflow, options: HostOptions) -> Attachment | None:
+    """For ``ATTACHMENTS``: the terminal view, when stdout is a TTY and ``--no-tui`` is absent."""
+    if not options.tui:
+        return None
+    from lorenz import tui
+
+    return tui.attachment_factory(loaded, options)
+
+
+def http_server_when_configured(
+    loaded: LoadedWorkflow, options: HostOptions
+) -> Attachment | None:
+    """For ``ATTACHMENTS``: the plain HTTP server, when ``--port`` or ``server.port`` is set.
+
+    NB: not in daemon mode, where the daemon's control transport serves the same app with the
+    control routes (:func:`lorenz.daemon.daemons.with_control_transport` adds it); the test is
+    the one the host itself makes.
+    """
+    from lorenz.daemon.daemons import wants_daemon
+
+    if wants_daemon(loaded.settings, once=options.once):
+        return None
+    if options.port is None and loaded.settings.server.port is None:
+        return None
+    from lorenz import server
+
+    return server.attachment_factory(loaded, options)
