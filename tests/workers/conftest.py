@@ -25,6 +25,7 @@ from lorenz.config import AgentKindSettings, AgentProtocol
 from lorenz.workers.journal import Record
 from lorenz.workers.spec import HookSpec, IssueSpec, RunSpec
 from lorenz.workers.states import worker_pid
+from lorenz.workflow import continuation_prompt
 
 GATED_CODEX = Path(__file__).resolve().parent / "gated_codex.py"
 
@@ -142,6 +143,9 @@ def make_spec(tmp_path: Path) -> SpecFactory:
                 command=command, protocol=AgentProtocol.CODEX_APP_SERVER, read_timeout_ms=30000
             ),
             max_turns=max_turns,
+            continuation_prompts=[
+                continuation_prompt(turn, max_turns) for turn in range(2, max_turns + 1)
+            ],
             workspace=str(workspace),
             create_workspace=create_workspace,
             hooks=hooks or HookSpec(env=base_env()),

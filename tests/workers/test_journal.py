@@ -11,6 +11,7 @@ from lorenz.workers.journal import (
     RECORD_LIMIT_BYTES,
     JournalCorrupt,
     JournalWriter,
+    last_record,
     read_journal,
 )
 from lorenz.workers.states import ProbeState, probe_local
@@ -103,3 +104,16 @@ def test_an_oversized_record_is_kept_without_its_payload(tmp_path: Path) -> None
     assert record.data["payload_dropped_bytes"] > RECORD_LIMIT_BYTES
     assert len(path.read_bytes()) < RECORD_LIMIT_BYTES
     assert json.loads(path.read_bytes())["seq"] == 1
+
+
+def test_the_last_record_is_read_from_the_tail_and_a_torn_line_is_skipped(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "journal.jsonl"
+    assert last_record(path) is None
+    write_three(path)
+    with path.open("ab") as handle:
+        handle.write(b'{"seq":4,"ki')
+    record = last_record(path)
+    assert record is not None
+    assert record.seq == 3

@@ -5,11 +5,16 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
 from pathlib import Path
+
+import pydantic
+import pytest
 
 from lorenz.workers.handles import LocalTransport, WorkerHandle, launch
 from lorenz.workers.journal import read_journal
-from lorenz.workers.spec import HookSpec
+from lorenz.workers.launch import LOCAL_WORKER_COMMAND
+from lorenz.workers.spec import HookSpec, RunSpec
 from lorenz.workers.states import ProbeState, probe_local, worker_pid
 from tests.workers.conftest import Collected, SpecFactory, base_env, process_gone, wait_until
 
@@ -175,3 +180,37 @@ def test_spec_file_holds_no_secret_and_the_handle_is_deterministic(
     assert spec.handle.startswith("lzw-ABC-7-s0-a0-g0-")
     assert "SECRET" not in json.dumps(spec.model_dump(mode="json"))
     assert os.sep not in spec.handle
+
+
+def test_a_spec_needs_one_continuation_prompt_per_later_turn(make_spec: SpecFactory) -> None:
+    spec, _ = make_spec(max_turns=3)
+    assert len(spec.continuation_prompts) == 2
+    with pytest.raises(pydantic.ValidationError, match="continuation_prompts"):
+        RunSpec.model_validate({**spec.model_dump(), "continuation_prompts": ["only one"]})
+
+
+def test_lorenz_worker_refuses_a_bad_spec_with_a_code(state_root: Path) -> None:
+    done = subprocess.run(
+        [*LOCAL_WORKER_COMMAND, "--spec", "-", "--state-root", str(state_root), "--detach"],
+        input=b'{"version": 1, "workflow": "w"}',
+        capture_output=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    answer = json.loads(done.stdout.splitlines()[-1])
+    assert answer["ok"] is False
+    assert answer["code"] == "worker_spec_invalid"
+    assert list(state_root.iterdir()) == []
+
+
+async def test_a_state_root_too_deep_for_a_socket_is_refused_with_a_code(
+    tmp_path: Path, make_spec: SpecFactory
+) -> None:
+    from lorenz.workers.launch import WorkerLaunchError
+
+    deep = tmp_path / ("d" * 80)
+    spec, _ = make_spec()
+    with pytest.raises(WorkerLaunchError) as caught:
+        await LocalTransport(state_root=deep, env=base_env()).launch(spec)
+    assert caught.value.code == "worker_socket_path_too_long"
+    assert not deep.exists(), "nothing is created for a spec that cannot run"

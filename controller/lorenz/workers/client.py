@@ -19,7 +19,7 @@ from typing import Any
 
 from lorenz.agents import ToolHandler
 from lorenz.workers.journal import Record
-from lorenz.workers.protocol import ProtocolError, encode, read_message
+from lorenz.workers.protocol import ProtocolError, encode, read_message, read_messages
 
 logger = logging.getLogger(__name__)
 
@@ -150,17 +150,13 @@ class WorkerConnection:
 
     async def _read_loop(self) -> None:
         try:
-            while True:
-                try:
-                    message = await read_message(self._reader)
-                except ProtocolError as exc:
-                    logger.warning("worker sent garbage, connection dropped: %s", exc)
-                    return
-                except (ConnectionError, OSError):
-                    return
-                if message is None:
-                    return
-                self._route(message)
+            try:
+                async for message in read_messages(self._reader):
+                    self._route(message)
+            except ProtocolError as exc:
+                logger.warning("worker sent garbage, connection dropped: %s", exc)
+            except (ConnectionError, OSError):
+                return
         finally:
             self.closed.set()
             self._records.put_nowait(_EOF)

@@ -145,6 +145,31 @@ def read_journal(path: Path, *, after_seq: int = 0) -> list[Record]:
     return [r for r in records if r.seq > after_seq]
 
 
+def last_record(path: Path) -> Record | None:
+    """The last whole record, reading only the file's tail (probes of long journals).
+
+    A torn last line is skipped, as :func:`read_journal` does; the rest of the file is not
+    checked (that is :func:`read_journal`'s job).
+    """
+    try:
+        with path.open("rb") as handle:
+            size = handle.seek(0, os.SEEK_END)
+            start = max(0, size - 2 * RECORD_LIMIT_BYTES)
+            handle.seek(start)
+            tail = handle.read()
+    except FileNotFoundError:
+        return None
+    lines = tail.split(b"\n")
+    if start > 0:
+        lines = lines[1:]  # NB: the first piece may be the end of a longer line.
+    for line in reversed(lines[:-1]):  # the piece after the last newline is torn or empty
+        try:
+            return Record.from_json(json.loads(line))
+        except (ValueError, RecursionError):
+            continue
+    return None
+
+
 def iter_lines(data: bytes) -> Iterator[tuple[int, bytes, bool]]:
     """``(end offset, line, complete)`` for each line of ``data``."""
     start = 0

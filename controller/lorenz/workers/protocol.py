@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
 from typing import Any, Final
 
 PROTOCOL_VERSION: Final = 1
@@ -75,3 +76,26 @@ async def read_message(reader: asyncio.StreamReader) -> dict[str, Any] | None:
     except asyncio.LimitOverrunError:
         raise ProtocolError(f"a message is longer than {LINE_LIMIT_BYTES} bytes") from None
     return decode(line)
+
+
+READ_CHUNK_BYTES: Final = 256 * 1024
+
+
+async def read_messages(reader: asyncio.StreamReader) -> AsyncIterator[dict[str, Any]]:
+    """Every message until end of stream, read in large chunks (the busy direction: records).
+
+    Raises :class:`ProtocolError` like :func:`read_message`.
+    """
+    pending = b""
+    while True:
+        chunk = await reader.read(READ_CHUNK_BYTES)
+        if not chunk:
+            if pending.strip():
+                raise ProtocolError("the stream ended inside a message")
+            return
+        lines = (pending + chunk).split(b"\n")
+        pending = lines.pop()
+        if len(pending) > LINE_LIMIT_BYTES:
+            raise ProtocolError(f"a message is longer than {LINE_LIMIT_BYTES} bytes")
+        for line in lines:
+            yield decode(line)

@@ -104,8 +104,10 @@ class RunSpec(SpecModel):
     """The rendered first-turn prompt."""
     agent: AgentKindSettings
     """How to launch the agent and speak to it."""
-    max_turns: int = Field(default=20, gt=0)
+    max_turns: int = Field(default=20, gt=0, le=1000)
     """Turn limit of the run."""
+    continuation_prompts: list[str] = Field(default_factory=list)
+    """The prompts of turns 2..``max_turns``, rendered by the controller (one per turn)."""
     workspace: str = Field(min_length=1, max_length=4096)
     """Absolute path of the workspace on the host the worker runs on."""
     create_workspace: bool = False
@@ -128,6 +130,19 @@ class RunSpec(SpecModel):
         if not value.startswith("/"):
             raise ValueError("must be an absolute path")
         return value
+
+    @pydantic.model_validator(mode="after")
+    def _one_prompt_per_turn(self) -> RunSpec:
+        if len(self.continuation_prompts) < self.max_turns - 1:
+            raise ValueError(
+                f"continuation_prompts needs one prompt for each turn after the first "
+                f"({self.max_turns - 1}), got {len(self.continuation_prompts)}"
+            )
+        return self
+
+    def continuation_prompt(self, turn: int, max_turns: int) -> str:
+        """The prompt of ``turn`` (2..``max_turns``), as the runners ask for it."""
+        return self.continuation_prompts[min(max(turn - 2, 0), len(self.continuation_prompts) - 1)]
 
     @property
     def handle(self) -> str:

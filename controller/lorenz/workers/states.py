@@ -30,7 +30,13 @@ from typing import Final
 import psutil
 
 from lorenz.model import LorenzError
-from lorenz.workers.journal import JOURNAL_NAME, JournalCorrupt, Record, read_journal
+from lorenz.workers.journal import (
+    JOURNAL_NAME,
+    JournalCorrupt,
+    Record,
+    last_record,
+    read_journal,
+)
 from lorenz.workers.protocol import SOCKET_NAME, SOCKET_PATH_LIMIT, ProtocolError, read_message
 from lorenz.workers.spec import RunSpec, is_handle
 
@@ -100,8 +106,15 @@ def create_state_dir(root: Path, handle: str) -> Path:
     """``root/handle`` with mode 0700 (and ``root`` too, when it is created here)."""
     if not is_handle(handle):
         raise WorkerStateError(f"{handle!r} is not a worker handle", code="worker_handle_invalid")
+    state_dir = root.absolute() / handle
+    socket_path = os.fsencode(str(state_dir / SOCKET_NAME))
+    if len(socket_path) > SOCKET_PATH_LIMIT:
+        raise WorkerStateError(
+            f"the control socket path {state_dir / SOCKET_NAME} would be longer than "
+            f"{SOCKET_PATH_LIMIT} bytes; use a shorter worker state directory",
+            code="worker_socket_path_too_long",
+        )
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
-    state_dir = root / handle
     with contextlib.suppress(FileExistsError):
         state_dir.mkdir(mode=0o700)
     info = state_dir.lstat()
@@ -112,13 +125,6 @@ def create_state_dir(root: Path, handle: str) -> Path:
             code="worker_state_dir_foreign",
         )
     os.chmod(state_dir, 0o700)
-    socket_path = os.fsencode(str(state_dir / SOCKET_NAME))
-    if len(socket_path) > SOCKET_PATH_LIMIT:
-        raise WorkerStateError(
-            f"the control socket path {state_dir / SOCKET_NAME} would be longer than "
-            f"{SOCKET_PATH_LIMIT} bytes; use a shorter worker state directory",
-            code="worker_socket_path_too_long",
-        )
     return state_dir
 
 
@@ -154,13 +160,10 @@ def worker_pid(state_dir: Path) -> int | None:
 
 async def probe_local(state_dir: Path, *, timeout_s: float = PROBE_TIMEOUT_S) -> Probe:
     """What ``state_dir`` proves about its worker (see the module docstring)."""
-    try:
-        records = read_journal(state_dir / JOURNAL_NAME)
-    except JournalCorrupt as exc:
-        return Probe(state=ProbeState.UNKNOWN, detail=str(exc))
-    last_seq = records[-1].seq if records else 0
-    if records and records[-1].is_final:
-        return Probe(state=ProbeState.FINAL, final=records[-1], last_seq=last_seq)
+    last = last_record(state_dir / JOURNAL_NAME)
+    last_seq = last.seq if last else 0
+    if last is not None and last.is_final:
+        return _final_probe(state_dir)
     pid = worker_pid(state_dir)
     hello = await socket_hello(state_dir / SOCKET_NAME, timeout_s=timeout_s)
     if hello is not None:
@@ -171,9 +174,9 @@ async def probe_local(state_dir: Path, *, timeout_s: float = PROBE_TIMEOUT_S) ->
             pid=pid,
         )
     # The worker may have written its final record between the two reads.
-    records = read_journal(state_dir / JOURNAL_NAME)
-    if records and records[-1].is_final:
-        return Probe(state=ProbeState.FINAL, final=records[-1], last_seq=records[-1].seq)
+    last = last_record(state_dir / JOURNAL_NAME)
+    if last is not None and last.is_final:
+        return _final_probe(state_dir)
     if pid is not None:
         return Probe(
             state=ProbeState.UNKNOWN,
@@ -181,7 +184,22 @@ async def probe_local(state_dir: Path, *, timeout_s: float = PROBE_TIMEOUT_S) ->
             pid=pid,
             detail=f"worker pid {pid} lives but its control socket does not answer",
         )
+    try:
+        read_journal(state_dir / JOURNAL_NAME)
+    except JournalCorrupt as exc:
+        return Probe(state=ProbeState.UNKNOWN, last_seq=last_seq, detail=str(exc))
     return Probe(state=ProbeState.GONE, last_seq=last_seq, detail="no worker and no final record")
+
+
+def _final_probe(state_dir: Path) -> Probe:
+    """``final`` — once the whole journal checks out (a final record after a corrupt middle
+    proves nothing)."""
+    try:
+        records = read_journal(state_dir / JOURNAL_NAME)
+    except JournalCorrupt as exc:
+        return Probe(state=ProbeState.UNKNOWN, detail=str(exc))
+    final = records[-1]
+    return Probe(state=ProbeState.FINAL, final=final, last_seq=final.seq)
 
 
 async def socket_hello(path: Path, *, timeout_s: float) -> dict[str, object] | None:

@@ -50,7 +50,6 @@ from lorenz.workers.protocol import (
 )
 from lorenz.workers.spec import RunSpec
 from lorenz.workers.states import SPEC_NAME, STATUS_NAME, WorkerStateError
-from lorenz.workflow import continuation_prompt
 from lorenz.workspaces import HookName, run_hook
 
 logger = logging.getLogger(__name__)
@@ -345,7 +344,7 @@ class Worker:
             env=spec.env,
             on_update=self._on_update,
             issue_is_active=self._issue_is_active,
-            continuation_prompt=continuation_prompt,
+            continuation_prompt=spec.continuation_prompt,
             tools=ForwardedTools(self, spec.tools) if spec.tools else None,
         )
 
