@@ -56,6 +56,19 @@ async def test_a_foreign_host_header_is_refused_on_every_route(
             assert response.status == 200, host
 
 
+async def test_an_absolute_form_target_is_checked_like_a_host_header(tmp_path: Path) -> None:
+    served = await _served(tmp_path)
+    port = served.server.port
+    assert port is not None
+    for target, status in (
+        (f"http://evil.example:{port}/api/v1/state", b"403"),
+        (f"http://127.0.0.1:{port}/api/v1/state", b"200"),
+    ):
+        request = f"GET {target} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"
+        answer = await _raw(port, request.encode())
+        assert answer.split(b" ")[1] == status, (target, answer[:200])
+
+
 async def test_configured_host_names_are_accepted(
     tmp_path: Path, http: aiohttp.ClientSession
 ) -> None:
@@ -293,6 +306,33 @@ async def test_a_100_kb_request_line_or_header_is_one_warning_line_not_a_traceba
     # The server still answers.
     async with http.get(f"{served.url}/healthz") as response:
         assert response.status == 200
+
+
+async def test_a_body_with_broken_framing_or_encoding_is_400_without_a_traceback(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    served = await _served(tmp_path)
+    port = served.server.port
+    assert port is not None
+    assert served.server.guard is not None
+    caplog.set_level(logging.DEBUG)
+    head = (
+        f"POST /api/v1/refresh HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"Authorization: Bearer {served.server.guard.token}\r\n"
+        "Content-Type: application/json\r\n"
+    )
+    for extra, body in (
+        ("Content-Encoding: gzip\r\nContent-Length: 5\r\n", "abcde"),
+        ("Content-Encoding: deflate\r\nContent-Length: 5\r\n", "abcde"),
+        ("Transfer-Encoding: chunked\r\n", "ZZ\r\n{}\r\n0\r\n\r\n"),
+        ("Content-Length: abc\r\n", "{}"),
+    ):
+        answer = await _raw(port, f"{head}{extra}\r\n{body}".encode())
+        assert answer.split(b" ")[1] == b"400", (extra, answer[:300])
+    records = [r for r in caplog.records if r.name.startswith(("aiohttp", "lorenz.server"))]
+    assert not [r for r in records if r.levelno >= logging.ERROR], [r.getMessage() for r in records]
+    assert not [r for r in records if r.exc_info], "no traceback"
+    assert served.rig.runtime.poll_count == 0
 
 
 def test_parser_errors_are_rate_limited_and_the_next_line_counts_what_was_left_out() -> None:

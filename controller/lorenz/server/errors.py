@@ -96,6 +96,15 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return await handler(request)
     except ApiError as exc:
         return error_response(exc.code, exc.message, status=exc.status, headers=exc.headers)
+    except web.RequestPayloadError:
+        # NB: the client's fault, not ours: a body that breaks its own framing or
+        # Content-Encoding (bad gzip) fails in request.read(). No traceback for it.
+        return error_response(
+            INVALID_REQUEST_BODY,
+            f"the body of {request.method} {request.path} could not be read (broken chunking or "
+            "Content-Encoding); send it plain, with a correct Content-Length",
+            status=400,
+        )
     except web.HTTPException as exc:
         if exc.status < 400:
             raise  # redirects and the like pass through untouched

@@ -136,6 +136,11 @@ class RequestGuard:
         if local is None:
             return  # the unix socket: only this user can connect (see the module docstring)
         host = request.headers.get(hdrs.HOST)
+        target = request.raw_path
+        if not target.startswith("/") and target != "*":
+            # NB: an absolute-form target (``GET http://name/path``) names the host itself and
+            # wins over the Host header (RFC 9112 §3.2.2): check that name instead.
+            host = urllib.parse.urlsplit(target).netloc or host or ""
         if host is not None and not self.host_allowed(
             host, local_address=local[0], local_port=local[1]
         ):

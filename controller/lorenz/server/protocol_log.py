@@ -3,8 +3,9 @@
 aiohttp answers a request it cannot parse — a 100 KB request line, an oversized header
 (``max_line_size`` / ``max_field_size``, 8190 bytes each), broken framing — with a 400 and
 logs the parser's exception with its traceback at ERROR on ``aiohttp.server``
-(``RequestHandler.handle_error``). Anyone who can connect could fill the log with those, and
-the exception's message quotes the offending bytes.
+(``RequestHandler.handle_error``), or — for a body whose chunking or Content-Encoding is
+broken — as an "Unhandled exception" once the handler returned. Anyone who can connect
+could fill the log with those, and the exception's message quotes the offending bytes.
 
 :class:`ProtocolErrorLog` is the logger the server hands to its request handlers instead
 (the ``logger`` argument of :class:`aiohttp.web.AppRunner`). Parser errors become one WARNING
@@ -51,10 +52,10 @@ class ProtocolErrorLog(logging.LoggerAdapter[logging.Logger]):
         return msg, kwargs
 
     def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
-        error = kwargs.get("exc_info")
+        error = _protocol_error(kwargs.get("exc_info"))
         # NB: aiohttp logs non-HTTP traffic (BadHttpMethod on a first request) at DEBUG on
         # purpose; only what it would log as an error is turned into the warning.
-        if isinstance(error, HttpProcessingError) and level >= logging.WARNING:
+        if error is not None and level >= logging.WARNING:
             self._refused(error, peer=args[0] if args else None)
             return
         super().log(level, msg, *args, **kwargs)
@@ -75,3 +76,15 @@ class ProtocolErrorLog(logging.LoggerAdapter[logging.Logger]):
             left_out,
             self._interval_s,
         )
+
+
+def _protocol_error(error: object) -> HttpProcessingError | None:
+    """The parser error ``error`` is or was caused by (a body whose gzip is broken surfaces as
+    ``RequestPayloadError`` from ``ContentEncodingError``), else ``None``."""
+    seen = 0
+    while isinstance(error, BaseException) and seen < 5:
+        if isinstance(error, HttpProcessingError):
+            return error
+        error = error.__cause__
+        seen += 1
+    return None
