@@ -40,6 +40,7 @@ class Pki:
     serving: CertPair  # kube-apiserver's HTTPS certificate (localhost, 127.0.0.1)
     admin: CertPair  # user "lorenz-admin" in group system:masters
     controller_manager: CertPair  # user system:kube-controller-manager, also system:masters
+    kubelet_client: CertPair  # kube-apiserver's client cert towards kubelets (system:masters)
     sa_public_key: Path  # --service-account-key-file
     sa_private_key: Path  # --service-account-signing-key-file / --service-account-private-key-file
 
@@ -188,6 +189,15 @@ def generate_pki(*, directory: Path, hosts: tuple[str, ...] = ("localhost", "127
         usage=ExtendedKeyUsageOID.CLIENT_AUTH,
     )
 
+    kubelet_client = _leaf(
+        directory=directory,
+        stem="apiserver-kubelet-client",
+        subject=_name("kube-apiserver-kubelet-client", organizations=("system:masters",)),
+        ca_cert=ca_cert,
+        ca_key=ca_key,
+        usage=ExtendedKeyUsageOID.CLIENT_AUTH,
+    )
+
     sa_key = _new_key()
     sa_private_key = directory / "sa.key"
     sa_public_key = directory / "sa.pub"
@@ -202,6 +212,27 @@ def generate_pki(*, directory: Path, hosts: tuple[str, ...] = ("localhost", "127
         serving=serving,
         admin=admin,
         controller_manager=controller_manager,
+        kubelet_client=kubelet_client,
         sa_public_key=sa_public_key,
         sa_private_key=sa_private_key,
+    )
+
+
+def issue_client_cert(
+    *, ca: CertPair, directory: Path, stem: str, user: str, groups: tuple[str, ...] = ()
+) -> CertPair:
+    """A client certificate for `user` in `groups`, signed by the control plane's CA (a
+    kubelet's `system:node:<name>` in `system:nodes`, the scheduler's user, ...)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ca_cert = x509.load_pem_x509_certificate(ca.cert.read_bytes())
+    ca_key = serialization.load_pem_private_key(ca.key.read_bytes(), password=None)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+        raise TypeError(f"{ca.key}: expected an EC private key")
+    return _leaf(
+        directory=directory,
+        stem=stem,
+        subject=_name(user, organizations=groups),
+        ca_cert=ca_cert,
+        ca_key=ca_key,
+        usage=ExtendedKeyUsageOID.CLIENT_AUTH,
     )

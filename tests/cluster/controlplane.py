@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tests.cluster.cluster import Cluster, write_kubeconfig
+from tests.cluster.portforward import ConnectProxy, egress_selector_config
 
 if TYPE_CHECKING:
     from tests.cluster.certs import Pki
@@ -44,6 +45,23 @@ BUILD_SCRIPT = HERE / "build.sh"
 # The binaries the envtest backend cannot start without; helm is checked when used.
 CONTROL_PLANE_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl")
 _KEEP_RUNS = 5  # finished run directories (logs) kept under runs_root()
+# The `kubernetes` Service's ClusterIP (first address of --service-cluster-ip-range) and the
+# test node's IP (tests/cluster/node.py): pods reach the API server at the first, the kubelet
+# at the second, so the serving certificate names both.
+SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
+KUBERNETES_SERVICE_IP = "10.0.0.1"
+NODE_IP = "10.77.0.2"
+NODE_NETWORK = "10.77.0.0/16"  # the node's and its pods' addresses
+SERVING_HOSTS = (
+    "localhost",
+    "127.0.0.1",
+    KUBERNETES_SERVICE_IP,
+    NODE_IP,
+    "kubernetes",
+    "kubernetes.default",
+    "kubernetes.default.svc",
+    "kubernetes.default.svc.cluster.local",
+)
 
 
 class ControlPlaneError(RuntimeError):
@@ -204,6 +222,8 @@ class ControlPlane:
     timings: dict[str, float] = field(default_factory=dict)
     _processes: list[_Process] = field(default_factory=list, repr=False)
     _cluster: Cluster | None = field(default=None, repr=False)
+    egress_proxy: ConnectProxy | None = field(default=None, repr=False)
+    pki: Pki | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         root = runs_root()
@@ -239,7 +259,11 @@ class ControlPlane:
             ) from err
         began = time.monotonic()
         try:
-            pki = generate_pki(directory=self.run_dir / "pki")
+            pki = generate_pki(directory=self.run_dir / "pki", hosts=SERVING_HOSTS)
+            self.pki = pki
+            # NB: the API server reaches kubelets (logs, exec, port-forward) through this proxy:
+            # the test node lives in a network namespace the host cannot route to.
+            self.egress_proxy = ConnectProxy(path=self.run_dir / "egress.sock").start()
             self._start_with_port_retries(pki)
         except BaseException:
             self.stop()
@@ -268,6 +292,9 @@ class ControlPlane:
         """Stop every process (reverse start order); delete everything but the logs (data,
         keys, kubeconfigs with embedded credentials, tool caches)."""
         self._stop_processes()
+        if self.egress_proxy is not None:
+            self.egress_proxy.close()
+            self.egress_proxy = None
         if not self.run_dir.is_dir():
             return
         for entry in self.run_dir.iterdir():
@@ -354,6 +381,11 @@ class ControlPlane:
         admission = (
             () if self.controller_manager else ("--disable-admission-plugins=ServiceAccount",)
         )
+        egress: tuple[str, ...] = ()
+        if self.egress_proxy is not None:
+            config = self.run_dir / "egress-selector.yaml"
+            config.write_text(egress_selector_config(self.egress_proxy.path))
+            egress = (f"--egress-selector-config-file={config}",)
         proc = self._spawn(
             "kube-apiserver",
             [
@@ -365,8 +397,12 @@ class ControlPlane:
                 f"--tls-cert-file={pki.serving.cert}",
                 f"--tls-private-key-file={pki.serving.key}",
                 f"--client-ca-file={pki.ca.cert}",
-                "--authorization-mode=RBAC",
-                "--service-cluster-ip-range=10.0.0.0/24",
+                # NB: Node before RBAC: kubelets (user system:node:<name>) are authorized by
+                # the Node authorizer, as in a real cluster; RBAC binds nothing to system:nodes.
+                "--authorization-mode=Node,RBAC",
+                f"--kubelet-client-certificate={pki.kubelet_client.cert}",
+                f"--kubelet-client-key={pki.kubelet_client.key}",
+                f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
                 "--allow-privileged=true",
                 f"--service-account-issuer={server}",
                 f"--service-account-key-file={pki.sa_public_key}",
@@ -375,6 +411,7 @@ class ControlPlane:
                 # and the ServiceAccount admission plugin would then refuse every pod (envtest
                 # disables it for that reason).
                 *admission,
+                *egress,
                 # NB: the API server advertises itself in default/kubernetes Endpoints; a loopback
                 # address is invalid there and the host may have no routable one. No pod here
                 # calls the API through that Service, so: no endpoint reconciler.

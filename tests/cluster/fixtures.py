@@ -8,6 +8,11 @@ envtest): envtest starts etcd + kube-apiserver + kube-controller-manager from th
 tests/cluster/build.sh builds; kind uses pytest-kind's `kind_cluster` (needs Docker). Both give
 the same `tests.cluster.cluster.Cluster`.
 
+`kube_node` (session) adds a real node to it — kubelet + containerd + runc in namespaces of
+its own (tests/cluster/node.py) plus kube-scheduler — so Pods run; on kind the cluster's own
+node stands in (images loaded with `kind load image-archive`). `node_images` builds the
+project's image without Docker (tests/cluster/images.py) and loads it into the node.
+
 Missing binaries or a control plane that does not come up make every test that uses the
 fixture fail (an error at setup), never skip: a skipped cluster suite looks green.
 """
@@ -34,10 +39,11 @@ from tests.cluster.controlplane import (
     ControlPlaneError,
     runs_root,
 )
+from tests.cluster.node import KindNode, Node, NodeError
 
 BACKENDS = ("envtest", "kind")
 _ENV_BACKEND = "LORENZ_TEST_CLUSTER"
-_CLUSTER_FIXTURES = frozenset({"kube_control_plane", "kube_namespace"})
+_CLUSTER_FIXTURES = frozenset({"kube_control_plane", "kube_namespace", "kube_node"})
 
 
 @dataclass
@@ -45,6 +51,7 @@ class _SessionState:
     backend: str
     control_plane: ControlPlane | None = None
     startup_seconds: float | None = None
+    node: Node | None = None
 
 
 _STATE = pytest.StashKey[_SessionState]()
@@ -109,6 +116,11 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         return
     took = f" (started in {state.startup_seconds:.1f}s)" if state.startup_seconds else ""
     terminalreporter.write_line(f"control-plane logs: {state.control_plane.log_dir}{took}")
+    if state.node is not None and "ready" in state.node.timings:
+        terminalreporter.write_line(
+            f"test node: kubelet/containerd logs in the same directory (Ready in "
+            f"{state.node.timings['ready']:.1f}s, node start {state.node.timings['total']:.1f}s)"
+        )
 
 
 @contextlib.contextmanager
@@ -192,3 +204,61 @@ def kube_namespace(kube_control_plane: Cluster) -> Iterator[str]:
     name = kube_control_plane.create_namespace()
     yield name
     kube_control_plane.delete_namespace(name, wait=False)
+
+
+@pytest.fixture(scope="session")
+def kube_node(
+    request: pytest.FixtureRequest, kube_control_plane: Cluster
+) -> Iterator[Node | KindNode]:
+    """A Ready node that runs the test cluster's Pods (see tests.cluster.node.Node).
+
+    Test Pods must tolerate `tests.cluster.node.NODE_TOLERATION` (the node is tainted so that
+    other tests' Pods stay Pending as before) and use images loaded with `import_image()`.
+    """
+    state = request.config.stash[_STATE]
+    if state.backend == "kind":
+        yield KindNode.from_kind(request.getfixturevalue("kind_cluster"), kube_control_plane)
+        return
+    assert state.control_plane is not None
+    node = Node(control_plane=state.control_plane, binaries=Binaries.locate())
+    atexit.register(node.stop)
+    try:
+        with _terminate_means_interrupt():
+            failure: str | None = None
+            try:
+                node.start()
+            except NodeError as err:
+                failure = f"test node did not start: {err}"
+            if failure is not None:
+                pytest.fail(failure, pytrace=False)
+            state.node = node
+            yield node
+    finally:
+        node.stop()
+        atexit.unregister(node.stop)
+
+
+@dataclass(frozen=True)
+class NodeImages:
+    """The images `node_images` built and loaded: references for Pod specs."""
+
+    base: str
+    project: str
+
+
+@pytest.fixture(scope="session")
+def node_images(kube_node: Node | KindNode) -> NodeImages:
+    """The Debian base and the project's image (Dockerfile, built by buildah), in the node."""
+    from tests.cluster.images import ImageError, base_image, project_image
+
+    failure: str | None = None
+    try:
+        base = base_image()
+        project = project_image()
+        for image in (base, project):
+            kube_node.import_image(image.archive)
+    except (ImageError, NodeError) as err:
+        failure = f"test images could not be built or loaded: {err}"
+    if failure is not None:
+        pytest.fail(failure, pytrace=False)
+    return NodeImages(base=base.ref, project=project.ref)

@@ -1,0 +1,164 @@
+"""The test node runs real Pods: Ready, the restricted Pod Security Standard, logs, port-forward.
+
+These are the node's own checks (tests/cluster/node.py): if one fails, nothing that needs a
+kubelet (the operator as a Pod, probes, rolling upgrades) can be trusted.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+
+from tests.cluster.cluster import Cluster, unique_name, wait_until
+from tests.cluster.controlplane import NODE_IP
+from tests.cluster.fixtures import NodeImages
+from tests.cluster.node import NODE_LABEL, NODE_TAINT_KEY, Node
+from tests.node.pods import RESTRICTED_LABELS, pod, wait_for_phase
+
+pytestmark = [pytest.mark.node, pytest.mark.cluster]
+
+
+@pytest.fixture
+def restricted_namespace(kube_control_plane: Cluster) -> Iterator[str]:
+    name = kube_control_plane.create_namespace(labels=RESTRICTED_LABELS)
+    yield name
+    kube_control_plane.delete_namespace(name, wait=False)
+
+
+def test_node_is_ready_with_its_address_label_and_taint(
+    kube_control_plane: Cluster, kube_node: Node
+) -> None:
+    node = kube_control_plane.kubectl_json("get", "node", kube_node.name)
+    conditions = {c["type"]: c["status"] for c in node["status"]["conditions"]}
+    assert conditions["Ready"] == "True", conditions
+    addresses = {a["type"]: a["address"] for a in node["status"]["addresses"]}
+    assert addresses["InternalIP"] == NODE_IP
+    assert node["metadata"]["labels"][NODE_LABEL] == "true"
+    assert [t["key"] for t in node["spec"].get("taints", [])] == [NODE_TAINT_KEY]
+    assert node["status"]["nodeInfo"]["containerRuntimeVersion"].startswith("containerd://2.")
+    # Its logs are where the pytest summary says.
+    assert kube_node.log_dir is not None
+    for name in ("kubelet.log", "containerd.log", "kube-scheduler.log"):
+        assert (kube_node.log_dir / name).stat().st_size > 0, name
+
+
+def test_restricted_pod_runs_non_root_with_a_read_only_root_and_logs(
+    kube_control_plane: Cluster,
+    kube_node: Node,
+    node_images: NodeImages,
+    restricted_namespace: str,
+) -> None:
+    script = (
+        "import os\n"
+        "try:\n"
+        "    open('/probe', 'w')\n"
+        "    ro = False\n"
+        "except OSError:\n"
+        "    ro = True\n"
+        "print(f'uid={os.getuid()} gid={os.getgid()} read-only-root={ro}', flush=True)\n"
+    )
+    name = unique_name("restricted")
+    kube_control_plane.apply(
+        pod(name, image=node_images.base, command=["python3", "-c", script]),
+        namespace=restricted_namespace,
+    )
+    body = wait_for_phase(
+        kube_control_plane,
+        namespace=restricted_namespace,
+        name=name,
+        phases=("Succeeded", "Failed"),
+    )
+    assert body["status"]["phase"] == "Succeeded", body["status"]
+    assert body["spec"]["nodeName"] == kube_node.name
+    logs = kube_control_plane.kubectl("logs", name, "-n", restricted_namespace).stdout
+    assert logs.strip() == "uid=10001 gid=10001 read-only-root=True"
+
+
+def test_restricted_namespace_refuses_a_root_pod(
+    kube_control_plane: Cluster,
+    kube_node: Node,
+    node_images: NodeImages,
+    restricted_namespace: str,
+) -> None:
+    manifest = pod("root", image=node_images.base, command=["true"])
+    del manifest["spec"]["containers"][0]["securityContext"]["runAsNonRoot"]
+    manifest["spec"]["containers"][0]["securityContext"]["runAsUser"] = 0
+    done = kube_control_plane.kubectl(
+        "apply",
+        "-n",
+        restricted_namespace,
+        "-f",
+        "-",
+        input=json.dumps(manifest),
+        check=False,
+    )
+    assert done.returncode != 0
+    assert "violates PodSecurity" in done.stderr, done.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def test_port_forward_reaches_a_pod(
+    kube_control_plane: Cluster,
+    kube_node: Node,
+    node_images: NodeImages,
+    restricted_namespace: str,
+) -> None:
+    name = unique_name("web")
+    server = (
+        "import http.server\n"
+        "class H(http.server.BaseHTTPRequestHandler):\n"
+        "    def do_GET(self):\n"
+        "        body = b'hello from the pod'\n"
+        "        self.send_response(200)\n"
+        "        self.send_header('Content-Length', str(len(body)))\n"
+        "        self.end_headers()\n"
+        "        self.wfile.write(body)\n"
+        "http.server.ThreadingHTTPServer(('0.0.0.0', 8000), H).serve_forever()\n"
+    )
+    kube_control_plane.apply(
+        pod(name, image=node_images.base, command=["python3", "-c", server], ports=(8000,)),
+        namespace=restricted_namespace,
+    )
+    wait_for_phase(
+        kube_control_plane, namespace=restricted_namespace, name=name, phases=("Running",)
+    )
+    port = _free_port()
+    forward = subprocess.Popen(
+        [
+            str(kube_control_plane.kubectl_bin),
+            "port-forward",
+            "-n",
+            restricted_namespace,
+            f"pod/{name}",
+            f"{port}:8000",
+        ],
+        env=kube_control_plane.environ(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+
+        def fetch() -> str | None:
+            if forward.poll() is not None:
+                _, stderr = forward.communicate()
+                raise AssertionError(f"kubectl port-forward exited: {stderr!r}")
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as resp:
+                return resp.read().decode()
+
+        assert wait_until(fetch, timeout=60, message="the pod through port-forward") == (
+            "hello from the pod"
+        )
+    finally:
+        forward.terminate()
+        forward.wait(timeout=10)
