@@ -402,6 +402,8 @@ class ControlPlane:
                 "--authorization-mode=Node,RBAC",
                 f"--kubelet-client-certificate={pki.kubelet_client.cert}",
                 f"--kubelet-client-key={pki.kubelet_client.key}",
+                # NB: the default tries the node's Hostname first, which nothing resolves here.
+                "--kubelet-preferred-address-types=InternalIP,Hostname",
                 f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
                 "--allow-privileged=true",
                 f"--service-account-issuer={server}",

@@ -105,6 +105,9 @@ class Node:
     _processes: list[_Process] = field(default_factory=list, repr=False)
     _forwarders: list[Forwarder] = field(default_factory=list, repr=False)
     _holder_pid: int = 0
+    # overlayfs where the kernel allows it in the node's mount namespace, else native (a full
+    # copy of the image per container: tens of seconds for the project's image on a busy host)
+    snapshotter: str = "native"
     _kubelet: _Process | None = field(default=None, repr=False)
 
     name: str = NODE_NAME
@@ -125,10 +128,9 @@ class Node:
     def containerd_socket(self) -> Path:
         return self.dir / "containerd.sock"
 
-    @property
-    def cgroup_parent(self) -> str:
-        """The cgroup (under every v1 hierarchy) that holds this node's containers."""
-        return f"/{_MARKER}-{os.getpid()}"
+    def container_cgroups(self) -> list[Path]:
+        """The cgroups of this node's sandboxes and containers that exist now."""
+        return _container_cgroups(self.dir)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -167,7 +169,7 @@ class Node:
             _kill_holder(holder)
         while self._forwarders:
             self._forwarders.pop().close()
-        _remove_cgroups(self.cgroup_parent)
+        _remove_container_cgroups(self.dir)
         if self.dir.exists():
             shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -271,8 +273,17 @@ class Node:
             ip link set node0 up
             ip link set node1 up
             ip route add default dev node0
+            probe={self.dir / "overlay-probe"}
+            mkdir -p $probe/lower $probe/upper $probe/work $probe/merged
+            if mount -t overlay overlay \
+                -o lowerdir=$probe/lower,upperdir=$probe/upper,workdir=$probe/work $probe/merged
+            then umount $probe/merged; echo overlayfs > {self.dir / "snapshotter"}
+            else echo native > {self.dir / "snapshotter"}
+            fi
+            rm -rf $probe
             """
         )
+        self.snapshotter = (self.dir / "snapshotter").read_text().strip()
         self.timings["namespaces"] = time.monotonic() - began
 
     def _start_forwarders(self) -> None:
@@ -331,7 +342,7 @@ state = "{self.dir / "containerd-state"}"
   address = ""
 
 [plugins."io.containerd.cri.v1.images"]
-  snapshotter = "native"
+  snapshotter = "{self.snapshotter}"
   [plugins."io.containerd.cri.v1.images".pinned_images]
     sandbox = "{pause_image}"
 
@@ -346,7 +357,7 @@ state = "{self.dir / "containerd-state"}"
     default_runtime_name = "runc"
     [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
-      snapshotter = "native"
+      snapshotter = "{self.snapshotter}"
       [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
         BinaryName = "{bin_dir / "runc"}"
         SystemdCgroup = false
@@ -437,6 +448,7 @@ state = "{self.dir / "containerd-state"}"
             timeout=600.0,
         )
         self.timings[f"import {archive.name}"] = time.monotonic() - began
+        (self.log_dir / "node-timings.json").write_text(json.dumps(self.timings, indent=2))
 
     def _client_kubeconfig(
         self, *, stem: str, user: str, groups: tuple[str, ...], server: str
@@ -490,8 +502,10 @@ state = "{self.dir / "containerd-state"}"
             # NB: this host is cgroup v1; kubelet 1.35+ refuses to start on it without this.
             "failCgroupV1": False,
             "cgroupDriver": "cgroupfs",
+            # NB: without QoS cgroups the kubelet gives the runtime no cgroup parent, and
+            # containerd puts each container in /k8s.io/<id> under every hierarchy; stop() and
+            # sweep_stale_nodes() remove those by the ids in containerd's root.
             "cgroupsPerQOS": False,
-            "cgroupRoot": self.cgroup_parent,
             "enforceNodeAllocatable": [],
             "failSwapOn": False,
             "containerRuntimeEndpoint": f"unix://{self.containerd_socket}",
@@ -611,61 +625,76 @@ def _kill_holder(unshare: subprocess.Popen[bytes]) -> None:
 
 def node_processes(marker_pid: int | None = None) -> list[int]:
     """PIDs of live processes that belong to a test node (this run's when `marker_pid` is set):
-    holders by their argv, everything else by its PID namespace being a holder's."""
-    holders: dict[int, str] = {}
+    holders, found by their argv, and everything descended from them (containerd, the kubelet,
+    shims, containers)."""
+    parents: dict[int, int] = {}
+    holders: list[int] = []
+    pid_namespaces: dict[int, str] = {}
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
+            stat = (proc / "stat").read_text()
             argv = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
+        pid = int(proc.name)
+        parents[pid] = int(stat.rsplit(")", 1)[1].split()[1])
+        with contextlib.suppress(OSError):
+            pid_namespaces[pid] = os.readlink(proc / "ns/pid")
         ours = len(argv) >= 3 and argv[0].endswith(b"/pause") and argv[1] == _MARKER.encode()
         if ours and (marker_pid is None or argv[2] == str(marker_pid).encode()):
-            with contextlib.suppress(OSError):
-                holders[int(proc.name)] = os.readlink(proc / "ns/pid")
-    namespaces = set(holders.values())
+            holders.append(pid)
+    children: dict[int, list[int]] = {}
+    for pid, parent in parents.items():
+        children.setdefault(parent, []).append(pid)
+    # NB: containerd and the kubelet are nsenter's children (in the node's PID namespace, but
+    # not below the holder); shims and containers are the holder's (re-parented orphans).
+    node_namespaces = {pid_namespaces[h] for h in holders if h in pid_namespaces}
     found: list[int] = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            if os.readlink(proc / "ns/pid") in namespaces:
-                found.append(int(proc.name))
+    todo = [pid for pid, ns in pid_namespaces.items() if ns in node_namespaces]
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.append(pid)
+            todo.extend(children.get(pid, ()))
     return sorted(found)
 
 
-def _cgroup_dirs(parent: str) -> list[Path]:
-    found = []
-    root = Path(_CGROUP_ROOT)
+_CRI_CGROUP_PARENT = "k8s.io"  # containerd's CRI namespace: the default cgroup parent
+
+
+def _container_ids(node_dir: Path) -> set[str]:
+    """Ids of every sandbox and container this node's containerd made (from its root)."""
+    ids: set[str] = set()
+    cri = node_dir / "containerd-root" / "io.containerd.grpc.v1.cri"
+    for kind in ("containers", "sandboxes"):
+        with contextlib.suppress(OSError):
+            ids.update(p.name for p in (cri / kind).iterdir())
+    tasks = node_dir / "containerd-state" / "io.containerd.runtime.v2.task" / "k8s.io"
     with contextlib.suppress(OSError):
-        for hierarchy in root.iterdir():
-            candidate = hierarchy / parent.lstrip("/")
-            if candidate.is_dir():
-                found.append(candidate)
-    return found
+        ids.update(p.name for p in tasks.iterdir())
+    return ids
 
 
-def _remove_cgroups(parent: str) -> None:
-    """rmdir the (empty once the processes are gone) cgroups under `parent`, leaves first."""
-    for top in _cgroup_dirs(parent):
-        for dirpath, _dirs, _files in sorted(os.walk(top), key=lambda w: -len(w[0])):
-            with contextlib.suppress(OSError):
-                os.rmdir(dirpath)
-
-
-def leftover_cgroups() -> list[Path]:
-    """Test-node cgroups whose pytest is gone."""
-    found = []
+def _container_cgroups(node_dir: Path) -> list[Path]:
+    ids = _container_ids(node_dir)
+    found: list[Path] = []
     with contextlib.suppress(OSError):
         for hierarchy in Path(_CGROUP_ROOT).iterdir():
-            with contextlib.suppress(OSError):
-                for entry in hierarchy.iterdir():
-                    if entry.is_dir() and entry.name.startswith(f"{_MARKER}-"):
-                        pid = entry.name.rsplit("-", 1)[1]
-                        if pid.isdigit() and not _alive(int(pid)):
-                            found.append(entry)
+            for container_id in ids:
+                candidate = hierarchy / _CRI_CGROUP_PARENT / container_id
+                if candidate.is_dir():
+                    found.append(candidate)
     return found
+
+
+def _remove_container_cgroups(node_dir: Path) -> None:
+    """rmdir the cgroups of the node's containers (empty once their processes are gone)."""
+    for cgroup in _container_cgroups(node_dir):
+        for dirpath, _dirs, _files in sorted(os.walk(cgroup), key=lambda w: -len(w[0])):
+            with contextlib.suppress(OSError):
+                os.rmdir(dirpath)
 
 
 def _alive(pid: int) -> bool:
@@ -704,11 +733,10 @@ def sweep_stale_nodes() -> list[str]:
                 if not _alive(owner):
                     os.kill(pid, signal.SIGKILL)
                     removed.append(f"process {pid}")
-    for cgroup in leftover_cgroups():
-        _remove_cgroups("/" + cgroup.name)
-        if not cgroup.exists():
-            removed.append(str(cgroup))
     for node_dir in stale_node_dirs():
+        cgroups = _container_cgroups(node_dir)
+        _remove_container_cgroups(node_dir)
+        removed.extend(str(c) for c in cgroups if not c.exists())
         shutil.rmtree(node_dir, ignore_errors=True)
         removed.append(str(node_dir))
     if removed:

@@ -1,0 +1,458 @@
+"""End to end as a user: the Helm chart's operator running as a Pod on the test node.
+
+`helm install` with the locally built image → the operator Pod is Ready (its probes pass),
+non-root, with a read-only root filesystem, in a namespace that enforces the `restricted` Pod
+Security Standard. A Workflow (Linear tracker: the fake Linear server on the host, reached from
+the Pod through a forwarder into the node's network namespace) gets its issue worked to Done by
+a command agent inside the operator Pod. `helm upgrade` rolls the Deployment and the new Pod
+takes the Workflow over; with two replicas, deleting the leader's Pod hands the Workflow over
+with no double run; `helm uninstall` leaves only what docs/install.md says stays (the CRDs).
+
+The agent reports each run to the tracker itself — a `start <run> <pod>` and an `end <run>
+<pod>` comment on its issue — so runs are told apart by the agent's own run id and Pod name,
+not by a PID (PIDs repeat across Pods).
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import time
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.cluster.cluster import Cluster, wait_until
+from tests.cluster.images import agent_image
+from tests.cluster.node import NODE_TOLERATION, Node
+from tests.fakes.linear_server import FakeLinearServer
+from tests.node.pods import RESTRICTED_LABELS
+
+pytestmark = [pytest.mark.node, pytest.mark.cluster]
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "lorenz"
+RELEASE = "lorenz"
+WORKFLOW = "pods"
+AGENT_PATH = "/opt/lorenz-test/agent.py"
+
+# The command agent inside the operator's image: marks its run on the issue, works for
+# AGENT_SECONDS (printing, so it never looks stalled), moves the issue to Done, marks the end.
+AGENT = textwrap.dedent(
+    """\
+    import json, os, socket, sys, time, urllib.request, uuid
+
+    env = os.environ
+    sys.stdin.read()
+    run = uuid.uuid4().hex[:12]
+    pod = socket.gethostname()
+
+    def linear(query, variables):
+        request = urllib.request.Request(
+            env["AGENT_LINEAR_URL"],
+            data=json.dumps({"query": query, "variables": variables}).encode(),
+            headers={"Content-Type": "application/json", "Authorization": env["AGENT_LINEAR_KEY"]},
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            body = json.load(response)
+        if body.get("errors"):
+            raise SystemExit(f"linear: {body['errors']}")
+        return body["data"]
+
+    def mark(kind):
+        linear(
+            "mutation Mark($input: CommentCreateInput!) { commentCreate(input: $input) "
+            "{ success } }",
+            {"input": {"issueId": env["LORENZ_ISSUE_ID"], "body": f"{kind} {run} {pod}"}},
+        )
+
+    mark("start")
+    deadline = time.monotonic() + float(env.get("AGENT_SECONDS", "1"))
+    while time.monotonic() < deadline:
+        print("working", flush=True)
+        time.sleep(0.2)
+    linear(
+        "mutation Done($id: String!, $input: IssueUpdateInput!) { issueUpdate(id: $id, "
+        "input: $input) { success } }",
+        {"id": env["LORENZ_ISSUE_ID"], "input": {"stateId": env["AGENT_DONE_STATE_ID"]}},
+    )
+    mark("end")
+    """
+)
+
+
+@dataclass
+class Run:
+    run: str
+    pod: str
+    started: bool
+    ended: bool
+
+
+def runs_of(linear: FakeLinearServer, issue: str) -> list[Run]:
+    """The agent's runs on `issue`, from its start/end comments, in start order."""
+    found: dict[str, Run] = {}
+    for body in linear.comments_on(issue):
+        parts = body.split()
+        if len(parts) != 3 or parts[0] not in ("start", "end"):
+            continue
+        kind, run, pod = parts
+        entry = found.setdefault(run, Run(run=run, pod=pod, started=False, ended=False))
+        if kind == "start":
+            entry.started = True
+        else:
+            entry.ended = True
+    return list(found.values())
+
+
+@dataclass
+class Install:
+    cluster: Cluster
+    namespace: str
+    linear: FakeLinearServer
+    image: str
+    values: Path
+    endpoint: str  # the fake Linear server, as the Pods reach it
+    node_name: str
+
+    def helm(self, *args: str) -> str:
+        done = self.cluster.helm(*args, "-n", self.namespace, timeout=600.0)
+        return done.stdout
+
+    def pods(self) -> list[dict[str, Any]]:
+        body = self.cluster.kubectl_json(
+            "get", "pods", "-n", self.namespace, "-l", f"app.kubernetes.io/instance={RELEASE}"
+        )
+        return list(body["items"])
+
+    def ready_pods(self) -> list[str]:
+        names = []
+        for pod in self.pods():
+            if pod["metadata"].get("deletionTimestamp"):
+                continue
+            conditions = {c["type"]: c["status"] for c in pod["status"].get("conditions", [])}
+            if conditions.get("Ready") == "True":
+                names.append(pod["metadata"]["name"])
+        return sorted(names)
+
+    def wait_ready_pods(
+        self, count: int, *, exclude: Collection[str] = (), timeout: float = 240.0
+    ) -> list[str]:
+        def enough() -> list[str] | None:
+            pods = self.pods()
+            live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+            ready = [n for n in self.ready_pods() if n not in exclude]
+            others = [p["metadata"]["name"] for p in live if p["metadata"]["name"] in exclude]
+            return ready if len(ready) == count and len(live) == count and not others else None
+
+        try:
+            return wait_until(enough, timeout=timeout, interval=0.5, message=f"{count} Ready pods")
+        except TimeoutError as err:
+            described = self.cluster.kubectl("describe", "pods", "-n", self.namespace, check=False)
+            raise AssertionError(f"{err}\n{described.stdout[-6000:]}") from err
+
+    def holder(self) -> str | None:
+        done = self.cluster.kubectl(
+            "get",
+            "lease",
+            f"lorenz-wf-{WORKFLOW}",
+            "-n",
+            self.namespace,
+            "-o",
+            "jsonpath={.spec.holderIdentity}",
+            check=False,
+        )
+        if done.returncode != 0:
+            return None
+        return done.stdout.strip() or None
+
+    def wait_done(self, issue: str, *, timeout: float = 180.0) -> None:
+        def done() -> bool:
+            return self.linear.state_of(issue) == "Done"
+
+        try:
+            wait_until(done, timeout=timeout, interval=0.5, message=f"{issue} Done")
+        except TimeoutError as err:
+            logs = self.cluster.kubectl(
+                "logs",
+                "-n",
+                self.namespace,
+                "-l",
+                f"app.kubernetes.io/instance={RELEASE}",
+                "--tail=80",
+                "--prefix",
+                check=False,
+            )
+            raise AssertionError(f"{err}\n{logs.stdout}{logs.stderr}") from err
+
+
+@pytest.fixture(scope="module")
+def linear() -> Iterator[FakeLinearServer]:
+    with FakeLinearServer().running_in_thread() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def install(
+    kube_control_plane: Cluster,
+    kube_node: Node,
+    linear: FakeLinearServer,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Install]:
+    image = agent_image(AGENT)
+    kube_node.import_image(image.archive)
+    kube_control_plane.install_crds(REPO / "crds")
+    namespace = kube_control_plane.create_namespace(labels=RESTRICTED_LABELS)
+    port = int(linear.url.rsplit(":", 1)[1].split("/", 1)[0])
+    host, node_port = kube_node.forward_to_host(port=port)
+    repository, tag = image.ref.rsplit(":", 1)
+    values = tmp_path_factory.mktemp("helm") / "values.yaml"
+    values.write_text(
+        yaml.safe_dump(
+            {
+                "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
+                "watchNamespace": namespace,
+                "tolerations": [NODE_TOLERATION],
+                # Small requests: the test node shares 2 cores with everything else.
+                "resources": {
+                    "requests": {"cpu": "50m", "memory": "128Mi"},
+                    "limits": {"cpu": "1", "memory": "1Gi"},
+                },
+                "probes": {
+                    "readiness": {"initialDelaySeconds": 1, "periodSeconds": 2},
+                    "liveness": {"initialDelaySeconds": 10, "periodSeconds": 5},
+                },
+                "operator": {
+                    "lease": {
+                        "durationSeconds": 6,
+                        "renewDeadlineSeconds": 4,
+                        "retryPeriodSeconds": 1,
+                    }
+                },
+            }
+        )
+    )
+    kube_control_plane.kubectl(
+        "create",
+        "secret",
+        "generic",
+        "linear",
+        "-n",
+        namespace,
+        f"--from-literal=token={linear.api_key}",
+    )
+    yield Install(
+        cluster=kube_control_plane,
+        namespace=namespace,
+        linear=linear,
+        image=image.ref,
+        values=values,
+        endpoint=f"http://{host}:{node_port}/graphql",
+        node_name=kube_node.name,
+    )
+    kube_control_plane.helm("uninstall", RELEASE, "-n", namespace, "--wait=false", check=False)
+    kube_control_plane.delete_namespace(namespace, wait=False)
+
+
+def workflow(rig: Install, *, seconds: float) -> dict[str, Any]:
+    done_state = next(
+        s for s in rig.linear._states.values() if s.name == "Done" and s.team_key == "ENG"
+    )
+    return {
+        "apiVersion": "lorenz.dev/v1alpha1",
+        "kind": "Workflow",
+        "metadata": {"name": WORKFLOW},
+        "spec": {
+            "tracker": {
+                "kind": "linear",
+                "endpoint": rig.endpoint,
+                "projectSlug": rig.linear.project_slug,
+                "apiKeySecretRef": {"name": "linear", "key": "token"},
+            },
+            "polling": {"intervalMs": 500},
+            "agent": {"kind": "script", "maxConcurrentAgents": 2},
+            "agents": {
+                "script": {
+                    "protocol": "command",
+                    "command": f"python3 {AGENT_PATH}",
+                    "stallTimeoutMs": 60000,
+                    "turnTimeoutMs": 120000,
+                    "env": {
+                        "AGENT_LINEAR_URL": rig.endpoint,
+                        "AGENT_LINEAR_KEY": rig.linear.api_key,
+                        "AGENT_DONE_STATE_ID": done_state.id,
+                        "AGENT_SECONDS": str(seconds),
+                    },
+                }
+            },
+            "prompt": "Work on {{ issue.identifier }}",
+        },
+    }
+
+
+def _pod(rig: Install, name: str) -> dict[str, Any]:
+    body: dict[str, Any] = rig.cluster.kubectl_json("get", "pod", name, "-n", rig.namespace)
+    return body
+
+
+def test_install_upgrade_failover_uninstall(install: Install) -> None:
+    rig = install
+    cluster = rig.cluster
+
+    # -- helm install: the operator Pod becomes Ready, restricted, non-root, read-only root.
+    began = time.monotonic()
+    rig.helm("install", RELEASE, str(CHART), "-f", str(rig.values))
+    (first,) = rig.wait_ready_pods(1)
+    print(f"\nhelm install -> operator Pod Ready: {time.monotonic() - began:.1f} s")
+    pod = _pod(rig, first)
+    assert pod["spec"]["nodeName"] == rig.node_name
+    container = pod["spec"]["containers"][0]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["imagePullPolicy"] == "Never"
+    assert container["image"] == rig.image
+    whoami = cluster.kubectl(
+        "exec",
+        "-n",
+        rig.namespace,
+        first,
+        "-c",
+        "operator",
+        "--",
+        "python3",
+        "-c",
+        "import os\ntry:\n open('/x','w'); print(os.getuid(), 'rw')\n"
+        "except OSError:\n print(os.getuid(), 'ro')",
+    ).stdout.split()
+    assert whoami == ["10001", "ro"]
+    # The restricted standard is enforced there: a root Pod is refused.
+    refused = cluster.kubectl(
+        "run",
+        "root-shell",
+        "-n",
+        rig.namespace,
+        f"--image={rig.image}",
+        "--image-pull-policy=Never",
+        "--overrides",
+        json.dumps({"spec": {"securityContext": {"runAsUser": 0}}}),
+        "--",
+        "true",
+        check=False,
+    )
+    assert refused.returncode != 0
+    assert "violates PodSecurity" in refused.stderr, refused.stderr
+
+    # -- a Workflow: its issue worked to Done by the agent inside the operator Pod.
+    cluster.apply(workflow(rig, seconds=1.0), namespace=rig.namespace)
+    one = rig.linear.add_issue(title="first")
+    rig.wait_done(one.id)
+    runs = runs_of(rig.linear, one.id)
+    assert [(r.pod, r.started, r.ended) for r in runs] == [(first, True, True)]
+    wait_until(
+        lambda: (rig.holder() or "").startswith(first) or None,
+        timeout=60,
+        message="the first Pod holds the Workflow's Lease",
+    )
+
+    # -- helm upgrade with a changed value rolls the Deployment; the new Pod takes over.
+    rig.helm(
+        "upgrade",
+        RELEASE,
+        str(CHART),
+        "-f",
+        str(rig.values),
+        "--reuse-values",
+        "--set",
+        "operator.logLevel=debug",
+    )
+    (second,) = rig.wait_ready_pods(1, exclude={first})
+    assert second != first
+    env = {e["name"]: e.get("value") for e in _pod(rig, second)["spec"]["containers"][0]["env"]}
+    assert env["LORENZ_OPERATOR_LOG_LEVEL"] == "debug"
+    two = rig.linear.add_issue(title="second")
+    rig.wait_done(two.id)
+    assert [(r.pod, r.ended) for r in runs_of(rig.linear, two.id)] == [(second, True)]
+    assert len(runs_of(rig.linear, one.id)) == 1  # the finished issue was not redone
+
+    # -- two replicas: deleting the leader's Pod hands over, with no double run.
+    rig.helm(
+        "upgrade",
+        RELEASE,
+        str(CHART),
+        "-f",
+        str(rig.values),
+        "--reuse-values",
+        "--set",
+        "replicaCount=2",
+        "--set",
+        "updateStrategy.type=RollingUpdate",
+    )
+    pair = rig.wait_ready_pods(2, exclude={first})
+    leader = wait_until(
+        lambda: next((p for p in pair if (rig.holder() or "").startswith(p)), None),
+        timeout=60,
+        message="one of the two Pods leads the Workflow",
+    )
+    # A longer run, so the leader's Pod is deleted while its agent works.
+    cluster.apply(workflow(rig, seconds=4.0), namespace=rig.namespace)
+    three = rig.linear.add_issue(title="third")
+    wait_until(
+        lambda: runs_of(rig.linear, three.id) or None,
+        timeout=120,
+        message="the leader starts the third issue",
+    )
+    cluster.kubectl("delete", "pod", leader, "-n", rig.namespace, "--wait=false")
+    follower = next(p for p in pair if p != leader)
+    wait_until(
+        lambda: (rig.holder() or "").startswith(follower) or None,
+        timeout=120,
+        message="the follower takes the Workflow's Lease over",
+    )
+    rig.wait_done(three.id)
+    runs = runs_of(rig.linear, three.id)
+    finished = [r for r in runs if r.ended]
+    assert len(finished) == 1, runs  # done once, never twice
+    four = rig.linear.add_issue(title="fourth")
+    rig.wait_done(four.id)
+    assert [(r.pod, r.ended) for r in runs_of(rig.linear, four.id)] == [(follower, True)]
+    for issue in (one, two):
+        assert len(runs_of(rig.linear, issue.id)) == 1
+
+    # -- helm uninstall leaves the CRDs (and the user's own Workflow and Secret), nothing else.
+    cluster.kubectl(
+        "delete", "workflow", WORKFLOW, "-n", rig.namespace, "--wait=true", timeout=120.0
+    )
+    rig.helm("uninstall", RELEASE, "--wait", "--timeout=180s")
+    wait_until(lambda: rig.pods() == [] or None, timeout=120, message="the operator Pods gone")
+    left = cluster.kubectl(
+        "get",
+        "deployments,replicasets,services,serviceaccounts,roles,rolebindings,"
+        "configmaps,persistentvolumeclaims",
+        "-n",
+        rig.namespace,
+        "-l",
+        f"app.kubernetes.io/instance={RELEASE}",
+        "-o",
+        "name",
+    ).stdout.split()
+    assert left == []
+    cluster_wide = cluster.kubectl(
+        "get",
+        "clusterroles,clusterrolebindings",
+        "-l",
+        f"app.kubernetes.io/instance={RELEASE}",
+        "-o",
+        "json",
+    )
+    leftovers = [
+        i["metadata"]["name"]
+        for i in json.loads(cluster_wide.stdout)["items"]
+        if i["metadata"].get("annotations", {}).get("meta.helm.sh/release-namespace")
+        == rig.namespace
+    ]
+    assert leftovers == []
+    crds = cluster.kubectl("get", "crd", "-o", "name").stdout.split()
+    assert "customresourcedefinition.apiextensions.k8s.io/workflows.lorenz.dev" in crds
