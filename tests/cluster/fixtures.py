@@ -242,23 +242,23 @@ def kube_node(
 class NodeImages:
     """The images `node_images` built and loaded: references for Pod specs."""
 
-    base: str
-    project: str
+    project: str  # the project's Dockerfile on the Debian base: python3, `lorenz`
 
 
 @pytest.fixture(scope="session")
 def node_images(kube_node: Node | KindNode) -> NodeImages:
-    """The Debian base and the project's image (Dockerfile, built by buildah), in the node."""
-    from tests.cluster.images import ImageError, base_image, project_image
+    """The project's image (its Dockerfile, built by buildah on the Debian base), in the node.
+
+    NB: only this one is imported: it contains the base's layer, and every import unpacks
+    (tens of seconds on a busy host)."""
+    from tests.cluster.images import ImageError, project_image
 
     failure: str | None = None
     try:
-        base = base_image()
         project = project_image()
-        for image in (base, project):
-            kube_node.import_image(image.archive)
+        kube_node.import_image(project.archive)
     except (ImageError, NodeError) as err:
         failure = f"test images could not be built or loaded: {err}"
     if failure is not None:
         pytest.fail(failure, pytrace=False)
-    return NodeImages(base=base.ref, project=project.ref)
+    return NodeImages(project=project.ref)

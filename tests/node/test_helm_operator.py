@@ -32,7 +32,9 @@ from tests.cluster.node import NODE_TOLERATION, Node
 from tests.fakes.linear_server import FakeLinearServer
 from tests.node.pods import RESTRICTED_LABELS
 
-pytestmark = [pytest.mark.node, pytest.mark.cluster]
+# NB: the first run builds the images (minutes on 2 busy cores) inside a fixture, which the
+# suite's 300 s per-test timeout would cut short.
+pytestmark = [pytest.mark.node, pytest.mark.cluster, pytest.mark.timeout(1800)]
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "lorenz"

@@ -20,7 +20,9 @@ from tests.cluster.fixtures import NodeImages
 from tests.cluster.node import NODE_LABEL, NODE_TAINT_KEY, Node
 from tests.node.pods import RESTRICTED_LABELS, pod, wait_for_phase
 
-pytestmark = [pytest.mark.node, pytest.mark.cluster]
+# NB: the first run builds the images (minutes on 2 busy cores) inside a fixture, which the
+# suite's 300 s per-test timeout would cut short.
+pytestmark = [pytest.mark.node, pytest.mark.cluster, pytest.mark.timeout(1800)]
 
 
 @pytest.fixture
@@ -64,7 +66,7 @@ def test_restricted_pod_runs_non_root_with_a_read_only_root_and_logs(
     )
     name = unique_name("restricted")
     kube_control_plane.apply(
-        pod(name, image=node_images.base, command=["python3", "-c", script]),
+        pod(name, image=node_images.project, command=["python3", "-c", script]),
         namespace=restricted_namespace,
     )
     body = wait_for_phase(
@@ -85,7 +87,7 @@ def test_restricted_namespace_refuses_a_root_pod(
     node_images: NodeImages,
     restricted_namespace: str,
 ) -> None:
-    manifest = pod("root", image=node_images.base, command=["true"])
+    manifest = pod("root", image=node_images.project, command=["true"])
     del manifest["spec"]["containers"][0]["securityContext"]["runAsNonRoot"]
     manifest["spec"]["containers"][0]["securityContext"]["runAsUser"] = 0
     done = kube_control_plane.kubectl(
@@ -127,7 +129,7 @@ def test_port_forward_reaches_a_pod(
         "http.server.ThreadingHTTPServer(('0.0.0.0', 8000), H).serve_forever()\n"
     )
     kube_control_plane.apply(
-        pod(name, image=node_images.base, command=["python3", "-c", server], ports=(8000,)),
+        pod(name, image=node_images.project, command=["python3", "-c", server], ports=(8000,)),
         namespace=restricted_namespace,
     )
     wait_for_phase(

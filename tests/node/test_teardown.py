@@ -22,7 +22,9 @@ import pytest
 from tests.cluster.cluster import wait_until
 from tests.cluster.node import node_processes, stale_node_dirs, sweep_stale_nodes
 
-pytestmark = [pytest.mark.node, pytest.mark.cluster]
+# NB: the first run builds the images (minutes on 2 busy cores) inside a fixture, which the
+# suite's 300 s per-test timeout would cut short.
+pytestmark = [pytest.mark.node, pytest.mark.cluster, pytest.mark.timeout(1800)]
 
 REPO = Path(__file__).resolve().parents[2]
 
