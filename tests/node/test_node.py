@@ -156,7 +156,8 @@ def test_port_forward_reaches_a_pod(
                 _, stderr = forward.communicate()
                 raise AssertionError(f"kubectl port-forward exited: {stderr!r}")
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as resp:
-                return resp.read().decode()
+                body: bytes = resp.read()
+            return body.decode()
 
         assert wait_until(fetch, timeout=60, message="the pod through port-forward") == (
             "hello from the pod"
