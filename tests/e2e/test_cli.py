@@ -69,16 +69,19 @@ async def test_the_console_script_runs_one_tick_against_linear_with_the_codex_ag
     assert process.returncode == 0, output
     assert linear.api_key not in output
 
-    # What the tracker saw: one candidate query, then the check before ENG-1's second turn.
+    # What the tracker saw: one candidate query, the check before ENG-1's second turn, and the
+    # read that decided ENG-1's clean exit (still active: a continuation).
     assert not linear.rejected
     assert {r.authorization for r in linear.requests} == {linear.api_key}
     assert [r.operation_name for r in linear.requests] == [
         "LorenzIssuesByStates",
         "LorenzIssuesByIds",
+        "LorenzIssuesByIds",
     ]
     assert linear.requests[0].variables["stateNames"] == ["Todo", "In Progress"]
     assert linear.requests[0].variables["projectSlug"] == linear.project_slug
     assert linear.requests[1].variables["ids"] == [board.todo.id]
+    assert linear.requests[2].variables["ids"] == [board.todo.id]
 
     # What the agents saw.
     workspaces = tmp_path / "workspaces"

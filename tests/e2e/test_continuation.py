@@ -8,6 +8,7 @@ moved to Done (here: on the fake board, while turn 2 runs) no further turn start
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +41,10 @@ async def _run(
 ) -> tuple[FakeIssue, HostRun, list[dict[str, Any]]]:
     issue = linear.add_issue("ENG-1", title="Add a greeting", state="Todo", priority=2)
     install_scenarios(tmp_path, {"ENG-1": scenario})
+    # NB: the record is kept outside the workspace, which is removed once the issue is Done.
+    record_file = tmp_path / "codex_record.jsonl"
     command = (
-        f'FAKE_CODEX_RECORD="$PWD/codex_record.jsonl" exec '
+        f"FAKE_CODEX_RECORD={shlex.quote(str(record_file))} exec "
         f"{python_command(FAKES / 'codex_agent.py')} {per_issue_scenario_arg(tmp_path)}"
     )
     workflow = write_workflow(
@@ -56,7 +59,7 @@ async def _run(
         environ=agent_environ(tmp_path, LINEAR_API_KEY=linear.api_key),
         on_event=on_event,
     )
-    record = read_jsonl(tmp_path / "workspaces" / "ENG-1" / "codex_record.jsonl")
+    record = read_jsonl(record_file)
     assert not [e for e in record if "violation" in e]
     return issue, run, record
 
@@ -92,9 +95,10 @@ async def test_an_active_issue_gets_every_turn_on_the_same_thread(
         continuation_prompt(2, MAX_TURNS),
         continuation_prompt(3, MAX_TURNS),
     ]
-    # One "still active?" read before each continuation turn, none after the last.
+    # One "still active?" read before each continuation turn, and one after the run ended
+    # (still active: the slot keeps its continuation).
     checks = linear.requests_for("LorenzIssuesByIds")
-    assert [c.variables["ids"] for c in checks] == [[issue.id]] * (MAX_TURNS - 1)
+    assert [c.variables["ids"] for c in checks] == [[issue.id]] * MAX_TURNS
 
     [history] = run.history("ENG-1")
     assert (history["outcome"], history["turn_count"]) == ("success", MAX_TURNS)
@@ -132,9 +136,14 @@ async def test_no_further_turn_once_the_issue_moved_to_done_mid_run(
         continuation_prompt(2, MAX_TURNS),
     ]
     assert len(_received(record, "turn/start")) == 2
+    # Before turn 2 (active), before turn 3 (Done: stop), and the exit's read (Done: release).
     checks = linear.requests_for("LorenzIssuesByIds")
-    assert [c.variables["ids"] for c in checks] == [[issue.id], [issue.id]]
+    assert [c.variables["ids"] for c in checks] == [[issue.id]] * 3
     [history] = run.history("ENG-1")
     # Stopping because the issue is no longer active is a clean end, not a failure.
     assert (history["outcome"], history["turn_count"]) == ("success", 2)
     assert history["usage"]["total_tokens"] == 280
+    # Done is done: no continuation retry, the claim released, the workspace removed.
+    assert run.snapshot["retrying"] == []
+    assert run.of_type("retry_scheduled") == []
+    assert not (tmp_path / "workspaces" / "ENG-1").exists()

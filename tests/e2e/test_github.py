@@ -27,7 +27,7 @@ E2E = Path(__file__).resolve().parent
 AGENT_TOKEN = "ghp_agentOwnToken000000000000000000000"
 
 
-async def test_the_agent_labels_its_issue_done_and_the_next_tick_cleans_up(
+async def test_the_agent_labels_its_issue_done_and_its_exit_cleans_up(
     tmp_path: Path,
 ) -> None:
     async with FakeGitHubServer(tokens=[AGENT_TOKEN]) as github:
@@ -64,20 +64,21 @@ async def test_the_agent_labels_its_issue_done_and_the_next_tick_cleans_up(
         )
         ticks: list[dict[str, Any]] = []
 
-        def stop_after_the_second_tick(runtime: LorenzRuntime, event: dict[str, Any]) -> None:
+        def stop_once_cleaned_up(runtime: LorenzRuntime, event: dict[str, Any]) -> None:
             if event["type"] in ("poll_completed", "poll_error"):
                 ticks.append(event)
-                if len(ticks) == 2:
-                    runtime.stop()
+            if event["type"] in ("workspace_cleanup", "poll_error"):
+                runtime.stop()
 
         run = await run_host_once(
             workflow,
             environ=agent_environ(tmp_path, GITHUB_TOKEN=github.token),
             once=False,
-            on_event=stop_after_the_second_tick,
+            on_event=stop_once_cleaned_up,
         )
 
-    assert [t["type"] for t in ticks] == ["poll_completed", "poll_completed"]
+    # One tick dispatched; the clean exit's own by-id read did the rest (no second tick).
+    assert [t["type"] for t in ticks] == ["poll_completed"]
     identifier = f"{github.repository}#{issue.number}"
     assert [e["identifier"] for e in run.of_type("run_started")] == [identifier]
     assert [h["outcome"] for h in run.history(identifier)] == ["success"]
@@ -113,8 +114,8 @@ async def test_the_agent_labels_its_issue_done_and_the_next_tick_cleans_up(
     reads = [r for r in github.requests if r.method == "GET"]
     assert {r.authorization for r in reads} == {f"Bearer {github.token}"}
 
-    # Tick 2 read the tracked issue by number after the agent's writes, saw it terminal, and
-    # cleaned up: no retry left, workspace gone.
+    # After the agent exited, Lorenz read the issue by number, saw it terminal, and cleaned
+    # up: released without a continuation retry, workspace gone.
     after = github.requests[github.requests.index(writes[-1]) + 1 :]
     single = f"/repos/{github.repository}/issues/{issue.number}"
     assert single in [r.path for r in after]
@@ -125,6 +126,9 @@ async def test_the_agent_labels_its_issue_done_and_the_next_tick_cleans_up(
     assert not workspace.exists()
     assert run.snapshot["retrying"] == []
     assert run.snapshot["running"] == []
+    assert run.of_type("retry_scheduled") == []  # no "continuation retry #1" for a done issue
+    [finished] = run.of_type("run_finished")
+    assert finished["reason"] == "terminal"
 
     # The pull request and the closed issue were never candidates for a run.
     for number in (pull.number, old.number):

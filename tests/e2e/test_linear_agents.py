@@ -268,14 +268,18 @@ def _usage(row: dict[str, Any]) -> tuple[int, int, int]:
 def _assert_tracker_reads(
     linear: FakeLinearServer, board: LinearBoard, *, continuation_checks: int
 ) -> None:
-    """One candidate query, then only the by-id checks between ENG-1's turns."""
+    """One candidate query, the by-id checks between ENG-1's turns, and its exit's read.
+
+    ENG-1 ends cleanly, so one more by-id read decides its slot (still active: continuation);
+    ENG-2 fails, which needs no read (a failure always retries with backoff).
+    """
     assert not linear.rejected, [r.validation_errors for r in linear.rejected]
     # The raw personal key, never "Bearer <key>".
     assert {r.authorization for r in linear.requests} == {linear.api_key}
     assert {r.status for r in linear.requests} == {200}
     names = [r.operation_name for r in linear.requests]
     # NB: nothing is tracked when the only tick starts, so it reconciles without a request.
-    assert names == ["LorenzIssuesByStates"] + ["LorenzIssuesByIds"] * continuation_checks
+    assert names == ["LorenzIssuesByStates"] + ["LorenzIssuesByIds"] * (continuation_checks + 1)
     candidates = linear.requests[0].variables
     assert candidates["projectSlug"] == linear.project_slug
     assert candidates["stateNames"] == ["Todo", "In Progress"]

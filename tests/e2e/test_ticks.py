@@ -58,7 +58,13 @@ async def test_once_is_one_tick_even_when_a_continuation_falls_due_meanwhile(
             "continuation",
             1,
         )
-    assert [r.operation_name for r in linear.requests] == ["LorenzIssuesByStates"]
+    # One candidate scan; then each clean exit reads its own issue once (still active: the
+    # continuation stays) — and no second tick.
+    names = [r.operation_name for r in linear.requests]
+    assert names == ["LorenzIssuesByStates", "LorenzIssuesByIds", "LorenzIssuesByIds"]
+    assert sorted(r.variables["ids"][0] for r in linear.requests[1:]) == sorted(
+        linear.issue(identifier).id for identifier in ("ENG-1", "ENG-2")
+    )
     assert not run.snapshot["running"]
     assert run.snapshot["app_status"] == "stopped"
 
@@ -70,30 +76,39 @@ async def test_the_next_tick_reconciles_exactly_the_tracked_issues_by_id(
     board = seed_linear_board(linear)
     install_scenarios(tmp_path, {"ENG-1": {"exit": 0}, "ENG-2": {"exit": 0}})
     polls: list[dict[str, Any]] = []
+    finished: list[dict[str, Any]] = []
 
-    def stop_after_the_second_tick(runtime: LorenzRuntime, event: dict[str, Any]) -> None:
+    def refresh_once_both_ran_then_stop(runtime: LorenzRuntime, event: dict[str, Any]) -> None:
+        if event["type"] == "run_finished":
+            finished.append(event)
+            if len(finished) == 2:
+                runtime.request_refresh()
         if event["type"] in ("poll_completed", "poll_error"):
             polls.append(event)
             if len(polls) == 2:
                 runtime.stop()
 
-    # Recurring mode with a long interval: the second tick is the one that settling runs nudge.
+    # Recurring mode with a long interval: the second tick is the refresh asked for once both
+    # runs ended (settling runs do not start ticks; they start by-id dispatch passes).
     run = await run_host_once(
         _command_workflow(tmp_path, linear),
         environ=agent_environ(tmp_path, LINEAR_API_KEY=linear.api_key),
         once=False,
-        on_event=stop_after_the_second_tick,
+        on_event=refresh_once_both_ran_then_stop,
     )
 
     assert [p["type"] for p in polls] == ["poll_completed", "poll_completed"]
     names = [r.operation_name for r in linear.requests]
-    # Tick 1 tracks nothing yet (no by-id read); tick 2 refreshes what it tracks, then polls.
-    assert names == ["LorenzIssuesByStates", "LorenzIssuesByIds", "LorenzIssuesByStates"]
-    reconcile = linear.requests[1]
+    # Tick 1 tracks nothing yet (no by-id read); the exits are decided by by-id reads; tick 2
+    # refreshes what it tracks, then scans.
+    assert names[0] == "LorenzIssuesByStates"
+    assert set(names[1:-2]) == {"LorenzIssuesByIds"}
+    assert names[-2:] == ["LorenzIssuesByIds", "LorenzIssuesByStates"]
+    reconcile = linear.requests[-2]
     assert sorted(reconcile.variables["ids"]) == sorted([board.todo.id, board.in_progress.id])
     assert reconcile.variables["projectSlug"] == linear.project_slug
     assert {r.authorization for r in linear.requests} == {linear.api_key}
-    # Both issues are still active: the reconciliation kept their continuations.
+    # Both issues are still active: the exits and the reconciliation kept their continuations.
     assert {r["identifier"] for r in run.snapshot["retrying"]} == {"ENG-1", "ENG-2"}
     assert not run.of_type("run_canceled")
 

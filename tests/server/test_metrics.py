@@ -138,8 +138,11 @@ async def test_reconcile_stops_are_counted_by_reason(
     rig.tracker.set_state("id-1", "Done")  # terminal
     rig.tracker.set_state("id-2", "Backlog")  # no longer active
     # id-3's agent printed once and is silent since: a stall after 300 ms.
+    # NB: an output line, not just the session_started message (which comes before the agent's
+    # interpreter has even started): T-3's silence is counted from its one line.
     await wait_until(
-        lambda: all(e.last_agent_message for e in rig.orchestrator.state.running.values())
+        lambda: all(e.last_agent_event == "output"
+                    for e in rig.orchestrator.state.running.values())
     )
     await asyncio.sleep(0.4)
     await rig.runtime.poll_once()

@@ -185,6 +185,12 @@ class PollingSettings(Section):
     interval_ms: PositiveInt = Field(default=30000, json_schema_extra=_reload("hot"))
     """Milliseconds between polls; takes effect when the next poll is scheduled."""
 
+    dispatch_batch_ms: NonNegativeInt = Field(
+        default=500, le=60000, json_schema_extra=_reload("hot")
+    )
+    """Between polls, how long freed capacity, clean exits and due retries are gathered
+    before one by-id tracker read decides the exits and revalidates what will start."""
+
 
 class WorkspaceKind(enum.StrEnum):
     DIRECTORY = "directory"

@@ -446,7 +446,9 @@ class Orchestrator:
 
     # -- eligibility --------------------------------------------------------------------------
 
-    async def eligible_issues(self, issues: Sequence[Issue]) -> list[DispatchCandidate]:
+    async def eligible_issues(
+        self, issues: Sequence[Issue], *, complete: bool = True
+    ) -> list[DispatchCandidate]:
         """Sorted dispatch candidates, one per free slot of every eligible issue.
 
         First sweeps expired reservations (cancelled with their retry restored); afterwards
@@ -454,11 +456,16 @@ class Orchestrator:
         (``issues`` must be the full candidate list) or whose slot index is beyond a shrunk
         ``agent.ensemble_size``. Caps are *not* applied here: :meth:`claim` applies them, so
         the runtime can report each skipped candidate and stop at the first capacity skip.
+        ``complete=False`` says ``issues`` is not a fresh full list (the runtime dispatching
+        between polls from the last one): nothing is pruned or forgotten because of it.
         """
         async with self._lock:
             now_ms = self._clock.monotonic_ms()
             expired = await self._sweep_expired_locked(now_ms) if self._state.reserved else []
             candidates, eligible_tracked = self._candidates(issues, now_ms=now_ms)
+            if not complete:
+                self._last_eligibility = EligibilityReport(expired=tuple(expired))
+                return candidates
             pruned: list[RetryEntry] = []
             if self._state.retry_attempts:
                 pruned = await self._prune_retries_locked(eligible_tracked)

@@ -36,6 +36,8 @@ class ActiveRun:
     superseded: bool = False
     started: bool = False
     """The slot is bound and its agent run under way (not just reserving a worker)."""
+    exited: bool = False
+    """The agent run is over; the slot is being settled (no turn is in progress)."""
 
     @property
     def is_active(self) -> bool:
@@ -63,6 +65,27 @@ class TerminalGrace:
     keys: set[SlotKey]
     """Running slots still finishing their turn."""
     timer: asyncio.TimerHandle | None = None
+
+
+@dataclasses.dataclass(slots=True)
+class PendingExit:
+    """A run whose agent exited cleanly, waiting for the by-id read that decides its slot.
+
+    The decision (continuation retry while the issue stays active, release otherwise) is made
+    by the next dispatch pass or tick, which batches every pending exit with the revalidation
+    of the candidates it is about to start into one tracker read; then ``decided`` is set.
+    """
+
+    run: ActiveRun
+    decided: asyncio.Future[None]
+
+    @property
+    def key(self) -> SlotKey:
+        return self.run.key
+
+    @property
+    def issue_id(self) -> str:
+        return self.run.issue_id
 
 
 class ActiveRuns:

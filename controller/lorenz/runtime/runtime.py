@@ -48,7 +48,7 @@ from lorenz.orchestrator import (
 from lorenz.policies import StopReason, WorkerHealth, classify_worker_outcome
 from lorenz.runtime.projection import Projection
 from lorenz.runtime.retry_timers import RetryTimers
-from lorenz.runtime.runs import AbortReason, ActiveRun, ActiveRuns, TerminalGrace
+from lorenz.runtime.runs import AbortReason, ActiveRun, ActiveRuns, PendingExit, TerminalGrace
 from lorenz.runtime.tools import tracker_tools
 from lorenz.secrets import Redactor, tracker_secrets
 from lorenz.trackers import TrackerClient
@@ -128,6 +128,16 @@ class LorenzRuntime:
         self._runs = ActiveRuns()
         self._graces: dict[str, TerminalGrace] = {}
         """Issues that turned terminal mid-turn, by id, while their runs finish the turn."""
+        self._candidate_cache: dict[str, Issue] = {}
+        """The last full candidate list (by id, in tracker order), kept fresh by every by-id
+        read; dispatch between polls picks from it."""
+        self._exits: dict[SlotKey, PendingExit] = {}
+        self._dispatch_lock = asyncio.Lock()
+        """Held by a tick's body and by a dispatch pass: they never interleave."""
+        self._pass_wanted = False
+        self._pass_task: asyncio.Task[None] | None = None
+        self._pass_wake = asyncio.Event()
+        self._dry_run = False
         self._projection = Projection()
         self._timers = RetryTimers(clock=self._clock, on_fire=self._on_retry_due)
         self._snapshot_listeners: list[SnapshotListener] = []
@@ -184,6 +194,7 @@ class LorenzRuntime:
     async def start(self, *, once: bool = False, dry_run: bool = False) -> None:
         """Run until stopped (recurring mode) or for one tick plus its runs (``once``)."""
         self._app_status = "running"
+        self._dry_run = dry_run
         self._emit_snapshot()
         if once:
             # NB: one tick means one. Without this, the nudges of settling runs (and the retry
@@ -228,6 +239,7 @@ class LorenzRuntime:
             run.finish_externally(AbortReason.SHUTDOWN)
         self._timers.cancel_all()
         self._wake.set()
+        self._pass_wake.set()
         self._event(EventType.STOPPING, message="runtime stopping")
 
     async def wait_for_runs(self) -> None:
@@ -373,18 +385,53 @@ class LorenzRuntime:
             await self.poll_once()
 
     def _nudge(self) -> None:
-        """Freed capacity: fill it now rather than at the next interval (never in --once)."""
+        """Freed capacity, a clean exit or a due retry: act now, not at the next interval.
+
+        What runs is a dispatch pass, not a tick: it decides pending exits and fills free slots
+        from the last candidate list, revalidating each chosen issue by id first (one batched
+        read). Passes serialize with ticks and with each other; nudges during a pass merge into
+        one follow-up pass. Never in ``--once``.
+        """
         if self._stopped or self._once:
             return
-        if self._poll_in_progress:
-            self._queue_poll(dry_run=False, wait_for_runs=False)
-        else:
-            self._spawn_poll()
+        self._pass_wanted = True
+        if self._pass_task is None:
+            self._pass_task = asyncio.get_running_loop().create_task(
+                self._run_passes(), name="lorenz-dispatch-pass"
+            )
+
+    async def _run_passes(self) -> None:
+        try:
+            while self._pass_wanted and not self._stopped:
+                # NB: gather what comes close together (exits of runs started together, retries
+                # due together) so one tracker read serves them all; stop() cuts the wait short.
+                batch_s = self.settings.polling.dispatch_batch_ms / 1000.0
+                if batch_s > 0:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._pass_wake.wait(), timeout=batch_s)
+                if self._stopped:
+                    break
+                self._pass_wanted = False
+                async with self._dispatch_lock:
+                    try:
+                        await self._dispatch_pass()
+                    except Exception:
+                        logger.exception("dispatch pass failed")
+        finally:
+            self._pass_task = None
 
     def _on_retry_due(self, key: SlotKey) -> None:
         self._nudge()
 
     async def _tick(self, *, dry_run: bool, wait_for_runs: bool) -> None:
+        # NB: the lock covers the tick's body only: runs waiting in wait_for_runs() may need a
+        # dispatch pass (their exit decision), which takes the same lock.
+        async with self._dispatch_lock:
+            await self._tick_body(dry_run=dry_run)
+        if wait_for_runs:
+            await self.wait_for_runs()
+
+    async def _tick_body(self, *, dry_run: bool) -> None:
         started_ms = self._clock.monotonic_ms()
         self.poll_count += 1
         self._emit_snapshot()
@@ -400,6 +447,7 @@ class LorenzRuntime:
             await self._reconcile_stalled_runs()
             await self._reconcile_tracked_issues()
             candidates = await self._tracker.fetch_candidate_issues()
+            self._candidate_cache = {issue.id: issue for issue in candidates}
             eligible = await self._orchestrator.eligible_issues(candidates)
             self._last_candidates = len(candidates)
             self._last_eligible = len(eligible)
@@ -444,8 +492,6 @@ class LorenzRuntime:
             raise
         finally:
             self._emit_snapshot()
-        if wait_for_runs:
-            await self.wait_for_runs()
 
     async def _heartbeat_claims(self) -> None:
         """Prove our claims are still ours before this tick mutates anything.
@@ -565,6 +611,7 @@ class LorenzRuntime:
             self._retry_event(stalled.retry)
 
     async def _reconcile_tracked_issues(self) -> None:
+        exits = self._take_exits()
         tracked = self._orchestrator.tracked_issue_ids()
         if not tracked:
             return
@@ -577,9 +624,16 @@ class LorenzRuntime:
                 message=_describe(exc),
                 code=getattr(exc, "code", type(exc).__name__),
             )
+            for pending in exits:
+                await self._decide_exit(pending, None, known=False)
             return
         by_id = {issue.id: issue for issue in fresh}
-        for issue_id in sorted(tracked):
+        for pending in exits:
+            await self._decide_exit(pending, by_id.get(pending.issue_id), known=True)
+        waiting = {pending.issue_id for pending in self._exits.values()}
+        for issue_id in sorted(tracked & self._orchestrator.tracked_issue_ids() - waiting):
+            # NB: an issue with a run that exited after the read above is left to the pass
+            # that decides that exit; stopping it here would cancel a run that ended cleanly.
             issue = by_id.get(issue_id)
             reason = self._orchestrator.reconciliation_decision(issue)
             if reason is None:
@@ -604,7 +658,7 @@ class LorenzRuntime:
         (its retry is then pruned, the issue being terminal).
         """
         grace_ms = self.settings.agent.terminal_grace_ms
-        runs = [run for run in self._runs.of_issue(issue.id) if run.is_active]
+        runs = [run for run in self._runs.of_issue(issue.id) if run.is_active and not run.exited]
         turning = [run for run in runs if run.started]
         if grace_ms <= 0 or not turning:
             return False
@@ -874,6 +928,9 @@ class LorenzRuntime:
                 await self._orchestrator.finish(key, normal=True, error=None)
             elif run.is_active and key in self._grace_keys(run.issue_id):
                 await self._settle_in_grace(run, key=key, normal=normal, text=text)
+            elif run.is_active and normal:
+                run.exited = True
+                await self._settle_clean_exit(run)
             elif run.is_active:
                 finished = await self._orchestrator.finish(key, normal=normal, error=text)
                 if finished is not None:
@@ -899,6 +956,137 @@ class LorenzRuntime:
             self._runs.discard(run)
             self._emit_snapshot()
             self._nudge()
+
+    async def _settle_clean_exit(self, run: ActiveRun) -> None:
+        """Wait for the by-id read that decides a cleanly exited slot (see :class:`PendingExit`).
+
+        In ``--once`` there are no dispatch passes, so the run reads its issue itself.
+        """
+        pending = PendingExit(run=run, decided=asyncio.get_running_loop().create_future())
+        if self._once:
+            try:
+                found = await self._tracker.fetch_issues_by_ids([run.issue_id])
+            except Exception:
+                await self._decide_exit(pending, None, known=False)
+            else:
+                by_id = {issue.id: issue for issue in found}
+                await self._decide_exit(pending, by_id.get(run.issue_id), known=True)
+            return
+        self._exits[run.key] = pending
+        self._nudge()
+        try:
+            await pending.decided
+        except asyncio.CancelledError:
+            self._exits.pop(run.key, None)
+            if run.reason is AbortReason.SHUTDOWN:
+                # Stopped while waiting: as any shutdown, keep the slot's place (if the pass
+                # did not decide it already).
+                await self._orchestrator.finish(run.key, normal=True, error=None)
+                return
+            if run.reason is None:
+                run.reason = AbortReason.SHUTDOWN
+                await self._orchestrator.finish(run.key, normal=True, error=None)
+                raise
+
+    def _take_exits(self) -> list[PendingExit]:
+        exits = list(self._exits.values())
+        self._exits.clear()
+        return exits
+
+    async def _decide_exit(self, pending: PendingExit, issue: Issue | None, *, known: bool) -> None:
+        """Continuation retry while the issue stays active (or cannot be read); else release."""
+        key, issue_id = pending.key, pending.issue_id
+        try:
+            if pending.decided.done() or not pending.run.is_active:
+                return  # stopped or cancelled meanwhile: whoever did that settled the slot
+            reason = self._orchestrator.reconciliation_decision(issue) if known else None
+            if reason is None:
+                finished = await self._orchestrator.finish(key, normal=True, error=None)
+                if issue is not None:
+                    self._candidate_cache[issue_id] = issue
+                if finished is None:
+                    return
+                self._record_run(finished.entry, outcome=RunOutcome.SUCCESS, error=None)
+                self._event(EventType.RUN_FINISHED, issue=finished.entry.issue,
+                            slot=finished.entry.slot_index, message="run finished",
+                            outcome=RunOutcome.SUCCESS.value)
+                self._retry_event(finished.retry)
+                if finished.retry is not None and not self._stopped:
+                    self._timers.sync(self._orchestrator.retry_deadlines())
+                return
+            finished = await self._orchestrator.finish(key, normal=True, error=None, release=True)
+            self._candidate_cache.pop(issue_id, None)
+            if finished is not None:
+                self._record_run(finished.entry, outcome=RunOutcome.SUCCESS, error=None)
+                self._event(EventType.RUN_FINISHED, issue=finished.entry.issue,
+                            slot=finished.entry.slot_index,
+                            message=f"run finished; issue {reason}, released",
+                            outcome=RunOutcome.SUCCESS.value, reason=str(reason))
+            if reason is StopReason.TERMINAL and self._finishing_turn(issue_id, issue):
+                return  # other slots are finishing their turn; the last one cleans up
+            self._end_grace(issue_id)
+            await self._stop_issue(issue_id, issue=issue, reason=str(reason))
+        finally:
+            if not pending.decided.done():
+                pending.decided.set_result(None)
+
+    async def _dispatch_pass(self) -> None:
+        """Between polls: decide pending exits, then fill free slots from the last candidates.
+
+        Every chosen candidate is read again by id before it is claimed (an issue closed since
+        the last poll must not start); the read is one request for the exits and the chosen
+        issues together. A failed read decides the exits as continuations (as a settle always
+        did) and starts nothing.
+        """
+        exits = self._take_exits()
+        chosen: list[DispatchCandidate] = []
+        if not self._stopped and not self._dry_run and self._candidate_cache:
+            room = self._orchestrator.available_slots() + len(exits)
+            exiting = {pending.issue_id for pending in exits}
+            if room > 0:
+                cached = list(self._candidate_cache.values())
+                for candidate in await self._orchestrator.eligible_issues(cached, complete=False):
+                    if candidate.issue.id in exiting:
+                        continue
+                    chosen.append(candidate)
+                    if len(chosen) >= room:
+                        break
+        ids = sorted({p.issue_id for p in exits} | {c.issue.id for c in chosen})
+        if not ids:
+            return
+        try:
+            found = await self._tracker.fetch_issues_by_ids(ids)
+        except Exception as exc:
+            self._event(
+                EventType.RECONCILE_REFRESH_FAILED,
+                message=_describe(exc),
+                code=getattr(exc, "code", type(exc).__name__),
+            )
+            for pending in exits:
+                await self._decide_exit(pending, None, known=False)
+            return
+        by_id = {issue.id: issue for issue in found}
+        for pending in exits:
+            await self._decide_exit(pending, by_id.get(pending.issue_id), known=True)
+        for candidate in chosen:
+            if self._stopped:
+                break
+            fresh = by_id.get(candidate.issue.id)
+            reason = self._orchestrator.reconciliation_decision(fresh)
+            if reason is not None or fresh is None:
+                self._candidate_cache.pop(candidate.issue.id, None)
+                self._event(
+                    EventType.DISPATCH_SKIPPED,
+                    issue=candidate.issue,
+                    slot=candidate.slot_index,
+                    message=f"skipped: the issue is {reason} now (read again before dispatch)",
+                    reason="issue_changed",
+                )
+                continue
+            self._candidate_cache[fresh.id] = fresh
+            task = await self._maybe_dispatch(candidate._replace(issue=fresh))
+            if task is None and self._orchestrator.available_slots() <= 0:
+                break
 
     def _grace_keys(self, issue_id: str) -> set[SlotKey]:
         grace = self._graces.get(issue_id)
