@@ -153,7 +153,7 @@ def first_files_poll(folder: Path) -> float:
 
 
 def slowest_imports(folder: Path, *, count: int = 8) -> list[str]:
-    probe = "import lorenz.cli.run, lorenz.daemon.host, lorenz.server, lorenz.tui"
+    probe = "import lorenz.cli.run, lorenz.daemon.host, lorenz.daemon.logs"
     result = subprocess.run(
         [sys.executable, "-X", "importtime", "-c", probe],
         cwd=folder, capture_output=True, text=True, check=True,
