@@ -111,6 +111,7 @@ def make_spec(tmp_path: Path) -> SpecFactory:
         tools: list[dict[str, Any]] | None = None,
         python: str = sys.executable,
         gate: str | None = None,
+        after_gate: list[dict[str, Any]] | None = None,
         **overrides: Any,
     ) -> tuple[RunSpec, Scenario]:
         n = next(counter)
@@ -118,7 +119,7 @@ def make_spec(tmp_path: Path) -> SpecFactory:
         if gate is not None:
             turns = [
                 {"steps": [{"message": "waiting"}, {"gate": str(scenario.gate(gate))},
-                           {"message": "through"}, {"usage": 42}]}
+                           *(after_gate or [{"message": "through"}, {"usage": 42}])]}
             ]
         body = {
             "turns": turns or [{"steps": [{"message": "hello"}, {"usage": 42}]}],

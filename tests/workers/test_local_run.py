@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import stat
@@ -214,3 +215,18 @@ async def test_a_state_root_too_deep_for_a_socket_is_refused_with_a_code(
         await LocalTransport(state_root=deep, env=base_env()).launch(spec)
     assert caught.value.code == "worker_socket_path_too_long"
     assert not deep.exists(), "nothing is created for a spec that cannot run"
+
+
+async def test_a_worker_exiting_at_once_still_delivers_its_final_record_live(
+    state_root: Path, make_spec: SpecFactory
+) -> None:
+    spec, scenario = make_spec(linger_ms=0, gate="go", after_gate=[{"burst": 5000}])
+    handle, _ = await launch(spec, transport=LocalTransport(state_root=state_root, env=base_env()))
+    collected = Collected()
+    follow = asyncio.create_task(handle.follow(collected))
+    await collected.wait_for(lambda rs: any(r.data.get("event") == "session_started" for r in rs))
+    scenario.open_gate("go")  # a flood, then at once the final record and the exit
+    final = await asyncio.wait_for(follow, timeout=60)
+    assert final.data["outcome"] == "success"
+    assert handle.attaches == 1
+    assert handle.journal_reads == 0, "the final record arrived whole, over the socket"

@@ -143,6 +143,8 @@ class WorkerHandle:
         self.connection: WorkerConnection | None = None
         self.attaches = 0
         """How many times :meth:`follow` attached (1 + reconnects)."""
+        self.journal_reads = 0
+        """How many times :meth:`follow` had to read records from the journal instead."""
 
     async def probe(self) -> Probe:
         return await self.transport.probe(self.handle)
@@ -223,6 +225,7 @@ class WorkerHandle:
             await connection.close()
 
     async def _catch_up(self, on_record: Callable[[Record], None]) -> None:
+        self.journal_reads += 1
         for record in await self.transport.read_journal(self.handle, after_seq=self.last_seq):
             self._deliver(record, on_record)
 

@@ -99,7 +99,10 @@ class RunSpec(SpecModel):
     attempt: int | None = Field(default=None, ge=0)
     """Retry attempt (``None`` for a first run)."""
     generation: int = Field(default=0, ge=0)
-    """Controller generation that dispatched the run (the fence of point 3)."""
+    """Controller generation that dispatched the run (the fence of the claim store)."""
+    run: int = Field(default=0, ge=0)
+    """Ordinal among runs with the same attempt and generation (continuations repeat the
+    attempt number); part of the handle."""
     prompt: str = Field(max_length=1_000_000)
     """The rendered first-turn prompt."""
     agent: AgentKindSettings
@@ -152,27 +155,38 @@ class RunSpec(SpecModel):
             slot_index=self.slot_index,
             attempt=self.attempt,
             generation=self.generation,
+            run=self.run,
         )
 
 
 def run_handle(
-    *, workflow: str, issue_key: str, slot_index: int, attempt: int | None, generation: int
+    *,
+    workflow: str,
+    issue_key: str,
+    slot_index: int,
+    attempt: int | None,
+    generation: int,
+    run: int = 0,
 ) -> str:
-    """The deterministic handle of a run: ``lzw-<identifier>-s<slot>-a<attempt>-g<gen>-<hash>``.
+    """The deterministic handle of a run: ``lzw-<identifier>-s<slot>-a<attempt>-g<gen>[-r<run>]
+    -<hash>``.
 
     Short on purpose: it names a directory that holds a unix socket, and socket paths are
     limited to 107 bytes. The hash covers every input, so two workflows with the same issue
     keys never share a handle; the readable part is only for people.
     """
-    digest = hashlib.sha256(
-        "\0".join(
-            (workflow, issue_key, str(slot_index), "" if attempt is None else str(attempt),
-             str(generation))
-        ).encode()
-    ).hexdigest()[:12]
+    parts = [workflow, issue_key, str(slot_index), "" if attempt is None else str(attempt),
+             str(generation)]
+    if run:
+        parts.append(str(run))
+    digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:12]
     readable = _UNSAFE.sub("_", issue_key)[:24] or "issue"
     attempt_part = "0" if attempt is None else str(attempt)
-    return f"{HANDLE_PREFIX}-{readable}-s{slot_index}-a{attempt_part}-g{generation}-{digest}"
+    run_part = f"-r{run}" if run else ""
+    return (
+        f"{HANDLE_PREFIX}-{readable}-s{slot_index}-a{attempt_part}-g{generation}{run_part}"
+        f"-{digest}"
+    )
 
 
 def is_handle(name: str) -> bool:

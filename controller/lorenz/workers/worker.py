@@ -169,6 +169,7 @@ class Worker:
         self._cost_usd: float | None = None
         self._server: asyncio.Server | None = None
         self._agent_task: asyncio.Task[AgentRunResult] | None = None
+        self._senders: set[asyncio.Task[None]] = set()
 
     # -- the journal ---------------------------------------------------------------------
 
@@ -238,7 +239,11 @@ class Worker:
                 self.socket_path.unlink()
         for client in list(self._clients):
             client.close()
-        await asyncio.sleep(0)
+        # NB: let every sender flush what it has queued (the final record above all): exiting
+        # with buffered lines would cut a client's last message in half.
+        senders = [task for task in self._senders if not task.done()]
+        if senders:
+            await asyncio.wait(senders, timeout=5.0)
         self._journal.close()
 
     def cancel(self, reason: str) -> None:
@@ -458,6 +463,8 @@ class Worker:
         client = _Client(writer=writer)
         self._clients.add(client)
         sender = asyncio.create_task(self._send_loop(client))
+        self._senders.add(sender)
+        sender.add_done_callback(self._senders.discard)
         client.send(
             {
                 "op": "hello",
@@ -494,6 +501,7 @@ class Worker:
             while True:
                 line = await client.queue.get()
                 if line is None:
+                    await writer.drain()
                     break
                 writer.write(line)
                 if client.queue.empty():

@@ -1,0 +1,235 @@
+"""An :class:`~lorenz.agents.AgentRunner` that runs each request in a worker.
+
+The runtime drives runners through one port (``runner.run(request)``); this one turns the
+request into a :class:`RunSpec`, starts (or finds) the worker, and relays its journal back as
+:class:`~lorenz.model.AgentUpdate` s, its tool calls to ``request.tools`` and its between-turn
+question to ``request.issue_is_active``. The agent protocol code runs in the worker; the
+runtime sees the same updates, results and error codes as from an in-process runner.
+
+Adoption without claims: before starting a worker for (workflow, issue, slot), the runner looks
+in its state root for a live worker of the same slot that no controller collected — the
+predecessor of a restarted ``lorenz`` — and follows that one from its first record instead of
+starting a second agent on the same issue. A predecessor's run that ended while nobody watched
+is settled from its final record. Either way the slot never runs twice.
+
+Cancellation (stall, reconciliation, shutdown of the controller) cancels the worker's run with
+a reason and waits, bounded, for its final record, so the runtime's after-run bookkeeping sees
+a finished run — the same contract as the in-process runners.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final
+
+from lorenz.agents import AgentRunError, AgentRunRequest, AgentRunResult
+from lorenz.model import AgentUpdate, TokenUsage
+from lorenz.workers.client import CallHandlers
+from lorenz.workers.handles import LocalTransport, Transport, WorkerHandle
+from lorenz.workers.journal import Record
+from lorenz.workers.launch import WorkerLaunchError
+from lorenz.workers.spec import HookSpec, IssueSpec, RunSpec
+from lorenz.workers.states import SPEC_NAME, ProbeState, list_handles
+
+logger = logging.getLogger(__name__)
+
+COLLECTED_NAME: Final = "collected"
+"""Marker written into a state directory once a controller collected the final record."""
+
+CANCEL_WAIT_S: Final = 60.0
+
+MAX_RUNS_PER_ATTEMPT: Final = 10_000
+
+
+def agent_update_from(record: Record) -> AgentUpdate:
+    """The :class:`AgentUpdate` an ``agent_update`` record was written from."""
+    data = record.data
+    usage = data.get("usage")
+    rate_limits = data.get("rate_limits")
+    payload = data.get("payload")
+    pid = data.get("pid")
+    cost = data.get("cost_usd")
+    return AgentUpdate(
+        event=str(data.get("event") or "notification"),
+        message=data.get("message") if isinstance(data.get("message"), str) else None,
+        session_id=data.get("session_id") if isinstance(data.get("session_id"), str) else None,
+        usage=TokenUsage(**{k: int(v) for k, v in usage.items()})
+        if isinstance(usage, Mapping)
+        else None,
+        cost_usd=float(cost) if isinstance(cost, int | float) else None,
+        rate_limits=rate_limits if isinstance(rate_limits, Mapping) else None,
+        pid=pid if isinstance(pid, int) else None,
+        payload=payload if isinstance(payload, Mapping) else None,
+    )
+
+
+class WorkerRunner:
+    """Runs every request in a local worker (or on ``transport``)."""
+
+    def __init__(
+        self,
+        *,
+        workflow: str,
+        transport: Transport | None = None,
+        generation: int = 0,
+        hooks: HookSpec | None = None,
+        controller_wait_ms: int = 300_000,
+    ) -> None:
+        self.workflow = workflow
+        self.transport: Transport = transport or LocalTransport()
+        self.generation = generation
+        self.hooks = hooks or HookSpec()
+        """Hooks the worker runs (empty when the runtime runs them around the runner)."""
+        self.controller_wait_ms = controller_wait_ms
+        self.last_handle: WorkerHandle | None = None
+        """The handle of the newest run (for tests and diagnostics)."""
+
+    def spec_for(self, request: AgentRunRequest, *, run: int = 0) -> RunSpec:
+        tools = request.tools.tool_specs() if request.tools is not None else []
+        return RunSpec(
+            workflow=self.workflow,
+            issue=IssueSpec.from_issue(request.issue),
+            slot_index=request.slot_index,
+            attempt=request.attempt,
+            generation=self.generation,
+            run=run,
+            prompt=request.prompt,
+            agent=request.settings,
+            max_turns=request.max_turns,
+            continuation_prompts=[
+                request.continuation_prompt(turn, request.max_turns)
+                for turn in range(2, request.max_turns + 1)
+            ],
+            workspace=str(request.workspace.absolute()),
+            hooks=self.hooks,
+            env=dict(request.env),
+            tools=tools,
+            controller_wait_ms=self.controller_wait_ms,
+        )
+
+    async def run(self, request: AgentRunRequest) -> AgentRunResult:
+        handlers = CallHandlers(tools=request.tools, issue_active=request.issue_is_active)
+        name = await self._predecessor(request)
+        if name is None:
+            name = await self._start(request)
+        handle = WorkerHandle(transport=self.transport, handle=name, handlers=handlers)
+        self.last_handle = handle
+
+        def relay(record: Record) -> None:
+            if record.kind == "agent_update":
+                request.on_update(agent_update_from(record))
+
+        follow = asyncio.ensure_future(handle.follow(relay))
+        try:
+            final = await asyncio.shield(follow)
+        except asyncio.CancelledError:
+            await self._cancel(handle, follow)
+            raise
+        self._mark_collected(name)
+        return _result_of(final)
+
+    async def _start(self, request: AgentRunRequest) -> str:
+        """Start a worker under the first handle no earlier run of this attempt used."""
+        root = getattr(self.transport, "state_root", None)
+        for ordinal in range(MAX_RUNS_PER_ATTEMPT):
+            spec = self.spec_for(request, run=ordinal)
+            if isinstance(root, Path) and (root / spec.handle / COLLECTED_NAME).exists():
+                continue  # NB: known locally to be an earlier run; no process needed to ask
+            try:
+                result = await self.transport.launch(spec)
+            except WorkerLaunchError as exc:
+                if exc.code == "worker_handle_used":
+                    continue
+                raise
+            if result.existing in (None, ProbeState.ALIVE.value):
+                return result.handle
+            if result.existing == ProbeState.UNKNOWN.value:
+                raise AgentRunError(
+                    f"the worker {result.handle} of an earlier run cannot be probed; the run is "
+                    "retried later",
+                    code="worker_unknown",
+                )
+            # "final": an earlier run of this attempt (a continuation), already collected.
+        raise AgentRunError(
+            f"{MAX_RUNS_PER_ATTEMPT} runs of attempt {request.attempt} of "
+            f"{request.issue.identifier} already have state directories; clean the worker "
+            "state root",
+            code="worker_handles_exhausted",
+        )
+
+    async def _cancel(self, handle: WorkerHandle, follow: asyncio.Future[Record]) -> None:
+        """Cancel the worker's run and wait (bounded) for its final record."""
+        if not await handle.cancel("the controller aborted the run"):
+            follow.cancel()
+            return
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(asyncio.shield(follow), timeout=CANCEL_WAIT_S)
+        if follow.done() and not follow.cancelled() and follow.exception() is None:
+            self._mark_collected(handle.handle)
+        else:
+            follow.cancel()
+
+    async def _predecessor(self, request: AgentRunRequest) -> str | None:
+        """A live or uncollected worker of this slot started by an earlier controller."""
+        root = getattr(self.transport, "state_root", None)
+        if not isinstance(root, Path):
+            return None
+        candidates = []
+        for name in list_handles(root):
+            if (root / name / COLLECTED_NAME).exists():
+                continue
+            spec = _read_spec(root / name)
+            if (
+                spec is not None
+                and spec.get("workflow") == self.workflow
+                and (spec.get("issue") or {}).get("id") == request.issue.id
+                and spec.get("slot_index") == request.slot_index
+            ):
+                candidates.append(name)
+        for name in candidates:
+            probe = await self.transport.probe(name)
+            if probe.state in (ProbeState.ALIVE, ProbeState.FINAL):
+                logger.info("adopting the worker of an earlier controller handle=%s", name)
+                return name
+            if probe.state is ProbeState.GONE:
+                self._mark_collected(name)  # dead and settled now: never looked at again
+        return None
+
+    def _mark_collected(self, name: str) -> None:
+        root = getattr(self.transport, "state_root", None)
+        if isinstance(root, Path):
+            with contextlib.suppress(OSError):
+                fd = os.open(root / name / COLLECTED_NAME, os.O_WRONLY | os.O_CREAT, 0o600)
+                os.close(fd)
+
+
+def _read_spec(state_dir: Path) -> dict[str, Any] | None:
+    try:
+        raw = json.loads((state_dir / SPEC_NAME).read_bytes())
+    except (OSError, ValueError):
+        return None
+    return raw if isinstance(raw, dict) else None
+
+
+def _result_of(final: Record) -> AgentRunResult:
+    data = final.data
+    if data.get("outcome") == "success":
+        turns = data.get("turns")
+        return AgentRunResult(
+            turns=turns if isinstance(turns, int) else 0,
+            session_id=data.get("session_id") if isinstance(data.get("session_id"), str) else None,
+            stop_reason=data.get("stop_reason")
+            if isinstance(data.get("stop_reason"), str)
+            else None,
+        )
+    code = data.get("error_code")
+    raise AgentRunError(
+        str(data.get("error") or data.get("reason") or "the run failed"),
+        code=code if isinstance(code, str) else "agent_run_failed",
+    )

@@ -1,0 +1,172 @@
+"""WorkerRunner: the agents port, served by a worker — same updates, results and codes as the
+in-process runner; a predecessor's live or finished worker is adopted, never run twice."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lorenz.agents import AgentRunError, AgentRunRequest
+from lorenz.agents.codex import CodexAppServerRunner
+from lorenz.config import AgentKindSettings
+from lorenz.model import AgentUpdate, Issue
+from lorenz.workers.handles import LocalTransport
+from lorenz.workers.runner import COLLECTED_NAME, WorkerRunner
+from lorenz.workers.states import list_handles
+from tests.workers.conftest import GATED_CODEX, base_env, process_gone, wait_until
+
+
+class Kit:
+    def __init__(self, tmp_path: Path, steps: list[dict[str, Any]], max_turns: int = 1) -> None:
+        self.dir = tmp_path
+        self.marks = tmp_path / "marks"
+        self.pid_file = tmp_path / "agent.pid"
+        scenario = tmp_path / "scenario.json"
+        scenario.write_text(
+            json.dumps(
+                {
+                    "turns": [{"steps": steps}],
+                    "marks": str(self.marks),
+                    "pid_file": str(self.pid_file),
+                }
+            )
+        )
+        self.command = " ".join(
+            shlex.quote(p) for p in (sys.executable, str(GATED_CODEX), str(scenario))
+        )
+        self.workspace = tmp_path / "ws"
+        self.workspace.mkdir(exist_ok=True)
+        self.updates: list[AgentUpdate] = []
+        self.max_turns = max_turns
+
+    def request(self, **changes: Any) -> AgentRunRequest:
+        async def active() -> bool:
+            return False
+
+        fields: dict[str, Any] = {
+            "issue": Issue(id="issue-1", identifier="ABC-1", title="Fix", state="Todo"),
+            "attempt": None,
+            "slot_index": 0,
+            "prompt": "Fix it.",
+            "workspace": self.workspace,
+            "settings": AgentKindSettings(command=self.command, read_timeout_ms=30000),
+            "max_turns": self.max_turns,
+            "env": base_env(),
+            "on_update": self.updates.append,
+            "issue_is_active": active,
+            "continuation_prompt": lambda turn, most: f"continue {turn}/{most}",
+        }
+        fields.update(changes)
+        return AgentRunRequest(**fields)
+
+    def starts(self) -> int:
+        return self.marks.read_text().split().count("start") if self.marks.exists() else 0
+
+
+def runner(state_root: Path, tmp_path: Path) -> WorkerRunner:
+    return WorkerRunner(
+        workflow=str(tmp_path / "WORKFLOW.md"),
+        transport=LocalTransport(state_root=state_root, env=base_env()),
+    )
+
+
+def comparable(updates: list[AgentUpdate]) -> list[str]:
+    # NB: sorted: session_started races the turn's first notifications in either path.
+    return sorted(
+        repr((u.event, u.message, u.usage, u.session_id))
+        for u in updates
+        if u.event != "agent_started"  # names the pid
+    )
+
+
+async def test_the_same_updates_and_result_as_the_in_process_runner(
+    state_root: Path, tmp_path: Path
+) -> None:
+    steps = [{"message": "one"}, {"usage": 42}, {"message": "two"}]
+    kit = Kit(tmp_path, steps, max_turns=2)
+    result = await runner(state_root, tmp_path).run(kit.request())
+    (tmp_path / "inproc").mkdir()
+    in_process = Kit(tmp_path / "inproc", steps, max_turns=2)
+    expected = await CodexAppServerRunner().run(in_process.request())
+    assert (result.turns, result.stop_reason) == (expected.turns, expected.stop_reason)
+    assert comparable(kit.updates) == comparable(in_process.updates)
+    assert [u.event for u in kit.updates][:2] == ["agent_started", "thread_started"]
+    assert kit.updates[-1].event == "turn_completed"
+
+
+async def test_a_failed_run_raises_the_agents_code(state_root: Path, tmp_path: Path) -> None:
+    kit = Kit(tmp_path, [{"fail": "no"}])
+    with pytest.raises(AgentRunError) as caught:
+        await runner(state_root, tmp_path).run(kit.request())
+    assert caught.value.code == "turn_failed"
+
+
+async def test_cancelling_the_runner_cancels_the_worker_and_waits_for_its_end(
+    state_root: Path, tmp_path: Path
+) -> None:
+    kit = Kit(tmp_path, [{"message": "waiting"}, {"gate": str(tmp_path / "never")}])
+    worker_runner = runner(state_root, tmp_path)
+    task = asyncio.create_task(worker_runner.run(kit.request()))
+    await wait_until(lambda: any(u.event == "session_started" for u in kit.updates))
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert process_gone(int(kit.pid_file.read_text()))
+    (name,) = list_handles(state_root)
+    final = json.loads((state_root / name / "journal.jsonl").read_text().splitlines()[-1])
+    assert final["data"]["outcome"] == "canceled"
+    assert (state_root / name / COLLECTED_NAME).exists()
+
+
+async def test_a_restarted_controller_adopts_the_live_worker_instead_of_running_again(
+    state_root: Path, tmp_path: Path
+) -> None:
+    gate = tmp_path / "gate"
+    kit = Kit(tmp_path, [{"message": "waiting"}, {"gate": str(gate)}, {"usage": 9}])
+    predecessor = runner(state_root, tmp_path)
+    # What the dead controller did: start the worker; it then died without collecting anything.
+    await predecessor.transport.launch(predecessor.spec_for(kit.request()))
+    await wait_until(lambda: kit.starts() == 1)
+    successor = runner(state_root, tmp_path)
+    task = asyncio.create_task(successor.run(kit.request()))
+    await wait_until(lambda: any(u.event == "session_started" for u in kit.updates))
+    gate.write_text("open")
+    result = await asyncio.wait_for(task, timeout=60)
+    assert result.turns == 1
+    assert kit.starts() == 1, "one agent run, adopted"
+    assert kit.updates[0].event == "agent_started", "replayed from the first record"
+    assert len(list_handles(state_root)) == 1
+
+
+async def test_a_predecessors_finished_run_is_settled_from_its_final_record(
+    state_root: Path, tmp_path: Path
+) -> None:
+    kit = Kit(tmp_path, [{"fail": "broke while nobody watched"}])
+    predecessor = runner(state_root, tmp_path)
+    spec = predecessor.spec_for(kit.request())
+    await predecessor.transport.launch(spec)
+    probe_root = state_root / spec.handle
+    await wait_until(lambda: b'"kind":"final"' in (probe_root / "journal.jsonl").read_bytes())
+    with pytest.raises(AgentRunError) as caught:
+        await runner(state_root, tmp_path).run(kit.request())
+    assert "broke while nobody watched" in caught.value.message
+    assert kit.starts() == 1
+
+
+async def test_a_collected_run_is_not_adopted_again_and_a_continuation_gets_a_new_handle(
+    state_root: Path, tmp_path: Path
+) -> None:
+    kit = Kit(tmp_path, [{"message": "hi"}])
+    worker_runner = runner(state_root, tmp_path)
+    await worker_runner.run(kit.request(attempt=1))
+    await worker_runner.run(kit.request(attempt=1))  # a continuation repeats the attempt
+    assert kit.starts() == 2
+    names = list_handles(state_root)
+    assert len(names) == 2
+    assert any("-r1-" in name for name in names)
