@@ -144,6 +144,24 @@ def test_httpx_request_lines_are_demoted_unless_the_level_is_debug() -> None:
             setup.close()
 
 
+def test_the_operator_demotes_httpx_request_lines_too(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from lorenz.kube.operator import configure_logging
+    from lorenz.kube.settings import OperatorSettings
+
+    # NB: the operator's set-up changes process-wide loggers; each is restored afterwards.
+    for name in ("httpx", "httpcore", "lorenz", "kopf", "aiohttp.access"):
+        monkeypatch.setattr(logging.getLogger(name), "level", logging.getLogger(name).level)
+    caplog.set_level(logging.INFO)  # the root at INFO, as the operator's basicConfig sets it
+    configure_logging(OperatorSettings())
+    for name in ("httpx", "httpcore"):
+        assert not logging.getLogger(name).isEnabledFor(logging.INFO), name
+    configure_logging(OperatorSettings(log_level="debug"))
+    for name in ("httpx", "httpcore"):
+        assert logging.getLogger(name).isEnabledFor(logging.DEBUG), name
+
+
 async def test_the_hydration_line_prints_counts_not_a_repr(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

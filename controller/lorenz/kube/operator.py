@@ -231,6 +231,9 @@ def configure_logging(settings: OperatorSettings) -> None:
     # kopf logs every handler invocation at INFO; only its warnings matter here.
     logging.getLogger("kopf").setLevel(logging.DEBUG if level <= logging.DEBUG else logging.WARNING)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    # httpx logs every tracker request at INFO; its lines come back at log level debug.
+    for name in ("httpx", "httpcore"):
+        logging.getLogger(name).setLevel(level if level <= logging.DEBUG else logging.WARNING)
 
 
 async def run_operator(
