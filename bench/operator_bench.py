@@ -100,8 +100,7 @@ def ticks(operator: OperatorProcess, namespace: str, names: list[str]) -> int:
 def idle_cost(cluster: Cluster, work: Path, *, workflows: int, seconds: float) -> None:
     namespace = cluster.create_namespace()
     kube = Kube(cluster, namespace)
-    rig = Rig(root=work / "idle")
-    rig.issues.mkdir(parents=True)
+    rig = Rig(root=work / "idle", volume=work / "idle-ops" / "volume", namespace=namespace)
     operator = OperatorProcess(
         cluster, identity="idle", workdir=work / "idle-ops", namespaces=(namespace,),
         lease=(15, 10.0, 2.0),
@@ -145,9 +144,8 @@ def idle_cost(cluster: Cluster, work: Path, *, workflows: int, seconds: float) -
 def first_poll(cluster: Cluster, work: Path, *, applies: int) -> None:
     namespace = cluster.create_namespace()
     kube = Kube(cluster, namespace)
-    rig = Rig(root=work / "latency")
-    rig.issues.mkdir(parents=True)
-    write_issue(rig.issues, "TASK-1", state="Backlog")
+    rig = Rig(root=work / "latency", volume=work / "latency-ops" / "volume", namespace=namespace)
+    write_issue(rig.issues_of("lat-0"), "TASK-1", state="Backlog")
     operator = OperatorProcess(
         cluster, identity="latency", workdir=work / "latency-ops", namespaces=(namespace,)
     ).start()
@@ -181,8 +179,7 @@ def first_poll(cluster: Cluster, work: Path, *, applies: int) -> None:
 def failover(cluster: Cluster, work: Path, *, failovers: int) -> None:
     namespace = cluster.create_namespace()
     kube = Kube(cluster, namespace)
-    rig = Rig(root=work / "failover")
-    rig.issues.mkdir(parents=True)
+    rig = Rig(root=work / "failover", volume=work / "failover-ops" / "volume", namespace=namespace)
     lease = (3, 2.0, 0.5)
     serial = iter(range(1000))
 
@@ -227,7 +224,7 @@ def graceful_handover(cluster: Cluster, work: Path, *, handovers: int) -> None:
     """SIGTERM of the leader with a run in flight → the follower holds the Lease."""
     namespace = cluster.create_namespace()
     kube = Kube(cluster, namespace)
-    rig = Rig(root=work / "handover")
+    rig = Rig(root=work / "handover", volume=work / "handover-ops" / "volume", namespace=namespace)
     lease = (3, 2.0, 0.5)
     serial = iter(range(1000))
 
@@ -241,7 +238,7 @@ def graceful_handover(cluster: Cluster, work: Path, *, handovers: int) -> None:
     times: list[float] = []
     try:
         for i in range(handovers):
-            write_issue(rig.issues, f"TASK-{i}")
+            write_issue(rig.issues_of("handover"), f"TASK-{i}")
         kube.apply(rig.workflow("handover", seconds=600.0, interval_ms=1000))
         for _ in range(handovers):
             leader = wait_until(

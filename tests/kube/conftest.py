@@ -44,9 +44,9 @@ class ManualMonotonic:
 
 
 @pytest.fixture
-def rig(tmp_path: Path) -> Rig:
-    """The test's issues folder, agent script and agent log."""
-    return Rig(root=tmp_path)
+def rig(tmp_path: Path, kube_namespace: str) -> Rig:
+    """The test's agent script and log, and its Workflows' issues on the operators' volume."""
+    return Rig(root=tmp_path, volume=tmp_path / "operators" / "volume", namespace=kube_namespace)
 
 
 @pytest.fixture

@@ -47,6 +47,8 @@ AGENT = textwrap.dedent(
         finally:
             os.close(fd)
     note("start")
+    if env.get("AGENT_ENV_DUMP"):
+        pathlib.Path(env["AGENT_ENV_DUMP"]).write_text("\\n".join(sorted(env)))
     seconds = float(env.get("AGENT_SECONDS", "1"))
     if attempt == "0" and env.get("AGENT_FIRST_SECONDS"):
         seconds = float(env["AGENT_FIRST_SECONDS"])
@@ -101,18 +103,26 @@ def issue_state(folder: Path, identifier: str) -> str:
 
 @dataclasses.dataclass
 class Rig:
-    """One test's files: the issues folder, the agent script and its log."""
+    """One test's files: the agent script and its log, and the issues of each Workflow.
+
+    A Workflow's ``tracker.path`` must stay inside its own folder on the operator's volume
+    (``<volume>/<namespace>/<name>/``), so each Workflow's issues live there, in ``issues/``;
+    every operator of a test shares that volume, as replicas share one ReadWriteMany volume.
+    """
 
     root: Path
+    volume: Path
+    namespace: str
 
-    @property
-    def issues(self) -> Path:
-        return self.root / "issues"
+    def issues_of(self, name: str, *, namespace: str | None = None) -> Path:
+        """The issues folder of Workflow ``name`` (``tracker.path: issues``)."""
+        return self.volume / (namespace or self.namespace) / name / "issues"
 
     @property
     def agent(self) -> Path:
         path = self.root / "agent.py"
         if not path.exists():
+            self.root.mkdir(parents=True, exist_ok=True)
             path.write_text(AGENT, encoding="utf-8")
         return path
 
@@ -132,15 +142,18 @@ class Rig:
         concurrency: int = 4,
         prompt: str = "Work on {{ issue.identifier }}",
         extra: dict[str, Any] | None = None,
+        namespace: str | None = None,
+        agent_env: dict[str, str] | None = None,
     ) -> dict[str, Any]:
-        """A Workflow manifest: files tracker on :attr:`issues`, the logging agent.
+        """A Workflow manifest: files tracker on its :meth:`issues_of`, the logging agent.
 
         ``first_seconds`` is how long a first attempt (attempt 0) works instead of
         ``seconds``: a long first attempt is still running whenever a test interrupts it,
         however slow the machine, and the retries after it finish quickly.
         """
+        self.issues_of(name, namespace=namespace).mkdir(parents=True, exist_ok=True)
         spec: dict[str, Any] = {
-            "tracker": {"kind": "files", "path": str(self.issues)},
+            "tracker": {"kind": "files", "path": "issues"},
             "polling": {"intervalMs": interval_ms},
             "agent": {
                 "kind": "script",
@@ -162,6 +175,7 @@ class Rig:
                             if first_seconds is not None
                             else {}
                         ),
+                        **(agent_env or {}),
                     },
                 }
             },
@@ -239,11 +253,15 @@ class OperatorProcess:
         lease: tuple[int, float, float] = (3, 2.0, 0.5),
         kubeconfig: Path | None = None,
         extra_args: tuple[str, ...] = (),
+        volume: Path | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.cluster = cluster
         self.identity = identity
         self.workdir = workdir
         self.log_path = workdir / f"operator-{identity}.log"
+        self.volume = volume or workdir / "volume"
+        """The workspace volume (``--workspace-root``), shared by the operators of a test."""
         duration, deadline, period = lease
         self.argv = [
             sys.executable,
@@ -251,7 +269,7 @@ class OperatorProcess:
             "import sys; from lorenz.cli import main; sys.exit(main())",
             "operator",
             "--identity", identity,
-            "--workspace-root", str(workdir / f"volume-{identity}"),
+            "--workspace-root", str(self.volume),
             "--lease-duration-seconds", str(duration),
             "--renew-deadline-seconds", str(deadline),
             "--retry-period-seconds", str(period),
@@ -267,6 +285,7 @@ class OperatorProcess:
             self.argv += ["--namespaces", ",".join(namespaces)]
         self.env = cluster.environ(kubeconfig=kubeconfig)
         self.env.setdefault("HOME", str(workdir))
+        self.env.update(env or {})
         self.process: subprocess.Popen[bytes] | None = None
         self.url: str | None = None
 
@@ -281,7 +300,7 @@ class OperatorProcess:
             self.wait_ready()
         return self
 
-    def wait_ready(self, *, timeout: float = 60.0) -> None:
+    def wait_ready(self, *, timeout: float = 180.0) -> None:
         def ready() -> str | None:
             assert self.process is not None
             if self.process.poll() is not None:

@@ -47,7 +47,6 @@ def test_workflows_are_sharded_each_led_by_exactly_one_replica(
 ) -> None:
     a = operators("shard-a", namespaces=(kube.namespace,), lease=LEASE)
     b = operators("shard-b", namespaces=(kube.namespace,), lease=LEASE)
-    rig.issues.mkdir()
     names = [f"wf-{i}" for i in range(4)]
     for name in names:
         kube.apply(rig.workflow(name, interval_ms=1000))
@@ -78,7 +77,7 @@ def test_sigterm_releases_the_lease_and_a_follower_resumes_at_once(
     kube: Kube, rig: Rig, operators: Callable[..., OperatorProcess]
 ) -> None:
     a = operators("term-a", namespaces=(kube.namespace,), lease=LEASE)
-    write_issue(rig.issues, "TASK-1")
+    write_issue(rig.issues_of("graceful"), "TASK-1")
     # NB: the first attempt works far longer than any wait below, so it is still running when
     # A is stopped however slow the machine is; B's continuation finishes in a second.
     kube.apply(rig.workflow("graceful", seconds=1.0, first_seconds=600.0))
@@ -95,13 +94,14 @@ def test_sigterm_releases_the_lease_and_a_follower_resumes_at_once(
     assert "Lease released" in a.log()
     wait_until(lambda: kube.holder("graceful") == "term-b" or None, timeout=60, interval=0.05,
                message="B takes over")
-    wait_until(lambda: issue_state(rig.issues, "TASK-1") == "Done" or None, timeout=60,
+    issues = rig.issues_of("graceful")
+    wait_until(lambda: issue_state(issues, "TASK-1") == "Done" or None, timeout=60,
                message="B finishes the issue")
     runs = rig.runs()
     assert len(runs) == 2, runs
     assert runs[0].attempt == 0
     assert runs[1].attempt == 1  # the continuation retry A's shutdown left in the Claim
-    assert completed_by(rig.issues, "TASK-1") == runs[1].pid
+    assert completed_by(rig.issues_of("graceful"), "TASK-1") == runs[1].pid
     assert overlapping_runs(runs) == []
 
 
@@ -115,7 +115,7 @@ def test_kill_9_failovers_resume_from_claims_and_never_run_a_slot_twice(
     # Enough work that every kill lands on a leader with runs in flight.
     issues = [f"TASK-{i}" for i in range(3 * failovers)]
     for identifier in issues:
-        write_issue(rig.issues, identifier)
+        write_issue(rig.issues_of("failover"), identifier)
     kube.apply(rig.workflow("failover", seconds=3.0, max_backoff_ms=10000, concurrency=3))
 
     for _ in range(failovers):
@@ -131,20 +131,21 @@ def test_kill_9_failovers_resume_from_claims_and_never_run_a_slot_twice(
         live.append(operators(next(identities), namespaces=(kube.namespace,), lease=LEASE))
 
     wait_until(
-        lambda: all(issue_state(rig.issues, i) == "Done" for i in issues) or None,
+        lambda: all(issue_state(rig.issues_of("failover"), i) == "Done" for i in issues) or None,
         timeout=240, interval=0.5, message="every issue done after the failovers",
     )
     wait_until(lambda: kube.items("claims") == [] or None, timeout=30, message="Claims released")
     runs = rig.runs()
+    folder = rig.issues_of("failover")
     assert overlapping_runs(runs) == []
     # A slot whose run completed (moved its issue to Done) never ran again.
     for identifier in issues:
         slot = f"{identifier}#0"
         of_slot = [r for r in runs if r.slot == slot]
-        (completing,) = [r for r in of_slot if r.pid == completed_by(rig.issues, identifier)]
+        (completing,) = [r for r in of_slot if r.pid == completed_by(folder, identifier)]
         assert all(r.started <= completing.started for r in of_slot), of_slot
     # Interrupted runs were resumed from their Claims as failure retries.
-    interrupted = [r for r in runs if r.pid != completed_by(rig.issues, r.slot.split("#")[0])]
+    interrupted = [r for r in runs if r.pid != completed_by(folder, r.slot.split("#")[0])]
     assert len(interrupted) >= failovers // 2, (len(interrupted), failovers)
     assert sum(r.attempt >= 1 for r in runs) >= len(interrupted)
     for run in runs:
@@ -169,7 +170,7 @@ def test_a_paused_leader_that_lost_its_lease_stops_before_writing_anything(
     kube: Kube, rig: Rig, operators: Callable[..., OperatorProcess]
 ) -> None:
     a = operators("pause-a", namespaces=(kube.namespace,), lease=LEASE)
-    write_issue(rig.issues, "TASK-1")
+    write_issue(rig.issues_of("paused"), "TASK-1")
     # NB: the first attempt outlives the pause however long the takeover takes (A aborts it
     # when it wakes up); B's retry finishes in a second.
     kube.apply(rig.workflow("paused", seconds=1.0, first_seconds=600.0, max_backoff_ms=10000))
@@ -198,12 +199,13 @@ def test_a_paused_leader_that_lost_its_lease_stops_before_writing_anything(
     # nothing: every Claim write since the pause came from B.
     assert claim_writes(a) == writes_before
     assert b.leads(kube.namespace, "paused")
-    wait_until(lambda: issue_state(rig.issues, "TASK-1") == "Done" or None, timeout=120,
+    issues = rig.issues_of("paused")
+    wait_until(lambda: issue_state(issues, "TASK-1") == "Done" or None, timeout=120,
                message="B retries the interrupted run and finishes the issue")
     runs = rig.runs()
     assert len(runs) == 2, runs
     first, retry = runs
     assert not first.ended  # aborted by A when it woke up, never completed
     assert retry.attempt == 1
-    assert completed_by(rig.issues, "TASK-1") == retry.pid
+    assert completed_by(rig.issues_of("paused"), "TASK-1") == retry.pid
     assert overlapping_runs(runs) == []

@@ -3,6 +3,7 @@ conversion, names, operator settings, Event rate limits, spec loading, statuses.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import re
 from pathlib import Path
@@ -27,7 +28,7 @@ from lorenz.kube.statuses import (
     condition,
     status_from_snapshot,
 )
-from lorenz.model import ClaimRecord
+from lorenz.model import ClaimPhase, ClaimRecord, SlotKey
 from lorenz.workflow import TemplateParseError, load_workflow
 from lorenz.workflow.documents import parse_front_matter, split_front_matter
 from lorenz.workflow.schema import iter_fields
@@ -314,7 +315,7 @@ def body(spec: dict[str, Any], *, generation: int = 1) -> dict[str, Any]:
 
 def test_a_spec_and_a_file_with_the_same_content_load_the_same_settings(tmp_path: Path) -> None:
     front = {
-        "tracker": {"kind": "files", "path": "/srv/issues", "active_states": ["Todo"]},
+        "tracker": {"kind": "files", "path": "issues", "active_states": ["Todo"]},
         "polling": {"interval_ms": 1234},
         "agent": {"kind": "sh", "max_concurrent_agents": 2},
         "agents": {"sh": {"command": "true", "protocol": "command", "env": {"A_B": "1"}}},
@@ -322,7 +323,8 @@ def test_a_spec_and_a_file_with_the_same_content_load_the_same_settings(tmp_path
     }
     prompt = "Do {{ issue.identifier }}"
     workflow_dir = tmp_path / "ns" / "wf"
-    file = tmp_path / "WORKFLOW.md"
+    workflow_dir.mkdir(parents=True)
+    file = workflow_dir / "WORKFLOW.md"
     front_with_root = {**front, "workspace": {"root": str(workflow_dir / "workspaces")}}
     file.write_text(f"---\n{yaml.safe_dump(front_with_root)}---\n{prompt}\n")
     from_file = load_workflow(file, environ={})
@@ -382,13 +384,14 @@ def test_a_broken_prompt_is_a_coded_error(tmp_path: Path) -> None:
 
 
 def test_claim_spec_and_status_partition_the_claim_record() -> None:
-    import dataclasses
+    from lorenz.kube.statuses import CLAIM_DISPLAY_FIELDS
 
     record_fields = {f.name for f in dataclasses.fields(ClaimRecord)}
     spec_fields = set(ClaimSpec.model_fields) - {"workflow"}
     assert spec_fields == set(CLAIM_SPEC_FIELDS)
-    assert spec_fields | set(ClaimStatus.model_fields) == record_fields
-    assert not spec_fields & set(ClaimStatus.model_fields)
+    status_fields = set(ClaimStatus.model_fields) - set(CLAIM_DISPLAY_FIELDS)
+    assert spec_fields | status_fields == record_fields
+    assert not spec_fields & status_fields
 
 
 def test_a_condition_keeps_its_transition_time_until_its_status_flips() -> None:
@@ -476,3 +479,56 @@ def test_a_lost_lease_is_a_coded_leadership_error() -> None:
     assert lost.code == "leadership_lost"
     assert "held by b" in str(lost)
     assert "2.5 s ago" in str(lost)
+
+
+def test_kubectl_explain_shows_plain_text_without_markup() -> None:
+    from lorenz.kube.crds import all_crds
+
+    def descriptions(node: Any) -> list[str]:
+        found = []
+        if isinstance(node, dict):
+            if isinstance(node.get("description"), str):
+                found.append(node["description"])
+            for value in node.values():
+                found += descriptions(value)
+        elif isinstance(node, list):
+            for value in node:
+                found += descriptions(value)
+        return found
+
+    texts = [t for crd in all_crds() for t in descriptions(crd)]
+    assert len(texts) > 50
+    marked = [t for t in texts if "`" in t or ":class:" in t]
+    assert marked == []
+
+
+def test_a_first_run_is_attempt_zero_on_the_wire_and_a_retry_shows_its_backoff() -> None:
+    from lorenz.kube.statuses import claim_status, go_duration, record_from_claim
+
+    first = ClaimRecord(
+        slot_key=SlotKey("I-1#0"), issue_id="I-1", identifier="I-1", slot_index=0,
+        phase=ClaimPhase.RUNNING, owner="a",
+    )
+    status = claim_status(first)
+    assert status["attempt"] == 0
+    assert status["retryIn"] is None
+    spec = {"workflow": "wf", "slotKey": "I-1#0", "issueId": "I-1", "identifier": "I-1",
+            "slotIndex": 0}
+    assert record_from_claim({"spec": spec, "status": status}).attempt is None
+    written = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+    retry = dataclasses.replace(
+        first, phase=ClaimPhase.RETRY_PENDING, attempt=2, updated_at=written,
+        due_at=written + datetime.timedelta(seconds=320),
+    )
+    assert claim_status(retry)["retryIn"] == "5m20s"
+    assert go_duration(3723) == "1h2m3s"
+    assert go_duration(9.6) == "10s"
+
+
+def test_the_checkpoint_is_camel_case_in_the_status_and_snake_case_in_memory() -> None:
+    from lorenz.kube.casing import camel_keys, snake_keys
+
+    checkpoint = {"schema": 1, "usage_totals": {"input_tokens": 5, "seconds_running": 1.5}}
+    wire = camel_keys(checkpoint)
+    assert wire == {"schema": 1, "usageTotals": {"inputTokens": 5, "secondsRunning": 1.5}}
+    assert snake_keys(wire) == checkpoint

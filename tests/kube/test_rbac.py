@@ -56,10 +56,10 @@ def test_the_operator_works_with_only_the_declared_verbs(
         ), (verb, resource)
 
     operator = operators("rbac", namespaces=(namespace,), kubeconfig=kubeconfig)
-    write_issue(rig.issues, "TASK-1")
+    write_issue(rig.issues_of("least"), "TASK-1")
     kube.apply(rig.workflow("least", seconds=1.0))
     wait_until(lambda: kube.items("claims") or None, timeout=30, message="a Claim")
-    wait_until(lambda: issue_state(rig.issues, "TASK-1") == "Done" or None, timeout=30,
+    wait_until(lambda: issue_state(rig.issues_of("least"), "TASK-1") == "Done" or None, timeout=30,
                message="the run completes")
     wait_until(lambda: kube.items("claims") == [] or None, timeout=30, message="released")
     workflow = kube.get("workflow", "least")

@@ -376,8 +376,9 @@ def _reconcile_as_chart_account(
 ) -> None:
     """`lorenz operator` with only the chart ServiceAccount's token takes a Workflow from
     dispatch to deletion, and no request it makes is refused."""
-    rig = Rig(root=workdir / "rig")
-    write_issue(rig.issues, "PKG-1")
+    rig = Rig(root=workdir / "rig", volume=workdir / "operator" / "volume",
+              namespace=workflow_namespace)
+    write_issue(rig.issues_of("packaged"), "PKG-1")
     operator = OperatorProcess(
         cluster,
         identity="chart-account",
@@ -391,7 +392,8 @@ def _reconcile_as_chart_account(
         # The Workflow is created by its user (the admin here), not by the operator.
         kube.apply(rig.workflow("packaged", seconds=0.5))
         wait_until(
-            lambda: issue_state(rig.issues, "PKG-1") == "Done" and kube.items("claims") == [],
+            lambda: issue_state(rig.issues_of("packaged"), "PKG-1") == "Done"
+            and kube.items("claims") == [],
             timeout=60,
             message="the run completes and its Claim is released",
         )

@@ -12,6 +12,7 @@ fields of a section may share a camelCase form), which is what makes the round t
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -93,3 +94,26 @@ def front_matter_from_spec(
 ) -> dict[Any, Any]:
     """A Workflow spec (camelCase) → front matter (snake_case) for the settings model."""
     return _convert(spec, model, to_spec=False)
+
+
+def snake(key: str) -> str:
+    """``inputTokens`` → ``input_tokens`` (the inverse of :func:`camel` for snake_case names)."""
+    return re.sub(r"(?<=[a-z0-9])([A-Z])", lambda m: "_" + m.group(1).lower(), key)
+
+
+def camel_keys(value: Any) -> Any:
+    """``value`` with every mapping key camelCased, recursively (for operator-owned data)."""
+    if isinstance(value, Mapping):
+        return {camel(str(k)): camel_keys(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [camel_keys(v) for v in value]
+    return value
+
+
+def snake_keys(value: Any) -> Any:
+    """The inverse of :func:`camel_keys`."""
+    if isinstance(value, Mapping):
+        return {snake(str(k)): snake_keys(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [snake_keys(v) for v in value]
+    return value

@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from lorenz.kube import resources
+from lorenz.kube.casing import camel_keys, snake_keys
 from lorenz.kube.clients import KubeApi, claims_path, workflows_path
 from lorenz.kube.errors import KubeApiError
 from lorenz.kube.resources import WorkflowRef
@@ -186,7 +187,10 @@ class ClaimResourceStore:
             return
         path = workflows_path(self._workflow.namespace, self._workflow.name, status=True)
         try:
-            await self._api.merge_patch(path, {"status": {"checkpoint": dict(checkpoint)}})
+            # NB: camelCase like the rest of the status; the keys are the orchestrator's own.
+            await self._api.merge_patch(
+                path, {"status": {"checkpoint": camel_keys(dict(checkpoint))}}
+            )
         except KubeApiError as exc:
             if not exc.not_found:
                 raise
@@ -339,4 +343,4 @@ class ClaimResourceStore:
                 return None
             raise
         checkpoint = (workflow.get("status") or {}).get("checkpoint")
-        return dict(checkpoint) if isinstance(checkpoint, Mapping) else None
+        return snake_keys(dict(checkpoint)) if isinstance(checkpoint, Mapping) else None

@@ -51,7 +51,12 @@ from lorenz.kube.leading import Campaign, Term
 from lorenz.kube.leases import KubernetesLeaseProvider
 from lorenz.kube.posting import EventKind, EventPoster, Post, kopf_post
 from lorenz.kube.settings import OperatorSettings
-from lorenz.kube.specs import generation_of, load_workflow_object, workflow_ref
+from lorenz.kube.specs import (
+    generation_of,
+    load_workflow_object,
+    workflow_ref,
+    write_workflow_file,
+)
 from lorenz.kube.statuses import Condition
 from lorenz.kube.workflow_status import (
     Degradation,
@@ -413,6 +418,7 @@ class WorkflowController:
             len(report.foreign),
         )
         self.candidates.adopt(loaded, generation=generation)
+        await asyncio.to_thread(write_workflow_file, loaded)
         self._applied_generation = generation
         self._degraded = None
         runtime = assemble_runtime(
@@ -512,6 +518,10 @@ class WorkflowController:
         if kind == EventType.WORKFLOW_RELOADED.value:
             self._degraded = None
             self._applied_generation = self.candidates.generation
+            candidate = self.candidates.candidate
+            if isinstance(candidate, LoadedWorkflow):
+                with contextlib.suppress(OSError):  # NB: informational; the volume's problem
+                    write_workflow_file(candidate)
             self._dirty()
         elif kind == EventType.WORKFLOW_RELOAD_FAILED.value:
             code = str(event.get("code") or "workflow_reload_failed")

@@ -249,9 +249,10 @@ def workflow_crd() -> dict[str, Any]:
             _column("Last Poll", ".status.poll.lastPollAt", type_="date"),
             _column(
                 "Degraded",
-                '.status.conditions[?(@.type=="Degraded")].reason',
+                '.status.conditions[?(@.type=="Degraded")].status',
                 priority=1,
-                description="why the last spec update was rejected",
+                description="True when the newest spec was rejected or failed to start "
+                "(kubectl describe shows why)",
             ),
             _column("Age", ".metadata.creationTimestamp", type_="date"),
         ],
@@ -281,7 +282,12 @@ def claim_crd() -> dict[str, Any]:
             _column("Phase", ".status.phase"),
             _column("Attempt", ".status.attempt", type_="integer"),
             _column("Owner", ".status.owner"),
-            _column("Due", ".status.dueAt", type_="date", priority=1),
+            _column(
+                "Due",
+                ".status.retryIn",
+                priority=1,
+                description="a pending retry's backoff, from when it was scheduled",
+            ),
             _column("Age", ".metadata.creationTimestamp", type_="date"),
         ],
     )

@@ -156,6 +156,19 @@ class LeaseLost(LeadershipLost):
         self.lease = lease
 
 
+class TrackerPathOutsideWorkflow(OperatorError):
+    """``tracker.path`` leaves the Workflow's own folder on the operator's volume."""
+
+    code = "tracker_path_outside_workflow"
+
+    def __init__(self, *, path: str, why: str) -> None:
+        super().__init__(
+            f"tracker.path {path!r} {why}: a Workflow reads issues only from inside its own "
+            "folder on the operator's volume; use a relative path such as 'issues'",
+            key_path="tracker.path",
+        )
+
+
 class InvalidOperatorSettings(OperatorError):
     """An operator setting (environment variable or ``lorenz operator`` flag) is invalid."""
 

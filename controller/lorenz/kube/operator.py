@@ -41,7 +41,7 @@ from lorenz.model import SlotKey
 logger = logging.getLogger("lorenz.kube.operator")
 
 STRIPPED_AGENT_ENV = ("KUBECONFIG",)
-"""Variables of the operator's own environment that agents and hooks never inherit."""
+"""Variables agents and hooks never inherit, even when listed in ``agent_env_passthrough``."""
 
 
 class Supervisor:
@@ -58,12 +58,13 @@ class Supervisor:
     ) -> None:
         self.api = api
         self.settings = settings
-        env = dict(os.environ if base_env is None else base_env)
-        for name in STRIPPED_AGENT_ENV:
-            env.pop(name, None)
+        source = os.environ if base_env is None else base_env
+        # NB: an allow-list, not a deny-list: whatever a platform team sets on the operator
+        # (tokens, proxies with credentials) stays with the operator.
+        env = {name: source[name] for name in settings.agent_env_passthrough if name in source}
         for name in list(env):
-            if name.startswith("LORENZ_OPERATOR_"):
-                env.pop(name)
+            if name in STRIPPED_AGENT_ENV or name.startswith("LORENZ_OPERATOR_"):
+                del env[name]
         self._base_env = env
         self._post = post
         self.metrics = metrics

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
@@ -59,6 +60,15 @@ _KEPT_KEYS = frozenset(
     }
 )
 _DROPPED_KEYS = frozenset({"title", "default", "examples", "$defs", "$schema", "const"})
+
+
+def plain_text(text: str) -> str:
+    """A docstring as ``kubectl explain`` should show it: no reStructuredText markup.
+
+    ``:class:`~a.b.Name``` → ``Name``, ````code```` and ```code``` → ``code``.
+    """
+    text = re.sub(r":[a-z]+:`~?(?:[\w.]+\.)?([^`]+)`", r"\1", text)
+    return re.sub(r"`{1,2}([^`]+)`{1,2}", r"\1", text)
 
 
 class SchemaConversionError(ValueError):
@@ -191,7 +201,7 @@ class _Converter:
         raise SchemaConversionError(f"{path or '<root>'}: a union of {len(typed)} schemas")
 
     def _describe(self, out: dict[str, Any], node: Mapping[str, Any]) -> None:
-        text = str(node.get("description") or "").strip()
+        text = plain_text(str(node.get("description") or "").strip())
         default = node.get("default")
         if default is not None and default != {} and default != []:
             shown = json.dumps(default)

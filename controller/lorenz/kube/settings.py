@@ -25,6 +25,10 @@ from lorenz.kube.errors import InvalidOperatorSettings
 from lorenz.kube.leases import LeaseTiming
 
 ENV_PREFIX = "LORENZ_OPERATOR_"
+DEFAULT_AGENT_ENV_PASSTHROUGH = (
+    "PATH", "HOME", "USER", "LANG", "LC_ALL", "TZ", "TMPDIR", "SSL_CERT_FILE", "SSL_CERT_DIR",
+)
+"""What an agent needs of a process environment to run at all: no credentials."""
 
 
 def default_identity() -> str:
@@ -111,10 +115,16 @@ class OperatorSettings(pydantic.BaseModel):
     """The URL other replicas and ``kubectl get wf`` show for this process's API (written to
     the Lease and the Workflow status); unset leaves it out."""
 
+    agent_env_passthrough: tuple[str, ...] = DEFAULT_AGENT_ENV_PASSTHROUGH
+    """The only variables of the operator's own environment that agents and hooks get (each
+    run adds its ``LORENZ_*`` variables and the agent kind's ``env`` from the spec). Nothing
+    else of the operator's environment — credentials set through the chart's
+    ``operator.env``, ``KUBECONFIG``, ``LORENZ_OPERATOR_*`` — ever reaches an agent."""
+
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """Minimum level of process logs."""
 
-    @pydantic.field_validator("namespaces", mode="before")
+    @pydantic.field_validator("namespaces", "agent_env_passthrough", mode="before")
     @classmethod
     def _split(cls, value: Any) -> Any:
         if isinstance(value, str):

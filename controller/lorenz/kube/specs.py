@@ -10,8 +10,9 @@ file with the same content behave identically. What differs is decided here:
 * nothing comes from the operator's environment: no ``$VAR`` values, no ``LINEAR_API_KEY``
   fallback, no ``LORENZ_FLAG_*`` — a Workflow is self-contained, and its author cannot read the
   operator pod's environment through it;
-* ``workspace.root`` is the Workflow's folder on the operator's volume, and relative paths
-  (``tracker.path``) resolve against that folder.
+* ``workspace.root`` is the Workflow's folder on the operator's volume, and ``tracker.path``
+  must stay inside that folder (no absolute path, no ``..``, no symlink out of it): one team's
+  Workflow must never read another team's issues.
 
 The :class:`~lorenz.workflow.WorkflowStamp` of the result is derived from the spec and the
 Secret's content, so the runtime's transactional reload runs exactly when either changed.
@@ -24,13 +25,15 @@ import copy
 import hashlib
 import json
 from collections.abc import Mapping
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
+
+import yaml
 
 from lorenz.kube.casing import front_matter_from_spec
 from lorenz.kube.clients import KubeApi, secret_path
 from lorenz.kube.crds import PROMPT_FIELD, SECRET_REF_FIELD
-from lorenz.kube.errors import KubeApiError, TrackerSecretMissing
+from lorenz.kube.errors import KubeApiError, TrackerPathOutsideWorkflow, TrackerSecretMissing
 from lorenz.kube.resources import WorkflowRef
 from lorenz.workflow import (
     DEFAULT_WORKFLOW_FILENAME,
@@ -92,6 +95,29 @@ async def read_secret_key(api: KubeApi, *, namespace: str, name: str, key: str) 
     return value.strip()
 
 
+def confine_tracker_path(tracker: Any, *, workflow_dir: Path) -> None:
+    """Refuse a ``tracker.path`` that leaves the Workflow's folder.
+
+    NB: checked on every load (start, spec change, refresh), with symlinks resolved as they
+    are then. An agent that can write into the folder (``local`` mode: the operator's uid)
+    can still plant a symlink later; the Pod placement is what really separates teams.
+    """
+    if not isinstance(tracker, Mapping) or tracker.get("path") in (None, ""):
+        return
+    raw = str(tracker["path"])
+    relative = PurePosixPath(raw)
+    if relative.is_absolute() or raw.startswith("~"):
+        raise TrackerPathOutsideWorkflow(path=raw, why="is absolute")
+    if ".." in relative.parts:
+        raise TrackerPathOutsideWorkflow(path=raw, why="climbs out with '..'")
+    root = workflow_dir.resolve()
+    resolved = (root / relative).resolve()
+    if resolved != root and not resolved.is_relative_to(root):
+        raise TrackerPathOutsideWorkflow(
+            path=raw, why=f"leads through a symlink to {resolved}, outside the folder"
+        )
+
+
 def workflow_from_spec(
     body: Mapping[str, Any],
     *,
@@ -111,6 +137,7 @@ def workflow_from_spec(
     if isinstance(tracker, dict):
         tracker.pop(SECRET_REF_FIELD, None)
     front_matter = front_matter_from_spec(spec)
+    confine_tracker_path(front_matter.get("tracker"), workflow_dir=workflow_dir)
     raw = copy.deepcopy(front_matter)
     workspace = front_matter.setdefault("workspace", {})
     if isinstance(workspace, dict):
@@ -165,3 +192,18 @@ def failed_stamp(body: Mapping[str, Any], error: BaseException) -> WorkflowStamp
     return WorkflowStamp(
         mtime_ns=generation_of(body), size=-1, sha256=hashlib.sha256(text.encode()).hexdigest()
     )
+
+
+def write_workflow_file(loaded: LoadedWorkflow) -> None:
+    """Write the applied workflow as a WORKFLOW.md at ``loaded.path`` (the Workflow's folder).
+
+    Agents get ``LORENZ_WORKFLOW`` naming this file, as on a single host; in the operator it
+    is a rendering of the spec (front matter without secrets, then the prompt), rewritten
+    whenever a new generation is applied. Nothing reads it back.
+    """
+    front_matter = yaml.safe_dump(loaded.raw, sort_keys=False, allow_unicode=True)
+    text = f"---\n{front_matter}---\n{loaded.prompt_template}\n"
+    loaded.path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = loaded.path.with_name(f".{loaded.path.name}.tmp")
+    temporary.write_text(text, encoding="utf-8")
+    temporary.replace(loaded.path)

@@ -261,6 +261,9 @@ class ClaimStatus(WireModel):
     """``continuation`` (after a clean exit) or ``failure`` (after a fault)."""
     due_at: datetime.datetime | None = None
     """When a pending retry is due (wall clock)."""
+    retry_in: str | None = None
+    """The backoff of a pending retry as a duration (``45s``, ``5m0s``), from the time it was
+    scheduled (``updatedAt``); blank otherwise."""
     reservation_token: str | None = None
     """ABA guard of a reservation."""
     host: str | None = None
@@ -286,6 +289,9 @@ class ClaimStatus(WireModel):
 CLAIM_SPEC_FIELDS = ("slot_key", "issue_id", "identifier", "slot_index")
 """The ClaimRecord fields that live in a Claim's spec; all others live in its status."""
 
+CLAIM_DISPLAY_FIELDS = ("retry_in",)
+"""Claim status fields derived for people (printer columns), never read back."""
+
 
 def claim_spec(record: ClaimRecord, *, workflow: str) -> dict[str, Any]:
     """The spec of the Claim for ``record`` (wire form)."""
@@ -302,7 +308,27 @@ def claim_status(record: ClaimRecord) -> dict[str, Any]:
     """The status of the Claim for ``record`` (wire form)."""
     data = record.to_dict()
     values = {name: data[name] for name in ClaimStatus.model_fields if name in data}
-    return ClaimStatus.model_validate(values).wire()
+    # NB: a first run is attempt 0 on the wire (so ``kubectl get clm`` shows it); the record
+    # says ``None``, and :func:`record_from_claim` maps 0 back.
+    if values.get("attempt") is None:
+        values["attempt"] = 0
+    status = ClaimStatus.model_validate(values)
+    if status.due_at is not None:
+        since = status.updated_at or datetime.datetime.now(datetime.UTC)
+        status.retry_in = go_duration((status.due_at - since).total_seconds())
+    return status.wire()
+
+
+def go_duration(seconds: float) -> str:
+    """``45s``, ``5m0s``, ``1h2m3s``: how kubectl prints durations."""
+    total = max(0, round(seconds))
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes}m{secs}s"
+    if minutes:
+        return f"{minutes}m{secs}s"
+    return f"{secs}s"
 
 
 def record_from_claim(obj: Mapping[str, Any]) -> ClaimRecord:
@@ -325,7 +351,7 @@ def record_from_claim(obj: Mapping[str, Any]) -> ClaimRecord:
         slot_index=spec.slot_index,
         phase=status.phase,
         owner=status.owner,
-        attempt=status.attempt,
+        attempt=status.attempt or None,
         retry_kind=status.retry_kind,
         due_at=status.due_at,
         reservation_token=status.reservation_token,
