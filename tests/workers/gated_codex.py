@@ -11,6 +11,7 @@ a line), then plays the turn's steps and sends ``turn/completed``. Steps::
     {"gate": PATH}                 wait until PATH exists (the test opens the gate)
     {"tool": NAME, "arguments": {}} an item/tool/call request; the answer goes to the record
     {"fail": TEXT}                 end the turn with status failed
+    {"sleep": SECONDS}             pause (spreads a stream over time)
 
 Every turn's start and end are appended to ``scenario["marks"]`` (``start N`` / ``end N``) and
 the agent's pid is written to ``scenario["pid_file"]``, so tests see the agent itself.
@@ -106,6 +107,8 @@ def main() -> int:
                         if reply.get("id") == next_id and "method" not in reply:
                             note({"tool": step["tool"], "answer": reply.get("result")})
                             break
+                elif "sleep" in step:
+                    time.sleep(float(step["sleep"]))
                 elif "fail" in step:
                     status, error = "failed", {"message": step["fail"]}
             mark(f"end {turn_number}")

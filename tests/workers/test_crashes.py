@@ -276,3 +276,62 @@ async def test_without_a_controller_between_turns_the_run_ends_after_the_wait(
     final = await handle.follow(collected)
     assert final.data["stop_reason"] == "issue_inactive"
     assert "controller_absent" in collected.kinds()
+
+
+async def kill_controllers_at_random_points(
+    *, kills: int, state_root: Path, make_spec: SpecFactory, tmp_path: Path
+) -> None:
+    import random
+
+    rng = random.Random(kills)
+    steps: list[dict[str, Any]] = []
+    for _ in range(kills * 2):
+        steps += [{"burst": 40}, {"sleep": 0.5}]  # outlasts the kills: they land mid-turn
+    spec, scenario = make_spec(turns=[{"steps": steps}])
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_text(spec.model_dump_json())
+    collected: list[int] = []
+    for n in range(kills + 1):
+        out = tmp_path / f"controller{n}.jsonl"
+        after = collected[-1] if collected else 0
+        controller = start_controller(spec_path, state_root, out, after_seq=after)
+        try:
+            if n < kills:
+                # Let it collect a random number of new records (or finish), then kill -9.
+                goal = rng.randint(1, 60)
+                await wait_until(
+                    lambda out=out, goal=goal: sum(1 for r in read_lines(out) if "seq" in r) >= goal
+                    or any("done" in r for r in read_lines(out))
+                )
+                os.killpg(controller.pid, signal.SIGKILL)
+            controller.wait(timeout=120)
+        finally:
+            if controller.poll() is None:
+                os.killpg(controller.pid, signal.SIGKILL)
+                controller.wait()
+        lines = read_lines(out)
+        collected += [r["seq"] for r in lines if "seq" in r]
+        if any("done" in r for r in lines):
+            break
+    else:
+        # The last controller was never killed: it must have seen the end.
+        pytest.fail("the run did not finish")
+    assert collected == list(range(1, collected[-1] + 1)), "no gap, no duplicate, in order"
+    assert scenario.marks.read_text().split().count("start") == 1, "never re-run"
+
+
+async def test_kill_9_of_controllers_at_random_points_loses_and_repeats_nothing(
+    state_root: Path, make_spec: SpecFactory, tmp_path: Path
+) -> None:
+    await kill_controllers_at_random_points(
+        kills=8, state_root=state_root, make_spec=make_spec, tmp_path=tmp_path
+    )
+
+
+@pytest.mark.soak
+async def test_soak_kill_9_of_controllers_at_50_random_points(
+    state_root: Path, make_spec: SpecFactory, tmp_path: Path
+) -> None:
+    await kill_controllers_at_random_points(
+        kills=50, state_root=state_root, make_spec=make_spec, tmp_path=tmp_path
+    )

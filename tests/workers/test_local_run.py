@@ -230,3 +230,19 @@ async def test_a_worker_exiting_at_once_still_delivers_its_final_record_live(
     assert final.data["outcome"] == "success"
     assert handle.attaches == 1
     assert handle.journal_reads == 0, "the final record arrived whole, over the socket"
+
+
+async def test_a_controller_that_had_collected_the_final_record_gets_it_again_once(
+    state_root: Path, make_spec: SpecFactory
+) -> None:
+    spec, _ = make_spec()
+    transport = LocalTransport(state_root=state_root, env=base_env())
+    handle, _ = await launch(spec, transport=transport)
+    final = await handle.follow(Collected())
+    # Killed after collecting the final record, before acting on it: the successor knows
+    # the final seq only.
+    successor = WorkerHandle(transport=transport, handle=spec.handle, last_seq=final.seq)
+    collected = Collected()
+    again = await successor.follow(collected)
+    assert again.to_json() == final.to_json()
+    assert collected.records == [], "nothing delivered twice"

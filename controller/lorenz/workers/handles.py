@@ -191,7 +191,7 @@ class WorkerHandle:
             self.connection = connection
             self.attaches += 1
             try:
-                await connection.attach(after_seq=self.last_seq)
+                await connection.attach(after_seq=self._resume_after)
                 async for record in connection.records():
                     self._deliver(record, on_record)
                     if record.is_final:
@@ -226,12 +226,23 @@ class WorkerHandle:
 
     async def _catch_up(self, on_record: Callable[[Record], None]) -> None:
         self.journal_reads += 1
-        for record in await self.transport.read_journal(self.handle, after_seq=self.last_seq):
+        for record in await self.transport.read_journal(
+            self.handle, after_seq=self._resume_after
+        ):
             self._deliver(record, on_record)
+
+    @property
+    def _resume_after(self) -> int:
+        # NB: one record early: if the last one collected was the final record (a controller
+        # killed between collecting it and acting on it), it comes back and ends the follow
+        # — without being delivered a second time.
+        return max(self.last_seq - 1, 0)
 
     def _deliver(self, record: Record, on_record: Callable[[Record], None]) -> None:
         if record.seq <= self.last_seq:
-            return  # NB: cannot happen with an honest worker; never deliver twice.
+            if record.is_final:
+                self.final = record
+            return  # never deliver twice
         if record.seq != self.last_seq + 1:
             raise SequenceGap(
                 f"worker {self.handle} sent seq {record.seq} after {self.last_seq}",
