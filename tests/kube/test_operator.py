@@ -443,3 +443,38 @@ def test_agents_get_an_explicit_environment_never_the_operators(
     assert "PATH" in names
     assert "AGENT_LOG" in names  # the agent kind's env from the spec
     assert "LORENZ_ISSUE_IDENTIFIER" in names  # the run's own variables
+
+
+def test_a_held_claim_stops_its_run_and_keeps_the_issue_until_the_hold_is_removed(
+    kube: Kube, rig: Rig, operators: Callable[..., OperatorProcess]
+) -> None:
+    operator = operators("holder", namespaces=(kube.namespace,))
+    write_issue(rig.issues_of("hold"), "TASK-1")
+    kube.apply(rig.workflow("hold", seconds=600.0, interval_ms=300))
+    claim = wait_until(
+        lambda: next((c for c in kube.items("claims") if phase(c) == "Running"), None),
+        timeout=60, message="a Running Claim",
+    )
+    (first,) = wait_until(lambda: rig.runs() or None, timeout=60, message="the agent runs")
+    name = claim["metadata"]["name"]
+    kube.cluster.kubectl(
+        "annotate", "claim", name, "-n", kube.namespace, "lorenz.dev/hold=looking into it"
+    )
+    wait_until(lambda: not _alive(first.pid) or None, timeout=60, message="the run stopped")
+    wait_until(lambda: "IssueHeld" in kube.reasons("hold"), timeout=60, message="IssueHeld")
+    # Unlike a deleted Claim, a held one stays, and polls go by without a new run.
+    ticks = ticks_of(operator, kube.namespace, "hold")
+    wait_until(lambda: ticks_of(operator, kube.namespace, "hold") >= ticks + 5 or None,
+               timeout=60, message="five more polls")
+    assert [c["metadata"]["name"] for c in kube.items("claims")] == [name]
+    assert len(rig.runs()) == 1
+    assert issue_state(rig.issues_of("hold"), "TASK-1") == "Todo"
+
+    kube.cluster.kubectl("annotate", "claim", name, "-n", kube.namespace, "lorenz.dev/hold-")
+    wait_until(lambda: len(rig.runs()) == 2 or None, timeout=120,
+               message="released, the issue runs again")
+    claim = wait_until(
+        lambda: next((c for c in kube.items("claims") if phase(c) == "Running"), None),
+        timeout=60, message="its Claim is Running again",
+    )
+    assert "lorenz.dev/hold" not in (claim["metadata"].get("annotations") or {})

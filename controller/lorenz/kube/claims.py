@@ -111,6 +111,8 @@ class ClaimResourceStore:
                 continue  # NB: a hashed label value could (in theory) collide
             if (item.get("metadata") or {}).get("deletionTimestamp"):
                 continue
+            if resources.on_hold(item) is not None:
+                continue  # NB: held from Kubernetes: neither a run to resume nor a retry
             try:
                 record = record_from_claim(item)
             except ValueError as exc:
@@ -212,6 +214,16 @@ class ClaimResourceStore:
         del self._held[slot_key]
         return True
 
+    def claim_held(self, *, uid: str, slot_key: SlotKey) -> bool:
+        """A watch saw Claim ``uid`` put on hold: ``True`` if it was a live Claim of ours (its
+        run must stop). It is forgotten here, so stopping the run keeps the Claim — and the
+        hold — instead of deleting it."""
+        held = self._held.get(slot_key)
+        if held is None or held.uid != uid:
+            return False
+        del self._held[slot_key]
+        return True
+
     # -- pieces ----------------------------------------------------------------------------
 
     def _writable(self, operation: str, key: SlotKey | None) -> bool:
@@ -276,6 +288,8 @@ class ClaimResourceStore:
                 held.record = dataclasses.replace(record, owner="")
                 return held
             existing = await self._read(name)
+            if existing is not None and resources.on_hold(existing) is not None:
+                return None  # held from Kubernetes: not dispatched while the annotation stays
             if existing is not None:
                 return self._entry(existing, record_from_claim(existing))
         logger.warning("Claim kept vanishing and reappearing claim=%s", name)

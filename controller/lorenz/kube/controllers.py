@@ -222,6 +222,22 @@ class WorkflowController:
         self.post("Normal", "ClaimDeleted", f"the Claim of {slot_key} was deleted; run cancelled")
         self._spawn(runtime.cancel_slot(slot_key, reason="claim_deleted"))
 
+    def claim_held(self, *, uid: str, slot_key: SlotKey, name: str, note: str) -> None:
+        """A Claim of this Workflow got the hold annotation: stop its run, keep the Claim."""
+        store, runtime = self.store, self.runtime
+        if store is None or runtime is None or not self.lease.holds_lease():
+            return
+        if not store.claim_held(uid=uid, slot_key=slot_key):
+            return
+        logger.info("Claim held, stopping its run workflow=%s slot=%s", self.ref.display, slot_key)
+        self.post(
+            "Normal",
+            "IssueHeld",
+            f"{slot_key} is held (Claim {name}, {resources.HOLD_ANNOTATION}={note!r}): its run "
+            f"was stopped and it is not dispatched until the annotation is removed",
+        )
+        self._spawn(runtime.cancel_slot(slot_key, reason="held"))
+
     async def shutdown(self) -> None:
         """Stop this controller (operator shutdown): release what it leads, then return."""
         self._stop.set()

@@ -106,8 +106,9 @@ class Supervisor:
             self._retire(key, current)
 
     def claim_event(self, kind: str | None, body: Mapping[str, Any]) -> None:
-        """One watch event of a Claim: only deletions matter."""
-        if kind != "DELETED":
+        """One watch event of a Claim: deletions and holds matter."""
+        hold = resources.on_hold(body)
+        if kind != "DELETED" and hold is None:
             return
         metadata = body.get("metadata") or {}
         spec = body.get("spec") or {}
@@ -117,8 +118,15 @@ class Supervisor:
         if not workflow or not slot or not uid:
             return
         controller = self.controllers.get((str(metadata.get("namespace")), str(workflow)))
-        if controller is not None:
+        if controller is None:
+            return
+        if kind == "DELETED":
             controller.claim_deleted(uid=str(uid), slot_key=SlotKey(str(slot)))
+        elif hold is not None:
+            controller.claim_held(
+                uid=str(uid), slot_key=SlotKey(str(slot)), name=str(metadata.get("name")),
+                note=hold,
+            )
 
     def probe(self) -> dict[str, Any]:
         """What the liveness endpoint reports."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import re
+from collections.abc import Mapping
 from typing import Any, Final
 
 GROUP: Final = "lorenz.dev"
@@ -40,6 +41,17 @@ WORKFLOW_LABEL: Final = f"{GROUP}/workflow"
 SLOT_LABEL: Final = f"{GROUP}/slot"
 """Label on every Claim: the label-safe form of its slot key (for humans; not a selector)."""
 REFRESH_ANNOTATION: Final = f"{GROUP}/refresh"
+HOLD_ANNOTATION: Final = f"{GROUP}/hold"
+"""On a Claim: stop its run and keep the issue from being dispatched while it is there (the
+value is a note for people). Removing it releases the issue; deleting the Claim instead
+re-dispatches an eligible issue at once."""
+
+
+def on_hold(obj: Mapping[str, Any]) -> str | None:
+    """The hold note of a Claim object (``None``: not held)."""
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    value = annotations.get(HOLD_ANNOTATION)
+    return None if value is None else str(value)
 """Any new value on a Workflow asks its runtime to poll now (and re-read its Secret)."""
 ENDPOINT_ANNOTATION: Final = f"{GROUP}/endpoint"
 """On a Lease: where the holding replica serves its API."""
