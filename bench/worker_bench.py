@@ -110,6 +110,26 @@ async def bench_spawn_and_idle(work: Path, transport: LocalTransport, count: int
     gate.write_text("open")
 
 
+def interpreter_baseline() -> None:
+    """What starting Python (and importing the worker) costs on this machine right now."""
+    import subprocess
+
+    def wall(argv: list[str]) -> float:
+        runs = []
+        for _ in range(3):
+            started = time.perf_counter()
+            subprocess.run(argv, check=True)
+            runs.append((time.perf_counter() - started) * 1000)
+        return statistics.median(runs)
+
+    bare = wall([sys.executable, "-c", "pass"])
+    imports = wall([sys.executable, "-c", "import lorenz.workers.launch"])
+    print(
+        f"baseline: python start {bare:.0f} ms, python + worker imports {imports:.0f} ms "
+        f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)"
+    )
+
+
 async def bench_events(work: Path, transport: LocalTransport, events: int) -> None:
     scenario = {"turns": [{"steps": [{"burst": events}]}]}
     # In-process: today's path, the runner parses the agent's JSON-RPC in this process.
@@ -203,6 +223,7 @@ async def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="lorenz-worker-bench-"))
     transport = LocalTransport(state_root=root, env=env())
     try:
+        interpreter_baseline()
         await bench_spawn_and_idle(work, transport, args.idle)
         await bench_events(work, transport, args.events)
         for count in (int(c) for c in args.many.split(",") if c):

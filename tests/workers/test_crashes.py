@@ -335,3 +335,35 @@ async def test_soak_kill_9_of_controllers_at_50_random_points(
     await kill_controllers_at_random_points(
         kills=50, state_root=state_root, make_spec=make_spec, tmp_path=tmp_path
     )
+
+
+async def test_a_frozen_worker_is_unknown_not_gone_and_is_followed_again_once_it_thaws(
+    state_root: Path, make_spec: SpecFactory
+) -> None:
+    from lorenz.workers.handles import WorkerUnknown
+
+    spec, scenario = make_spec(gate="go")
+    transport = LocalTransport(state_root=state_root, env=base_env())
+    handle, result = await launch(spec, transport=transport)
+    handle.heartbeat_s = 0.5
+    handle.unknown_patience_s = 2.0
+    collected = Collected()
+    follow = asyncio.create_task(handle.follow(collected))
+    await collected.wait_for(lambda rs: any(r.data.get("event") == "session_started" for r in rs))
+    assert result.pid is not None
+    os.kill(result.pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(WorkerUnknown) as caught:
+            await asyncio.wait_for(follow, timeout=120)
+        assert caught.value.code == "worker_unknown"
+        assert (await probe_local(state_root / spec.handle, timeout_s=1.0)).state is (
+            ProbeState.UNKNOWN
+        )
+    finally:
+        os.kill(result.pid, signal.SIGCONT)
+    again = WorkerHandle(transport=transport, handle=spec.handle, last_seq=handle.last_seq)
+    rest = Collected()
+    scenario.open_gate("go")
+    final = await asyncio.wait_for(again.follow(rest), timeout=60)
+    assert final.data["outcome"] == "success"
+    assert collected.seqs() + rest.seqs() == list(range(1, final.seq + 1))

@@ -132,9 +132,10 @@ class WorkerConnection:
             yield item
 
     async def close(self) -> None:
-        self._task.cancel()
-        with contextlib.suppress(BaseException):
-            await self._task
+        if self._task is not asyncio.current_task():
+            self._task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._task
         for task in list(self._calls):
             task.cancel()
         self._writer.close()

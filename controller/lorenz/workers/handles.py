@@ -131,6 +131,7 @@ class WorkerHandle:
         last_seq: int = 0,
         handlers: CallHandlers | None = None,
         unknown_patience_s: float = 30.0,
+        heartbeat_s: float = 15.0,
     ) -> None:
         self.transport = transport
         self.handle = handle
@@ -139,6 +140,9 @@ class WorkerHandle:
         self.handlers = handlers or CallHandlers()
         self.unknown_patience_s = unknown_patience_s
         """How long :meth:`follow` keeps probing an ``unknown`` worker before giving up."""
+        self.heartbeat_s = heartbeat_s
+        """While following, a ping this often; a missed pong drops the connection (a frozen
+        worker or a dead network path then goes through the probe table)."""
         self.final: Record | None = None
         self.connection: WorkerConnection | None = None
         self.attaches = 0
@@ -190,6 +194,7 @@ class WorkerHandle:
             unknown_since = None
             self.connection = connection
             self.attaches += 1
+            heartbeat = asyncio.create_task(self._heartbeat(connection))
             try:
                 await connection.attach(after_seq=self._resume_after)
                 async for record in connection.records():
@@ -200,10 +205,21 @@ class WorkerHandle:
             except ConnectionLost:
                 pass
             finally:
+                heartbeat.cancel()
                 self.connection = None
                 await connection.close()
         assert self.final is not None
         return self.final
+
+    async def _heartbeat(self, connection: WorkerConnection) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_s)
+            try:
+                await connection.ping(timeout_s=self.heartbeat_s)
+            except (ConnectionLost, TimeoutError):
+                logger.warning("worker %s missed a heartbeat; reconnecting", self.handle)
+                await connection.close()
+                return
 
     async def cancel(self, reason: str) -> bool:
         """Ask the worker to end the run; ``False`` when it cannot be reached."""
