@@ -322,8 +322,14 @@ def test_chart_defaults_are_the_operator_defaults() -> None:
 @pytest.mark.parametrize(
     ("values", "message"),
     [
-        ({"operator": {"lease": {"renewDeadlineSeconds": 15}}}, "renewDeadlineSeconds must be"),
-        ({"operator": {"lease": {"retryPeriodSeconds": 10}}}, "retryPeriodSeconds must be"),
+        (
+            {"operator": {"lease": {"renewDeadlineSeconds": 15}}},
+            "operator.lease: lease duration must be longer than the renew deadline",
+        ),
+        (
+            {"operator": {"lease": {"retryPeriodSeconds": 10}}},
+            "operator.lease: renew deadline must be longer than 1.2 x the retry period",
+        ),
         ({"terminationGracePeriodSeconds": 30}, "must exceed operator.drainTimeoutSeconds"),
     ],
 )
@@ -333,6 +339,42 @@ def test_inconsistent_timings_are_refused(
     result = template(tmp=tmp_path, values=values, check=False)
     assert result.returncode != 0
     assert message in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("duration", "deadline", "period"),
+    [(15, 10, 2), (15, 10, 9), (10, 10, 2), (3, 2, 0.5), (3, 2, 1.8), (2, 1.5, 1), (1, 0.5, 0.4)],
+)
+def test_the_chart_accepts_exactly_the_lease_timings_the_operator_accepts(
+    duration: int, deadline: float, period: float, tmp_path: Path
+) -> None:
+    from lorenz.kube.errors import InvalidOperatorSettings
+    from lorenz.kube.leases import LeaseTiming
+
+    try:
+        LeaseTiming(lease_duration_s=duration, renew_deadline_s=deadline, retry_period_s=period)
+        operator_accepts = True
+    except InvalidOperatorSettings:
+        operator_accepts = False
+    lease = {"durationSeconds": duration, "renewDeadlineSeconds": deadline,
+             "retryPeriodSeconds": period}
+    result = template(tmp=tmp_path, values={"operator": {"lease": lease}}, check=False)
+    assert (result.returncode == 0) == operator_accepts, result.stderr
+
+
+def test_notes_name_only_paths_that_exist_and_the_real_secret_field(tmp_path: Path) -> None:
+    result = helm(
+        "install", "demo", str(CHART), "--dry-run=client", "--namespace", "ops", check=False
+    )
+    assert result.returncode == 0, result.stderr
+    notes = result.stdout.split("NOTES:", 1)[1]
+    named = [p.rstrip(".,;:") for p in re.findall(r"\b((?:deploy|docs|crds)/[\w./-]*)", notes)]
+    assert named, notes
+    for path in named:
+        base = CHART if f"<chart>/{path}" in notes and path.startswith("crds") else REPO
+        assert (base / path).exists(), path
+    assert "apiKeySecretRef" in notes
+    assert "secretKeyRef" not in notes.replace("apiKeySecretRef", "")
 
 
 def test_advertise_url_can_be_set(tmp_path: Path) -> None:
@@ -537,7 +579,9 @@ def test_extra_env_and_args_reach_the_container(tmp_path: Path) -> None:
     assert container["args"] == ["operator", "--events-per-minute", "5"]
     env = {item["name"]: item for item in container["env"]}
     assert env["LORENZ_OPERATOR_STATUS_INTERVAL_SECONDS"]["value"] == "2"
-    assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["POD_NAME"]["valueFrom"] == {
+        "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.name"}
+    }
 
 
 def test_notes_name_the_release_and_the_crd_upgrade_step(tmp_path: Path) -> None:

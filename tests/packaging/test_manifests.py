@@ -178,3 +178,16 @@ def test_sample_workflow_passes_server_side_validation(
         "apply", "--dry-run=server", "--validate=strict", "-n", kube_namespace, "-f", str(SAMPLE)
     )
     assert "workflow.lorenz.dev/sample created (server dry run)" in result.stdout
+
+
+@pytest.mark.cluster
+def test_a_server_side_apply_after_a_client_side_one_has_no_field_conflicts(
+    lorenz_system: Cluster,
+) -> None:
+    cluster = lorenz_system
+    cluster.kubectl("apply", "-f", str(generator.OPERATOR_FILE))
+    result = cluster.kubectl(
+        "apply", "--server-side", "-f", str(generator.OPERATOR_FILE), check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert "conflict" not in result.stderr.lower(), result.stderr

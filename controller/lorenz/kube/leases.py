@@ -58,6 +58,20 @@ JITTER = 0.2
 """Followers wait ``retry_period * (1 + U(0, JITTER))`` between attempts (client-go: 1.2)."""
 
 
+LEASE_RULES: tuple[tuple[str, str, float, str | None, str], ...] = (
+    ("lease_duration_s", ">=", 1.0, None, "lease duration must be at least 1 s"),
+    ("lease_duration_s", ">", 1.0, "renew_deadline_s",
+     "lease duration must be longer than the renew deadline"),
+    ("renew_deadline_s", ">", 1 + JITTER, "retry_period_s",
+     f"renew deadline must be longer than {1 + JITTER:g} x the retry period"),
+    ("retry_period_s", ">", 0.0, None, "retry period must be positive"),
+)
+"""client-go's rules for the three durations, as data: ``left op factor * right`` (``right``
+``None``: ``left op factor``). :class:`LeaseTiming` checks them, and the Helm chart's template
+check is generated from them (``charts/lorenz/generate.py``), so the chart never renders
+timings the operator refuses."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class LeaseTiming:
     """client-go's three durations (defaults 15 s / 10 s / 2 s, as core components use)."""
@@ -71,16 +85,11 @@ class LeaseTiming:
 
     def __post_init__(self) -> None:
         problems = []
-        if self.lease_duration_s < 1:
-            problems.append("lease duration must be at least 1 s")
-        if not self.lease_duration_s > self.renew_deadline_s:
-            problems.append("lease duration must be longer than the renew deadline")
-        if not self.renew_deadline_s > (1 + JITTER) * self.retry_period_s:
-            problems.append(
-                f"renew deadline must be longer than {1 + JITTER:g} x the retry period"
-            )
-        if self.retry_period_s <= 0:
-            problems.append("retry period must be positive")
+        for left, op, factor, right, message in LEASE_RULES:
+            value = float(getattr(self, left))
+            bound = factor * (float(getattr(self, right)) if right is not None else 1.0)
+            if not (value >= bound if op == ">=" else value > bound):
+                problems.append(message)
         if problems:
             raise InvalidOperatorSettings(problems)
 
