@@ -215,7 +215,9 @@ async def test_tool_calls_run_in_the_controller_and_the_token_never_reaches_the_
     assert json.loads(answer["contentItems"][0]["text"]) == {"token_tail": SECRET[-4:]}
     assert result.pid is not None
     assert SECRET.encode() not in environ_of(result.pid)
-    assert SECRET.encode() not in environ_of(scenario.agent_pid())
+    agent_environ = environ_of(scenario.agent_pid())
+    assert SECRET.encode() not in agent_environ
+    assert f"LORENZ_WORKER_HANDLE={spec.handle}".encode() in agent_environ.split(b"\0")
     assert SECRET not in (state_root / spec.handle / "spec.json").read_text()
     await handle.cancel("done")
     await asyncio.wait_for(follow, timeout=60)

@@ -170,3 +170,43 @@ async def test_a_collected_run_is_not_adopted_again_and_a_continuation_gets_a_ne
     names = list_handles(state_root)
     assert len(names) == 2
     assert any("-r1-" in name for name in names)
+
+
+async def test_finished_state_directories_are_pruned_after_the_retention_but_evidence_stays(
+    state_root: Path, tmp_path: Path
+) -> None:
+    import os
+    import time
+
+    from lorenz.workers.journal import JournalWriter
+    from lorenz.workers.states import prune_state_dirs
+
+    def state(name: str, *, final: bool, age_s: float) -> None:
+        directory = state_root / f"lzw-{name}-s0-a0-g0-000000000000"
+        directory.mkdir()
+        writer = JournalWriter(directory / "journal.jsonl")
+        writer.append("run_started", {})
+        if final:
+            writer.append("final", {"outcome": "success", "exit_status": 0})
+        writer.close()
+        old = time.time() - age_s
+        os.utime(directory / "journal.jsonl", (old, old))
+
+    state("OLD", final=True, age_s=8 * 24 * 3600)
+    state("RECENT", final=True, age_s=60)
+    state("DIED", final=False, age_s=8 * 24 * 3600)
+    removed = prune_state_dirs(state_root)
+    assert removed == ["lzw-OLD-s0-a0-g0-000000000000"]
+    assert sorted(list_handles(state_root)) == [
+        "lzw-DIED-s0-a0-g0-000000000000",
+        "lzw-RECENT-s0-a0-g0-000000000000",
+    ]
+    # A runner prunes once, on its first run.
+    kit = Kit(tmp_path, [{"message": "hi"}])
+    worker_runner = WorkerRunner(
+        workflow=str(tmp_path / "WORKFLOW.md"),
+        transport=LocalTransport(state_root=state_root, env=base_env()),
+        retention_s=30,
+    )
+    await worker_runner.run(kit.request())
+    assert "lzw-RECENT-s0-a0-g0-000000000000" not in list_handles(state_root)

@@ -35,7 +35,13 @@ from lorenz.workers.handles import LocalTransport, Transport, WorkerHandle
 from lorenz.workers.journal import Record
 from lorenz.workers.launch import WorkerLaunchError
 from lorenz.workers.spec import HookSpec, IssueSpec, RunSpec
-from lorenz.workers.states import SPEC_NAME, ProbeState, list_handles
+from lorenz.workers.states import (
+    DEFAULT_RETENTION_S,
+    SPEC_NAME,
+    ProbeState,
+    list_handles,
+    prune_state_dirs,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +86,7 @@ class WorkerRunner:
         generation: int = 0,
         hooks: HookSpec | None = None,
         controller_wait_ms: int = 300_000,
+        retention_s: float = DEFAULT_RETENTION_S,
     ) -> None:
         self.workflow = workflow
         self.transport: Transport = transport or LocalTransport()
@@ -89,6 +96,9 @@ class WorkerRunner:
         self.controller_wait_ms = controller_wait_ms
         self.last_handle: WorkerHandle | None = None
         """The handle of the newest run (for tests and diagnostics)."""
+        self.retention_s = retention_s
+        """Finished runs' state directories older than this are removed (once per runner)."""
+        self._pruned = False
 
     def spec_for(self, request: AgentRunRequest, *, run: int = 0) -> RunSpec:
         tools = request.tools.tool_specs() if request.tools is not None else []
@@ -115,6 +125,10 @@ class WorkerRunner:
 
     async def run(self, request: AgentRunRequest) -> AgentRunResult:
         handlers = CallHandlers(tools=request.tools, issue_active=request.issue_is_active)
+        root = getattr(self.transport, "state_root", None)
+        if not self._pruned and isinstance(root, Path):
+            self._pruned = True
+            prune_state_dirs(root, older_than_s=self.retention_s)
         name = await self._predecessor(request)
         if name is None:
             name = await self._start(request)

@@ -23,7 +23,9 @@ import dataclasses
 import enum
 import json
 import os
+import shutil
 import stat
+import time
 from pathlib import Path
 from typing import Final
 
@@ -218,6 +220,36 @@ async def socket_hello(path: Path, *, timeout_s: float) -> dict[str, object] | N
     if message is None or message.get("op") != "hello":
         return None
     return message
+
+
+DEFAULT_RETENTION_S: Final = 7 * 24 * 3600.0
+
+
+def prune_state_dirs(
+    root: Path, *, older_than_s: float = DEFAULT_RETENTION_S, now: float | None = None
+) -> list[str]:
+    """Remove the state directories of runs that ended more than ``older_than_s`` ago.
+
+    Only a directory whose journal ends with a final record, whose worker no longer runs and
+    whose journal was last written before the cutoff goes; anything else (live, unknown, died
+    without a final record) is evidence and stays. Returns the removed handles.
+    """
+    cutoff = (time.time() if now is None else now) - older_than_s
+    removed = []
+    for handle in list_handles(root):
+        state_dir = root / handle
+        journal = state_dir / JOURNAL_NAME
+        try:
+            if journal.stat().st_mtime > cutoff:
+                continue
+        except FileNotFoundError:
+            continue
+        last = last_record(journal)
+        if last is None or not last.is_final or worker_pid(state_dir) is not None:
+            continue
+        shutil.rmtree(state_dir, ignore_errors=True)
+        removed.append(handle)
+    return removed
 
 
 def list_handles(root: Path) -> list[str]:

@@ -54,6 +54,10 @@ from lorenz.workspaces import HookName, run_hook
 
 logger = logging.getLogger(__name__)
 
+HANDLE_ENV: Final = "LORENZ_WORKER_HANDLE"
+"""Set in the environment of the agent and the hooks: the run's handle. A process carrying it
+belongs to a worker — adopt or cancel it through the handle, never kill it as an orphan."""
+
 QUEUE_LIMIT: Final = 100_000
 """Live messages queued for one client before it is dropped (it re-attaches from its seq)."""
 
@@ -346,7 +350,7 @@ class Worker:
             workspace=workspace,
             settings=spec.agent,
             max_turns=spec.max_turns,
-            env=spec.env,
+            env={**spec.env, HANDLE_ENV: spec.handle},
             on_update=self._on_update,
             issue_is_active=self._issue_is_active,
             continuation_prompt=spec.continuation_prompt,
@@ -378,7 +382,7 @@ class Worker:
                 name=name,
                 script=script,
                 cwd=workspace,
-                env=self.spec.hooks.env,
+                env={**self.spec.hooks.env, HANDLE_ENV: self.spec.handle},
                 timeout_ms=self.spec.hooks.timeout_ms,
                 log_context={"handle": self.spec.handle},
             )
