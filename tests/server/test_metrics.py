@@ -127,7 +127,7 @@ async def test_reconcile_stops_are_counted_by_reason(
         tmp_path,
         issues=[issue(1), issue(2), issue(3)],
         agent_body=CHATTY_EXCEPT_T3,
-        agent_settings={"stall_timeout_ms": 300},
+        agent_settings={"stall_timeout_ms": 2000},
         front_matter={"agent": {"terminal_grace_ms": 0}},  # a terminal stop cancels at once
     )
     served = await serve(rig)
@@ -137,15 +137,21 @@ async def test_reconcile_stops_are_counted_by_reason(
 
     rig.tracker.set_state("id-1", "Done")  # terminal
     rig.tracker.set_state("id-2", "Backlog")  # no longer active
-    # id-3's agent printed once and is silent since: a stall after 300 ms.
+    # id-3's agent printed once and is silent since: a stall after 2 s. The chatty ones report
+    # every 50 ms, so only a machine starved for 2 s could make them look stalled too.
     # NB: an output line, not just the session_started message (which comes before the agent's
     # interpreter has even started): T-3's silence is counted from its one line.
     await wait_until(
         lambda: all(e.last_agent_event == "output"
                     for e in rig.orchestrator.state.running.values())
     )
-    await asyncio.sleep(0.4)
-    await rig.runtime.poll_once()
+    # NB: poll until the stall is seen, not for a fixed time: the first poll stops id-1 and
+    # id-2, a later one id-3 once it has been silent long enough.
+    stalled = slot_key("id-3", 0)
+    async with asyncio.timeout(60):
+        while stalled in rig.orchestrator.state.running:
+            await rig.runtime.poll_once()
+            await asyncio.sleep(0.05)
     await rig.runtime.wait_for_runs()
     samples = await scrape(http, served.url)
 
