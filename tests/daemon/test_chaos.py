@@ -341,14 +341,19 @@ class Round:
         self.owners[process.pid] = owner_of(process)
         return process
 
-    def kill_at_a_bad_moment(self, process: DaemonProcess, *, daemon: bool) -> None:
-        moment = MOMENTS[self.rng.randrange(len(MOMENTS))]
-        if moment == "startup_line":
+    def kill_at_a_bad_moment(
+        self, process: DaemonProcess, *, daemon: bool, moment: str | None = None
+    ) -> None:
+        moment = moment or MOMENTS[self.rng.randrange(len(MOMENTS))]
+        if moment == "agents_of_its_own":
+            owner = self.owners[process.pid]
+            wait_for(lambda: running_agents(self.log, owner), what=f"an agent of {owner}")
+        elif moment == "startup_line":
             line = "leadership acquired" if daemon else "claims hydrated"
             wait_for(lambda: line in process.log() or not process.alive(), what=line)
         elif moment == "agent_running":
             owner = self.owners[process.pid]
-            deadline = time.monotonic() + 30  # a run may find nothing to dispatch: kill anyway
+            deadline = time.monotonic() + 10  # a run may find nothing to dispatch: kill anyway
             while time.monotonic() < deadline and process.alive():
                 if running_agents(self.log, owner):
                     break
@@ -374,20 +379,27 @@ def chaos_round(
         root,
         issues=names,
         agent_env=MIXED,
-        front_matter={**FLAGS, "agent": {"max_concurrent_agents": 6, "max_retry_backoff_ms": 300}},
+        # NB: fewer slots than issues, so a plain run beside a daemon gets issues of its own.
+        front_matter={**FLAGS, "agent": {"max_concurrent_agents": 3, "max_retry_backoff_ms": 300}},
     )
     db = db_of(root, workflow)
     chaos = Round(root=root, env=env, started=started, workflow=workflow, rng=random.Random(seed))
     done = 0
+    recovered_beside = 0
     while done < kills:
-        kind = chaos.rng.choice(("daemon", "plain", "beside"))
+        # NB: the first step is always a plain run dying beside a daemon while its own agents
+        # run, so every round exercises the recovery pass of a process that keeps running.
+        kind = chaos.rng.choice(("daemon", "plain", "beside")) if done else "beside"
         if kind == "beside" and kills - done >= 2:
-            # A plain run dies while a daemon runs on: the daemon's recovery pass must act.
             daemon = chaos.start(DAEMON)
             lease = daemon.wait_ready()
             plain = chaos.start(PLAIN)
-            chaos.kill_at_a_bad_moment(plain, daemon=False)
+            chaos.kill_at_a_bad_moment(
+                plain, daemon=False, moment=None if done else "agents_of_its_own"
+            )
             dead = chaos.owners[plain.pid]
+            if dead in {o for o, _, _ in claim_rows(db).values()}:
+                recovered_beside += 1
             wait_for(
                 lambda dead=dead: dead not in {o for o, _, _ in claim_rows(db).values()},
                 what=f"the running daemon to take over the dead plain run {dead}",
@@ -402,6 +414,7 @@ def chaos_round(
             )
             done += 1
 
+    assert recovered_beside >= 1, "no plain run ever died holding claims beside a daemon"
     survivor = chaos.start(DAEMON)
     lease = survivor.wait_ready()
     works_every_issue(survivor, issues=names, root=root, db=db, lease=lease)
