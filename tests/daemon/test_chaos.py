@@ -71,14 +71,18 @@ BOUND_S = 120.0
 T = TypeVar("T")
 
 
-def wait_for(predicate: Callable[[], T], *, what: str, timeout_s: float = BOUND_S) -> T:
+def wait_for(
+    predicate: Callable[[], T], *, what: str | Callable[[], str], timeout_s: float = BOUND_S
+) -> T:
+    """Poll ``predicate`` until it is truthy; ``what`` (or what it returns then) names it."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+            said = what() if callable(what) else what
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {said}")
         time.sleep(0.02)
 
 
@@ -158,7 +162,13 @@ def works_every_issue(
             runs.setdefault(entry["slot"], entry)
         return runs if set(runs) >= slots else None
 
-    runs = wait_for(first_runs, what=f"{owner} to run every issue:\n{survivor.log()[-3000:]}")
+    runs = wait_for(
+        first_runs,
+        what=lambda: (
+            f"{owner} to run every issue (alive: {survivor.alive()}); it ran "
+            f"{sorted({e['slot'] for e in starts_by(log, owner)})}:\n{survivor.log()[-3000:]}"
+        ),
+    )
     # No claim stays under a dead owner: every row is the survivor's.
     wait_for(
         lambda: {o for o, _, _ in claim_rows(db).values()} <= {owner},
@@ -375,13 +385,15 @@ def chaos_round(
     seed: int,
 ) -> None:
     names = tuple(f"C-{i}" for i in range(issues))
-    workflow = write_daemon_workflow(
-        root,
-        issues=names,
-        agent_env=MIXED,
-        # NB: fewer slots than issues, so a plain run beside a daemon gets issues of its own.
-        front_matter={**FLAGS, "agent": {"max_concurrent_agents": 3, "max_retry_backoff_ms": 300}},
-    )
+
+    def workflow_with(slots: int) -> Path:
+        agent = {"max_concurrent_agents": slots, "max_retry_backoff_ms": 300}
+        return write_daemon_workflow(
+            root, issues=names, agent_env=MIXED, front_matter={**FLAGS, "agent": agent}
+        )
+
+    # NB: fewer slots than issues, so a plain run beside a daemon gets issues of its own.
+    workflow = workflow_with(max(3, issues // 3))
     db = db_of(root, workflow)
     chaos = Round(root=root, env=env, started=started, workflow=workflow, rng=random.Random(seed))
     done = 0
@@ -415,6 +427,10 @@ def chaos_round(
             done += 1
 
     assert recovered_beside >= 1, "no plain run ever died holding claims beside a daemon"
+    # NB: the survivor gets a slot per issue. With fewer, issues first in dispatch order would
+    # rightly keep their slots through continuation retries (they never leave Todo here), and
+    # "every issue is worked" would test the sort order instead of the recovery.
+    workflow_with(issues)
     survivor = chaos.start(DAEMON)
     lease = survivor.wait_ready()
     works_every_issue(survivor, issues=names, root=root, db=db, lease=lease)
