@@ -114,18 +114,37 @@ def starts_by(log: Path, owner: str) -> list[dict[str, Any]]:
     return [e for e in read_agent_log(log) if e["event"] == "start" and e["owner"] == owner]
 
 
+Mark = dict[str, Any]
+"""One line of the agents' log."""
+
+
+def paired_runs(entries: list[Mark]) -> list[tuple[Mark, Mark | None]]:
+    """Each start mark with its own end mark (``None`` while running, or if it was killed).
+
+    NB: by pid *and* log order: over a long round the OS reuses pids, so a later agent's end
+    must never be taken for an earlier one's.
+    """
+    runs: list[tuple[Mark, Mark | None]] = []
+    open_by_pid: dict[int, int] = {}
+    for entry in entries:
+        if entry["event"] == "start":
+            open_by_pid[entry["pid"]] = len(runs)
+            runs.append((entry, None))
+        elif entry["event"] == "end" and entry["pid"] in open_by_pid:
+            index = open_by_pid.pop(entry["pid"])
+            runs[index] = (runs[index][0], entry)
+    return runs
+
+
 def running_agents(log: Path, owner: str, *, count: int | None = None) -> list[int]:
     """Pids of ``owner``'s agents that started, did not end, and still run.
 
     With ``count``: that many, or an empty list (so that a wait holds out for all of them).
     """
-    entries = read_agent_log(log)
-    ended = {e["pid"] for e in entries if e["event"] == "end"}
     pids = [
-        e["pid"]
-        for e in entries
-        if e["event"] == "start" and e["owner"] == owner and e["pid"] not in ended
-        if pid_alive(e["pid"])
+        start["pid"]
+        for start, end in paired_runs(read_agent_log(log))
+        if end is None and start["owner"] == owner and pid_alive(start["pid"])
     ]
     return pids if count is None or len(pids) == count else []
 
@@ -136,14 +155,12 @@ def check_runs(entries: list[dict[str, Any]]) -> None:
     assert starts, "no agent ever ran"
     duplicates = [e for e in starts if e["dup"]]
     assert duplicates == [], f"a slot ran twice at once: {duplicates}"
-    ends = {e["pid"]: e for e in entries if e["event"] == "end"}
-    by_slot: dict[str, list[dict[str, Any]]] = {}
-    for start in starts:
-        by_slot.setdefault(start["slot"], []).append(start)
+    by_slot: dict[str, list[tuple[Mark, Mark | None]]] = {}
+    for start, end in paired_runs(entries):
+        by_slot.setdefault(start["slot"], []).append((start, end))
     for slot, runs in by_slot.items():
-        runs.sort(key=lambda e: e["t"])
-        for earlier, later in itertools.pairwise(runs):
-            end = ends.get(earlier["pid"])
+        runs.sort(key=lambda run: run[0]["t"])
+        for (earlier, end), (later, _) in itertools.pairwise(runs):
             if end is not None:
                 assert later["t"] >= end["t"], f"{slot}: runs {earlier} and {later} overlap"
 
