@@ -219,6 +219,7 @@ class Worker:
         """Execute the run to its final record, linger, close; the exit status."""
         if self._journal.final is not None:
             # A worker that finished before; a new one must not run the agent again.
+            await self.close()
             return ExitStatus(int(self._journal.final.data.get("exit_status", 1)))
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
