@@ -301,10 +301,14 @@ async def kill_controllers_at_random_points(
             if n < kills:
                 # Let it collect a random number of new records (or finish), then kill -9.
                 goal = rng.randint(1, 60)
-                await wait_until(
-                    lambda out=out, goal=goal: sum(1 for r in read_lines(out) if "seq" in r) >= goal
-                    or any("done" in r for r in read_lines(out))
-                )
+
+                def collected_enough(out: Path = out, goal: int = goal) -> bool:
+                    lines = read_lines(out)
+                    return sum(1 for r in lines if "seq" in r) >= goal or any(
+                        "done" in r for r in lines
+                    )
+
+                await wait_until(collected_enough)
                 os.killpg(controller.pid, signal.SIGKILL)
             controller.wait(timeout=120)
         finally:
