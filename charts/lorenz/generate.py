@@ -23,6 +23,7 @@ import json
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 CHART = Path(__file__).resolve().parent
 REPO = CHART.parents[1]
@@ -83,18 +84,49 @@ subjects:
     name: {{ include "lorenz.serviceAccountName" . }}
     namespace: {{ .Release.Namespace }}
 {{- end }}
+{{- if and .Values.rbac.create (eq .Values.operator.apiAuth "kubernetes") }}
+{{- $authSuffix := printf "%s-api-auth" .Release.Namespace }}
+{{- $auth := include "lorenz.suffixedName" (dict "context" . "suffix" $authSuffix) }}
+---
+# What the HTTP API's authentication needs (operator.apiAuth: kubernetes): cluster-scoped
+# reviews, so a ClusterRole even when watchNamespace is set.
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata:
+  name: {{ $auth }}
+  labels:
+    {{- include "lorenz.labels" . | nindent 4 }}
+rules:
+@AUTH_RULES@
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  name: {{ $auth }}
+  labels:
+    {{- include "lorenz.labels" . | nindent 4 }}
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: ClusterRole
+  name: {{ $auth }}
+subjects:
+  - kind: ServiceAccount
+    name: {{ include "lorenz.serviceAccountName" . }}
+    namespace: {{ .Release.Namespace }}
+{{- end }}
 """
 
 
-def render_rules() -> str:
-    """The ``rules:`` items, one per OPERATOR_RULES entry, each under a comment with its reason."""
+def render_rules(rules: Any = None, reasons: Any = None) -> str:
+    """The ``rules:`` items, one per rule (default OPERATOR_RULES), each under a comment with
+    its reason."""
     from lorenz.kube.rbac import OPERATOR_RULES, RULE_REASONS
 
     lines: list[str] = []
-    for rule in OPERATOR_RULES:
+    for rule in rules if rules is not None else OPERATOR_RULES:
         for group in rule["apiGroups"]:
             for resource in rule["resources"]:
-                reason = RULE_REASONS.get((group, resource))
+                reason = (reasons if reasons is not None else RULE_REASONS).get((group, resource))
                 if reason is None:
                     # NB: the rbac module promises a reason per rule; a rule without one is a
                     # bug there, and shipping it silently would hide it.
@@ -110,7 +142,11 @@ def render_rules() -> str:
 
 
 def render_rbac_template() -> str:
-    return _HEADER + _OBJECTS.replace("@RULES@", render_rules())
+    from lorenz.kube.rbac import API_AUTH_REASONS, API_AUTH_RULES
+
+    return _HEADER + _OBJECTS.replace("@RULES@", render_rules()).replace(
+        "@AUTH_RULES@", render_rules(API_AUTH_RULES, API_AUTH_REASONS)
+    )
 
 
 def render_lease_template() -> str:

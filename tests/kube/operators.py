@@ -277,6 +277,9 @@ class OperatorProcess:
             "--drain-timeout-seconds", "10",
             "--api-host", "127.0.0.1",
             "--api-port", "0",
+            # NB: the tests read the API and metrics of their own operators on 127.0.0.1;
+            # tests/kube/test_api_auth.py turns authentication on.
+            "--api-auth", "none",
             "--liveness-endpoint", "",
             "--log-level", "debug",
             *extra_args,
@@ -314,9 +317,12 @@ class OperatorProcess:
     def log(self) -> str:
         return self.log_path.read_text(encoding="utf-8", errors="replace")
 
-    def get(self, path: str) -> Any:
+    def get(self, path: str, *, token: str | None = None) -> Any:
         assert self.url is not None
-        with urllib.request.urlopen(f"{self.url}{path}", timeout=10) as response:
+        request = urllib.request.Request(f"{self.url}{path}")
+        if token is not None:
+            request.add_header("Authorization", f"Bearer {token}")
+        with urllib.request.urlopen(request, timeout=30) as response:
             body = response.read()
         return json.loads(body) if path.startswith("/api") else body.decode()
 

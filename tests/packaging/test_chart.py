@@ -217,6 +217,8 @@ def test_defaults_render_the_expected_objects(defaults: list[dict[str, Any]]) ->
     kinds = sorted(obj["kind"] for obj in defaults)
     assert kinds == [
         "ClusterRole",
+        "ClusterRole",  # the API authentication's reviews
+        "ClusterRoleBinding",
         "ClusterRoleBinding",
         "Deployment",
         "Service",
@@ -293,6 +295,8 @@ def test_operator_settings_come_from_the_environment(defaults: list[dict[str, An
         "LORENZ_OPERATOR_RENEW_DEADLINE_SECONDS": "10",
         "LORENZ_OPERATOR_RETRY_PERIOD_SECONDS": "2",
         "LORENZ_OPERATOR_DRAIN_TIMEOUT_SECONDS": "30",
+        "LORENZ_OPERATOR_API_AUTH": "kubernetes",
+        "LORENZ_OPERATOR_API_OPEN_PATHS": "/healthz",
     }
     # The variables are what the operator itself would load (no unknown name, valid values).
     settings = load_settings(
@@ -407,10 +411,17 @@ def _rules_of(role: dict[str, Any]) -> list[dict[str, Any]]:
     return list(role["rules"])
 
 
+def _operator_objects(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    """The one object of ``kind`` that is not the API authentication's."""
+    (found,) = [o for o in by_kind(objects, kind) if not o["metadata"]["name"].endswith(
+        "-api-auth")]
+    return found
+
+
 def test_cluster_wide_rbac_is_exactly_the_operator_rules(defaults: list[dict[str, Any]]) -> None:
-    role = one(defaults, "ClusterRole")
+    role = _operator_objects(defaults, "ClusterRole")
     assert _rules_of(role) == [dict(rule) for rule in OPERATOR_RULES]
-    binding = one(defaults, "ClusterRoleBinding")
+    binding = _operator_objects(defaults, "ClusterRoleBinding")
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
         "kind": "ClusterRole",
@@ -430,10 +441,38 @@ def test_every_rule_is_commented_with_its_reason() -> None:
         assert f"# {group or 'core'}/{resource}: {reason.split()[0]}" in text
 
 
+def test_api_authentication_gets_only_the_two_reviews_cluster_wide(tmp_path: Path) -> None:
+    from lorenz.kube.rbac import API_AUTH_RULES
+
+    for values in ({}, {"watchNamespace": "team-a"}):
+        objects = render(tmp=tmp_path, values=values)
+        (role,) = [o for o in by_kind(objects, "ClusterRole")
+                   if o["metadata"]["name"].endswith("-api-auth")]
+        assert _rules_of(role) == [dict(rule) for rule in API_AUTH_RULES]
+        (binding,) = [o for o in by_kind(objects, "ClusterRoleBinding")
+                      if o["metadata"]["name"].endswith("-api-auth")]
+        assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    unauthenticated = render(tmp=tmp_path, values={"operator": {"apiAuth": "none"}})
+    assert len(by_kind(unauthenticated, "ClusterRole")) == 1
+
+
+def test_a_network_policy_admits_only_the_api_and_probe_ports(tmp_path: Path) -> None:
+    objects = render(tmp=tmp_path, values={"networkPolicy": {"enabled": True}})
+    policy = one(objects, "NetworkPolicy")
+    api, probes = policy["spec"]["ingress"]
+    assert api["ports"] == [{"port": "http", "protocol": "TCP"}]
+    assert api["from"] == [{"podSelector": {}}]
+    assert probes["ports"] == [{"port": "probes", "protocol": "TCP"}]
+    assert policy["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "lorenz"
+    assert not by_kind(render(tmp=tmp_path), "NetworkPolicy")
+
+
 def test_namespaced_rbac_is_a_role_in_the_watched_namespace(tmp_path: Path) -> None:
     objects = render(tmp=tmp_path, values={"watchNamespace": "team-a"})
-    assert not by_kind(objects, "ClusterRole")
-    assert not by_kind(objects, "ClusterRoleBinding")
+    # Only the API authentication's reviews are cluster-scoped (they read nothing).
+    assert [o["metadata"]["name"] for o in by_kind(objects, "ClusterRole")] == [
+        "lorenz-lorenz-system-api-auth"
+    ]
     role = one(objects, "Role")
     assert role["metadata"]["namespace"] == "team-a"
     assert _rules_of(role) == [dict(rule) for rule in OPERATOR_RULES]
@@ -558,7 +597,7 @@ def test_names_are_truncated_to_63_characters(tmp_path: Path) -> None:
             if obj["kind"] in ("ClusterRole", "ClusterRoleBinding"):
                 # Cluster-scoped RBAC names are DNS subdomains (253) and carry the namespace.
                 assert len(name) <= 253
-                assert name.endswith("-" + namespace)
+                assert name.endswith(("-" + namespace, f"-{namespace}-api-auth"))
             else:
                 assert len(name) <= 63, name
         claim = one(objects, "PersistentVolumeClaim")

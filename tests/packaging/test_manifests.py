@@ -67,7 +67,8 @@ def test_apply_order_and_contents() -> None:
     assert kinds == [
         ["Namespace"],
         ["CustomResourceDefinition"] * len(list((REPO / "crds").glob("*.yaml"))),
-        ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "Deployment"],
+        ["ServiceAccount", "ClusterRole", "ClusterRole", "ClusterRoleBinding",
+         "ClusterRoleBinding", "Service", "Deployment"],
     ]
 
 
@@ -124,6 +125,8 @@ def lorenz_system(kube_control_plane: Cluster) -> Any:
         "--ignore-not-found",
         "clusterrolebinding/lorenz-lorenz-system",
         "clusterrole/lorenz-lorenz-system",
+        "clusterrolebinding/lorenz-lorenz-system-api-auth",
+        "clusterrole/lorenz-lorenz-system-api-auth",
     )
     cluster.delete_namespace("lorenz-system", wait=True)
 

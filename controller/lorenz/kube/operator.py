@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from lorenz.kube import resources
+from lorenz.kube.api_auth import KubernetesAuth
 from lorenz.kube.clients import KubeApi, load_configuration
 from lorenz.kube.controllers import WorkflowController
 from lorenz.kube.posting import Post, kopf_post
@@ -261,7 +262,14 @@ async def run_operator(
     )
     metrics = serving.Metrics(api=api)
     supervisor = Supervisor(api=api, settings=settings, metrics=metrics.lorenz)
-    server = serving.OperatorServer(supervisor=supervisor, metrics=metrics, settings=settings)
+    auth = (
+        KubernetesAuth(api=api, open_paths=settings.api_open_paths)
+        if settings.api_auth == "kubernetes"
+        else None
+    )
+    server = serving.OperatorServer(
+        supervisor=supervisor, metrics=metrics, settings=settings, auth=auth
+    )
     try:
         await server.start()
         registry = build_registry(supervisor)

@@ -87,6 +87,32 @@ OPERATOR_RULES: Final[list[PolicyRule]] = [
 install) or of a Role in each watched namespace (namespaced install)."""
 
 
+API_AUTH_REASONS: Final[dict[tuple[str, str], str]] = {
+    ("authentication.k8s.io", "tokenreviews"): (
+        "HTTP API authentication: ask the API server who a caller's bearer token belongs to"
+    ),
+    ("authorization.k8s.io", "subjectaccessreviews"): (
+        "HTTP API authorization: ask whether that caller may read (or patch) the Workflow"
+    ),
+}
+"""Why each resource is in :data:`API_AUTH_RULES`."""
+
+API_AUTH_RULES: Final[list[PolicyRule]] = [
+    {
+        "apiGroups": ["authentication.k8s.io"],
+        "resources": ["tokenreviews"],
+        "verbs": ["create"],
+    },
+    {
+        "apiGroups": ["authorization.k8s.io"],
+        "resources": ["subjectaccessreviews"],
+        "verbs": ["create"],
+    },
+]
+"""What ``api_auth: kubernetes`` needs: cluster-scoped, so always a ClusterRole of its own, also
+in a namespaced install (these reviews read nothing; they only ask the API server)."""
+
+
 def operator_rules() -> list[dict[str, Any]]:
     """A deep copy of :data:`OPERATOR_RULES` as plain dicts (safe to mutate or serialize)."""
     return [dict(copy.deepcopy(rule)) for rule in OPERATOR_RULES]

@@ -13,6 +13,9 @@ writes refused by the fence). The snapshot API mirrors the single-host routes pe
 * ``POST /api/v1/workflows/{namespace}/{name}/refresh`` — poll now (like the annotation);
 * ``GET  /metrics``, ``GET /healthz``.
 
+Every route is authenticated with the caller's Kubernetes token unless ``api_auth`` is
+``none`` or the path is in ``api_open_paths`` (:mod:`lorenz.kube.api_auth`).
+
 Errors are the server layer's coded JSON envelope.
 """
 
@@ -26,6 +29,7 @@ from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from lorenz.kube.api_auth import KubernetesAuth
 from lorenz.kube.clients import KubeApi
 from lorenz.kube.settings import OperatorSettings
 from lorenz.server import ApiError, LorenzMetrics
@@ -97,11 +101,18 @@ class OperatorServer:
     """The aiohttp server of one operator process."""
 
     def __init__(
-        self, *, supervisor: Supervisor, metrics: Metrics, settings: OperatorSettings
+        self,
+        *,
+        supervisor: Supervisor,
+        metrics: Metrics,
+        settings: OperatorSettings,
+        auth: KubernetesAuth | None = None,
     ) -> None:
         self._supervisor = supervisor
         self._metrics = metrics
         self._settings = settings
+        self._auth = auth
+        """``None``: every request is served (``api_auth: none``)."""
         self._runner: web.AppRunner | None = None
         self._port: int | None = None
         metrics.bind(supervisor)
@@ -119,7 +130,10 @@ class OperatorServer:
         return self._port
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[error_middleware])
+        middlewares: list[Any] = [error_middleware]
+        if self._auth is not None:
+            middlewares.append(self._auth.middleware)
+        app = web.Application(middlewares=middlewares)
         app.router.add_routes(
             [
                 web.get("/metrics", self._metrics_route),
@@ -158,7 +172,14 @@ class OperatorServer:
 
     async def _list(self, request: web.Request) -> web.StreamResponse:
         rows = []
+        caller = request.get("lorenz_caller")
+        visible: dict[str, bool] = {}
         for (namespace, name), controller in sorted(self._supervisor.controllers.items()):
+            if self._auth is not None and caller is not None:
+                if namespace not in visible:
+                    visible[namespace] = await self._auth.may_list_workflows(caller, namespace)
+                if not visible[namespace]:
+                    continue
             record = controller.lease.observed
             rows.append(
                 {

@@ -111,6 +111,17 @@ class OperatorSettings(pydantic.BaseModel):
     """Port of the metrics (``/metrics``) and snapshot API (``/api/v1/workflows``) server;
     unset disables it, 0 picks a free port."""
 
+    api_auth: Literal["kubernetes", "none"] = "kubernetes"
+    """Who may call the API: ``kubernetes`` — a bearer token the API server accepts
+    (TokenReview) whose user may read the Workflow in its namespace (SubjectAccessReview), as
+    kube-rbac-proxy does; ``none`` — anyone who can reach the port (only behind a proxy that
+    authenticates, or on a trusted network)."""
+
+    api_open_paths: tuple[str, ...] = ("/healthz",)
+    """Paths served without authentication even with ``api_auth: kubernetes``: ``/healthz``
+    (counts only; the readiness probe sends no token), add ``/metrics`` for a Prometheus that
+    sends no token; empty authenticates everything."""
+
     advertise_url: str | None = None
     """The URL other replicas and ``kubectl get wf`` show for this process's API (written to
     the Lease and the Workflow status); unset leaves it out."""
@@ -124,7 +135,9 @@ class OperatorSettings(pydantic.BaseModel):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """Minimum level of process logs."""
 
-    @pydantic.field_validator("namespaces", "agent_env_passthrough", mode="before")
+    @pydantic.field_validator(
+        "namespaces", "agent_env_passthrough", "api_open_paths", mode="before"
+    )
     @classmethod
     def _split(cls, value: Any) -> Any:
         if isinstance(value, str):
