@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from lorenz.daemon.discovery import lease_file_for, read_lease
@@ -203,3 +204,36 @@ def test_cli_module_imports_stay_light() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == ""
+
+
+def test_status_shows_the_reload_error_in_force_until_it_is_fixed(
+    root: Path, daemon_env: dict[str, str], daemons: list[DaemonProcess]
+) -> None:
+    daemon = start(root, daemon_env, daemons)
+    workflow = root / "WORKFLOW.md"
+    good = workflow.read_text(encoding="utf-8")
+    workflow.write_text("---\ntracker: [unclosed\n---\nprompt\n", encoding="utf-8")
+
+    def status_json() -> dict[str, object]:
+        reply = lorenz("status", "WORKFLOW.md", "--json", env=daemon_env, cwd=root)
+        assert reply.returncode == 0, reply.stderr
+        document: dict[str, object] = json.loads(reply.stdout)
+        return document
+
+    deadline = time.monotonic() + 120
+    while status_json().get("config_error") is None:
+        assert time.monotonic() < deadline, "the daemon never reported the broken reload"
+        time.sleep(0.2)
+    error = status_json()["config_error"]
+    assert isinstance(error, dict)
+    assert error["code"]
+    text = lorenz("status", "WORKFLOW.md", env=daemon_env, cwd=root)
+    assert f"reload refused: {error['code']}" in text.stdout
+    assert "running the last good workflow" in text.stdout
+    assert daemon.alive()
+
+    workflow.write_text(good, encoding="utf-8")
+    while status_json().get("config_error") is not None:
+        assert time.monotonic() < deadline, "the fixed workflow never cleared the error"
+        time.sleep(0.2)
+    assert "reload refused" not in lorenz("status", env=daemon_env, cwd=root).stdout

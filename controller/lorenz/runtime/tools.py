@@ -10,6 +10,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from lorenz.tasks import run_to_completion
 from lorenz.trackers import TrackerClient
 
 LINEAR_GRAPHQL = "linear_graphql"
@@ -51,7 +52,11 @@ class GraphQLToolHandler:
         if not isinstance(variables, Mapping):
             return {"success": False, "output": "`variables` must be an object"}
         try:
-            body = await self._tracker.execute_graphql(query=query, variables=dict(variables))
+            # NB: a run cancelled mid-request (stopped, stalled, its issue closed) must not cut
+            # the request in half: it completes, then the cancellation goes on.
+            body = await run_to_completion(
+                self._tracker.execute_graphql(query=query, variables=dict(variables))
+            )
         except Exception as exc:
             return {"success": False, "output": str(exc)}
         success = not body.get("errors")
