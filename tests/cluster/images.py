@@ -24,6 +24,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import tarfile
@@ -306,6 +307,7 @@ def base_image() -> Image:
         rootfs.unlink(missing_ok=True)
         _push(ref, archive)
         _record_time(ref, time.monotonic() - began)
+        _prune()
     return Image(ref=ref, archive=archive)
 
 
@@ -358,6 +360,7 @@ def project_image() -> Image:
         )
         _push(ref, archive)
         _record_time(ref, time.monotonic() - began)
+        _prune()
     return Image(ref=ref, archive=archive)
 
 
@@ -391,13 +394,32 @@ def agent_image(agent_script: str) -> Image:
             shutil.rmtree(context, ignore_errors=True)
         _push(ref, archive)
         _record_time(ref, time.monotonic() - began)
+        _prune()
     return Image(ref=ref, archive=archive)
 
 
-def prune(keep: Iterable[Image]) -> None:
-    """Delete cached archives of images not in `keep` (old hashes) to bound the cache."""
-    wanted = {image.archive for image in keep}
+# How many builds of each image stay cached (archive + buildah storage, ~0.3 + 0.7 GB each
+# for the project image): a few, so checkouts of different code on one machine do not rebuild
+# each other's image on every run, without the cache growing with every change.
+KEEP_BUILDS = 2
+_ARCHIVE = re.compile(r"^(lorenz|lorenz-agent|lorenz-base)-([0-9a-f]{16})\.oci\.tar$")
+
+
+def _prune() -> None:
+    """Delete all but the KEEP_BUILDS newest builds of each image (children before bases).
+    Called with the cache lock held, after a build."""
+    by_name: dict[str, list[tuple[float, Path, str]]] = {}
     for archive in cache_dir().glob("lorenz-*.oci.tar"):
-        if archive not in wanted and not archive.name.startswith(("lorenz-pause-", "lorenz-base-")):
-            with contextlib.suppress(OSError):
-                archive.unlink()
+        match = _ARCHIVE.match(archive.name)
+        if match is None:
+            continue
+        name, key = match.groups()
+        with contextlib.suppress(OSError):
+            by_name.setdefault(name, []).append((archive.stat().st_mtime, archive, key))
+    for name in ("lorenz-agent", "lorenz", "lorenz-base"):
+        builds = sorted(by_name.get(name, []), reverse=True)
+        for _, archive, key in builds[KEEP_BUILDS:]:
+            if shutil.which("buildah") is not None:
+                with contextlib.suppress(ImageError):
+                    _buildah("rmi", "--force", f"localhost/{name}:{key}")
+            archive.unlink(missing_ok=True)
