@@ -58,7 +58,8 @@ def main() -> int:
         line = stdin.readline()
         if not line:
             return None
-        return json.loads(line)
+        message: dict[str, Any] = json.loads(line)
+        return message
 
     while True:
         message = receive()

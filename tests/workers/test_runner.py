@@ -88,7 +88,7 @@ def comparable(updates: list[AgentUpdate]) -> list[str]:
 async def test_the_same_updates_and_result_as_the_in_process_runner(
     state_root: Path, tmp_path: Path
 ) -> None:
-    steps = [{"message": "one"}, {"usage": 42}, {"message": "two"}]
+    steps: list[dict[str, Any]] = [{"message": "one"}, {"usage": 42}, {"message": "two"}]
     kit = Kit(tmp_path, steps, max_turns=2)
     result = await runner(state_root, tmp_path).run(kit.request())
     (tmp_path / "inproc").mkdir()
