@@ -59,6 +59,9 @@ AGENT = textwrap.dedent(
         print("working", flush=True)
         note("beat")
         time.sleep(0.2)
+    if env.get("AGENT_NOOP") == "1":
+        note("end")
+        sys.exit(0)  # a clean exit that leaves the issue where it was
     if env.get("AGENT_FAIL") == "1":
         note("end")
         print("failing on purpose", file=sys.stderr, flush=True)

@@ -478,3 +478,36 @@ def test_a_held_claim_stops_its_run_and_keeps_the_issue_until_the_hold_is_remove
         timeout=60, message="its Claim is Running again",
     )
     assert "lorenz.dev/hold" not in (claim["metadata"].get("annotations") or {})
+
+
+def test_an_agent_that_ends_cleanly_without_moving_its_issue_is_held_after_a_bound(
+    kube: Kube, rig: Rig, operators: Callable[..., OperatorProcess]
+) -> None:
+    operator = operators(
+        "bounded", namespaces=(kube.namespace,), extra_args=("--max-continuation-runs", "2")
+    )
+    write_issue(rig.issues_of("noop"), "TASK-1")
+    kube.apply(rig.workflow("noop", seconds=0.2, interval_ms=300,
+                            agent_env={"AGENT_NOOP": "1"}))
+    event = wait_until(
+        lambda: next((e for e in kube.events("noop") if e["reason"] == "ContinuationLimit"),
+                     None),
+        timeout=120, message="the ContinuationLimit Event",
+    )
+    assert "ended cleanly 3 times in a row" in event["message"]
+    assert "held" in event["message"]
+    claim = wait_until(
+        lambda: next((c for c in kube.items("claims")
+                      if "lorenz.dev/hold" in (c["metadata"].get("annotations") or {})), None),
+        timeout=60, message="the Claim is held",
+    )
+    assert claim["spec"]["identifier"] == "TASK-1"
+    runs = len(rig.runs())
+    ticks = ticks_of(operator, kube.namespace, "noop")
+    wait_until(lambda: ticks_of(operator, kube.namespace, "noop") >= ticks + 5 or None,
+               timeout=60, message="five more polls")
+    # The first run and two continuation re-runs (one more may have started before the hold
+    # landed, and was stopped by it); then nothing.
+    assert 3 <= runs <= 4, runs
+    assert len(rig.runs()) == runs
+    assert issue_state(rig.issues_of("noop"), "TASK-1") == "Todo"

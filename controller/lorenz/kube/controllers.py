@@ -44,7 +44,7 @@ from lorenz.assembly import assemble_runtime, tracker_factory
 from lorenz.kube import resources
 from lorenz.kube.candidates import SpecCandidates
 from lorenz.kube.claims import ClaimResourceStore
-from lorenz.kube.clients import KubeApi, workflows_path
+from lorenz.kube.clients import KubeApi, claims_path, workflows_path
 from lorenz.kube.errors import KubeApiError, LeaseLost, OperatorError
 from lorenz.kube.finalizers import delete_claims, edit_finalizer, remove_workspaces
 from lorenz.kube.leading import Campaign, Term
@@ -65,6 +65,7 @@ from lorenz.kube.workflow_status import (
     workflow_status,
 )
 from lorenz.model import EventType, LorenzError, SlotKey, SystemClock
+from lorenz.model.slots import slot_key
 from lorenz.orchestrator import Orchestrator
 from lorenz.runtime import LorenzRuntime
 from lorenz.workflow import LoadedWorkflow, validate_dispatch
@@ -147,6 +148,8 @@ class WorkflowController:
         self._unsubscribe: Callable[[], None] | None = None
         self._applied_generation: int | None = None
         self._degraded: Degradation | None = None
+        self._continuations: dict[SlotKey, int] = {}
+        """Continuation retries in a row per slot (see ``max_continuation_runs``)."""
         self._start_failures = 0
         """Failed starts in a row (the backoff doubles with each; a good poll resets it)."""
         self._snapshot: dict[str, Any] | None = None
@@ -549,6 +552,50 @@ class WorkflowController:
             self._dirty()
         if kind != EventType.LEADERSHIP_LOST.value:
             self.events.runtime_event(event)
+        self._count_continuations(event)
+
+    def _count_continuations(self, event: Mapping[str, Any]) -> None:
+        """Hold a slot whose agent keeps ending cleanly without moving its issue."""
+        kind, slot = event.get("type"), event.get("slot")
+        identifier, issue_id = event.get("identifier"), event.get("issue_id")
+        if kind == EventType.RUN_RECONCILED.value and issue_id:
+            # The issue left the active states (or went away): its slots start again at 0.
+            prefix = slot_key(str(issue_id), 0).removesuffix("0")
+            for stale in [k for k in self._continuations if k.startswith(prefix)]:
+                del self._continuations[stale]
+            return
+        if kind != EventType.RETRY_SCHEDULED.value or slot is None or not identifier:
+            return
+        key = slot_key(str(issue_id or identifier), int(slot))
+        if event.get("retry_kind") != "continuation":
+            self._continuations.pop(key, None)
+            return
+        count = self._continuations.get(key, 0) + 1
+        self._continuations[key] = count
+        limit = self._settings.max_continuation_runs
+        if limit and count > limit:
+            self._continuations.pop(key, None)
+            self.post(
+                "Warning",
+                "ContinuationLimit",
+                f"{identifier} slot {slot}: the agent ended cleanly {limit + 1} times in a row "
+                f"and the issue is still active, so it is held instead of run again "
+                f"({resources.HOLD_ANNOTATION} on its Claim); remove the annotation to run it "
+                "again",
+            )
+            self._spawn(self._hold(key, note=f"{limit + 1} clean runs without progress"))
+
+    async def _hold(self, key: SlotKey, *, note: str) -> None:
+        if not self.lease.holds_lease():
+            return
+        path = claims_path(self.ref.namespace, resources.claim_name(self.ref.name, key))
+        try:
+            await self._api.merge_patch(
+                path, {"metadata": {"annotations": {resources.HOLD_ANNOTATION: note}}}
+            )
+        except KubeApiError as exc:
+            logger.warning("Holding the issue failed workflow=%s slot=%s error=%s",
+                           self.ref.display, key, exc)
 
     def _on_snapshot(self, snapshot: dict[str, Any]) -> None:
         self._snapshot = snapshot

@@ -78,6 +78,13 @@ class OperatorSettings(pydantic.BaseModel):
     sees (conditions, lanes, counts, errors) is written at once. The operator's API and metrics
     always have the current values."""
 
+    max_continuation_runs: int = Field(default=10, ge=0)
+    """An agent that ends cleanly while its issue stays active is run again (a continuation
+    retry); after this many continuation re-runs of one slot in a row the operator holds the
+    issue (the ``lorenz.dev/hold`` annotation on its Claim) and says so in a
+    ``ContinuationLimit`` Event. A failure, or the issue leaving the active states, starts the
+    count again; 0 never holds."""
+
     events_per_minute: int = Field(default=30, ge=0)
     """Kubernetes Events posted per Workflow per minute, at most (bursts up to this many);
     0 posts none."""
