@@ -273,3 +273,39 @@ async def test_stderr_lines_are_logged_as_diagnostics(
     finally:
         await proc.terminate()
     assert "agent stderr: warn: not JSON {" in caplog.messages
+
+
+async def test_a_timed_out_close_of_stdin_leaves_asyncio_consistent(tmp_path: Path) -> None:
+    """A cancelled stdin close must not cancel asyncio's own close future (InvalidStateError)."""
+    loop = asyncio.get_running_loop()
+    errors: list[dict[str, object]] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, context: errors.append(context))
+    try:
+        # The agent never reads stdin: a full pipe keeps the close pending.
+        proc = await spawn_agent(command="echo ready; sleep 300", cwd=tmp_path, env=base_env())
+        assert await proc.read_line(timeout_s=10) == b"ready"
+        stdin = proc._process.stdin
+        assert stdin is not None
+        stdin.write(b"x" * (4 * 1024 * 1024))
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(proc.close_stdin(), timeout=0.05)
+        await proc.terminate(grace_s=0.5)
+        for _ in range(20):  # let the pipes' connection_lost callbacks run
+            await asyncio.sleep(0.01)
+    finally:
+        loop.set_exception_handler(previous)
+    assert [c.get("exception") for c in errors] == []
+
+
+async def test_pipes_of_an_unreaped_child_are_left_to_the_child_watcher(tmp_path: Path) -> None:
+    """Closing the transport before the watcher reaped the child would reap it behind its back
+    ("Unknown child process pid ..., will report returncode 255"): it is left open instead."""
+    proc = await spawn_agent(command="sleep 300", cwd=tmp_path, env=base_env())
+    proc._close_pipes()  # returncode is None: the transport must not poll (and kill) the child
+    await asyncio.sleep(0.3)
+    assert psutil.pid_exists(proc.pid)
+    assert psutil.Process(proc.pid).status() != psutil.STATUS_ZOMBIE
+    assert proc.returncode is None
+    assert await proc.terminate(grace_s=0.5) is not None
+    assert_gone([proc.pid])

@@ -186,7 +186,12 @@ class AgentProcess:
             return
         stdin.close()
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            await stdin.wait_closed()
+            # NB: wait_closed() awaits asyncio's own close future of the pipe protocol; a
+            # cancelled wait (a caller's wait_for timing out) would cancel that very future,
+            # and the pipe's connection_lost later fails setting it (InvalidStateError).
+            closing = asyncio.ensure_future(stdin.wait_closed())
+            closing.add_done_callback(_consume_outcome)
+            await asyncio.shield(closing)
 
     # -- stderr ---------------------------------------------------------------------------
 
@@ -344,7 +349,11 @@ class AgentProcess:
             if stream is not None and not stream.is_closing():
                 stream.close()
         transport = getattr(self._process, "_transport", None)
-        if transport is not None:
+        if transport is not None and self._process.returncode is not None:
+            # NB: only once the child watcher has reaped the child. Closing earlier makes the
+            # transport poll() the child itself; reaping it behind the watcher's back is what
+            # logs "Unknown child process pid ..., will report returncode 255". A transport
+            # left open closes itself when the watcher reports the exit.
             transport.close()
 
     async def __aenter__(self) -> AgentProcess:
@@ -357,6 +366,12 @@ class AgentProcess:
         tb: TracebackType | None,
     ) -> None:
         await self.terminate()
+
+
+def _consume_outcome(future: asyncio.Future[None]) -> None:
+    """Take a shielded future's error, so one nobody waits for any more is not reported."""
+    if not future.cancelled():
+        future.exception()
 
 
 async def spawn_agent(

@@ -51,6 +51,7 @@ from lorenz.runtime.retry_timers import RetryTimers
 from lorenz.runtime.runs import AbortReason, ActiveRun, ActiveRuns, PendingExit, TerminalGrace
 from lorenz.runtime.tools import tracker_tools
 from lorenz.secrets import Redactor, tracker_secrets
+from lorenz.tasks import run_to_completion
 from lorenz.trackers import TrackerClient
 from lorenz.workflow import (
     LoadedWorkflow,
@@ -1165,7 +1166,8 @@ class LorenzRuntime:
         if issue_id in self._graces:
             return False  # terminal already: the turn under way is the last one
         try:
-            found = await self._tracker.fetch_issues_by_ids([issue_id])
+            # NB: asked mid-run; a run cancelled meanwhile lets the request finish first.
+            found = await run_to_completion(self._tracker.fetch_issues_by_ids([issue_id]))
         except Exception:
             return False
         issue = found[0] if found else None
