@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
-from lorenz.agents import build_runner
+from lorenz.agents import AgentRunner, build_runner
 from lorenz.agents.environment import TRACKER_SECRET_ENV
-from lorenz.config import WorkflowSettings
+from lorenz.config import AgentProtocol, WorkflowSettings
 from lorenz.orchestrator import Orchestrator
 from lorenz.runtime import LorenzRuntime
 from lorenz.trackers import TrackerClient, build_tracker
@@ -63,10 +63,29 @@ def assemble_runtime(
         workspaces=WorkspaceManager(
             settings=workflow.settings, secrets=TRACKER_SECRET_ENV, base_env=base_env
         ),
-        runner_factory=build_runner,
+        runner_factory=_runner_factory(workflow),
         tracker_factory=trackers,
         reload_workflow=reload_workflow,
         source_stamp=source_stamp,
         prove_leadership=prove_leadership,
         base_env=base_env,
     )
+
+
+def _runner_factory(workflow: LoadedWorkflow) -> Callable[[AgentProtocol], AgentRunner]:
+    """In-process runners, or (``worker.detached``) runners that place each run in a worker.
+
+    NB: the worker runs the agent protocol itself (it reads it from the run's settings), so a
+    detached runner is the same for every protocol.
+    """
+    if not workflow.settings.worker.detached:
+        return build_runner
+    from lorenz.workers.runner import WorkerRunner
+
+    path = str(workflow.path)
+
+    def detached(protocol: AgentProtocol) -> AgentRunner:
+        del protocol  # the worker reads it from the request's agent settings
+        return WorkerRunner(workflow=path)
+
+    return detached

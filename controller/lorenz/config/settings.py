@@ -420,6 +420,11 @@ class WorkerSettings(Section):
     """Cap per host; unset means no per-host cap."""
     worker_pool: WorkerPoolSettings = Field(default_factory=WorkerPoolSettings)
     """Pool-governed dispatch."""
+    detached: bool = Field(default=False, json_schema_extra=_reload("restart"))
+    """Run each agent session in a detached ``lorenz worker`` (its own session, journal and
+    socket) that outlives this process: after a crash or ``kill -9`` the next start adopts a
+    still-running worker of the same issue and slot instead of starting the agent again. Off:
+    agents are children of this process and die with it (see docs/runs.md)."""
 
     @pydantic.field_validator("ssh_hosts")
     @classmethod

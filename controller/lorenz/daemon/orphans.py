@@ -31,6 +31,7 @@ import psutil
 
 from lorenz.claims.owners import Liveness, OwnerId, owner_liveness
 from lorenz.daemon.errors import DaemonOrphansAlive
+from lorenz.workers.worker import HANDLE_ENV
 
 __all__ = [
     "OWNER_ENV",
@@ -71,10 +72,14 @@ def find_orphans(owners: Collection[str]) -> list[psutil.Process]:
         if process.pid == me:
             continue
         try:
-            mark = process.environ().get(OWNER_ENV)
+            environ = process.environ()
         except (psutil.Error, OSError):
             continue  # gone, another user's, a kernel thread
-        if mark in owners:
+        # NB: a detached worker's processes (the worker, its agent and hooks) carry the run's
+        # handle: the next controller adopts them; killing them would lose the run in flight.
+        if HANDLE_ENV in environ:
+            continue
+        if environ.get(OWNER_ENV) in owners:
             found.append(process)
     return found
 
