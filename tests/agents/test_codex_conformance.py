@@ -239,6 +239,7 @@ async def test_without_tools_the_client_stays_within_the_stable_schema(
 ) -> None:
     script = fake_codex("normal")
     await CodexAppServerRunner().run(kit.request(command=script.command))
+    validated: list[str] = []
     for message in script.received():
         if "method" in message and "id" in message:
             schema = stable_schemas.variant("ClientRequest", message["method"])
@@ -247,6 +248,9 @@ async def test_without_tools_the_client_stays_within_the_stable_schema(
         else:
             continue
         stable_schemas.validate(message, schema, what=message["method"])
+        validated.append(message["method"])
+    # The whole conversation was held to the stable schema, not an empty record.
+    assert {"initialize", "initialized", "thread/start", "turn/start"} <= set(validated), validated
 
 
 async def test_the_fake_agent_speaks_the_real_protocol(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -325,12 +326,20 @@ async def test_after_run_completes_even_when_cancelled_again_while_running(root:
     assert (root / "after.log").read_text() == "finished\n"
 
 
-async def test_after_run_is_skipped_when_the_workspace_is_gone(root: Path) -> None:
+async def test_after_run_is_skipped_when_the_workspace_is_gone(
+    root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     manager = manager_for(root, hooks={"after_run": "touch ../ran"})
     workspace = await manager.prepare(make_issue("ABC-1"), slot_index=0, attempt=None)
     workspace.path.rmdir()
-    await manager.after_run(workspace, attempt=None)
+    with caplog.at_level(logging.INFO, logger="lorenz"):
+        await manager.after_run(workspace, attempt=None)
     assert not (root / "ran").exists()
+    # Skipped on purpose, not attempted and failed (a missing working directory fails a spawn).
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("after_run skipped, workspace is gone") for m in messages), messages
+    assert not [m for m in messages if "after_run hook failed" in m or ("hook" in m and
+                "failed" in m)]
 
 
 # -- removal ----------------------------------------------------------------------------------
