@@ -16,6 +16,7 @@ run id, not by a PID (PIDs repeat across Pods).
 from __future__ import annotations
 
 import http.server
+import itertools
 import json
 import textwrap
 import threading
@@ -82,6 +83,8 @@ class Run:
     pod: str
     started: bool
     ended: bool
+    started_at: float = 0.0  # host clock, when the recorder got the mark
+    ended_at: float | None = None
 
 
 class Recorder:
@@ -99,7 +102,7 @@ class Recorder:
                 length = min(int(self.headers.get("Content-Length") or 0), 4096)
                 body = json.loads(self.rfile.read(length))
                 with recorder._lock:
-                    recorder.marks.append(body)
+                    recorder.marks.append({**body, "at": time.time()})
                 if body["what"] == "done":
                     recorder.linear.set_state(body["issue"], "Done")
                 self.send_response(204)
@@ -130,8 +133,10 @@ class Recorder:
             )
             if mark["what"] == "start":
                 entry.started = True
+                entry.started_at = mark["at"]
             else:
                 entry.ended = True
+                entry.ended_at = mark["at"]
         return list(found.values())
 
 
@@ -446,10 +451,25 @@ def test_install_upgrade_failover_uninstall(install: Install) -> None:
         timeout=120,
         message="the follower takes the Workflow's Lease over",
     )
+    wait_until(
+        lambda: (
+            rig.cluster.kubectl("get", "pod", leader, "-n", rig.namespace, check=False).returncode
+            != 0
+            or None
+        ),
+        timeout=120,
+        message="the leader's Pod to be gone",
+    )
+    leader_gone = time.time()
     rig.wait_done(three.id)
-    runs = rig.recorder.runs_of(three.id)
+    runs = sorted(rig.recorder.runs_of(three.id), key=lambda r: r.started_at)
     finished = [r for r in runs if r.ended]
     assert len(finished) == 1, runs  # done once, never twice
+    # No two runs at once: a run the deleted Pod never finished ends, at the latest, with it.
+    for earlier, later in itertools.pairwise(runs):
+        end = earlier.ended_at if earlier.ended_at is not None else leader_gone
+        assert later.started_at >= end, (earlier, later)
+    print(f"leader deletion: runs of the in-flight issue {[(r.pod, r.ended) for r in runs]}")
     four = rig.linear.add_issue(title="fourth")
     rig.wait_done(four.id)
     assert [(r.pod, r.ended) for r in rig.recorder.runs_of(four.id)] == [(follower, True)]
