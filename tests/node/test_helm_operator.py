@@ -93,7 +93,7 @@ class Recorder:
 
     def __init__(self, linear: FakeLinearServer) -> None:
         self.linear = linear
-        self.marks: list[dict[str, str]] = []
+        self.marks: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         recorder = self
 
