@@ -62,7 +62,12 @@ from lorenz.workflow import (
     validate_dispatch,
     workflow_stamp,
 )
-from lorenz.workspaces import Workspace, WorkspaceManager
+from lorenz.workspaces import (
+    PRESERVING_CODES,
+    Workspace,
+    WorkspaceCleanupError,
+    WorkspaceManager,
+)
 
 logger = logging.getLogger("lorenz.runtime")
 
@@ -587,8 +592,10 @@ class LorenzRuntime:
             terminal = {s.strip().lower() for s in self.settings.tracker.terminal_states}
             removed: list[str] = []
             for issue in issues:
-                if issue.state_key in terminal:
-                    await self._workspaces.remove_issue(issue.identifier)
+                # NB: a preserved worktree is reported and the sweep goes on with the next one.
+                if issue.state_key in terminal and await self._remove_workspaces(
+                    issue.identifier, issue_id=issue.id
+                ) is not None:
                     removed.append(issue.identifier)
             self._event(
                 EventType.STARTUP_WORKSPACE_CLEANUP,
@@ -597,6 +604,28 @@ class LorenzRuntime:
             )
         except Exception as exc:
             self._event(EventType.STARTUP_WORKSPACE_CLEANUP_FAILED, message=_describe(exc))
+
+    async def _remove_workspaces(self, identifier: str, *, issue_id: str) -> list[Path] | None:
+        """Remove a done issue's workspaces; ``None`` when some were left in place.
+
+        A worktree with uncommitted work, or one that is not ours, is kept on purpose: that is
+        reported (``workspace_preserved``, a warning) and never fails the tick; the same goes
+        for a removal that failed for another reason (its code is in the event).
+        """
+        try:
+            return await self._workspaces.remove_issue(identifier)
+        except WorkspaceCleanupError as exc:
+            preserved = all(f.code in PRESERVING_CODES for f in exc.failures)
+            self._event(
+                EventType.WORKSPACE_PRESERVED if preserved else EventType.WORKSPACE_CLEANUP,
+                issue_id=issue_id,
+                identifier=identifier,
+                message=self._scrub(exc.message),
+                code=exc.code,
+                kept=[str(f.path) for f in exc.failures if f.path is not None],
+                removed=[str(p) for p in exc.removed],
+            )
+            return None
 
     async def _reconcile_stalled_runs(self) -> None:
         for stalled in await self._orchestrator.finish_stalled():
@@ -722,14 +751,15 @@ class LorenzRuntime:
                 reason=reason,
             )
         if reason == "terminal":
-            removed = await self._workspaces.remove_issue(identifier)
-            self._event(
-                EventType.WORKSPACE_CLEANUP,
-                issue_id=issue_id,
-                identifier=identifier,
-                message=f"removed {len(removed)} workspace(s)",
-                reason=reason,
-            )
+            removed = await self._remove_workspaces(identifier, issue_id=issue_id)
+            if removed is not None:
+                self._event(
+                    EventType.WORKSPACE_CLEANUP,
+                    issue_id=issue_id,
+                    identifier=identifier,
+                    message=f"removed {len(removed)} workspace(s)",
+                    reason=reason,
+                )
         else:
             self._event(
                 EventType.RUN_RECONCILED,
@@ -1314,6 +1344,7 @@ _WARNING_EVENTS = frozenset(
         EventType.RECONCILE_REFRESH_FAILED,
         EventType.WORKFLOW_RELOAD_FAILED,
         EventType.STARTUP_WORKSPACE_CLEANUP_FAILED,
+        EventType.WORKSPACE_PRESERVED,
     }
 )
 
