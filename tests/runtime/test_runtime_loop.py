@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import json
 from pathlib import Path
@@ -398,3 +399,27 @@ async def test_subscribers_see_the_poll_go_idle_after_every_tick(tmp_path: Path)
     await rig.runtime.poll_once()
     assert "polling" in seen
     assert seen[-1] == "idle"
+
+
+async def test_an_issue_with_a_nul_byte_is_reported_once_and_never_run_until_it_changes(
+    tmp_path: Path,
+) -> None:
+    agent = write_agent(tmp_path, "agent", RECORDING_AGENT)
+    wf = write_workflow(tmp_path, agent_script=agent, front_matter={
+        "hooks": {"after_create": "true"}})
+    bad = dataclasses.replace(issue(1), title="bad\x00title")
+    rig = build_rig(wf, issues=[bad])
+    await rig.runtime.poll_once(wait_for_runs=True)
+    await rig.runtime.poll_once(wait_for_runs=True)
+
+    [skipped] = rig.of_type("dispatch_skipped")
+    assert (skipped["reason"], skipped["code"], skipped["fields"]) == (
+        "issue_field_invalid", "issue_field_invalid", ["title"])
+    assert rig.of_type("run_started") == []
+    assert rig.of_type("poll_error") == []
+    assert rig.runtime.snapshot()["retrying"] == []
+    assert not (tmp_path / "workspaces" / "T-1").exists()
+
+    rig.tracker.update("id-1", title="good title")  # fixed: it runs
+    await rig.runtime.poll_once(wait_for_runs=True)
+    assert [e["identifier"] for e in rig.of_type("run_started")] == ["T-1"]

@@ -122,3 +122,12 @@ def test_environment_strips_secrets_by_name_and_value() -> None:
         variables={"LORENZ_SLOT": "0"},
     )
     assert env == {"KEEP": "1", "EMPTY": "", "LORENZ_SLOT": "0"}
+
+
+async def test_a_nul_byte_in_the_environment_is_a_coded_error(tmp_path: Path) -> None:
+    env = {**os.environ, "LORENZ_ISSUE_TITLE": "bad\x00title"}
+    with pytest.raises(WorkspaceHookError) as info:
+        await run_hook(name="after_create", script="true", cwd=tmp_path, env=env,
+                       timeout_ms=10000)
+    assert info.value.code == "workspace_hook_invalid_input"
+    assert "NUL byte" in info.value.message

@@ -138,6 +138,8 @@ class LorenzRuntime:
         """The last full candidate list (by id, in tracker order), kept fresh by every by-id
         read; dispatch between polls picks from it."""
         self._exits: dict[SlotKey, PendingExit] = {}
+        self._refused: dict[str, tuple[object, ...]] = {}
+        """Issues not started because of an unpassable field, with the version reported."""
         self._dispatch_lock = asyncio.Lock()
         """Held by a tick's body and by a dispatch pass: they never interleave."""
         self._pass_wanted = False
@@ -793,8 +795,10 @@ class LorenzRuntime:
     # ------------------------------------------------------------------ dispatch
 
     async def _maybe_dispatch(self, candidate: DispatchCandidate) -> asyncio.Task[None] | None:
-        result = await self._orchestrator.claim(candidate)
         issue = candidate.issue
+        if self._refuse_unpassable(issue, slot=candidate.slot_index):
+            return None
+        result = await self._orchestrator.claim(candidate)
         if isinstance(result, Skipped):
             self.stats[f"skipped_{result.reason}"] = (
                 self.stats.get(f"skipped_{result.reason}", 0) + 1
@@ -834,6 +838,33 @@ class LorenzRuntime:
         task = asyncio.get_running_loop().create_task(coro, name=f"lorenz-run:{key}")
         run.task = task
         return task
+
+    def _refuse_unpassable(self, issue: Issue, *, slot: int) -> bool:
+        """Whether an issue holds a field no process can be given (a NUL byte); say so once.
+
+        Hooks and agents get the identifier, title and state as environment variables (and the
+        identifier names the workspace); a NUL byte cannot be passed to a process at all, so
+        such an issue is not started — no run, no retry — and reported once per version of it
+        (``issue_field_invalid``): it is looked at again when it changes.
+        """
+        fields = [name for name in _PASSED_FIELDS if "\x00" in (getattr(issue, name) or "")]
+        if not fields:
+            self._refused.pop(issue.id, None)
+            return False
+        version = (issue.identifier, issue.title, issue.state, issue.updated_at)
+        if self._refused.get(issue.id) != version:
+            self._refused[issue.id] = version
+            self._event(
+                EventType.DISPATCH_SKIPPED,
+                issue=issue,
+                slot=slot,
+                message=f"skipped: the issue's {', '.join(fields)} hold(s) a NUL byte, which "
+                        "cannot be passed to hooks or agents; edit the issue to remove it",
+                reason="issue_field_invalid",
+                code="issue_field_invalid",
+                fields=fields,
+            )
+        return True
 
     async def _run_reserved(self, run: ActiveRun, *, reservation: Any) -> None:
         assert self._pool is not None
@@ -1335,6 +1366,9 @@ class LorenzRuntime:
             except Exception:
                 logger.exception("snapshot listener failed")
 
+
+_PASSED_FIELDS = ("id", "identifier", "title", "state")
+"""Issue fields handed to hooks and agents as environment variables (or a workspace name)."""
 
 _WARNING_EVENTS = frozenset(
     {

@@ -86,7 +86,8 @@ async def run_hook(
     """Run ``script`` with ``sh -lc`` in ``cwd``; return on exit 0, raise otherwise.
 
     Raises :class:`WorkspaceHookError` with ``workspace_hook_failed`` (message prefix
-    ``workspace hook failed with status <N>``) or ``workspace_hook_timeout``. Cancellation kills
+    ``workspace hook failed with status <N>``), ``workspace_hook_timeout`` or
+    ``workspace_hook_invalid_input`` (a NUL byte in the script or environment). Cancellation kills
     the hook's process group and propagates.
     """
     context = " ".join(f"{k}={v}" for k, v in (log_context or {}).items())
@@ -107,6 +108,16 @@ async def run_hook(
                 stderr=asyncio.subprocess.STDOUT,
                 start_new_session=True,
             )
+        except ValueError as exc:
+            # NB: what subprocess says for a NUL byte in an argument or a variable (an issue
+            # title or identifier with one): never retried, the same input fails the same way.
+            raise WorkspaceHookError(
+                f"workspace hook could not start: hooks.{name} in {cwd}: its environment or "
+                f"script holds a NUL byte ({exc}); remove it from the issue or the hook",
+                code="workspace_hook_invalid_input",
+                hook=name,
+                path=cwd,
+            ) from exc
         except OSError as exc:
             raise WorkspaceHookError(
                 f"workspace hook could not start: hooks.{name} in {cwd} ({exc}); "
