@@ -162,6 +162,11 @@ class Node:
         proxy = self.control_plane.egress_proxy
         if proxy is not None:
             proxy.unroute(NODE_NETWORK)
+        # NB: noted before anything stops: a container the kubelet or containerd removes
+        # while shutting down is gone from containerd's root, but can leave its cgroup behind.
+        cgroups = set(_container_cgroups(self.dir))
+        if self._holder_pid:
+            cgroups.update(_process_cgroups(node_processes(marker_pid=os.getpid())))
         while self._processes:
             self._processes.pop().stop(grace=5.0)
         holder, self.holder = self.holder, None
@@ -169,7 +174,8 @@ class Node:
             _kill_holder(holder)
         while self._forwarders:
             self._forwarders.pop().close()
-        _remove_container_cgroups(self.dir)
+        cgroups.update(_container_cgroups(self.dir))
+        _remove_cgroups(cgroups)
         if self.dir.exists():
             shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -689,12 +695,33 @@ def _container_cgroups(node_dir: Path) -> list[Path]:
     return found
 
 
-def _remove_container_cgroups(node_dir: Path) -> None:
-    """rmdir the cgroups of the node's containers (empty once their processes are gone)."""
-    for cgroup in _container_cgroups(node_dir):
+def _process_cgroups(pids: list[int]) -> set[Path]:
+    """The containers' cgroups (under /k8s.io/) that these processes are in, every hierarchy."""
+    found: set[Path] = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+                _, _controllers, path = line.split(":", 2)
+                if not path.startswith(f"/{_CRI_CGROUP_PARENT}/"):
+                    continue
+                for hierarchy in Path(_CGROUP_ROOT).iterdir():
+                    candidate = hierarchy / path.lstrip("/")
+                    if candidate.is_dir():
+                        found.add(candidate)
+    return found
+
+
+def _remove_cgroups(cgroups: set[Path]) -> None:
+    """rmdir cgroups (empty once their processes are gone), leaves first."""
+    for cgroup in cgroups:
         for dirpath, _dirs, _files in sorted(os.walk(cgroup), key=lambda w: -len(w[0])):
             with contextlib.suppress(OSError):
                 os.rmdir(dirpath)
+
+
+def _remove_container_cgroups(node_dir: Path) -> None:
+    """rmdir the cgroups of the node's containers (empty once their processes are gone)."""
+    _remove_cgroups(set(_container_cgroups(node_dir)))
 
 
 def _alive(pid: int) -> bool:
