@@ -81,6 +81,8 @@ def collect(target: Any) -> dict[str, Any]:
         "lease": target.lease,
         "lanes": lanes,
         "poll": source.get("poll"),
+        # The reload error in force (the daemon runs the last good workflow meanwhile).
+        "config_error": source.get("config_error"),
     }
 
 
@@ -119,6 +121,13 @@ def render(status: dict[str, Any]) -> str:
         if poll.get("last_error"):
             parts.append(f"last error: {poll['last_error']}")
         row("poll", "; ".join(parts))
+    config_error = status.get("config_error")
+    if isinstance(config_error, dict):
+        row(
+            "config",
+            f"reload refused: {config_error.get('code')}: {config_error.get('message')}"
+            f" (since {config_error.get('since')}; running the last good workflow)",
+        )
     if info.get("last_heartbeat_error"):
         row("warning", f"heartbeat failing: {info['last_heartbeat_error']}")
     return "\n".join(lines)

@@ -192,6 +192,7 @@ DAEMON_SCHEMA: dict[str, Any] = {
             },
         },
         "poll": {"type": ["object", "null"]},
+        "config_error": {"type": ["object", "null"]},
     },
 }
 STOP_SCHEMA: dict[str, Any] = {

@@ -260,6 +260,7 @@ class Daemon:
                 for lane in ("running", "reserving", "retrying", "blocked")
             }
             info["poll"] = snapshot.get("poll")
+            info["config_error"] = snapshot.get("config_error")
         return info
 
     # -- internals ----------------------------------------------------------------------------
