@@ -121,7 +121,7 @@ async def run_to_completion(aw: Awaitable[T]) -> T:
             if task.cancelled():
                 raise
             cancelled = True
-        except BaseException:  # the work's own error: task.result() below raises it
+        except BaseException:  # noqa: BLE001 - the work's own error: task.result() re-raises it
             break
     if cancelled:
         # The caller asked to stop while the work ran; now that it has ended, it may.

@@ -289,7 +289,7 @@ class Daemon:
             except (LeadershipLost, ClaimOwnerLost) as exc:
                 self._lose(exc)
                 return
-            except Exception as exc:  # a full disk, a busy guard: try again next beat
+            except Exception as exc:  # noqa: BLE001 - a full disk, a busy guard: next beat retries
                 self._last_heartbeat_error = str(exc)
                 logger.warning("heartbeat failed (retrying): %s", exc)
             else:

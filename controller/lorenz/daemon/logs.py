@@ -103,7 +103,7 @@ class SecretRedactor(logging.Filter):
             return True
         try:
             message = record.getMessage()
-        except Exception:  # a bad format string must not lose the line
+        except Exception:  # noqa: BLE001 - a bad format string must not lose the line
             message = f"{record.msg!r} {record.args!r}"
         record.msg = self.redact(message)
         record.args = None

@@ -108,7 +108,7 @@ class RecoveryPasses:
             await asyncio.sleep(self._interval_s)
             try:
                 await self.run_once()
-            except Exception as exc:  # orphans that survive, a busy store: try next interval
+            except Exception as exc:  # noqa: BLE001 - surviving orphans, a busy store: retried
                 logger.warning(
                     "claim recovery pass failed (retrying) code=%s: %s",
                     getattr(exc, "code", type(exc).__name__),

@@ -64,7 +64,7 @@ class SpecCandidates:
                 if not transient(exc) or attempt == TRANSIENT_RETRIES:
                     break
                 await asyncio.sleep(self._retry_period_s)
-            except Exception as exc:  # any load failure is the candidate's error
+            except Exception as exc:  # noqa: BLE001 - any load failure is the candidate's error
                 outcome = exc
                 break
         if generation < self.generation:

@@ -365,7 +365,7 @@ class WorkflowController:
                 continue
             try:
                 await self._launch(loaded, generation=generation)
-            except Exception as exc:  # NB: whatever fails a start backs off; never a hot loop
+            except Exception as exc:  # noqa: BLE001 - any failed start backs off, never a hot loop
                 await self._back_off(lost, self._start_failed(exc, generation=generation))
                 continue
             return True

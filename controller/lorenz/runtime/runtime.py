@@ -537,7 +537,7 @@ class LorenzRuntime:
                 if self._source_stamp is not None
                 else workflow_stamp(self._workflow.path)
             )
-        except Exception:
+        except Exception:  # noqa: BLE001 - unreadable now: the reload below reports why
             stamp = None  # unreadable now: the reload below reports why
         if stamp is not None and stamp == self._workflow.stamp:
             self._config_error = None  # NB: back to the very workflow in force: nothing failing
@@ -553,7 +553,7 @@ class LorenzRuntime:
                 and _tracker_changed(self.settings, loaded.settings)
                 else None
             )
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any reload failure keeps the last good workflow
             code = str(getattr(exc, "code", type(exc).__name__))
             self._config_error = {
                 "code": code,
@@ -604,7 +604,7 @@ class LorenzRuntime:
                 message=f"removed {len(removed)} workspace(s) of terminal issues",
                 removed=removed,
             )
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - reported; the sweep must not stop the start
             self._event(EventType.STARTUP_WORKSPACE_CLEANUP_FAILED, message=_describe(exc))
 
     async def _remove_workspaces(self, identifier: str, *, issue_id: str) -> list[Path] | None:
@@ -649,7 +649,7 @@ class LorenzRuntime:
             return
         try:
             fresh = await self._tracker.fetch_issues_by_ids(sorted(tracked))
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - reported; a live run outlives a tracker error
             # NB: never tear down a live run on a transient tracker error.
             self._event(
                 EventType.RECONCILE_REFRESH_FAILED,
@@ -874,7 +874,7 @@ class LorenzRuntime:
         except asyncio.CancelledError:
             await self._give_back(run, reservation, reason=None)
             return
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any pool failure gives the reservation back
             await self._give_back(run, reservation, reason="worker_pool_acquire_error",
                                   message=f"worker_pool_acquire_error {_describe(exc)}")
             return
@@ -957,7 +957,7 @@ class LorenzRuntime:
             error = _aborted(run.reason)
         except LorenzError as exc:
             error = RunFailure.from_error(exc)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - an uncoded runner crash is a failed run
             error = RunFailure(code="agent_exited", text=f"agent exited: {_describe(exc)}")
         finally:
             if workspace is not None:
@@ -1028,7 +1028,7 @@ class LorenzRuntime:
         if self._once:
             try:
                 found = await self._tracker.fetch_issues_by_ids([run.issue_id])
-            except Exception:
+            except Exception:  # noqa: BLE001 - unknown state: the exit keeps its continuation
                 await self._decide_exit(pending, None, known=False)
             else:
                 by_id = {issue.id: issue for issue in found}
@@ -1118,7 +1118,7 @@ class LorenzRuntime:
             return
         try:
             found = await self._tracker.fetch_issues_by_ids(ids)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - reported; the pass retries at the next tick
             self._event(
                 EventType.RECONCILE_REFRESH_FAILED,
                 message=_describe(exc),
@@ -1229,7 +1229,7 @@ class LorenzRuntime:
         try:
             # NB: asked mid-run; a run cancelled meanwhile lets the request finish first.
             found = await run_to_completion(self._tracker.fetch_issues_by_ids([issue_id]))
-        except Exception:
+        except Exception:  # noqa: BLE001 - unknown counts as inactive: no new turn
             return False
         issue = found[0] if found else None
         return self._orchestrator.reconciliation_decision(issue) is None

@@ -146,7 +146,7 @@ async def load_off_loop(
     def work() -> None:
         try:
             result = load()
-        except BaseException as exc:  # NB: everything is handed to the awaiting side
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting side whole
             _settle_threadsafe(loop, future, None, exc)
         else:
             _settle_threadsafe(loop, future, result, None)
