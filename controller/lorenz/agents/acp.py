@@ -375,6 +375,7 @@ class _AcpRun:
         """End the process and everything it started; close stdin first when all went well."""
         try:
             if graceful and not self.connection.closed.done():
+                # NB: an agent that no longer reads stdin is terminated next anyway.
                 with contextlib.suppress(Exception):
                     await self.process.close_stdin()
                 with contextlib.suppress(TimeoutError):
@@ -384,6 +385,7 @@ class _AcpRun:
             task = self.in_flight
             if task is not None:
                 task.cancel()
+                # NB: how a cancelled task ended (cancelled or failing) is not ours to report.
                 with contextlib.suppress(BaseException):
                     await task
             await self.connection.aclose()

@@ -377,6 +377,7 @@ class CodexSession:
             # The reader closed while this request was pending: report the exit below.
         else:
             task.cancel()
+            # NB: how a cancelled task ended (cancelled or failing) is not ours to report.
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         if self._failure.done():
@@ -556,6 +557,7 @@ class CodexSession:
             # NB: end of input is the app-server's cue to shut down; SIGTERM follows at once
             # (terminate), so a server that ignores it costs nothing but the grace period.
             if self.process.returncode is None:
+                # NB: a server that no longer reads stdin is terminated next anyway.
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(self.process.close_stdin(), timeout=0.5)
         finally:

@@ -82,6 +82,7 @@ class CommandRunner:
             ) from None
         finally:
             feeder.cancel()
+            # NB: how a cancelled task ended (cancelled or failing) is not ours to report.
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await feeder
         if returncode != 0:
@@ -143,6 +144,7 @@ async def _feed_prompt(process: AgentProcess, prompt: str) -> None:
     except AgentStdinClosed:
         logger.debug("command did not read its prompt from stdin", extra={"pid": process.pid})
     finally:
+        # NB: the command exited or closed stdin itself: nothing to close.
         with contextlib.suppress(Exception):
             await process.close_stdin()
 

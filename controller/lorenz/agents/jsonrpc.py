@@ -102,6 +102,7 @@ class JsonRpcConnection:
         for task in tasks:
             task.cancel()
         for task in tasks:
+            # NB: how a cancelled task ended (cancelled or failing) is not ours to report.
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._fail_pending(ConnectionClosed("connection closed by the client"))

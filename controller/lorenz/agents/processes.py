@@ -262,6 +262,7 @@ class AgentProcess:
 
     def _close_pidfd(self) -> None:
         if self._pidfd is not None:
+            # NB: the loop may be closing or the reader never added: nothing to undo.
             with contextlib.suppress(Exception):
                 asyncio.get_running_loop().remove_reader(self._pidfd)
             with contextlib.suppress(OSError):
@@ -401,6 +402,7 @@ async def spawn_agent(
     try:
         process = await asyncio.shield(spawn)
     except asyncio.CancelledError:
+        # NB: the spawn's result only matters to kill what it started.
         with contextlib.suppress(BaseException):
             started = await spawn
             await AgentProcess(started, command=command).terminate(grace_s=0.5)

@@ -320,6 +320,7 @@ class LoggingSetup:
         """Remove the handler from the root logger (tests, re-configuration)."""
         root = logging.getLogger()
         root.removeHandler(self.handler)
+        # NB: a handler whose stream is gone cannot fail the shutdown.
         with contextlib.suppress(Exception):
             self.handler.close()
 

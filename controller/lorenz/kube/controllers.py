@@ -270,6 +270,7 @@ class WorkflowController:
                 except Exception:
                     logger.exception("Workflow controller failed workflow=%s", self.ref.display)
                     await self._abandon(reason="controller failure")
+                    # NB: already failing: the Lease expires by itself if this fails too.
                     with contextlib.suppress(Exception):
                         await self.campaign.release()
         finally:
@@ -481,10 +482,12 @@ class WorkflowController:
         runtime, task = self.runtime, self._runtime_task
         if runtime is None:
             return
+        # NB: best effort: the next holder fences the Claims anyway.
         with contextlib.suppress(Exception):
             await runtime.abandon_runs(reason=reason)
         runtime.stop()
         if task is not None:
+            # NB: a runtime that does not stop in time is abandoned; it logged why.
             with contextlib.suppress(TimeoutError, Exception):
                 await asyncio.wait_for(
                     asyncio.shield(task), timeout=self._settings.drain_timeout_seconds
@@ -504,6 +507,7 @@ class WorkflowController:
         self._runtime_task = None
         self._snapshot = None
         if runtime is not None:
+            # NB: closing the tracker's connections is best effort.
             with contextlib.suppress(Exception):
                 await runtime.tracker.close()
 
@@ -767,5 +771,6 @@ async def _first(*awaitables: Awaitable[Any], seconds: float | None = None) -> N
         for task in owned:
             task.cancel()
         for task in owned:
+            # NB: how a cancelled task ended (cancelled or failing) is not ours to report.
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task

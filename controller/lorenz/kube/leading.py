@@ -37,6 +37,7 @@ class Term:
     async def halt(self) -> None:
         """Stop renewing (before a release); returns once the renewer has stopped."""
         self._halted.set()
+        # NB: how a cancelled task ended (cancelled or failing) is not ours to report.
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await self._task
 

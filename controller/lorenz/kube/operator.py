@@ -301,6 +301,7 @@ async def run_operator(
             announcer.cancel()
     finally:
         await supervisor.shutdown()
+        # NB: the operator is exiting: a server that fails to stop changes nothing.
         with contextlib.suppress(Exception):
             await server.stop()
         await api.close()

@@ -103,6 +103,7 @@ class TerminalView:
             self._task = None
         live, self._live = self._live, None
         if live is not None:
+            # NB: the last frame is cosmetic: a closed terminal must not fail the stop.
             with contextlib.suppress(Exception):
                 self._draw(live)
             self._restore_log_handlers()

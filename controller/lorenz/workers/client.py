@@ -134,11 +134,13 @@ class WorkerConnection:
     async def close(self) -> None:
         if self._task is not asyncio.current_task():
             self._task.cancel()
+            # NB: how a cancelled task ended (cancelled or failing) is not ours to report.
             with contextlib.suppress(BaseException):
                 await self._task
         for task in list(self._calls):
             task.cancel()
         self._writer.close()
+        # NB: the peer may be gone already: closing is best effort.
         with contextlib.suppress(Exception):
             await self._writer.wait_closed()
         self.closed.set()

@@ -182,6 +182,7 @@ class WorkerRunner:
         if not await handle.cancel("the controller aborted the run"):
             follow.cancel()
             return
+        # NB: no final record within the wait: the run is cancelled below anyway.
         with contextlib.suppress(BaseException):
             await asyncio.wait_for(asyncio.shield(follow), timeout=CANCEL_WAIT_S)
         if follow.done() and not follow.cancelled() and follow.exception() is None:

@@ -169,6 +169,7 @@ class SshTransport:
         if process is not None and process.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 process.terminate()
+            # NB: an ssh that outlives SIGTERM is left to the transport's kill.
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(process.wait(), timeout=5)
         with contextlib.suppress(FileNotFoundError):

@@ -213,6 +213,7 @@ async def socket_hello(path: Path, *, timeout_s: float) -> dict[str, object] | N
                 message = await read_message(reader)
             finally:
                 writer.close()
+                # NB: the peer may be gone already: closing is best effort.
                 with contextlib.suppress(Exception):
                     await writer.wait_closed()
     except (OSError, TimeoutError, ProtocolError):

@@ -397,6 +397,7 @@ class Worker:
     async def _after_run(self, workspace: Path) -> None:
         # NB: shielded: a second cancel (or SIGTERM) during cleanup must not skip after_run.
         task = asyncio.ensure_future(self._hook("after_run", workspace))
+        # NB: after_run's failure is logged by the hook runner; cleanup goes on.
         with contextlib.suppress(Exception):
             while not task.done():
                 with contextlib.suppress(asyncio.CancelledError):
@@ -494,9 +495,11 @@ class Worker:
                 self._handle(client, message)
         finally:
             self._client_gone(client)
+            # NB: the client is gone: how its sender task ended no longer matters.
             with contextlib.suppress(Exception):
                 await sender
             writer.close()
+            # NB: the peer may be gone already: closing is best effort.
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
