@@ -420,9 +420,17 @@ def chaos_round(
         # run, so every round exercises the recovery pass of a process that keeps running.
         kind = chaos.rng.choice(("daemon", "plain", "beside")) if done else "beside"
         if kind == "beside" and kills - done >= 2:
+            # NB: the plain run starts first: a daemon started first may well rotate through
+            # every issue (continuation retries keep its rows) and leave the plain run none.
+            plain = chaos.start(PLAIN)
+            if not done:
+                owner = chaos.owners[plain.pid]
+                wait_for(
+                    lambda owner=owner: running_agents(chaos.log, owner),
+                    what=f"an agent of {owner}",
+                )
             daemon = chaos.start(DAEMON)
             lease = daemon.wait_ready()
-            plain = chaos.start(PLAIN)
             chaos.kill_at_a_bad_moment(
                 plain, daemon=False, moment=None if done else "agents_of_its_own"
             )
