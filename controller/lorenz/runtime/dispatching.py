@@ -1,0 +1,608 @@
+"""Dispatch: claiming eligible issues, running each claimed slot, settling its end.
+
+A run goes claim → (reserve a worker) → workspace, hooks, prompt, agent → settle. Between ticks,
+nudges (freed capacity, a clean exit, a due retry) merge into dispatch passes that decide pending
+exits and fill free slots from the last candidate list. This is the part of the runtime that
+spawns processes, so it lives apart from polling, reconciliation and reporting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from lorenz.agents import AgentRunRequest
+from lorenz.agents.environment import agent_environment
+from lorenz.config import TrackerKind
+from lorenz.model import (
+    AgentUpdate,
+    EventType,
+    Issue,
+    LorenzError,
+    RunFailure,
+    RunningEntry,
+    RunOutcome,
+    SlotKey,
+)
+from lorenz.orchestrator import (
+    DispatchCandidate,
+    Reserved,
+    Skipped,
+    Started,
+)
+from lorenz.policies import StopReason, WorkerHealth, classify_worker_outcome
+from lorenz.runtime.reporting import describe_error
+from lorenz.runtime.runs import AbortReason, ActiveRun, PendingExit
+from lorenz.runtime.tools import tracker_tools
+from lorenz.tasks import run_to_completion
+from lorenz.workflow import (
+    continuation_prompt,
+    render_prompt,
+)
+from lorenz.workspaces import (
+    Workspace,
+)
+
+if TYPE_CHECKING:
+    from lorenz.runtime.runtime import LorenzRuntime
+
+logger = logging.getLogger("lorenz.runtime")
+
+
+class WorkerSlot(Protocol):
+    """A host handed out by a worker pool for one run."""
+
+    host: str | None
+
+
+class WorkerPool(Protocol):
+    """A pool that governs dispatch: reservations are bound once it hands out a host."""
+
+    async def acquire(self, *, key: SlotKey, timeout_ms: int) -> WorkerSlot | None:
+        """A slot, or ``None`` when the pool has no capacity."""
+        ...
+
+    async def release(self, slot: WorkerSlot, *, poison: bool) -> None: ...
+
+    async def drain(self, *, deadline_ms: int) -> None: ...
+
+
+class Dispatching:
+    """Claims slots, runs them as detached tasks, and settles how each one ended.
+
+    It holds no state of its own: the :class:`LorenzRuntime` it serves keeps all of it.
+    """
+
+    def __init__(self, *, runtime: LorenzRuntime) -> None:
+        self._runtime = runtime
+
+    def nudge(self) -> None:
+        """Freed capacity, a clean exit or a due retry: act now, not at the next interval.
+
+        What runs is a dispatch pass, not a tick: it decides pending exits and fills free slots
+        from the last candidate list, revalidating each chosen issue by id first (one batched
+        read). Passes serialize with ticks and with each other; nudges during a pass merge into
+        one follow-up pass. Never in ``--once``.
+        """
+        if self._runtime._stopped or self._runtime._once:
+            return
+        self._runtime._pass_wanted = True
+        if self._runtime._pass_task is None:
+            self._runtime._pass_task = asyncio.get_running_loop().create_task(
+                self.run_passes(), name="lorenz-dispatch-pass"
+            )
+
+    async def run_passes(self) -> None:
+        try:
+            while self._runtime._pass_wanted and not self._runtime._stopped:
+                # NB: gather what comes close together (exits of runs started together, retries
+                # due together) so one tracker read serves them all; stop() cuts the wait short.
+                batch_s = self._runtime.settings.polling.dispatch_batch_ms / 1000.0
+                if batch_s > 0:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._runtime._pass_wake.wait(), timeout=batch_s)
+                if self._runtime._stopped:
+                    break
+                self._runtime._pass_wanted = False
+                async with self._runtime._dispatch_lock:
+                    try:
+                        await self.dispatch_pass()
+                    except Exception:
+                        logger.exception("dispatch pass failed")
+        finally:
+            self._runtime._pass_task = None
+
+    def on_retry_due(self, key: SlotKey) -> None:
+        self.nudge()
+
+    async def dispatch_pass(self) -> None:
+        """Between polls: decide pending exits, then fill free slots from the last candidates.
+
+        Every chosen candidate is read again by id before it is claimed (an issue closed since
+        the last poll must not start); the read is one request for the exits and the chosen
+        issues together. A failed read decides the exits as continuations (as a settle always
+        did) and starts nothing.
+        """
+        exits = self.take_exits()
+        chosen: list[DispatchCandidate] = []
+        if (
+            not self._runtime._stopped
+            and not self._runtime._dry_run
+            and self._runtime._candidate_cache
+        ):
+            room = self._runtime._orchestrator.available_slots() + len(exits)
+            exiting = {pending.issue_id for pending in exits}
+            if room > 0:
+                cached = list(self._runtime._candidate_cache.values())
+                for candidate in await self._runtime._orchestrator.eligible_issues(
+                    cached, complete=False
+                ):
+                    if candidate.issue.id in exiting:
+                        continue
+                    chosen.append(candidate)
+                    if len(chosen) >= room:
+                        break
+        ids = sorted({p.issue_id for p in exits} | {c.issue.id for c in chosen})
+        if not ids:
+            return
+        try:
+            found = await self._runtime._tracker.fetch_issues_by_ids(ids)
+        except Exception as exc:  # noqa: BLE001 - reported; the pass retries at the next tick
+            self._runtime._reporting.event(
+                EventType.RECONCILE_REFRESH_FAILED,
+                message=describe_error(exc),
+                code=getattr(exc, "code", type(exc).__name__),
+            )
+            for pending in exits:
+                await self.decide_exit(pending, None, known=False)
+            return
+        by_id = {issue.id: issue for issue in found}
+        for pending in exits:
+            await self.decide_exit(pending, by_id.get(pending.issue_id), known=True)
+        for candidate in chosen:
+            if self._runtime._stopped:
+                break
+            fresh = by_id.get(candidate.issue.id)
+            reason = self._runtime._orchestrator.reconciliation_decision(fresh)
+            if reason is not None or fresh is None:
+                self._runtime._candidate_cache.pop(candidate.issue.id, None)
+                self._runtime._reporting.event(
+                    EventType.DISPATCH_SKIPPED,
+                    issue=candidate.issue,
+                    slot=candidate.slot_index,
+                    message=f"skipped: the issue is {reason} now (read again before dispatch)",
+                    reason="issue_changed",
+                )
+                continue
+            self._runtime._candidate_cache[fresh.id] = fresh
+            task = await self.maybe_dispatch(candidate._replace(issue=fresh))
+            if task is None and self._runtime._orchestrator.available_slots() <= 0:
+                break
+
+    async def maybe_dispatch(self, candidate: DispatchCandidate) -> asyncio.Task[None] | None:
+        issue = candidate.issue
+        if self.refuse_unpassable(issue, slot=candidate.slot_index):
+            return None
+        result = await self._runtime._orchestrator.claim(candidate)
+        if isinstance(result, Skipped):
+            self._runtime.stats[f"skipped_{result.reason}"] = (
+                self._runtime.stats.get(f"skipped_{result.reason}", 0) + 1
+            )
+            if result.reason in ("worker_host_capacity", "claimed_elsewhere"):
+                self._runtime._reporting.event(
+                    EventType.DISPATCH_SKIPPED,
+                    issue=issue,
+                    slot=candidate.slot_index,
+                    message=f"skipped: {result.reason}",
+                    reason=result.reason,
+                )
+            return None
+        key = result.reservation.key if isinstance(result, Reserved) else result.entry.key
+        run = ActiveRun(key=key, issue_id=issue.id, identifier=issue.identifier)
+        self._runtime._runs.register(run)
+        if isinstance(result, Started):
+            self._runtime._reporting.event(
+                EventType.RUN_STARTED,
+                issue=issue,
+                slot=candidate.slot_index,
+                attempt=candidate.attempt,
+                host=result.entry.host,
+                message="run started",
+            )
+            run.started = True
+            coro = self.run_slot(run, entry=result.entry)
+        else:
+            self._runtime._reporting.event(
+                EventType.RUN_RESERVING,
+                issue=issue,
+                slot=candidate.slot_index,
+                attempt=candidate.attempt,
+                message="reserving a worker",
+            )
+            coro = self.run_reserved(run, reservation=result.reservation)
+        task = asyncio.get_running_loop().create_task(coro, name=f"lorenz-run:{key}")
+        run.task = task
+        return task
+
+    def refuse_unpassable(self, issue: Issue, *, slot: int) -> bool:
+        """Whether an issue holds a field no process can be given (a NUL byte); say so once.
+
+        Hooks and agents get the identifier, title and state as environment variables (and the
+        identifier names the workspace); a NUL byte cannot be passed to a process at all, so
+        such an issue is not started — no run, no retry — and reported once per version of it
+        (``issue_field_invalid``): it is looked at again when it changes.
+        """
+        fields = [name for name in _PASSED_FIELDS if "\x00" in (getattr(issue, name) or "")]
+        if not fields:
+            self._runtime._refused.pop(issue.id, None)
+            return False
+        version = (issue.identifier, issue.title, issue.state, issue.updated_at)
+        if self._runtime._refused.get(issue.id) != version:
+            self._runtime._refused[issue.id] = version
+            self._runtime._reporting.event(
+                EventType.DISPATCH_SKIPPED,
+                issue=issue,
+                slot=slot,
+                message=f"skipped: the issue's {', '.join(fields)} hold(s) a NUL byte, which "
+                "cannot be passed to hooks or agents; edit the issue to remove it",
+                reason="issue_field_invalid",
+                code="issue_field_invalid",
+                fields=fields,
+            )
+        return True
+
+    async def run_reserved(self, run: ActiveRun, *, reservation: Any) -> None:
+        assert self._runtime._pool is not None
+        timeout_ms = self._runtime.settings.worker.worker_pool.acquire_timeout_ms
+        try:
+            slot = await self._runtime._pool.acquire(key=run.key, timeout_ms=timeout_ms)
+        except asyncio.CancelledError:
+            await self.give_back(run, reservation, reason=None)
+            return
+        except Exception as exc:  # noqa: BLE001 - any pool failure gives the reservation back
+            await self.give_back(
+                run,
+                reservation,
+                reason="worker_pool_acquire_error",
+                message=f"worker_pool_acquire_error {describe_error(exc)}",
+            )
+            return
+        if slot is None:
+            await self.give_back(
+                run,
+                reservation,
+                reason="worker_host_capacity",
+                message="skipped: worker_host_capacity",
+            )
+            return
+        entry = await self._runtime._orchestrator.bind_reservation(reservation, host=slot.host)
+        if entry is None or not run.is_active:
+            await self._runtime._pool.release(slot, poison=False)
+            self._runtime._runs.discard(run)
+            return
+        self._runtime._reporting.event(
+            EventType.RUN_STARTED,
+            issue=entry.issue,
+            slot=entry.slot_index,
+            attempt=entry.attempt,
+            host=entry.host,
+            message="run started",
+        )
+        run.started = True
+        await self.run_slot(run, entry=entry, worker_slot=slot)
+
+    async def give_back(
+        self, run: ActiveRun, reservation: Any, *, reason: str | None, message: str | None = None
+    ) -> None:
+        """No host for a reservation: cancel it (no backoff, retry restored) and say why."""
+        await self._runtime._orchestrator.cancel_reservation(reservation)
+        self._runtime._runs.discard(run)
+        if reason is not None:
+            self._runtime._reporting.event(
+                EventType.DISPATCH_SKIPPED,
+                issue=reservation.issue,
+                slot=reservation.slot_index,
+                message=message,
+                reason=reason,
+            )
+
+    async def run_slot(
+        self, run: ActiveRun, *, entry: RunningEntry, worker_slot: WorkerSlot | None = None
+    ) -> None:
+        key = entry.key
+        settings = self._runtime.settings
+        workflow = self._runtime._workflow
+        issue = entry.issue
+        workspace: Workspace | None = None
+        error: RunFailure | None = None
+        normal = False
+        cancelled_from_outside = False
+        try:
+            workspace = await self._runtime._workspaces.prepare(
+                issue, slot_index=entry.slot_index, attempt=entry.attempt
+            )
+            await self._runtime._orchestrator.set_workspace(key, str(workspace.path))
+            await self._runtime._workspaces.before_run(workspace, attempt=entry.attempt)
+            prompt = render_prompt(workflow, issue=issue, attempt=entry.attempt)
+            kind = settings.agent_kind()
+            runner = self._runtime._runner_factory(kind.protocol)
+            request = AgentRunRequest(
+                issue=issue,
+                attempt=entry.attempt,
+                slot_index=entry.slot_index,
+                prompt=prompt,
+                workspace=workspace.path,
+                settings=kind,
+                max_turns=settings.agent.max_turns,
+                env=self.agent_env(
+                    issue=issue,
+                    attempt=entry.attempt,
+                    slot_index=entry.slot_index,
+                    workspace=workspace.path,
+                ),
+                on_update=lambda update: self.on_agent_update(key, update),
+                issue_is_active=lambda: self.issue_still_active(issue.id),
+                continuation_prompt=continuation_prompt,
+                tools=tracker_tools(self._runtime._tracker),
+            )
+            await runner.run(request)
+            normal = True
+        except asyncio.CancelledError:
+            if run.reason is None:
+                # NB: cancelled by nobody we know of (the loop itself is going away): settle it
+                # as a shutdown, then let the cancellation propagate.
+                run.reason = AbortReason.SHUTDOWN
+                cancelled_from_outside = True
+            error = _aborted(run.reason)
+        except LorenzError as exc:
+            error = RunFailure.from_error(exc)
+        except Exception as exc:  # noqa: BLE001 - an uncoded runner crash is a failed run
+            error = RunFailure(code="agent_exited", text=f"agent exited: {describe_error(exc)}")
+        finally:
+            if workspace is not None:
+                # NB: shielded so that cancellation (stop, stall, reconciliation) still runs
+                # after_run; the hook is bounded by hooks.timeout_ms inside the manager.
+                with contextlib.suppress(BaseException):
+                    await asyncio.shield(
+                        self._runtime._workspaces.after_run(workspace, attempt=entry.attempt)
+                    )
+            if error is not None:
+                error = RunFailure(code=error.code, text=self._runtime._reporting.scrub(error.text))
+            await self.settle(run, key=key, normal=normal, error=error, worker_slot=worker_slot)
+        if cancelled_from_outside:
+            raise asyncio.CancelledError
+
+    async def settle(
+        self,
+        run: ActiveRun,
+        *,
+        key: SlotKey,
+        normal: bool,
+        error: RunFailure | None,
+        worker_slot: WorkerSlot | None,
+    ) -> None:
+        text = error.text if error is not None else None
+        try:
+            if run.reason is AbortReason.SHUTDOWN:
+                # A clean shutdown: keep the slot's place with a continuation retry, so a
+                # durable store brings it back after a restart without counting a failure.
+                await self._runtime._orchestrator.finish(key, normal=True, error=None)
+            elif run.is_active and key in self._runtime._reconciling.grace_keys(run.issue_id):
+                await self._runtime._reconciling.settle_in_grace(
+                    run, key=key, normal=normal, text=text
+                )
+            elif run.is_active and normal:
+                run.exited = True
+                await self.settle_clean_exit(run)
+            elif run.is_active:
+                finished = await self._runtime._orchestrator.finish(key, normal=normal, error=text)
+                if finished is not None:
+                    entry = finished.entry
+                    outcome = RunOutcome.SUCCESS if normal else RunOutcome.FAILED
+                    self._runtime._reporting.record_run(entry, outcome=outcome, error=text)
+                    self._runtime._reporting.event(
+                        EventType.RUN_FINISHED if normal else EventType.RUN_FAILED,
+                        issue=entry.issue,
+                        slot=entry.slot_index,
+                        message="run finished" if normal else (text or "run failed"),
+                        outcome=outcome.value,
+                    )
+                    self._runtime._reporting.retry_event(finished.retry)
+                    if finished.retry is not None and not self._runtime._stopped:
+                        self._runtime._timers.sync(self._runtime._orchestrator.retry_deadlines())
+            if worker_slot is not None and self._runtime._pool is not None:
+                health = classify_worker_outcome(error, stalled=run.reason is AbortReason.STALLED)
+                poison = health is WorkerHealth.POISON
+                with contextlib.suppress(Exception):
+                    await self._runtime._pool.release(worker_slot, poison=poison)
+        finally:
+            self._runtime._runs.discard(run)
+            self._runtime._reporting.emit_snapshot()
+            self.nudge()
+
+    async def settle_clean_exit(self, run: ActiveRun) -> None:
+        """Wait for the by-id read that decides a cleanly exited slot (see :class:`PendingExit`).
+
+        In ``--once`` there are no dispatch passes, so the run reads its issue itself.
+        """
+        pending = PendingExit(run=run, decided=asyncio.get_running_loop().create_future())
+        if self._runtime._once:
+            try:
+                found = await self._runtime._tracker.fetch_issues_by_ids([run.issue_id])
+            except Exception:  # noqa: BLE001 - unknown state: the exit keeps its continuation
+                await self.decide_exit(pending, None, known=False)
+            else:
+                by_id = {issue.id: issue for issue in found}
+                await self.decide_exit(pending, by_id.get(run.issue_id), known=True)
+            return
+        self._runtime._exits[run.key] = pending
+        self.nudge()
+        try:
+            await pending.decided
+        except asyncio.CancelledError:
+            self._runtime._exits.pop(run.key, None)
+            if run.reason is AbortReason.SHUTDOWN:
+                # Stopped while waiting: as any shutdown, keep the slot's place (if the pass
+                # did not decide it already).
+                await self._runtime._orchestrator.finish(run.key, normal=True, error=None)
+                return
+            if run.reason is None:
+                run.reason = AbortReason.SHUTDOWN
+                await self._runtime._orchestrator.finish(run.key, normal=True, error=None)
+                raise
+
+    def take_exits(self) -> list[PendingExit]:
+        exits = list(self._runtime._exits.values())
+        self._runtime._exits.clear()
+        return exits
+
+    async def decide_exit(self, pending: PendingExit, issue: Issue | None, *, known: bool) -> None:
+        """Continuation retry while the issue stays active (or cannot be read); else release."""
+        key, issue_id = pending.key, pending.issue_id
+        try:
+            if pending.decided.done() or not pending.run.is_active:
+                return  # stopped or cancelled meanwhile: whoever did that settled the slot
+            reason = self._runtime._orchestrator.reconciliation_decision(issue) if known else None
+            if reason is None:
+                finished = await self._runtime._orchestrator.finish(key, normal=True, error=None)
+                if issue is not None:
+                    self._runtime._candidate_cache[issue_id] = issue
+                if finished is None:
+                    return
+                self._runtime._reporting.record_run(
+                    finished.entry, outcome=RunOutcome.SUCCESS, error=None
+                )
+                self._runtime._reporting.event(
+                    EventType.RUN_FINISHED,
+                    issue=finished.entry.issue,
+                    slot=finished.entry.slot_index,
+                    message="run finished",
+                    outcome=RunOutcome.SUCCESS.value,
+                )
+                self._runtime._reporting.retry_event(finished.retry)
+                if finished.retry is not None and not self._runtime._stopped:
+                    self._runtime._timers.sync(self._runtime._orchestrator.retry_deadlines())
+                return
+            finished = await self._runtime._orchestrator.finish(
+                key, normal=True, error=None, release=True
+            )
+            self._runtime._candidate_cache.pop(issue_id, None)
+            if finished is not None:
+                self._runtime._reporting.record_run(
+                    finished.entry, outcome=RunOutcome.SUCCESS, error=None
+                )
+                self._runtime._reporting.event(
+                    EventType.RUN_FINISHED,
+                    issue=finished.entry.issue,
+                    slot=finished.entry.slot_index,
+                    message=f"run finished; issue {reason}, released",
+                    outcome=RunOutcome.SUCCESS.value,
+                    reason=str(reason),
+                )
+            if reason is StopReason.TERMINAL and self._runtime._reconciling.finishing_turn(
+                issue_id, issue
+            ):
+                return  # other slots are finishing their turn; the last one cleans up
+            self._runtime._reconciling.end_grace(issue_id)
+            await self._runtime._reconciling.stop_issue(issue_id, issue=issue, reason=str(reason))
+        finally:
+            if not pending.decided.done():
+                pending.decided.set_result(None)
+
+    async def settle_runs(self) -> None:
+        """On the way out: let every aborted run record its shutdown."""
+        tasks = self._runtime._runs.tasks()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        await self.settle_unstarted_runs()
+
+    async def settle_unstarted_runs(self) -> None:
+        """Settle the runs whose task ended without running a line of it.
+
+        NB: a task cancelled before its first step (``stop()`` called in the very loop
+        iteration that dispatched it) never enters its body, so nothing in it settles the slot:
+        it would stay "running", claimed, with no process. Every handle still registered once
+        its task is done is such a run (a run that started always discards its handle).
+        """
+        for run in self._runtime._runs.all():
+            if run.task is not None and run.task.done():
+                await self.settle(
+                    run,
+                    key=run.key,
+                    normal=False,
+                    error=_aborted(run.reason),
+                    worker_slot=None,
+                )
+
+    def agent_env(
+        self, *, issue: Issue, attempt: int | None, slot_index: int, workspace: Path
+    ) -> dict[str, str]:
+        settings = self._runtime.settings
+        kind = settings.agent_kind()
+        extra = dict(kind.env)
+        extra.update(
+            {
+                "LORENZ_ISSUE_ID": issue.id,
+                "LORENZ_ISSUE_IDENTIFIER": issue.identifier,
+                "LORENZ_ISSUE_TITLE": issue.title,
+                "LORENZ_ISSUE_STATE": issue.state,
+                "LORENZ_ATTEMPT": "" if attempt is None else str(attempt),
+                "LORENZ_SLOT": str(slot_index),
+                "LORENZ_WORKSPACE": str(workspace),
+                "LORENZ_WORKFLOW": str(self._runtime._workflow.path),
+            }
+        )
+        if settings.tracker.kind is TrackerKind.FILES and settings.tracker.path:
+            extra["LORENZ_TRACKER_PATH"] = settings.tracker.path
+        secrets = [settings.tracker.api_key] if settings.tracker.api_key else []
+        return agent_environment(base=self._runtime._base_env, extra=extra, secret_values=secrets)
+
+    async def issue_still_active(self, issue_id: str) -> bool:
+        if issue_id in self._runtime._graces:
+            return False  # terminal already: the turn under way is the last one
+        try:
+            # NB: asked mid-run; a run cancelled meanwhile lets the request finish first.
+            found = await run_to_completion(self._runtime._tracker.fetch_issues_by_ids([issue_id]))
+        except Exception:  # noqa: BLE001 - unknown counts as inactive: no new turn
+            return False
+        issue = found[0] if found else None
+        return self._runtime._orchestrator.reconciliation_decision(issue) is None
+
+    def on_agent_update(self, key: SlotKey, update: AgentUpdate) -> None:
+        if update.message:
+            update = dataclasses.replace(
+                update, message=self._runtime._reporting.scrub(update.message)
+            )
+        task = asyncio.get_running_loop().create_task(self.apply_update(key, update))
+        self._runtime._background.add(task)
+        task.add_done_callback(self._runtime._background.discard)
+
+    async def apply_update(self, key: SlotKey, update: AgentUpdate) -> None:
+        try:
+            await self._runtime._orchestrator.apply_update(key, update)
+        except Exception:
+            logger.exception("applying an agent update failed slot=%s", key)
+            return
+        for listener in self._runtime._event_listeners:
+            with contextlib.suppress(Exception):
+                listener(
+                    {
+                        "type": EventType.RUN_UPDATE.value,
+                        "slot_key": key,
+                        "event": update.event,
+                        "usage": update.usage.to_dict() if update.usage else None,
+                    }
+                )
+        self._runtime._reporting.emit_snapshot()
+
+
+_PASSED_FIELDS = ("id", "identifier", "title", "state")
+"""Issue fields handed to hooks and agents as environment variables (or a workspace name)."""
+
+
+def _aborted(reason: AbortReason | None) -> RunFailure:
+    return RunFailure(code="run_aborted", text=f"aborted: {reason}")

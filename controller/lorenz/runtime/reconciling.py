@@ -1,0 +1,330 @@
+"""Reconciliation: keeping local runs in step with the claim store and the tracker.
+
+Each tick proves our claims are still ours, stops stalled runs, and reads every tracked issue
+again: an issue that left the active states has its runs stopped and its claims released, and
+one that turned terminal lets the turn in progress finish within a grace before its workspaces
+go. Stopping runs from outside (a deleted ``Claim``) lives here too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from lorenz.model import (
+    EventType,
+    Issue,
+    LorenzError,
+    RunOutcome,
+    SlotKey,
+    parse_slot_key,
+)
+from lorenz.orchestrator import (
+    Released,
+)
+from lorenz.policies import StopReason
+from lorenz.runtime.reporting import describe_error
+from lorenz.runtime.runs import AbortReason, ActiveRun, TerminalGrace
+from lorenz.workspaces import (
+    PRESERVING_CODES,
+    WorkspaceCleanupError,
+)
+
+if TYPE_CHECKING:
+    from lorenz.runtime.runtime import LorenzRuntime
+
+logger = logging.getLogger("lorenz.runtime")
+
+
+class Reconciling:
+    """Stops the runs the tracker or the claim store no longer backs.
+
+    It holds no state of its own: the :class:`LorenzRuntime` it serves keeps all of it.
+    """
+
+    def __init__(self, *, runtime: LorenzRuntime) -> None:
+        self._runtime = runtime
+
+    async def heartbeat_claims(self) -> None:
+        """Prove our claims are still ours before this tick mutates anything.
+
+        A store that declared us stale and handed our claims to another owner says so once
+        (``claim_owner_lost``): every local run of those slots now belongs to someone else, so
+        it is aborted without recording a result, and the slots are forgotten locally.
+        """
+        try:
+            await self._runtime._orchestrator.heartbeat()
+        except LorenzError as exc:
+            if exc.code != "claim_owner_lost":
+                raise
+            await self.abandon_runs(reason=str(exc))
+
+    async def abandon_runs(self, *, reason: str) -> None:
+        """Abort every local run whose claim we no longer own; record nothing for them."""
+        issue_ids = self._runtime._orchestrator.claimed_issue_ids()
+        for run in self._runtime._runs.all():
+            run.finish_externally(AbortReason.LEADERSHIP_LOST)
+        for issue_id in sorted(issue_ids):
+            await self._runtime._orchestrator.cleanup_issue(issue_id)
+        self._runtime._timers.cancel_all()
+        self._runtime._reporting.event(
+            EventType.LEADERSHIP_LOST, message=f"claims lost: {reason}", aborted=len(issue_ids)
+        )
+
+    async def cleanup_terminal_workspaces_once(self) -> None:
+        if self._runtime._startup_cleanup_done:
+            return
+        self._runtime._startup_cleanup_done = True
+        try:
+            on_disk = self._runtime._workspaces.list_workspaces()
+            ids = sorted({w.issue_id for w in on_disk if w.issue_id})
+            if not ids:
+                return
+            issues = await self._runtime._tracker.fetch_issues_by_ids(ids)
+            terminal = {s.strip().lower() for s in self._runtime.settings.tracker.terminal_states}
+            removed: list[str] = []
+            for issue in issues:
+                # NB: a preserved worktree is reported and the sweep goes on with the next one.
+                if (
+                    issue.state_key in terminal
+                    and await self.remove_workspaces(issue.identifier, issue_id=issue.id)
+                    is not None
+                ):
+                    removed.append(issue.identifier)
+            self._runtime._reporting.event(
+                EventType.STARTUP_WORKSPACE_CLEANUP,
+                message=f"removed {len(removed)} workspace(s) of terminal issues",
+                removed=removed,
+            )
+        except Exception as exc:  # noqa: BLE001 - reported; the sweep must not stop the start
+            self._runtime._reporting.event(
+                EventType.STARTUP_WORKSPACE_CLEANUP_FAILED, message=describe_error(exc)
+            )
+
+    async def remove_workspaces(self, identifier: str, *, issue_id: str) -> list[Path] | None:
+        """Remove a done issue's workspaces; ``None`` when some were left in place.
+
+        A worktree with uncommitted work, or one that is not ours, is kept on purpose: that is
+        reported (``workspace_preserved``, a warning) and never fails the tick; the same goes
+        for a removal that failed for another reason (its code is in the event).
+        """
+        try:
+            return await self._runtime._workspaces.remove_issue(identifier)
+        except WorkspaceCleanupError as exc:
+            preserved = all(f.code in PRESERVING_CODES for f in exc.failures)
+            self._runtime._reporting.event(
+                EventType.WORKSPACE_PRESERVED if preserved else EventType.WORKSPACE_CLEANUP,
+                issue_id=issue_id,
+                identifier=identifier,
+                message=self._runtime._reporting.scrub(exc.message),
+                code=exc.code,
+                kept=[str(f.path) for f in exc.failures if f.path is not None],
+                removed=[str(p) for p in exc.removed],
+            )
+            return None
+
+    async def reconcile_stalled_runs(self) -> None:
+        for stalled in await self._runtime._orchestrator.finish_stalled():
+            entry = stalled.entry
+            run = self._runtime._runs.get(entry.key)
+            if run is not None:
+                run.finish_externally(AbortReason.STALLED)
+            self._runtime._reporting.record_run(
+                entry, outcome=RunOutcome.STALLED, error=stalled.error
+            )
+            self._runtime._reporting.event(
+                EventType.RUN_STALLED,
+                issue=entry.issue,
+                slot=entry.slot_index,
+                message=stalled.error,
+            )
+            self._runtime._reporting.retry_event(stalled.retry)
+
+    async def reconcile_tracked_issues(self) -> None:
+        exits = self._runtime._dispatching.take_exits()
+        tracked = self._runtime._orchestrator.tracked_issue_ids()
+        if not tracked:
+            return
+        try:
+            fresh = await self._runtime._tracker.fetch_issues_by_ids(sorted(tracked))
+        except Exception as exc:  # noqa: BLE001 - reported; a live run outlives a tracker error
+            # NB: never tear down a live run on a transient tracker error.
+            self._runtime._reporting.event(
+                EventType.RECONCILE_REFRESH_FAILED,
+                message=describe_error(exc),
+                code=getattr(exc, "code", type(exc).__name__),
+            )
+            for pending in exits:
+                await self._runtime._dispatching.decide_exit(pending, None, known=False)
+            return
+        by_id = {issue.id: issue for issue in fresh}
+        for pending in exits:
+            await self._runtime._dispatching.decide_exit(
+                pending, by_id.get(pending.issue_id), known=True
+            )
+        waiting = {pending.issue_id for pending in self._runtime._exits.values()}
+        for issue_id in sorted(tracked & self._runtime._orchestrator.tracked_issue_ids() - waiting):
+            # NB: an issue with a run that exited after the read above is left to the pass
+            # that decides that exit; stopping it here would cancel a run that ended cleanly.
+            issue = by_id.get(issue_id)
+            reason = self._runtime._orchestrator.reconciliation_decision(issue)
+            if reason is None:
+                assert issue is not None
+                await self._runtime._orchestrator.refresh_running_issue(issue)
+                continue
+            if reason is StopReason.TERMINAL and self.finishing_turn(issue_id, issue):
+                continue
+            self.end_grace(issue_id)
+            await self.stop_issue(issue_id, issue=issue, reason=str(reason))
+
+    def finishing_turn(self, issue_id: str, issue: Issue | None) -> bool:
+        """Whether runs of this terminal issue are (now) finishing their turn in a grace."""
+        if issue_id in self._runtime._graces:
+            return True
+        return issue is not None and self.begin_grace(issue)
+
+    def begin_grace(self, issue: Issue) -> bool:
+        """Let the runs of a just-terminal issue finish their turn; ``False``: stop them now.
+
+        Only bound runs are in a turn; a slot still reserving a worker is given back at once
+        (its retry is then pruned, the issue being terminal).
+        """
+        grace_ms = self._runtime.settings.agent.terminal_grace_ms
+        runs = [
+            run
+            for run in self._runtime._runs.of_issue(issue.id)
+            if run.is_active and not run.exited
+        ]
+        turning = [run for run in runs if run.started]
+        if grace_ms <= 0 or not turning:
+            return False
+        for run in runs:
+            if not run.started:
+                run.finish_externally(AbortReason.CANCELED)
+        grace = TerminalGrace(issue=issue, keys={run.key for run in turning})
+        grace.timer = asyncio.get_running_loop().call_later(
+            grace_ms / 1000.0, self.on_grace_over, issue.id
+        )
+        self._runtime._graces[issue.id] = grace
+        for run in turning:
+            self._runtime._reporting.event(
+                EventType.RUN_FINISHING,
+                issue=issue,
+                slot=parse_slot_key(run.key)[1],
+                message=f"issue terminal: the turn in progress may finish within {grace_ms} ms; "
+                "no new turn starts",
+                reason=str(StopReason.TERMINAL),
+                grace_ms=grace_ms,
+            )
+        return True
+
+    def end_grace(self, issue_id: str) -> TerminalGrace | None:
+        grace = self._runtime._graces.pop(issue_id, None)
+        if grace is not None and grace.timer is not None:
+            grace.timer.cancel()
+        return grace
+
+    def on_grace_over(self, issue_id: str) -> None:
+        """The grace ran out: cancel what is still going, as any terminal stop does."""
+        grace = self.end_grace(issue_id)
+        if grace is None or self._runtime._stopped:
+            return
+        task = asyncio.get_running_loop().create_task(
+            self.stop_issue(issue_id, issue=grace.issue, reason=str(StopReason.TERMINAL))
+        )
+        self._runtime._background.add(task)
+        task.add_done_callback(self._runtime._background.discard)
+
+    async def stop_issue(self, issue_id: str, *, issue: Issue | None, reason: str) -> None:
+        """Stop every slot of an issue, release its claims, clean up when it is terminal."""
+        released = await self._runtime._orchestrator.cleanup_issue(issue_id)
+        identifier = issue.identifier if issue is not None else released.identifier or issue_id
+        for key in released.aborted:
+            self._runtime._timers.cancel(key)
+            run = self._runtime._runs.get(key)
+            if run is not None:
+                run.finish_externally(AbortReason.CANCELED)
+        for key in list(self._runtime._timers.armed()):
+            if key.rsplit("#", 1)[0] == issue_id:
+                self._runtime._timers.cancel(key)
+        for entry in released.runs:
+            self._runtime._reporting.record_run(
+                entry, outcome=RunOutcome.CANCELED, error=f"stopped: {reason}"
+            )
+            self._runtime._reporting.event(
+                EventType.RUN_CANCELED,
+                issue=entry.issue,
+                slot=entry.slot_index,
+                message=f"run stopped: issue {reason}",
+                reason=reason,
+            )
+        if reason == "terminal":
+            removed = await self.remove_workspaces(identifier, issue_id=issue_id)
+            if removed is not None:
+                self._runtime._reporting.event(
+                    EventType.WORKSPACE_CLEANUP,
+                    issue_id=issue_id,
+                    identifier=identifier,
+                    message=f"removed {len(removed)} workspace(s)",
+                    reason=reason,
+                )
+        else:
+            self._runtime._reporting.event(
+                EventType.RUN_RECONCILED,
+                issue_id=issue_id,
+                identifier=identifier,
+                message=f"released: issue {reason}",
+                reason=reason,
+            )
+
+    async def cancel_slot(self, key: SlotKey, *, reason: str = "claim_deleted") -> bool:
+        """Stop one slot's run from outside (a deleted ``Claim``); the issue may run again."""
+        run = self._runtime._runs.get(key)
+        self._runtime._timers.cancel(key)
+        released: Released = await self._runtime._orchestrator.release_slot(key)
+        if not released.aborted and run is None:
+            return False
+        for entry in released.runs:
+            self._runtime._reporting.record_run(
+                entry, outcome=RunOutcome.CANCELED, error=f"stopped: {reason}"
+            )
+            self._runtime._reporting.event(
+                EventType.RUN_CANCELED,
+                issue=entry.issue,
+                slot=entry.slot_index,
+                message=f"run stopped: {reason}",
+                reason=reason,
+            )
+        if run is not None:
+            run.finish_externally(AbortReason.CANCELED)
+        self._runtime._dispatching.nudge()
+        return True
+
+    def grace_keys(self, issue_id: str) -> set[SlotKey]:
+        grace = self._runtime._graces.get(issue_id)
+        return grace.keys if grace is not None else set()
+
+    async def settle_in_grace(
+        self, run: ActiveRun, *, key: SlotKey, normal: bool, text: str | None
+    ) -> None:
+        """A run of a terminal issue ended its last turn: no retry; the last one cleans up."""
+        grace = self._runtime._graces[run.issue_id]
+        grace.keys.discard(key)
+        finished = await self._runtime._orchestrator.finish(
+            key, normal=normal, error=text, release=True
+        )
+        if finished is not None:
+            entry = finished.entry
+            outcome = RunOutcome.SUCCESS if normal else RunOutcome.FAILED
+            self._runtime._reporting.record_run(entry, outcome=outcome, error=text)
+            self._runtime._reporting.event(
+                EventType.RUN_FINISHED if normal else EventType.RUN_FAILED,
+                issue=entry.issue,
+                slot=entry.slot_index,
+                message="run finished; issue terminal" if normal else (text or "run failed"),
+                outcome=outcome.value,
+            )
+        if not grace.keys and self.end_grace(run.issue_id) is not None:
+            await self.stop_issue(run.issue_id, issue=grace.issue, reason=str(StopReason.TERMINAL))
