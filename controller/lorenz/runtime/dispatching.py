@@ -28,24 +28,14 @@ from lorenz.model import (
     RunOutcome,
     SlotKey,
 )
-from lorenz.orchestrator import (
-    DispatchCandidate,
-    Reserved,
-    Skipped,
-    Started,
-)
+from lorenz.orchestrator import DispatchCandidate, Reserved, Skipped, Started
 from lorenz.policies import StopReason, WorkerHealth, classify_worker_outcome
 from lorenz.runtime.reporting import describe_error
 from lorenz.runtime.runs import AbortReason, ActiveRun, PendingExit
 from lorenz.runtime.tools import tracker_tools
 from lorenz.tasks import run_to_completion
-from lorenz.workflow import (
-    continuation_prompt,
-    render_prompt,
-)
-from lorenz.workspaces import (
-    Workspace,
-)
+from lorenz.workflow import continuation_prompt, render_prompt
+from lorenz.workspaces import Workspace
 
 if TYPE_CHECKING:
     from lorenz.runtime.runtime import LorenzRuntime

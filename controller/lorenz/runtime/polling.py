@@ -9,21 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from typing import TYPE_CHECKING, Any
 
-from lorenz.model import (
-    EventType,
-)
+from lorenz.model import EventType
 from lorenz.runtime.reporting import describe_error
-from lorenz.workflow import (
-    validate_dispatch,
-)
+from lorenz.workflow import validate_dispatch
 
 if TYPE_CHECKING:
     from lorenz.runtime.runtime import LorenzRuntime
-
-logger = logging.getLogger("lorenz.runtime")
 
 
 class Polling:

@@ -9,33 +9,18 @@ go. Stopping runs from outside (a deleted ``Claim``) lives here too.
 from __future__ import annotations
 
 import asyncio
-import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lorenz.model import (
-    EventType,
-    Issue,
-    LorenzError,
-    RunOutcome,
-    SlotKey,
-    parse_slot_key,
-)
-from lorenz.orchestrator import (
-    Released,
-)
+from lorenz.model import EventType, Issue, LorenzError, RunOutcome, SlotKey, parse_slot_key
+from lorenz.orchestrator import Released
 from lorenz.policies import StopReason
 from lorenz.runtime.reporting import describe_error
 from lorenz.runtime.runs import AbortReason, ActiveRun, TerminalGrace
-from lorenz.workspaces import (
-    PRESERVING_CODES,
-    WorkspaceCleanupError,
-)
+from lorenz.workspaces import PRESERVING_CODES, WorkspaceCleanupError
 
 if TYPE_CHECKING:
     from lorenz.runtime.runtime import LorenzRuntime
-
-logger = logging.getLogger("lorenz.runtime")
 
 
 class Reconciling:

@@ -14,14 +14,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lorenz.model import (
-    EventType,
-    Issue,
-    LorenzError,
-    RetryEntry,
-    RunningEntry,
-    RunOutcome,
-)
+from lorenz.model import EventType, Issue, LorenzError, RetryEntry, RunningEntry, RunOutcome
 from lorenz.secrets import Redactor, tracker_secrets
 
 if TYPE_CHECKING:

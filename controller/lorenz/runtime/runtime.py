@@ -25,17 +25,8 @@ from typing import Any
 
 from lorenz.agents import AgentRunner
 from lorenz.config import AgentProtocol, WorkflowSettings
-from lorenz.model import (
-    Clock,
-    EventType,
-    Issue,
-    LorenzError,
-    SlotKey,
-    SystemClock,
-)
-from lorenz.orchestrator import (
-    Orchestrator,
-)
+from lorenz.model import Clock, EventType, Issue, LorenzError, SlotKey, SystemClock
+from lorenz.orchestrator import Orchestrator
 from lorenz.runtime.dispatching import Dispatching, WorkerPool, WorkerSlot
 from lorenz.runtime.polling import Polling
 from lorenz.runtime.projection import Projection
@@ -52,9 +43,7 @@ from lorenz.workflow import (
     validate_dispatch,
     workflow_stamp,
 )
-from lorenz.workspaces import (
-    WorkspaceManager,
-)
+from lorenz.workspaces import WorkspaceManager
 
 
 class LorenzRuntime:
