@@ -42,7 +42,8 @@ import pytest
 from lorenz.claims import store_path
 from lorenz.config.settings import ClaimStoreSettings
 from lorenz.daemon.discovery import read_lease
-from lorenz.leadership import FileLeaseProvider, ProcessIdentity
+from lorenz.daemon.orphans import WORKFLOW_ENV, dead_owners_of, kill_orphans, marked_environment
+from lorenz.leadership import FileLeaseProvider, ProcessIdentity, current_process
 from tests.daemon.harness import (
     DaemonProcess,
     get_state,
@@ -504,3 +505,46 @@ def test_chaos_round_soak(
         chaos_round(root, daemon_env, daemons, kills=100, issues=30, seed=seed)
     except AssertionError as exc:
         raise AssertionError(f"chaos round failed with LORENZ_CHAOS_SEED={seed}: {exc}") from exc
+
+
+# -- the sweep that does not depend on the store ----------------------------------------------
+
+
+def test_the_start_up_sweep_finds_agents_whose_owner_the_store_forgot(tmp_path: Path) -> None:
+    """Seen in the soak: a process took a dead owner's claims over and died before sweeping.
+
+    The store then names only the second (dead) owner, while the agents still running carry
+    the first one's mark. The start-up sweep reads the marks themselves: every agent of this
+    workflow whose owner is dead goes, whatever the store remembers; a live owner's agents and
+    another workflow's stay.
+    """
+    me = current_process()
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead = ProcessIdentity(host=me.host, pid=gone.pid, started_at=me.started_at - 50).holder
+    # NB: an owner is one process, of one workflow: another workflow's dead owner is another id.
+    elsewhere = ProcessIdentity(host=me.host, pid=gone.pid, started_at=me.started_at - 60).holder
+    ours, theirs = "a" * 64, "b" * 64
+    sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
+
+    def spawn(owner: str, key: str) -> subprocess.Popen[bytes]:
+        env = marked_environment(dict(os.environ), owner=owner, workflow_key=key)
+        return subprocess.Popen(sleep, env=env, start_new_session=True)
+
+    forgotten, alive, other = spawn(dead, ours), spawn(me.holder, ours), spawn(elsewhere, theirs)
+    try:
+        wait_for(
+            lambda: all(
+                psutil.Process(p.pid).environ().get(WORKFLOW_ENV) for p in (forgotten, other)
+            ),
+            what="the marked processes to start",
+        )
+        assert dead_owners_of(ours) == {dead}
+        assert kill_orphans(dead_owners_of(ours)) == [forgotten.pid]
+        assert not pid_alive(forgotten.pid)  # (reaped by the sweep: no exit code to read)
+        assert alive.poll() is None
+        assert other.poll() is None
+    finally:
+        for process in (forgotten, alive, other):
+            process.kill()
+            process.wait()

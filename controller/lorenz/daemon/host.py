@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from lorenz.assembly import assemble_runtime, tracker_factory
-from lorenz.claims import SqlClaimStore, open_claim_store
+from lorenz.claims import SqlClaimStore, open_claim_store, workflow_digest
 from lorenz.claims.owners import default_owner_id
 from lorenz.daemon import shutdown
 from lorenz.daemon.daemons import Daemon, wants_daemon, with_control_transport
-from lorenz.daemon.orphans import kill_orphans, marked_environment
+from lorenz.daemon.orphans import dead_owners_of, kill_orphans, marked_environment
 from lorenz.daemon.recovery import RecoveryPasses
 from lorenz.model import SystemClock
 from lorenz.orchestrator import Orchestrator
@@ -114,6 +114,10 @@ async def run_host(
         )
         if daemon is not None:
             await daemon.recover(store)
+        # Agents of any dead owner of this workflow, found by their marks: one whose claims
+        # a process took over and then died before sweeping is no longer named by the store.
+        workflow_key = workflow_digest(loaded.canonical_path)
+        await asyncio.to_thread(lambda: kill_orphans(dead_owners_of(workflow_key)))
         orchestrator = Orchestrator(settings=settings, store=store, clock=SystemClock())
         report = await orchestrator.hydrate()
         logger.info(
@@ -127,7 +131,9 @@ async def run_host(
         # an issue when it is dispatched again (see lorenz.daemon.orphans).
         await asyncio.to_thread(kill_orphans, report.taken_over_from - {owner})
         base_env = marked_environment(
-            options.environ if options.environ is not None else os.environ, owner=owner
+            options.environ if options.environ is not None else os.environ,
+            owner=owner,
+            workflow_key=workflow_key,
         )
         runtime = assemble_runtime(
             workflow=loaded,

@@ -35,7 +35,9 @@ from lorenz.workers.worker import HANDLE_ENV
 
 __all__ = [
     "OWNER_ENV",
+    "WORKFLOW_ENV",
     "OwnerId",
+    "dead_owners_of",
     "find_orphans",
     "kill_orphans",
     "marked_environment",
@@ -57,9 +59,45 @@ def owner_is_dead(owner: str, *, host: str | None = None) -> bool:
     return owner_liveness(owner, host=host) is Liveness.DEAD
 
 
-def marked_environment(base: Mapping[str, str], *, owner: str) -> dict[str, str]:
-    """``base`` plus the owner mark, for the agents and hooks of the process ``owner`` names."""
-    return {**base, OWNER_ENV: owner}
+WORKFLOW_ENV = "LORENZ_WORKFLOW_KEY"
+"""The sha256 of the canonical WORKFLOW.md path the marked process works for."""
+
+
+def marked_environment(
+    base: Mapping[str, str], *, owner: str, workflow_key: str | None = None
+) -> dict[str, str]:
+    """``base`` plus the owner mark (and the workflow's key), for the agents and hooks of the
+    process ``owner`` names."""
+    marks = (
+        {OWNER_ENV: owner}
+        if workflow_key is None
+        else {
+            OWNER_ENV: owner,
+            WORKFLOW_ENV: workflow_key,
+        }
+    )
+    return {**base, **marks}
+
+
+def dead_owners_of(workflow_key: str, *, host: str | None = None) -> set[str]:
+    """Owners marked on live processes of this workflow that are verifiably dead.
+
+    NB: the store alone cannot answer this: a process that took a dead owner's claims over and
+    died before sweeping its agents leaves agents whose owner no longer appears in the store.
+    The marks on the processes themselves always can.
+    """
+    owners: set[str] = set()
+    for process in psutil.process_iter():
+        try:
+            environ = process.environ()
+        except (psutil.Error, OSError):
+            continue
+        if HANDLE_ENV in environ or environ.get(WORKFLOW_ENV) != workflow_key:
+            continue
+        owner = environ.get(OWNER_ENV)
+        if owner:
+            owners.add(owner)
+    return {owner for owner in owners if owner_is_dead(owner, host=host)}
 
 
 def find_orphans(owners: Collection[str]) -> list[psutil.Process]:
