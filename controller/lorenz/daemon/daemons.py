@@ -213,6 +213,7 @@ class Daemon:
         task, self._heartbeat_task = self._heartbeat_task, None
         if task is not None:
             task.cancel()
+            # NB: how a cancelled task ended (cancelled or failing) is not ours to report.
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         try:

@@ -189,6 +189,7 @@ async def run_host(
             shutdown.shutdown_step(shutdown.UNMOUNT_TUI)
             for attachment in attachments:
                 if not shutdown.stops_with_server(attachment):
+                    # NB: shutdown goes on past an attachment that fails to stop.
                     with contextlib.suppress(Exception):
                         await attachment.stop()
             shutdown.shutdown_step(shutdown.DRAIN_WORKER_POOL)
@@ -196,13 +197,16 @@ async def run_host(
             shutdown.shutdown_step(shutdown.STOP_SERVER)
             for attachment in attachments:
                 if shutdown.stops_with_server(attachment):
+                    # NB: shutdown goes on past an attachment that fails to stop.
                     with contextlib.suppress(Exception):
                         await attachment.stop()
         for closer in closers:
+            # NB: shutdown goes on past a backend that fails to close.
             with contextlib.suppress(Exception):
                 await closer()
         shutdown.shutdown_step(shutdown.CLOSE_TRACKER)
         if runtime is not None or tracker is not None:
+            # NB: closing the tracker's connections is best effort.
             with contextlib.suppress(Exception):
                 await (runtime.tracker if runtime is not None else tracker).close()
         shutdown.shutdown_step(shutdown.CLOSE_CLAIM_STORE)

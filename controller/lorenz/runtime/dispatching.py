@@ -407,6 +407,7 @@ class Dispatching:
             if worker_slot is not None and self._runtime._pool is not None:
                 health = classify_worker_outcome(error, stalled=run.reason is AbortReason.STALLED)
                 poison = health is WorkerHealth.POISON
+                # NB: a pool that cannot take its host back must not fail the run's settling.
                 with contextlib.suppress(Exception):
                     await self._runtime._pool.release(worker_slot, poison=poison)
         finally:
@@ -578,6 +579,7 @@ class Dispatching:
             logger.exception("applying an agent update failed slot=%s", key)
             return
         for listener in self._runtime._event_listeners:
+            # NB: a failing listener must not cost the others their event.
             with contextlib.suppress(Exception):
                 listener(
                     {

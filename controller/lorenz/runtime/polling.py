@@ -78,6 +78,7 @@ class Polling:
         task.add_done_callback(self._runtime._background.discard)
 
     async def poll_quietly(self) -> None:
+        # NB: a failed background tick is already recorded as poll_error.
         with contextlib.suppress(Exception):
             await self.poll_once()
 

@@ -327,6 +327,7 @@ class LorenzRuntime:
         if tracker is not None:
             self._tracker = tracker
         if old_tracker is not None:
+            # NB: the swapped-out tracker's connections are closed best effort.
             with contextlib.suppress(Exception):
                 await old_tracker.close()
         self._reporting.event(EventType.WORKFLOW_RELOADED, message="workflow reloaded")
