@@ -258,9 +258,35 @@ def try_state(endpoint: str) -> dict[str, Any] | None:
 
 
 def read_agent_log(path: Path) -> list[dict[str, Any]]:
+    """The agents' marks so far.
+
+    NB: read while agents append: the last line may be half written (a reader can see part of
+    another process's write), so only newline-terminated lines count.
+    """
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+    complete, _, _partial = path.read_text(encoding="utf-8").rpartition("\n")
+    return [json.loads(line) for line in complete.splitlines() if line]
+
+
+def paired_runs(
+    entries: list[dict[str, Any]],
+) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
+    """Each start mark with its own end mark (``None`` while running, or if it was killed).
+
+    NB: by pid *and* log order: over a long round the OS reuses pids, so a later agent's end
+    must never be taken for an earlier one's.
+    """
+    runs: list[tuple[dict[str, Any], dict[str, Any] | None]] = []
+    open_by_pid: dict[int, int] = {}
+    for entry in entries:
+        if entry["event"] == "start":
+            open_by_pid[entry["pid"]] = len(runs)
+            runs.append((entry, None))
+        elif entry["event"] == "end" and entry["pid"] in open_by_pid:
+            index = open_by_pid.pop(entry["pid"])
+            runs[index] = (runs[index][0], entry)
+    return runs
 
 
 def pid_alive(pid: int) -> bool:

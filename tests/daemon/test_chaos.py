@@ -47,6 +47,7 @@ from lorenz.leadership import FileLeaseProvider, ProcessIdentity, current_proces
 from tests.daemon.harness import (
     DaemonProcess,
     get_state,
+    paired_runs,
     pid_alive,
     read_agent_log,
     try_state,
@@ -117,24 +118,6 @@ def starts_by(log: Path, owner: str) -> list[dict[str, Any]]:
 
 Mark = dict[str, Any]
 """One line of the agents' log."""
-
-
-def paired_runs(entries: list[Mark]) -> list[tuple[Mark, Mark | None]]:
-    """Each start mark with its own end mark (``None`` while running, or if it was killed).
-
-    NB: by pid *and* log order: over a long round the OS reuses pids, so a later agent's end
-    must never be taken for an earlier one's.
-    """
-    runs: list[tuple[Mark, Mark | None]] = []
-    open_by_pid: dict[int, int] = {}
-    for entry in entries:
-        if entry["event"] == "start":
-            open_by_pid[entry["pid"]] = len(runs)
-            runs.append((entry, None))
-        elif entry["event"] == "end" and entry["pid"] in open_by_pid:
-            index = open_by_pid.pop(entry["pid"])
-            runs[index] = (runs[index][0], entry)
-    return runs
 
 
 def running_agents(log: Path, owner: str, *, count: int | None = None) -> list[int]:

@@ -42,6 +42,7 @@ from lorenz.config.settings import ClaimStoreSettings
 from tests.daemon.harness import (
     DaemonProcess,
     get_state,
+    paired_runs,
     pid_alive,
     read_agent_log,
     write_daemon_workflow,
@@ -86,14 +87,9 @@ def wait_for_moment(kind: str, daemon: DaemonProcess, lease: dict[str, Any], log
     deadline = time.monotonic() + WAIT_S
     while time.monotonic() < deadline and daemon.alive():
         if kind == "agent_running":
-            entries = read_agent_log(log)
-            ended = {e["pid"] for e in entries if e["event"] == "end"}
             if any(
-                e["event"] == "start"
-                and e["owner"] == lease["holder"]
-                and e["pid"] not in ended
-                and pid_alive(e["pid"])
-                for e in entries
+                start["owner"] == lease["holder"] and end is None and pid_alive(start["pid"])
+                for start, end in paired_runs(read_agent_log(log))
             ):
                 return True
         elif kind == "retry_pending" and get_state(lease["endpoint"])["retrying"]:
@@ -166,14 +162,14 @@ def check_agent_log(
     duplicates = [e for e in starts if e["dup"]]
     assert duplicates == [], f"a slot ran twice at once: {duplicates}"
 
-    ends = {e["pid"]: e for e in entries if e["event"] == "end"}
+    end_of = {id(start): end for start, end in paired_runs(entries)}
     by_slot: dict[str, list[dict[str, Any]]] = {}
     for start in starts:
         by_slot.setdefault(start["slot"], []).append(start)
     for slot, runs in by_slot.items():
         runs.sort(key=lambda e: e["t"])
         for earlier, later in itertools.pairwise(runs):
-            end = ends.get(earlier["pid"])
+            end = end_of.get(id(earlier))
             if end is not None:
                 assert later["t"] >= end["t"], f"{slot}: runs {earlier} and {later} overlap"
 
