@@ -391,15 +391,8 @@ class Dispatching:
             elif run.is_active:
                 finished = await self._runtime._orchestrator.finish(key, normal=normal, error=text)
                 if finished is not None:
-                    entry = finished.entry
-                    outcome = RunOutcome.SUCCESS if normal else RunOutcome.FAILED
-                    self._runtime._reporting.record_run(entry, outcome=outcome, error=text)
-                    self._runtime._reporting.event(
-                        EventType.RUN_FINISHED if normal else EventType.RUN_FAILED,
-                        issue=entry.issue,
-                        slot=entry.slot_index,
-                        message="run finished" if normal else (text or "run failed"),
-                        outcome=outcome.value,
+                    self._runtime._reporting.run_ended(
+                        finished.entry, normal=normal, error=text, finished_as="run finished"
                     )
                     self._runtime._reporting.retry_event(finished.retry)
                     if finished.retry is not None and not self._runtime._stopped:

@@ -301,15 +301,11 @@ class Reconciling:
             key, normal=normal, error=text, release=True
         )
         if finished is not None:
-            entry = finished.entry
-            outcome = RunOutcome.SUCCESS if normal else RunOutcome.FAILED
-            self._runtime._reporting.record_run(entry, outcome=outcome, error=text)
-            self._runtime._reporting.event(
-                EventType.RUN_FINISHED if normal else EventType.RUN_FAILED,
-                issue=entry.issue,
-                slot=entry.slot_index,
-                message="run finished; issue terminal" if normal else (text or "run failed"),
-                outcome=outcome.value,
+            self._runtime._reporting.run_ended(
+                finished.entry,
+                normal=normal,
+                error=text,
+                finished_as="run finished; issue terminal",
             )
         if not grace.keys and self.end_grace(run.issue_id) is not None:
             await self.stop_issue(run.issue_id, issue=grace.issue, reason=str(StopReason.TERMINAL))

@@ -51,6 +51,23 @@ class Reporting:
             error=retry.error,
         )
 
+    def run_ended(
+        self, entry: RunningEntry, *, normal: bool, error: str | None, finished_as: str
+    ) -> None:
+        """A run the runtime settled: its history row and its ``run_finished``/``run_failed``.
+
+        ``finished_as`` is the message of a normal end (a failure says its error).
+        """
+        outcome = RunOutcome.SUCCESS if normal else RunOutcome.FAILED
+        self.record_run(entry, outcome=outcome, error=error)
+        self.event(
+            EventType.RUN_FINISHED if normal else EventType.RUN_FAILED,
+            issue=entry.issue,
+            slot=entry.slot_index,
+            message=finished_as if normal else (error or "run failed"),
+            outcome=outcome.value,
+        )
+
     def record_run(self, entry: RunningEntry, *, outcome: RunOutcome, error: str | None) -> None:
         now = self._runtime._clock.now()
         self._runtime._projection.record_run(
