@@ -51,7 +51,7 @@ AGENT_PATH = "/opt/lorenz-test/agent.py"
 # agents' environments, by value as well as by name.
 AGENT = textwrap.dedent(
     """\
-    import json, os, socket, sys, time, urllib.request, uuid
+    import json, os, signal, socket, sys, time, urllib.request, uuid
 
     env = os.environ
     sys.stdin.read()
@@ -66,6 +66,14 @@ AGENT = textwrap.dedent(
         )
         urllib.request.urlopen(request, timeout=30).read()
 
+    def on_term(signum, frame):
+        # The operator stops a run with SIGTERM: say when, so overlap is judged by the mark.
+        try:
+            post("stopped")
+        finally:
+            os._exit(143)
+
+    signal.signal(signal.SIGTERM, on_term)
     post("start")
     deadline = time.monotonic() + float(env.get("AGENT_SECONDS", "1"))
     while time.monotonic() < deadline:
@@ -85,6 +93,7 @@ class Run:
     ended: bool
     started_at: float = 0.0  # host clock, when the recorder got the mark
     ended_at: float | None = None
+    stopped_at: float | None = None  # host clock, when a SIGTERMed agent said it stops
 
 
 class Recorder:
@@ -126,7 +135,7 @@ class Recorder:
         with self._lock:
             marks = list(self.marks)
         for mark in marks:
-            if mark["issue"] != issue or mark["what"] not in ("start", "end"):
+            if mark["issue"] != issue or mark["what"] not in ("start", "end", "stopped"):
                 continue
             entry = found.setdefault(
                 mark["run"], Run(run=mark["run"], pod=mark["pod"], started=False, ended=False)
@@ -134,6 +143,8 @@ class Recorder:
             if mark["what"] == "start":
                 entry.started = True
                 entry.started_at = mark["at"]
+            elif mark["what"] == "stopped":
+                entry.stopped_at = mark["at"]
             else:
                 entry.ended = True
                 entry.ended_at = mark["at"]
@@ -465,9 +476,10 @@ def test_install_upgrade_failover_uninstall(install: Install) -> None:
     runs = sorted(rig.recorder.runs_of(three.id), key=lambda r: r.started_at)
     finished = [r for r in runs if r.ended]
     assert len(finished) == 1, runs  # done once, never twice
-    # No two runs at once: a run the deleted Pod never finished ends, at the latest, with it.
+    # No two runs at once: a run the deleted Pod never finished ends when its agent said it was
+    # stopped (SIGTERM), or — killed without a word — at the latest with its Pod.
     for earlier, later in itertools.pairwise(runs):
-        end = earlier.ended_at if earlier.ended_at is not None else leader_gone
+        end = next(t for t in (earlier.ended_at, earlier.stopped_at, leader_gone) if t is not None)
         assert later.started_at >= end, (earlier, later)
     print(f"leader deletion: runs of the in-flight issue {[(r.pod, r.ended) for r in runs]}")
     four = rig.linear.add_issue(title="fourth")
