@@ -216,7 +216,10 @@ class Install:
 
     def wait_done(self, issue: str, *, timeout: float = 180.0) -> None:
         def done() -> bool:
-            return self.linear.state_of(issue) == "Done"
+            # NB: the agent moves the issue to Done, then posts its end mark: wait for both.
+            return self.linear.state_of(issue) == "Done" and any(
+                run.ended for run in self.recorder.runs_of(issue)
+            )
 
         try:
             wait_until(done, timeout=timeout, interval=0.5, message=f"{issue} Done")
