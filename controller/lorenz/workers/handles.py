@@ -203,7 +203,9 @@ class WorkerHandle:
                         await connection.ack(record.seq)
                         break
             except ConnectionLost:
-                pass
+                # The worker or the socket went away mid-stream: probe and re-attach from the
+                # last delivered record on the next turn of the loop.
+                logger.debug("worker connection lost; re-attaching handle=%s", self.handle)
             finally:
                 heartbeat.cancel()
                 self.connection = None

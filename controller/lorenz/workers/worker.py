@@ -80,7 +80,7 @@ class Phase(enum.StrEnum):
 
 
 class _ConnectionClosed(Exception):
-    pass
+    """A client's socket closed while the worker was writing to it."""
 
 
 @dataclasses.dataclass(eq=False)
