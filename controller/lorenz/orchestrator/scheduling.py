@@ -290,15 +290,9 @@ class Orchestrator:
                 else:
                     state.usage_totals = totals
                     usage_restored = True
-            if recovered_usage != _ZERO_USAGE:
-                state.usage_totals = _totals_plus(
-                    state.usage_totals, usage=recovered_usage, seconds=0.0, cost_usd=0.0
-                )
-
-            for key in interrupted:
-                await self._store.save(retry_record(state.retry_attempts[key], owner=own, now=wall))
-            if recovered_usage != _ZERO_USAGE:
-                await self._save_checkpoint()
+            await self._persist_recovered(
+                interrupted, recovered_usage=recovered_usage, owner=own, now=wall
+            )
             return HydrationReport(
                 interrupted=tuple(interrupted),
                 restored_retries=tuple(restored),
@@ -351,14 +345,9 @@ class Orchestrator:
                         recovered_usage = recovered_usage + record.usage
                         interrupted.append(key)
                     state.retry_attempts[key] = retry
-            if recovered_usage != _ZERO_USAGE:
-                state.usage_totals = _totals_plus(
-                    state.usage_totals, usage=recovered_usage, seconds=0.0, cost_usd=0.0
-                )
-            for key in interrupted:
-                await self._store.save(retry_record(state.retry_attempts[key], owner=own, now=wall))
-            if recovered_usage != _ZERO_USAGE:
-                await self._save_checkpoint()
+            await self._persist_recovered(
+                interrupted, recovered_usage=recovered_usage, owner=own, now=wall
+            )
             return HydrationReport(
                 interrupted=tuple(interrupted),
                 restored_retries=tuple(restored),
@@ -960,6 +949,21 @@ class Orchestrator:
     def _forget_session(self, key: SlotKey) -> None:
         self._usage_rebase.discard(key)
         self._cost_rebase.discard(key)
+
+    async def _persist_recovered(
+        self, interrupted: list[SlotKey], *, recovered_usage: Any, owner: str, now: Any
+    ) -> None:
+        """After hydration or a takeover: the recovered usage counted once, each interrupted
+        run's failure retry and (if usage moved) the checkpoint written."""
+        state = self.state
+        if recovered_usage != _ZERO_USAGE:
+            state.usage_totals = _totals_plus(
+                state.usage_totals, usage=recovered_usage, seconds=0.0, cost_usd=0.0
+            )
+        for key in interrupted:
+            await self._store.save(retry_record(state.retry_attempts[key], owner=owner, now=now))
+        if recovered_usage != _ZERO_USAGE:
+            await self._save_checkpoint()
 
     async def _save_checkpoint(self) -> None:
         await self._store.save_checkpoint(
