@@ -1,6 +1,6 @@
 """The shutdown order of a single-host run, named step by step so it can be seen and tested.
 
-Seed 000 fixes the order: stop the runtime, unmount the terminal view, drain the worker pool,
+The order is fixed: stop the runtime, unmount the terminal view, drain the worker pool,
 stop the server, close the issue store (tracker), close the claim store, release the lease.
 Each step depends on the ones before it: runs must be aborted before their pool goes away; the
 server keeps answering (``lorenz status`` during a slow drain) until runs and pool are done; the

@@ -8,8 +8,7 @@ the controller, which holds the token).
 
 The *handle* is a pure function of (workflow, issue key, slot, attempt, generation). A controller
 that crashed between starting a worker and recording that it did so can therefore compute the
-same name again and find the worker, instead of starting a second one (seed 004's deterministic
-handles).
+same name again and find the worker, instead of starting a second one.
 """
 
 from __future__ import annotations
