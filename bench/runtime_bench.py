@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.runtime.harness import build_rig, write_agent, write_workflow
 
-from lorenz.model import Issue
+from lorenz.model import EventType, Issue
 
 BASE = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
 
@@ -63,7 +63,7 @@ async def spawn_latency(tmp: Path, *, runs: int) -> list[float]:
     spawned: asyncio.Queue[float] = asyncio.Queue()
     rig.runtime.add_event_listener(
         lambda e: spawned.put_nowait(time.perf_counter())
-        if e["type"] == "run_update" and e.get("event") == "session_started" else None
+        if e.type is EventType.RUN_UPDATE and e.agent_event == "session_started" else None
     )
     loop_task = asyncio.create_task(rig.runtime.start())
     await asyncio.sleep(0.2)

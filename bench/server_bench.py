@@ -4,8 +4,9 @@
 
 1. Snapshot: an orchestrator with ``--running`` slots running (claimed through its real API on a
    memory claim store; no agents), each with an agent message and token usage, behind a real
-   :class:`LorenzRuntime`. Times the orchestrator snapshot, the full runtime snapshot
-   (``to_dict`` included), its JSON encoding, and ``GET /api/v1/state`` over loopback HTTP.
+   :class:`LorenzRuntime`. Times the orchestrator snapshot, the full (typed) runtime snapshot,
+   its wire form (``to_dict``, built only where it leaves the process), its JSON encoding, and
+   ``GET /api/v1/state`` over loopback HTTP.
 2. SSE fan-out: the same runtime served on 127.0.0.1; ``--clients`` streams held open by a
    separate client process (so its CPU is not counted). CPU time of the server process
    (psutil, user + system) is measured while the state changes at a low rate (every change is
@@ -156,7 +157,7 @@ def _ms(samples: list[float]) -> str:
 async def bench_snapshot(runtime: LorenzRuntime, *, url: str, rounds: int) -> None:
     running = len(runtime.orchestrator.state.running)
     print(f"\n== snapshot with {running} running entries ({rounds} rounds)")
-    orchestrator_times, runtime_times, encode_times, http_times = [], [], [], []
+    orchestrator_times, runtime_times, dict_times, encode_times, http_times = [], [], [], [], []
     size = 0
     for _ in range(rounds):
         t0 = time.perf_counter()
@@ -164,11 +165,14 @@ async def bench_snapshot(runtime: LorenzRuntime, *, url: str, rounds: int) -> No
         t1 = time.perf_counter()
         snapshot = runtime.snapshot()
         t2 = time.perf_counter()
-        encoded = json.dumps(snapshot, separators=(",", ":"), default=str)
+        document = snapshot.to_dict()
         t3 = time.perf_counter()
+        encoded = json.dumps(document, separators=(",", ":"), default=str)
+        t4 = time.perf_counter()
         orchestrator_times.append(t1 - t0)
         runtime_times.append(t2 - t1)
-        encode_times.append(t3 - t2)
+        dict_times.append(t3 - t2)
+        encode_times.append(t4 - t3)
         size = len(encoded)
     async with aiohttp.ClientSession() as session:
         for _ in range(rounds):
@@ -177,7 +181,8 @@ async def bench_snapshot(runtime: LorenzRuntime, *, url: str, rounds: int) -> No
                 await response.read()
             http_times.append(time.perf_counter() - t0)
     print(f"  orchestrator.snapshot()          {_ms(orchestrator_times)}")
-    print(f"  runtime.snapshot() (dicts)       {_ms(runtime_times)}")
+    print(f"  runtime.snapshot() (typed)       {_ms(runtime_times)}")
+    print(f"  snapshot.to_dict() (wire form)   {_ms(dict_times)}")
     print(f"  json encoding                    {_ms(encode_times)}   ({size / 1024:.0f} KiB)")
     print(f"  GET /api/v1/state over loopback  {_ms(http_times)}")
 

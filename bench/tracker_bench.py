@@ -38,6 +38,7 @@ import yaml
 from tests.fakes.linear_server import FakeLinearServer
 
 from lorenz.daemon.host import HostOptions, run_host
+from lorenz.model import RuntimeEvent
 from lorenz.runtime import LorenzRuntime
 
 AGENT = """\
@@ -110,10 +111,10 @@ async def drain(tmp: Path, linear: FakeLinearServer, *, issues: int, slots: int,
     def all_done() -> bool:
         return all(i.state_id == _done_id(linear) for i in linear._issues.values())
 
-    def listen(event: dict[str, Any]) -> None:
-        events.append(event)
+    def listen(event: RuntimeEvent) -> None:
+        events.append(event.to_dict())
         runtime = holder[0]
-        if event["type"] in ("run_finished", "run_failed", "run_canceled", "run_reconciled",
+        if event.type in ("run_finished", "run_failed", "run_canceled", "run_reconciled",
                              "workspace_cleanup", "poll_completed") and all_done():
             snapshot = runtime.orchestrator.snapshot()
             if not snapshot.running and not snapshot.reserving:

@@ -29,6 +29,7 @@ from typing import Any
 import yaml
 
 from lorenz.daemon.host import HostOptions, run_host
+from lorenz.model import RuntimeEvent
 from lorenz.runtime import LorenzRuntime
 from tests.fakes.linear_server import FakeIssue, FakeLinearServer
 
@@ -223,10 +224,11 @@ async def run_host_once(
     def ready(runtime: LorenzRuntime) -> None:
         holder.append(runtime)
 
-        def listen(event: dict[str, Any]) -> None:
-            events.append(event)
+        def listen(event: RuntimeEvent) -> None:
+            document = event.to_dict()
+            events.append(document)
             if on_event is not None:
-                on_event(runtime, event)
+                on_event(runtime, document)
 
         runtime.add_event_listener(listen)
 
@@ -239,7 +241,8 @@ async def run_host_once(
                 holder[0].stop()
             raise
     assert holder, "run_host returned without building a runtime"
-    return HostRun(exit_code=code, runtime=holder[0], snapshot=holder[0].snapshot(), events=events)
+    snapshot = holder[0].snapshot().to_dict()
+    return HostRun(exit_code=code, runtime=holder[0], snapshot=snapshot, events=events)
 
 
 @contextlib.contextmanager

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import io
 import json
 import logging
@@ -16,6 +17,15 @@ from lorenz.daemon.logs import (
     SecretRedactor,
     configure_logging,
     format_value,
+)
+from lorenz.model import (
+    AppStatus,
+    OrchestratorSnapshot,
+    PollStatus,
+    RunningRow,
+    RuntimeSnapshot,
+    TokenUsage,
+    UsageTotals,
 )
 
 
@@ -222,20 +232,35 @@ def test_redactor_survives_a_broken_format_string() -> None:
     assert REDACTED in record.getMessage()
 
 
+def _snapshot(*running: RunningRow) -> RuntimeSnapshot:
+    at = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+    return RuntimeSnapshot(
+        app_status=AppStatus.RUNNING,
+        workflow_path="WORKFLOW.md",
+        poll=PollStatus(status="idle", interval_ms=1000, candidates=0, eligible=0,
+                        last_poll_at=None, next_poll_at=None, last_error=None, count=0),
+        lanes=OrchestratorSnapshot(generated_at=at, running=running, reserving=(), retrying=(),
+                                   blocked=(), usage_totals=UsageTotals(), rate_limits=None),
+        recent_events=(),
+        run_history=(),
+        log_file=None,
+        config_error=None,
+    )
+
+
 def test_run_context_fills_session_for_event_lines() -> None:
     context = RunContext()
+    started = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
     context.observe(
-        {
-            "running": [
-                {
-                    "slot_key": "id-1#0",
-                    "issue_id": "id-1",
-                    "identifier": "LOR-1",
-                    "slot_index": 0,
-                    "session_id": "sess-9",
-                }
-            ]
-        }
+        _snapshot(
+            RunningRow(
+                slot_key="id-1#0", issue_id="id-1", identifier="LOR-1", slot_index=0,
+                state="Todo", url=None, host=None, workspace_path=None, session_id="sess-9",
+                agent_pid=None, attempt=None, retry_kind=None, turn_count=0,
+                last_agent_event=None, last_agent_message=None, last_agent_at=None,
+                started_at=started, runtime_seconds=0.0, usage=TokenUsage(), cost_usd=0.0,
+            )
+        )
     )
     stream = _configure("json", run_context=context)
     logging.getLogger("lorenz.runtime").info(
@@ -245,5 +270,5 @@ def test_run_context_fills_session_for_event_lines() -> None:
     assert line["session_id"] == "sess-9"
     assert line["identifier"] == "LOR-1"
     # Once the slot is in no lane any more, it is forgotten.
-    context.observe({"running": [], "retrying": []})
+    context.observe(_snapshot())
     assert context.fields_for("id-1#0") == {}

@@ -19,6 +19,7 @@ from lorenz.agents import build_runner
 from lorenz.config import LogFormat, LoggingSettings
 from lorenz.daemon.logs import (
     REDACTED,
+    LogFileSink,
     RunContextAttachment,
     configure_logging,
     tracker_secrets,
@@ -76,7 +77,7 @@ async def test_sentinel_token_never_reaches_process_logs_or_the_log_file(tmp_pat
         base_env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "GITHUB_TOKEN": ENV_SENTINEL},
     )
     LIVE_RUNTIMES.append(runtime)
-    runtime.add_event_listener(rig.events.append)
+    runtime.add_event_listener(lambda event: rig.events.append(event.to_dict()))
     rig.runtime = runtime
     stream = io.StringIO()
     setup = configure_logging(
@@ -126,7 +127,7 @@ async def test_sentinel_token_never_reaches_process_logs_or_the_log_file(tmp_pat
         e["type"] for e in events
     }
     # And what the dashboard and API show is scrubbed too.
-    assert SENTINEL not in json.dumps(rig.runtime.snapshot())
+    assert SENTINEL not in json.dumps(rig.runtime.snapshot().to_dict())
 
 
 async def test_log_file_appends_every_event_as_a_json_line(tmp_path: Path) -> None:
@@ -143,6 +144,7 @@ async def test_log_file_appends_every_event_as_a_json_line(tmp_path: Path) -> No
         },
     )
     rig = build_rig(workflow, issues=[_issue(1), _issue(2)])
+    rig.runtime.add_event_listener(LogFileSink(settings=lambda: rig.runtime.settings))
     await rig.runtime.poll_once(wait_for_runs=True)
     events = _json_lines(log_file.read_text(encoding="utf-8"))
     assert events[0]["type"] == "earlier"  # appended, not truncated
@@ -157,7 +159,7 @@ async def test_log_file_appends_every_event_as_a_json_line(tmp_path: Path) -> No
 
 
 def snapshot_log_file(rig: Any) -> Any:
-    return rig.runtime.snapshot()["log_file"]
+    return rig.runtime.snapshot().to_dict()["log_file"]
 
 
 async def test_an_unwritable_log_file_does_not_stop_the_runtime(tmp_path: Path) -> None:
@@ -173,11 +175,41 @@ async def test_an_unwritable_log_file_does_not_stop_the_runtime(tmp_path: Path) 
         },
     )
     rig = build_rig(workflow, issues=[_issue(1)])
+    rig.runtime.add_event_listener(LogFileSink(settings=lambda: rig.runtime.settings))
     stream = io.StringIO()
     configure_logging(LoggingSettings(), stream=stream)
     await rig.runtime.poll_once(wait_for_runs=True)
     assert rig.of_type("run_finished")
     assert "cannot append to log_file" in stream.getvalue()
+
+
+async def test_the_runtime_only_emits_events_the_process_writes_the_log_file(
+    tmp_path: Path,
+) -> None:
+    log_file = tmp_path / "events.jsonl"
+    agent = write_agent(tmp_path, "ok", "pass\n")
+    workflow = write_workflow(
+        tmp_path,
+        agent_script=agent,
+        front_matter={"polling": {"interval_ms": 60000}, "logging": {"log_file": str(log_file)}},
+    )
+    # A runtime on its own (as the operator runs it) writes no file, whatever the settings say.
+    rig = build_rig(workflow, issues=[_issue(1)])
+    await rig.runtime.poll_once(wait_for_runs=True)
+    assert rig.of_type("run_finished")
+    assert not log_file.exists()
+    # The single-host process's logs attachment adds the sink; stopping it removes it again.
+    setup = configure_logging(LoggingSettings(), stream=io.StringIO())
+    attachment = RunContextAttachment(setup=setup, environ={})
+    await attachment.start(rig.runtime)
+    await rig.runtime.poll_once(wait_for_runs=True)
+    await attachment.stop()
+    written = _json_lines(log_file.read_text(encoding="utf-8"))
+    assert "poll_completed" in {event["type"] for event in written}
+    assert "run_update" not in {event["type"] for event in written}
+    count = len(written)
+    await rig.runtime.poll_once(wait_for_runs=True)
+    assert len(_json_lines(log_file.read_text(encoding="utf-8"))) == count
 
 
 async def test_run_lines_carry_issue_slot_and_session(tmp_path: Path) -> None:
@@ -207,8 +239,8 @@ async def test_run_lines_carry_issue_slot_and_session(tmp_path: Path) -> None:
     await attachment.start(rig.runtime)
     try:
         await rig.runtime.poll_once()
-        await _wait_for(lambda: any(r["session_id"] for r in rig.runtime.snapshot()["running"]))
-        session_id = rig.runtime.snapshot()["running"][0]["session_id"]
+        await _wait_for(lambda: any(r.session_id for r in rig.runtime.snapshot().lanes.running))
+        session_id = rig.runtime.snapshot().lanes.running[0].session_id
         marker.write_text("go")
         await rig.runtime.wait_for_runs()
     finally:
@@ -278,7 +310,7 @@ async def test_a_json_escaped_token_in_a_tracker_error_is_scrubbed_from_events(
     )
     with pytest.raises(TrackerError):
         await rig.runtime.poll_once()
-    shown = json.dumps(rig.of_type("poll_error")) + json.dumps(rig.runtime.snapshot())
+    shown = json.dumps(rig.of_type("poll_error")) + json.dumps(rig.runtime.snapshot().to_dict())
     assert rig.of_type("poll_error"), rig.events
     assert json.dumps(token)[1:-1] not in shown
     assert token not in shown

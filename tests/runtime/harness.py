@@ -125,7 +125,8 @@ def build_rig(
         clock=clock,
     )
     events: list[dict[str, Any]] = []
-    runtime.add_event_listener(events.append)
+    # NB: the tests read events in their wire form (what the log file and the API carry).
+    runtime.add_event_listener(lambda event: events.append(event.to_dict()))
     LIVE_RUNTIMES.append(runtime)
     return RuntimeRig(runtime=runtime, orchestrator=orchestrator, tracker=tracker, store=store,
                       workspaces=workspaces, workflow=workflow, events=events)

@@ -55,8 +55,8 @@ async def test_fifty_issues_never_exceed_global_or_per_state_caps(tmp_path: Path
     ]
     rig = build_rig(wf, issues=issues)
     occupied: list[int] = []
-    rig.runtime.subscribe(lambda snap: occupied.append(len(snap["running"]) +
-                                                       len(snap["reserving"])))
+    rig.runtime.subscribe(lambda snap: occupied.append(len(snap.lanes.running) +
+                                                       len(snap.lanes.reserving)))
 
     async def close_finished() -> None:
         # move each issue to Done once its first run ended, so the loop drains

@@ -136,7 +136,7 @@ async def test_a_clean_exit_of_a_done_issue_releases_it_without_a_continuation(
     [finished] = rig.of_type("run_finished")
     assert (finished["identifier"], finished["reason"]) == ("T-1", "terminal")
     assert rig.of_type("retry_scheduled") == []
-    snapshot = rig.runtime.snapshot()
+    snapshot = rig.runtime.snapshot().to_dict()
     assert (snapshot["running"], snapshot["retrying"]) == ([], [])
     assert [h["outcome"] for h in snapshot["run_history"]] == ["success"]
     assert dict(rig.store.claims) == {}  # type: ignore[attr-defined]
@@ -160,7 +160,7 @@ async def test_a_clean_exit_of_an_issue_moved_out_of_the_active_states_keeps_its
     [released] = rig.of_type("run_reconciled")
     assert (released["identifier"], released["reason"]) == ("T-1", "inactive")
     assert rig.of_type("retry_scheduled") == []
-    assert rig.runtime.snapshot()["retrying"] == []
+    assert rig.runtime.snapshot().to_dict()["retrying"] == []
     assert (workspaces / "T-1").is_dir()
     rig.runtime.stop()
     await asyncio.wait_for(loop, 30)

@@ -84,7 +84,7 @@ async def test_pool_governed_dispatch_reserves_then_binds_or_cancels(tmp_path: P
     rig = build_rig(wf, issues=[issue(1), issue(2)], pool=pool, capacity=Governs())
     await rig.runtime.poll_once()
     # both slots are reserved (host-less, counted toward caps) while the pool is thinking
-    snapshot = rig.runtime.snapshot()
+    snapshot = rig.runtime.snapshot().to_dict()
     assert len(snapshot["reserving"]) == 2
     assert not snapshot["running"]
     assert len(rig.of_type("run_reserving")) == 2

@@ -70,7 +70,7 @@ async def test_once_mode_runs_every_eligible_issue_and_schedules_continuations(
         slot_key("id-2", 0): (RetryKind.CONTINUATION, 1),
     }
     assert not rig.orchestrator.state.claimed
-    snapshot = rig.runtime.snapshot()
+    snapshot = rig.runtime.snapshot().to_dict()
     assert [h["outcome"] for h in snapshot["run_history"]] == ["success", "success"]
     assert snapshot["app_status"] == "stopped"
 
@@ -98,7 +98,7 @@ async def test_failing_agent_retries_with_exact_exponential_backoff(tmp_path: Pa
     failed = rig.of_type("run_failed")
     assert len(failed) == 4
     # the prompt saw the retry attempt number on the later runs
-    assert [h["attempt"] for h in reversed(rig.runtime.snapshot()["run_history"])] == [
+    assert [h["attempt"] for h in reversed(rig.runtime.snapshot().to_dict()["run_history"])] == [
         None, 1, 2, 3]
 
 
@@ -129,7 +129,7 @@ async def test_stalled_run_is_aborted_its_process_killed_and_retried(tmp_path: P
                      psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
     retry = rig.orchestrator.state.retry_attempts[slot_key("id-1", 0)]
     assert (retry.kind, retry.attempt) == (RetryKind.FAILURE, 1)
-    assert [h["outcome"] for h in rig.runtime.snapshot()["run_history"]] == ["stalled"]
+    assert [h["outcome"] for h in rig.runtime.snapshot().to_dict()["run_history"]] == ["stalled"]
     assert not rig.of_type("run_failed"), "a stalled run records one outcome only"
 
 
@@ -165,7 +165,7 @@ async def test_reconciliation_stops_a_run_whose_issue_left_the_active_states(
     assert bool(rig.of_type("workspace_cleanup")) is (not workspace_kept)
     assert not rig.orchestrator.state.running
     assert not rig.orchestrator.state.retry_attempts
-    assert [h["outcome"] for h in rig.runtime.snapshot()["run_history"]] == ["canceled"]
+    assert [h["outcome"] for h in rig.runtime.snapshot().to_dict()["run_history"]] == ["canceled"]
     await wait_until(lambda: not psutil.pid_exists(pid) or
                      psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
 
@@ -346,7 +346,7 @@ async def test_snapshot_subscribers_get_the_current_snapshot_first(tmp_path: Pat
     wf = write_workflow(tmp_path, agent_script=agent)
     rig = build_rig(wf, issues=[issue(1)])
     seen: list[dict[str, object]] = []
-    unsubscribe = rig.runtime.subscribe(seen.append)
+    unsubscribe = rig.runtime.subscribe(lambda snap: seen.append(snap.to_dict()))
     assert len(seen) == 1
     assert seen[0]["app_status"] == "starting"
     await rig.runtime.start(once=True)
@@ -395,7 +395,7 @@ async def test_subscribers_see_the_poll_go_idle_after_every_tick(tmp_path: Path)
     wf = write_workflow(tmp_path, agent_script=agent)
     rig = build_rig(wf, issues=[])
     seen: list[str] = []
-    rig.runtime.subscribe(lambda snap: seen.append(snap["poll"]["status"]))  # type: ignore[index]
+    rig.runtime.subscribe(lambda snap: seen.append(snap.poll.status))
     await rig.runtime.poll_once()
     assert "polling" in seen
     assert seen[-1] == "idle"
@@ -417,7 +417,7 @@ async def test_an_issue_with_a_nul_byte_is_reported_once_and_never_run_until_it_
         "issue_field_invalid", "issue_field_invalid", ["title"])
     assert rig.of_type("run_started") == []
     assert rig.of_type("poll_error") == []
-    assert rig.runtime.snapshot()["retrying"] == []
+    assert rig.runtime.snapshot().to_dict()["retrying"] == []
     assert not (tmp_path / "workspaces" / "T-1").exists()
 
     rig.tracker.update("id-1", title="good title")  # fixed: it runs

@@ -74,7 +74,7 @@ async def test_the_turn_in_progress_finishes_after_the_agent_marked_its_issue_do
     [finishing] = rig.of_type("run_finishing")
     assert (finishing["identifier"], finishing["grace_ms"]) == ("G-1", 60000)
     assert rig.of_type("run_canceled") == []
-    assert rig.runtime.snapshot()["running"], "the run must still be going"
+    assert rig.runtime.snapshot().to_dict()["running"], "the run must still be going"
     await rig.runtime.poll_once()  # and the next poll leaves it alone too
     assert rig.of_type("run_canceled") == []
     assert len(rig.of_type("run_finishing")) == 1
@@ -83,14 +83,14 @@ async def test_the_turn_in_progress_finishes_after_the_agent_marked_its_issue_do
     await _wait_for(lambda: bool(rig.of_type("workspace_cleanup")))
     await rig.runtime.wait_for_runs()
 
-    [history] = rig.runtime.snapshot()["run_history"]
+    [history] = rig.runtime.snapshot().to_dict()["run_history"]
     assert history["outcome"] == "success"
     [finished] = rig.of_type("run_finished")
     assert finished["message"] == "run finished; issue terminal"
     assert rig.of_type("run_canceled") == []
     # Done is done: no continuation retry, no claim left, the workspace is gone.
     assert rig.of_type("retry_scheduled") == []
-    snapshot = rig.runtime.snapshot()
+    snapshot = rig.runtime.snapshot().to_dict()
     assert (snapshot["running"], snapshot["retrying"]) == ([], [])
     assert dict(rig.store.claims) == {}  # type: ignore[attr-defined]
     assert not workspace.exists()
@@ -109,7 +109,7 @@ async def test_after_the_grace_a_turn_that_does_not_end_is_cancelled(tmp_path: P
     [canceled] = rig.of_type("run_canceled")
     assert canceled["reason"] == "terminal"
     assert not (workspace / "pushed").exists()
-    [history] = rig.runtime.snapshot()["run_history"]
+    [history] = rig.runtime.snapshot().to_dict()["run_history"]
     assert history["outcome"] == "canceled"
     assert rig.of_type("retry_scheduled") == []
     assert not workspace.exists()

@@ -85,7 +85,7 @@ async def test_a_dirty_worktree_of_a_done_issue_is_reported_and_the_tick_goes_on
     assert (worktree / "unsaved.txt").read_text() == "work in progress"
     # The same tick went on to dispatch the next issue.
     assert [e["identifier"] for e in rig.of_type("run_started")] == ["T-1", "T-2"]
-    assert rig.runtime.snapshot()["retrying"] == []
+    assert rig.runtime.snapshot().to_dict()["retrying"] == []
 
 
 async def test_the_start_up_sweep_goes_on_past_a_preserved_worktree(tmp_path: Path) -> None:

@@ -402,7 +402,7 @@ async def test_falls_back_to_polling_when_the_stream_is_unavailable(
     )
     served.rig.tracker.set_state("id-1", "Done")
     release(served.rig, "LOR-1")
-    await wait_until(lambda: not served.rig.runtime.snapshot()["running"])
+    await wait_until(lambda: not served.rig.runtime.snapshot().to_dict()["running"])
     # The next /api/v1/state poll (every 2 s) moves the card to History.
     await browser.wait_for(_history("LOR-1", "success"))
     await browser.wait_for(f"{_lane_identifiers('running', 'run-card')} === ''")

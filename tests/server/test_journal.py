@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
+import datetime
+from typing import Any
+
 from lorenz.claims import MemoryClaimStore
 from lorenz.config import WorkflowSettings
-from lorenz.model import AgentUpdate, ManualClock, TokenUsage
+from lorenz.model import AgentUpdate, EventType, ManualClock, RuntimeEvent, TokenUsage
 from lorenz.orchestrator import Orchestrator, Started
 from lorenz.server import IssueJournal
 from lorenz.server.journal import EVENTS_PER_ISSUE
 from tests.server.helpers import issue
 
+AT = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
 
-def _event(kind: str, n: int, **fields: object) -> dict[str, object]:
-    return {"type": kind, "at": "2026-01-01T00:00:00+00:00", "issue_id": f"id-{n}",
-            "identifier": f"T-{n}", **fields}
+
+def _event(kind: str, n: int, **fields: Any) -> RuntimeEvent:
+    fields.setdefault("identifier", f"T-{n}")
+    return RuntimeEvent(type=EventType(kind), at=AT, issue_id=f"id-{n}", **fields)
+
+
+def _update(key: str, agent_event: str) -> RuntimeEvent:
+    return RuntimeEvent(type=EventType.RUN_UPDATE, at=AT, slot_key=key, agent_event=agent_event)
 
 
 def _orchestrator() -> Orchestrator:
@@ -43,7 +52,7 @@ def test_events_per_issue_are_bounded_and_identifiers_followed() -> None:
     journal = IssueJournal(orchestrator=lambda: orchestrator)
     for _ in range(EVENTS_PER_ISSUE + 10):
         journal.on_event(_event("dispatch_skipped", 1, slot=0))
-    renamed = {**_event("run_started", 1, slot=0), "identifier": "NEW-1"}
+    renamed = _event("run_started", 1, slot=0, identifier="NEW-1")
     journal.on_event(renamed)
 
     trail = journal.find("NEW-1")
@@ -52,8 +61,8 @@ def test_events_per_issue_are_bounded_and_identifiers_followed() -> None:
     assert journal.find("T-1") is None
     assert journal.find("id-1") is trail
     assert journal.find("new-1") is trail
-    journal.on_event({"type": "poll_completed", "at": "2026-01-01T00:00:00+00:00"})  # no issue
-    journal.on_event({"type": "run_update", "slot_key": "unknown#0", "event": "x"})
+    journal.on_event(RuntimeEvent(type=EventType.POLL_COMPLETED, at=AT))  # no issue
+    journal.on_event(_update("unknown#0", "x"))
     assert len(journal) == 1
 
 
@@ -68,9 +77,9 @@ async def test_tokens_of_ended_runs_are_kept_and_live_ones_tracked() -> None:
     journal.on_event(_event("run_started", 1, slot=0))
     await orchestrator.apply_update(key, AgentUpdate(
         event="turn", message="working", usage=TokenUsage(10, 4, 14)))
-    journal.on_event({"type": "run_update", "slot_key": key, "event": "turn"})
+    journal.on_event(_update(key, "turn"))
     await orchestrator.apply_update(key, AgentUpdate(event="delta"))
-    journal.on_event({"type": "run_update", "slot_key": key, "event": "delta"})
+    journal.on_event(_update(key, "delta"))
     trail = journal.find("T-1")
     assert trail is not None
     assert trail.live_usage[key] == TokenUsage(10, 4, 14)

@@ -180,6 +180,6 @@ async def test_schemathesis_finds_no_nonconformance_and_no_server_error(tmp_path
 
     assert not failures, "\n\n".join(failures)
     assert threading.active_count() >= 1
-    state = served.rig.runtime.snapshot()
+    state = served.rig.runtime.snapshot().to_dict()
     assert state["running"], "the runtime kept running through the fuzzing"
     release(served.rig, "T-1")

@@ -287,7 +287,7 @@ async def test_renders_a_live_runtime_snapshot(tmp_path: Path) -> None:
     )
     await rig.runtime.poll_once(wait_for_runs=True)
     console = Console(record=True, width=160, file=io.StringIO(), color_system=None)
-    console.print(render_snapshot(rig.runtime.snapshot()))
+    console.print(render_snapshot(rig.runtime.snapshot().to_dict()))
     text = console.export_text()
     assert str(workflow) in text
     assert "Retrying 1" in text

@@ -87,7 +87,7 @@ async def test_a_hostile_reload_is_refused_and_the_host_keeps_polling_and_servin
     events: list[dict[str, Any]] = []
 
     def ready(runtime: LorenzRuntime) -> None:
-        runtime.add_event_listener(events.append)
+        runtime.add_event_listener(lambda event: events.append(event.to_dict()))
         runtimes.append(runtime)
 
     options = HostOptions(workflow_path=str(path), port=0, tui=False, environ={})

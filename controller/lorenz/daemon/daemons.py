@@ -255,13 +255,18 @@ class Daemon:
         runtime = self._runtime
         if runtime is not None:
             snapshot = runtime.snapshot()
-            info["app_status"] = snapshot.get("app_status")
+            lanes = snapshot.lanes
+            info["app_status"] = snapshot.app_status.value
             info["lanes"] = {
-                lane: len(snapshot.get(lane) or ())
-                for lane in ("running", "reserving", "retrying", "blocked")
+                "running": len(lanes.running),
+                "reserving": len(lanes.reserving),
+                "retrying": len(lanes.retrying),
+                "blocked": len(lanes.blocked),
             }
-            info["poll"] = snapshot.get("poll")
-            info["config_error"] = snapshot.get("config_error")
+            info["poll"] = snapshot.poll.to_dict()
+            info["config_error"] = (
+                snapshot.config_error.to_dict() if snapshot.config_error is not None else None
+            )
         return info
 
     # -- internals ----------------------------------------------------------------------------

@@ -8,6 +8,10 @@ every key of it becomes a field. Lines logged while a run is in flight also carr
 from the run's asyncio task and the latest snapshot, so that even a line from deep inside an
 agent runner can be traced to its issue.
 
+The event log file (``logging.log_file``, JSON lines) is written here too, by
+:class:`LogFileSink`, a listener of the runtime's events: the runtime emits events and leaves
+where they go to the process that runs it.
+
 Agents echo what they see and trackers echo what they were sent, so a tracker token can reach a
 log line through an error message. The :class:`SecretRedactor` on the handler replaces every
 known secret value (``tracker.api_key`` and the well-known token variables) with ``***`` in the
@@ -27,15 +31,26 @@ import os
 import re
 import sys
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any, Protocol, TextIO
 
 from lorenz.config import LogFormat, LoggingSettings, WorkflowSettings
+from lorenz.model import (
+    EventType,
+    ReservingRow,
+    RetryRow,
+    RunningRow,
+    RuntimeEvent,
+    RuntimeSnapshot,
+)
 from lorenz.runtime import LorenzRuntime
 from lorenz.secrets import MIN_SECRET_CHARS, REDACTED, Redactor
 from lorenz.secrets import tracker_secrets as secret_values
 from lorenz.workflow import LoadedWorkflow
 
-__all__ = ["MIN_SECRET_CHARS", "REDACTED", "SecretRedactor", "tracker_secrets"]
+__all__ = ["MIN_SECRET_CHARS", "REDACTED", "LogFileSink", "SecretRedactor", "tracker_secrets"]
+
+logger = logging.getLogger("lorenz.daemon")
 EXTRA_KEY = "lorenz"
 """The ``extra=`` key the runtime puts its structured fields under."""
 RUN_TASK_PREFIX = "lorenz-run:"
@@ -138,18 +153,21 @@ class RunContext:
     def __init__(self) -> None:
         self._slots: dict[str, dict[str, Any]] = {}
 
-    def observe(self, snapshot: Mapping[str, Any]) -> None:
+    def observe(self, snapshot: RuntimeSnapshot) -> None:
         known: dict[str, dict[str, Any]] = {}
-        for lane in ("running", "reserving", "retrying"):
-            for row in snapshot.get(lane) or ():
-                key = str(row.get("slot_key", ""))
-                fields = dict(self._slots.get(key, {}))
-                fields["issue_id"] = row.get("issue_id")
-                fields["identifier"] = row.get("identifier")
-                fields["slot"] = row.get("slot_index")
-                if row.get("session_id"):
-                    fields["session_id"] = row["session_id"]
-                known[key] = {k: v for k, v in fields.items() if v is not None}
+        lanes = snapshot.lanes
+        rows: list[RunningRow | ReservingRow | RetryRow] = [
+            *lanes.running, *lanes.reserving, *lanes.retrying
+        ]
+        for row in rows:
+            key = row.slot_key
+            fields = dict(self._slots.get(key, {}))
+            fields["issue_id"] = row.issue_id
+            fields["identifier"] = row.identifier
+            fields["slot"] = row.slot_index
+            if isinstance(row, RunningRow) and row.session_id:
+                fields["session_id"] = row.session_id
+            known[key] = {k: v for k, v in fields.items() if v is not None}
         self._slots = known
 
     def fields_for(self, slot_key: str) -> dict[str, Any]:
@@ -401,11 +419,40 @@ class _HostOptions(Protocol):
     def environ(self) -> Mapping[str, str] | None: ...
 
 
+class LogFileSink:
+    """The JSONL event log (``logging.log_file``): every runtime event, one JSON object a line.
+
+    An event listener of the runtime, so the runtime only emits events and the single-host
+    process decides where they are written. The path is read at each event, so a hot reload
+    that changes it takes effect at once; the folders are created on demand; an unwritable
+    file costs a warning, never the run. ``run_update`` (an agent's progress, many a second)
+    is not written: the run's start, end and retry events are.
+    """
+
+    def __init__(self, *, settings: Callable[[], WorkflowSettings]) -> None:
+        self._settings = settings
+
+    def __call__(self, event: RuntimeEvent) -> None:
+        if event.type is EventType.RUN_UPDATE:
+            return
+        path = self._settings().logging.log_file
+        if not path:
+            return
+        try:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps(event.to_dict(), default=str) + "\n")
+        except OSError:
+            # NB: a broken log sink must never take the orchestrator down.
+            logger.warning("cannot append to log_file path=%s", path)
+
+
 class RunContextAttachment:
-    """Keeps the log context and the secret list in step with the runtime.
+    """Keeps the log context and the secret list in step with the runtime; writes the log file.
 
     On every snapshot: which slots run with which session (for :class:`RunContextFilter`) and
-    the tracker key in force (a hot reload may have changed it).
+    the tracker key in force (a hot reload may have changed it). On every event: a line in the
+    ``logging.log_file``, if one is set (:class:`LogFileSink`).
     """
 
     def __init__(
@@ -416,23 +463,24 @@ class RunContextAttachment:
     ) -> None:
         self._setup = setup
         self._environ = dict(environ)
-        self._unsubscribe: Callable[[], None] | None = None
+        self._detach: list[Callable[[], None]] = []
         self._api_key: str | None = None
 
     async def start(self, runtime: LorenzRuntime) -> None:
-        def on_snapshot(snapshot: Mapping[str, Any]) -> None:
+        def on_snapshot(snapshot: RuntimeSnapshot) -> None:
             self._setup.run_context.observe(snapshot)
             api_key = runtime.settings.tracker.api_key
             if api_key != self._api_key:
                 self._api_key = api_key
                 self._setup.redactor.add(tracker_secrets(runtime.settings, self._environ))
 
-        self._unsubscribe = runtime.subscribe(on_snapshot)
+        sink = LogFileSink(settings=lambda: runtime.settings)
+        self._detach.append(runtime.add_event_listener(sink))
+        self._detach.append(runtime.subscribe(on_snapshot))
 
     async def stop(self) -> None:
-        if self._unsubscribe is not None:
-            self._unsubscribe()
-            self._unsubscribe = None
+        while self._detach:
+            self._detach.pop()()
         self._setup.run_context.clear()
 
 

@@ -64,7 +64,7 @@ from lorenz.kube.workflow_status import (
     only_bookkeeping_changed,
     workflow_status,
 )
-from lorenz.model import EventType, LorenzError, SlotKey, SystemClock
+from lorenz.model import EventType, LorenzError, RuntimeSnapshot, SlotKey, SystemClock
 from lorenz.model.slots import slot_key
 from lorenz.orchestrator import Orchestrator
 from lorenz.runtime import LorenzRuntime
@@ -152,7 +152,7 @@ class WorkflowController:
         """Continuation retries in a row per slot (see ``max_continuation_runs``)."""
         self._start_failures = 0
         """Failed starts in a row (the backoff doubles with each; a good poll resets it)."""
-        self._snapshot: dict[str, Any] | None = None
+        self._snapshot: RuntimeSnapshot | None = None
         self._last_status: dict[str, Any] | None = None
         self._last_write_at = 0.0
         self._deferred: asyncio.TimerHandle | None = None
@@ -179,7 +179,7 @@ class WorkflowController:
     def snapshot(self) -> dict[str, Any] | None:
         """The runtime's current snapshot, while this process leads the Workflow."""
         runtime = self.runtime
-        return runtime.snapshot() if runtime is not None else None
+        return runtime.snapshot().to_dict() if runtime is not None else None
 
     def start(self) -> None:
         self.task = asyncio.get_running_loop().create_task(
@@ -450,7 +450,8 @@ class WorkflowController:
             source_stamp=self.candidates.source_stamp,
             prove_leadership=self._prove_leadership,
         )
-        runtime.add_event_listener(self._on_runtime_event)
+        # NB: Kubernetes Events and the continuation count read the event's wire form.
+        runtime.add_event_listener(lambda event: self._on_runtime_event(event.to_dict()))
         self.store = store
         self.runtime = runtime
         self._unsubscribe = runtime.subscribe(self._on_snapshot)
@@ -601,10 +602,9 @@ class WorkflowController:
             logger.warning("Holding the issue failed workflow=%s slot=%s error=%s",
                            self.ref.display, key, exc)
 
-    def _on_snapshot(self, snapshot: dict[str, Any]) -> None:
+    def _on_snapshot(self, snapshot: RuntimeSnapshot) -> None:
         self._snapshot = snapshot
-        poll = snapshot.get("poll") or {}
-        if poll.get("last_poll_at") and not poll.get("last_error"):
+        if snapshot.poll.last_poll_at is not None and not snapshot.poll.last_error:
             self._start_failures = 0
         self._dirty()
 
@@ -635,7 +635,7 @@ class WorkflowController:
             candidate_generation=self.candidates.generation,
             degraded=self._degraded,
             running=self.runtime is not None,
-            snapshot=self._snapshot,
+            snapshot=self._snapshot.to_dict() if self._snapshot is not None else None,
             releasing=self._releasing,
             identity=self.lease.identity,
             lease_name=self.lease.name,

@@ -217,7 +217,7 @@ class OperatorServer:
 
     async def _state(self, request: web.Request) -> web.StreamResponse:
         controller = self._controller(request)
-        return _json(controller.runtime.snapshot())
+        return _json(controller.runtime.snapshot().to_dict())
 
     async def _refresh(self, request: web.Request) -> web.StreamResponse:
         controller = self._controller(request)

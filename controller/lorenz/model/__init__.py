@@ -13,32 +13,63 @@ from lorenz.model.entries import (
     RunningEntry,
 )
 from lorenz.model.errors import LorenzError, RunFailure
-from lorenz.model.events import EVENT_TYPES, RUN_OUTCOMES, EventType, RunOutcome
+from lorenz.model.events import (
+    EVENT_TYPES,
+    RUN_OUTCOMES,
+    EventDetails,
+    EventType,
+    RunOutcome,
+    RuntimeEvent,
+)
 from lorenz.model.issues import BlockerRef, Issue
 from lorenz.model.ports import CapacityProbe, ClaimStore, StaticCapacity, StoredState
 from lorenz.model.slots import SlotKey, parse_slot_key, slot_key
+from lorenz.model.snapshots import (
+    AppStatus,
+    BlockedRow,
+    ConfigError,
+    OrchestratorSnapshot,
+    PollStatus,
+    ReservingRow,
+    RetryRow,
+    RunningRow,
+    RunRecord,
+    RuntimeSnapshot,
+)
 from lorenz.model.usage import AgentUpdate, TokenUsage, UsageTotals
 
 __all__ = [
     "EVENT_TYPES",
     "RUN_OUTCOMES",
     "AgentUpdate",
+    "AppStatus",
+    "BlockedRow",
     "BlockerRef",
     "CapacityProbe",
     "ClaimPhase",
     "ClaimRecord",
     "ClaimStore",
     "Clock",
+    "ConfigError",
+    "EventDetails",
     "EventType",
     "Issue",
     "LorenzError",
     "ManualClock",
+    "OrchestratorSnapshot",
+    "PollStatus",
     "ReservationRecord",
+    "ReservingRow",
     "RetryEntry",
     "RetryKind",
+    "RetryRow",
     "RunFailure",
     "RunOutcome",
+    "RunRecord",
     "RunningEntry",
+    "RunningRow",
+    "RuntimeEvent",
+    "RuntimeSnapshot",
     "SlotKey",
     "StaticCapacity",
     "StoredState",

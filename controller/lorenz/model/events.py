@@ -1,12 +1,22 @@
-"""The runtime's event vocabulary and run outcomes, as constants every surface shares.
+"""The runtime's events: their vocabulary, the run outcomes, and the typed event itself.
 
 Events feed the ring buffer behind the dashboard, the log file, Kubernetes Events and metrics;
-keeping the names here means a typo is a type error rather than a silently unseen event.
+keeping the names here means a typo is a type error rather than a silently unseen event, and
+keeping the fields typed (:class:`RuntimeEvent`) means a listener reads ``event.reason``, not
+``event.get("reason")`` of an untyped dict.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import enum
+from typing import TYPE_CHECKING, Any, TypedDict
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from lorenz.model.usage import TokenUsage
 
 
 class EventType(enum.StrEnum):
@@ -54,3 +64,102 @@ class RunOutcome(enum.StrEnum):
 
 
 RUN_OUTCOMES: tuple[str, ...] = tuple(o.value for o in RunOutcome)
+
+
+class EventDetails(TypedDict, total=False):
+    """The optional fields of an event, as keyword arguments of the runtime's ``event()``."""
+
+    issue_id: str
+    identifier: str
+    attempt: int | None
+    host: str | None
+    outcome: str
+    reason: str
+    code: str
+    retry_kind: str
+    due_at: datetime.datetime
+    delay_ms: int
+    error: str | None
+    grace_ms: int
+    duration_ms: float
+    candidates: int
+    eligible: int
+    fields: Sequence[str]
+    kept: Sequence[str]
+    removed: Sequence[str]
+    aborted: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RuntimeEvent:
+    """One thing the runtime did, at one wall-clock instant.
+
+    Which fields are set depends on the type: runs name their issue and slot, ends their
+    ``outcome``, stops their ``reason``, failures their ``code``, retries their kind and due
+    time; ``run_update`` (for listeners only, never recorded) names the slot key, the agent's
+    event and its usage. ``to_dict()`` leaves out the unset ones.
+    """
+
+    type: EventType
+    at: datetime.datetime
+    issue_id: str | None = None
+    identifier: str | None = None
+    slot: int | None = None
+    message: str | None = None
+    attempt: int | None = None
+    host: str | None = None
+    outcome: str | None = None
+    reason: str | None = None
+    code: str | None = None
+    retry_kind: str | None = None
+    due_at: datetime.datetime | None = None
+    delay_ms: int | None = None
+    error: str | None = None
+    grace_ms: int | None = None
+    duration_ms: float | None = None
+    candidates: int | None = None
+    eligible: int | None = None
+    fields: tuple[str, ...] | None = None
+    """The issue fields that hold a value no process can be given (``dispatch_skipped``)."""
+    kept: tuple[str, ...] | None = None
+    """Workspace paths left in place on purpose."""
+    removed: tuple[str, ...] | None = None
+    """Workspaces removed (paths, or identifiers for the startup sweep)."""
+    aborted: int | None = None
+    """Runs aborted because their claims were lost."""
+    slot_key: str | None = None
+    """``run_update``: the slot whose agent reported."""
+    agent_event: str | None = None
+    """``run_update``: the agent's own event name."""
+    usage: TokenUsage | None = None
+    """``run_update``: the session's running token totals, if the update carried them."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-safe form: ``type`` and ``at`` first, then every field that is set."""
+        if self.type is EventType.RUN_UPDATE:
+            return {
+                "type": self.type.value,
+                "at": self.at.isoformat(),
+                "slot_key": self.slot_key,
+                "event": self.agent_event,
+                "usage": self.usage.to_dict() if self.usage is not None else None,
+            }
+        document: dict[str, Any] = {"type": self.type.value, "at": self.at.isoformat()}
+        for name in _WIRE_FIELDS:
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, tuple):
+                value = list(value)
+            elif isinstance(value, datetime.datetime):
+                value = value.isoformat()
+            document[name] = value
+        return document
+
+
+_WIRE_FIELDS = tuple(
+    f.name
+    for f in dataclasses.fields(RuntimeEvent)
+    if f.name not in {"type", "at", "slot_key", "agent_event", "usage"}
+)
+"""The fields ``to_dict()`` writes after ``type`` and ``at``, in this order."""

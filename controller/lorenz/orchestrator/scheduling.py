@@ -62,12 +62,7 @@ from lorenz.orchestrator.results import (
     StalledRun,
     Started,
 )
-from lorenz.orchestrator.snapshots import (
-    OrchestratorSnapshot,
-    ReservingRow,
-    RetryRow,
-    RunningRow,
-)
+from lorenz.orchestrator.snapshots import OrchestratorSnapshot, orchestrator_snapshot
 from lorenz.orchestrator.state import ForeignClaim, OrchestratorState
 from lorenz.policies import (
     IssueRules,
@@ -974,83 +969,6 @@ class Orchestrator:
 
     def snapshot(self) -> OrchestratorSnapshot:
         """The lanes right now, as frozen rows; totals include the runs still going."""
-        state = self._state
-        now_ms = self._clock.monotonic_ms()
-        wall = self._clock.now()
-        totals = state.usage_totals
-        running: list[RunningRow] = []
-        for key, entry in state.running.items():
-            runtime = max(now_ms - entry.started_at_ms, 0.0) / 1000.0
-            totals = _totals_plus(
-                totals, usage=entry.usage, seconds=runtime, cost_usd=entry.cost_usd
-            )
-            running.append(
-                RunningRow(
-                    slot_key=key,
-                    issue_id=entry.issue.id,
-                    identifier=entry.issue.identifier,
-                    slot_index=entry.slot_index,
-                    state=entry.issue.state,
-                    url=entry.issue.url,
-                    host=entry.host,
-                    workspace_path=entry.workspace_path,
-                    session_id=entry.session_id,
-                    agent_pid=entry.agent_pid,
-                    attempt=entry.attempt,
-                    retry_kind=entry.retry_kind.value if entry.retry_kind else None,
-                    turn_count=entry.turn_count,
-                    last_agent_event=entry.last_agent_event,
-                    last_agent_message=entry.last_agent_message,
-                    last_agent_at=entry.last_agent_at,
-                    started_at=entry.started_at,
-                    runtime_seconds=runtime,
-                    usage=entry.usage,
-                    cost_usd=entry.cost_usd,
-                    title=entry.issue.title,
-                )
-            )
-        reserving = [
-            ReservingRow(
-                slot_key=key,
-                issue_id=r.issue.id,
-                identifier=r.issue.identifier,
-                slot_index=r.slot_index,
-                state=r.issue.state,
-                attempt=r.attempt,
-                reserved_at=r.reserved_at,
-                expires_at=wall + datetime.timedelta(milliseconds=r.expires_at_ms - now_ms),
-                expires_in_ms=max(r.expires_at_ms - now_ms, 0.0),
-                title=r.issue.title,
-            )
-            for key, r in state.reserved.items()
-        ]
-        retrying = [
-            RetryRow(
-                slot_key=key,
-                issue_id=retry.issue_id,
-                identifier=retry.identifier,
-                slot_index=retry.slot_index,
-                attempt=retry.attempt,
-                kind=retry.kind.value,
-                due_at=retry.due_at,
-                due_in_ms=max(retry.due_at_ms - now_ms, 0.0),
-                error=retry.error,
-                host=retry.host,
-                workspace_path=retry.workspace_path,
-            )
-            for key, retry in sorted(
-                state.retry_attempts.items(), key=lambda item: (item[1].due_at_ms, item[0])
-            )
-        ]
-        return OrchestratorSnapshot(
-            generated_at=wall,
-            running=tuple(running),
-            reserving=tuple(reserving),
-            retrying=tuple(retrying),
-            blocked=(),
-            usage_totals=totals,
-            rate_limits=dict(state.rate_limits) if state.rate_limits is not None else None,
-            claimed_elsewhere=tuple(
-                key for key, held in state.foreign.items() if held.recheck_at_ms > now_ms
-            ),
+        return orchestrator_snapshot(
+            self._state, now_ms=self._clock.monotonic_ms(), wall=self._clock.now()
         )

@@ -1,180 +1,150 @@
-"""The orchestrator's part of the runtime snapshot: lanes of rows, totals and rate limits.
+"""Snapshot building: the scheduling state at one instant, as frozen rows.
 
-Rows are frozen copies, taken at one instant, so a UI can serialize them while the state moves
-on. ``to_dict()`` gives JSON-safe dicts: ISO-8601 wall-clock timestamps, and for deadlines both
-the wall-clock time and the milliseconds from now (what a countdown wants).
+Pure functions of the state and two readings of the clock (monotonic milliseconds for deadlines
+and run times, wall-clock time for the timestamps shown), so they are tested without a running
+orchestrator and cost only the rows they build. :meth:`Orchestrator.snapshot` calls
+:func:`orchestrator_snapshot` with the state it owns.
+
+The row types live in :mod:`lorenz.model.snapshots` (every surface reads them); they are
+re-exported here for the orchestrator's callers.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
-from collections.abc import Mapping
-from typing import Any
 
-from lorenz.model import TokenUsage, UsageTotals
+from lorenz.model import ReservationRecord, RetryEntry, RunningEntry, SlotKey, UsageTotals
+from lorenz.model.snapshots import (
+    BlockedRow,
+    OrchestratorSnapshot,
+    ReservingRow,
+    RetryRow,
+    RunningRow,
+)
+from lorenz.orchestrator.state import OrchestratorState
 
-
-def _iso(value: datetime.datetime | None) -> str | None:
-    return value.isoformat() if value is not None else None
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class RunningRow:
-    slot_key: str
-    issue_id: str
-    identifier: str
-    slot_index: int
-    state: str
-    url: str | None
-    host: str | None
-    workspace_path: str | None
-    session_id: str | None
-    agent_pid: int | None
-    attempt: int | None
-    retry_kind: str | None
-    turn_count: int
-    last_agent_event: str | None
-    last_agent_message: str | None
-    last_agent_at: datetime.datetime | None
-    started_at: datetime.datetime
-    runtime_seconds: float
-    usage: TokenUsage
-    cost_usd: float
-    title: str | None = None
-    """The issue title, for the dashboard and terminal view (tracker text: escape it)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "slot_key": self.slot_key,
-            "issue_id": self.issue_id,
-            "identifier": self.identifier,
-            "title": self.title,
-            "slot_index": self.slot_index,
-            "state": self.state,
-            "url": self.url,
-            "host": self.host,
-            "workspace_path": self.workspace_path,
-            "session_id": self.session_id,
-            "agent_pid": self.agent_pid,
-            "attempt": self.attempt,
-            "retry_kind": self.retry_kind,
-            "turn_count": self.turn_count,
-            "last_agent_event": self.last_agent_event,
-            "last_agent_message": self.last_agent_message,
-            "last_agent_at": _iso(self.last_agent_at),
-            "started_at": _iso(self.started_at),
-            "runtime_seconds": self.runtime_seconds,
-            "usage": self.usage.to_dict(),
-            "cost_usd": self.cost_usd,
-        }
+__all__ = [
+    "BlockedRow",
+    "OrchestratorSnapshot",
+    "ReservingRow",
+    "RetryRow",
+    "RunningRow",
+    "orchestrator_snapshot",
+    "reserving_row",
+    "retry_row",
+    "running_row",
+    "totals_with_running",
+]
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class ReservingRow:
-    """A slot waiting for a worker host: host-less by design, shown in its own lane."""
-
-    slot_key: str
-    issue_id: str
-    identifier: str
-    slot_index: int
-    state: str
-    attempt: int | None
-    reserved_at: datetime.datetime
-    expires_at: datetime.datetime
-    expires_in_ms: float
-    title: str | None = None
-    """The issue title (tracker text: escape it)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "slot_key": self.slot_key,
-            "issue_id": self.issue_id,
-            "identifier": self.identifier,
-            "title": self.title,
-            "slot_index": self.slot_index,
-            "state": self.state,
-            "attempt": self.attempt,
-            "reserved_at": _iso(self.reserved_at),
-            "expires_at": _iso(self.expires_at),
-            "expires_in_ms": self.expires_in_ms,
-        }
+def running_row(key: SlotKey, entry: RunningEntry, *, now_ms: float) -> RunningRow:
+    """A running slot; its run time is measured on the monotonic clock (never negative)."""
+    return RunningRow(
+        slot_key=key,
+        issue_id=entry.issue.id,
+        identifier=entry.issue.identifier,
+        slot_index=entry.slot_index,
+        state=entry.issue.state,
+        url=entry.issue.url,
+        host=entry.host,
+        workspace_path=entry.workspace_path,
+        session_id=entry.session_id,
+        agent_pid=entry.agent_pid,
+        attempt=entry.attempt,
+        retry_kind=entry.retry_kind.value if entry.retry_kind else None,
+        turn_count=entry.turn_count,
+        last_agent_event=entry.last_agent_event,
+        last_agent_message=entry.last_agent_message,
+        last_agent_at=entry.last_agent_at,
+        started_at=entry.started_at,
+        runtime_seconds=max(now_ms - entry.started_at_ms, 0.0) / 1000.0,
+        usage=entry.usage,
+        cost_usd=entry.cost_usd,
+        title=entry.issue.title,
+    )
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class RetryRow:
-    slot_key: str
-    issue_id: str
-    identifier: str
-    slot_index: int
-    attempt: int
-    kind: str
-    due_at: datetime.datetime
-    due_in_ms: float
-    """Milliseconds until the retry is due; ``0`` once it is (never negative)."""
-    error: str | None
-    host: str | None
-    workspace_path: str | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "slot_key": self.slot_key,
-            "issue_id": self.issue_id,
-            "identifier": self.identifier,
-            "slot_index": self.slot_index,
-            "attempt": self.attempt,
-            "kind": self.kind,
-            "due_at": _iso(self.due_at),
-            "due_in_ms": self.due_in_ms,
-            "error": self.error,
-            "host": self.host,
-            "workspace_path": self.workspace_path,
-        }
+def reserving_row(
+    key: SlotKey, reservation: ReservationRecord, *, now_ms: float, wall: datetime.datetime
+) -> ReservingRow:
+    """A reserved slot; its expiry both as a wall-clock time and as milliseconds from now."""
+    return ReservingRow(
+        slot_key=key,
+        issue_id=reservation.issue.id,
+        identifier=reservation.issue.identifier,
+        slot_index=reservation.slot_index,
+        state=reservation.issue.state,
+        attempt=reservation.attempt,
+        reserved_at=reservation.reserved_at,
+        expires_at=wall + datetime.timedelta(milliseconds=reservation.expires_at_ms - now_ms),
+        expires_in_ms=max(reservation.expires_at_ms - now_ms, 0.0),
+        title=reservation.issue.title,
+    )
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class BlockedRow:
-    """A slot waiting for operator input. Not produced by this version; see state.py."""
-
-    slot_key: str
-    issue_id: str
-    identifier: str
-    error: str | None
-    blocked_at: datetime.datetime
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "slot_key": self.slot_key,
-            "issue_id": self.issue_id,
-            "identifier": self.identifier,
-            "error": self.error,
-            "blocked_at": _iso(self.blocked_at),
-        }
+def retry_row(key: SlotKey, retry: RetryEntry, *, now_ms: float) -> RetryRow:
+    """A pending retry; ``due_in_ms`` is ``0`` once it is due."""
+    return RetryRow(
+        slot_key=key,
+        issue_id=retry.issue_id,
+        identifier=retry.identifier,
+        slot_index=retry.slot_index,
+        attempt=retry.attempt,
+        kind=retry.kind.value,
+        due_at=retry.due_at,
+        due_in_ms=max(retry.due_at_ms - now_ms, 0.0),
+        error=retry.error,
+        host=retry.host,
+        workspace_path=retry.workspace_path,
+    )
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class OrchestratorSnapshot:
-    """The scheduling lanes at one instant, plus usage and rate limits."""
+def totals_with_running(totals: UsageTotals, running: tuple[RunningRow, ...]) -> UsageTotals:
+    """Ended runs' totals plus the usage, cost and run time of the runs still going."""
+    input_tokens, output_tokens, total_tokens = (
+        totals.input_tokens, totals.output_tokens, totals.total_tokens
+    )
+    seconds, cost = totals.seconds_running, totals.cost_usd
+    for row in running:
+        input_tokens += row.usage.input_tokens
+        output_tokens += row.usage.output_tokens
+        total_tokens += row.usage.total_tokens
+        seconds += row.runtime_seconds
+        cost += row.cost_usd
+    return UsageTotals(
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        total_tokens=total_tokens,
+        seconds_running=seconds,
+        cost_usd=cost,
+    )
 
-    generated_at: datetime.datetime
-    running: tuple[RunningRow, ...]
-    reserving: tuple[ReservingRow, ...]
-    retrying: tuple[RetryRow, ...]
-    blocked: tuple[BlockedRow, ...]
-    usage_totals: UsageTotals
-    """Ended runs plus the usage and elapsed time of the runs still going."""
-    rate_limits: Mapping[str, Any] | None
-    claimed_elsewhere: tuple[str, ...] = ()
-    """Slot keys other live owners hold (durable stores only)."""
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "generated_at": _iso(self.generated_at),
-            "running": [row.to_dict() for row in self.running],
-            "reserving": [row.to_dict() for row in self.reserving],
-            "retrying": [row.to_dict() for row in self.retrying],
-            "blocked": [row.to_dict() for row in self.blocked],
-            "usage_totals": self.usage_totals.to_dict(),
-            "rate_limits": dict(self.rate_limits) if self.rate_limits is not None else None,
-            "claimed_elsewhere": list(self.claimed_elsewhere),
-        }
+def orchestrator_snapshot(
+    state: OrchestratorState, *, now_ms: float, wall: datetime.datetime
+) -> OrchestratorSnapshot:
+    """The lanes of ``state`` at ``now_ms`` (monotonic) / ``wall`` (the same instant, UTC).
+
+    Retries are ordered by due time (then slot key): the next one due comes first.
+    """
+    running = tuple(running_row(key, entry, now_ms=now_ms) for key, entry in state.running.items())
+    return OrchestratorSnapshot(
+        generated_at=wall,
+        running=running,
+        reserving=tuple(
+            reserving_row(key, reservation, now_ms=now_ms, wall=wall)
+            for key, reservation in state.reserved.items()
+        ),
+        retrying=tuple(
+            retry_row(key, retry, now_ms=now_ms)
+            for key, retry in sorted(
+                state.retry_attempts.items(), key=lambda item: (item[1].due_at_ms, item[0])
+            )
+        ),
+        blocked=(),
+        usage_totals=totals_with_running(state.usage_totals, running),
+        rate_limits=dict(state.rate_limits) if state.rate_limits is not None else None,
+        claimed_elsewhere=tuple(
+            key for key, held in state.foreign.items() if held.recheck_at_ms > now_ms
+        ),
+    )

@@ -571,17 +571,7 @@ class Dispatching:
         except Exception:
             logger.exception("applying an agent update failed slot=%s", key)
             return
-        for listener in self._runtime._event_listeners:
-            # NB: a failing listener must not cost the others their event.
-            with contextlib.suppress(Exception):
-                listener(
-                    {
-                        "type": EventType.RUN_UPDATE.value,
-                        "slot_key": key,
-                        "event": update.event,
-                        "usage": update.usage.to_dict() if update.usage else None,
-                    }
-                )
+        self._runtime._reporting.agent_update(key, update)
         self._runtime._reporting.emit_snapshot()
 
 

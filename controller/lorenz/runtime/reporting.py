@@ -1,29 +1,50 @@
-"""Reporting: events, run history, listeners and the JSONL log file, all redacted.
+"""Reporting: events, run history and listeners, all redacted.
 
-Everything the runtime shows or writes passes through here: events go to the projection (recent
-events, run history), the log, the optional ``log_file`` sink and the event listeners; snapshots
-go to their subscribers. The tracker token is scrubbed from all of it first.
+Everything the runtime shows passes through here: events go to the projection (recent events,
+run history), the process log and the event listeners; snapshots go to their subscribers. The
+tracker token is scrubbed from all of it first. Events and snapshots are typed
+(:class:`~lorenz.model.RuntimeEvent`, :class:`~lorenz.model.RuntimeSnapshot`); what writes them
+somewhere — the HTTP API, the JSONL ``log_file`` (a listener of the single-host daemon, see
+:mod:`lorenz.daemon.logs`), Kubernetes Events — turns them into dicts itself.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
+import dataclasses
 import logging
-from collections.abc import Callable, Mapping
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from lorenz.model import EventType, Issue, LorenzError, RetryEntry, RunningEntry, RunOutcome
+from lorenz.model import (
+    AgentUpdate,
+    EventType,
+    Issue,
+    LorenzError,
+    RetryEntry,
+    RunningEntry,
+    RunOutcome,
+    RunRecord,
+    RuntimeEvent,
+    RuntimeSnapshot,
+    SlotKey,
+)
 from lorenz.secrets import Redactor, tracker_secrets
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from lorenz.model import EventDetails
     from lorenz.runtime.runtime import LorenzRuntime
 
 logger = logging.getLogger("lorenz.runtime")
 
-SnapshotListener = Callable[[dict[str, Any]], None]
-EventListener = Callable[[dict[str, Any]], None]
+SnapshotListener = Callable[[RuntimeSnapshot], None]
+EventListener = Callable[[RuntimeEvent], None]
+
+_TEXT_FIELDS = ("issue_id", "identifier", "message", "host", "reason", "code", "error")
+"""The free-text fields of an event a secret could reach (agents and trackers echo them)."""
+_TEXT_LISTS = ("fields", "kept", "removed")
 
 
 class Reporting:
@@ -46,7 +67,7 @@ class Reporting:
             attempt=retry.attempt,
             message=f"{retry.kind.value} retry #{retry.attempt} due {retry.due_at.isoformat()}",
             retry_kind=retry.kind.value,
-            due_at=retry.due_at.isoformat(),
+            due_at=retry.due_at,
             delay_ms=round(retry.due_at_ms - self._runtime._clock.monotonic_ms()),
             error=retry.error,
         )
@@ -70,22 +91,23 @@ class Reporting:
 
     def record_run(self, entry: RunningEntry, *, outcome: RunOutcome, error: str | None) -> None:
         now = self._runtime._clock.now()
+        redactor = self.current_redactor()
         self._runtime._projection.record_run(
-            {
-                "issue_id": entry.issue.id,
-                "identifier": entry.issue.identifier,
-                "slot": entry.slot_index,
-                "attempt": entry.attempt,
-                "outcome": outcome.value,
-                "error": error,
-                "started_at": entry.started_at.isoformat(),
-                "finished_at": now.isoformat(),
-                "duration_ms": round((now - entry.started_at).total_seconds() * 1000),
-                "host": entry.host,
-                "session_id": entry.session_id,
-                "turn_count": entry.turn_count,
-                "usage": entry.usage.to_dict(),
-            }
+            RunRecord(
+                issue_id=entry.issue.id,
+                identifier=entry.issue.identifier,
+                slot=entry.slot_index,
+                attempt=entry.attempt,
+                outcome=outcome,
+                error=redactor.redact(error) if error is not None else None,
+                started_at=entry.started_at,
+                finished_at=now,
+                duration_ms=round((now - entry.started_at).total_seconds() * 1000),
+                host=entry.host,
+                session_id=entry.session_id,
+                turn_count=entry.turn_count,
+                usage=entry.usage,
+            )
         )
 
     def event(
@@ -95,40 +117,71 @@ class Reporting:
         issue: Issue | None = None,
         slot: int | None = None,
         message: str | None = None,
-        **fields: Any,
+        **details: Unpack[EventDetails],
     ) -> None:
-        event: dict[str, Any] = {"type": kind.value, "at": self._runtime._clock.now().isoformat()}
+        """Record, log and broadcast one event; details left ``None`` are left out."""
+        fields: dict[str, object] = {
+            key: tuple(value) if key in _TEXT_LISTS else value  # type: ignore[arg-type]
+            for key, value in details.items()
+            if value is not None
+        }
         if issue is not None:
-            event["issue_id"] = issue.id
-            event["identifier"] = issue.identifier
-        if slot is not None:
-            event["slot"] = slot
-        if message is not None:
-            event["message"] = message
-        event.update({k: v for k, v in fields.items() if v is not None})
-        event = self.current_redactor().redact_value(event)
+            fields["issue_id"] = issue.id
+            fields["identifier"] = issue.identifier
+        event = self._redacted(
+            RuntimeEvent(
+                type=kind,
+                at=self._runtime._clock.now(),
+                slot=slot,
+                message=message,
+                **fields,  # type: ignore[arg-type]
+            )
+        )
         self._runtime._projection.record_event(event)
         self._runtime.stats[kind.value] = self._runtime.stats.get(kind.value, 0) + 1
         log_level = logging.WARNING if kind in _WARNING_EVENTS else logging.INFO
-        logger.log(log_level, "%s %s", kind.value, message or "", extra={"lorenz": event})
-        self.append_log_file(event)
+        if logger.isEnabledFor(log_level):
+            logger.log(
+                log_level, "%s %s", kind.value, message or "", extra={"lorenz": event.to_dict()}
+            )
+        self._notify(event)
+
+    def agent_update(self, key: SlotKey, update: AgentUpdate) -> None:
+        """Tell the event listeners an agent reported (not recorded: updates are many)."""
+        self._notify(
+            RuntimeEvent(
+                type=EventType.RUN_UPDATE,
+                at=self._runtime._clock.now(),
+                slot_key=key,
+                agent_event=update.event,
+                usage=update.usage,
+            )
+        )
+
+    def _notify(self, event: RuntimeEvent) -> None:
         for listener in self._runtime._event_listeners:
             try:
                 listener(event)
             except Exception:
+                # NB: a failing listener must not cost the others their event.
                 logger.exception("event listener failed")
 
-    def append_log_file(self, event: Mapping[str, Any]) -> None:
-        path = self._runtime.settings.logging.log_file
-        if not path:
-            return
-        try:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "a", encoding="utf-8") as fh:
-                fh.write(json.dumps(event, default=str) + "\n")
-        except OSError:
-            # NB: a broken log sink must never take the orchestrator down.
-            logger.warning("cannot append to log_file path=%s", path)
+    def _redacted(self, event: RuntimeEvent) -> RuntimeEvent:
+        redactor = self.current_redactor()
+        if not redactor:
+            return event
+        changes: dict[str, object] = {}
+        for name in _TEXT_FIELDS:
+            value = getattr(event, name)
+            if value is not None and redactor.redact(value) != value:
+                changes[name] = redactor.redact(value)
+        for name in _TEXT_LISTS:
+            values = getattr(event, name)
+            if values is not None:
+                redacted = tuple(redactor.redact(value) for value in values)
+                if redacted != values:
+                    changes[name] = redacted
+        return dataclasses.replace(event, **changes) if changes else event  # type: ignore[arg-type]
 
     def scrub(self, text: str) -> str:
         """``text`` with the tracker token (and the well-known token variables) as ``***``.

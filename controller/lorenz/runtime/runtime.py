@@ -25,7 +25,18 @@ from typing import Any
 
 from lorenz.agents import AgentRunner
 from lorenz.config import AgentProtocol, WorkflowSettings
-from lorenz.model import Clock, EventType, Issue, LorenzError, SlotKey, SystemClock
+from lorenz.model import (
+    AppStatus,
+    Clock,
+    ConfigError,
+    EventType,
+    Issue,
+    LorenzError,
+    PollStatus,
+    RuntimeSnapshot,
+    SlotKey,
+    SystemClock,
+)
 from lorenz.orchestrator import Orchestrator
 from lorenz.runtime.dispatching import Dispatching, WorkerPool, WorkerSlot
 from lorenz.runtime.polling import Polling
@@ -110,7 +121,7 @@ class LorenzRuntime:
 
         self._stopped = False
         self._once = False
-        self._app_status = "starting"
+        self._app_status = AppStatus.STARTING
         self._poll_in_progress = False
         self._pending_poll: tuple[bool, bool] | None = None
         self._pending_waiters: list[asyncio.Future[None]] = []
@@ -122,8 +133,8 @@ class LorenzRuntime:
         self._last_poll_at: datetime.datetime | None = None
         self._next_poll_at: datetime.datetime | None = None
         self._last_poll_error: str | None = None
-        self._config_error: dict[str, str] | None = None
-        """``{code, message, since}`` of the reload failing now; ``None`` once one succeeds."""
+        self._config_error: ConfigError | None = None
+        """The reload failing now; ``None`` once one succeeds."""
         self._last_candidates = 0
         self._last_eligible = 0
         self.poll_count = 0
@@ -183,7 +194,7 @@ class LorenzRuntime:
 
     async def start(self, *, once: bool = False, dry_run: bool = False) -> None:
         """Run until stopped (recurring mode) or for one tick plus its runs (``once``)."""
-        self._app_status = "running"
+        self._app_status = AppStatus.RUNNING
         self._dry_run = dry_run
         self._reporting.emit_snapshot()
         if once:
@@ -192,7 +203,7 @@ class LorenzRuntime:
             # continuation that nobody waits for and that the shutdown kills moments later.
             self._once = True
             await self.poll_once(dry_run=dry_run, wait_for_runs=True)
-            self._app_status = "stopped"
+            self._app_status = AppStatus.STOPPED
             self._reporting.emit_snapshot()
             return
         try:
@@ -210,7 +221,7 @@ class LorenzRuntime:
                     await asyncio.wait_for(self._wake.wait(), timeout=interval_s)
         finally:
             await self._dispatching.settle_runs()
-            self._app_status = "stopped"
+            self._app_status = AppStatus.STOPPED
             self._reporting.emit_snapshot()
 
     def stop(self) -> None:
@@ -218,8 +229,8 @@ class LorenzRuntime:
         if self._stopped:
             return
         self._stopped = True
-        if self._app_status != "stopped":  # a finished --once run stays stopped
-            self._app_status = "stopping"
+        if self._app_status is not AppStatus.STOPPED:  # a finished --once run stays stopped
+            self._app_status = AppStatus.STOPPING
         self._pending_poll = None
         for grace in self._graces.values():
             if grace.timer is not None:
@@ -249,29 +260,27 @@ class LorenzRuntime:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._pool.drain(deadline_ms=deadline), deadline / 1000.0)
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> RuntimeSnapshot:
         """The full picture, in three layers: orchestrator, runtime live fields, projections."""
-        core = self._orchestrator.snapshot().to_dict()
-        return {
-            "generated_at": self._clock.now().isoformat(),
-            "app_status": self._app_status,
-            "workflow_path": str(self._workflow.path),
-            "poll": {
-                "status": "polling" if self._poll_in_progress else "idle",
-                "interval_ms": self.settings.polling.interval_ms,
-                "candidates": self._last_candidates,
-                "eligible": self._last_eligible,
-                "last_poll_at": self._last_poll_at.isoformat() if self._last_poll_at else None,
-                "next_poll_at": self._next_poll_at.isoformat() if self._next_poll_at else None,
-                "last_error": self._last_poll_error,
-                "count": self.poll_count,
-            },
-            **core,
-            "recent_events": self._projection.recent_events(),
-            "run_history": self._projection.run_history(),
-            "log_file": self.settings.logging.log_file,
-            "config_error": dict(self._config_error) if self._config_error else None,
-        }
+        return RuntimeSnapshot(
+            app_status=self._app_status,
+            workflow_path=str(self._workflow.path),
+            poll=PollStatus(
+                status="polling" if self._poll_in_progress else "idle",
+                interval_ms=self.settings.polling.interval_ms,
+                candidates=self._last_candidates,
+                eligible=self._last_eligible,
+                last_poll_at=self._last_poll_at,
+                next_poll_at=self._next_poll_at,
+                last_error=self._last_poll_error,
+                count=self.poll_count,
+            ),
+            lanes=self._orchestrator.snapshot(),
+            recent_events=self._projection.recent_events(),
+            run_history=self._projection.run_history(),
+            log_file=self.settings.logging.log_file,
+            config_error=self._config_error,
+        )
 
     async def _tick(self, *, dry_run: bool, wait_for_runs: bool) -> None:
         # NB: the lock covers the tick's body only: runs waiting in wait_for_runs() may need a
@@ -308,11 +317,15 @@ class LorenzRuntime:
             )
         except Exception as exc:  # noqa: BLE001 - any reload failure keeps the last good workflow
             code = str(getattr(exc, "code", type(exc).__name__))
-            self._config_error = {
-                "code": code,
-                "message": self._reporting.scrub(_config_message(exc)),
-                "since": (self._config_error or {}).get("since") or self._clock.now().isoformat(),
-            }
+            self._config_error = ConfigError(
+                code=code,
+                message=self._reporting.scrub(_config_message(exc)),
+                since=(
+                    self._config_error.since
+                    if self._config_error is not None
+                    else self._clock.now()
+                ),
+            )
             self._reporting.event(
                 EventType.WORKFLOW_RELOAD_FAILED,
                 message=f"{describe_error(exc)}; keeping the last known good workflow",

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from lorenz.model import LorenzError
+from lorenz.model import LorenzError, RuntimeSnapshot
 from lorenz.runtime import LorenzRuntime
 from lorenz.server.bodies import MAX_BODY_BYTES, read_empty_object
 from lorenz.server.credentials import token_file_beside, write_token_file
@@ -86,7 +86,7 @@ class _Api:
         hub: SnapshotHub,
         journal: IssueJournal,
         metrics: LorenzMetrics,
-        state_document: Callable[[Mapping[str, Any]], Mapping[str, Any]],
+        state_document: Callable[[RuntimeSnapshot], Mapping[str, Any]],
         openapi: dict[str, Any],
     ) -> None:
         self.runtime = runtime
@@ -135,7 +135,7 @@ class _Api:
     async def health(self, request: web.Request) -> web.StreamResponse:
         if self.runtime.stopped:
             raise _stopped()
-        return _json({"status": "ok", "app_status": self.runtime.snapshot()["app_status"]})
+        return _json({"status": "ok", "app_status": self.runtime.snapshot().app_status.value})
 
     async def openapi_route(self, request: web.Request) -> web.StreamResponse:
         return _json(self.openapi)
@@ -188,16 +188,17 @@ def build_app(
     metrics = metrics if metrics is not None else LorenzMetrics()
     journal = IssueJournal(orchestrator=lambda: runtime.orchestrator)
 
-    def state_document(snapshot: Mapping[str, Any]) -> Mapping[str, Any]:
-        """The snapshot, plus the ``daemon`` block when a daemon runs this workflow."""
-        if daemon_info is None:
-            return snapshot
-        return {**snapshot, "daemon": dict(daemon_info())}
+    def state_document(snapshot: RuntimeSnapshot) -> Mapping[str, Any]:
+        """The snapshot as JSON, plus the ``daemon`` block when a daemon runs this workflow."""
+        document = snapshot.to_dict()
+        if daemon_info is not None:
+            document["daemon"] = dict(daemon_info())
+        return document
 
     # The SSE stream carries the same document as GET /api/v1/state.
     hub = SnapshotHub(
         runtime=runtime,
-        decorate=state_document if daemon_info is not None else None,
+        render=state_document,
         min_interval=sse_min_interval,
         heartbeat=sse_heartbeat,
     )

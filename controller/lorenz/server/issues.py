@@ -9,10 +9,20 @@ what its runs cost, without filtering the whole state themselves.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from lorenz.model import Issue, TokenUsage
+from lorenz.model import (
+    BlockedRow,
+    Issue,
+    ReservingRow,
+    RetryRow,
+    RunningRow,
+    RunRecord,
+    RuntimeEvent,
+    RuntimeSnapshot,
+    TokenUsage,
+)
 from lorenz.server.journal import IssueJournal, IssueTrail
 from lorenz.workspaces import WorkspaceError, WorkspaceManager
 
@@ -22,9 +32,11 @@ LANES = ("running", "reserving", "retrying", "blocked")
 IDLE = "idle"
 """Status of an issue the runtime remembers (history, events) but holds no slot of."""
 
+Row = RunningRow | ReservingRow | RetryRow | BlockedRow | RunRecord | RuntimeEvent
+
 
 def issue_detail(
-    snapshot: Mapping[str, Any],
+    snapshot: RuntimeSnapshot,
     *,
     identifier: str,
     journal: IssueJournal | None,
@@ -35,75 +47,83 @@ def issue_detail(
     issue_id, known_identifier = _resolve(snapshot, identifier, trail)
     if issue_id is None or known_identifier is None:
         return None
-
-    def mine(row: Mapping[str, Any]) -> bool:
-        return row.get("issue_id") == issue_id
-
-    lanes = {lane: [row for row in snapshot.get(lane, ()) if mine(row)] for lane in LANES}
-    history = [entry for entry in snapshot.get("run_history", ()) if mine(entry)]
+    lanes = snapshot.lanes
+    running = [row for row in lanes.running if row.issue_id == issue_id]
+    reserving = [row for row in lanes.reserving if row.issue_id == issue_id]
+    retrying = [row for row in lanes.retrying if row.issue_id == issue_id]
+    blocked = [row for row in lanes.blocked if row.issue_id == issue_id]
+    history = [record for record in snapshot.run_history if record.issue_id == issue_id]
     if trail is not None:
         events = list(reversed(trail.events))
         agent_updates = list(reversed(trail.agent_updates))
     else:
-        events = [event for event in snapshot.get("recent_events", ()) if mine(event)]
+        events = [event for event in snapshot.recent_events if event.issue_id == issue_id]
         agent_updates = []
-    status = next((lane for lane in LANES if lanes[lane]), IDLE)
-    running = lanes["running"]
+    counts: dict[str, Sequence[object]] = {
+        "running": running, "reserving": reserving, "retrying": retrying, "blocked": blocked
+    }
+    status = next((lane for lane in LANES if counts[lane]), IDLE)
+    placed: list[RunningRow | ReservingRow] = [*running, *reserving]
     return {
         "issue_id": issue_id,
         "identifier": known_identifier,
         "status": status,
-        "title": next(
-            (row["title"] for row in running + lanes["reserving"] if row.get("title")), None
-        ),
-        "state": next((row["state"] for row in running + lanes["reserving"]), None),
-        "url": next((row["url"] for row in running if row.get("url")), None),
+        "title": next((row.title for row in placed if row.title), None),
+        "state": next((row.state for row in placed), None),
+        "url": next((row.url for row in running if row.url), None),
         "workspace": _workspace(
-            lanes, identifier=known_identifier, issue_id=issue_id, workspaces=workspaces
+            running, retrying, identifier=known_identifier, issue_id=issue_id,
+            workspaces=workspaces,
         ),
-        "attempts": _attempts(lanes, trail=trail),
-        **lanes,
+        "attempts": _attempts([*running, *reserving, *retrying], trail=trail),
+        "running": [row.to_dict() for row in running],
+        "reserving": [row.to_dict() for row in reserving],
+        "retrying": [row.to_dict() for row in retrying],
+        "blocked": [row.to_dict() for row in blocked],
         "last_agent": _last_agent(running, agent_updates),
         "agent_updates": agent_updates,
         "tokens": _tokens(running, history=history, trail=trail).to_dict(),
-        "recent_events": events,
-        "run_history": history,
-        "last_error": _last_error(lanes, history=history, trail=trail),
+        "recent_events": [event.to_dict() for event in events],
+        "run_history": [record.to_dict() for record in history],
+        "last_error": _last_error(retrying, blocked, history=history, trail=trail),
     }
 
 
 def _resolve(
-    snapshot: Mapping[str, Any], wanted: str, trail: IssueTrail | None
+    snapshot: RuntimeSnapshot, wanted: str, trail: IssueTrail | None
 ) -> tuple[str | None, str | None]:
     """``(issue_id, identifier)`` for an identifier or id, looking everywhere the state holds."""
     if trail is not None:
         return trail.issue_id, trail.identifier
     folded = wanted.casefold()
-    rows = [row for lane in LANES for row in snapshot.get(lane, ())]
-    rows += list(snapshot.get("run_history", ()))
-    rows += list(snapshot.get("recent_events", ()))
-    for matches in (
-        lambda row: row.get("identifier") == wanted,
-        lambda row: row.get("issue_id") == wanted,
-        lambda row: str(row.get("identifier") or "").casefold() == folded,
-    ):
+    lanes = snapshot.lanes
+    rows: list[Row] = [*lanes.running, *lanes.reserving, *lanes.retrying, *lanes.blocked]
+    rows += snapshot.run_history
+    rows += snapshot.recent_events
+    matchers: tuple[Callable[[Row], bool], ...] = (
+        lambda row: row.identifier == wanted,
+        lambda row: row.issue_id == wanted,
+        lambda row: (row.identifier or "").casefold() == folded,
+    )
+    for matches in matchers:
         for row in rows:
-            if matches(row) and row.get("issue_id") and row.get("identifier"):
-                return str(row["issue_id"]), str(row["identifier"])
+            if matches(row) and row.issue_id and row.identifier:
+                return row.issue_id, row.identifier
     return None, None
 
 
 def _workspace(
-    lanes: Mapping[str, list[dict[str, Any]]],
+    running: Sequence[RunningRow],
+    retrying: Sequence[RetryRow],
     *,
     identifier: str,
     issue_id: str,
     workspaces: WorkspaceManager | None,
 ) -> dict[str, Any]:
-    for lane in ("running", "retrying"):
-        for row in lanes[lane]:
-            if row.get("workspace_path"):
-                return {"path": row["workspace_path"], "recorded": True}
+    recorded: list[RunningRow | RetryRow] = [*running, *retrying]
+    for row in recorded:
+        if row.workspace_path:
+            return {"path": row.workspace_path, "recorded": True}
     if workspaces is None:
         return {"path": None, "recorded": False}
     try:
@@ -116,14 +136,9 @@ def _workspace(
 
 
 def _attempts(
-    lanes: Mapping[str, list[dict[str, Any]]], *, trail: IssueTrail | None
+    rows: Sequence[RunningRow | ReservingRow | RetryRow], *, trail: IssueTrail | None
 ) -> dict[str, Any]:
-    attempts = [
-        row["attempt"]
-        for lane in ("running", "reserving", "retrying")
-        for row in lanes[lane]
-        if isinstance(row.get("attempt"), int)
-    ]
+    attempts = [row.attempt for row in rows if row.attempt is not None]
     current = max(attempts) if attempts else None
     return {
         "current_retry_attempt": current,
@@ -133,19 +148,19 @@ def _attempts(
 
 
 def _last_agent(
-    running: list[dict[str, Any]], agent_updates: list[dict[str, Any]]
+    running: Sequence[RunningRow], agent_updates: list[dict[str, Any]]
 ) -> dict[str, Any] | None:
     latest = max(
-        (row for row in running if row.get("last_agent_at")),
-        key=lambda row: str(row["last_agent_at"]),
+        (row for row in running if row.last_agent_at is not None),
+        key=lambda row: row.last_agent_at.isoformat() if row.last_agent_at else "",
         default=None,
     )
-    if latest is not None:
+    if latest is not None and latest.last_agent_at is not None:
         return {
-            "slot_key": latest["slot_key"],
-            "event": latest.get("last_agent_event"),
-            "message": latest.get("last_agent_message"),
-            "at": latest["last_agent_at"],
+            "slot_key": latest.slot_key,
+            "event": latest.last_agent_event,
+            "message": latest.last_agent_message,
+            "at": latest.last_agent_at.isoformat(),
         }
     if agent_updates:
         update = agent_updates[0]
@@ -153,38 +168,39 @@ def _last_agent(
     return None
 
 
-def _usage_of(rows: Iterable[Mapping[str, Any]]) -> TokenUsage:
+def _usage_of(usages: Iterable[TokenUsage]) -> TokenUsage:
     total = TokenUsage()
-    for row in rows:
-        usage = row.get("usage") or {}
-        total = total + TokenUsage(
-            input_tokens=int(usage.get("input_tokens", 0)),
-            output_tokens=int(usage.get("output_tokens", 0)),
-            total_tokens=int(usage.get("total_tokens", 0)),
-        )
+    for usage in usages:
+        total = total + usage
     return total
 
 
 def _tokens(
-    running: list[dict[str, Any]],
+    running: Sequence[RunningRow],
     *,
-    history: list[dict[str, Any]],
+    history: Sequence[RunRecord],
     trail: IssueTrail | None,
 ) -> TokenUsage:
     """Live runs from the lanes, ended runs from the journal (or the bounded history)."""
-    finished = trail.finished_usage if trail is not None else _usage_of(history)
-    return _usage_of(running) + finished
+    finished = (
+        trail.finished_usage
+        if trail is not None
+        else _usage_of(record.usage for record in history)
+    )
+    return _usage_of(row.usage for row in running) + finished
 
 
 def _last_error(
-    lanes: Mapping[str, list[dict[str, Any]]],
+    retrying: Sequence[RetryRow],
+    blocked: Sequence[BlockedRow],
     *,
-    history: list[dict[str, Any]],
+    history: Sequence[RunRecord],
     trail: IssueTrail | None,
 ) -> str | None:
-    for row in lanes["retrying"] + lanes["blocked"]:
-        if row.get("error"):
-            return str(row["error"])
+    waiting: list[RetryRow | BlockedRow] = [*retrying, *blocked]
+    for row in waiting:
+        if row.error:
+            return row.error
     if trail is not None and trail.last_error:
         return trail.last_error
-    return next((str(entry["error"]) for entry in history if entry.get("error")), None)
+    return next((record.error for record in history if record.error), None)

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
-from lorenz.model import EventType, SlotKey, TokenUsage, slot_key
+from lorenz.model import EventType, RuntimeEvent, SlotKey, TokenUsage, slot_key
 from lorenz.orchestrator import Orchestrator
 
 EVENTS_PER_ISSUE = 30
@@ -24,10 +24,10 @@ ISSUES_KEPT = 1000
 
 _RUN_ENDS = frozenset(
     {
-        EventType.RUN_FINISHED.value,
-        EventType.RUN_FAILED.value,
-        EventType.RUN_STALLED.value,
-        EventType.RUN_CANCELED.value,
+        EventType.RUN_FINISHED,
+        EventType.RUN_FAILED,
+        EventType.RUN_STALLED,
+        EventType.RUN_CANCELED,
     }
 )
 
@@ -38,7 +38,7 @@ class IssueTrail:
 
     issue_id: str
     identifier: str
-    events: collections.deque[dict[str, Any]] = dataclasses.field(
+    events: collections.deque[RuntimeEvent] = dataclasses.field(
         default_factory=lambda: collections.deque(maxlen=EVENTS_PER_ISSUE)
     )
     agent_updates: collections.deque[dict[str, Any]] = dataclasses.field(
@@ -80,20 +80,19 @@ class IssueJournal:
             )
         return self._trails.get(issue_id) if issue_id is not None else None
 
-    def on_event(self, event: Mapping[str, Any]) -> None:
+    def on_event(self, event: RuntimeEvent) -> None:
         """The runtime event listener (never raises into the runtime: it guards us anyway)."""
-        kind = event.get("type")
-        if kind == EventType.RUN_UPDATE.value:
+        kind = event.type
+        if kind is EventType.RUN_UPDATE:
             self._on_agent_update(event)
             return
-        issue_id = event.get("issue_id")
-        identifier = event.get("identifier")
-        if not isinstance(issue_id, str) or not isinstance(identifier, str):
+        issue_id, identifier = event.issue_id, event.identifier
+        if issue_id is None or identifier is None:
             return
         trail = self._trail(issue_id, identifier)
-        trail.events.append(dict(event))
-        key = _event_slot_key(issue_id, event)
-        if kind == EventType.RUN_STARTED.value:
+        trail.events.append(event)
+        key = slot_key(issue_id, event.slot) if event.slot is not None and event.slot >= 0 else None
+        if kind is EventType.RUN_STARTED:
             trail.runs_started += 1
             if key is not None:
                 trail.live_usage[key] = TokenUsage()
@@ -103,32 +102,31 @@ class IssueJournal:
             trail.last_messages.pop(key, None)
             if usage is not None:
                 trail.finished_usage = trail.finished_usage + usage
-            if kind in (EventType.RUN_FAILED.value, EventType.RUN_STALLED.value):
-                trail.last_error = event.get("message") or trail.last_error
-        elif kind == EventType.RETRY_SCHEDULED.value and event.get("error"):
-            trail.last_error = str(event["error"])
+            if kind in (EventType.RUN_FAILED, EventType.RUN_STALLED):
+                trail.last_error = event.message or trail.last_error
+        elif kind is EventType.RETRY_SCHEDULED and event.error:
+            trail.last_error = event.error
 
-    def _on_agent_update(self, event: Mapping[str, Any]) -> None:
-        key = event.get("slot_key")
-        if not isinstance(key, str):
+    def _on_agent_update(self, event: RuntimeEvent) -> None:
+        if event.slot_key is None:
             return
-        entry = self._orchestrator().state.running.get(SlotKey(key))
+        slot = SlotKey(event.slot_key)
+        entry = self._orchestrator().state.running.get(slot)
         if entry is None:
             return
         trail = self._trail(entry.issue.id, entry.issue.identifier)
-        slot = SlotKey(key)
         trail.live_usage[slot] = entry.usage
         # NB: the orchestrator keeps the previous message when an update carries none, so a
-        # message is attributed to an update only when it changed (or the event names one).
-        message = event.get("message")
-        if message is None and entry.last_agent_message != trail.last_messages.get(slot):
+        # message is attributed to an update only when it changed.
+        message = None
+        if entry.last_agent_message != trail.last_messages.get(slot):
             message = entry.last_agent_message
         trail.last_messages[slot] = entry.last_agent_message
         trail.agent_updates.append(
             {
                 "at": entry.last_agent_at.isoformat() if entry.last_agent_at else None,
-                "slot_key": key,
-                "event": event.get("event"),
+                "slot_key": event.slot_key,
+                "event": event.agent_event,
                 "message": message,
             }
         )
@@ -151,10 +149,3 @@ class IssueJournal:
                 trail.identifier = identifier
         self._by_identifier[identifier] = issue_id
         return trail
-
-
-def _event_slot_key(issue_id: str, event: Mapping[str, Any]) -> SlotKey | None:
-    slot = event.get("slot")
-    if isinstance(slot, int) and not isinstance(slot, bool) and slot >= 0:
-        return slot_key(issue_id, slot)
-    return None

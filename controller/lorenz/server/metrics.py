@@ -36,7 +36,15 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
-from lorenz.model import EventType, LorenzError, RetryKind, RunOutcome, SlotKey, slot_key
+from lorenz.model import (
+    EventType,
+    LorenzError,
+    RetryKind,
+    RunOutcome,
+    RuntimeEvent,
+    SlotKey,
+    slot_key,
+)
 from lorenz.policies import StopReason
 from lorenz.runtime import LorenzRuntime
 
@@ -57,11 +65,11 @@ KNOWN_STOP_REASONS = (*(r.value for r in StopReason), STALLED_REASON, CLAIM_DELE
 _PENDING_CAP = 10_000
 """Bound on starts/reservations waiting for their tick's end (a tick never closes on a crash)."""
 
-_END_OUTCOMES = {
-    EventType.RUN_FINISHED.value: RunOutcome.SUCCESS.value,
-    EventType.RUN_FAILED.value: RunOutcome.FAILED.value,
-    EventType.RUN_STALLED.value: RunOutcome.STALLED.value,
-    EventType.RUN_CANCELED.value: RunOutcome.CANCELED.value,
+_END_OUTCOMES: dict[EventType, str] = {
+    EventType.RUN_FINISHED: RunOutcome.SUCCESS.value,
+    EventType.RUN_FAILED: RunOutcome.FAILED.value,
+    EventType.RUN_STALLED: RunOutcome.STALLED.value,
+    EventType.RUN_CANCELED: RunOutcome.CANCELED.value,
 }
 
 
@@ -203,15 +211,15 @@ class LorenzMetrics:
         for reason in KNOWN_STOP_REASONS:
             self._child(feed, "reconcile_stops", reason)
 
-    def _on_event(self, feed: _Feed, event: Mapping[str, Any]) -> None:
-        kind = event.get("type")
-        if kind == EventType.RUN_UPDATE.value:
+    def _on_event(self, feed: _Feed, event: RuntimeEvent) -> None:
+        kind = event.type
+        if kind is EventType.RUN_UPDATE:
             return  # the bulk of the traffic; tokens are read at scrape time
-        at = _timestamp(event.get("at"))
+        at = event.at
         key = _slot_of(event)
-        if kind == EventType.RUN_STARTED.value:
+        if kind is EventType.RUN_STARTED:
             self._child(feed, "dispatches").inc()
-            if key is None or at is None:
+            if key is None:
                 return
             feed.run_started_at[key] = at
             feed.tick_reservations.discard(key)
@@ -220,41 +228,40 @@ class LorenzMetrics:
                 self._observe_latency(feed, started=at, tick_start=tick_start)
             elif len(feed.tick_starts) < _PENDING_CAP:
                 feed.tick_starts.append((key, at))
-        elif kind == EventType.RUN_RESERVING.value:
+        elif kind is EventType.RUN_RESERVING:
             if key is not None and len(feed.tick_reservations) < _PENDING_CAP:
                 feed.tick_reservations.add(key)
-        elif kind == EventType.DISPATCH_SKIPPED.value:
+        elif kind is EventType.DISPATCH_SKIPPED:
             if key is not None:
                 feed.reserved_in_tick.pop(key, None)
                 feed.tick_reservations.discard(key)
-        elif kind in (EventType.POLL_COMPLETED.value, EventType.POLL_ERROR.value):
-            self._on_tick_end(feed, event, at=at, error=kind == EventType.POLL_ERROR.value)
+        elif kind in (EventType.POLL_COMPLETED, EventType.POLL_ERROR):
+            self._on_tick_end(feed, event, at=at, error=kind is EventType.POLL_ERROR)
         elif kind in _END_OUTCOMES:
-            outcome = str(event.get("outcome") or _END_OUTCOMES[kind])
+            outcome = event.outcome or _END_OUTCOMES[kind]
             self._child(feed, "outcomes", outcome).inc()
             started = feed.run_started_at.pop(key, None) if key is not None else None
-            if started is not None and at is not None:
+            if started is not None:
                 seconds = max((at - started).total_seconds(), 0.0)
                 self._child(feed, "run_duration", outcome).observe(seconds)
-            if kind == EventType.RUN_CANCELED.value:
-                reason = str(event.get("reason") or "unknown")
-                self._child(feed, "reconcile_stops", reason).inc()
-            elif kind == EventType.RUN_STALLED.value:
+            if kind is EventType.RUN_CANCELED:
+                self._child(feed, "reconcile_stops", event.reason or "unknown").inc()
+            elif kind is EventType.RUN_STALLED:
                 self._child(feed, "reconcile_stops", STALLED_REASON).inc()
-        elif kind == EventType.RETRY_SCHEDULED.value:
-            self._child(feed, "retries", str(event.get("retry_kind") or "unknown")).inc()
-        elif kind == EventType.STOPPING.value:
+        elif kind is EventType.RETRY_SCHEDULED:
+            self._child(feed, "retries", event.retry_kind or "unknown").inc()
+        elif kind is EventType.STOPPING:
             feed.tick_starts.clear()
             feed.tick_reservations.clear()
             feed.reserved_in_tick.clear()
 
     def _on_tick_end(
-        self, feed: _Feed, event: Mapping[str, Any], *, at: datetime.datetime | None, error: bool
+        self, feed: _Feed, event: RuntimeEvent, *, at: datetime.datetime, error: bool
     ) -> None:
         if error:
             self._child(feed, "poll_errors").inc()
-        duration_ms = event.get("duration_ms")
-        if not isinstance(duration_ms, int | float) or at is None:
+        duration_ms = event.duration_ms
+        if duration_ms is None:
             feed.tick_starts.clear()
             feed.tick_reservations.clear()
             return
@@ -331,20 +338,7 @@ class _StateCollector(Collector):
         yield tokens
 
 
-def _timestamp(value: Any) -> datetime.datetime | None:
-    if not isinstance(value, str):
+def _slot_of(event: RuntimeEvent) -> SlotKey | None:
+    if event.issue_id is None or event.slot is None or event.slot < 0:
         return None
-    try:
-        return datetime.datetime.fromisoformat(value)
-    except ValueError:
-        return None
-
-
-def _slot_of(event: Mapping[str, Any]) -> SlotKey | None:
-    issue_id = event.get("issue_id")
-    slot = event.get("slot")
-    if not isinstance(issue_id, str) or not isinstance(slot, int) or isinstance(slot, bool):
-        return None
-    if slot < 0:
-        return None
-    return slot_key(issue_id, slot)
+    return slot_key(event.issue_id, event.slot)

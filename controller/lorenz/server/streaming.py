@@ -27,6 +27,7 @@ from typing import Any
 
 from aiohttp import web
 
+from lorenz.model import RuntimeSnapshot
 from lorenz.runtime import LorenzRuntime
 
 logger = logging.getLogger("lorenz.server")
@@ -39,7 +40,8 @@ RECONNECT_MS = 2000
 
 HEARTBEAT_FRAME = b": heartbeat\n\n"
 
-Decorate = Callable[[Mapping[str, Any]], Mapping[str, Any]]
+Render = Callable[[RuntimeSnapshot], Mapping[str, Any]]
+"""Turns a snapshot into the document a frame carries (by default ``RuntimeSnapshot.to_dict``)."""
 
 
 def encode_event(*, event: str, data: Mapping[str, Any], event_id: int | None = None) -> bytes:
@@ -65,17 +67,17 @@ class SnapshotHub:
         self,
         *,
         runtime: LorenzRuntime,
-        decorate: Decorate | None = None,
+        render: Render = RuntimeSnapshot.to_dict,
         min_interval: float = DEFAULT_MIN_INTERVAL_S,
         heartbeat: float = DEFAULT_HEARTBEAT_S,
     ) -> None:
         self._runtime = runtime
-        self._decorate = decorate
+        self._render = render
         self.min_interval = min_interval
         self.heartbeat = heartbeat
         self._clients: set[_Client] = set()
         self._unsubscribe: Callable[[], None] | None = None
-        self._latest: Mapping[str, Any] | None = None
+        self._latest: RuntimeSnapshot | None = None
         self._version = 0
         self._dirty = asyncio.Event()
         self._broadcaster: asyncio.Task[None] | None = None
@@ -105,7 +107,7 @@ class SnapshotHub:
             client.wake.set()
         self._drop_subscription()
 
-    def _on_snapshot(self, snapshot: dict[str, Any]) -> None:
+    def _on_snapshot(self, snapshot: RuntimeSnapshot) -> None:
         # NB: called synchronously from inside the runtime on every change: keep it O(1);
         # encoding waits for the broadcaster's next beat.
         self._latest = snapshot
@@ -137,9 +139,9 @@ class SnapshotHub:
                 client.frame = frame
                 client.wake.set()
 
-    def _encode(self, snapshot: Mapping[str, Any], *, version: int) -> bytes:
-        document = self._decorate(snapshot) if self._decorate is not None else snapshot
-        return encode_event(event="snapshot", data=document, event_id=version)
+    def _encode(self, snapshot: RuntimeSnapshot, *, version: int) -> bytes:
+        # NB: the snapshot becomes JSON here, once per frame, not once per change.
+        return encode_event(event="snapshot", data=self._render(snapshot), event_id=version)
 
     def _join(self) -> _Client:
         client = _Client()

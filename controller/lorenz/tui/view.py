@@ -19,12 +19,13 @@ import contextlib
 import datetime
 import logging
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, Protocol, TextIO
 
 from rich.console import Console
 from rich.live import Live
 
+from lorenz.model import RuntimeSnapshot
 from lorenz.runtime import LorenzRuntime
 from lorenz.tui.rendering import render_snapshot
 from lorenz.workflow import LoadedWorkflow
@@ -52,7 +53,7 @@ class TerminalView:
         self._live: Live | None = None
         self._task: asyncio.Task[None] | None = None
         self._unsubscribe: Callable[[], None] | None = None
-        self._snapshot: Mapping[str, Any] | None = None
+        self._snapshot: RuntimeSnapshot | None = None
         self._dirty = asyncio.Event()
         self._closing = False
         self._rerouted: list[tuple[logging.StreamHandler[Any], Any]] = []
@@ -109,7 +110,7 @@ class TerminalView:
             self._restore_log_handlers()
             live.stop()
 
-    def _on_snapshot(self, snapshot: Mapping[str, Any]) -> None:
+    def _on_snapshot(self, snapshot: RuntimeSnapshot) -> None:
         self._snapshot = snapshot
         self._dirty.set()
 
@@ -154,7 +155,9 @@ class TerminalView:
         # Roughly: header, totals and lane chrome take ~16 lines; the rest goes to rows.
         rows = max(2, min(8, (height - 16) // 4))
         live.update(
-            render_snapshot(self._snapshot, now=self._clock(), max_rows_per_lane=rows),
+            # NB: the wire form, built at the redraw rate (not on every change): the view draws
+            # exactly the document the dashboard draws.
+            render_snapshot(self._snapshot.to_dict(), now=self._clock(), max_rows_per_lane=rows),
             refresh=True,
         )
         self.frames += 1
