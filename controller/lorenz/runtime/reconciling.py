@@ -226,25 +226,10 @@ class Reconciling:
         """Stop every slot of an issue, release its claims, clean up when it is terminal."""
         released = await self._runtime._orchestrator.cleanup_issue(issue_id)
         identifier = issue.identifier if issue is not None else released.identifier or issue_id
-        for key in released.aborted:
-            self._runtime._timers.cancel(key)
-            run = self._runtime._runs.get(key)
-            if run is not None:
-                run.finish_externally(AbortReason.CANCELED)
+        self.stopped(released, reason=reason, message=f"run stopped: issue {reason}")
         for key in list(self._runtime._timers.armed()):
             if key.rsplit("#", 1)[0] == issue_id:
                 self._runtime._timers.cancel(key)
-        for entry in released.runs:
-            self._runtime._reporting.record_run(
-                entry, outcome=RunOutcome.CANCELED, error=f"stopped: {reason}"
-            )
-            self._runtime._reporting.event(
-                EventType.RUN_CANCELED,
-                issue=entry.issue,
-                slot=entry.slot_index,
-                message=f"run stopped: issue {reason}",
-                reason=reason,
-            )
         if reason == "terminal":
             removed = await self.remove_workspaces(identifier, issue_id=issue_id)
             if removed is not None:
@@ -271,6 +256,27 @@ class Reconciling:
         released: Released = await self._runtime._orchestrator.release_slot(key)
         if not released.aborted and run is None:
             return False
+        self.stopped(released, reason=reason, message=f"run stopped: {reason}")
+        if run is not None:
+            # NB: a run the orchestrator no longer holds (it exited, its end not yet decided)
+            # is still ours to stop.
+            run.finish_externally(AbortReason.CANCELED)
+        self._runtime._dispatching.nudge()
+        return True
+
+    def stopped(self, released: Released, *, reason: str, message: str) -> None:
+        """What every stop from outside does with the slots the orchestrator released.
+
+        Their retry timers are disarmed, their runs aborted (a run settled by someone else
+        records nothing itself), and each run that was going gets its history row and one
+        ``run_canceled`` event here. Both stops use it: an issue's (reconciliation, the end of a
+        terminal grace) and one slot's (a deleted ``Claim``).
+        """
+        for key in released.aborted:
+            self._runtime._timers.cancel(key)
+            run = self._runtime._runs.get(key)
+            if run is not None:
+                run.finish_externally(AbortReason.CANCELED)
         for entry in released.runs:
             self._runtime._reporting.record_run(
                 entry, outcome=RunOutcome.CANCELED, error=f"stopped: {reason}"
@@ -279,13 +285,9 @@ class Reconciling:
                 EventType.RUN_CANCELED,
                 issue=entry.issue,
                 slot=entry.slot_index,
-                message=f"run stopped: {reason}",
+                message=message,
                 reason=reason,
             )
-        if run is not None:
-            run.finish_externally(AbortReason.CANCELED)
-        self._runtime._dispatching.nudge()
-        return True
 
     def grace_keys(self, issue_id: str) -> set[SlotKey]:
         grace = self._runtime._graces.get(issue_id)
