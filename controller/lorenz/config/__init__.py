@@ -1,6 +1,7 @@
 """The typed configuration schema (one pydantic model), shared by every layer above it."""
 
 from lorenz.config.settings import (
+    CODED_CONFIG_ERRORS,
     DEFAULT_ACTIVE_STATES,
     DEFAULT_CODEX_COMMAND,
     DEFAULT_TERMINAL_STATES,
@@ -21,7 +22,11 @@ from lorenz.config.settings import (
     LogFormat,
     LoggingSettings,
     PollingSettings,
+    RetryBackoffSettings,
+    RetryEscalationSettings,
+    RetrySettings,
     ServerSettings,
+    TerminalAction,
     TrackerKind,
     TrackerSettings,
     WorkerPoolSettings,
@@ -32,6 +37,7 @@ from lorenz.config.settings import (
 )
 
 __all__ = [
+    "CODED_CONFIG_ERRORS",
     "DEFAULT_ACTIVE_STATES",
     "DEFAULT_CODEX_COMMAND",
     "DEFAULT_TERMINAL_STATES",
@@ -52,7 +58,11 @@ __all__ = [
     "LogFormat",
     "LoggingSettings",
     "PollingSettings",
+    "RetryBackoffSettings",
+    "RetryEscalationSettings",
+    "RetrySettings",
     "ServerSettings",
+    "TerminalAction",
     "TrackerKind",
     "TrackerSettings",
     "WorkerPoolSettings",

@@ -26,10 +26,23 @@ from typing import Annotated, Any, Literal
 
 import pydantic
 from pydantic import BeforeValidator, Field
+from pydantic_core import PydanticCustomError
 
 RELOAD_KEY = "x-lorenz-reload"
 ENV_KEY = "x-lorenz-env"
 PASSTHROUGH_KEY = "x-lorenz-passthrough"
+
+CODED_CONFIG_ERRORS: frozenset[str] = frozenset(
+    {
+        "retry_backoff_alias_conflict",
+        "retry_cancel_state_active",
+        "retry_cancel_state_missing",
+        "retry_escalation_empty",
+        "retry_escalation_label_required",
+    }
+)
+"""Validation error types raised here whose type is also the stable code the loader reports
+(instead of the generic ``invalid_workflow_config``)."""
 
 
 def _reload(mode: Literal["hot", "new-runs", "restart"], **extra: Any) -> dict[str, Any]:
@@ -256,7 +269,8 @@ class AgentSettings(Section):
     """Per-state caps; keys are state names compared trimmed and lowercased."""
 
     max_retry_backoff_ms: PositiveInt = Field(default=300000, json_schema_extra=_reload("hot"))
-    """Cap on the failure backoff ``10000 * 2^(attempt-1)``."""
+    """Alias of ``retry.backoff.max_ms`` (the older spelling, still accepted): when only this
+    key is set it caps the failure backoff; setting both to different values is an error."""
 
     max_turns: PositiveInt = Field(default=20, json_schema_extra=_reload("new-runs"))
     """Turns per run on one thread while the issue stays active."""
@@ -281,6 +295,91 @@ class AgentSettings(Section):
                 raise ValueError("state names must not be blank")
             out[norm] = cap
         return out
+
+
+class TerminalAction(enum.StrEnum):
+    """What happens to an issue whose slot has used up ``retry.max_attempts``."""
+
+    BLOCK = "block"
+    """Stop retrying; the slot waits in the ``blocked`` lane until a refresh or a change of
+    the issue in the tracker."""
+    ESCALATE = "escalate"
+    """As ``block``, and tell the tracker once: a comment and/or a label on the issue."""
+    CANCEL = "cancel"
+    """Move the issue to ``retry.cancel_state``; the slot is released."""
+
+
+class RetryBackoffSettings(Section):
+    """Failure backoff: ``min(initial_ms * multiplier^(failures-1), max_ms)``."""
+
+    initial_ms: PositiveInt = Field(default=10000, json_schema_extra=_reload("hot"))
+    """Delay before the retry after the first failure."""
+    multiplier: PositiveInt = Field(default=2, le=100, json_schema_extra=_reload("hot"))
+    """Factor applied for each further consecutive failure (``1`` = a fixed delay)."""
+    max_ms: PositiveInt = Field(default=300000, json_schema_extra=_reload("hot"))
+    """Cap on any failure delay (``agent.max_retry_backoff_ms`` is an alias)."""
+
+
+class RetryEscalationSettings(Section):
+    """How ``terminal_action: escalate`` tells the tracker (at least one of the two)."""
+
+    comment: bool = Field(default=True, json_schema_extra=_reload("hot"))
+    """Post one comment on the issue saying why it stopped (with a hidden idempotency key, so a
+    replay after a crash never posts it twice)."""
+    label: str | None = Field(default="lorenz-blocked", json_schema_extra=_reload("hot"))
+    """Label added to the issue (``null`` = none). A label in ``tracker.required_labels`` is
+    refused: it would never be a change the operator made."""
+
+    @pydantic.field_validator("label", mode="before")
+    @classmethod
+    def _blank_label_is_none(cls, value: Any) -> Any:
+        return _strip_blank_to_none(value)
+
+    @pydantic.model_validator(mode="after")
+    def _says_something(self) -> RetryEscalationSettings:
+        if not self.comment and self.label is None:
+            raise PydanticCustomError(
+                "retry_escalation_empty",
+                "escalation needs a comment or a label; set comment: true or a label",
+            )
+        return self
+
+
+class RetrySettings(Section):
+    """Retry budget for failing runs and what happens when it is used up.
+
+    Only *consecutive failures* of a slot count: a clean exit (a continuation) resets the count
+    and never consumes the budget. An agent that asks for input or approval goes to the
+    ``blocked`` lane at once, whatever the budget."""
+
+    max_attempts: PositiveInt = Field(default=3, le=100, json_schema_extra=_reload("hot"))
+    """Consecutive failures a slot may have; the next decision after the last one is the
+    terminal action instead of another retry."""
+    backoff: RetryBackoffSettings = Field(default_factory=RetryBackoffSettings)
+    """Delay between failed attempts."""
+    terminal_action: TerminalAction = Field(
+        default=TerminalAction.BLOCK, json_schema_extra=_reload("hot")
+    )
+    """``block``, ``escalate`` or ``cancel`` (see the ``TerminalAction`` values)."""
+    escalate: RetryEscalationSettings = Field(default_factory=RetryEscalationSettings)
+    """Comment and label of ``terminal_action: escalate``."""
+    cancel_state: str | None = Field(default=None, json_schema_extra=_reload("hot"))
+    """The tracker state ``terminal_action: cancel`` moves the issue to (required then; must
+    not be one of ``tracker.active_states``)."""
+
+    @pydantic.field_validator("cancel_state", mode="before")
+    @classmethod
+    def _blank_state_is_none(cls, value: Any) -> Any:
+        return _strip_blank_to_none(value)
+
+    @pydantic.model_validator(mode="after")
+    def _cancel_needs_state(self) -> RetrySettings:
+        if self.terminal_action is TerminalAction.CANCEL and self.cancel_state is None:
+            raise PydanticCustomError(
+                "retry_cancel_state_missing",
+                "terminal_action: cancel needs retry.cancel_state (the state to move the issue to)",
+            )
+        return self
 
 
 class AgentProtocol(enum.StrEnum):
@@ -533,6 +632,8 @@ class WorkflowSettings(pydantic.BaseModel):
     """Workspace lifecycle scripts."""
     agent: AgentSettings = Field(default_factory=AgentSettings)
     """Scheduling limits and the agent kind to run."""
+    retry: RetrySettings = Field(default_factory=RetrySettings)
+    """Failure backoff, retry budget and terminal action."""
     agents: dict[str, AgentKindSettings] = Field(default_factory=dict)
     """Agent kinds by name; ``codex`` is predefined from the ``codex`` section."""
     codex: CodexSettings = Field(default_factory=CodexSettings)
@@ -561,6 +662,45 @@ class WorkflowSettings(pydantic.BaseModel):
         kinds = dict(self.agents)
         kinds.setdefault("codex", self.codex.as_agent_kind())
         return kinds
+
+    @pydantic.model_validator(mode="after")
+    def _retry_settings_agree(self) -> WorkflowSettings:
+        alias = self.agent.max_retry_backoff_ms
+        backoff = self.retry.backoff
+        if "max_retry_backoff_ms" in self.agent.model_fields_set:
+            if "max_ms" in backoff.model_fields_set and backoff.max_ms != alias:
+                raise PydanticCustomError(
+                    "retry_backoff_alias_conflict",
+                    "agent.max_retry_backoff_ms ({alias}) is an alias of retry.backoff.max_ms "
+                    "({max_ms}); keep only retry.backoff.max_ms",
+                    {"alias": alias, "max_ms": backoff.max_ms},
+                )
+            if backoff.max_ms != alias:
+                # NB: frozen models; the alias is folded in once, here, so every reader uses
+                # retry.backoff.max_ms only.
+                retry = self.retry.model_copy(
+                    update={"backoff": backoff.model_copy(update={"max_ms": alias})}
+                )
+                object.__setattr__(self, "retry", retry)
+        cancel = self.retry.cancel_state
+        if self.retry.terminal_action is TerminalAction.CANCEL and cancel is not None:
+            active = {state.strip().lower() for state in self.tracker.active_states}
+            if cancel.strip().lower() in active:
+                raise PydanticCustomError(
+                    "retry_cancel_state_active",
+                    "retry.cancel_state {state!r} is an active state, so the issue would run "
+                    "again; name a state outside tracker.active_states",
+                    {"state": cancel},
+                )
+        label = self.retry.escalate.label
+        if label is not None and label.strip().lower() in self.tracker.required_labels:
+            raise PydanticCustomError(
+                "retry_escalation_label_required",
+                "retry.escalate.label {label!r} is one of tracker.required_labels; pick "
+                "another label",
+                {"label": label},
+            )
+        return self
 
     @pydantic.model_validator(mode="after")
     def _agent_kind_defined(self) -> WorkflowSettings:

@@ -142,20 +142,43 @@ class RetryRow:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class BlockedRow:
-    """A slot waiting for operator input. Not produced by this version; see state.py."""
+    """A slot that stopped retrying until a refresh or a change of its issue (the retry
+    budget was used up, or the agent asked for input or approval; see ``policies.retries``)."""
 
     slot_key: str
     issue_id: str
     identifier: str
     error: str | None
+    """The last run's error, or the agent's question."""
     blocked_at: datetime.datetime
+    slot_index: int = 0
+    reason: str = "retry_budget_exhausted"
+    """``retry_budget_exhausted``, ``input_required`` or ``approval_required``."""
+    failures: int = 0
+    """Consecutive failed runs when it was blocked."""
+    attempt: int = 0
+    terminal_action: str = "block"
+    """``block``, ``escalate`` or ``cancel``."""
+    action_done: bool = True
+    """Whether the terminal action has been applied (always for ``block``)."""
+    action_error: str | None = None
+    """Why the last attempt at the terminal action failed (tried again every poll)."""
+    workspace_path: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "slot_key": self.slot_key,
             "issue_id": self.issue_id,
             "identifier": self.identifier,
+            "slot_index": self.slot_index,
+            "reason": self.reason,
             "error": self.error,
+            "failures": self.failures,
+            "attempt": self.attempt,
+            "terminal_action": self.terminal_action,
+            "action_done": self.action_done,
+            "action_error": self.action_error,
+            "workspace_path": self.workspace_path,
             "blocked_at": _iso(self.blocked_at),
         }
 

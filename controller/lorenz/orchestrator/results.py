@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from lorenz.model import Issue, LorenzError, ReservationRecord, RetryEntry, RunningEntry, SlotKey
+from lorenz.orchestrator.state import BlockedEntry
 
 
 class DispatchCandidate(NamedTuple):
@@ -85,6 +86,8 @@ class Finished:
     """The running entry as it was when the run ended (usage, session, turns, start time)."""
     retry: RetryEntry | None
     """The retry it wrote; ``None`` when the slot was released instead (``release=True``)."""
+    blocked: BlockedEntry | None = None
+    """Set (and ``retry`` is ``None``) when the slot was blocked instead of retried."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -142,6 +145,10 @@ class EligibilityReport:
     """Reservations swept because they outlived ``acquire_timeout_ms * 2 + 60000``."""
     pruned: tuple[RetryEntry, ...] = ()
     """Retries dropped because their issue is no longer an active, routable candidate."""
+    unblocked: tuple[BlockedEntry, ...] = ()
+    """Blocked slots whose issue changed in the tracker: they retry now."""
+    released_blocked: tuple[BlockedEntry, ...] = ()
+    """Blocked slots dropped because their issue is no longer an active, routable candidate."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

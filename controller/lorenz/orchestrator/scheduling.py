@@ -27,7 +27,7 @@ import secrets
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, cast
 
-from lorenz.config import WorkflowSettings
+from lorenz.config import TerminalAction, WorkflowSettings
 from lorenz.model import (
     AgentUpdate,
     CapacityProbe,
@@ -63,7 +63,7 @@ from lorenz.orchestrator.results import (
     Started,
 )
 from lorenz.orchestrator.snapshots import OrchestratorSnapshot, orchestrator_snapshot
-from lorenz.orchestrator.state import ForeignClaim, OrchestratorState
+from lorenz.orchestrator.state import BlockedEntry, ForeignClaim, OrchestratorState
 from lorenz.policies import (
     IssueRules,
     StopReason,
@@ -73,11 +73,16 @@ from lorenz.policies import (
     next_failure_attempt,
     reconciliation_decision,
     reservation_lifetime_ms,
-    retry_plan,
     select_worker_host,
     sort_for_dispatch,
     stall_error,
     stalled_for_ms,
+)
+from lorenz.policies.retries import (
+    BlockReason,
+    issue_version,
+    settle_decision,
+    terminal_action_key,
 )
 
 CHECKPOINT_SCHEMA = 1
@@ -285,6 +290,9 @@ class Orchestrator:
                 else:
                     state.usage_totals = totals
                     usage_restored = True
+                retry_problem = self._restore_retry_state(stored.checkpoint, recovered=recovered)
+                if retry_problem is not None:
+                    problems.append(retry_problem)
             await self._persist_recovered(
                 interrupted, recovered_usage=recovered_usage, owner=own, now=wall
             )
@@ -371,8 +379,12 @@ class Orchestrator:
             )
         # The run (or the acquire) died with its owner: it failed, retry with backoff.
         attempt = next_failure_attempt(record.attempt)
+        backoff = self._settings.retry.backoff
         delay = failure_backoff_ms(
-            attempt, max_backoff_ms=self._settings.agent.max_retry_backoff_ms
+            attempt,
+            max_backoff_ms=backoff.max_ms,
+            initial_ms=backoff.initial_ms,
+            multiplier=backoff.multiplier,
         )
         return RetryEntry(
             issue_id=record.issue_id,
@@ -399,6 +411,45 @@ class Orchestrator:
             f"claim {record.slot_key!r} does not match issue {record.issue_id!r} slot "
             f"{record.slot_index}; delete that claim row from the claim store",
         )
+
+    def _restore_retry_state(
+        self, checkpoint: Mapping[str, Any], *, recovered: Mapping[SlotKey, ClaimRecord]
+    ) -> CheckpointInvalid | None:
+        """Failure streaks and blocked slots back from the checkpoint, for the pending-retry
+        rows just recovered (an entry without its row is stale and dropped)."""
+        state = self._state
+        pending = {
+            key for key, record in recovered.items() if record.phase is ClaimPhase.RETRY_PENDING
+        }
+        streaks = checkpoint.get("failure_streaks") if isinstance(checkpoint, Mapping) else None
+        blocked_rows = checkpoint.get("blocked") if isinstance(checkpoint, Mapping) else None
+        problem: CheckpointInvalid | None = None
+        if isinstance(streaks, list):
+            for item in streaks:
+                try:
+                    key = _AS_SLOT_KEY(str(item["slot_key"]))
+                    failures = int(item["failures"])
+                except (KeyError, TypeError, ValueError):
+                    problem = _retry_state_invalid()
+                    continue
+                if key in recovered and failures > 0:
+                    state.failure_streaks[key] = failures
+        elif streaks is not None:
+            problem = _retry_state_invalid()
+        if isinstance(blocked_rows, list):
+            for item in blocked_rows:
+                blocked = blocked_from_checkpoint(item)
+                if blocked is None:
+                    problem = _retry_state_invalid()
+                    continue
+                key = blocked.key
+                if key not in pending:
+                    continue
+                state.retry_attempts.pop(key, None)
+                state.blocked[key] = blocked
+        elif blocked_rows is not None:
+            problem = _retry_state_invalid()
+        return problem
 
     @staticmethod
     def _read_checkpoint(checkpoint: Mapping[str, Any]) -> UsageTotals | CheckpointInvalid:
@@ -450,6 +501,14 @@ class Orchestrator:
             if not complete:
                 self._last_eligibility = EligibilityReport(expired=tuple(expired))
                 return candidates
+            unblocked: list[BlockedEntry] = []
+            released_blocked: list[BlockedEntry] = []
+            if self._state.blocked:
+                unblocked, released_blocked = await self._review_blocked_locked(
+                    issues, eligible_tracked, now_ms=now_ms
+                )
+                if unblocked:
+                    candidates, eligible_tracked = self._candidates(issues, now_ms=now_ms)
             pruned: list[RetryEntry] = []
             if self._state.retry_attempts:
                 pruned = await self._prune_retries_locked(eligible_tracked)
@@ -459,8 +518,122 @@ class Orchestrator:
                 foreign = self._state.foreign
                 for key in [k for k in foreign if k.rpartition("#")[0] not in eligible_tracked]:
                     del foreign[key]
-            self._last_eligibility = EligibilityReport(expired=tuple(expired), pruned=tuple(pruned))
+            self._last_eligibility = EligibilityReport(
+                expired=tuple(expired),
+                pruned=tuple(pruned),
+                unblocked=tuple(unblocked),
+                released_blocked=tuple(released_blocked),
+            )
             return candidates
+
+    async def _review_blocked_locked(
+        self, issues: Sequence[Issue], eligible_ids: set[str], *, now_ms: float
+    ) -> tuple[list[BlockedEntry], list[BlockedEntry]]:
+        """On a full candidate list: release blocked slots whose issue is no longer eligible,
+        note the issue's version once the terminal action is done, and unblock a slot whose
+        issue has changed since."""
+        state = self._state
+        span = self._settings.agent.ensemble_size
+        ids = {blocked.issue_id for blocked in state.blocked.values()}
+        by_id = {issue.id: issue for issue in issues if issue.id in ids}
+        unblocked: list[BlockedEntry] = []
+        released: list[BlockedEntry] = []
+        noted = False
+        for key, blocked in list(state.blocked.items()):
+            issue = by_id.get(blocked.issue_id)
+            if issue is None or blocked.issue_id not in eligible_ids or blocked.slot_index >= span:
+                del state.blocked[key]
+                state.failure_streaks.pop(key, None)
+                released.append(blocked)
+                continue
+            version = issue_version(issue)
+            if blocked.issue_version is None:
+                if blocked.action_done:
+                    blocked.issue_version = version
+                    noted = True
+            elif version != blocked.issue_version:
+                unblocked.append(blocked)
+        for blocked in released:
+            await self._store.release(blocked.key)
+        wall = self._clock.now()
+        for blocked in unblocked:
+            await self._unblock_locked(blocked, now_ms=now_ms, wall=wall)
+        if released or unblocked or noted:
+            await self._save_checkpoint()
+        return unblocked, released
+
+    def _blocked_retry(self, blocked: BlockedEntry, *, now_ms: float) -> RetryEntry:
+        """The retry a blocked slot becomes when it is unblocked: due at once, same attempt."""
+        return RetryEntry(
+            issue_id=blocked.issue_id,
+            identifier=blocked.identifier,
+            slot_index=blocked.slot_index,
+            attempt=blocked.attempt,
+            kind=RetryKind.FAILURE,
+            due_at_ms=now_ms,
+            due_at=blocked.blocked_at,
+            error=blocked.error,
+            host=blocked.host,
+            workspace_path=blocked.workspace_path,
+        )
+
+    async def _unblock_locked(
+        self, blocked: BlockedEntry, *, now_ms: float, wall: datetime.datetime
+    ) -> RetryEntry:
+        key = blocked.key
+        self._state.blocked.pop(key, None)
+        # NB: a person looked at it: the budget starts again.
+        self._state.failure_streaks.pop(key, None)
+        retry = self._blocked_retry(blocked, now_ms=now_ms)
+        retry.due_at = wall
+        self._state.retry_attempts[key] = retry
+        await self._store.save(retry_record(retry, owner=self._store.owner, now=wall))
+        return retry
+
+    async def unblock(self, issue_id: str | None = None) -> tuple[BlockedEntry, ...]:
+        """Unblock every blocked slot (a refresh), or those of one issue: each becomes a
+        failure retry due at once, with a fresh retry budget."""
+        async with self._lock:
+            state = self._state
+            chosen = [
+                blocked
+                for blocked in state.blocked.values()
+                if issue_id is None or blocked.issue_id == issue_id
+            ]
+            if not chosen:
+                return ()
+            now_ms = self._clock.monotonic_ms()
+            wall = self._clock.now()
+            for blocked in chosen:
+                await self._unblock_locked(blocked, now_ms=now_ms, wall=wall)
+            await self._save_checkpoint()
+            return tuple(chosen)
+
+    def pending_terminal_actions(self) -> tuple[BlockedEntry, ...]:
+        """Blocked slots whose escalation or cancel has not been applied yet (oldest first)."""
+        return tuple(
+            sorted(
+                (b for b in self._state.blocked.values() if not b.action_done),
+                key=lambda b: (b.blocked_at, b.key),
+            )
+        )
+
+    async def record_terminal_action(
+        self, key: SlotKey, *, action_key: str, error: str | None
+    ) -> BlockedEntry | None:
+        """Write the receipt (``error=None``) or the failure of a terminal action; ``None`` when
+        that block is gone (unblocked or released meanwhile: ``action_key`` no longer matches)."""
+        async with self._lock:
+            blocked = self._state.blocked.get(key)
+            if blocked is None or blocked.action_key != action_key:
+                return None
+            if error is None:
+                blocked.action_done = True
+                blocked.action_error = None
+            else:
+                blocked.action_error = error
+            await self._save_checkpoint()
+            return blocked
 
     async def sweep_expired_reservations(self) -> list[ReservationRecord]:
         """Cancel every reservation past its expiry (also done by :meth:`eligible_issues`)."""
@@ -476,13 +649,14 @@ class Orchestrator:
         claimed = state.claimed
         foreign = state.foreign
         retries = state.retry_attempts
+        blocked = state.blocked
         span = self._settings.agent.ensemble_size
         # NB: only the few issues with a claimed, foreign or retrying slot need per-slot checks;
         # every other issue gets its candidates without a single map lookup. Candidates are
         # built with tuple.__new__ and keys with str (SlotKey is a NewType of str, and calling
         # it is a Python-level call): this loop runs once per eligible issue on every tick.
         tracked: set[str] = set()
-        for tracked_key in (*claimed, *foreign, *retries):
+        for tracked_key in (*claimed, *foreign, *retries, *blocked):
             tracked.add(tracked_key.rpartition("#")[0])
         eligible_tracked: set[str] = set()
         out: list[DispatchCandidate] = []
@@ -502,7 +676,7 @@ class Orchestrator:
             eligible_tracked.add(issue_id)
             for index in range(span):
                 key = as_key(f"{issue_id}#{index}")
-                if key in claimed:
+                if key in claimed or key in blocked:
                     continue
                 held = foreign.get(key)
                 if held is not None and held.recheck_at_ms > now_ms:
@@ -553,6 +727,8 @@ class Orchestrator:
             now_ms = self._clock.monotonic_ms()
             if key in state.claimed:
                 return Skipped(SkipReason.ALREADY_CLAIMED)
+            if key in state.blocked:
+                return Skipped(SkipReason.STALE_CANDIDATE)
             held = state.foreign.get(key)
             if held is not None and held.recheck_at_ms > now_ms:
                 return Skipped(SkipReason.CLAIMED_ELSEWHERE)
@@ -771,19 +947,31 @@ class Orchestrator:
             )
 
     async def finish(
-        self, key: SlotKey, *, normal: bool, error: str | None = None, release: bool = False
+        self,
+        key: SlotKey,
+        *,
+        normal: bool,
+        error: str | None = None,
+        release: bool = False,
+        failure_code: str | None = None,
     ) -> Finished | None:
         """End a running slot and schedule its retry; ``None`` if ``key`` is not running.
 
         Clean exit: continuation retry, attempt 1, 1000 ms. Fault: failure retry, the entry's
         attempt plus one (a first run counts as 0), ``10000 * 2**(attempt-1)`` ms capped by
-        ``agent.max_retry_backoff_ms``. The run's time and usage go into the totals. The retry
+        ``retry.backoff``. The run's time and usage go into the totals. The retry
         is written even if the issue is no longer active; the next eligibility pass prunes it.
         ``release=True`` writes no retry and releases the claim instead: the runtime knows the
         issue is done with (a fresh read after the exit said so).
+
+        A failure that uses up ``retry.max_attempts`` consecutive failures, or whose
+        ``failure_code`` says the agent asked for input or approval, writes no retry either:
+        the slot is blocked (``Finished.blocked``) until a refresh or a change of its issue.
         """
         async with self._lock:
-            return await self._finish_locked(key, normal=normal, error=error, release=release)
+            return await self._finish_locked(
+                key, normal=normal, error=error, release=release, failure_code=failure_code
+            )
 
     async def finish_stalled(self) -> tuple[StalledRun, ...]:
         """End every running slot past the stall threshold with a failure retry."""
@@ -798,7 +986,13 @@ class Orchestrator:
             return tuple(stalled)
 
     async def _finish_locked(
-        self, key: SlotKey, *, normal: bool, error: str | None, release: bool
+        self,
+        key: SlotKey,
+        *,
+        normal: bool,
+        error: str | None,
+        release: bool,
+        failure_code: str | None = None,
     ) -> Finished | None:
         state = self._state
         entry = state.running.pop(key, None)
@@ -811,15 +1005,53 @@ class Orchestrator:
         self._add_to_totals(entry, now_ms=now_ms)
         state.completed.add(entry.issue.id)
         if release:
+            state.failure_streaks.pop(key, None)
             await self._store.release(key)
             await self._save_checkpoint()
             return Finished(entry=entry, retry=None)
-        kind = RetryKind.CONTINUATION if normal else RetryKind.FAILURE
-        attempt, delay = retry_plan(
-            kind=kind,
+        decision = settle_decision(
+            normal=normal,
+            failure_code=failure_code,
             previous_attempt=entry.attempt,
-            max_backoff_ms=self._settings.agent.max_retry_backoff_ms,
+            previous_failures=state.failure_streaks.get(key, 0),
+            retry=self._settings.retry,
         )
+        if decision.failures:
+            state.failure_streaks[key] = decision.failures
+        else:
+            state.failure_streaks.pop(key, None)
+        if decision.blocked is not None:
+            assert decision.action is not None
+            blocked = BlockedEntry(
+                issue_id=entry.issue.id,
+                identifier=entry.issue.identifier,
+                slot_index=entry.slot_index,
+                reason=decision.blocked,
+                error=error,
+                failures=decision.failures,
+                attempt=decision.attempt,
+                blocked_at=wall,
+                action=decision.action,
+                action_key=terminal_action_key(
+                    issue_id=entry.issue.id,
+                    slot_index=entry.slot_index,
+                    blocked_at=wall,
+                    reason=decision.blocked,
+                ),
+                action_done=decision.action is TerminalAction.BLOCK,
+                host=entry.host,
+                workspace_path=entry.workspace_path,
+            )
+            state.blocked[key] = blocked
+            state.failure_streaks.pop(key, None)  # kept in the entry; an unblock starts at 0
+            # NB: the row stays, as a pending retry due at once: it keeps the slot ours in a
+            # shared store, and if the checkpoint entry were lost the slot simply retries.
+            await self._store.save(retry_record(self._blocked_retry(blocked, now_ms=now_ms),
+                                                owner=self._store.owner, now=wall))
+            await self._save_checkpoint()
+            return Finished(entry=entry, retry=None, blocked=blocked)
+        kind = decision.kind or RetryKind.FAILURE
+        attempt, delay = decision.attempt, decision.delay_ms
         retry = RetryEntry(
             issue_id=entry.issue.id,
             identifier=entry.issue.identifier,
@@ -844,8 +1076,12 @@ class Orchestrator:
         async with self._lock:
             if key in self._state.claimed:
                 return
-            if self._state.retry_attempts.pop(key, None) is not None:
+            self._state.failure_streaks.pop(key, None)
+            blocked = self._state.blocked.pop(key, None)
+            if self._state.retry_attempts.pop(key, None) is not None or blocked is not None:
                 await self._store.release(key)
+            if blocked is not None:
+                await self._save_checkpoint()
 
     async def cleanup_issue(self, issue_id: str) -> Released:
         """Forget every slot of an issue (running, reserved, retrying) and release its rows.
@@ -860,11 +1096,17 @@ class Orchestrator:
             reservations: list[ReservationRecord] = []
             retries: list[RetryEntry] = []
             touched: list[SlotKey] = []
+            unblocked = False
             for index in range(self._slot_span):
                 key = slot_key(issue_id, index)
                 entry = state.running.pop(key, None)
                 reservation = state.reserved.pop(key, None)
                 retry = state.retry_attempts.pop(key, None)
+                blocked = state.blocked.pop(key, None)
+                state.failure_streaks.pop(key, None)
+                if blocked is not None:
+                    unblocked = True
+                    touched.append(key)
                 if entry is not None:
                     self._add_to_totals(entry, now_ms=now_ms)
                     self._forget_session(key)
@@ -875,11 +1117,13 @@ class Orchestrator:
                     retries.append(retry)
                 if entry is not None or reservation is not None:
                     state.claimed.discard(key)
-                if entry is not None or reservation is not None or retry is not None:
+                if (entry is not None or reservation is not None or retry is not None) and (
+                    blocked is None
+                ):
                     touched.append(key)
             for key in touched:
                 await self._store.release(key)
-            if runs:
+            if runs or unblocked:
                 await self._save_checkpoint()
             return Released(runs=tuple(runs), reservations=tuple(reservations),
                             retries=tuple(retries))
@@ -896,14 +1140,16 @@ class Orchestrator:
             entry = state.running.pop(key, None)
             reservation = state.reserved.pop(key, None)
             retry = state.retry_attempts.pop(key, None)
-            if entry is None and reservation is None and retry is None:
+            blocked = state.blocked.pop(key, None)
+            state.failure_streaks.pop(key, None)
+            if entry is None and reservation is None and retry is None and blocked is None:
                 return Released()
             state.claimed.discard(key)
             if entry is not None:
                 self._add_to_totals(entry, now_ms=self._clock.monotonic_ms())
                 self._forget_session(key)
             await self._store.release(key)
-            if entry is not None:
+            if entry is not None or blocked is not None:
                 await self._save_checkpoint()
             return Released(
                 runs=(entry,) if entry is not None else (),
@@ -961,9 +1207,24 @@ class Orchestrator:
             await self._save_checkpoint()
 
     async def _save_checkpoint(self) -> None:
-        await self._store.save_checkpoint(
-            {"schema": CHECKPOINT_SCHEMA, "usage_totals": self._state.usage_totals.to_dict()}
-        )
+        state = self._state
+        checkpoint: dict[str, Any] = {
+            "schema": CHECKPOINT_SCHEMA,
+            "usage_totals": state.usage_totals.to_dict(),
+        }
+        # NB: lists of objects, not maps keyed by slot key: the Kubernetes store camelCases
+        # every mapping key of the checkpoint, which would mangle issue ids.
+        if state.failure_streaks:
+            checkpoint["failure_streaks"] = [
+                {"slot_key": key, "failures": failures}
+                for key, failures in sorted(state.failure_streaks.items())
+            ]
+        if state.blocked:
+            checkpoint["blocked"] = [
+                blocked_to_checkpoint(blocked)
+                for _, blocked in sorted(state.blocked.items())
+            ]
+        await self._store.save_checkpoint(checkpoint)
 
     # -- snapshot -----------------------------------------------------------------------------
 
@@ -972,3 +1233,78 @@ class Orchestrator:
         return orchestrator_snapshot(
             self._state, now_ms=self._clock.monotonic_ms(), wall=self._clock.now()
         )
+
+
+def _retry_state_invalid() -> CheckpointInvalid:
+    return CheckpointInvalid(
+        "the claim store checkpoint has unreadable retry state (failure counts or blocked "
+        "slots); those slots retry as usual (delete the checkpoint row to silence this)",
+    )
+
+
+def blocked_to_checkpoint(blocked: BlockedEntry) -> dict[str, Any]:
+    """A blocked slot as the checkpoint stores it (JSON-safe)."""
+    return {
+        "slot_key": blocked.key,
+        "issue_id": blocked.issue_id,
+        "identifier": blocked.identifier,
+        "slot_index": blocked.slot_index,
+        "reason": blocked.reason.value,
+        "error": blocked.error,
+        "failures": blocked.failures,
+        "attempt": blocked.attempt,
+        "blocked_at": blocked.blocked_at.isoformat(),
+        "action": blocked.action.value,
+        "action_key": blocked.action_key,
+        "action_done": blocked.action_done,
+        "action_error": blocked.action_error,
+        "issue_version": blocked.issue_version,
+        "host": blocked.host,
+        "workspace_path": blocked.workspace_path,
+    }
+
+
+def blocked_from_checkpoint(item: Any) -> BlockedEntry | None:
+    """The inverse of :func:`blocked_to_checkpoint`; ``None`` for anything unreadable."""
+    if not isinstance(item, Mapping):
+        return None
+    try:
+        issue_id = item["issue_id"]
+        identifier = item["identifier"]
+        slot_index = item["slot_index"]
+        if not (isinstance(issue_id, str) and isinstance(identifier, str)):
+            return None
+        if not isinstance(slot_index, int) or isinstance(slot_index, bool) or slot_index < 0:
+            return None
+        if item.get("slot_key") != slot_key(issue_id, slot_index):
+            return None
+        blocked_at = datetime.datetime.fromisoformat(str(item["blocked_at"]))
+        if blocked_at.tzinfo is None:
+            blocked_at = blocked_at.replace(tzinfo=datetime.UTC)
+        error = item.get("error")
+        action_error = item.get("action_error")
+        version = item.get("issue_version")
+        host = item.get("host")
+        workspace = item.get("workspace_path")
+        for optional in (error, action_error, version, host, workspace):
+            if optional is not None and not isinstance(optional, str):
+                return None
+        return BlockedEntry(
+            issue_id=issue_id,
+            identifier=identifier,
+            slot_index=slot_index,
+            reason=BlockReason(item["reason"]),
+            error=error,
+            failures=int(item.get("failures") or 0),
+            attempt=int(item.get("attempt") or 1),
+            blocked_at=blocked_at,
+            action=TerminalAction(item["action"]),
+            action_key=str(item["action_key"]),
+            action_done=bool(item.get("action_done")),
+            action_error=action_error,
+            issue_version=version,
+            host=host,
+            workspace_path=workspace,
+        )
+    except (KeyError, TypeError, ValueError):
+        return None

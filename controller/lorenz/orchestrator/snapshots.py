@@ -21,10 +21,11 @@ from lorenz.model.snapshots import (
     RetryRow,
     RunningRow,
 )
-from lorenz.orchestrator.state import OrchestratorState
+from lorenz.orchestrator.state import BlockedEntry, OrchestratorState
 
 __all__ = [
     "BlockedRow",
+    "blocked_row",
     "OrchestratorSnapshot",
     "ReservingRow",
     "RetryRow",
@@ -99,6 +100,25 @@ def retry_row(key: SlotKey, retry: RetryEntry, *, now_ms: float) -> RetryRow:
     )
 
 
+def blocked_row(key: SlotKey, blocked: BlockedEntry) -> BlockedRow:
+    """A blocked slot, with why it waits and where its terminal action stands."""
+    return BlockedRow(
+        slot_key=key,
+        issue_id=blocked.issue_id,
+        identifier=blocked.identifier,
+        error=blocked.error,
+        blocked_at=blocked.blocked_at,
+        slot_index=blocked.slot_index,
+        reason=blocked.reason.value,
+        failures=blocked.failures,
+        attempt=blocked.attempt,
+        terminal_action=blocked.action.value,
+        action_done=blocked.action_done,
+        action_error=blocked.action_error,
+        workspace_path=blocked.workspace_path,
+    )
+
+
 def totals_with_running(totals: UsageTotals, running: tuple[RunningRow, ...]) -> UsageTotals:
     """Ended runs' totals plus the usage, cost and run time of the runs still going."""
     input_tokens, output_tokens, total_tokens = (
@@ -125,7 +145,8 @@ def orchestrator_snapshot(
 ) -> OrchestratorSnapshot:
     """The lanes of ``state`` at ``now_ms`` (monotonic) / ``wall`` (the same instant, UTC).
 
-    Retries are ordered by due time (then slot key): the next one due comes first.
+    Retries are ordered by due time (then slot key): the next one due comes first; blocked
+    slots by when they were blocked.
     """
     running = tuple(running_row(key, entry, now_ms=now_ms) for key, entry in state.running.items())
     return OrchestratorSnapshot(
@@ -141,7 +162,12 @@ def orchestrator_snapshot(
                 state.retry_attempts.items(), key=lambda item: (item[1].due_at_ms, item[0])
             )
         ),
-        blocked=(),
+        blocked=tuple(
+            blocked_row(key, blocked)
+            for key, blocked in sorted(
+                state.blocked.items(), key=lambda item: (item[1].blocked_at, item[0])
+            )
+        ),
         usage_totals=totals_with_running(state.usage_totals, running),
         rate_limits=dict(state.rate_limits) if state.rate_limits is not None else None,
         claimed_elsewhere=tuple(

@@ -9,19 +9,20 @@ key, no behaviour beyond counting. The invariants that make it meaningful are ke
 * no slot key is both claimed and in ``retry_attempts``;
 * occupancy (running plus reserved) never grows past a cap.
 
-NB: the blocked-for-input lane some Symphony implementations keep is not kept: a run that
-asks for operator input fails and retries with backoff (Symphony's first-draft behaviour; see
-docs/architecture.md for what Symphony is), so
-there is no ``blocked`` map and the snapshot's ``blocked`` lane is always empty.
+* a ``blocked`` slot is in neither: it waits for a person (a refresh or a change of its issue),
+  not for a deadline, and it is persisted as a pending retry row plus its checkpoint entry.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 from collections.abc import Mapping
 from typing import Any
 
+from lorenz.config import TerminalAction
 from lorenz.model import ReservationRecord, RetryEntry, RunningEntry, SlotKey, UsageTotals
+from lorenz.policies.retries import BlockReason
 
 
 @dataclasses.dataclass(slots=True)
@@ -32,6 +33,40 @@ class ForeignClaim:
     """The holder, when known (from hydration); ``None`` when only a failed acquire told us."""
     recheck_at_ms: float
     """Monotonic time after which a claim attempt may go to the store again."""
+
+
+@dataclasses.dataclass(slots=True)
+class BlockedEntry:
+    """A slot that stopped retrying: its budget is used up, or its agent asked a question."""
+
+    issue_id: str
+    identifier: str
+    slot_index: int
+    reason: BlockReason
+    error: str | None
+    """The last run's error, or the agent's question."""
+    failures: int
+    """Consecutive failures when it was blocked."""
+    attempt: int
+    """The attempt a retry would have had; an unblocked slot's retry carries it."""
+    blocked_at: datetime.datetime
+    action: TerminalAction
+    action_key: str
+    """Idempotency key of the terminal action (see ``policies.retries``)."""
+    action_done: bool = False
+    """The terminal action's receipt: applied (or nothing to apply, for ``block``)."""
+    action_error: str | None = None
+    """Why the last attempt at the terminal action failed (it is tried again each poll)."""
+    issue_version: str | None = None
+    """The issue's version first seen after the action; another version unblocks the slot."""
+    host: str | None = None
+    workspace_path: str | None = None
+
+    @property
+    def key(self) -> SlotKey:
+        from lorenz.model import slot_key
+
+        return slot_key(self.issue_id, self.slot_index)
 
 
 @dataclasses.dataclass(slots=True)
@@ -51,6 +86,10 @@ class OrchestratorState:
     """The latest rate-limit payload any agent reported."""
     foreign: dict[SlotKey, ForeignClaim] = dataclasses.field(default_factory=dict)
     """Slots held by other live owners of the same claim store."""
+    blocked: dict[SlotKey, BlockedEntry] = dataclasses.field(default_factory=dict)
+    """Slots that stopped retrying until a refresh or a change of their issue."""
+    failure_streaks: dict[SlotKey, int] = dataclasses.field(default_factory=dict)
+    """Consecutive failed runs per slot (absent = 0): what ``retry.max_attempts`` counts."""
 
     def occupied(self) -> int:
         """Running plus reserved slots: what every cap counts."""
@@ -80,4 +119,5 @@ class OrchestratorState:
         ids = {entry.issue.id for entry in self.running.values()}
         ids.update(reservation.issue.id for reservation in self.reserved.values())
         ids.update(retry.issue_id for retry in self.retry_attempts.values())
+        ids.update(blocked.issue_id for blocked in self.blocked.values())
         return ids

@@ -1,7 +1,8 @@
 """How long a slot waits before it may run again, and how long a reservation may hold a slot.
 
-Pure arithmetic, kept apart so the numbers the docs promise (10 s, 20 s, 40 s, ... capped) are
-tested in one place and the orchestrator cannot drift from them.
+Pure arithmetic, kept apart so the numbers the docs promise (10 s, 20 s, 40 s, ... capped, or
+whatever ``retry.backoff`` says) are tested in one place and the orchestrator cannot drift from
+them.
 """
 
 from __future__ import annotations
@@ -13,19 +14,33 @@ CONTINUATION_DELAY_MS = 1000
 CONTINUATION_ATTEMPT = 1
 """A continuation retry always carries attempt 1."""
 FAILURE_BASE_DELAY_MS = 10000
-"""The first failure waits this long; each further failure doubles it."""
+"""The first failure waits this long by default (``retry.backoff.initial_ms``)."""
+FAILURE_MULTIPLIER = 2
+"""Each further failure multiplies the delay by this by default (``retry.backoff.multiplier``)."""
 MAX_BACKOFF_EXPONENT = 30
-"""NB: the exponent is capped so a huge attempt number cannot build a huge integer; any cap
-configurable in ``agent.max_retry_backoff_ms`` is reached long before ``2**30 * 10 s``."""
+"""NB: the exponent is capped so a huge attempt number cannot build a huge integer; any
+configurable cap (``retry.backoff.max_ms``) is reached long before ``2**30 * 10 s``."""
 
 RESERVATION_EXPIRY_MARGIN_MS = 60000
 """Added to twice the acquire timeout to get a reservation's defensive lifetime."""
 
 
-def failure_backoff_ms(attempt: int, *, max_backoff_ms: int) -> int:
-    """``min(10000 * 2**(attempt-1), max_backoff_ms)``; attempts below 1 count as 1."""
+def failure_backoff_ms(
+    attempt: int,
+    *,
+    max_backoff_ms: int,
+    initial_ms: int = FAILURE_BASE_DELAY_MS,
+    multiplier: int = FAILURE_MULTIPLIER,
+) -> int:
+    """``min(initial_ms * multiplier**(attempt-1), max_backoff_ms)``; attempts below 1 count
+    as 1."""
     exponent = min(max(attempt, 1) - 1, MAX_BACKOFF_EXPONENT)
-    return min(FAILURE_BASE_DELAY_MS * (1 << exponent), max_backoff_ms)
+    delay = initial_ms
+    for _ in range(exponent):
+        if delay >= max_backoff_ms:
+            break
+        delay *= multiplier
+    return min(delay, max_backoff_ms)
 
 
 def next_failure_attempt(previous_attempt: int | None) -> int:
@@ -34,7 +49,12 @@ def next_failure_attempt(previous_attempt: int | None) -> int:
 
 
 def retry_plan(
-    *, kind: RetryKind, previous_attempt: int | None, max_backoff_ms: int
+    *,
+    kind: RetryKind,
+    previous_attempt: int | None,
+    max_backoff_ms: int,
+    initial_ms: int = FAILURE_BASE_DELAY_MS,
+    multiplier: int = FAILURE_MULTIPLIER,
 ) -> tuple[int, int]:
     """``(attempt, delay_ms)`` of the retry written when a run ends.
 
@@ -44,7 +64,10 @@ def retry_plan(
     if kind is RetryKind.CONTINUATION:
         return CONTINUATION_ATTEMPT, CONTINUATION_DELAY_MS
     attempt = next_failure_attempt(previous_attempt)
-    return attempt, failure_backoff_ms(attempt, max_backoff_ms=max_backoff_ms)
+    delay = failure_backoff_ms(
+        attempt, max_backoff_ms=max_backoff_ms, initial_ms=initial_ms, multiplier=multiplier
+    )
+    return attempt, delay
 
 
 def reservation_lifetime_ms(acquire_timeout_ms: int) -> int:

@@ -149,10 +149,24 @@ SCHEMAS: dict[str, Any] = {
             "slot_key": _STR,
             "issue_id": _STR,
             "identifier": _STR,
+            "slot_index": {"type": "integer", "minimum": 0},
+            "reason": {
+                "type": "string",
+                "enum": ["retry_budget_exhausted", "input_required", "approval_required"],
+            },
             "error": _nullable(_STR),
+            "failures": {"type": "integer", "minimum": 0},
+            "attempt": {"type": "integer", "minimum": 0},
+            "terminal_action": {"type": "string", "enum": ["block", "escalate", "cancel"]},
+            "action_done": {"type": "boolean"},
+            "action_error": _nullable(_STR),
+            "workspace_path": _nullable(_STR),
             "blocked_at": _TIME,
         },
-        description="A slot waiting for operator input (not produced by this version).",
+        description=(
+            "A slot that stopped retrying (retry budget used up, or the agent asked for input "
+            "or approval) until a refresh or a change of its issue in the tracker."
+        ),
     ),
     "Event": _object(
         {

@@ -27,7 +27,12 @@ from typing import Any
 
 import pydantic
 
-from lorenz.config import FLAG_ONLY_SECTIONS, TOP_LEVEL_SECTIONS, WorkflowSettings
+from lorenz.config import (
+    CODED_CONFIG_ERRORS,
+    FLAG_ONLY_SECTIONS,
+    TOP_LEVEL_SECTIONS,
+    WorkflowSettings,
+)
 from lorenz.model import Issue, RetryKind
 from lorenz.workflow.bounded_yaml import MAX_WORKFLOW_BYTES, MAX_YAML_DEPTH
 from lorenz.workflow.documents import decode_workflow_bytes, parse_front_matter, split_front_matter
@@ -313,6 +318,8 @@ def _problems(exc: pydantic.ValidationError, flags: FlagResolution) -> list[Conf
                 reason = f"{reason} (known keys: {known})"
         elif kind == "missing":
             reason = "is required"
+        elif kind in CODED_CONFIG_ERRORS:
+            code = kind
         elif loc == ("tracker", "kind") and kind == "enum":
             code = "unsupported_tracker_kind"
             reason = (

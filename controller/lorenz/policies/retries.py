@@ -1,0 +1,159 @@
+"""The retry budget: after a run ends, retry it, or stop and apply the terminal action.
+
+Only *consecutive failures* of a slot count against ``retry.max_attempts``: a clean exit (a
+continuation) is not a failure, resets the count and never consumes the budget. When a failure
+uses up the budget the slot is not retried; it goes to the ``blocked`` lane and
+``retry.terminal_action`` decides what else happens (``block``: nothing; ``escalate``: one
+comment and/or label on the issue; ``cancel``: the issue moves to ``retry.cancel_state``).
+
+An agent that asks for input or approval (failure codes ``input_required`` and
+``approval_required``) is blocked at once, whatever the budget: retrying would only ask again.
+Its question is what the lane shows. ``cancel`` does not apply to it (an agent with a question
+is not a broken issue); ``escalate`` does, so the question reaches the tracker.
+
+Everything here is pure and deterministic. The idempotency key of a terminal action is derived
+from the persisted block record alone, so replaying an action after a crash (before its receipt
+was written) finds the same key and the tracker adapter can see that it already happened.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import enum
+import hashlib
+
+from lorenz.config import RetrySettings, TerminalAction
+from lorenz.model import Issue, RetryKind
+from lorenz.policies.backoff import retry_plan
+
+
+class BlockReason(enum.StrEnum):
+    """Why a slot sits in the ``blocked`` lane."""
+
+    RETRY_BUDGET_EXHAUSTED = "retry_budget_exhausted"
+    """``retry.max_attempts`` consecutive failures."""
+    INPUT_REQUIRED = "input_required"
+    """The agent asked a question nobody is there to answer."""
+    APPROVAL_REQUIRED = "approval_required"
+    """The agent asked for an approval the configured policy does not give."""
+
+
+QUESTION_CODES: dict[str, BlockReason] = {
+    "input_required": BlockReason.INPUT_REQUIRED,
+    "approval_required": BlockReason.APPROVAL_REQUIRED,
+}
+"""Run failure codes that mean "the agent is waiting for a person", not "the run is broken"."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RetryDecision:
+    """What to do with a slot whose run just ended."""
+
+    failures: int
+    """Consecutive failures of the slot after this run (``0`` after a clean exit)."""
+    kind: RetryKind | None = None
+    """The retry to write, when the slot is retried."""
+    attempt: int = 0
+    """Its attempt number (or, when blocked, the attempt a retry would have had)."""
+    delay_ms: int = 0
+    blocked: BlockReason | None = None
+    """Set when the slot is not retried but blocked."""
+    action: TerminalAction | None = None
+    """The terminal action to apply, when blocked."""
+
+
+def settle_decision(
+    *,
+    normal: bool,
+    failure_code: str | None,
+    previous_attempt: int | None,
+    previous_failures: int,
+    retry: RetrySettings,
+) -> RetryDecision:
+    """The decision for a run that ended cleanly (``normal``) or failed with ``failure_code``."""
+    if normal:
+        attempt, delay = retry_plan(
+            kind=RetryKind.CONTINUATION, previous_attempt=previous_attempt, max_backoff_ms=0
+        )
+        return RetryDecision(failures=0, kind=RetryKind.CONTINUATION, attempt=attempt,
+                             delay_ms=delay)
+    backoff = retry.backoff
+    attempt, delay = retry_plan(
+        kind=RetryKind.FAILURE,
+        previous_attempt=previous_attempt,
+        max_backoff_ms=backoff.max_ms,
+        initial_ms=backoff.initial_ms,
+        multiplier=backoff.multiplier,
+    )
+    failures = max(previous_failures, 0) + 1
+    question = QUESTION_CODES.get(failure_code or "")
+    if question is not None:
+        action = (
+            TerminalAction.ESCALATE
+            if retry.terminal_action is TerminalAction.ESCALATE
+            else TerminalAction.BLOCK
+        )
+        return RetryDecision(failures=failures, attempt=attempt, blocked=question, action=action)
+    if failures >= retry.max_attempts:
+        return RetryDecision(
+            failures=failures,
+            attempt=attempt,
+            blocked=BlockReason.RETRY_BUDGET_EXHAUSTED,
+            action=retry.terminal_action,
+        )
+    return RetryDecision(failures=failures, kind=RetryKind.FAILURE, attempt=attempt,
+                         delay_ms=delay)
+
+
+def terminal_action_key(
+    *, issue_id: str, slot_index: int, blocked_at: datetime.datetime, reason: BlockReason
+) -> str:
+    """The idempotency key of one block's terminal action: the same for every replay of it,
+    different for the next time the slot is blocked."""
+    material = f"{issue_id}\x00{slot_index}\x00{blocked_at.isoformat()}\x00{reason.value}"
+    return "lz-" + hashlib.sha256(material.encode()).hexdigest()[:20]
+
+
+ESCALATION_TEXT_LIMIT = 2000
+"""Characters of the agent's error or question quoted in an escalation comment."""
+
+
+def escalation_body(
+    *, identifier: str, reason: BlockReason, failures: int, detail: str | None
+) -> str:
+    """The text of an escalation comment (without the idempotency marker)."""
+    if reason is BlockReason.RETRY_BUDGET_EXHAUSTED:
+        head = (
+            f"Lorenz stopped retrying {identifier} after {failures} consecutive failed "
+            "runs. Fix the cause, then change the issue or refresh Lorenz to try again."
+        )
+    elif reason is BlockReason.INPUT_REQUIRED:
+        head = (
+            f"The agent working on {identifier} asked a question and is waiting. Answer it in "
+            "the issue (or change the prompt), then change the issue or refresh Lorenz."
+        )
+    else:
+        head = (
+            f"The agent working on {identifier} asked for an approval Lorenz does not give. "
+            "Adjust the agent's approvals or the issue, then change the issue or refresh Lorenz."
+        )
+    if not detail:
+        return head
+    text = detail if len(detail) <= ESCALATION_TEXT_LIMIT else detail[:ESCALATION_TEXT_LIMIT] + "…"
+    quoted = "\n".join(f"> {line}" for line in text.splitlines() or [text])
+    return f"{head}\n\n{quoted}"
+
+
+def issue_version(issue: Issue) -> str:
+    """What "the issue changed in the tracker" compares: its ``updated_at`` when the tracker
+    gives one, else its state, labels, title and description."""
+    if issue.updated_at is not None:
+        stamp = issue.updated_at
+        if stamp.tzinfo is None:
+            stamp = stamp.replace(tzinfo=datetime.UTC)
+        return stamp.astimezone(datetime.UTC).isoformat()
+    material = "\x00".join(
+        (issue.state_key, ",".join(sorted(issue.labels)), issue.title, issue.description or "")
+    )
+    return "h:" + hashlib.sha256(material.encode()).hexdigest()[:20]
