@@ -222,6 +222,7 @@ async def test_stall_detection_uses_the_agent_kinds_threshold() -> None:
     [stalled] = await orchestrator.finish_stalled()
     assert (stalled.entry.key, stalled.silent_ms) == (K1, 1001)
     assert stalled.error == "stalled for 1001ms without agent activity"
+    assert stalled.retry is not None
     assert stalled.retry.kind is RetryKind.FAILURE
     assert stalled.retry.attempt == 1
     assert stalled.retry.error == stalled.error

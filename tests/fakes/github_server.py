@@ -57,6 +57,8 @@ class FakeGitHubIssue:
     assignees: list[str] = dataclasses.field(default_factory=list)
     pull_request: bool = False
     blocked_by: list[int] = dataclasses.field(default_factory=list)
+    comments: list[str] = dataclasses.field(default_factory=list)
+    """Comment bodies, oldest first."""
     created_at: datetime.datetime = _EPOCH
     updated_at: datetime.datetime = _EPOCH
     deleted: bool = False
@@ -251,6 +253,9 @@ class FakeGitHubServer(LoopbackFake):
             "/repos/{owner}/{repo}/issues/{number}/dependencies/blocked_by", self._blocked_by
         )
         app.router.add_patch("/repos/{owner}/{repo}/issues/{number}", self._patch)
+        comments = "/repos/{owner}/{repo}/issues/{number}/comments"
+        app.router.add_get(comments, self._comments)
+        app.router.add_post(comments, self._add_comment)
         labels = "/repos/{owner}/{repo}/issues/{number}/labels"
         app.router.add_post(labels, self._add_labels)
         app.router.add_put(labels, self._set_labels)
@@ -274,6 +279,13 @@ class FakeGitHubServer(LoopbackFake):
     async def _patch(self, request: web.Request) -> web.StreamResponse:
         body = await _json_body(request)
         return self._serve(request, lambda: self._update(request, body), body=body)
+
+    async def _comments(self, request: web.Request) -> web.StreamResponse:
+        return self._serve(request, lambda: self._comment_listing(request))
+
+    async def _add_comment(self, request: web.Request) -> web.StreamResponse:
+        body = await _json_body(request)
+        return self._serve(request, lambda: self._comment_write(request, body), body=body)
 
     async def _add_labels(self, request: web.Request) -> web.StreamResponse:
         body = await _json_body(request)
@@ -427,6 +439,34 @@ class FakeGitHubServer(LoopbackFake):
             issue.state_reason = reason or ("completed" if state == "closed" else "reopened")
         self._touch(issue)
         return self._json(200, self._issue_json(issue))
+
+    def _comment_json(self, issue: FakeGitHubIssue, index: int) -> dict[str, Any]:
+        return {
+            "id": issue.number * 100000 + index + 1,
+            "body": issue.comments[index],
+            "user": {"login": self.login},
+            "created_at": _iso(_EPOCH),
+            "updated_at": _iso(_EPOCH),
+        }
+
+    def _comment_listing(self, request: web.Request) -> web.Response:
+        issue = self._writable(request)
+        if isinstance(issue, web.Response):
+            return issue
+        return self._page(
+            request, [self._comment_json(issue, i) for i in range(len(issue.comments))]
+        )
+
+    def _comment_write(self, request: web.Request, body: Any) -> web.Response:
+        issue = self._writable(request)
+        if isinstance(issue, web.Response):
+            return issue
+        text = body.get("body") if isinstance(body, dict) else None
+        if not isinstance(text, str) or not text:
+            return self._invalid("body is required")
+        issue.comments.append(text)
+        self._touch(issue)
+        return self._json(201, self._comment_json(issue, len(issue.comments) - 1))
 
     def _labels_write(self, request: web.Request, body: Any, *, replace: bool) -> web.Response:
         issue = self._writable(request)

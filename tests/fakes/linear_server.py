@@ -120,6 +120,8 @@ class FakeProject:
 class FakeLabel:
     id: str
     name: str
+    team_key: str | None = None
+    """``None`` for a workspace label."""
 
 
 @dataclasses.dataclass
@@ -218,6 +220,8 @@ class FakeLinearServer(LoopbackFake):
         self._issues: dict[str, FakeIssue] = {}
         self._relations: dict[str, FakeRelation] = {}
         self._comments: dict[str, FakeComment] = {}
+        self.created_labels: list[str] = []
+        """Names of the labels clients created (``issueLabelCreate``)."""
         self._numbers: dict[str, itertools.count[int]] = {}
         self._clock = itertools.count(1)
         self._sync_id = itertools.count(1000)
@@ -387,6 +391,12 @@ class FakeLinearServer(LoopbackFake):
                 if issue.id in (r.issue_id, r.related_issue_id)
             ]:
                 del self._relations[relation_id]
+
+    def labels_on(self, id_or_identifier: str) -> list[str]:
+        """The names of an issue's labels."""
+        with self._lock:
+            issue = self._find_issue(id_or_identifier)
+            return [self._label_by_id(label_id).name for label_id in issue.label_ids]
 
     def comments_on(self, id_or_identifier: str) -> list[str]:
         with self._lock:
@@ -632,6 +642,15 @@ class FakeLinearServer(LoopbackFake):
                 ],
                 args,
             ),
+            "issueLabels": lambda info, **args: self._connection(
+                [
+                    self._label_view(label)
+                    for label in self._labels.values()
+                    if self._label_matches(args.get("filter"), label)
+                ],
+                args,
+            ),
+            "issueLabelCreate": lambda info, **args: self._label_create(args["input"]),
             "issueUpdate": lambda info, **args: self._issue_update(args["id"], args["input"]),
             "commentCreate": lambda info, **args: self._comment_create(args["input"]),
         }
@@ -808,6 +827,7 @@ class FakeLinearServer(LoopbackFake):
             "name": label.name,
             "color": "#5e6ad2",
             "description": None,
+            "team": self._team_view(self._teams[label.team_key]) if label.team_key else None,
             "createdAt": _iso(_EPOCH),
             "updatedAt": _iso(_EPOCH),
             "archivedAt": None,
@@ -877,6 +897,48 @@ class FakeLinearServer(LoopbackFake):
             "lastSyncId": float(next(self._sync_id)),
             "issue": self._issue_view(issue),
         }
+
+    def _label_create(self, changes: Mapping[str, Any]) -> dict[str, Any]:
+        name = str(changes.get("name") or "").strip()
+        team_key: str | None = None
+        if changes.get("teamId"):
+            team_key = next(
+                (t.key for t in self._teams.values() if t.id == changes["teamId"]), None
+            )
+            if team_key is None:
+                raise graphql.GraphQLError(
+                    "Entity not found: Team",
+                    extensions={"code": "INVALID_INPUT", "type": "invalid input",
+                                "userError": True},
+                )
+        if not name or any(
+            label.name.lower() == name.lower() and label.team_key == team_key
+            for label in self._labels.values()
+        ):
+            raise graphql.GraphQLError(
+                "duplicate label name" if name else "name must not be empty",
+                extensions={"code": "INVALID_INPUT", "type": "invalid input", "userError": True},
+            )
+        label = FakeLabel(id=_stable_id("label", f"{team_key}/{name}"), name=name,
+                          team_key=team_key)
+        self._labels[f"{team_key}/{name}" if team_key else name] = label
+        self.created_labels.append(name)
+        return {"success": True, "lastSyncId": float(next(self._sync_id)),
+                "issueLabel": self._label_view(label)}
+
+    def _label_matches(self, where: Mapping[str, Any] | None, label: FakeLabel) -> bool:
+        if not where:
+            return True
+        for key, condition in where.items():
+            if key == "name" and not _compare(condition, label.name):
+                return False
+            if key == "id" and not _compare(condition, label.id):
+                return False
+            if key in ("and", "or"):
+                results = [self._label_matches(part, label) for part in condition]
+                if (key == "and" and not all(results)) or (key == "or" and not any(results)):
+                    return False
+        return True
 
     def _comment_create(self, changes: Mapping[str, Any]) -> dict[str, Any]:
         issue = self._find_issue(changes.get("issueId") or "")

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+from typing import Any
 
 from lorenz.claims import MemoryClaimStore
 from lorenz.config import RetrySettings, TerminalAction
 from lorenz.model import ClaimPhase, ManualClock, RetryKind, SlotKey
-from lorenz.orchestrator import Orchestrator
+from lorenz.orchestrator import Finished, Orchestrator
 from lorenz.policies import failure_backoff_ms
 from lorenz.policies.retries import (
     BlockReason,
@@ -26,7 +27,7 @@ from tests.core.factories import EPOCH, issue, make, settings
 K1 = SlotKey("i1#0")
 
 
-async def _checkpoint(store: MemoryClaimStore) -> dict[str, object]:
+async def _checkpoint(store: MemoryClaimStore) -> dict[str, Any]:
     checkpoint = (await store.load()).checkpoint
     assert checkpoint is not None
     return dict(checkpoint)
@@ -148,9 +149,10 @@ def test_issue_version_follows_updated_at_else_content() -> None:
 
 
 async def _fail(orchestrator: Orchestrator, clock: ManualClock, *, code: str | None = None,
-                error: str = "boom") -> object:
+                error: str = "boom") -> Finished:
     await run(orchestrator, issue(1))
     finished = await orchestrator.finish(K1, normal=False, error=error, failure_code=code)
+    assert finished is not None
     retry = orchestrator.state.retry_attempts.get(K1)
     if retry is not None:
         clock.advance(retry.due_at_ms - clock.monotonic_ms())
@@ -163,13 +165,14 @@ async def test_three_consecutive_failures_block_the_slot() -> None:
     await _fail(orchestrator, clock)
     assert orchestrator.state.failure_streaks[K1] == 2
     finished = await _fail(orchestrator, clock, error="still broken")
-    blocked = finished.blocked  # type: ignore[attr-defined]
+    blocked = finished.blocked
     assert blocked is not None
-    assert finished.retry is None  # type: ignore[attr-defined]
+    assert finished.retry is None
     assert (blocked.reason, blocked.failures, blocked.attempt, blocked.error) == (
         BlockReason.RETRY_BUDGET_EXHAUSTED, 3, 3, "still broken",
     )
-    assert blocked.action is TerminalAction.BLOCK and blocked.action_done
+    assert blocked.action is TerminalAction.BLOCK
+    assert blocked.action_done
     assert K1 not in orchestrator.state.retry_attempts
     assert K1 not in orchestrator.state.claimed
     # The row keeps the slot ours; the checkpoint says why it waits.
@@ -194,17 +197,18 @@ async def test_continuations_do_not_consume_the_budget() -> None:
         clock.advance(1000)
         assert K1 not in orchestrator.state.failure_streaks
     finished = await _fail(orchestrator, clock)
-    assert finished.blocked is None  # type: ignore[attr-defined]
+    assert finished.blocked is None
     finished = await _fail(orchestrator, clock)
-    assert finished.blocked is not None  # type: ignore[attr-defined]
+    assert finished.blocked is not None
 
 
 async def test_an_input_request_blocks_with_its_question() -> None:
     orchestrator, _, clock = make()
     finished = await _fail(orchestrator, clock, code="input_required",
                            error="the agent asked: which database?")
-    blocked = finished.blocked  # type: ignore[attr-defined]
-    assert blocked is not None and blocked.reason is BlockReason.INPUT_REQUIRED
+    blocked = finished.blocked
+    assert blocked is not None
+    assert blocked.reason is BlockReason.INPUT_REQUIRED
     assert orchestrator.snapshot().blocked[0].error == "the agent asked: which database?"
 
 
@@ -218,7 +222,8 @@ async def test_a_refresh_unblocks_with_a_fresh_budget() -> None:
     assert K1 not in orchestrator.state.failure_streaks
     candidates = await orchestrator.eligible_issues([issue(1)])
     assert [c.key for c in candidates] == [K1]
-    assert candidates[0].retry is not None and candidates[0].retry.attempt == 1
+    assert candidates[0].retry is not None
+    assert candidates[0].retry.attempt == 1
     assert "blocked" not in await _checkpoint(store)
 
 
@@ -239,7 +244,8 @@ async def test_a_pending_action_waits_for_its_receipt_before_the_baseline() -> N
         config=settings(retry={"max_attempts": 1, "terminal_action": "escalate"})
     )
     finished = await _fail(orchestrator, clock)
-    blocked = finished.blocked  # type: ignore[attr-defined]
+    blocked = finished.blocked
+    assert blocked is not None
     assert not blocked.action_done
     assert orchestrator.pending_terminal_actions() == (blocked,)
     v1 = dataclasses.replace(issue(1), updated_at=EPOCH)
@@ -268,7 +274,8 @@ async def test_cleanup_forgets_blocked_slots() -> None:
     orchestrator, store, clock = make(config=settings(retry={"max_attempts": 1}))
     await _fail(orchestrator, clock)
     await orchestrator.cleanup_issue("i1")
-    assert orchestrator.state.blocked == {} and K1 not in store.claims
+    assert orchestrator.state.blocked == {}
+    assert K1 not in store.claims
     assert "blocked" not in await _checkpoint(store)
 
 
@@ -284,7 +291,8 @@ async def test_blocked_state_and_failure_counts_survive_a_restart() -> None:
     await first.finish(K1, normal=False, error="twice")
     blocked = first.state.blocked[K1]
 
-    second = Orchestrator(settings=config, store=store, clock=ManualClock())
+    later = ManualClock()
+    second = Orchestrator(settings=config, store=store, clock=later)
     report = await second.hydrate()
     assert report.problems == ()
     restored = second.state.blocked[K1]
@@ -294,10 +302,11 @@ async def test_blocked_state_and_failure_counts_survive_a_restart() -> None:
     assert second.state.failure_streaks == {SlotKey("i2#0"): 1}
     # The second slot's next failure uses up its budget of two, as before the restart.
     retry = second.state.retry_attempts[SlotKey("i2#0")]
-    second._clock.advance(retry.due_at_ms - second._clock.monotonic_ms())  # type: ignore[attr-defined]
+    later.advance(retry.due_at_ms - later.monotonic_ms())
     await run(second, issue(2))
     finished = await second.finish(SlotKey("i2#0"), normal=False)
-    assert finished is not None and finished.blocked is not None
+    assert finished is not None
+    assert finished.blocked is not None
 
 
 async def test_an_unreadable_checkpoint_entry_is_reported_and_the_slot_retries() -> None:

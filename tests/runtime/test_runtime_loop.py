@@ -78,7 +78,8 @@ async def test_once_mode_runs_every_eligible_issue_and_schedules_continuations(
 async def test_failing_agent_retries_with_exact_exponential_backoff(tmp_path: Path) -> None:
     agent = write_agent(tmp_path, "fail", "print('boom', file=sys.stderr); sys.exit(3)\n")
     wf = write_workflow(tmp_path, agent_script=agent,
-                        front_matter={"agent": {"max_retry_backoff_ms": 30000}})
+                        front_matter={"agent": {"max_retry_backoff_ms": 30000},
+                                      "retry": {"max_attempts": 5}})
     clock = ManualClock()
     rig = build_rig(wf, issues=[issue(1)], clock=clock)
     key = slot_key("id-1", 0)

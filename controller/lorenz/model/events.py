@@ -48,6 +48,12 @@ class EventType(enum.StrEnum):
     CLAIMS_RECOVERED = "claims_recovered"
     LEADERSHIP_ACQUIRED = "leadership_acquired"
     LEADERSHIP_LOST = "leadership_lost"
+    SLOT_BLOCKED = "slot_blocked"
+    """A slot stopped retrying (budget used up, or the agent asked for input or approval)."""
+    SLOT_UNBLOCKED = "slot_unblocked"
+    """A blocked slot retries again (refresh, issue changed) or was released."""
+    TERMINAL_ACTION = "terminal_action"
+    """An ``escalate`` or ``cancel`` was applied to a blocked slot's issue (or failed)."""
     REFRESH_REQUESTED = "refresh_requested"
     STOPPING = "stopping"
 

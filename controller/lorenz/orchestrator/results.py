@@ -95,12 +95,14 @@ class StalledRun:
     """One run :meth:`~lorenz.orchestrator.Orchestrator.finish_stalled` ended as a stall."""
 
     entry: RunningEntry
-    retry: RetryEntry
-    """The failure retry it wrote."""
+    retry: RetryEntry | None
+    """The failure retry it wrote; ``None`` when the stall used up the budget (``blocked``)."""
     error: str
     """The stall text the retry carries (``stalled for <ms>ms without agent activity``)."""
     silent_ms: float
     """How long the run had been silent."""
+    blocked: BlockedEntry | None = None
+    """Set when the stall used up ``retry.max_attempts``: the slot is blocked, not retried."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -980,9 +980,12 @@ class Orchestrator:
             for key, silent_ms in self.stalled_runs().items():
                 error = stall_error(silent_ms)
                 finished = await self._finish_locked(key, normal=False, error=error, release=False)
-                if finished is not None and finished.retry is not None:
+                if finished is not None and (
+                    finished.retry is not None or finished.blocked is not None
+                ):
                     stalled.append(StalledRun(entry=finished.entry, retry=finished.retry,
-                                              error=error, silent_ms=silent_ms))
+                                              error=error, silent_ms=silent_ms,
+                                              blocked=finished.blocked))
             return tuple(stalled)
 
     async def _finish_locked(

@@ -389,12 +389,19 @@ class Dispatching:
                 run.exited = True
                 await self.settle_clean_exit(run)
             elif run.is_active:
-                finished = await self._runtime._orchestrator.finish(key, normal=normal, error=text)
+                finished = await self._runtime._orchestrator.finish(
+                    key,
+                    normal=normal,
+                    error=text,
+                    failure_code=error.code if error is not None else None,
+                )
                 if finished is not None:
                     self._runtime._reporting.run_ended(
                         finished.entry, normal=normal, error=text, finished_as="run finished"
                     )
                     self._runtime._reporting.retry_event(finished.retry)
+                    if finished.blocked is not None:
+                        self._runtime._blocking.on_blocked(finished.blocked)
                     if finished.retry is not None and not self._runtime._stopped:
                         self._runtime._timers.sync(self._runtime._orchestrator.retry_deadlines())
             if worker_slot is not None and self._runtime._pool is not None:

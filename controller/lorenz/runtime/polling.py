@@ -93,6 +93,7 @@ class Polling:
                 "requested_at": requested_at,
                 "operations": [],
             }
+        self._runtime._blocking.request_unblock()
         if self._runtime._poll_in_progress:
             self.queue_poll(dry_run=False, wait_for_runs=False)
         else:
@@ -122,9 +123,12 @@ class Polling:
             await self._runtime._reconciling.cleanup_terminal_workspaces_once()
             await self._runtime._reconciling.reconcile_stalled_runs()
             await self._runtime._reconciling.reconcile_tracked_issues()
+            if not dry_run:
+                await self._runtime._blocking.before_dispatch()
             candidates = await self._runtime._tracker.fetch_candidate_issues()
             self._runtime._candidate_cache = {issue.id: issue for issue in candidates}
             eligible = await self._runtime._orchestrator.eligible_issues(candidates)
+            self._runtime._blocking.after_eligibility(self._runtime._orchestrator.last_eligibility)
             self._runtime._last_candidates = len(candidates)
             self._runtime._last_eligible = len(eligible)
             if not dry_run:

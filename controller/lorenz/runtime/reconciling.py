@@ -126,6 +126,8 @@ class Reconciling:
                 message=stalled.error,
             )
             self._runtime._reporting.retry_event(stalled.retry)
+            if stalled.blocked is not None:
+                self._runtime._blocking.on_blocked(stalled.blocked)
 
     async def reconcile_tracked_issues(self) -> None:
         exits = self._runtime._dispatching.take_exits()

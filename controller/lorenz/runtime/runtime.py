@@ -38,6 +38,7 @@ from lorenz.model import (
     SystemClock,
 )
 from lorenz.orchestrator import Orchestrator
+from lorenz.runtime.blocking import Blocking
 from lorenz.runtime.dispatching import Dispatching, WorkerPool, WorkerSlot
 from lorenz.runtime.polling import Polling
 from lorenz.runtime.projection import Projection
@@ -80,6 +81,7 @@ class LorenzRuntime:
         self._dispatching = Dispatching(runtime=self)
         self._reconciling = Reconciling(runtime=self)
         self._reporting = Reporting(runtime=self)
+        self._blocking = Blocking(runtime=self)
         self._workflow = workflow
         self._orchestrator = orchestrator
         self._tracker = tracker

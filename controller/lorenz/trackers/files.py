@@ -49,6 +49,7 @@ from lorenz.config import TrackerSettings, WorkflowSettings
 from lorenz.model import BlockerRef, Issue
 from lorenz.model.issues import normalize_state
 from lorenz.trackers.base import TrackerError, tracker_settings_of
+from lorenz.trackers.writes import has_marker, with_marker
 
 logger = logging.getLogger(__name__)
 
@@ -413,6 +414,22 @@ class FilesTracker:
         """Move an issue of this folder to ``new_state``; returns the file written."""
         return set_issue_state(id_or_identifier, new_state, folder=self.folder)
 
+    async def escalate_issue(
+        self, issue: Issue, *, key: str, comment: str | None, label: str | None
+    ) -> bool:
+        """Append ``comment`` under a ``## Lorenz`` note at the end of the issue file (once per
+        ``key``) and add ``label`` to its ``labels:`` (see :mod:`lorenz.trackers.writes`)."""
+        return await asyncio.to_thread(
+            escalate_issue_file, self._issue_path(issue), key=key, comment=comment, label=label
+        )
+
+    async def move_issue_to_state(self, issue: Issue, *, state: str) -> None:
+        """Set the issue file's ``state:`` (the ``retry.terminal_action: cancel`` write)."""
+        await asyncio.to_thread(set_issue_state, self._issue_path(issue), state)
+
+    def _issue_path(self, issue: Issue) -> Path:
+        return find_issue_file(self.folder, issue.id)
+
     def _routed(self, issue: Issue) -> Issue:
         if self._assignee is None:
             return issue
@@ -511,6 +528,59 @@ def set_issue_state(
     )
     write_atomically(path, text)
     return path
+
+
+_WRITE_LOCK = threading.Lock()
+"""NB: serializes this process's read-modify-write of issue files (escalations and state moves
+from several runs); a person editing the file at the same moment can still lose to the rename,
+as with any editor."""
+
+
+def escalate_issue_file(
+    path: Path,
+    *,
+    key: str,
+    comment: str | None,
+    label: str | None,
+    now: datetime.datetime | None = None,
+) -> bool:
+    """Write an escalation into one issue file; ``True`` when the file changed.
+
+    The comment goes at the end of the description, after its marker; a file that already
+    carries the marker gets no second comment. The label is added to the front matter's
+    ``labels:`` (written as a flow list) unless the issue has it. ``updated_at:`` is bumped when
+    the file has one.
+    """
+    with _WRITE_LOCK:
+        with path.open(encoding="utf-8", newline="") as handle:
+            text = handle.read()
+        parts = split_front_matter(text)
+        if parts is None:
+            raise TrackerError(
+                f"issue file {path} has no front matter block; add one starting with '---'",
+                code="files_malformed_issue",
+            )
+        changed = False
+        if label is not None:
+            meta = load_front_matter_yaml(parts[0])
+            current = list(_strings(meta.get("labels"))) if isinstance(meta, dict) else []
+            if normalize_state(label) not in {normalize_state(name) for name in current}:
+                names = ", ".join(yaml_scalar(name) for name in [*current, label.strip()])
+                text = replace_front_matter_value(text, "labels", f"[{names}]")
+                changed = True
+        if comment is not None and not has_marker(text, key=key):
+            newline = "\r\n" if "\r\n" in text else "\n"
+            body = with_marker(comment, key=key).replace("\n", newline)
+            text = text.rstrip("\r\n") + f"{newline}{newline}## Lorenz{newline}{newline}{body}"
+            text += newline
+            changed = True
+        if changed:
+            stamp = (now or datetime.datetime.now(datetime.UTC)).isoformat(timespec="seconds")
+            text = replace_front_matter_value(
+                text, "updated_at", stamp.replace("+00:00", "Z"), add_if_missing=False
+            )
+            write_atomically(path, text)
+        return changed
 
 
 _PLAIN_SCALAR = re.compile(r"[A-Za-z0-9][A-Za-z0-9 _./()-]*")

@@ -27,6 +27,7 @@ import re
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Annotated, Any
+from urllib.parse import quote
 
 import httpx
 from pydantic import Field
@@ -44,6 +45,7 @@ from lorenz.trackers.throttling import (
     parse_retry_after,
     seconds_until_epoch,
 )
+from lorenz.trackers.writes import MAX_COMMENT_PAGES, has_marker, with_marker
 
 logger = logging.getLogger(__name__)
 
@@ -345,6 +347,68 @@ class GitHubTracker:
                 listings.append(_Listing(state="closed"))
         return list(dict.fromkeys(listings))
 
+    # -- terminal actions (retry.terminal_action) ----------------------------------------------
+
+    async def escalate_issue(
+        self, issue: Issue, *, key: str, comment: str | None, label: str | None
+    ) -> bool:
+        """One comment (skipped when one already carries ``key``'s marker) and/or one label
+        (``POST …/labels``, which creates a missing label). See :mod:`lorenz.trackers.writes`."""
+        base = f"/repos/{self.repository}/issues/{issue.id}"
+        wrote = False
+        if label is not None and label.strip().lower() not in issue.labels:
+            await self._write("POST", f"{base}/labels", {"labels": [label.strip()]},
+                              what="escalation label")
+            wrote = True
+        if comment is not None and not await self._has_comment_marker(base, key=key):
+            await self._write("POST", f"{base}/comments", {"body": with_marker(comment, key=key)},
+                              what="escalation comment")
+            wrote = True
+        return wrote
+
+    async def move_issue_to_state(self, issue: Issue, *, state: str) -> None:
+        """Swap the issue's state labels for ``state``; a terminal ``state`` also closes the
+        issue as not planned (GitHub states are labels plus open/closed, see the module)."""
+        base = f"/repos/{self.repository}/issues/{issue.id}"
+        _, item = await self._get_json(base, what=f"issue {issue.identifier}")
+        names = _label_names(item) if isinstance(item, Mapping) else []
+        target = normalize_state(state)
+        states = {normalize_state(s) for s in (*self._states.active, *self._states.terminal)}
+        for name in names:
+            if normalize_state(name) in states and normalize_state(name) != target:
+                await self._write("DELETE", f"{base}/labels/{quote(name, safe='')}", None,
+                                  what="state label removal")
+        if target not in {normalize_state(n) for n in names}:
+            await self._write("POST", f"{base}/labels", {"labels": [state.strip()]},
+                              what="state label")
+        if target in {normalize_state(s) for s in self._states.terminal}:
+            await self._write("PATCH", base, {"state": "closed", "state_reason": "not_planned"},
+                              what="closing the issue")
+
+    async def _has_comment_marker(self, base: str, *, key: str) -> bool:
+        url = f"{self._endpoint}{base}/comments"
+        query: Mapping[str, str | int] | None = {"per_page": 100}
+        for _ in range(MAX_COMMENT_PAGES):
+            response = await self._request(url, params=query, what="issue comments", absent=())
+            page = self._json(response, what="issue comments")
+            if not isinstance(page, list):
+                raise TrackerError(
+                    "GitHub's issue comments are not a JSON list; check tracker.endpoint",
+                    code="github_unknown_payload",
+                )
+            if any(isinstance(c, Mapping) and has_marker(c.get("body"), key=key) for c in page):
+                return True
+            next_url = response.links.get("next", {}).get("url")
+            if not next_url:
+                return False
+            url, query = next_url, None
+        return False
+
+    async def _write(self, method: str, path: str, body: Any, *, what: str) -> None:
+        await self._request(
+            f"{self._endpoint}{path}", params=None, what=what, absent=(), method=method, json=body
+        )
+
     async def _list_issues(self, listing: _Listing) -> list[Any]:
         params: dict[str, str | int] = {"state": listing.state, "per_page": self.options.page_size}
         if listing.labels is not None:
@@ -504,10 +568,14 @@ class GitHubTracker:
         params: Mapping[str, str | int] | None,
         what: str,
         absent: Collection[int],
+        method: str = "GET",
+        json: Any = None,
     ) -> httpx.Response:
         try:
             return await self._throttle.run(
-                lambda: self._send(url, params=params, what=what, absent=absent)
+                lambda: self._send(
+                    url, params=params, what=what, absent=absent, method=method, json=json
+                )
             )
         except RateLimitExhausted as exc:
             raise TrackerError(
@@ -525,6 +593,8 @@ class GitHubTracker:
         params: Mapping[str, str | int] | None,
         what: str,
         absent: Collection[int],
+        method: str = "GET",
+        json: Any = None,
     ) -> httpx.Response:
         client = self._http()
         headers = {
@@ -533,7 +603,9 @@ class GitHubTracker:
             "X-GitHub-Api-Version": API_VERSION,
         }
         try:
-            response = await client.get(url, params=params, headers=headers)
+            response = await client.request(
+                method, url, params=params, headers=headers, json=json
+            )
         except httpx.HTTPError as exc:
             raise TrackerError(
                 f"request to GitHub failed for {what}: {type(exc).__name__}: {exc}; "

@@ -40,6 +40,7 @@ from lorenz.trackers.throttling import (
     parse_retry_after,
     seconds_until_epoch,
 )
+from lorenz.trackers.writes import MAX_COMMENT_PAGES, has_marker, with_marker
 
 if TYPE_CHECKING:
     import graphql
@@ -133,10 +134,50 @@ query LorenzIssuesByIds(
 
 VIEWER_QUERY = "query LorenzViewer { viewer { id } }"
 
+ESCALATION_CONTEXT_QUERY = (
+    "query LorenzEscalationContext($id: String!, $after: String, $first: Int!) {"
+    " issue(id: $id) { id team { id } labels(first: 100) { nodes { id name } }"
+    " comments(first: $first, after: $after) { nodes { body }"
+    " pageInfo { hasNextPage endCursor } } } }"
+)
+LABELS_BY_NAME_QUERY = (
+    "query LorenzLabelsByName($name: String!) {"
+    " issueLabels(filter: {name: {eqIgnoreCase: $name}}, first: 50) {"
+    " nodes { id name team { id } } } }"
+)
+CREATE_LABEL_MUTATION = (
+    "mutation LorenzCreateLabel($name: String!, $teamId: String) {"
+    " issueLabelCreate(input: {name: $name, teamId: $teamId}) { success issueLabel { id } } }"
+)
+ADD_LABEL_MUTATION = (
+    "mutation LorenzAddLabel($id: String!, $labelId: String!) {"
+    " issueUpdate(id: $id, input: {addedLabelIds: [$labelId]}) { success } }"
+)
+COMMENT_MUTATION = (
+    "mutation LorenzEscalationComment($id: String!, $body: String!) {"
+    " commentCreate(input: {issueId: $id, body: $body}) { success } }"
+)
+TEAM_STATE_QUERY = (
+    "query LorenzTeamState($id: String!, $name: String!) {"
+    " issue(id: $id) { id state { name } team { id"
+    " states(filter: {name: {eqIgnoreCase: $name}}, first: 10) { nodes { id name } } } } }"
+)
+MOVE_ISSUE_MUTATION = (
+    "mutation LorenzMoveIssue($id: String!, $stateId: String!) {"
+    " issueUpdate(id: $id, input: {stateId: $stateId}) { success } }"
+)
+
 QUERIES = {
     "LorenzIssuesByStates": ISSUES_BY_STATES_QUERY,
     "LorenzIssuesByIds": ISSUES_BY_IDS_QUERY,
     "LorenzViewer": VIEWER_QUERY,
+    "LorenzEscalationContext": ESCALATION_CONTEXT_QUERY,
+    "LorenzLabelsByName": LABELS_BY_NAME_QUERY,
+    "LorenzCreateLabel": CREATE_LABEL_MUTATION,
+    "LorenzAddLabel": ADD_LABEL_MUTATION,
+    "LorenzEscalationComment": COMMENT_MUTATION,
+    "LorenzTeamState": TEAM_STATE_QUERY,
+    "LorenzMoveIssue": MOVE_ISSUE_MUTATION,
 }
 """Every document the tracker itself sends, by operation name (tests validate each one)."""
 
@@ -443,6 +484,110 @@ class LinearTracker:
         if self._client is not None and self._own_client:
             await self._client.aclose()
         self._client = None
+
+    # -- terminal actions (retry.terminal_action) ----------------------------------------------
+
+    async def escalate_issue(
+        self, issue: Issue, *, key: str, comment: str | None, label: str | None
+    ) -> bool:
+        """One comment (``commentCreate``, skipped when a comment carries ``key``'s marker)
+        and/or one label (found by name, team or workspace, else created in the issue's team;
+        added with ``issueUpdate.addedLabelIds``). See :mod:`lorenz.trackers.writes`."""
+        team_id, labels, bodies = await self._escalation_context(issue.id)
+        wrote = False
+        if label is not None and label.strip().lower() not in {n.lower() for n in labels}:
+            label_id = await self._label_id(label.strip(), team_id=team_id)
+            await self._write(
+                ADD_LABEL_MUTATION, {"id": issue.id, "labelId": label_id},
+                operation_name="LorenzAddLabel", field="issueUpdate",
+            )
+            wrote = True
+        if comment is not None and not any(has_marker(body, key=key) for body in bodies):
+            await self._write(
+                COMMENT_MUTATION, {"id": issue.id, "body": with_marker(comment, key=key)},
+                operation_name="LorenzEscalationComment", field="commentCreate",
+            )
+            wrote = True
+        return wrote
+
+    async def move_issue_to_state(self, issue: Issue, *, state: str) -> None:
+        """``issueUpdate(stateId:)`` with the issue's team's state named ``state``."""
+        data = await self._query(
+            TEAM_STATE_QUERY, {"id": issue.id, "name": state.strip()},
+            operation_name="LorenzTeamState",
+        )
+        found = _mapping(data.get("issue"))
+        current = _nonblank(_mapping(found.get("state")).get("name"))
+        if current is not None and current.strip().lower() == state.strip().lower():
+            return
+        states = _nodes(_mapping(_mapping(found.get("team")).get("states")))
+        state_id = next((_nonblank(node.get("id")) for node in states), None)
+        if state_id is None:
+            raise TrackerError(
+                f"the team of {issue.identifier} has no state {state!r}; set retry.cancel_state "
+                "to one of the team's workflow states",
+                code="tracker_state_not_found",
+                key_path="retry.cancel_state",
+            )
+        await self._write(
+            MOVE_ISSUE_MUTATION, {"id": issue.id, "stateId": state_id},
+            operation_name="LorenzMoveIssue", field="issueUpdate",
+        )
+
+    async def _escalation_context(self, issue_id: str) -> tuple[str | None, list[str], list[str]]:
+        """The issue's team id, label names, and comment bodies (bounded pages)."""
+        team_id: str | None = None
+        labels: list[str] = []
+        bodies: list[str] = []
+        after: str | None = None
+        for _ in range(MAX_COMMENT_PAGES):
+            data = await self._query(
+                ESCALATION_CONTEXT_QUERY, {"id": issue_id, "after": after, "first": 100},
+                operation_name="LorenzEscalationContext",
+            )
+            found = _mapping(data.get("issue"))
+            team_id = _nonblank(_mapping(found.get("team")).get("id"))
+            labels = [str(n.get("name")) for n in _nodes(_mapping(found.get("labels")))]
+            comments = _mapping(found.get("comments"))
+            bodies.extend(str(n.get("body") or "") for n in _nodes(comments))
+            page = _mapping(comments.get("pageInfo"))
+            after = _nonblank(page.get("endCursor"))
+            if not page.get("hasNextPage") or after is None:
+                break
+        return team_id, labels, bodies
+
+    async def _label_id(self, name: str, *, team_id: str | None) -> str:
+        data = await self._query(
+            LABELS_BY_NAME_QUERY, {"name": name}, operation_name="LorenzLabelsByName"
+        )
+        for node in _nodes(_mapping(data.get("issueLabels"))):
+            owner = _nonblank(_mapping(node.get("team")).get("id"))
+            label_id = _nonblank(node.get("id"))
+            if label_id is not None and (owner is None or owner == team_id):
+                return label_id
+        created = await self._write(
+            CREATE_LABEL_MUTATION, {"name": name, "teamId": team_id},
+            operation_name="LorenzCreateLabel", field="issueLabelCreate",
+        )
+        label_id = _nonblank(_mapping(created.get("issueLabel")).get("id"))
+        if label_id is None:
+            raise TrackerError(
+                "Linear created the escalation label but did not say its id; retry later",
+                code="linear_unknown_payload",
+            )
+        return label_id
+
+    async def _write(
+        self, query: str, variables: dict[str, Any], *, operation_name: str, field: str
+    ) -> Mapping[str, Any]:
+        data = await self._query(query, variables, operation_name=operation_name)
+        payload = _mapping(data.get(field))
+        if payload.get("success") is not True:
+            raise TrackerError(
+                f"Linear did not apply {operation_name}; check the API key's write access",
+                code="linear_write_failed",
+            )
+        return payload
 
     # -- the linear_graphql tool --------------------------------------------------------------
 
