@@ -25,11 +25,11 @@ from lorenz.orchestrator.state import BlockedEntry, OrchestratorState
 
 __all__ = [
     "BlockedRow",
-    "blocked_row",
     "OrchestratorSnapshot",
     "ReservingRow",
     "RetryRow",
     "RunningRow",
+    "blocked_row",
     "orchestrator_snapshot",
     "reserving_row",
     "retry_row",

@@ -63,7 +63,7 @@ class Blocking:
                 identifier=blocked.identifier,
                 slot=blocked.slot_index,
                 message="blocked slot released: the issue is no longer a candidate",
-                released=True,
+                reason="released",
             )
 
     def on_blocked(self, blocked: BlockedEntry) -> None:
@@ -73,10 +73,13 @@ class Blocking:
             issue_id=blocked.issue_id,
             identifier=blocked.identifier,
             slot=blocked.slot_index,
-            message=f"{blocked.reason.value}: {blocked.error or 'no detail'}",
+            message=(
+                f"blocked after {blocked.failures} consecutive failure(s) "
+                f"({blocked.reason.value}); terminal action {blocked.action.value}"
+            ),
             reason=blocked.reason.value,
-            failures=blocked.failures,
-            terminal_action=blocked.action.value,
+            attempt=blocked.attempt,
+            error=blocked.error,
         )
         if blocked.action_done or self._runtime._stopped:
             return
@@ -89,7 +92,7 @@ class Blocking:
         async with self._lock:
             for blocked in self._runtime._orchestrator.pending_terminal_actions():
                 error: str | None = None
-                code: str | None = None
+                code = "terminal_action_failed"
                 try:
                     await self._apply(blocked)
                 except asyncio.CancelledError:
@@ -102,20 +105,28 @@ class Blocking:
                 )
                 if recorded is None:
                     continue
-                self._runtime._reporting.event(
-                    EventType.TERMINAL_ACTION,
-                    issue_id=blocked.issue_id,
-                    identifier=blocked.identifier,
-                    slot=blocked.slot_index,
-                    message=(
-                        f"{blocked.action.value} applied"
-                        if error is None
-                        else f"{blocked.action.value} failed: {error}"
-                    ),
-                    terminal_action=blocked.action.value,
-                    action_key=blocked.action_key,
-                    code=code,
-                )
+                if error is None:
+                    self._runtime._reporting.event(
+                        EventType.TERMINAL_ACTION,
+                        issue_id=blocked.issue_id,
+                        identifier=blocked.identifier,
+                        slot=blocked.slot_index,
+                        message=f"{blocked.action.value} applied",
+                        reason=blocked.action.value,
+                        outcome="applied",
+                    )
+                else:
+                    self._runtime._reporting.event(
+                        EventType.TERMINAL_ACTION,
+                        issue_id=blocked.issue_id,
+                        identifier=blocked.identifier,
+                        slot=blocked.slot_index,
+                        message=f"{blocked.action.value} failed: {error}; tried again next poll",
+                        reason=blocked.action.value,
+                        outcome="failed",
+                        code=code,
+                        error=error,
+                    )
             self._runtime._reporting.emit_snapshot()
 
     async def _apply(self, blocked: BlockedEntry) -> None:
