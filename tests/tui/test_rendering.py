@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import io
 from pathlib import Path
@@ -10,112 +11,114 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from lorenz.model import Issue
-from lorenz.tui import render_snapshot
-from lorenz.tui.rendering import (
-    describe_rate_limits,
-    format_countdown,
-    format_duration,
-    parse_timestamp,
+from lorenz.model import (
+    AppStatus,
+    BlockedRow,
+    ConfigError,
+    EventType,
+    Issue,
+    OrchestratorSnapshot,
+    PollStatus,
+    ReservingRow,
+    RetryRow,
+    RunningRow,
+    RunOutcome,
+    RunRecord,
+    RuntimeEvent,
+    RuntimeSnapshot,
+    TokenUsage,
+    UsageTotals,
 )
+from lorenz.tui import render_snapshot
+from lorenz.tui.rendering import describe_rate_limits, format_countdown, format_duration
 from tests.runtime.harness import build_rig, write_agent, write_workflow
 
 NOW = datetime.datetime(2026, 3, 4, 12, 0, 0, tzinfo=datetime.UTC)
 
 
-def _at(seconds: float) -> str:
-    return (NOW + datetime.timedelta(seconds=seconds)).isoformat()
+def _at(seconds: float) -> datetime.datetime:
+    return NOW + datetime.timedelta(seconds=seconds)
 
 
-def _running(n: int, **fields: Any) -> dict[str, Any]:
-    row: dict[str, Any] = {
-        "slot_key": f"id-{n}#0",
-        "issue_id": f"id-{n}",
-        "identifier": f"LOR-{n}",
-        "title": f"Issue number {n}",
-        "slot_index": 0,
-        "state": "Todo",
-        "host": None,
-        "session_id": f"sess-{n}",
-        "attempt": None,
-        "turn_count": 1,
-        "last_agent_event": "notification",
-        "last_agent_message": "running the tests",
-        "last_agent_at": _at(-2),
-        "started_at": _at(-65),
-        "usage": {"input_tokens": 1234, "output_tokens": 56, "total_tokens": 1290},
-    }
-    row.update(fields)
-    return row
+def _running(n: int, **fields: Any) -> RunningRow:
+    row = RunningRow(
+        slot_key=f"id-{n}#0", issue_id=f"id-{n}", identifier=f"LOR-{n}",
+        title=f"Issue number {n}", slot_index=0, state="Todo", url=None, host=None,
+        workspace_path=None, session_id=f"sess-{n}", agent_pid=None, attempt=None,
+        retry_kind=None, turn_count=1, last_agent_event="notification",
+        last_agent_message="running the tests", last_agent_at=_at(-2), started_at=_at(-65),
+        runtime_seconds=65.0, usage=TokenUsage(1234, 56, 1290), cost_usd=0.0,
+    )
+    return dataclasses.replace(row, **fields)
 
 
-def _snapshot(**fields: Any) -> dict[str, Any]:
-    snapshot: dict[str, Any] = {
-        "generated_at": NOW.isoformat(),
-        "app_status": "running",
-        "workflow_path": "/srv/repo/WORKFLOW.md",
-        "poll": {
-            "status": "idle",
-            "interval_ms": 30000,
-            "candidates": 7,
-            "eligible": 3,
-            "last_poll_at": _at(-3),
-            "next_poll_at": _at(11.2),
-            "last_error": None,
-            "count": 42,
-        },
-        "running": [_running(1)],
-        "reserving": [],
-        "retrying": [
-            {
-                "slot_key": "id-9#0",
-                "issue_id": "id-9",
-                "identifier": "LOR-9",
-                "slot_index": 0,
-                "attempt": 2,
-                "kind": "failure",
-                "due_at": _at(30),
-                "due_in_ms": 30000,
-                "error": "agent_exited: agent exited with status 1",
-                "host": None,
-                "workspace_path": None,
-            }
-        ],
-        "blocked": [],
-        "usage_totals": {
-            "input_tokens": 98765,
-            "output_tokens": 4321,
-            "total_tokens": 103086,
-            "seconds_running": 3725.0,
-            "cost_usd": 1.5,
-        },
-        "rate_limits": None,
-        "recent_events": [
-            {"type": "run_failed", "at": _at(-5), "identifier": "LOR-9", "message": "boom"},
-            {
-                "type": "run_started",
-                "at": _at(-65),
-                "identifier": "LOR-1",
-                "message": "run started",
-            },
-        ],
-        "run_history": [
-            {
-                "identifier": "LOR-9",
-                "slot": 0,
-                "attempt": 1,
-                "outcome": "failed",
-                "error": "agent_exited: agent exited with status 1",
-                "finished_at": _at(-5),
-                "duration_ms": 61000,
-            }
-        ],
-    }
-    snapshot.update(fields)
-    return snapshot
+def _retry(**fields: Any) -> RetryRow:
+    row = RetryRow(
+        slot_key="id-9#0", issue_id="id-9", identifier="LOR-9", slot_index=0, attempt=2,
+        kind="failure", due_at=_at(30), due_in_ms=30000,
+        error="agent_exited: agent exited with status 1", host=None, workspace_path=None,
+    )
+    return dataclasses.replace(row, **fields)
 
 
-def _text(snapshot: dict[str, Any], *, width: int = 160, **options: Any) -> str:
+def _poll(**fields: Any) -> PollStatus:
+    poll = PollStatus(
+        status="idle", interval_ms=30000, candidates=7, eligible=3, last_poll_at=_at(-3),
+        next_poll_at=_at(11.2), last_error=None, count=42,
+    )
+    return dataclasses.replace(poll, **fields)
+
+
+def _snapshot(
+    *,
+    app_status: AppStatus = AppStatus.RUNNING,
+    poll: PollStatus | None = None,
+    running: tuple[RunningRow, ...] | None = None,
+    reserving: tuple[ReservingRow, ...] = (),
+    retrying: tuple[RetryRow, ...] | None = None,
+    blocked: tuple[BlockedRow, ...] = (),
+    rate_limits: dict[str, Any] | None = None,
+    recent_events: tuple[RuntimeEvent, ...] | None = None,
+    run_history: tuple[RunRecord, ...] | None = None,
+    config_error: ConfigError | None = None,
+) -> RuntimeSnapshot:
+    if recent_events is None:
+        recent_events = (
+            RuntimeEvent(type=EventType.RUN_FAILED, at=_at(-5), identifier="LOR-9",
+                         message="boom"),
+            RuntimeEvent(type=EventType.RUN_STARTED, at=_at(-65), identifier="LOR-1",
+                         message="run started"),
+        )
+    if run_history is None:
+        run_history = (
+            RunRecord(
+                issue_id="id-9", identifier="LOR-9", slot=0, attempt=1,
+                outcome=RunOutcome.FAILED, error="agent_exited: agent exited with status 1",
+                started_at=_at(-66), finished_at=_at(-5), duration_ms=61000, host=None,
+                session_id=None, turn_count=1, usage=TokenUsage(),
+            ),
+        )
+    return RuntimeSnapshot(
+        app_status=app_status,
+        workflow_path="/srv/repo/WORKFLOW.md",
+        poll=poll or _poll(),
+        lanes=OrchestratorSnapshot(
+            generated_at=NOW,
+            running=(_running(1),) if running is None else running,
+            reserving=reserving,
+            retrying=(_retry(),) if retrying is None else retrying,
+            blocked=blocked,
+            usage_totals=UsageTotals(98765, 4321, 103086, 3725.0, 1.5),
+            rate_limits=rate_limits,
+        ),
+        recent_events=recent_events,
+        run_history=run_history,
+        log_file=None,
+        config_error=config_error,
+    )
+
+
+def _text(snapshot: RuntimeSnapshot, *, width: int = 160, **options: Any) -> str:
     console = Console(record=True, width=width, file=io.StringIO(), color_system=None)
     console.print(render_snapshot(snapshot, now=NOW, **options))
     return console.export_text()
@@ -134,10 +137,9 @@ def test_header_names_workflow_status_and_poll_countdown() -> None:
 
 
 def test_countdown_says_polling_while_a_poll_runs_and_nothing_once_stopped() -> None:
-    polling = _snapshot()
-    polling["poll"] = {**polling["poll"], "status": "polling"}
+    polling = _snapshot(poll=_poll(status="polling"))
     assert "next poll polling…" in _text(polling)
-    assert "next poll —" in _text(_snapshot(app_status="stopped"))
+    assert "next poll —" in _text(_snapshot(app_status=AppStatus.STOPPED))
 
 
 def test_running_lane_rows_carry_the_run() -> None:
@@ -152,8 +154,7 @@ def test_retry_lane_shows_kind_attempt_due_and_error() -> None:
     row = next(line for line in text.splitlines() if "LOR-9" in line and "failure" in line)
     assert "in 30s" in row
     assert "agent exited with status 1" in row
-    overdue = _snapshot()
-    overdue["retrying"][0]["due_at"] = _at(-1)
+    overdue = _snapshot(retrying=(_retry(due_at=_at(-1)),))
     assert "due now" in _text(overdue)
 
 
@@ -174,38 +175,28 @@ def test_totals_line() -> None:
 
 def test_markup_in_tracker_text_is_printed_as_written() -> None:
     hostile = "[bold red]pwned[/bold red] [link=http://x]y[/link]"
-    snapshot = _snapshot(running=[_running(1, title=hostile, last_agent_message="[blink]hi")])
+    snapshot = _snapshot(running=(_running(1, title=hostile, last_agent_message="[blink]hi"),))
     text = _text(snapshot, width=220)
     assert hostile in text
     assert "[blink]hi" in text
 
 
 def test_empty_and_optional_lanes() -> None:
-    text = _text(_snapshot(running=[], retrying=[], run_history=[], recent_events=[]))
+    text = _text(_snapshot(running=(), retrying=(), run_history=(), recent_events=()))
     assert "no runs in flight" in text
     assert "nothing yet" in text
     assert "Reserving" not in text  # shown only when a worker pool reserves
     assert "Blocked" not in text
-    reserving = {
-        "slot_key": "id-5#1",
-        "issue_id": "id-5",
-        "identifier": "LOR-5",
-        "title": "Needs a worker",
-        "slot_index": 1,
-        "state": "Todo",
-        "attempt": None,
-        "reserved_at": _at(-4),
-        "expires_at": _at(56),
-        "expires_in_ms": 56000,
-    }
-    blocked = {
-        "slot_key": "id-6#0",
-        "issue_id": "id-6",
-        "identifier": "LOR-6",
-        "error": "needs input",
-        "blocked_at": _at(-120),
-    }
-    text = _text(_snapshot(reserving=[reserving], blocked=[blocked]))
+    reserving = ReservingRow(
+        slot_key="id-5#1", issue_id="id-5", identifier="LOR-5", title="Needs a worker",
+        slot_index=1, state="Todo", attempt=None, reserved_at=_at(-4), expires_at=_at(56),
+        expires_in_ms=56000,
+    )
+    blocked = BlockedRow(
+        slot_key="id-6#0", issue_id="id-6", identifier="LOR-6", error="needs input",
+        blocked_at=_at(-120),
+    )
+    text = _text(_snapshot(reserving=(reserving,), blocked=(blocked,)))
     assert "Reserving 1" in text
     row = next(line for line in text.splitlines() if "LOR-5" in line)
     assert "4s" in row
@@ -215,7 +206,7 @@ def test_empty_and_optional_lanes() -> None:
 
 
 def test_long_lanes_are_cut_with_a_count() -> None:
-    snapshot = _snapshot(running=[_running(n) for n in range(1, 13)])
+    snapshot = _snapshot(running=tuple(_running(n) for n in range(1, 13)))
     text = _text(snapshot, max_rows_per_lane=3)
     assert "Running 12" in text
     assert "… and 9 more" in text
@@ -224,33 +215,38 @@ def test_long_lanes_are_cut_with_a_count() -> None:
 
 
 def test_events_are_newest_first_and_capped() -> None:
-    events = [{"type": "poll_completed", "at": _at(-n), "message": f"event {n}"} for n in range(20)]
+    events = tuple(
+        RuntimeEvent(type=EventType.POLL_COMPLETED, at=_at(-n), message=f"event {n}")
+        for n in range(20)
+    )
     text = _text(_snapshot(recent_events=events), max_events=4)
     shown = [line for line in text.splitlines() if "event " in line and "poll_completed" in line]
     assert [line.split("event ")[-1].strip() for line in shown] == ["0", "1", "2", "3"]
 
 
 def test_poll_error_and_rate_limits() -> None:
-    snapshot = _snapshot(rate_limits={"primary": {"used_percent": 42}, "requests": 7})
-    snapshot["poll"] = {**snapshot["poll"], "last_error": "linear_api_status: 502 from Linear"}
+    snapshot = _snapshot(
+        rate_limits={"primary": {"used_percent": 42}, "requests": 7},
+        poll=_poll(last_error="linear_api_status: 502 from Linear"),
+    )
     text = _text(snapshot)
     assert "last poll failed: linear_api_status: 502 from Linear" in text
     assert "rate limits primary 42% · requests 7" in text
 
 
 def test_the_reload_error_in_force_is_shown_until_it_is_gone() -> None:
-    snapshot = _snapshot()
-    snapshot["config_error"] = {
-        "code": "workflow_parse_error",
-        "message": "front matter is not valid YAML [red]x[/red]",
-        "since": "2026-01-01T12:00:00+00:00",
-    }
+    snapshot = _snapshot(
+        config_error=ConfigError(
+            code="workflow_parse_error",
+            message="front matter is not valid YAML [red]x[/red]",
+            since=datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC),
+        )
+    )
     text = _text(snapshot)
     assert "WORKFLOW.md reload failed: workflow_parse_error front matter is not valid YAML" in text
     assert "[red]x[/red]" in text  # markup in the message is printed literally
     assert "since 2026-01-01T12:00:00+00:00" in text
-    snapshot["config_error"] = None
-    assert "reload failed" not in _text(snapshot)
+    assert "reload failed" not in _text(dataclasses.replace(snapshot, config_error=None))
 
 
 @pytest.mark.parametrize(
@@ -269,12 +265,7 @@ def test_format_countdown(seconds: float, text: str) -> None:
     assert format_countdown(seconds) == text
 
 
-def test_parse_timestamp_and_rate_limit_edge_cases() -> None:
-    assert parse_timestamp("not a time") is None
-    assert parse_timestamp(None) is None
-    naive = parse_timestamp("2026-03-04T12:00:00")
-    assert naive is not None
-    assert naive.tzinfo is datetime.UTC
+def test_rate_limit_edge_cases() -> None:
     assert describe_rate_limits(None) == ""
     assert describe_rate_limits({"x": None, "y": {"remaining": 3}, "z": {}}) == "y 3 · z …"
 
@@ -287,7 +278,7 @@ async def test_renders_a_live_runtime_snapshot(tmp_path: Path) -> None:
     )
     await rig.runtime.poll_once(wait_for_runs=True)
     console = Console(record=True, width=160, file=io.StringIO(), color_system=None)
-    console.print(render_snapshot(rig.runtime.snapshot().to_dict()))
+    console.print(render_snapshot(rig.runtime.snapshot()))
     text = console.export_text()
     assert str(workflow) in text
     assert "Retrying 1" in text

@@ -1,7 +1,7 @@
 """Turns one runtime snapshot into a rich renderable: the terminal view's only drawing code.
 
-Kept apart from the live mount (:mod:`lorenz.tui.view`) so it is a pure function of the snapshot
-and the current time — tests render recorded snapshots into a recording console and read the
+Kept apart from the live mount (:mod:`lorenz.tui.view`) so it is a pure function of the (typed)
+snapshot and the current time — tests render snapshots into a recording console and read the
 text back, with no terminal involved.
 
 NB: titles, messages and errors are tracker- or agent-controlled text. They are always wrapped
@@ -19,6 +19,16 @@ from rich import box
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
+
+from lorenz.model import (
+    BlockedRow,
+    ReservingRow,
+    RetryRow,
+    RunningRow,
+    RunRecord,
+    RuntimeEvent,
+    RuntimeSnapshot,
+)
 
 MAX_ROWS_PER_LANE = 8
 """Rows shown per lane before the rest are summed up as "… and N more"."""
@@ -54,7 +64,7 @@ _QUIET_EVENTS = frozenset({"poll_completed", "dry_run", "refresh_requested"})
 
 
 def render_snapshot(
-    snapshot: Mapping[str, Any],
+    snapshot: RuntimeSnapshot,
     *,
     now: datetime.datetime | None = None,
     max_rows_per_lane: int = MAX_ROWS_PER_LANE,
@@ -66,86 +76,87 @@ def render_snapshot(
     wall clock, so a view re-rendered every second ticks between snapshots.
     """
     at = now or datetime.datetime.now(datetime.UTC)
+    lanes = snapshot.lanes
     parts: list[RenderableType] = [_header(snapshot, now=at), _totals(snapshot)]
-    config_error = snapshot.get("config_error")
-    if isinstance(config_error, Mapping):
+    config_error = snapshot.config_error
+    if config_error is not None:
         parts.append(
             Text.assemble(
                 ("WORKFLOW.md reload failed: ", "bold yellow"),
-                (f"{config_error.get('code')} ", "bold yellow"),
-                (str(config_error.get("message") or ""), "yellow"),
-                (f" (since {config_error.get('since')}; running the last good one)", "dim"),
+                (f"{config_error.code} ", "bold yellow"),
+                (config_error.message, "yellow"),
+                (
+                    f" (since {config_error.since.isoformat()}; running the last good one)",
+                    "dim",
+                ),
             )
         )
-    poll = snapshot.get("poll") or {}
-    if poll.get("last_error"):
+    if snapshot.poll.last_error:
         parts.append(
-            Text.assemble(("last poll failed: ", "bold red"), (str(poll["last_error"]), "red"))
+            Text.assemble(("last poll failed: ", "bold red"), (snapshot.poll.last_error, "red"))
         )
-    parts.append(_running(snapshot.get("running") or [], now=at, limit=max_rows_per_lane))
-    reserving = snapshot.get("reserving") or []
-    if reserving:
-        parts.append(_reserving(reserving, now=at, limit=max_rows_per_lane))
-    parts.append(_retrying(snapshot.get("retrying") or [], now=at, limit=max_rows_per_lane))
-    blocked = snapshot.get("blocked") or []
-    if blocked:
-        parts.append(_blocked(blocked, now=at, limit=max_rows_per_lane))
-    history = snapshot.get("run_history") or []
-    if history:
-        parts.append(_history(history, limit=min(max_rows_per_lane, 5)))
-    parts.append(_events(snapshot.get("recent_events") or [], limit=max_events))
+    parts.append(_running(lanes.running, now=at, limit=max_rows_per_lane))
+    if lanes.reserving:
+        parts.append(_reserving(lanes.reserving, now=at, limit=max_rows_per_lane))
+    parts.append(_retrying(lanes.retrying, now=at, limit=max_rows_per_lane))
+    if lanes.blocked:
+        parts.append(_blocked(lanes.blocked, now=at, limit=max_rows_per_lane))
+    if snapshot.run_history:
+        parts.append(_history(snapshot.run_history, limit=min(max_rows_per_lane, 5)))
+    parts.append(_events(snapshot.recent_events, limit=max_events))
     return Group(*parts)
 
 
 # ---------------------------------------------------------------------------------- sections
 
 
-def _header(snapshot: Mapping[str, Any], *, now: datetime.datetime) -> Text:
-    status = str(snapshot.get("app_status") or "unknown")
-    poll = snapshot.get("poll") or {}
+def _header(snapshot: RuntimeSnapshot, *, now: datetime.datetime) -> Text:
+    status = snapshot.app_status.value
+    poll = snapshot.poll
     header = Text()
     header.append("Lorenz ", style="bold")
     header.append(f"● {status}", style=_STATUS_STYLES.get(status, "bold"))
     header.append("  ")
-    header.append(str(snapshot.get("workflow_path") or ""), style="cyan")
+    header.append(snapshot.workflow_path, style="cyan")
     header.append("\n")
     header.append("next poll ", style="dim")
-    if poll.get("status") == "polling":
+    if poll.status == "polling":
         header.append("polling…", style="bold")
-    elif status == "running" and poll.get("next_poll_at"):
-        header.append(format_countdown(_until(poll["next_poll_at"], now=now)), style="bold")
+    elif status == "running" and poll.next_poll_at is not None:
+        header.append(format_countdown(_until(poll.next_poll_at, now=now)), style="bold")
     else:
         header.append("—")
     header.append("   last poll ", style="dim")
-    last = poll.get("last_poll_at")
+    last = poll.last_poll_at
     header.append(f"{format_duration(_since(last, now=now))} ago" if last else "never")
     header.append("   candidates ", style="dim")
-    header.append(str(poll.get("candidates", 0)))
+    header.append(str(poll.candidates))
     header.append("   eligible ", style="dim")
-    header.append(str(poll.get("eligible", 0)))
+    header.append(str(poll.eligible))
     header.append("   polls ", style="dim")
-    header.append(str(poll.get("count", 0)))
+    header.append(str(poll.count))
     return header
 
 
-def _totals(snapshot: Mapping[str, Any]) -> Text:
-    usage = snapshot.get("usage_totals") or {}
+def _totals(snapshot: RuntimeSnapshot) -> Text:
+    lanes = snapshot.lanes
+    usage = lanes.usage_totals
     totals = Text()
     pairs = (
-        ("running", str(len(snapshot.get("running") or []))),
-        ("retrying", str(len(snapshot.get("retrying") or []))),
-        ("tokens in", format_int(usage.get("input_tokens"))),
-        ("out", format_int(usage.get("output_tokens"))),
-        ("total", format_int(usage.get("total_tokens"))),
-        ("agent time", format_duration(float(usage.get("seconds_running") or 0.0))),
-        ("cost", f"${float(usage.get('cost_usd') or 0.0):.2f}"),
+        ("running", str(len(lanes.running))),
+        ("retrying", str(len(lanes.retrying))),
+        ("tokens in", format_int(usage.input_tokens)),
+        ("out", format_int(usage.output_tokens)),
+        ("total", format_int(usage.total_tokens)),
+        ("agent time", format_duration(usage.seconds_running)),
+        ("cost", f"${usage.cost_usd:.2f}"),
     )
     for index, (label, value) in enumerate(pairs):
         if index:
             totals.append("  ")
         totals.append(f"{label} ", style="dim")
         totals.append(value, style="bold")
-    limits = describe_rate_limits(snapshot.get("rate_limits"))
+    limits = describe_rate_limits(lanes.rate_limits)
     if limits:
         totals.append("  rate limits ", style="dim")
         totals.append(limits)
@@ -164,7 +175,7 @@ def _lane(title: str, count: int, *, style: str) -> Table:
     return table
 
 
-def _running(rows: Sequence[Mapping[str, Any]], *, now: datetime.datetime, limit: int) -> Table:
+def _running(rows: Sequence[RunningRow], *, now: datetime.datetime, limit: int) -> Table:
     table = _lane("Running", len(rows), style="blue")
     table.add_column("issue", no_wrap=True, style="bold")
     table.add_column("title", ratio=3, no_wrap=True, overflow="ellipsis")
@@ -175,26 +186,25 @@ def _running(rows: Sequence[Mapping[str, Any]], *, now: datetime.datetime, limit
     table.add_column("last agent event", ratio=4, no_wrap=True, overflow="ellipsis")
     table.add_column("tokens in/out", justify="right", no_wrap=True)
     for row in rows[:limit]:
-        usage = row.get("usage") or {}
-        event = Text(str(row.get("last_agent_event") or "—"), style="cyan")
-        if row.get("last_agent_message"):
+        event = Text(row.last_agent_event or "—", style="cyan")
+        if row.last_agent_message:
             event.append(" ")
-            event.append(_one_line(row["last_agent_message"]), style="default")
+            event.append(_one_line(row.last_agent_message), style="default")
         table.add_row(
-            Text(str(row.get("identifier", ""))),
-            Text(_one_line(row.get("title") or "")),
-            str(row.get("slot_index", "")),
-            _attempt(row.get("attempt")),
-            Text(str(row.get("host") or "local")),
-            format_duration(_since(row.get("started_at"), now=now)),
+            Text(row.identifier),
+            Text(_one_line(row.title or "")),
+            str(row.slot_index),
+            _attempt(row.attempt),
+            Text(row.host or "local"),
+            format_duration(_since(row.started_at, now=now)),
             event,
-            f"{format_int(usage.get('input_tokens'))}/{format_int(usage.get('output_tokens'))}",
+            f"{format_int(row.usage.input_tokens)}/{format_int(row.usage.output_tokens)}",
         )
     _more(table, rows, limit=limit, empty="no runs in flight")
     return table
 
 
-def _reserving(rows: Sequence[Mapping[str, Any]], *, now: datetime.datetime, limit: int) -> Table:
+def _reserving(rows: Sequence[ReservingRow], *, now: datetime.datetime, limit: int) -> Table:
     table = _lane("Reserving", len(rows), style="magenta")
     table.add_column("issue", no_wrap=True, style="bold")
     table.add_column("title", ratio=3, no_wrap=True, overflow="ellipsis")
@@ -204,18 +214,18 @@ def _reserving(rows: Sequence[Mapping[str, Any]], *, now: datetime.datetime, lim
     table.add_column("expires", justify="right", no_wrap=True)
     for row in rows[:limit]:
         table.add_row(
-            Text(str(row.get("identifier", ""))),
-            Text(_one_line(row.get("title") or "")),
-            str(row.get("slot_index", "")),
-            _attempt(row.get("attempt")),
-            format_duration(_since(row.get("reserved_at"), now=now)),
-            format_countdown(_until(row.get("expires_at"), now=now)),
+            Text(row.identifier),
+            Text(_one_line(row.title or "")),
+            str(row.slot_index),
+            _attempt(row.attempt),
+            format_duration(_since(row.reserved_at, now=now)),
+            format_countdown(_until(row.expires_at, now=now)),
         )
     _more(table, rows, limit=limit, empty="none")
     return table
 
 
-def _retrying(rows: Sequence[Mapping[str, Any]], *, now: datetime.datetime, limit: int) -> Table:
+def _retrying(rows: Sequence[RetryRow], *, now: datetime.datetime, limit: int) -> Table:
     table = _lane("Retrying", len(rows), style="yellow")
     table.add_column("issue", no_wrap=True, style="bold")
     table.add_column("slot", justify="right", no_wrap=True)
@@ -224,35 +234,34 @@ def _retrying(rows: Sequence[Mapping[str, Any]], *, now: datetime.datetime, limi
     table.add_column("due", justify="right", no_wrap=True)
     table.add_column("error", ratio=1, no_wrap=True, overflow="ellipsis")
     for row in rows[:limit]:
-        kind = str(row.get("kind", ""))
         table.add_row(
-            Text(str(row.get("identifier", ""))),
-            str(row.get("slot_index", "")),
-            Text(kind, style="red" if kind == "failure" else "blue"),
-            str(row.get("attempt", "")),
-            format_countdown(_until(row.get("due_at"), now=now)),
-            Text(_one_line(row.get("error") or ""), style="red"),
+            Text(row.identifier),
+            str(row.slot_index),
+            Text(row.kind, style="red" if row.kind == "failure" else "blue"),
+            str(row.attempt),
+            format_countdown(_until(row.due_at, now=now)),
+            Text(_one_line(row.error or ""), style="red"),
         )
     _more(table, rows, limit=limit, empty="none")
     return table
 
 
-def _blocked(rows: Sequence[Mapping[str, Any]], *, now: datetime.datetime, limit: int) -> Table:
+def _blocked(rows: Sequence[BlockedRow], *, now: datetime.datetime, limit: int) -> Table:
     table = _lane("Blocked", len(rows), style="red")
     table.add_column("issue", no_wrap=True, style="bold")
     table.add_column("blocked for", justify="right", no_wrap=True)
     table.add_column("error", ratio=1, no_wrap=True, overflow="ellipsis")
     for row in rows[:limit]:
         table.add_row(
-            Text(str(row.get("identifier", ""))),
-            format_duration(_since(row.get("blocked_at"), now=now)),
-            Text(_one_line(row.get("error") or ""), style="red"),
+            Text(row.identifier),
+            format_duration(_since(row.blocked_at, now=now)),
+            Text(_one_line(row.error or ""), style="red"),
         )
     _more(table, rows, limit=limit, empty="none")
     return table
 
 
-def _history(rows: Sequence[Mapping[str, Any]], *, limit: int) -> Table:
+def _history(rows: Sequence[RunRecord], *, limit: int) -> Table:
     table = _lane("Recent runs", len(rows), style="white")
     table.add_column("finished", no_wrap=True, style="dim")
     table.add_column("issue", no_wrap=True, style="bold")
@@ -261,26 +270,26 @@ def _history(rows: Sequence[Mapping[str, Any]], *, limit: int) -> Table:
     table.add_column("duration", justify="right", no_wrap=True)
     table.add_column("detail", ratio=1, no_wrap=True, overflow="ellipsis")
     for row in rows[:limit]:
-        outcome = str(row.get("outcome", ""))
+        outcome = row.outcome.value
         table.add_row(
-            format_clock(row.get("finished_at")),
-            Text(str(row.get("identifier", ""))),
-            str(row.get("slot", "")),
+            format_clock(row.finished_at),
+            Text(row.identifier),
+            str(row.slot),
             Text(outcome, style=_OUTCOME_STYLES.get(outcome, "")),
-            format_duration(float(row.get("duration_ms") or 0) / 1000.0),
-            Text(_one_line(row.get("error") or ""), style="red"),
+            format_duration(row.duration_ms / 1000.0),
+            Text(_one_line(row.error or ""), style="red"),
         )
     return table
 
 
-def _events(events: Sequence[Mapping[str, Any]], *, limit: int) -> Table:
+def _events(events: Sequence[RuntimeEvent], *, limit: int) -> Table:
     table = _lane("Recent events", len(events), style="white")
     table.add_column("at", no_wrap=True, style="dim")
     table.add_column("event", no_wrap=True)
     table.add_column("issue", no_wrap=True, style="bold")
     table.add_column("message", ratio=1, no_wrap=True, overflow="ellipsis")
     for event in events[:limit]:
-        kind = str(event.get("type", ""))
+        kind = event.type.value
         style = (
             "red"
             if kind in _BAD_EVENTS
@@ -291,10 +300,10 @@ def _events(events: Sequence[Mapping[str, Any]], *, limit: int) -> Table:
             else "cyan"
         )
         table.add_row(
-            format_clock(event.get("at")),
+            format_clock(event.at),
             Text(kind, style=style),
-            Text(str(event.get("identifier") or "")),
-            Text(_one_line(event.get("message") or "")),
+            Text(event.identifier or ""),
+            Text(_one_line(event.message or "")),
         )
     if not events:
         table.add_row("", Text("nothing yet", style="dim italic"), "", "")
@@ -319,25 +328,16 @@ def _one_line(value: Any) -> str:
 # ---------------------------------------------------------------------------------- formatting
 
 
-def parse_timestamp(value: Any) -> datetime.datetime | None:
-    """An ISO-8601 timestamp from a snapshot (naive ones are taken as UTC), or ``None``."""
-    if not value:
-        return None
-    try:
-        parsed = datetime.datetime.fromisoformat(str(value))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=datetime.UTC)
+def _aware(value: datetime.datetime) -> datetime.datetime:
+    return value if value.tzinfo is not None else value.replace(tzinfo=datetime.UTC)
 
 
-def _since(value: Any, *, now: datetime.datetime) -> float:
-    at = parse_timestamp(value)
-    return (now - at).total_seconds() if at is not None else float("nan")
+def _since(value: datetime.datetime | None, *, now: datetime.datetime) -> float:
+    return (now - _aware(value)).total_seconds() if value is not None else float("nan")
 
 
-def _until(value: Any, *, now: datetime.datetime) -> float:
-    at = parse_timestamp(value)
-    return (at - now).total_seconds() if at is not None else float("nan")
+def _until(value: datetime.datetime | None, *, now: datetime.datetime) -> float:
+    return (_aware(value) - now).total_seconds() if value is not None else float("nan")
 
 
 def format_duration(seconds: float) -> str:
@@ -363,10 +363,9 @@ def format_countdown(seconds: float) -> str:
     return f"in {format_duration(seconds + 0.999)}"
 
 
-def format_clock(value: Any) -> str:
+def format_clock(value: datetime.datetime | None) -> str:
     """Local ``HH:MM:SS`` of a snapshot timestamp."""
-    at = parse_timestamp(value)
-    return at.astimezone().strftime("%H:%M:%S") if at is not None else "—"
+    return _aware(value).astimezone().strftime("%H:%M:%S") if value is not None else "—"
 
 
 def format_int(value: Any) -> str:

@@ -155,9 +155,7 @@ class TerminalView:
         # Roughly: header, totals and lane chrome take ~16 lines; the rest goes to rows.
         rows = max(2, min(8, (height - 16) // 4))
         live.update(
-            # NB: the wire form, built at the redraw rate (not on every change): the view draws
-            # exactly the document the dashboard draws.
-            render_snapshot(self._snapshot.to_dict(), now=self._clock(), max_rows_per_lane=rows),
+            render_snapshot(self._snapshot, now=self._clock(), max_rows_per_lane=rows),
             refresh=True,
         )
         self.frames += 1
