@@ -317,14 +317,14 @@ async def test_unknown_schema_version_is_refused_untouched(backend: str, store_p
     store = await BACKENDS[backend].open(store_path, owner="a")
     await store.acquire(claim("1"))
     await store.close()
-    _bump_schema(backend, store_path, "2")
+    _bump_schema(backend, store_path, "3")
     before = _snapshot(store_path)
     with pytest.raises(ClaimStoreSchemaUnsupported) as caught:
         await BACKENDS[backend].open(store_path, owner="b")
     assert caught.value.code == "claim_store_schema_unsupported"
     assert str(store_path) in str(caught.value)
-    assert "'2'" in str(caught.value)
-    assert caught.value.version == "2"
+    assert "'3'" in str(caught.value)
+    assert caught.value.version == "3"
     # Nothing was written: the main file is byte-identical (no owner row for "b", no event).
     assert _snapshot(store_path)[store_path.name] == before[store_path.name]
 

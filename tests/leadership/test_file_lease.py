@@ -345,3 +345,60 @@ def test_identity_can_be_given(workflow: Path) -> None:
         "h1",
         12.5,
     )
+
+
+# -- generations -------------------------------------------------------------------------------
+
+
+def _dead_identity() -> ProcessIdentity:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return ProcessIdentity(host=HOST, pid=child.pid, started_at=1.0)
+
+
+def test_generation_rotates_on_every_acquisition_and_only_then(workflow: Path) -> None:
+    first = FileLeaseProvider(workflow_path=workflow)
+    assert first.generation is None  # not leading yet
+    record = asyncio.run(first.acquire())
+    assert record.generation == first.generation == 1
+    asyncio.run(first.heartbeat())
+    asyncio.run(first.set_endpoint("http://x:1"))
+    assert asyncio.run(first.acquire()).generation == 1  # our own holding, renewed
+    assert read_lease_file(first.path).generation == 1  # type: ignore[union-attr]
+    asyncio.run(first.release())
+    assert first.generation is None
+
+    # Released (the file is gone): the next holding still gets a higher generation.
+    second = FileLeaseProvider(workflow_path=workflow)
+    assert asyncio.run(second.acquire()).generation == 2
+    # Removed by hand, as a daemon_lock_stale message suggests: higher still.
+    second.path.unlink()
+    assert asyncio.run(FileLeaseProvider(workflow_path=workflow).acquire()).generation == 3
+
+
+def test_a_dead_holder_is_replaced_by_a_higher_generation(workflow: Path) -> None:
+    dead = FileLeaseProvider(workflow_path=workflow, identity=_dead_identity())
+    assert asyncio.run(dead.acquire()).generation == 1
+    successor = FileLeaseProvider(workflow_path=workflow)
+    record = asyncio.run(successor.acquire())
+    assert (record.generation, record.transitions) == (2, 1)
+    # A lock written with a generation beyond the counter (another copy of the counter lost)
+    # is still exceeded: the next generation is above both.
+    write_lock(workflow, holder="dead", pid=_dead_identity().pid, generation=40)
+    assert asyncio.run(FileLeaseProvider(workflow_path=workflow).acquire()).generation == 41
+
+
+def test_a_lost_lease_has_no_generation(workflow: Path) -> None:
+    provider = FileLeaseProvider(workflow_path=workflow)
+    asyncio.run(provider.acquire())
+    provider.path.unlink()
+    with pytest.raises(LeadershipLost):
+        asyncio.run(provider.heartbeat())
+    assert provider.generation is None
+
+
+def test_a_lease_without_a_generation_reads_as_zero(workflow: Path) -> None:
+    path = write_lock(workflow)  # as written before generations existed
+    record = read_lease_file(path)
+    assert record is not None
+    assert record.generation == 0

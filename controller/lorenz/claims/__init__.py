@@ -1,6 +1,7 @@
 """Claim stores: where the orchestrator persists slot claims (memory, sqlite, turso, Claims)."""
 
 from lorenz.claims.errors import (
+    ClaimGenerationStale,
     ClaimOwnerLost,
     ClaimStoreBusy,
     ClaimStoreError,
@@ -22,6 +23,7 @@ from lorenz.claims.turso import TursoClaimStore
 __all__ = [
     "DEFAULT_OWNER_STALE_MS",
     "SCHEMA_VERSION",
+    "ClaimGenerationStale",
     "ClaimOwnerLost",
     "ClaimStoreBusy",
     "ClaimStoreError",

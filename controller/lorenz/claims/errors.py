@@ -30,7 +30,7 @@ class ClaimStoreSchemaUnsupported(ClaimStoreError):
         if version is None:
             what = "has tables but no claim_store_meta table (not a Lorenz claim store)"
         else:
-            what = f"has schema_version {version!r}, this Lorenz supports 1"
+            what = f"has schema_version {version!r}, this Lorenz supports 1 and 2"
         super().__init__(
             f"claim store {path} {what}; upgrade Lorenz or set claim_store.path to another file",
             path=path,
@@ -83,3 +83,28 @@ class ClaimOwnerLost(ClaimStoreError):
             path=path,
         )
         self.owner = owner
+
+
+class ClaimGenerationStale(ClaimStoreError):
+    """A newer leader generation fenced the store: this process may not write it any more.
+
+    Raised before anything is changed (the fence is compared inside the write's transaction),
+    so a deposed controller that has not noticed its loss yet cannot overwrite its successor.
+    """
+
+    code = "claim_generation_stale"
+
+    def __init__(
+        self, *, path: Path | None, generation: int | None, current: int, holder: str | None
+    ) -> None:
+        where = f"claim store {path}" if path is not None else "the claim store"
+        by = f" by {holder}" if holder else ""
+        super().__init__(
+            f"{where} is fenced at generation {current}{by}; this process leads generation "
+            f"{generation} and stops without writing (another controller took over) — leave "
+            f"it stopped, or restart it to compete for leadership again",
+            path=path,
+        )
+        self.generation = generation
+        self.current = current
+        self.holder = holder

@@ -1,26 +1,45 @@
 """The default claim store: claims live as long as the process, shared by nobody.
 
 It still honours the :class:`~lorenz.model.ClaimStore` contract exactly (exclusive acquire,
-owner checks), so the orchestrator behaves the same on every backend and tests of the core run
-against the real default rather than a mock.
+owner checks, generation fencing, spawn intents), so the orchestrator behaves the same on every
+backend and tests of the core run against the real default rather than a mock. Several stores
+may share one :class:`MemoryClaimTable` (in one process), which is how the contract tests run
+two "processes" against it.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Mapping
+import dataclasses
+import datetime
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from lorenz.model import ClaimRecord, SlotKey, StoredState
+from lorenz.claims.errors import ClaimGenerationStale
+from lorenz.model import ClaimPhase, ClaimRecord, LorenzError, SlotKey, SpawnIntent, StoredState
+
+
+@dataclasses.dataclass(slots=True)
+class MemoryClaimTable:
+    """What a memory store holds: claims, the checkpoint and the fence."""
+
+    claims: dict[SlotKey, ClaimRecord] = dataclasses.field(default_factory=dict)
+    checkpoint: dict[str, Any] | None = None
+    fence: int | None = None
+    """The newest leader generation that fenced the table (``None``: never fenced)."""
+    fence_holder: str | None = None
 
 
 class MemoryClaimStore:
     """Claims in a dict; ``durable`` is false."""
 
-    def __init__(self, *, owner: str = "local") -> None:
+    def __init__(self, *, owner: str = "local", table: MemoryClaimTable | None = None) -> None:
         self._owner = owner
-        self._claims: dict[SlotKey, ClaimRecord] = {}
-        self._checkpoint: dict[str, Any] | None = None
+        self._table = table if table is not None else MemoryClaimTable()
+        self._generation: int | None = None
+        self._on_fenced: Callable[[LorenzError], None] | None = None
+        self.fenced_out: ClaimGenerationStale | None = None
+        """Why our writes are refused, once a newer generation fenced the table."""
         self.closed = False
 
     @property
@@ -32,53 +51,110 @@ class MemoryClaimStore:
         return False
 
     @property
+    def generation(self) -> int | None:
+        return self._generation
+
+    @property
     def claims(self) -> Mapping[SlotKey, ClaimRecord]:
         """A read-only view, for tests and diagnostics."""
-        return self._claims
+        return self._table.claims
+
+    async def fence(
+        self, generation: int, *, on_fenced: Callable[[LorenzError], None] | None = None
+    ) -> None:
+        table = self._table
+        if table.fence is not None and (
+            table.fence > generation
+            or (table.fence == generation and table.fence_holder != self._owner)
+        ):
+            raise ClaimGenerationStale(
+                path=None, generation=generation, current=table.fence, holder=table.fence_holder
+            )
+        table.fence, table.fence_holder = generation, self._owner
+        self._generation = generation
+        self._on_fenced = on_fenced
+        self.fenced_out = None
+
+    def _check_fence(self) -> None:
+        """NB: the same compare-and-swap as the SQL stores, before any mutation."""
+        generation = self._generation
+        if generation is None or self._table.fence == generation:
+            return
+        error = ClaimGenerationStale(
+            path=None,
+            generation=generation,
+            current=self._table.fence or 0,
+            holder=self._table.fence_holder,
+        )
+        first = self.fenced_out is None
+        self.fenced_out = error
+        if first and self._on_fenced is not None:
+            self._on_fenced(error)
+        raise error
 
     async def load(self) -> StoredState:
         return StoredState(
-            claims=[copy.copy(r) for r in self._claims.values()],
-            checkpoint=copy.deepcopy(self._checkpoint),
+            claims=[copy.copy(r) for r in self._table.claims.values()],
+            checkpoint=copy.deepcopy(self._table.checkpoint),
         )
 
-    async def acquire(self, record: ClaimRecord) -> bool:
-        held = self._claims.get(record.slot_key)
-        if held is not None and held.owner != self._owner:
-            return False
+    def _stored(self, record: ClaimRecord, held: ClaimRecord | None) -> ClaimRecord:
         stored = copy.copy(record)
         stored.owner = self._owner
-        self._claims[record.slot_key] = stored
+        stored.generation = self._generation
+        # NB: as in the SQL stores, only record_intent writes the intent, and a claim going
+        # back to a pending retry drops it.
+        keep = held.intent if held is not None else None
+        stored.intent = None if record.phase is ClaimPhase.RETRY_PENDING else keep
+        return stored
+
+    async def acquire(self, record: ClaimRecord) -> bool:
+        self._check_fence()
+        held = self._table.claims.get(record.slot_key)
+        if held is not None and held.owner != self._owner:
+            return False
+        self._table.claims[record.slot_key] = self._stored(record, held)
         return True
 
     async def save(self, record: ClaimRecord) -> None:
-        held = self._claims.get(record.slot_key)
+        self._check_fence()
+        held = self._table.claims.get(record.slot_key)
         if held is not None and held.owner != self._owner:
             return
-        stored = copy.copy(record)
-        stored.owner = self._owner
-        self._claims[record.slot_key] = stored
+        self._table.claims[record.slot_key] = self._stored(record, held)
+
+    async def record_intent(self, key: SlotKey, intent: SpawnIntent | None) -> bool:
+        self._check_fence()
+        held = self._table.claims.get(key)
+        if held is None or held.owner != self._owner:
+            return False
+        now = datetime.datetime.now(datetime.UTC)
+        held.intent = dataclasses.replace(intent, updated_at=now) if intent is not None else None
+        return True
 
     async def release(self, key: SlotKey) -> None:
-        held = self._claims.get(key)
+        self._check_fence()
+        held = self._table.claims.get(key)
         if held is not None and held.owner == self._owner:
-            del self._claims[key]
+            del self._table.claims[key]
 
     async def take_over(self, *, from_owners: Iterable[str]) -> list[ClaimRecord]:
+        self._check_fence()
         owners = set(from_owners) - {self._owner}
         taken: list[ClaimRecord] = []
-        for key, record in self._claims.items():
+        for record in self._table.claims.values():
             if record.owner in owners:
                 record.owner = self._owner
+                record.generation = self._generation
                 taken.append(copy.copy(record))
-                self._claims[key] = record
         return taken
 
     async def save_checkpoint(self, checkpoint: Mapping[str, Any]) -> None:
-        self._checkpoint = copy.deepcopy(dict(checkpoint))
+        self._check_fence()
+        self._table.checkpoint = copy.deepcopy(dict(checkpoint))
 
     async def heartbeat(self) -> None:
-        return None
+        self._check_fence()
 
     async def close(self) -> None:
         self.closed = True

@@ -32,6 +32,7 @@ from typing import Any, ClassVar, Protocol, Self, TypeVar
 import tenacity
 
 from lorenz.claims.errors import (
+    ClaimGenerationStale,
     ClaimOwnerLost,
     ClaimStoreBusy,
     ClaimStoreSchemaUnsupported,
@@ -42,8 +43,11 @@ from lorenz.model import (
     ClaimPhase,
     ClaimRecord,
     Clock,
+    LorenzError,
     RetryKind,
     SlotKey,
+    SpawnIntent,
+    SpawnPhase,
     StoredState,
     SystemClock,
     TokenUsage,
@@ -51,8 +55,11 @@ from lorenz.model import (
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = "1"
-"""The only schema this code reads and writes (``claim_store_meta.schema_version``)."""
+SCHEMA_VERSION = "2"
+"""The schema this code writes (``claim_store_meta.schema_version``)."""
+
+MIGRATED_VERSIONS = frozenset({"1"})
+"""Older schemas this code opens and migrates in place (one transaction, on first open)."""
 
 DEFAULT_OWNER_STALE_MS = 30_000
 """Heartbeat age after which an owner is stale, when ``claim_store.owner_stale_ms`` is 0."""
@@ -128,7 +135,35 @@ _CLAIM_COLUMNS: tuple[str, ...] = (
     "last_error",
     "session_id",
     "updated_at",
+    "generation",
 )
+
+_INTENT_COLUMNS: tuple[str, ...] = (
+    "handle",
+    "spawn_phase",
+    "intent_generation",
+    "last_seq",
+    "placement",
+    "intent_at",
+)
+"""The spawn intent of a claim: written only by ``record_intent``; ``save`` keeps it, except
+that a claim going back to a pending retry drops it (its run is settled)."""
+
+_MIGRATIONS: dict[str, tuple[str, ...]] = {
+    # v1 → v2: the generation of each claim's writer, the spawn intent, the fence row.
+    "1": (
+        "ALTER TABLE claims ADD COLUMN generation INTEGER",
+        "ALTER TABLE claims ADD COLUMN handle TEXT",
+        "ALTER TABLE claims ADD COLUMN spawn_phase TEXT",
+        "ALTER TABLE claims ADD COLUMN intent_generation INTEGER",
+        "ALTER TABLE claims ADD COLUMN last_seq INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE claims ADD COLUMN placement TEXT",
+        "ALTER TABLE claims ADD COLUMN intent_at TEXT",
+        "CREATE TABLE IF NOT EXISTS fence ("
+        " id INTEGER PRIMARY KEY CHECK (id = 1), generation INTEGER NOT NULL, holder TEXT,"
+        " fenced_at REAL NOT NULL)",
+    ),
+}
 
 _SCHEMA: tuple[str, ...] = (
     "CREATE TABLE IF NOT EXISTS claim_store_meta ( key TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -140,7 +175,9 @@ _SCHEMA: tuple[str, ...] = (
     " last_agent_at TEXT, turn_count INTEGER NOT NULL DEFAULT 0,"
     " input_tokens INTEGER NOT NULL DEFAULT 0, output_tokens INTEGER NOT NULL DEFAULT 0,"
     " total_tokens INTEGER NOT NULL DEFAULT 0, last_error TEXT, session_id TEXT,"
-    " updated_at TEXT)",
+    " updated_at TEXT, generation INTEGER, handle TEXT, spawn_phase TEXT,"
+    " intent_generation INTEGER, last_seq INTEGER NOT NULL DEFAULT 0, placement TEXT,"
+    " intent_at TEXT)",
     "CREATE INDEX IF NOT EXISTS claims_by_owner ON claims (owner)",
     "CREATE TABLE IF NOT EXISTS owners ("
     " owner TEXT PRIMARY KEY, heartbeat_at REAL NOT NULL, pid INTEGER, host TEXT,"
@@ -150,9 +187,14 @@ _SCHEMA: tuple[str, ...] = (
     "CREATE TABLE IF NOT EXISTS events ("
     " id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, owner TEXT NOT NULL,"
     " kind TEXT NOT NULL, slot_key TEXT, body TEXT)",
+    # One row: the newest leader generation that fenced the store. Every write of a fenced
+    # store compares it with its own generation inside its transaction.
+    "CREATE TABLE IF NOT EXISTS fence ("
+    " id INTEGER PRIMARY KEY CHECK (id = 1), generation INTEGER NOT NULL, holder TEXT,"
+    " fenced_at REAL NOT NULL)",
 )
 
-_SELECT_CLAIMS = f"SELECT {', '.join(_CLAIM_COLUMNS)} FROM claims"
+_SELECT_CLAIMS = f"SELECT {', '.join(_CLAIM_COLUMNS + _INTENT_COLUMNS)} FROM claims"
 # NB: the WHERE on the DO UPDATE branch is the whole exclusion rule: a row held by anyone else
 # is left untouched and changes() stays 0. Stale owners are no exception (see take_over).
 _UPSERT_CLAIM = (
@@ -160,7 +202,19 @@ _UPSERT_CLAIM = (
     f" VALUES ({', '.join('?' for _ in _CLAIM_COLUMNS)})"
     " ON CONFLICT (slot_key) DO UPDATE SET "
     + ", ".join(f"{c} = excluded.{c}" for c in _CLAIM_COLUMNS if c != "slot_key")
+    + ", "
+    # NB: a claim back to a pending retry has a settled run: its intent has nothing to probe.
+    + ", ".join(
+        f"{c} = CASE WHEN excluded.phase = 'RetryPending' THEN"
+        f" {'0' if c == 'last_seq' else 'NULL'} ELSE claims.{c} END"
+        for c in _INTENT_COLUMNS
+    )
     + " WHERE claims.owner = excluded.owner"
+)
+_SET_INTENT = (
+    "UPDATE claims SET "
+    + ", ".join(f"{c} = ?" for c in _INTENT_COLUMNS)
+    + " WHERE slot_key = ? AND owner = ?"
 )
 
 
@@ -175,6 +229,9 @@ class EventKind:
     OWNER_OPEN = "owner_open"
     OWNER_CLOSE = "owner_close"
     OWNER_DEAD = "owner_dead"
+    FENCE = "fence"
+    INTENT = "intent"
+    MIGRATE = "migrate"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -195,7 +252,9 @@ def _iso(value: datetime.datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
 
-def _claim_params(record: ClaimRecord, *, owner: str, now: datetime.datetime) -> tuple[Any, ...]:
+def _claim_params(
+    record: ClaimRecord, *, owner: str, now: datetime.datetime, generation: int | None
+) -> tuple[Any, ...]:
     return (
         record.slot_key,
         owner,
@@ -218,10 +277,25 @@ def _claim_params(record: ClaimRecord, *, owner: str, now: datetime.datetime) ->
         record.last_error,
         record.session_id,
         _iso(record.updated_at or now),
+        generation,
+    )
+
+
+def _intent_params(intent: SpawnIntent | None) -> tuple[Any, ...]:
+    if intent is None:
+        return (None, None, None, 0, None, None)
+    return (
+        intent.handle,
+        intent.phase.value,
+        intent.generation,
+        intent.last_seq,
+        intent.placement,
+        _iso(intent.updated_at),
     )
 
 
 _PHASES: dict[str, ClaimPhase] = {p.value: p for p in ClaimPhase}
+_SPAWN_PHASES: dict[str, SpawnPhase] = {p.value: p for p in SpawnPhase}
 _RETRY_KINDS: dict[str | None, RetryKind | None] = {k.value: k for k in RetryKind}
 _NO_USAGE = TokenUsage()
 _parse_when = datetime.datetime.fromisoformat
@@ -252,7 +326,26 @@ def _claim_from_row(row: Sequence[Any]) -> ClaimRecord:
         last_error,
         session_id,
         updated_at,
+        generation,
+        handle,
+        spawn_phase,
+        intent_generation,
+        last_seq,
+        placement,
+        intent_at,
     ) = row
+    intent = (
+        SpawnIntent(
+            handle=handle,
+            phase=_SPAWN_PHASES[spawn_phase],
+            generation=intent_generation,
+            last_seq=last_seq or 0,
+            placement=placement,
+            updated_at=_parse_when(intent_at) if intent_at else None,
+        )
+        if handle and spawn_phase in _SPAWN_PHASES
+        else None
+    )
     return ClaimRecord(
         slot_key=key,
         issue_id=issue_id,
@@ -275,6 +368,8 @@ def _claim_from_row(row: Sequence[Any]) -> ClaimRecord:
         last_error=last_error,
         session_id=session_id,
         updated_at=_parse_when(updated_at) if updated_at else None,
+        generation=generation,
+        intent=intent,
     )
 
 
@@ -291,12 +386,14 @@ def schema_version(conn: DbConnection) -> tuple[bool, str | None]:
     return True, (str(row[0]) if row is not None else None)
 
 
-def check_schema(conn: DbConnection, *, path: Path) -> bool:
-    """Whether the schema exists (``False``: an empty database); raise if it is not ours."""
+def check_schema(conn: DbConnection, *, path: Path) -> str | None:
+    """The schema version (``None``: an empty database); raise if it is not one we open."""
     has_tables, version = schema_version(conn)
-    if has_tables and version != SCHEMA_VERSION:
+    if not has_tables:
+        return None
+    if version != SCHEMA_VERSION and version not in MIGRATED_VERSIONS:
         raise ClaimStoreSchemaUnsupported(path=path, version=version)
-    return has_tables
+    return version
 
 
 def _rollback_quietly(conn: DbConnection) -> None:
@@ -339,6 +436,9 @@ class SqlClaimStore(abc.ABC):
         self._liveness: Callable[[str], Liveness] = liveness or owner_liveness
         self._conn: DbConnection | None = None
         self._closed = False
+        self._generation: int | None = None
+        self._on_fenced: Callable[[LorenzError], None] | None = None
+        self._fenced_out: ClaimGenerationStale | None = None
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=f"lorenz-claims-{driver.backend}"
         )
@@ -412,6 +512,40 @@ class SqlClaimStore(abc.ABC):
         """The effective stale threshold (the default when 0 was configured)."""
         return self._owner_stale_ms
 
+    @property
+    def generation(self) -> int | None:
+        """The leader generation our writes carry and are conditioned on (``None``: unfenced)."""
+        return self._generation
+
+    @property
+    def fenced_out(self) -> ClaimGenerationStale | None:
+        """Why our writes are refused, once a newer generation fenced the store."""
+        return self._fenced_out
+
+    async def fence(
+        self, generation: int, *, on_fenced: Callable[[LorenzError], None] | None = None
+    ) -> None:
+        """Raise the store's fence to ``generation``; from now on every write is conditioned on it.
+
+        In one write transaction: a fence already *higher* than ``generation`` is refused with
+        :class:`ClaimGenerationStale` (a newer leader exists) and nothing changes; otherwise the
+        fence row becomes ours. Every later write of this store first re-reads the fence in its
+        own transaction and is refused, before it changes anything, once it moved on.
+        """
+        self._on_fenced = on_fenced
+        await self._run(lambda: self._fence_sync(generation))
+        self._generation = generation
+        self._fenced_out = None
+
+    async def fence_row(self) -> tuple[int, str | None] | None:
+        """The fence as stored: ``(generation, holder)``, or ``None`` if never fenced."""
+        return await self._run(self._read_fence_sync)
+
+    async def record_intent(self, key: SlotKey, intent: SpawnIntent | None) -> bool:
+        """Write the spawn intent of our claim on ``key`` (``None`` clears it); ``False`` when
+        the claim is absent or another owner's. Fenced like every write."""
+        return await self._run(lambda: self._intent_sync(key, intent))
+
     async def load(self) -> StoredState:
         """Every claim (of every owner), the checkpoint, and the owners that are stale now."""
         return await self._run(self._load_sync)
@@ -467,6 +601,8 @@ class SqlClaimStore(abc.ABC):
         try:
             if self._conn is not None:
                 await self._run(self._close_sync)
+        except ClaimGenerationStale:
+            pass  # NB: fenced out: a deposed leader leaves the store as its successor has it
         finally:
             await self._dispose()
 
@@ -504,7 +640,19 @@ class SqlClaimStore(abc.ABC):
         if self._closed or (self._conn is None and not opening):
             raise RuntimeError(f"claim store {self._path} is closed")
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, fn)
+        try:
+            return await loop.run_in_executor(self._executor, fn)
+        except ClaimGenerationStale as exc:
+            self._refused(exc)
+            raise
+
+    def _refused(self, exc: ClaimGenerationStale) -> None:
+        first = self._fenced_out is None
+        self._fenced_out = exc
+        if first:
+            logger.error("claim write refused: %s", exc)
+            if self._on_fenced is not None:
+                self._on_fenced(exc)
 
     async def _dispose(self) -> None:
         self._closed = True
@@ -525,14 +673,23 @@ class SqlClaimStore(abc.ABC):
             raise RuntimeError(f"claim store {self._path} is closed")
         return self._conn
 
-    def _transaction(self, body: Callable[[DbConnection], T], *, write: bool = True) -> T:
-        """Run ``body`` in one transaction, retrying it whole while the database is locked."""
+    def _transaction(
+        self, body: Callable[[DbConnection], T], *, write: bool = True, fenced: bool = True
+    ) -> T:
+        """Run ``body`` in one transaction, retrying it whole while the database is locked.
+
+        A write of a fenced store first compares the fence row with our generation, in the same
+        transaction (so under the same write lock), and raises :class:`ClaimGenerationStale`
+        before ``body`` runs if a newer generation fenced the store.
+        """
         conn = self._connection()
         try:
             for attempt in self._retrying:
                 with attempt:
                     conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
                     try:
+                        if write and fenced and self._generation is not None:
+                            self._check_fence(conn, self._generation)
                         result = body(conn)
                         conn.execute("COMMIT")
                     except BaseException:
@@ -544,6 +701,17 @@ class SqlClaimStore(abc.ABC):
                 raise ClaimStoreBusy(path=self._path, waited_s=self._busy_deadline_s) from exc
             raise
         raise AssertionError("unreachable: tenacity either returns or raises")
+
+    def _check_fence(self, conn: DbConnection, generation: int) -> None:
+        row = conn.execute("SELECT generation, holder FROM fence WHERE id = 1").fetchone()
+        current = int(row[0]) if row is not None else None
+        if current != generation:
+            raise ClaimGenerationStale(
+                path=self._path,
+                generation=generation,
+                current=current if current is not None else 0,
+                holder=str(row[1]) if row is not None and row[1] is not None else None,
+            )
 
     def _append_event(
         self,
@@ -589,7 +757,7 @@ class SqlClaimStore(abc.ABC):
             )
             self._transaction(self._check_schema, write=False)
             self._driver.tune(self._conn)
-            self._transaction(self._create_sync)
+            self._transaction(self._create_sync, fenced=False)
         except Exception as exc:
             if self._driver.is_busy(exc):
                 raise ClaimStoreBusy(path=self._path, waited_s=0) from exc
@@ -603,16 +771,34 @@ class SqlClaimStore(abc.ABC):
         check_schema(conn, path=self._path)
 
     def _create_sync(self, conn: DbConnection) -> None:
-        # Re-checked under the write lock: another process may have created (or replaced) the
-        # schema between our first look and now.
-        if not check_schema(conn, path=self._path):
+        # Re-checked under the write lock: another process may have created (or replaced, or
+        # migrated) the schema between our first look and now.
+        version = check_schema(conn, path=self._path)
+        now_ms = self._now_ms()
+        if version is None:
             for statement in _SCHEMA:
                 conn.execute(statement)
             conn.execute(
                 "INSERT INTO claim_store_meta (key, value) VALUES ('schema_version', ?)",
                 (SCHEMA_VERSION,),
             )
-        now_ms = self._now_ms()
+        elif version != SCHEMA_VERSION:
+            # NB: one transaction: a process killed mid-migration leaves the old schema whole.
+            for step in _MIGRATIONS[version]:
+                conn.execute(step)
+            conn.execute(
+                "UPDATE claim_store_meta SET value = ? WHERE key = 'schema_version'",
+                (SCHEMA_VERSION,),
+            )
+            self._append_event(
+                conn,
+                kind=EventKind.MIGRATE,
+                now_ms=now_ms,
+                body={"from": version, "to": SCHEMA_VERSION},
+            )
+            logger.info(
+                "claim store migrated path=%s from=%s to=%s", self._path, version, SCHEMA_VERSION
+            )
         self._upsert_owner(conn, heartbeat_ms=now_ms)
         # Owner rows of long-gone processes that hold nothing are noise for every later load.
         conn.execute(
@@ -675,14 +861,16 @@ class SqlClaimStore(abc.ABC):
 
     def _put_sync(self, record: ClaimRecord, *, kind: str) -> bool:
         now = self._clock.now()
-        params = _claim_params(record, owner=self._owner, now=now)
+        params = _claim_params(record, owner=self._owner, now=now, generation=self._generation)
 
         def body(conn: DbConnection) -> bool:
             conn.execute(_UPSERT_CLAIM, params)
             (changed,) = conn.execute("SELECT changes()").fetchone()
             if not changed:
                 return False
-            stored = dataclasses.replace(record, owner=self._owner)
+            stored = dataclasses.replace(
+                record, owner=self._owner, generation=self._generation, intent=None
+            )
             self._append_event(
                 conn,
                 kind=kind,
@@ -717,11 +905,16 @@ class SqlClaimStore(abc.ABC):
                     continue  # NB: live (again) or unknown: never taken
                 rows = conn.execute(f"{_SELECT_CLAIMS} WHERE owner = ?", (owner,)).fetchall()
                 conn.execute(
-                    "UPDATE claims SET owner = ?, updated_at = ? WHERE owner = ?",
-                    (self._owner, now.isoformat(), owner),
+                    "UPDATE claims SET owner = ?, updated_at = ?, generation = ? WHERE owner = ?",
+                    (self._owner, now.isoformat(), self._generation, owner),
                 )
                 taken.extend(
-                    dataclasses.replace(_claim_from_row(row), owner=self._owner, updated_at=now)
+                    dataclasses.replace(
+                        _claim_from_row(row),
+                        owner=self._owner,
+                        updated_at=now,
+                        generation=self._generation,
+                    )
                     for row in rows
                 )
                 conn.execute("DELETE FROM owners WHERE owner = ?", (owner,))
@@ -745,6 +938,66 @@ class SqlClaimStore(abc.ABC):
                 extra={"path": str(self._path), "owner": self._owner, "count": len(taken)},
             )
         return taken
+
+    def _fence_sync(self, generation: int) -> None:
+        def body(conn: DbConnection) -> None:
+            row = conn.execute("SELECT generation, holder FROM fence WHERE id = 1").fetchone()
+            if row is not None and int(row[0]) > generation:
+                raise ClaimGenerationStale(
+                    path=self._path,
+                    generation=generation,
+                    current=int(row[0]),
+                    holder=str(row[1]) if row[1] is not None else None,
+                )
+            if row is not None and int(row[0]) == generation and row[1] != self._owner:
+                # NB: one generation is one acquisition of leadership: two owners claiming the
+                # same one means a broken lease, and neither may write.
+                raise ClaimGenerationStale(
+                    path=self._path, generation=generation, current=generation, holder=row[1]
+                )
+            now_ms = self._now_ms()
+            conn.execute(
+                "INSERT INTO fence (id, generation, holder, fenced_at) VALUES (1, ?, ?, ?)"
+                " ON CONFLICT (id) DO UPDATE SET generation = excluded.generation,"
+                " holder = excluded.holder, fenced_at = excluded.fenced_at",
+                (generation, self._owner, now_ms),
+            )
+            self._append_event(
+                conn,
+                kind=EventKind.FENCE,
+                now_ms=now_ms,
+                body={"generation": generation, "previous": int(row[0]) if row else None},
+            )
+
+        self._transaction(body, fenced=False)
+
+    def _read_fence_sync(self) -> tuple[int, str | None] | None:
+        row = (
+            self._connection()
+            .execute("SELECT generation, holder FROM fence WHERE id = 1")
+            .fetchone()
+        )
+        return (int(row[0]), row[1]) if row is not None else None
+
+    def _intent_sync(self, key: SlotKey, intent: SpawnIntent | None) -> bool:
+        now = self._clock.now()
+        stamped = dataclasses.replace(intent, updated_at=now) if intent is not None else None
+
+        def body(conn: DbConnection) -> bool:
+            conn.execute(_SET_INTENT, (*_intent_params(stamped), key, self._owner))
+            (changed,) = conn.execute("SELECT changes()").fetchone()
+            if not changed:
+                return False
+            self._append_event(
+                conn,
+                kind=EventKind.INTENT,
+                now_ms=now.timestamp() * 1000.0,
+                slot_key=key,
+                body=stamped.to_dict() if stamped is not None else None,
+            )
+            return True
+
+        return self._transaction(body)
 
     def _checkpoint_sync(self, body_text: str) -> None:
         def body(conn: DbConnection) -> None:

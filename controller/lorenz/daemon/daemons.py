@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lorenz.claims import ClaimOwnerLost, SqlClaimStore
+from lorenz.claims import ClaimGenerationStale, ClaimOwnerLost, SqlClaimStore
 from lorenz.daemon.orphans import kill_orphans
 from lorenz.leadership import (
     FileLeaseProvider,
@@ -38,7 +38,8 @@ from lorenz.leadership import (
     Liveness,
     local_liveness,
 )
-from lorenz.model import ClaimStore, LorenzError
+from lorenz.model import ClaimStore, GenerationFence, LorenzError
+from lorenz.workers.runner import leave_workers_running
 
 if TYPE_CHECKING:
     from lorenz.config.settings import DaemonSettings, WorkflowSettings
@@ -89,6 +90,11 @@ class Daemon:
         return self._record
 
     @property
+    def generation(self) -> int | None:
+        """The controller generation of our holding (``None`` before :meth:`acquire`)."""
+        return self._provider.generation
+
+    @property
     def dead_predecessors(self) -> frozenset[str]:
         """Holders the lease replaced because they were verifiably dead (same host)."""
         return frozenset(self._dead_predecessors)
@@ -131,13 +137,27 @@ class Daemon:
                 if _is_dead_record(previous):
                     self._dead_predecessors.add(previous.holder)
         logger.info(
-            "leadership acquired lease=%s holder=%s transitions=%s replaced=%s",
+            "leadership acquired lease=%s holder=%s transitions=%s generation=%s replaced=%s",
             getattr(self._provider, "path", "?"),
             record.holder,
             record.transitions,
+            self._provider.generation,
             sorted(self._dead_predecessors) or "-",
         )
         return record
+
+    async def fence(self, store: ClaimStore) -> None:
+        """Fence ``store`` with our generation before anything writes it.
+
+        From then on every claim write is conditioned on the store's fence; the first one
+        refused (a newer leader fenced the store) stops this process like a lost lease —
+        without cancelling its workers, which the new leader adopts.
+        """
+        generation = self._provider.generation
+        if generation is None or not isinstance(store, GenerationFence):
+            return
+        await store.fence(generation, on_fenced=self._lose)
+        logger.info("claim store fenced generation=%s", generation)
 
     async def recover(self, store: ClaimStore) -> list[int]:
         """Kill the dead predecessors' agents, then declare them dead to a durable store.
@@ -281,6 +301,9 @@ class Daemon:
         if self.lost is None:
             self.lost = error
             logger.error("stopping: %s", error)
+            # NB: before the runtime stops: its runs' workers belong to whoever leads now, and a
+            # live worker is never killed because this process may no longer write.
+            leave_workers_running(reason=error.code)
         if self._stop is not None:
             self._stop()
 
@@ -292,7 +315,7 @@ class Daemon:
                 await self._provider.heartbeat()
                 if claim_heartbeat is not None:
                     await claim_heartbeat()
-            except (LeadershipLost, ClaimOwnerLost) as exc:
+            except (LeadershipLost, ClaimOwnerLost, ClaimGenerationStale) as exc:
                 self._lose(exc)
                 return
             except Exception as exc:  # noqa: BLE001 - a full disk, a busy guard: next beat retries

@@ -113,6 +113,9 @@ async def run_host(
             owner=owner,
         )
         if daemon is not None:
+            # NB: the fence comes before the first write of this process (recover declares
+            # owners dead): from here on, a newer leader's fence refuses every write of ours.
+            await daemon.fence(store)
             await daemon.recover(store)
         # Agents of any dead owner of this workflow, found by their marks: one whose claims
         # a process took over and then died before sweeping is no longer named by the store.

@@ -54,6 +54,9 @@ class LeaseRecord:
     """The provider that keeps the lease."""
     transitions: int = 0
     """How many times the lease passed from one holder to another."""
+    generation: int = 0
+    """The controller generation of this holding: strictly increasing across acquisitions
+    (0 in a lease written before generations existed). Claim writes are fenced with it."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -68,6 +71,7 @@ class LeaseRecord:
             "workflow_path": self.workflow_path,
             "store": self.store.value,
             "transitions": self.transitions,
+            "generation": self.generation,
         }
 
     @classmethod
@@ -90,6 +94,7 @@ class LeaseRecord:
             workflow_path=str(data["workflow_path"]),
             store=LeaseStoreKind(data["store"]),
             transitions=int(data.get("transitions") or 0),
+            generation=int(data.get("generation") or 0),
         )
 
 
@@ -102,6 +107,16 @@ class LeadershipProvider(Protocol):
 
     @property
     def kind(self) -> LeaseStoreKind: ...
+
+    @property
+    def generation(self) -> int | None:
+        """The controller generation of our current holding; ``None`` while not leading.
+
+        Strictly increasing across acquisitions (by anyone, a re-acquisition by the same process
+        after a release included); unchanged by heartbeats. Every claim mutation is fenced with
+        it (``GenerationFence``), so a deposed holder's writes are refused by the store.
+        """
+        ...
 
     async def acquire(self) -> LeaseRecord:
         """Take the lease, or raise :class:`DaemonAlreadyRunning` / :class:`DaemonLockStale`."""

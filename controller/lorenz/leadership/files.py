@@ -158,6 +158,11 @@ class FileLeaseProvider:
         """The lease as we last wrote it, while we hold it."""
         return self._record
 
+    @property
+    def generation(self) -> int | None:
+        """Our holding's generation (see :class:`~lorenz.leadership.LeadershipProvider`)."""
+        return self._record.generation if self._record is not None else None
+
     # -- the LeadershipProvider interface -----------------------------------------------------
 
     async def acquire(self) -> LeaseRecord:
@@ -194,7 +199,7 @@ class FileLeaseProvider:
     # -- blocking parts ------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _guard(self) -> Iterator[None]:
+    def _guard(self) -> Iterator[int]:
         self._path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self._guard_path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -217,7 +222,7 @@ class FileLeaseProvider:
                     raise DaemonLockBusy(path=self._path, waited_s=self._guard_wait_s) from exc
                 raise
             try:
-                yield
+                yield fd
             finally:
                 fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
@@ -229,7 +234,24 @@ class FileLeaseProvider:
             with contextlib.suppress(FileNotFoundError):
                 stray.unlink()
 
-    def _new_record(self, *, now: datetime.datetime, transitions: int) -> LeaseRecord:
+    def _next_generation(self, fd: int, current: LeaseRecord | None) -> int:
+        """One more than any generation handed out for this lease, persisted before use.
+
+        The counter lives in the guard file, which is never deleted (the lock file is removed
+        on release, and by hand to force a takeover), and is written under the guard's flock.
+        NB: written in place at offset 0 and fsynced: numbers only grow, so a new value is never
+        shorter than the old one and a torn write cannot leave a smaller number behind.
+        """
+        raw = os.pread(fd, 32, 0).split(b"\0", 1)[0].strip()
+        counted = int(raw) if raw.isdigit() else 0
+        generation = max(counted, current.generation if current is not None else 0) + 1
+        os.pwrite(fd, str(generation).encode("ascii"), 0)
+        os.fsync(fd)
+        return generation
+
+    def _new_record(
+        self, *, now: datetime.datetime, transitions: int, generation: int
+    ) -> LeaseRecord:
         return LeaseRecord(
             holder=self._me.holder,
             pid=self._me.pid,
@@ -241,6 +263,7 @@ class FileLeaseProvider:
             workflow_path=str(self._workflow_path),
             store=LeaseStoreKind.FILE,
             transitions=transitions,
+            generation=generation,
         )
 
     def _write(self, record: LeaseRecord) -> LeaseRecord:
@@ -253,7 +276,7 @@ class FileLeaseProvider:
         return max((now - since).total_seconds(), 0.0)
 
     def _acquire_sync(self) -> LeaseRecord:
-        with self._guard():
+        with self._guard() as guard:
             self._remove_stray_temp_files()
             now = self._clock.now()
             try:
@@ -267,8 +290,10 @@ class FileLeaseProvider:
                     raise DaemonLockStale(path=self._path, record=None, age_s=age_s) from None
                 raise DaemonAlreadyRunning(path=self._path, record=None) from None
             if current is None:
-                return self._write(self._new_record(now=now, transitions=0))
+                generation = self._next_generation(guard, None)
+                return self._write(self._new_record(now=now, transitions=0, generation=generation))
             if current.holder == self._me.holder:
+                # NB: our own lease (acquire called twice): the same holding, the same generation.
                 renewed = dataclasses.replace(current, heartbeat_at=now, endpoint=self._endpoint)
                 return self._write(renewed)
             if current.host == self._me.host:
@@ -277,7 +302,12 @@ class FileLeaseProvider:
                 liveness = Liveness.UNKNOWN
             age_s = self._age_s(current.heartbeat_at, now)
             if liveness is Liveness.DEAD:
-                return self._write(self._new_record(now=now, transitions=current.transitions + 1))
+                generation = self._next_generation(guard, current)
+                return self._write(
+                    self._new_record(
+                        now=now, transitions=current.transitions + 1, generation=generation
+                    )
+                )
             if liveness is Liveness.ALIVE:
                 stale = self.is_stale(current, now=now)
                 raise DaemonAlreadyRunning(

@@ -5,12 +5,15 @@ Nothing here does I/O or knows about any backend; every layer above may import i
 
 from lorenz.model.clocks import Clock, ManualClock, SystemClock
 from lorenz.model.entries import (
+    SETTLED_SPAWN_PHASES,
     ClaimPhase,
     ClaimRecord,
     ReservationRecord,
     RetryEntry,
     RetryKind,
     RunningEntry,
+    SpawnIntent,
+    SpawnPhase,
 )
 from lorenz.model.errors import LorenzError, RunFailure
 from lorenz.model.events import (
@@ -22,7 +25,14 @@ from lorenz.model.events import (
     RuntimeEvent,
 )
 from lorenz.model.issues import BlockerRef, Issue
-from lorenz.model.ports import CapacityProbe, ClaimStore, StaticCapacity, StoredState
+from lorenz.model.ports import (
+    CapacityProbe,
+    ClaimStore,
+    GenerationFence,
+    SpawnIntents,
+    StaticCapacity,
+    StoredState,
+)
 from lorenz.model.slots import SlotKey, parse_slot_key, slot_key
 from lorenz.model.snapshots import (
     AppStatus,
@@ -41,6 +51,7 @@ from lorenz.model.usage import AgentUpdate, TokenUsage, UsageTotals
 __all__ = [
     "EVENT_TYPES",
     "RUN_OUTCOMES",
+    "SETTLED_SPAWN_PHASES",
     "AgentUpdate",
     "AppStatus",
     "BlockedRow",
@@ -53,6 +64,7 @@ __all__ = [
     "ConfigError",
     "EventDetails",
     "EventType",
+    "GenerationFence",
     "Issue",
     "LorenzError",
     "ManualClock",
@@ -71,6 +83,9 @@ __all__ = [
     "RuntimeEvent",
     "RuntimeSnapshot",
     "SlotKey",
+    "SpawnIntent",
+    "SpawnIntents",
+    "SpawnPhase",
     "StaticCapacity",
     "StoredState",
     "SystemClock",

@@ -34,6 +34,72 @@ class ClaimPhase(enum.StrEnum):
     RETRY_PENDING = "RetryPending"
 
 
+class SpawnPhase(enum.StrEnum):
+    """Where the spawn of a slot's worker is, as the claim records it (see docs/runs.md).
+
+    Written *before* each step it names, so a successor that finds the claim knows which
+    process work may have happened and probes the handle instead of guessing.
+    """
+
+    PROVISIONING = "provisioning"
+    """The claim is taken and the handle computed; no process was started yet."""
+    SPAWN_REQUESTED = "spawn_requested"
+    """``lorenz worker`` is about to be (or was) run for the handle."""
+    PROBING = "probing"
+    """The launch answered; the controller checks that the worker serves."""
+    RUNNING = "running"
+    """The worker serves; ``last_seq`` is what the controller collected of its journal."""
+    COMPENSATED = "compensated"
+    """The run failed and was settled (a failure retry was written); nothing to probe."""
+    QUARANTINED = "quarantined"
+    """The worker could not be probed (``unknown``): neither adopted nor retried; it counts
+    against concurrency until the fence expires by the store's clock."""
+
+
+SETTLED_SPAWN_PHASES = frozenset({SpawnPhase.COMPENSATED})
+"""Phases that leave nothing for a successor to probe."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SpawnIntent:
+    """The worker a claim is about: recorded before the worker starts, updated as it runs."""
+
+    handle: str
+    """The deterministic worker handle (workflow, issue key, slot, attempt, generation)."""
+    phase: SpawnPhase
+    generation: int | None = None
+    """The controller generation that recorded the intent (``None``: not leading)."""
+    last_seq: int = 0
+    """The newest journal record the controller collected (re-attach after it)."""
+    placement: str | None = None
+    """Where the worker runs: ``None`` for this host, else the ``worker.ssh_hosts`` entry."""
+    updated_at: datetime.datetime | None = None
+    """When the intent was last written, by the store's clock."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "handle": self.handle,
+            "phase": self.phase.value,
+            "generation": self.generation,
+            "last_seq": self.last_seq,
+            "placement": self.placement,
+            "updated_at": self.updated_at.isoformat() if self.updated_at else None,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SpawnIntent:
+        generation = data.get("generation")
+        updated = data.get("updated_at")
+        return cls(
+            handle=str(data["handle"]),
+            phase=SpawnPhase(data["phase"]),
+            generation=int(generation) if generation is not None else None,
+            last_seq=int(data.get("last_seq") or 0),
+            placement=data.get("placement"),
+            updated_at=datetime.datetime.fromisoformat(updated) if updated else None,
+        )
+
+
 @dataclasses.dataclass(slots=True)
 class RunningEntry:
     """A slot with a bound run: the agent is (about to be) working on the issue."""
@@ -144,6 +210,12 @@ class ClaimRecord:
     last_error: str | None = None
     session_id: str | None = None
     updated_at: datetime.datetime | None = None
+    generation: int | None = None
+    """The controller generation of the last write (stamped by the store; ``None``: the
+    writer did not lead, e.g. a plain run without a daemon)."""
+    intent: SpawnIntent | None = None
+    """The spawn intent of the slot's worker, while one is recorded (see :class:`SpawnPhase`).
+    Written only through the store's ``record_intent``; ``save`` leaves it as it is."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-safe form (timestamps as ISO strings)."""
@@ -171,6 +243,8 @@ class ClaimRecord:
             "last_error": self.last_error,
             "session_id": self.session_id,
             "updated_at": iso(self.updated_at),
+            "generation": self.generation,
+            "intent": self.intent.to_dict() if self.intent is not None else None,
         }
 
     @classmethod
@@ -205,4 +279,6 @@ class ClaimRecord:
             last_error=data.get("last_error"),
             session_id=data.get("session_id"),
             updated_at=ts(data.get("updated_at")),
+            generation=data.get("generation"),
+            intent=SpawnIntent.from_dict(data["intent"]) if data.get("intent") else None,
         )

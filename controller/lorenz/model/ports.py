@@ -9,10 +9,11 @@ claim state through a :class:`ClaimStore` handed to it by a composition root, an
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol, runtime_checkable
 
-from lorenz.model.entries import ClaimRecord
+from lorenz.model.entries import ClaimRecord, SpawnIntent
+from lorenz.model.errors import LorenzError
 from lorenz.model.slots import SlotKey
 
 
@@ -78,6 +79,46 @@ class ClaimStore(Protocol):
 
     async def close(self) -> None:
         """Release resources; the composition root calls it once, at shutdown."""
+        ...
+
+
+@runtime_checkable
+class GenerationFence(Protocol):
+    """A claim store that refuses the writes of a deposed leader (generation fencing).
+
+    Leadership rotates a *generation* on every acquisition (``LeadershipProvider.generation``).
+    A leader calls :meth:`fence` with it before its first write; from then on every mutation of
+    this store — claims, intents, checkpoint, heartbeat, close — first compares the store's
+    fence with that generation *inside the write's own transaction* and is refused, with
+    nothing changed, once a newer generation fenced the store (``claim_generation_stale``).
+
+    NB: a store that was never fenced (a plain run without leadership) writes unfenced: its
+    exclusion is the owner rule alone. Fencing orders successive leaders.
+    """
+
+    @property
+    def generation(self) -> int | None:
+        """The generation our writes carry (``None`` until :meth:`fence`)."""
+        ...
+
+    async def fence(
+        self, generation: int, *, on_fenced: Callable[[LorenzError], None] | None = None
+    ) -> None:
+        """Raise the store's fence to ``generation`` (refused if it is higher already).
+
+        ``on_fenced`` is called (on the event loop) with the error the first time a later write
+        of ours is refused because a newer generation fenced the store.
+        """
+        ...
+
+
+@runtime_checkable
+class SpawnIntents(Protocol):
+    """A claim store that records the spawn intent of a slot's worker (see ``SpawnPhase``)."""
+
+    async def record_intent(self, key: SlotKey, intent: SpawnIntent | None) -> bool:
+        """Write ``intent`` on our claim of ``key`` (``None`` clears it); ``False`` when the
+        claim is not ours (or absent). Fenced like every other write."""
         ...
 
 

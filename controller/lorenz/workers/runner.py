@@ -52,6 +52,27 @@ CANCEL_WAIT_S: Final = 60.0
 
 MAX_RUNS_PER_ATTEMPT: Final = 10_000
 
+_leaving: str | None = None
+
+
+def leave_workers_running(*, reason: str) -> None:
+    """From now on, a cancelled run leaves its worker running instead of cancelling it.
+
+    For a controller that lost the right to write (leadership lost, fenced out by a newer
+    generation, claims taken over): it stops following its runs, and the workers go on for
+    the controller that leads now to adopt. NB: process-wide and one-way, on purpose — such a
+    process is on its way out, and no run of it may be cancelled on its behalf any more.
+    """
+    global _leaving
+    if _leaving is None:
+        _leaving = reason
+        logger.warning("leaving workers running for the next controller reason=%s", reason)
+
+
+def leaving_workers() -> str | None:
+    """Why runs leave their workers running (``None``: cancelling a run cancels its worker)."""
+    return _leaving
+
 
 def agent_update_from(record: Record) -> AgentUpdate:
     """The :class:`AgentUpdate` an ``agent_update`` record was written from."""
@@ -143,7 +164,10 @@ class WorkerRunner:
         try:
             final = await asyncio.shield(follow)
         except asyncio.CancelledError:
-            await self._cancel(handle, follow)
+            if _leaving is not None:
+                follow.cancel()  # NB: the worker goes on; the next controller adopts it
+            else:
+                await self._cancel(handle, follow)
             raise
         self._mark_collected(name)
         return _result_of(final)
