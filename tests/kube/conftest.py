@@ -49,21 +49,32 @@ def rig(tmp_path: Path, kube_namespace: str) -> Rig:
     return Rig(root=tmp_path, volume=tmp_path / "operators" / "volume", namespace=kube_namespace)
 
 
+TEST_SHARDS = 4
+"""Shard Leases of the operators under test (fewer than the default 16: less load on a shared
+machine at the tests' 0.5 s retry period)."""
+
+
 @pytest.fixture
 def kube(kube_control_plane: Cluster, kube_namespace: str, lorenz_crds: list[str]) -> Kube:
-    """kubectl in the test's namespace (CRDs installed)."""
-    return Kube(kube_control_plane, kube_namespace)
+    """kubectl in the test's namespace (CRDs installed); the operators' Leases live there too."""
+    return Kube(kube_control_plane, kube_namespace, shards=TEST_SHARDS)
 
 
 @pytest.fixture
 def operators(
-    kube_control_plane: Cluster, tmp_path: Path, lorenz_crds: list[str]
+    kube_control_plane: Cluster, tmp_path: Path, kube_namespace: str, lorenz_crds: list[str]
 ) -> Iterator[Callable[..., OperatorProcess]]:
-    """Start ``lorenz operator`` processes; every one is stopped after the test."""
+    """Start ``lorenz operator`` processes; every one is stopped after the test.
+
+    Their shard Leases live in the test's namespace (``--lease-namespace``), :data:`TEST_SHARDS`
+    of them, unless a test says otherwise.
+    """
     started: list[OperatorProcess] = []
 
     def start(identity: str, **kwargs: Any) -> OperatorProcess:
         wait = kwargs.pop("wait", True)
+        kwargs.setdefault("lease_namespace", kube_namespace)
+        kwargs.setdefault("shards", TEST_SHARDS)
         operator = OperatorProcess(
             kube_control_plane, identity=identity, workdir=tmp_path / "operators", **kwargs
         )

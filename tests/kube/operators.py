@@ -29,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from lorenz.kube.sharding import shard_lease_name, shard_of
 from tests.cluster.cluster import Cluster, wait_until
 
 AGENT = textwrap.dedent(
@@ -258,6 +259,8 @@ class OperatorProcess:
         extra_args: tuple[str, ...] = (),
         volume: Path | None = None,
         env: dict[str, str] | None = None,
+        lease_namespace: str | None = None,
+        shards: int | None = None,
     ) -> None:
         self.cluster = cluster
         self.identity = identity
@@ -289,6 +292,11 @@ class OperatorProcess:
         ]
         if namespaces:
             self.argv += ["--namespaces", ",".join(namespaces)]
+        if lease_namespace is not None:
+            self.argv += ["--lease-namespace", lease_namespace]
+        if shards is not None:
+            self.argv += ["--shards", str(shards)]
+        self.lease_namespace = lease_namespace
         self.env = cluster.environ(kubeconfig=kubeconfig)
         self.env.setdefault("HOME", str(workdir))
         self.env.update(env or {})
@@ -359,11 +367,27 @@ class OperatorProcess:
 
 
 class Kube:
-    """kubectl shortcuts for one namespace."""
+    """kubectl shortcuts for one namespace.
 
-    def __init__(self, cluster: Cluster, namespace: str) -> None:
+    ``lease_namespace`` and ``shards`` say where the operators under test keep their shard
+    Leases and how many there are (what ``--lease-namespace`` and ``--shards`` say), so
+    :meth:`lease` finds the Lease that governs a Workflow.
+    """
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        namespace: str,
+        *,
+        lease_namespace: str | None = None,
+        shards: int = 16,
+        lease_prefix: str = "lorenz",
+    ) -> None:
         self.cluster = cluster
         self.namespace = namespace
+        self.lease_namespace = lease_namespace or namespace
+        self.shards = shards
+        self.lease_prefix = lease_prefix
 
     def apply(self, manifest: dict[str, Any]) -> None:
         self.cluster.kubectl(
@@ -393,8 +417,24 @@ class Kube:
             rows.append(dict(zip(names, cells, strict=True)))
         return rows
 
+    def shard_of(self, workflow: str) -> int:
+        return shard_of(self.namespace, workflow, shards=self.shards)
+
     def lease(self, workflow: str) -> dict[str, Any]:
-        return self.get("lease", f"lorenz-wf-{workflow}")
+        """The shard Lease that governs ``workflow``."""
+        name = shard_lease_name(self.lease_prefix, self.shard_of(workflow))
+        result: dict[str, Any] = self.cluster.kubectl_json(
+            "get", "lease", name, "-n", self.lease_namespace
+        )
+        return result
+
+    def leases(self) -> list[dict[str, Any]]:
+        """Every Lease of the operators' set (shards and replicas)."""
+        result = self.cluster.kubectl_json(
+            "get", "leases", "-n", self.lease_namespace,
+            f"--selector=lorenz.dev/lease-set={self.lease_prefix}",
+        )
+        return list(result["items"])
 
     def holder(self, workflow: str) -> str | None:
         try:

@@ -45,8 +45,8 @@ def leader_of(kube: Kube, workflow: str, candidates: list[OperatorProcess]) -> O
 def test_workflows_are_sharded_each_led_by_exactly_one_replica(
     kube: Kube, rig: Rig, operators: Callable[..., OperatorProcess]
 ) -> None:
-    a = operators("shard-a", namespaces=(kube.namespace,), lease=LEASE)
-    b = operators("shard-b", namespaces=(kube.namespace,), lease=LEASE)
+    a = operators("shard-a", namespaces=(kube.namespace,), lease=LEASE, shards=kube.shards)
+    b = operators("shard-b", namespaces=(kube.namespace,), lease=LEASE, shards=kube.shards)
     names = [f"wf-{i}" for i in range(4)]
     for name in names:
         kube.apply(rig.workflow(name, interval_ms=1000))
@@ -76,7 +76,8 @@ def claim_of(kube: Kube, *, owner: str, phase: str) -> dict[str, Any] | None:
 def test_sigterm_releases_the_lease_and_a_follower_resumes_at_once(
     kube: Kube, rig: Rig, operators: Callable[..., OperatorProcess]
 ) -> None:
-    a = operators("term-a", namespaces=(kube.namespace,), lease=LEASE)
+    kube.shards = 1  # one shard: exactly one candidate leader at a time, as before
+    a = operators("term-a", namespaces=(kube.namespace,), lease=LEASE, shards=kube.shards)
     write_issue(rig.issues_of("graceful"), "TASK-1")
     # NB: the first attempt works far longer than any wait below, so it is still running when
     # A is stopped however slow the machine is; B's continuation finishes in a second.
@@ -84,7 +85,7 @@ def test_sigterm_releases_the_lease_and_a_follower_resumes_at_once(
     wait_until(lambda: claim_of(kube, owner="term-a", phase="Running"), timeout=60,
                message="A's run holds the Claim")
     wait_until(lambda: rig.runs() or None, timeout=60, message="A's agent started")
-    operators("term-b", namespaces=(kube.namespace,), lease=LEASE)
+    operators("term-b", namespaces=(kube.namespace,), lease=LEASE, shards=kube.shards)
     assert kube.holder("graceful") == "term-a"
 
     a.kill(signal.SIGTERM)
@@ -113,8 +114,10 @@ def test_sigterm_releases_the_lease_and_a_follower_resumes_at_once(
 def test_kill_9_failovers_resume_from_claims_and_never_run_a_slot_twice(
     kube: Kube, rig: Rig, operators: Callable[..., OperatorProcess], failovers: int
 ) -> None:
+    kube.shards = 1  # one shard: exactly one candidate leader at a time, as before
     identities = iter(f"fo-{i}" for i in range(100))
-    live = [operators(next(identities), namespaces=(kube.namespace,), lease=LEASE)
+    live = [operators(next(identities), namespaces=(kube.namespace,), lease=LEASE,
+                      shards=kube.shards)
             for _ in range(2)]
     # Enough work that every kill lands on a leader with runs in flight.
     issues = [f"TASK-{i}" for i in range(3 * failovers)]
@@ -132,7 +135,8 @@ def test_kill_9_failovers_resume_from_claims_and_never_run_a_slot_twice(
         survivor = live[0]
         wait_until(lambda s=survivor: kube.holder("failover") == s.identity or None,
                    timeout=120, interval=0.02, message="the survivor takes over")
-        live.append(operators(next(identities), namespaces=(kube.namespace,), lease=LEASE))
+        live.append(operators(next(identities), namespaces=(kube.namespace,), lease=LEASE,
+                              shards=kube.shards))
 
     wait_until(
         lambda: all(issue_state(rig.issues_of("failover"), i) == "Done" for i in issues) or None,
@@ -173,7 +177,8 @@ def claim_writes(operator: OperatorProcess) -> float:
 def test_a_paused_leader_that_lost_its_lease_stops_before_writing_anything(
     kube: Kube, rig: Rig, operators: Callable[..., OperatorProcess]
 ) -> None:
-    a = operators("pause-a", namespaces=(kube.namespace,), lease=LEASE)
+    kube.shards = 1  # one shard: exactly one candidate leader at a time, as before
+    a = operators("pause-a", namespaces=(kube.namespace,), lease=LEASE, shards=kube.shards)
     write_issue(rig.issues_of("paused"), "TASK-1")
     # NB: the first attempt outlives the pause however long the takeover takes (A aborts it
     # when it wakes up); B's retry finishes in a second.
@@ -181,7 +186,7 @@ def test_a_paused_leader_that_lost_its_lease_stops_before_writing_anything(
     wait_until(lambda: claim_of(kube, owner="pause-a", phase="Running"), timeout=60,
                message="A's run holds the Claim")
     wait_until(lambda: rig.runs() or None, timeout=60, message="A's agent started")
-    b = operators("pause-b", namespaces=(kube.namespace,), lease=LEASE)
+    b = operators("pause-b", namespaces=(kube.namespace,), lease=LEASE, shards=kube.shards)
     assert kube.holder("paused") == "pause-a"
     # A writes a Claim only when a run changes phase: with its one run in flight it is quiet.
     writes_before = claim_writes(a)

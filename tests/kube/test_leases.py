@@ -13,10 +13,9 @@ import re
 
 import pytest
 
-from lorenz.kube.clients import KubeApi, leases_path, workflows_path
+from lorenz.kube.clients import KubeApi, leases_path
 from lorenz.kube.errors import InvalidOperatorSettings, LeaseHeldElsewhere
 from lorenz.kube.leases import KubernetesLeaseProvider, LeaseTiming, micro_time
-from lorenz.kube.resources import WorkflowRef
 from lorenz.leadership import DaemonAlreadyRunning, LeadershipLost, LeaseStoreKind
 from tests.kube.conftest import ManualMonotonic
 
@@ -31,9 +30,11 @@ def provider(
 ) -> KubernetesLeaseProvider:
     return KubernetesLeaseProvider(
         api=api,
-        workflow=WorkflowRef(namespace=namespace, name=name),
+        namespace=namespace,
+        name=name,
         identity=identity,
         timing=TIMING,
+        labels={"lorenz.dev/lease-set": "test"},
         monotonic=clock,
     )
 
@@ -46,12 +47,12 @@ async def test_first_acquire_creates_the_lease(kube_api: KubeApi, kube_namespace
     assert record.transitions == 0
     assert record.store is LeaseStoreKind.KUBERNETES
     assert a.holds_lease()
-    lease = await kube_api.get(leases_path(kube_namespace, "lorenz-wf-wf"))
+    lease = await kube_api.get(leases_path(kube_namespace, "wf"))
     spec = lease["spec"]
     assert spec["holderIdentity"] == "a"
     assert spec["leaseDurationSeconds"] == 3
     assert MICRO.match(lease["spec"]["renewTime"]), lease["spec"]["renewTime"]
-    assert lease["metadata"]["labels"] == {"lorenz.dev/workflow": "wf"}
+    assert lease["metadata"]["labels"] == {"lorenz.dev/lease-set": "test"}
 
 
 async def test_micro_time_with_zero_microseconds_is_accepted(
@@ -61,7 +62,8 @@ async def test_micro_time_with_zero_microseconds_is_accepted(
     assert micro_time(whole) == "2026-01-02T03:04:05.000000Z"
     a = KubernetesLeaseProvider(
         api=kube_api,
-        workflow=WorkflowRef(namespace=kube_namespace, name="zero"),
+        namespace=kube_namespace,
+        name="zero",
         identity="a",
         timing=TIMING,
         wall=lambda: whole,
@@ -145,7 +147,7 @@ async def test_release_lets_a_follower_take_over_at_once(
     assert not await b.try_acquire_or_renew()
     await a.release()
     assert not a.holds_lease()
-    lease = await kube_api.get(leases_path(kube_namespace, "lorenz-wf-wf"))
+    lease = await kube_api.get(leases_path(kube_namespace, "wf"))
     assert lease["spec"]["holderIdentity"] == ""
     assert lease["spec"]["leaseDurationSeconds"] == 1
     assert await b.read() is None
@@ -166,32 +168,36 @@ async def test_racing_candidates_elect_exactly_one(
         winners = [c for c, won in zip(candidates, results, strict=True) if won]
         assert len(winners) == 1, (round_, results)
         winner = winners[0]
-        lease = await kube_api.get(leases_path(kube_namespace, "lorenz-wf-wf"))
+        lease = await kube_api.get(leases_path(kube_namespace, "wf"))
         assert lease["spec"]["holderIdentity"] == winner.identity
         assert lease["spec"]["leaseTransitions"] == round_
         await winner.release()
 
 
-async def test_the_lease_names_its_workflow_as_owner_once_the_uid_is_known(
-    kube_api: KubeApi, kube_namespace: str, lorenz_crds: list[str]
+async def test_a_new_term_numbers_itself_above_the_floor_and_a_lapsed_holder_starts_a_new_term(
+    kube_api: KubeApi, kube_namespace: str
 ) -> None:
-    # NB: a real Workflow: with a made-up uid the garbage collector deletes the Lease at once.
-    created = await kube_api.create(
-        workflows_path(kube_namespace),
-        {
-            "apiVersion": "lorenz.dev/v1alpha1",
-            "kind": "Workflow",
-            "metadata": {"name": "owned"},
-            "spec": {"tracker": {"kind": "files", "path": "issues"}},
-        },
+    floor = {"value": 0}
+    clock = ManualMonotonic()
+    a = KubernetesLeaseProvider(
+        api=kube_api, namespace=kube_namespace, name="floored", identity="a", timing=TIMING,
+        transitions_floor=lambda: floor["value"], monotonic=clock,
     )
-    ref = WorkflowRef(namespace=kube_namespace, name="owned", uid=created["metadata"]["uid"])
-    a = KubernetesLeaseProvider(api=kube_api, workflow=ref, identity="a", timing=TIMING)
-    await a.acquire()
-    lease = await kube_api.get(leases_path(kube_namespace, "lorenz-wf-owned"))
-    (owner,) = lease["metadata"]["ownerReferences"]
-    assert owner["kind"] == "Workflow"
-    assert owner["uid"] == ref.uid
+    floor["value"] = 7
+    assert (await a.acquire()).transitions == 7  # created at the floor
+    clock.advance(0.5)
+    await a.heartbeat()
+    assert a.transitions == 7  # a renewal keeps the term
+    # The renew deadline passes without a renewal: the term is over even though the Lease
+    # still names "a"; taking it again is a new term with a higher generation.
+    clock.advance(2.5)
+    assert not a.holds_lease()
+    assert await a.try_acquire_or_renew()
+    assert a.transitions == 8
+    floor["value"] = 20
+    await a.release()
+    assert await a.try_acquire_or_renew()
+    assert a.transitions == 20
 
 
 @pytest.mark.parametrize(

@@ -42,6 +42,23 @@ def test_the_operator_works_with_only_the_declared_verbs(
             ],
         }
     )
+    # Leadership: a Role of its own in the operator's namespace (here the same one).
+    kube_control_plane.apply(rbac.lease_role(name="lorenz-operator-leases", namespace=namespace))
+    kube_control_plane.apply(
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": "lorenz-operator-leases", "namespace": namespace},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": "lorenz-operator-leases",
+            },
+            "subjects": [
+                {"kind": "ServiceAccount", "name": "lorenz-operator", "namespace": namespace}
+            ],
+        }
+    )
     kubeconfig = kube_control_plane.service_account_kubeconfig(
         namespace=namespace, name="lorenz-operator", create=False
     )

@@ -221,6 +221,8 @@ def test_defaults_render_the_expected_objects(defaults: list[dict[str, Any]]) ->
         "ClusterRoleBinding",
         "ClusterRoleBinding",
         "Deployment",
+        "Role",  # the Leases, in the release namespace only
+        "RoleBinding",
         "Service",
         "ServiceAccount",
     ]
@@ -294,6 +296,9 @@ def test_operator_settings_come_from_the_environment(defaults: list[dict[str, An
         "LORENZ_OPERATOR_LEASE_DURATION_SECONDS": "15",
         "LORENZ_OPERATOR_RENEW_DEADLINE_SECONDS": "10",
         "LORENZ_OPERATOR_RETRY_PERIOD_SECONDS": "2",
+        "LORENZ_OPERATOR_SHARDS": "16",
+        "LORENZ_OPERATOR_LEASE_NAMESPACE": "lorenz-system",
+        "LORENZ_OPERATOR_LEASE_NAME_PREFIX": "lorenz",
         "LORENZ_OPERATOR_DRAIN_TIMEOUT_SECONDS": "30",
         "LORENZ_OPERATOR_API_AUTH": "kubernetes",
         "LORENZ_OPERATOR_API_OPEN_PATHS": "/healthz",
@@ -473,10 +478,10 @@ def test_namespaced_rbac_is_a_role_in_the_watched_namespace(tmp_path: Path) -> N
     assert [o["metadata"]["name"] for o in by_kind(objects, "ClusterRole")] == [
         "lorenz-lorenz-system-api-auth"
     ]
-    role = one(objects, "Role")
-    assert role["metadata"]["namespace"] == "team-a"
+    (role,) = [r for r in by_kind(objects, "Role") if r["metadata"]["namespace"] == "team-a"]
     assert _rules_of(role) == [dict(rule) for rule in OPERATOR_RULES]
-    binding = one(objects, "RoleBinding")
+    (binding,) = [b for b in by_kind(objects, "RoleBinding")
+                  if b["metadata"]["namespace"] == "team-a"]
     assert binding["metadata"]["namespace"] == "team-a"
     assert binding["roleRef"]["kind"] == "Role"
     assert binding["subjects"][0]["namespace"] == "lorenz-system"

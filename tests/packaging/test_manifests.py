@@ -68,7 +68,7 @@ def test_apply_order_and_contents() -> None:
         ["Namespace"],
         ["CustomResourceDefinition"] * len(list((REPO / "crds").glob("*.yaml"))),
         ["ServiceAccount", "ClusterRole", "ClusterRole", "ClusterRoleBinding",
-         "ClusterRoleBinding", "Service", "Deployment"],
+         "ClusterRoleBinding", "Role", "RoleBinding", "Service", "Deployment"],
     ]
 
 

@@ -158,6 +158,19 @@ class KubeApi:
         configuration = load_configuration(kubeconfig=kubeconfig, context=context)
         return cls(configuration, request_timeout_s=request_timeout_s, observer=observer)
 
+    def dedicated(self, *, max_workers: int = 4, request_timeout_s: float | None = None) -> KubeApi:
+        """Another client to the same server with the same credentials and request counter, but
+        its own connections and threads: requests that must never wait behind the others (Lease
+        renewals) go through it."""
+        sibling = KubeApi(
+            self._client.configuration,
+            request_timeout_s=request_timeout_s if request_timeout_s is not None else self._timeout,
+            max_workers=max_workers,
+            observer=self._observer,
+        )
+        sibling.requests = self.requests
+        return sibling
+
     @property
     def server(self) -> str:
         return str(self._client.configuration.host)

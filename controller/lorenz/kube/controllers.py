@@ -1,7 +1,8 @@
-"""One controller per Workflow: campaign for its Lease, run its runtime while holding it.
+"""One controller per Workflow: run its runtime while this replica holds the Workflow's shard.
 
-Every replica has a :class:`WorkflowController` for every Workflow it watches; all of them
-campaign for the Workflow's Lease and exactly one holds it. The holder:
+Every replica has a :class:`WorkflowController` for every Workflow it watches; the Workflow
+belongs to one shard (:mod:`lorenz.kube.sharding`) and exactly one replica holds that shard's
+Lease. The controller of the holder:
 
 1. adds the ``lorenz.dev/cleanup`` finalizer (so a deletion waits for its cleanup);
 2. builds the runtime from the latest spec (a spec that does not load sets ``Degraded`` and
@@ -14,16 +15,19 @@ campaign for the Workflow's Lease and exactly one holds it. The holder:
    ``lorenz.dev/refresh`` annotation into an immediate poll, a deleted Claim into a cancelled
    run, and the interesting runtime events into Kubernetes Events.
 
-It stops in one of three ways, each in its own order:
+It stops in one of four ways, each in its own order:
 
-* **Lease lost** (a renewal saw another holder, or none succeeded within the renew
+* **Shard lost** (a renewal saw another holder, or none succeeded within the renew
   deadline): the claim store is already fenced, so nothing is written; local runs are aborted
   without recording anything (their Claims are the new leader's to recover); the runtime stops.
-* **Workflow deleted**: the runtime stops and drains, its Claims are deleted, the Lease is
-  released, the finalizer is removed.
-* **Operator shutdown**: the runtime stops and drains (runs end as clean shutdowns, kept as
-  continuation retries in their Claims), a last status says nobody leads, the Lease is released
-  so a follower takes over at once.
+* **Shard handed over** (another replica is below its fair share): the runtime stops and
+  drains (runs end as clean shutdowns, kept as continuation retries in their Claims), a last
+  status says nobody leads, the Workflow lets go of the shard — which is released once all its
+  Workflows have — and campaigns again.
+* **Workflow deleted**: the runtime stops and drains, its Claims and workspaces are deleted,
+  the finalizer is removed.
+* **Operator shutdown**: as a handover, then the process's shards are released so the other
+  replicas take over at once.
 
 Handlers are level-based: :meth:`observe` only records the newest object and wakes the loop;
 what to do is always decided from the current state, never from which event arrived.
@@ -47,10 +51,10 @@ from lorenz.kube.claims import ClaimResourceStore
 from lorenz.kube.clients import KubeApi, claims_path, workflows_path
 from lorenz.kube.errors import KubeApiError, LeaseLost, OperatorError
 from lorenz.kube.finalizers import delete_claims, edit_finalizer, remove_workspaces
-from lorenz.kube.leading import Campaign, Term
-from lorenz.kube.leases import KubernetesLeaseProvider
+from lorenz.kube.leading import Term, WorkflowLeadership
 from lorenz.kube.posting import EventKind, EventPoster, Post, kopf_post
 from lorenz.kube.settings import OperatorSettings
+from lorenz.kube.sharding import ShardCoordinator
 from lorenz.kube.specs import (
     generation_of,
     load_workflow_object,
@@ -96,6 +100,7 @@ class WorkflowController:
         body: Mapping[str, Any],
         api: KubeApi,
         settings: OperatorSettings,
+        coordinator: ShardCoordinator,
         base_env: Mapping[str, str],
         post: Post = kopf_post,
         metrics: RuntimeAttacher | None = None,
@@ -108,13 +113,9 @@ class WorkflowController:
         self._metrics = metrics
         self._detach_metrics: Callable[[], None] | None = None
         self.workflow_dir: Path = settings.workflow_dir(self.ref.namespace, self.ref.name)
-        self.lease = KubernetesLeaseProvider(
-            api=api,
-            workflow=self.ref,
-            identity=settings.identity,
-            timing=settings.lease_timing(),
-        )
-        self.campaign = Campaign(lease=self.lease)
+        self.lease = WorkflowLeadership(coordinator=coordinator, workflow=self.ref)
+        self._term: Term | None = None
+        """The current term while leading (its fence guards every write of the runtime)."""
         self.candidates = SpecCandidates(
             api=api, workflow_dir=self.workflow_dir, retry_period_s=settings.retry_period_seconds
         )
@@ -256,13 +257,8 @@ class WorkflowController:
 
     async def run(self) -> None:
         try:
-            await self.lease.set_endpoint(self._settings.advertise_url)
             while not self._stop.is_set() and not self.finished:
-                if not await self.campaign.win(stop=self._stop):
-                    if self.lease.namespace_terminating:
-                        await self._cleanup_in_terminating_namespace()
-                    elif self._deleting.is_set() and self.lease.holds_lease():
-                        await self._cleanup_deleted()
+                if not await self.lease.win(stop=self._stop):
                     break
                 self.terms += 1
                 try:
@@ -270,28 +266,30 @@ class WorkflowController:
                 except Exception:
                     logger.exception("Workflow controller failed workflow=%s", self.ref.display)
                     await self._abandon(reason="controller failure")
-                    # NB: already failing: the Lease expires by itself if this fails too.
+                    # NB: already failing: letting go of the term cannot fail in a way that
+                    # matters (the shard's release is bounded anyway).
                     with contextlib.suppress(Exception):
-                        await self.campaign.release()
+                        await self.lease.release()
+                    # NB: a controller that keeps failing must not spin on a held shard.
+                    await self._wait(asyncio.Event(), seconds=self._settings.start_backoff_seconds)
         finally:
             for task in list(self._background):
                 task.cancel()
 
     async def _lead(self) -> None:
-        term = self.campaign.begin_term()
+        term = self._term = self.lease.begin_term()
         publisher = self._spawn(self._publish_loop())
         self._releasing = False
         record = self.lease.observed
         self.post(
             "Normal",
             "LeadershipAcquired",
-            f"{self.lease.identity} leads this Workflow (Lease {self.lease.name}, "
-            f"transitions {record.transitions if record else 0})",
+            f"{self.lease.identity} leads this Workflow (shard Lease {self.lease.display}, "
+            f"generation {record.transitions if record else 0})",
         )
         self._dirty()
         try:
             if self._deleting.is_set():
-                await term.halt()
                 await self._cleanup_deleted()
                 return
             await edit_finalizer(api=self._api, workflow=self.ref, add=True)
@@ -300,9 +298,11 @@ class WorkflowController:
                     break
                 assert self._runtime_task is not None
                 await _first(
-                    term.lost.wait(), self._deleting.wait(), self._stop.wait(), self._runtime_task
+                    term.lost.wait(), term.yielding.wait(), self._deleting.wait(),
+                    self._stop.wait(), self._runtime_task,
                 )
-                if term.lost.is_set() or self._deleting.is_set() or self._stop.is_set():
+                if (term.lost.is_set() or term.yielding.is_set() or self._deleting.is_set()
+                        or self._stop.is_set()):
                     break
                 ended = self._runtime_task
                 failure = ended.exception() if ended.done() and not ended.cancelled() else None
@@ -320,18 +320,18 @@ class WorkflowController:
                 self.post(
                     "Warning",
                     "LeadershipLost",
-                    f"{self.lease.identity} lost the Lease "
+                    f"{self.lease.identity} lost the shard Lease {self.lease.display} "
                     + (f"to {holder}" if holder and holder != self.lease.identity
                        else "(no renewal succeeded within the renew deadline)")
                     + "; its runs were aborted and the new leader retries them",
                 )
             elif self._deleting.is_set():
                 await self._stop_runtime()
-                await term.halt()
                 await self._cleanup_deleted()
             else:
+                # NB: the last status is written while the term still holds; letting go of
+                # the term comes last, since it may release the shard at once.
                 await self._stop_runtime()
-                await term.halt()
                 await self._release()
         finally:
             publisher.cancel()
@@ -339,6 +339,7 @@ class WorkflowController:
                 self._deferred.cancel()
                 self._deferred = None
             await term.halt()
+            self._term = None
 
     # -- runtime ---------------------------------------------------------------------------
 
@@ -365,7 +366,7 @@ class WorkflowController:
                 await self._wait(lost, self._changed)
                 continue
             try:
-                await self._launch(loaded, generation=generation)
+                await self._launch(loaded, generation=generation, term=term)
             except Exception as exc:  # noqa: BLE001 - any failed start backs off, never a hot loop
                 await self._back_off(lost, self._start_failed(exc, generation=generation))
                 continue
@@ -402,7 +403,7 @@ class WorkflowController:
         if self._changed.is_set():
             self._start_failures = 0  # a new spec deserves a prompt first try
 
-    async def _launch(self, loaded: LoadedWorkflow, *, generation: int) -> None:
+    async def _launch(self, loaded: LoadedWorkflow, *, generation: int, term: Term) -> None:
         settings = loaded.settings
         base_dir = self.workflow_dir
         try:
@@ -418,7 +419,7 @@ class WorkflowController:
             workflow=self.ref,
             owner=self.lease.identity,
             holder=lambda: self.lease.holder,
-            may_write=self.lease.holds_lease,
+            may_write=term.holds_lease,
         )
         orchestrator = Orchestrator(settings=settings, store=store, clock=SystemClock())
         report = await orchestrator.hydrate()
@@ -513,9 +514,10 @@ class WorkflowController:
                 await runtime.tracker.close()
 
     async def _prove_leadership(self) -> None:
-        if not self.lease.holds_lease():
+        term = self._term
+        if term is None or not term.holds_lease():
             raise LeaseLost(
-                lease=f"{self.ref.namespace}/{self.lease.name}",
+                lease=self.lease.display,
                 holder=self.lease.holder if self.lease.holder != self.lease.identity else None,
                 since_renew_s=self.lease.since_renewal(),
             )
@@ -650,8 +652,9 @@ class WorkflowController:
         return workflow_status(self.status_inputs(), previous, _utc_now())
 
     async def publish_status(self, *, force: bool = False) -> bool:
-        """Patch the status if it changed (and we still hold the Lease); ``True`` if patched."""
-        if not self.lease.holds_lease():
+        """Patch the status if it changed (and this term still holds); ``True`` if patched."""
+        term = self._term
+        if term is None or not term.holds_lease():
             return False
         status = self.status_body()
         if not force and status == self._last_status:
@@ -688,31 +691,16 @@ class WorkflowController:
         self._releasing = True
         with contextlib.suppress(KubeApiError):
             await self.publish_status(force=True)
-        await self.campaign.release()
+        await self.lease.release()
         logger.info(
             "Workflow released workflow=%s identity=%s", self.ref.display, self.lease.identity
         )
 
-    async def _cleanup_in_terminating_namespace(self) -> None:
-        """The namespace is being deleted, so no Lease can exist: clean up without one.
-
-        NB: safe without the Lease: no replica can lead (a Lease cannot be created), a leader
-        whose Lease the namespace controller deleted loses it at its next renewal and aborts
-        its runs without writing, and every step here is idempotent (several replicas may run
-        it at once).
-        """
-        await _first(self._deleting.wait(), self._stop.wait())
-        if not self._deleting.is_set():
-            return
-        logger.info("Cleaning up without a Lease (namespace terminating) workflow=%s",
-                    self.ref.display)
-        await self._cleanup_deleted()
-
     async def _cleanup_deleted(self) -> None:
-        """The Workflow is being deleted: delete its Claims and its workspaces, release the
-        Lease, unblock the deletion."""
+        """The Workflow is being deleted: delete its Claims and its workspaces, let go of the
+        shard, unblock the deletion."""
         deleted = await delete_claims(api=self._api, workflow=self.ref)
-        await self.campaign.release()
+        await self.lease.release()
         # NB: before the finalizer goes: only then can a Workflow of the same name be created,
         # and it must not find (or lose) this one's workspaces.
         await remove_workspaces(self.workflow_dir)

@@ -1,8 +1,9 @@
-"""Leadership per Workflow through a ``coordination.k8s.io/v1`` Lease, with client-go semantics.
+"""One ``coordination.k8s.io/v1`` Lease, campaigned for with client-go's semantics.
 
-Replicas shard Workflows by Lease: for each Workflow every replica campaigns for the Lease
-``lorenz-wf-<name>`` in the Workflow's namespace, and the holder runs that Workflow's runtime.
-The rules are client-go's leader election (tools/leaderelection), re-derived:
+The operator's leadership is sharded (:mod:`lorenz.kube.sharding`): a fixed set of shard Leases
+and one membership Lease per replica, all in the operator's own namespace. Each of them is a
+:class:`KubernetesLeaseProvider`, which re-derives client-go's leader election
+(tools/leaderelection):
 
 * **Every write is a compare-and-swap.** Updates are a PUT of the object last read, carrying its
   ``resourceVersion``; a concurrent writer makes ours fail with 409 and we lose the round. A
@@ -15,15 +16,18 @@ The rules are client-go's leader election (tools/leaderelection), re-derived:
   whose renewals have not succeeded for ``renew_deadline`` stops counting itself as leader
   (:meth:`KubernetesLeaseProvider.holds_lease` turns false at that instant, which is what
   fences the claim store) — strictly before any follower may take over, since
-  ``renew_deadline < lease_duration``.
+  ``renew_deadline < lease_duration``. The deadline counts from when the last successful
+  renewal was *sent*, so a slow answer never extends it.
 * ``acquireTime`` and ``leaseTransitions`` are kept across renewals by the same holder; a new
-  holder sets ``acquireTime`` and bumps ``leaseTransitions``.
+  holder sets ``acquireTime`` and bumps ``leaseTransitions`` (to at least the provider's
+  ``transitions_floor``: shard Leases number their terms above every term seen before, which is
+  what makes ``leaseTransitions`` a generation fence that only grows).
 * **Release on a graceful stop**: once all guarded work has stopped, the holder writes an empty
   ``holderIdentity`` with ``leaseDurationSeconds: 1`` (what client-go's ReleaseOnCancel
   writes), so a follower takes over at its next retry instead of waiting a full duration.
 
-NB: like client-go, this is not fencing. Two replicas can briefly both *believe* they lead
-(a stalled process that has not noticed its deadline yet); the claim store re-checks
+NB: like client-go, this alone is not fencing. Two replicas can briefly both *believe* they
+lead (a stalled process that has not noticed its deadline yet); the claim store re-checks
 :meth:`~KubernetesLeaseProvider.holds_lease` before every write, and the margin between renew
 deadline and lease duration is what keeps the overlap from reaching the API.
 """
@@ -41,14 +45,13 @@ import math
 import random
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from lorenz.kube import resources
 from lorenz.kube.clients import KubeApi, leases_path
 from lorenz.kube.errors import InvalidOperatorSettings, KubeApiError, LeaseHeldElsewhere
-from lorenz.kube.resources import WorkflowRef
 from lorenz.leadership import LeadershipLost, LeaseRecord, LeaseStoreKind
 
 logger = logging.getLogger("lorenz.kube.leases")
@@ -116,28 +119,38 @@ def _utc_now() -> datetime.datetime:
 
 
 class KubernetesLeaseProvider:
-    """:class:`~lorenz.leadership.LeadershipProvider` over one Workflow's Lease."""
+    """:class:`~lorenz.leadership.LeadershipProvider` over one Lease."""
 
     def __init__(
         self,
         *,
         api: KubeApi,
-        workflow: WorkflowRef,
+        namespace: str,
+        name: str,
         identity: str,
         timing: LeaseTiming | None = None,
+        labels: Mapping[str, str] | None = None,
+        annotations: Mapping[str, str] | None = None,
+        describes: str | None = None,
+        transitions_floor: Callable[[], int] | None = None,
+        endpoint: str | None = None,
         host: str | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         wall: Callable[[], datetime.datetime] = _utc_now,
     ) -> None:
         self._api = api
-        self._workflow = workflow
+        self.namespace = namespace
+        self.name = name
         self._identity = identity
         self._timing = timing or LeaseTiming()
+        self._labels = dict(labels or {})
+        self._annotations = dict(annotations or {})
+        self._describes = describes or f"{namespace}/{name}"
+        self._transitions_floor = transitions_floor
         self._host = host or socket.gethostname()
         self._monotonic = monotonic
         self._wall = wall
-        self.name = resources.lease_name(workflow.name)
-        self._path = leases_path(workflow.namespace, self.name)
+        self._path = leases_path(namespace, name)
         self._cached: dict[str, Any] | None = None
         """The Lease as we last read or wrote it (the fast renew path PUTs it back)."""
         self._observed_raw: str | None = None
@@ -146,9 +159,7 @@ class KubernetesLeaseProvider:
         self._leading = False
         self._last_renew_ok: float = -math.inf
         """Monotonic time at which the last successful write of ours was *sent*."""
-        self._endpoint: str | None = None
-        self.namespace_terminating = False
-        """The Lease's namespace refused to create it because it is being deleted."""
+        self._endpoint: str | None = endpoint
 
     # -- facts -----------------------------------------------------------------------------
 
@@ -165,12 +176,9 @@ class KubernetesLeaseProvider:
         return self._timing
 
     @property
-    def workflow(self) -> WorkflowRef:
-        return self._workflow
-
-    def update_workflow(self, workflow: WorkflowRef) -> None:
-        """Learn the Workflow's uid (owner reference of a Lease created from now on)."""
-        self._workflow = workflow
+    def display(self) -> str:
+        """``<namespace>/<name>`` of the Lease."""
+        return f"{self.namespace}/{self.name}"
 
     @property
     def holder(self) -> str | None:
@@ -179,6 +187,20 @@ class KubernetesLeaseProvider:
             return None
         holder = (self._cached.get("spec") or {}).get("holderIdentity")
         return str(holder) if holder else None
+
+    @property
+    def transitions(self) -> int:
+        """``spec.leaseTransitions`` as last observed (0 before anything was read)."""
+        if self._cached is None:
+            return 0
+        return int((self._cached.get("spec") or {}).get("leaseTransitions") or 0)
+
+    @property
+    def annotations(self) -> Mapping[str, str]:
+        """The Lease's annotations as last observed."""
+        if self._cached is None:
+            return {}
+        return dict((self._cached.get("metadata") or {}).get("annotations") or {})
 
     @property
     def observed(self) -> LeaseRecord | None:
@@ -194,9 +216,20 @@ class KubernetesLeaseProvider:
         duration = int((self._cached.get("spec") or {}).get("leaseDurationSeconds") or 0)
         return self._observed_at + duration - self._monotonic()
 
+    def free(self) -> bool:
+        """Whether, as observed here, nobody holds the Lease: no holder, or one whose record
+        did not change for its whole duration (a Lease never read is not free)."""
+        if self._cached is None:
+            return False
+        return self.holder is None or self._expired(self._cached)
+
     def since_renewal(self) -> float:
         """Seconds since our last successful write was sent (infinite if there was none)."""
         return self._monotonic() - self._last_renew_ok
+
+    def remaining(self) -> float:
+        """Seconds left before the renew deadline (negative once passed)."""
+        return self._timing.renew_deadline_s - self.since_renewal()
 
     def holds_lease(self) -> bool:
         """Whether we may act as leader *now*: we hold it and renewed within the renew deadline.
@@ -207,6 +240,21 @@ class KubernetesLeaseProvider:
             return False
         return self._monotonic() - self._last_renew_ok < self._timing.renew_deadline_s
 
+    def observe(self, lease: dict[str, Any]) -> None:
+        """A version of the Lease read elsewhere (a LIST): it counts as observed now.
+
+        NB: ignored while we lead: our own last write is at least as new, and a stale listing
+        must not replace the object the next renewal PUTs back.
+        """
+        if not self._leading:
+            self._observe(lease)
+
+    def forget(self) -> None:
+        """The Lease does not exist (a LIST did not show it)."""
+        if not self._leading:
+            self._cached = None
+            self._observed_raw = None
+
     # -- the LeadershipProvider protocol ---------------------------------------------------
 
     async def acquire(self) -> LeaseRecord:
@@ -215,9 +263,7 @@ class KubernetesLeaseProvider:
             record = self.observed
             assert record is not None
             return record
-        raise LeaseHeldElsewhere(
-            lease=f"{self._workflow.namespace}/{self.name}", record=self.observed
-        )
+        raise LeaseHeldElsewhere(lease=self.display, record=self.observed)
 
     async def read(self) -> LeaseRecord | None:
         try:
@@ -250,6 +296,10 @@ class KubernetesLeaseProvider:
             return False
         return self._expired(self._cached)
 
+    def drop(self) -> None:
+        """Stop counting ourselves as holder without writing (the Lease was lost)."""
+        self._leading = False
+
     async def release(self) -> None:
         """Give the Lease up if we hold it: empty holder, duration 1 (client-go's release)."""
         if not self._leading or self._cached is None:
@@ -272,11 +322,11 @@ class KubernetesLeaseProvider:
             )
             try:
                 self._remember(await self._replace(body))
-                logger.info("Lease released lease=%s identity=%s", self.name, self._identity)
+                logger.info("Lease released lease=%s identity=%s", self.display, self._identity)
                 return
             except KubeApiError as exc:
                 if not exc.conflict:
-                    logger.warning("Lease release failed lease=%s error=%s", self.name, exc)
+                    logger.warning("Lease release failed lease=%s error=%s", self.display, exc)
                     return
                 with contextlib.suppress(KubeApiError):
                     self._remember(await self._api.get(self._path))
@@ -295,7 +345,7 @@ class KubernetesLeaseProvider:
                 self._last_renew_ok = sent_at
                 return True
             except KubeApiError as exc:
-                logger.debug("Lease fast renew failed lease=%s error=%s", self.name, exc)
+                logger.debug("Lease fast renew failed lease=%s error=%s", self.display, exc)
         try:
             current = await self._api.request(
                 "GET", self._path, timeout_s=self._timing.request_timeout_s
@@ -310,8 +360,14 @@ class KubernetesLeaseProvider:
         if holder and holder != self._identity and not self._expired(current):
             self._leading = False
             return False
+        if holder == self._identity and not self.holds_lease():
+            # NB: still naming us, but our term ended (the renew deadline passed, or we gave
+            # it up): taking it again is a new term with a new generation, so the old term's
+            # fence never becomes valid again.
+            holder = ""
         body = copy.deepcopy(current)
-        self._stamp(body, now=now, taking_over=holder != self._identity)
+        taking_over = holder != self._identity
+        self._stamp(body, now=now, taking_over=taking_over)
         try:
             updated = await self._replace(body)
         except KubeApiError as exc:
@@ -319,40 +375,27 @@ class KubernetesLeaseProvider:
                 self._leading = False
                 return False
             raise
-        taking_over = holder != self._identity
         self._remember(updated)
         self._leading = True
         self._last_renew_ok = sent_at
         if taking_over:
             logger.info(
-                "Lease acquired lease=%s/%s identity=%s previous=%s transitions=%s",
-                self._workflow.namespace,
-                self.name,
+                "Lease acquired lease=%s identity=%s previous=%s transitions=%s",
+                self.display,
                 self._identity,
-                holder or "<none>",
+                spec.get("holderIdentity") or "<none>",
                 (updated.get("spec") or {}).get("leaseTransitions"),
             )
         return True
 
     async def wait_for_leadership(self, *, stop: asyncio.Event) -> bool:
-        """Try every (jittered) retry period until we lead (``True``) or ``stop`` is set.
-
-        ``False`` also when the Lease cannot be created because its namespace is being deleted
-        (:attr:`namespace_terminating` tells which).
-        """
+        """Try every (jittered) retry period until we lead (``True``) or ``stop`` is set."""
         while not stop.is_set():
             try:
                 if await self.try_acquire_or_renew():
                     return True
             except KubeApiError as exc:
-                if exc.namespace_terminating:
-                    # NB: nobody can create this Lease any more; retrying would spin until the
-                    # namespace is gone, and it never goes while the finalizer waits for us.
-                    self.namespace_terminating = True
-                    logger.info("Lease cannot be created, namespace terminating lease=%s/%s",
-                                self._workflow.namespace, self.name)
-                    return False
-                logger.warning("Lease acquire failed lease=%s error=%s", self.name, exc)
+                logger.warning("Lease acquire failed lease=%s error=%s", self.display, exc)
             delay = self._timing.retry_period_s * (1 + random.random() * JITTER)
             expires_in = self.expires_in()
             if expires_in is not None:
@@ -363,6 +406,32 @@ class KubernetesLeaseProvider:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=delay)
         return False
+
+    async def renew(self) -> bool:
+        """One renewal, bounded by what is left of the renew deadline; ``False`` when the
+        Lease is lost (another holder, a lost race, or the deadline passed)."""
+        try:
+            ok = await asyncio.wait_for(
+                self.try_acquire_or_renew(), timeout=max(self.remaining(), 0.05)
+            )
+        except (KubeApiError, TimeoutError) as exc:
+            # NB: a TimeoutError has no message: name it, or the log says "error=".
+            logger.warning(
+                "Lease renew failed lease=%s error=%s", self.display, str(exc) or repr(exc)
+            )
+            ok = False
+        if ok:
+            return True
+        if not self._leading or not self.holds_lease():
+            self._leading = False
+            logger.warning(
+                "Lease lost lease=%s identity=%s holder=%s",
+                self.display,
+                self._identity,
+                self.holder,
+            )
+            return False
+        return True
 
     async def renew_until_lost(self, *, stop: asyncio.Event) -> None:
         """Renew every retry period; return once leadership is lost (or ``stop`` is set).
@@ -375,28 +444,7 @@ class KubernetesLeaseProvider:
                 await asyncio.wait_for(stop.wait(), timeout=self._timing.retry_period_s)
             if stop.is_set():
                 return
-            remaining = self._timing.renew_deadline_s - (self._monotonic() - self._last_renew_ok)
-            try:
-                ok = await asyncio.wait_for(
-                    self.try_acquire_or_renew(), timeout=max(remaining, 0.05)
-                )
-            except (KubeApiError, TimeoutError) as exc:
-                # NB: a TimeoutError has no message: name it, or the log says "error=".
-                logger.warning(
-                    "Lease renew failed lease=%s error=%s", self.name, str(exc) or repr(exc)
-                )
-                ok = False
-            if ok:
-                continue
-            if not self._leading or not self.holds_lease():
-                self._leading = False
-                logger.warning(
-                    "Lease lost lease=%s/%s identity=%s holder=%s",
-                    self._workflow.namespace,
-                    self.name,
-                    self._identity,
-                    self.holder,
-                )
+            if not await self.renew():
                 return
 
     # -- pieces ----------------------------------------------------------------------------
@@ -407,25 +455,19 @@ class KubernetesLeaseProvider:
         )
 
     async def _create(self, *, now: str, sent_at: float) -> bool:
-        metadata: dict[str, Any] = {
-            "name": self.name,
-            "namespace": self._workflow.namespace,
-            "labels": {resources.WORKFLOW_LABEL: resources.workflow_label(self._workflow.name)},
-        }
-        if self._workflow.uid is not None:
-            metadata["ownerReferences"] = [resources.owner_reference(self._workflow)]
         body: dict[str, Any] = {
             "apiVersion": "coordination.k8s.io/v1",
             "kind": "Lease",
-            "metadata": metadata,
-            "spec": {"leaseTransitions": 0},
+            "metadata": {"name": self.name, "namespace": self.namespace, "labels": self._labels},
+            "spec": {},
         }
         self._stamp(body, now=now, taking_over=True)
-        body["spec"]["leaseTransitions"] = 0
+        floor = self._transitions_floor() if self._transitions_floor is not None else 0
+        body["spec"]["leaseTransitions"] = max(0, floor)
         try:
             created = await self._api.request(
                 "POST",
-                leases_path(self._workflow.namespace),
+                leases_path(self.namespace),
                 body=body,
                 verb="create",
                 timeout_s=self._timing.request_timeout_s,
@@ -437,31 +479,29 @@ class KubernetesLeaseProvider:
         self._remember(created)
         self._leading = True
         self._last_renew_ok = sent_at
-        logger.info(
-            "Lease created lease=%s/%s identity=%s",
-            self._workflow.namespace,
-            self.name,
-            self._identity,
-        )
+        logger.info("Lease created lease=%s identity=%s", self.display, self._identity)
         return True
 
     def _stamp(self, body: dict[str, Any], *, now: str, taking_over: bool) -> None:
         spec = body.setdefault("spec", {})
         if taking_over:
             spec["acquireTime"] = now
-            spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
+            bumped = int(spec.get("leaseTransitions") or 0) + 1
+            floor = self._transitions_floor() if self._transitions_floor is not None else 0
+            spec["leaseTransitions"] = max(bumped, floor)
         spec["holderIdentity"] = self._identity
         spec["leaseDurationSeconds"] = int(self._timing.lease_duration_s)
         spec["renewTime"] = now
         metadata = body.setdefault("metadata", {})
+        if self._labels:
+            metadata.setdefault("labels", {}).update(self._labels)
         annotations = metadata.setdefault("annotations", {})
+        annotations.update(self._annotations)
         annotations[HOST_ANNOTATION] = self._host
         if self._endpoint:
             annotations[resources.ENDPOINT_ANNOTATION] = self._endpoint
         else:
             annotations.pop(resources.ENDPOINT_ANNOTATION, None)
-        if self._workflow.uid is not None and not metadata.get("ownerReferences"):
-            metadata["ownerReferences"] = [resources.owner_reference(self._workflow)]
 
     def _observe(self, lease: dict[str, Any]) -> None:
         raw = json.dumps(lease.get("spec") or {}, sort_keys=True)
@@ -492,7 +532,7 @@ class KubernetesLeaseProvider:
             endpoint=annotations.get(resources.ENDPOINT_ANNOTATION),
             heartbeat_at=renewed,
             acquired_at=_parse_time(spec.get("acquireTime")) or renewed,
-            workflow_path=self._workflow.display,
+            workflow_path=self._describes,
             store=LeaseStoreKind.KUBERNETES,
             transitions=int(spec.get("leaseTransitions") or 0),
         )

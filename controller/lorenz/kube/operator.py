@@ -1,6 +1,6 @@
 """The operator process: kopf watches, one controller per Workflow, one API server.
 
-kopf runs standalone (no peering: the per-Workflow Leases decide who works, so replicas shard
+kopf runs standalone (no peering: the shard Leases decide who works, so replicas share
 Workflows instead of freezing each other) and is used for what it does well — watching with
 reconnects and bookmarks, posting Events, the liveness probe. Its only handlers are
 ``@kopf.on.event`` ones, which persist nothing: no diff-base annotations, no progress
@@ -13,8 +13,8 @@ newest object.
 * Claim deletions are passed to the Workflow's controller, which cancels the run if the Claim
   was live and not deleted by the store itself.
 * On shutdown (SIGTERM/SIGINT; kopf turns them into its stop sequence) the cleanup handler
-  stops every controller: runtimes drain, Leases are released, so other replicas take over at
-  their next retry instead of after a full lease duration.
+  stops every controller (runtimes drain), then releases this replica's shard Leases, so other
+  replicas take over at their next round instead of after a full lease duration.
 
 NB: kopf's resource scanning is disabled (no RBAC on CRDs needed); the CRDs must therefore be
 installed before the operator starts, which the Helm chart and ``deploy/`` guarantee.
@@ -36,6 +36,7 @@ from lorenz.kube.clients import KubeApi, load_configuration
 from lorenz.kube.controllers import WorkflowController
 from lorenz.kube.posting import Post, kopf_post
 from lorenz.kube.settings import OperatorSettings
+from lorenz.kube.sharding import ShardCoordinator
 from lorenz.kube.specs import workflow_ref
 from lorenz.model import SlotKey
 
@@ -53,12 +54,14 @@ class Supervisor:
         *,
         api: KubeApi,
         settings: OperatorSettings,
+        coordinator: ShardCoordinator,
         base_env: Mapping[str, str] | None = None,
         post: Post = kopf_post,
         metrics: Any = None,
     ) -> None:
         self.api = api
         self.settings = settings
+        self.coordinator = coordinator
         source = os.environ if base_env is None else base_env
         # NB: an allow-list, not a deny-list: whatever a platform team sets on the operator
         # (tokens, proxies with credentials) stays with the operator.
@@ -94,6 +97,7 @@ class Supervisor:
                 body=body,
                 api=self.api,
                 settings=self.settings,
+                coordinator=self.coordinator,
                 base_env=self._base_env,
                 post=self._post,
                 metrics=self.metrics,
@@ -135,13 +139,15 @@ class Supervisor:
         return {"workflows": len(self.controllers), "leading": leading}
 
     async def shutdown(self) -> None:
-        """Stop every controller (drain, release), concurrently; idempotent."""
+        """Stop every controller (drain), concurrently, then release the shards; idempotent."""
         self._closing = True
+        self.coordinator.stop_acquiring()
         controllers = [*self.controllers.values(), *self._retired]
         self.controllers.clear()
         if controllers:
             await asyncio.gather(*(c.shutdown() for c in controllers), return_exceptions=True)
         self._retired.clear()
+        await self.coordinator.close()
 
     # -- pieces ----------------------------------------------------------------------------
 
@@ -261,7 +267,23 @@ async def run_operator(
         kubeconfig=settings.kubeconfig, request_timeout_s=settings.request_timeout_seconds
     )
     metrics = serving.Metrics(api=api)
-    supervisor = Supervisor(api=api, settings=settings, metrics=metrics.lorenz)
+    timing = settings.lease_timing()
+    # NB: Lease renewals get their own connections and threads: they never queue behind
+    # status patches, Claim writes or Secret reads.
+    lease_api = api.dedicated(request_timeout_s=timing.request_timeout_s)
+    coordinator = ShardCoordinator(
+        api=lease_api,
+        namespace=settings.lease_namespace,
+        prefix=settings.lease_name_prefix,
+        shards=settings.shards,
+        identity=settings.identity,
+        timing=timing,
+        handover_timeout_s=settings.drain_timeout_seconds + settings.renew_deadline_seconds,
+        endpoint=settings.advertise_url,
+    )
+    supervisor = Supervisor(
+        api=api, settings=settings, coordinator=coordinator, metrics=metrics.lorenz
+    )
     auth = (
         KubernetesAuth(api=api, open_paths=settings.api_open_paths)
         if settings.api_auth == "kubernetes"
@@ -272,6 +294,7 @@ async def run_operator(
     )
     try:
         await server.start()
+        coordinator.start()
         registry = build_registry(supervisor)
         ready_flag = asyncio.Event()
 
@@ -304,5 +327,6 @@ async def run_operator(
         # NB: the operator is exiting: a server that fails to stop changes nothing.
         with contextlib.suppress(Exception):
             await server.stop()
+        await lease_api.close()
         await api.close()
     return 0

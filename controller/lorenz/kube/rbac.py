@@ -1,7 +1,8 @@
 """The Kubernetes API verbs the operator uses, written down once, as data.
 
 The Helm chart, the plain manifests in ``deploy/`` and the RBAC tests all derive the operator's
-ClusterRole (or per-namespace Role) from :data:`OPERATOR_RULES`, so "least privilege" has one
+ClusterRole (or per-namespace Role) from :data:`OPERATOR_RULES`, and its Lease Role in its own
+namespace from :data:`LEASE_RULES`, so "least privilege" has one
 definition: when the operator starts calling a new verb, the rule is added here, in the same
 change, and every consumer follows. Each rule says *why* the operator needs it; a verb without a
 reason does not belong here.
@@ -38,9 +39,6 @@ RULE_REASONS: Final[dict[tuple[str, str], str]] = {
         "(a deleted Claim cancels its run), delete on release and on Workflow deletion"
     ),
     (API_GROUP, "claims/status"): "claim state (phase, attempt, owner, due time) with CAS",
-    ("coordination.k8s.io", "leases"): (
-        "leader election per Workflow: read, create, and compare-and-swap update of the Lease"
-    ),
     ("", "secrets"): "read the tracker API key named by spec.tracker.apiKeySecretRef",
     ("", "events"): "post Kubernetes Events on the Workflow (kubectl describe)",
 }
@@ -68,11 +66,6 @@ OPERATOR_RULES: Final[list[PolicyRule]] = [
         "verbs": ["get", "patch"],
     },
     {
-        "apiGroups": ["coordination.k8s.io"],
-        "resources": ["leases"],
-        "verbs": ["get", "create", "update"],
-    },
-    {
         "apiGroups": [""],
         "resources": ["secrets"],
         "verbs": ["get"],
@@ -83,8 +76,29 @@ OPERATOR_RULES: Final[list[PolicyRule]] = [
         "verbs": ["create"],
     },
 ]
-"""Every verb the operator calls, per resource: the rules of its ClusterRole (cluster-wide
-install) or of a Role in each watched namespace (namespaced install)."""
+"""Every verb the operator calls on the Workflows' side, per resource: the rules of its
+ClusterRole (cluster-wide install) or of a Role in each watched namespace (namespaced install).
+Leases are not among them: see :data:`LEASE_RULES`."""
+
+
+LEASE_REASONS: Final[dict[tuple[str, str], str]] = {
+    ("coordination.k8s.io", "leases"): (
+        "sharded leadership: list the operator's shard and membership Leases, read, create and "
+        "compare-and-swap update them (only in the operator's own namespace)"
+    ),
+}
+"""Why each resource is in :data:`LEASE_RULES`."""
+
+LEASE_RULES: Final[list[PolicyRule]] = [
+    {
+        "apiGroups": ["coordination.k8s.io"],
+        "resources": ["leases"],
+        "verbs": ["get", "list", "create", "update"],
+    },
+]
+"""What leadership needs, granted by a Role in the operator's own namespace only (where every
+Lease it writes lives), never cluster-wide: the operator cannot touch any other Lease, such as
+kube-system's control-plane ones."""
 
 
 API_AUTH_REASONS: Final[dict[tuple[str, str], str]] = {
@@ -118,22 +132,39 @@ def operator_rules() -> list[dict[str, Any]]:
     return [dict(copy.deepcopy(rule)) for rule in OPERATOR_RULES]
 
 
-def cluster_role(*, name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
-    """A ClusterRole manifest granting exactly :data:`OPERATOR_RULES`."""
+def cluster_role(
+    *, name: str, labels: dict[str, str] | None = None, rules: list[PolicyRule] | None = None
+) -> dict[str, Any]:
+    """A ClusterRole manifest granting exactly ``rules`` (default :data:`OPERATOR_RULES`)."""
     metadata: dict[str, Any] = {"name": name}
     if labels:
         metadata["labels"] = dict(labels)
+    chosen = OPERATOR_RULES if rules is None else rules
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "ClusterRole",
         "metadata": metadata,
-        "rules": operator_rules(),
+        "rules": [dict(copy.deepcopy(rule)) for rule in chosen],
     }
 
 
-def role(*, name: str, namespace: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
-    """A namespaced Role manifest granting exactly :data:`OPERATOR_RULES` in ``namespace``."""
-    manifest = cluster_role(name=name, labels=labels)
+def role(
+    *,
+    name: str,
+    namespace: str,
+    labels: dict[str, str] | None = None,
+    rules: list[PolicyRule] | None = None,
+) -> dict[str, Any]:
+    """A namespaced Role manifest granting exactly ``rules`` (default :data:`OPERATOR_RULES`)
+    in ``namespace``."""
+    manifest = cluster_role(name=name, labels=labels, rules=rules)
     manifest["kind"] = "Role"
     manifest["metadata"]["namespace"] = namespace
     return manifest
+
+
+def lease_role(
+    *, name: str, namespace: str, labels: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """The Role in the operator's own namespace granting exactly :data:`LEASE_RULES`."""
+    return role(name=name, namespace=namespace, labels=labels, rules=LEASE_RULES)

@@ -31,6 +31,21 @@ DEFAULT_AGENT_ENV_PASSTHROUGH = (
 """What an agent needs of a process environment to run at all: no credentials."""
 
 
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def default_lease_namespace() -> str:
+    """The operator's own namespace: ``$POD_NAMESPACE``, else the pod's ServiceAccount
+    namespace, else ``default`` (a process outside a cluster)."""
+    explicit = os.environ.get("POD_NAMESPACE", "").strip()
+    if explicit:
+        return explicit
+    try:
+        return SERVICE_ACCOUNT_NAMESPACE.read_text(encoding="utf-8").strip() or "default"
+    except OSError:
+        return "default"
+
+
 def default_identity() -> str:
     """``<pod name or hostname>_<8 hex>``: unique per process, readable in ``kubectl get wf``."""
     base = os.environ.get("POD_NAME") or socket.gethostname()
@@ -68,6 +83,30 @@ class OperatorSettings(pydantic.BaseModel):
 
     retry_period_seconds: float = Field(default=2.0, gt=0)
     """How often leaders renew and followers try to acquire."""
+
+    shards: int = Field(default=16, ge=1, le=256)
+    """How many shard Leases the Workflows are spread over. Each Workflow belongs to one shard
+    (a stable hash of ``<namespace>/<name>``) and is run by the replica holding that shard's
+    Lease, so Lease writes grow with shards and replicas, never with Workflows (one renewal per
+    held shard and one per replica each retry period). Replicas balance shards between them
+    (at most ``ceil(shards / live replicas)`` each), so this is also the most replicas that can
+    share the work. Every replica of one operator must use the same value: a replica that sees
+    a live peer count shards differently takes no shard until the peer is gone."""
+
+    lease_namespace: str = Field(
+        default_factory=default_lease_namespace, min_length=1, max_length=63,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+    )
+    """The namespace of the shard and membership Leases: the operator's own
+    (``$POD_NAMESPACE``, else the pod's ServiceAccount namespace, else ``default``). No Lease
+    is ever written anywhere else."""
+
+    lease_name_prefix: str = Field(
+        default="lorenz", min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+    )
+    """Names of the Leases: ``<prefix>-shard-<n>`` and ``<prefix>-replica-<identity>``. Two
+    operator installations that share a namespace need different prefixes (the chart uses the
+    release's full name)."""
 
     status_interval_seconds: float = Field(default=1.0, ge=0)
     """At most one Workflow status patch per this interval (and only when it changed)."""
