@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from lorenz.kube.rbac import OPERATOR_RULES
+from lorenz.kube.rbac import LEASE_RULES, OPERATOR_RULES
 from tests.cluster.cluster import Cluster, wait_until
 from tests.kube.operators import Kube, OperatorProcess, Rig, issue_state, write_issue
 from tests.packaging.charts import CHART, REPO
@@ -55,10 +55,15 @@ FOREIGN_RESOURCES = (
 )
 
 
-def _granted() -> set[tuple[str, str, str, str]]:
+def _lease_granted() -> set[tuple[str, str, str, str]]:
+    """What LEASE_RULES grants (in the release namespace only)."""
+    return _granted(LEASE_RULES)
+
+
+def _granted(rules: Any = None) -> set[tuple[str, str, str, str]]:
     """(group, resource, subresource, verb) for every verb OPERATOR_RULES grants."""
     granted = set()
-    for rule in OPERATOR_RULES:
+    for rule in OPERATOR_RULES if rules is None else rules:
         for group, qualified, verb in itertools.product(
             rule["apiGroups"], rule["resources"], rule["verbs"]
         ):
@@ -69,7 +74,7 @@ def _granted() -> set[tuple[str, str, str, str]]:
 
 def _matrix() -> list[tuple[str, str, str, str]]:
     """Every (group, resource, subresource, verb) worth asking about."""
-    own = {(g, r, s) for g, r, s, _ in _granted()}
+    own = {(g, r, s) for g, r, s, _ in _granted() | _lease_granted()}
     resources = sorted(own | set(FOREIGN_RESOURCES))
     return [(g, r, s, verb) for (g, r, s) in resources for verb in VERBS]
 
@@ -162,16 +167,20 @@ def test_cluster_wide_install_grants_exactly_the_operator_rules(
         )
         view = ServiceAccountView(cluster, kubeconfig)
         try:
-            # Cluster-wide: the same grants in its own namespace and in any other.
-            assert view.granted_in(kube_namespace) == _granted()
+            # Cluster-wide: the same grants in its own namespace and in any other, plus the
+            # Leases in its own namespace only.
+            assert view.granted_in(kube_namespace) == _granted() | _lease_granted()
             assert view.granted_in(other_namespace) == _granted()
+            assert cluster.can_i(
+                "update", "leases.coordination.k8s.io", namespace=kube_namespace,
+                kubeconfig=kubeconfig,
+            )
 
             for verb, resource in (
                 ("watch", "workflows.lorenz.dev"),
                 ("patch", "workflows.lorenz.dev"),
                 ("create", "claims.lorenz.dev"),
                 ("delete", "claims.lorenz.dev"),
-                ("update", "leases.coordination.k8s.io"),
                 ("get", "secrets"),
                 ("create", "events"),
             ):
@@ -184,6 +193,7 @@ def test_cluster_wide_install_grants_exactly_the_operator_rules(
                 ("create", "pods"),
                 ("create", "deployments.apps"),
                 ("delete", "leases.coordination.k8s.io"),
+                ("update", "leases.coordination.k8s.io"),
                 ("update", "claims.lorenz.dev"),
                 ("delete", "workflows.lorenz.dev"),
                 ("list", "customresourcedefinitions.apiextensions.k8s.io"),
@@ -193,7 +203,9 @@ def test_cluster_wide_install_grants_exactly_the_operator_rules(
                     verb, resource, namespace=other_namespace, kubeconfig=kubeconfig
                 ), (verb, resource)
 
-            _real_requests(cluster, view, namespace=other_namespace)
+            _real_requests(
+                cluster, view, namespace=other_namespace, lease_namespace=kube_namespace
+            )
         finally:
             view.close()
 
@@ -215,11 +227,14 @@ def test_cluster_wide_install_grants_exactly_the_operator_rules(
             kubeconfig=kubeconfig,
             workflow_namespace=other_namespace,
             namespaces=(),
+            lease_namespace=kube_namespace,
             workdir=tmp_path,
         )
 
 
-def _real_requests(cluster: Cluster, view: ServiceAccountView, *, namespace: str) -> None:
+def _real_requests(
+    cluster: Cluster, view: ServiceAccountView, *, namespace: str, lease_namespace: str
+) -> None:
     """Requests the operator makes succeed; requests outside its verbs are refused (403)."""
     import kubernetes.client
 
@@ -245,7 +260,7 @@ def _real_requests(cluster: Cluster, view: ServiceAccountView, *, namespace: str
     assert secret.data is not None
     assert secret.data["token"]
     lease = leases.create_namespaced_lease(
-        namespace,
+        lease_namespace,
         kubernetes.client.V1Lease(
             metadata=kubernetes.client.V1ObjectMeta(name="lorenz-wf-rbac"),
             spec=kubernetes.client.V1LeaseSpec(holder_identity="me", lease_duration_seconds=15),
@@ -253,7 +268,7 @@ def _real_requests(cluster: Cluster, view: ServiceAccountView, *, namespace: str
     )
     assert lease.spec is not None
     lease.spec.holder_identity = "me-again"
-    leases.replace_namespaced_lease("lorenz-wf-rbac", namespace, lease)
+    leases.replace_namespaced_lease("lorenz-wf-rbac", lease_namespace, lease)
     claim = {
         "apiVersion": "lorenz.dev/v1alpha1",
         "kind": "Claim",
@@ -298,7 +313,13 @@ def _real_requests(cluster: Cluster, view: ServiceAccountView, *, namespace: str
             ),
         ),
         "list deployments": lambda: apps.list_namespaced_deployment(namespace),
-        "delete lease": lambda: leases.delete_namespaced_lease("lorenz-wf-rbac", namespace),
+        "delete lease": lambda: leases.delete_namespaced_lease(
+            "lorenz-wf-rbac", lease_namespace
+        ),
+        "create lease elsewhere": lambda: leases.create_namespaced_lease(
+            namespace,
+            kubernetes.client.V1Lease(metadata=kubernetes.client.V1ObjectMeta(name="elsewhere")),
+        ),
         "patch claim spec": lambda: custom.patch_namespaced_custom_object(
             "lorenz.dev",
             "v1alpha1",
@@ -350,8 +371,8 @@ def test_watch_namespace_install_grants_only_that_namespace(
         view = ServiceAccountView(cluster, kubeconfig)
         try:
             assert view.granted_in(watched) == _granted()
-            # Not even in the operator's own namespace, nor anywhere else.
-            assert view.granted_in(kube_namespace) == set()
+            # In the operator's own namespace only its Leases, nothing anywhere else.
+            assert view.granted_in(kube_namespace) == _lease_granted()
             assert view.granted_in("default") == set()
         finally:
             view.close()
@@ -367,6 +388,7 @@ def test_watch_namespace_install_grants_only_that_namespace(
             kubeconfig=kubeconfig,
             workflow_namespace=watched,
             namespaces=(watched,),
+            lease_namespace=kube_namespace,
             workdir=tmp_path,
         )
 
@@ -377,6 +399,7 @@ def _reconcile_as_chart_account(
     kubeconfig: Path,
     workflow_namespace: str,
     namespaces: tuple[str, ...],
+    lease_namespace: str,
     workdir: Path,
 ) -> None:
     """`lorenz operator` with only the chart ServiceAccount's token takes a Workflow from
@@ -390,8 +413,9 @@ def _reconcile_as_chart_account(
         workdir=workdir / "operator",
         namespaces=namespaces,
         kubeconfig=kubeconfig,
+        lease_namespace=lease_namespace,
     )
-    kube = Kube(cluster, workflow_namespace)
+    kube = Kube(cluster, workflow_namespace, lease_namespace=lease_namespace)
     try:
         operator.start()
         # The Workflow is created by its user (the admin here), not by the operator.
@@ -427,15 +451,14 @@ def _reconcile_as_chart_account(
             timeout=70,
         )
         assert kube.items("workflows") == []  # the finalizer came off (a patch)
-        # The release (an update of the Lease) went through under the grant. NB: whether the
-        # Lease then stays free is the operator's business, tested in tests/kube/; here only
-        # the permission matters.
-        assert re.search(
-            r"Lease released lease=lorenz-wf-packaged identity=chart-account", operator.log()
-        )
     finally:
         operator.stop()
     assert operator.wait() == 0, operator.log()
+    # The shards' release on stop (updates of the Leases) went through under the grant.
+    assert re.search(
+        rf"Lease released lease={lease_namespace}/lorenz-shard-\d+ identity=chart-account",
+        operator.log(),
+    )
     log = operator.log()
     # Every API call is logged (urllib3, debug level) with its status: none was refused.
     # NB: the test control plane is shared by the whole session, so a cluster-wide operator
