@@ -29,9 +29,23 @@ from pathlib import Path
 from typing import Any, Final
 
 from lorenz.agents import AgentRunError, AgentRunRequest, AgentRunResult
-from lorenz.model import AgentUpdate, TokenUsage
+from lorenz.model import (
+    AgentUpdate,
+    SlotKey,
+    SpawnIntent,
+    SpawnIntents,
+    SpawnPhase,
+    TokenUsage,
+    slot_key,
+)
 from lorenz.workers.client import CallHandlers
-from lorenz.workers.handles import LocalTransport, Transport, WorkerHandle
+from lorenz.workers.handles import (
+    LocalTransport,
+    Transport,
+    WorkerGone,
+    WorkerHandle,
+    WorkerUnknown,
+)
 from lorenz.workers.journal import Record
 from lorenz.workers.launch import WorkerLaunchError
 from lorenz.workers.spec import HookSpec, IssueSpec, RunSpec
@@ -96,6 +110,70 @@ def agent_update_from(record: Record) -> AgentUpdate:
     )
 
 
+class IntentRecorder:
+    """Writes one slot's spawn intent through the claim store, newest state last.
+
+    The intent before a spawn is mandatory (:meth:`require`: no worker starts unless the claim
+    says so first). The updates after it — phase ``running``, the collected ``last_seq`` — are
+    coalesced into one writer task and best effort: NB, a failed write is logged and never
+    touches the worker (a live worker is never killed because a write failed).
+    """
+
+    def __init__(
+        self, *, store: SpawnIntents, key: SlotKey, generation: int | None, placement: str | None
+    ) -> None:
+        self._store = store
+        self._key = key
+        self._generation = generation
+        self._placement = placement
+        self._wanted: SpawnIntent | None = None
+        self._written: SpawnIntent | None = None
+        self._writer: asyncio.Task[None] | None = None
+
+    def intent(self, handle: str, phase: SpawnPhase, last_seq: int = 0) -> SpawnIntent:
+        return SpawnIntent(
+            handle=handle,
+            phase=phase,
+            generation=self._generation,
+            last_seq=last_seq,
+            placement=self._placement,
+        )
+
+    async def require(self, handle: str, phase: SpawnPhase) -> None:
+        """Record ``phase`` before the step it names; :class:`AgentRunError` if it cannot be."""
+        intent = self.intent(handle, phase)
+        try:
+            await self._store.record_intent(self._key, intent)
+        except Exception as exc:
+            raise AgentRunError(
+                f"the spawn intent of {self._key} could not be recorded ({exc}); no worker "
+                "was started",
+                code=getattr(exc, "code", "spawn_intent_failed"),
+            ) from exc
+        self._written = intent
+
+    def update(self, intent: SpawnIntent) -> None:
+        """Ask for ``intent`` to be written soon (coalesced with later updates)."""
+        self._wanted = intent
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.get_running_loop().create_task(self._write())
+
+    async def flush(self) -> None:
+        while self._writer is not None and not self._writer.done():
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._writer)
+
+    async def _write(self) -> None:
+        while self._wanted is not None and self._wanted != self._written:
+            wanted = self._wanted
+            try:
+                await self._store.record_intent(self._key, wanted)
+            except Exception as exc:  # noqa: BLE001 - logged; the worker goes on regardless
+                logger.warning("spawn intent not recorded slot=%s: %s", self._key, exc)
+                return
+            self._written = wanted
+
+
 class WorkerRunner:
     """Runs every request in a local worker (or on ``transport``)."""
 
@@ -108,6 +186,8 @@ class WorkerRunner:
         hooks: HookSpec | None = None,
         controller_wait_ms: int = 300_000,
         retention_s: float = DEFAULT_RETENTION_S,
+        intents: SpawnIntents | None = None,
+        placement: str | None = None,
     ) -> None:
         self.workflow = workflow
         self.transport: Transport = transport or LocalTransport()
@@ -119,6 +199,10 @@ class WorkerRunner:
         """The handle of the newest run (for tests and diagnostics)."""
         self.retention_s = retention_s
         """Finished runs' state directories older than this are removed (once per runner)."""
+        self.intents = intents
+        """Where the slot's spawn intent is recorded (the claim store), if anywhere."""
+        self.placement = placement
+        """The ``worker.ssh_hosts`` entry the transport runs on (``None``: this host)."""
         self._pruned = False
 
     def spec_for(self, request: AgentRunRequest, *, run: int = 0) -> RunSpec:
@@ -150,13 +234,28 @@ class WorkerRunner:
         if not self._pruned and isinstance(root, Path):
             self._pruned = True
             prune_state_dirs(root, older_than_s=self.retention_s)
+        recorder = (
+            IntentRecorder(
+                store=self.intents,
+                key=slot_key(request.issue.id, request.slot_index),
+                generation=self.generation,
+                placement=self.placement,
+            )
+            if self.intents is not None
+            else None
+        )
+        if recorder is not None:
+            await recorder.require(self.spec_for(request).handle, SpawnPhase.PROVISIONING)
         name = await self._predecessor(request)
         if name is None:
-            name = await self._start(request)
+            name = await self._start(request, recorder=recorder)
         handle = WorkerHandle(transport=self.transport, handle=name, handlers=handlers)
         self.last_handle = handle
 
         def relay(record: Record) -> None:
+            if recorder is not None:
+                # NB: persisted before it is relayed: a successor re-attaches after it.
+                recorder.update(recorder.intent(name, SpawnPhase.RUNNING, record.seq))
             if record.kind == "agent_update":
                 request.on_update(agent_update_from(record))
 
@@ -169,16 +268,36 @@ class WorkerRunner:
             else:
                 await self._cancel(handle, follow)
             raise
+        except WorkerGone:
+            if recorder is not None:
+                recorder.update(recorder.intent(name, SpawnPhase.COMPENSATED, handle.last_seq))
+                await recorder.flush()
+            raise
+        except WorkerUnknown:
+            if recorder is not None:
+                recorder.update(recorder.intent(name, SpawnPhase.QUARANTINED, handle.last_seq))
+                await recorder.flush()
+            raise
+        if recorder is not None:
+            await recorder.flush()
         self._mark_collected(name)
         return _result_of(final)
 
-    async def _start(self, request: AgentRunRequest) -> str:
-        """Start a worker under the first handle no earlier run of this attempt used."""
+    async def _start(
+        self, request: AgentRunRequest, *, recorder: IntentRecorder | None = None
+    ) -> str:
+        """Start a worker under the first handle no earlier run of this attempt used.
+
+        With a recorder, the claim says ``spawn_requested`` (with the handle) before the
+        launch and ``probing`` once it answered.
+        """
         root = getattr(self.transport, "state_root", None)
         for ordinal in range(MAX_RUNS_PER_ATTEMPT):
             spec = self.spec_for(request, run=ordinal)
             if isinstance(root, Path) and (root / spec.handle / COLLECTED_NAME).exists():
                 continue  # NB: known locally to be an earlier run; no process needed to ask
+            if recorder is not None:
+                await recorder.require(spec.handle, SpawnPhase.SPAWN_REQUESTED)
             try:
                 result = await self.transport.launch(spec)
             except WorkerLaunchError as exc:
@@ -186,6 +305,8 @@ class WorkerRunner:
                     continue
                 raise
             if result.existing in (None, ProbeState.ALIVE.value):
+                if recorder is not None:
+                    recorder.update(recorder.intent(result.handle, SpawnPhase.PROBING))
                 return result.handle
             if result.existing == ProbeState.UNKNOWN.value:
                 raise AgentRunError(
