@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from lorenz.agents import AgentRunner, build_runner
 from lorenz.agents.environment import TRACKER_SECRET_ENV
@@ -63,7 +64,7 @@ def assemble_runtime(
         workspaces=WorkspaceManager(
             settings=workflow.settings, secrets=TRACKER_SECRET_ENV, base_env=base_env
         ),
-        runner_factory=_runner_factory(workflow),
+        runner_factory=_runner_factory(workflow, base_env=base_env),
         tracker_factory=trackers,
         reload_workflow=reload_workflow,
         source_stamp=source_stamp,
@@ -72,20 +73,44 @@ def assemble_runtime(
     )
 
 
-def _runner_factory(workflow: LoadedWorkflow) -> Callable[[AgentProtocol], AgentRunner]:
-    """In-process runners, or (``worker.detached``) runners that place each run in a worker.
+def _runner_factory(
+    workflow: LoadedWorkflow, *, base_env: Mapping[str, str]
+) -> Callable[[AgentProtocol], AgentRunner]:
+    """Runners that execute each run where the orchestrator placed it.
+
+    On this machine: in-process runners, or (``worker.detached``) runners that place each run in
+    a local worker. On a ``worker.ssh_hosts`` host: always a worker there, over ssh (the
+    request's ``placement`` says which host). The SSH transports are shared by every run of the
+    runtime; ssh runs with ``base_env`` minus the tracker secrets.
 
     NB: the worker runs the agent protocol itself (it reads it from the run's settings), so a
     detached runner is the same for every protocol.
     """
-    if not workflow.settings.worker.detached:
-        return build_runner
-    from lorenz.workers.runner import WorkerRunner
-
     path = str(workflow.path)
+    api_key = workflow.settings.tracker.api_key
+    shared: dict[str, Any] = {}
+    local: Callable[[AgentProtocol], AgentRunner] = build_runner
+    if workflow.settings.worker.detached:
+        from lorenz.workers.runner import WorkerRunner
 
-    def detached(protocol: AgentProtocol) -> AgentRunner:
-        del protocol  # the worker reads it from the request's agent settings
-        return WorkerRunner(workflow=path)
+        def detached(protocol: AgentProtocol) -> AgentRunner:
+            del protocol  # the worker reads it from the request's agent settings
+            return WorkerRunner(workflow=path)
 
-    return detached
+        local = detached
+
+    def placing(protocol: AgentProtocol) -> AgentRunner:
+        # NB: imported at the first run, not at assembly: start-up stays free of the workers
+        # package for workflows that never use it.
+        from lorenz.workers.placement import PlacingRunner, SshTransports
+
+        transports = shared.get("ssh")
+        if transports is None:
+            transports = shared["ssh"] = SshTransports(
+                env=base_env, secret_values=[api_key] if api_key else []
+            )
+        return PlacingRunner(
+            workflow=path, protocol=protocol, local=local, transports=transports
+        )
+
+    return placing

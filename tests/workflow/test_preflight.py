@@ -128,14 +128,42 @@ def test_every_problem_is_listed_and_the_first_is_raised() -> None:
         validate_dispatch(settings)
 
 
-def test_ssh_hosts_are_refused_until_an_ssh_runner_exists() -> None:
+def test_ssh_hosts_dispatch_when_ssh_is_there() -> None:
     from lorenz.config import WorkflowSettings
     from lorenz.workflow import dispatch_problems
 
     settings = WorkflowSettings.model_validate(
         {"tracker": {"kind": "memory"}, "worker": {"ssh_hosts": ["build-1", "build-2:2222"]}}
     )
+    assert dispatch_problems(settings) == []
+
+
+def test_ssh_hosts_without_an_ssh_client_are_a_coded_problem(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from lorenz.config import WorkflowSettings
+    from lorenz.workflow import dispatch_problems
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    settings = WorkflowSettings.model_validate(
+        {"tracker": {"kind": "memory"}, "worker": {"ssh_hosts": ["build-1"]}}
+    )
     problems = dispatch_problems(settings)
-    assert [p.code for p in problems] == ["ssh_workers_unsupported"]
+    assert [p.code for p in problems] == ["ssh_client_missing"]
     assert problems[0].key_path == "worker.ssh_hosts"
-    assert "remove worker.ssh_hosts" in problems[0].message
+
+
+def test_ssh_hosts_refuse_worktree_workspaces(tmp_path: Path) -> None:
+    from lorenz.config import WorkflowSettings
+    from lorenz.workflow import dispatch_problems
+
+    settings = WorkflowSettings.model_validate(
+        {
+            "tracker": {"kind": "memory"},
+            "worker": {"ssh_hosts": ["build-1"]},
+            "workspace": {"kind": "worktree", "repo": str(tmp_path)},
+        }
+    )
+    problems = dispatch_problems(settings)
+    assert [p.code for p in problems] == ["ssh_worktree_unsupported"]
+    assert problems[0].key_path == "workspace.kind"

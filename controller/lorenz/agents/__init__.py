@@ -13,6 +13,7 @@ from lorenz.agents.base import (
     AgentRunner,
     AgentRunRequest,
     AgentRunResult,
+    RunPlacement,
     ToolHandler,
 )
 from lorenz.agents.environment import TRACKER_SECRET_ENV, agent_environment
@@ -60,6 +61,7 @@ __all__ = [
     "AgentRunRequest",
     "AgentRunResult",
     "AgentRunner",
+    "RunPlacement",
     "ToolHandler",
     "agent_environment",
     "build_runner",

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from lorenz.config import AgentKindSettings
+from lorenz.config import AgentKindSettings, HooksSettings, WorkerSettings
 from lorenz.model import AgentUpdate, Issue, LorenzError
 
 
@@ -33,6 +33,18 @@ class ToolHandler(Protocol):
     async def call_tool(self, name: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
         """Run a tool; return ``{"success": bool, "output": str, ...}``; never raise."""
         ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class RunPlacement:
+    """A run placed on another host: the runner starts it there, hooks included."""
+
+    host: str
+    """The ``worker.ssh_hosts`` entry."""
+    hooks: HooksSettings
+    """The hooks to run on the host (the workspace is there, so the controller cannot)."""
+    worker: WorkerSettings
+    """How to reach the host (ssh config, remote command, remote state root)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -56,6 +68,10 @@ class AgentRunRequest:
     continuation_prompt: Callable[[int, int], str]
     """``(turn, max_turns) -> text`` for turns 2..max_turns (never the original prompt)."""
     tools: ToolHandler | None = None
+    placement: RunPlacement | None = None
+    """Where the run executes when not on this machine (SSH placement); ``workspace`` is then a
+    path on that host, which the runner creates there. Only a runner that places runs in workers
+honours it (the assembly's runner factory picks one for such requests)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

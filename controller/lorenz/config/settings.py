@@ -32,8 +32,12 @@ RELOAD_KEY = "x-lorenz-reload"
 ENV_KEY = "x-lorenz-env"
 PASSTHROUGH_KEY = "x-lorenz-passthrough"
 
+UNKNOWN_AGENT_KIND = "unknown_agent_kind"
+"""The code of a setting that names an agent kind ``agents`` does not define."""
+
 CODED_CONFIG_ERRORS: frozenset[str] = frozenset(
     {
+        UNKNOWN_AGENT_KIND,
         "retry_backoff_alias_conflict",
         "retry_cancel_state_active",
         "retry_cancel_state_missing",
@@ -42,7 +46,8 @@ CODED_CONFIG_ERRORS: frozenset[str] = frozenset(
     }
 )
 """Validation error types raised here whose type is also the stable code the loader reports
-(instead of the generic ``invalid_workflow_config``)."""
+(instead of the generic ``invalid_workflow_config``); a ``key_path`` in the error's context
+names the key."""
 
 
 def _reload(mode: Literal["hot", "new-runs", "restart"], **extra: Any) -> dict[str, Any]:
@@ -258,7 +263,8 @@ class AgentSettings(Section):
     """Scheduling limits and which agent kind runs issues."""
 
     kind: str = Field(default="codex", json_schema_extra=_reload("new-runs"))
-    """The ``agents.<kind>`` entry that runs issues (``codex`` is predefined)."""
+    """The ``agents.<kind>`` entry that runs issues no ``kind_by_label`` or ``kind_by_state``
+    rule chooses (``codex`` is predefined)."""
 
     max_concurrent_agents: PositiveInt = Field(default=10, json_schema_extra=_reload("hot"))
     """Global cap on occupied slots (running plus reserved)."""
@@ -285,6 +291,28 @@ class AgentSettings(Section):
     first must not kill them mid-push. No new turn starts; the run is cancelled if it is still
     going when this ends. ``0`` cancels at once."""
 
+    concurrency: dict[str, NonNegativeInt] = Field(
+        default_factory=dict, json_schema_extra=_reload("hot")
+    )
+    """Cap on occupied slots per agent kind (``{claude: 2, codex: 4}``), checked next to the
+    global and per-state caps; ``0`` disables a kind (its issues wait). Kinds not listed get
+    ``default_concurrency``. Every key must name a kind of ``agents``."""
+
+    default_concurrency: NonNegativeInt | None = Field(
+        default=None, json_schema_extra=_reload("hot")
+    )
+    """Cap for each kind not listed in ``concurrency``; unset: only the global and per-state
+    caps apply (a single-agent workflow needs neither)."""
+
+    kind_by_label: dict[str, str] = Field(default_factory=dict, json_schema_extra=_reload("hot"))
+    """Agent kind per issue label (``{needs-claude: claude}``): an issue carrying one of these
+    labels runs that kind; when it carries several, the first one listed here wins. Labels
+    compare trimmed and lowercased."""
+
+    kind_by_state: dict[str, str] = Field(default_factory=dict, json_schema_extra=_reload("hot"))
+    """Agent kind per issue state (``{"in review": reviewer}``), for issues no label rule
+    chose; states compare trimmed and lowercased. Issues no rule chooses run ``kind``."""
+
     @pydantic.field_validator("max_concurrent_agents_by_state")
     @classmethod
     def _normalize_state_caps(cls, value: dict[str, int]) -> dict[str, int]:
@@ -295,6 +323,32 @@ class AgentSettings(Section):
                 raise ValueError("state names must not be blank")
             out[norm] = cap
         return out
+
+    @pydantic.field_validator("kind_by_label", "kind_by_state")
+    @classmethod
+    def _normalize_rule_keys(cls, value: dict[str, str]) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for name, kind in value.items():
+            norm = name.strip().lower()
+            if not norm:
+                raise ValueError("label and state names must not be blank")
+            if norm in out and out[norm] != kind:
+                raise ValueError(
+                    f"{name!r} appears twice (compared trimmed and lowercased) with different "
+                    "kinds; keep one"
+                )
+            out[norm] = kind
+        return out
+
+    def referenced_kinds(self) -> list[tuple[str, str]]:
+        """(key path, kind name) of every agent kind these settings name."""
+        refs = [("agent.kind", self.kind)]
+        refs.extend((f"agent.concurrency.{kind}", kind) for kind in self.concurrency)
+        refs.extend((f"agent.kind_by_label.{label}", kind)
+                    for label, kind in self.kind_by_label.items())
+        refs.extend((f"agent.kind_by_state.{state}", kind)
+                    for state, kind in self.kind_by_state.items())
+        return refs
 
 
 class TerminalAction(enum.StrEnum):
@@ -512,13 +566,31 @@ class WorkerSettings(Section):
     """Where runs execute: locally, or on SSH hosts."""
 
     ssh_hosts: tuple[str, ...] = Field(default=(), json_schema_extra=_reload("hot"))
-    """``host`` or ``host:port`` (``[v6]:port``) entries; empty means run locally."""
+    """``host``, ``user@host`` or ``host:port`` (``[v6]:port``) entries; empty means run
+    locally. With hosts, every run starts ``lorenz worker`` on one of them over ssh (the
+    least-loaded first; a retry goes back to its host while it has room) and never on this
+    machine; its workspace lives there, under the same ``workspace.root``."""
     max_concurrent_agents_per_host: PositiveInt | None = Field(
         default=None, json_schema_extra=_reload("hot")
     )
-    """Cap per host; unset means no per-host cap."""
+    """Cap on running slots per SSH host; unset means no per-host cap."""
     worker_pool: WorkerPoolSettings = Field(default_factory=WorkerPoolSettings)
     """Pool-governed dispatch."""
+    ssh_config: str | None = Field(
+        default=None, json_schema_extra=_reload("hot", **{ENV_KEY: "path"})
+    )
+    """An ssh client configuration file (passed as ``ssh -F``; relative to WORKFLOW.md's
+    folder); unset: ssh's own (``~/.ssh/config``)."""
+    remote_command: str = Field(
+        default="lorenz worker", min_length=1, json_schema_extra=_reload("hot")
+    )
+    """How ``lorenz worker`` is started on an SSH host (split as a shell would; the remote
+    login shell runs it), e.g. ``/opt/lorenz/bin/lorenz worker``."""
+    remote_state_root: str = Field(
+        default="~/.lorenz/workers", min_length=1, json_schema_extra=_reload("hot")
+    )
+    """Where workers keep their state directories on SSH hosts (``~`` is the remote user's
+    home); keep it short: it holds unix sockets, whose paths are limited to 107 bytes."""
     detached: bool = Field(default=False, json_schema_extra=_reload("restart"))
     """Run each agent session in a detached ``lorenz worker`` (its own session, journal and
     socket) that outlives this process: after a crash or ``kill -9`` the next start adopts a
@@ -703,10 +775,18 @@ class WorkflowSettings(pydantic.BaseModel):
         return self
 
     @pydantic.model_validator(mode="after")
-    def _agent_kind_defined(self) -> WorkflowSettings:
-        if self.agent.kind not in self.effective_agents():
-            known = ", ".join(sorted(self.effective_agents()))
-            raise ValueError(f"agent.kind {self.agent.kind!r} is not defined in agents ({known})")
+    def _agent_kinds_defined(self) -> WorkflowSettings:
+        kinds = self.effective_agents()
+        for where, kind in self.agent.referenced_kinds():
+            if kind not in kinds:
+                # NB: a custom error type, so the loader reports it under its own code.
+                raise PydanticCustomError(
+                    UNKNOWN_AGENT_KIND,
+                    "{key_path} {quoted} is not defined in agents (known: {known}); define "
+                    "agents.{kind} or name a known kind",
+                    {"key_path": where, "kind": kind, "quoted": repr(kind),
+                     "known": ", ".join(sorted(kinds))},
+                )
         return self
 
 

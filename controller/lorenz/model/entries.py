@@ -130,6 +130,9 @@ class RunningEntry:
     last_reported_cost_usd: float = 0.0
     retry_kind: RetryKind | None = None
     """The kind of retry that led to this run, if any."""
+    agent_kind: str | None = None
+    """The ``agents.<kind>`` the run uses (chosen when the slot was claimed); ``None`` when not
+    recorded (a run recovered from a store): the issue's current choice then counts."""
 
     @property
     def key(self) -> SlotKey:
@@ -152,6 +155,8 @@ class ReservationRecord:
     reserved_at: datetime.datetime
     consumed_retry: RetryEntry | None = None
     """The retry entry this reservation consumed; a cancel puts it back untouched."""
+    agent_kind: str | None = None
+    """The ``agents.<kind>`` the run will use (counts toward that kind's cap meanwhile)."""
 
     @property
     def key(self) -> SlotKey:

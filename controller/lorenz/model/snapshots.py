@@ -51,6 +51,8 @@ class RunningRow:
     cost_usd: float
     title: str | None = None
     """The issue title, for the dashboard and terminal view (tracker text: escape it)."""
+    agent_kind: str | None = None
+    """The ``agents.<kind>`` running the slot (``None``: a run recovered from a store)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -61,6 +63,7 @@ class RunningRow:
             "slot_index": self.slot_index,
             "state": self.state,
             "url": self.url,
+            "agent_kind": self.agent_kind,
             "host": self.host,
             "workspace_path": self.workspace_path,
             "session_id": self.session_id,

@@ -45,6 +45,10 @@ class SkipReason(enum.StrEnum):
 
     GLOBAL_CAPACITY = "global_capacity"
     STATE_CAPACITY = "state_capacity"
+    KIND_CAPACITY = "kind_capacity"
+    """The issue's agent kind is at its ``agent.concurrency`` cap."""
+    KIND_DISABLED = "kind_disabled"
+    """The issue's agent kind has ``agent.concurrency`` 0."""
     WORKER_HOST_CAPACITY = "worker_host_capacity"
     ALREADY_CLAIMED = "already_claimed"
     CLAIMED_ELSEWHERE = "claimed_elsewhere"

@@ -67,12 +67,15 @@ from lorenz.orchestrator.state import BlockedEntry, ForeignClaim, OrchestratorSt
 from lorenz.policies import (
     IssueRules,
     StopReason,
+    agent_kind_for,
     capacity_shortage,
     dispatchable_issues,
     failure_backoff_ms,
+    kind_limit,
     next_failure_attempt,
     reconciliation_decision,
     reservation_lifetime_ms,
+    retry_host,
     select_worker_host,
     sort_for_dispatch,
     stall_error,
@@ -739,11 +742,19 @@ class Orchestrator:
                 return Skipped(SkipReason.NOT_DUE)
             issue = candidate.issue
             state_key = issue.state_key
+            agent = settings.agent
+            kind = agent_kind_for(issue, agent=agent)
             shortage = capacity_shortage(
                 state_key,
                 occupied=state.occupied(),
                 occupied_in_state=state.occupied_in_state(state_key),
-                agent=settings.agent,
+                agent=agent,
+                kind=kind,
+                occupied_of_kind=(
+                    state.occupied_of_kind(kind, chosen=lambda i: agent_kind_for(i, agent=agent))
+                    if kind_limit(kind, agent=agent)
+                    else 0
+                ),
             )
             if shortage is not None:
                 return Skipped(SkipReason(shortage.value))
@@ -758,7 +769,11 @@ class Orchestrator:
                     settings.worker.ssh_hosts,
                     load=state.host_load(),
                     per_host_cap=settings.worker.max_concurrent_agents_per_host,
-                    preferred=current.host if current is not None else None,
+                    preferred=(
+                        retry_host(current.host, error=current.error)
+                        if current is not None
+                        else None
+                    ),
                 )
                 if host is None:
                     return Skipped(SkipReason.WORKER_HOST_CAPACITY)
@@ -779,6 +794,7 @@ class Orchestrator:
                     expires_at_ms=now_ms + lifetime,
                     reserved_at=wall,
                     consumed_retry=current,
+                    agent_kind=kind,
                 )
                 record = reserved_record(reservation, owner=owner, now=wall)
             else:
@@ -791,6 +807,7 @@ class Orchestrator:
                     host=host,
                     workspace_path=current.workspace_path if current is not None else None,
                     retry_kind=current.kind if current is not None else None,
+                    agent_kind=kind,
                 )
                 record = running_record(entry, owner=owner, now=wall)
 
@@ -836,6 +853,7 @@ class Orchestrator:
                 host=host,
                 workspace_path=retry.workspace_path if retry is not None else None,
                 retry_kind=retry.kind if retry is not None else None,
+                agent_kind=current.agent_kind,
             )
             del state.reserved[key]
             state.running[key] = entry

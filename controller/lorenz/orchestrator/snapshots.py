@@ -62,6 +62,7 @@ def running_row(key: SlotKey, entry: RunningEntry, *, now_ms: float) -> RunningR
         usage=entry.usage,
         cost_usd=entry.cost_usd,
         title=entry.issue.title,
+        agent_kind=entry.agent_kind,
     )
 
 

@@ -17,11 +17,18 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from lorenz.config import TerminalAction
-from lorenz.model import ReservationRecord, RetryEntry, RunningEntry, SlotKey, UsageTotals
+from lorenz.model import (
+    Issue,
+    ReservationRecord,
+    RetryEntry,
+    RunningEntry,
+    SlotKey,
+    UsageTotals,
+)
 from lorenz.policies.retries import BlockReason
 
 
@@ -103,6 +110,18 @@ class OrchestratorState:
                 count += 1
         for reservation in self.reserved.values():
             if reservation.issue.state_key == state_key:
+                count += 1
+        return count
+
+    def occupied_of_kind(self, kind: str, *, chosen: Callable[[Issue], str]) -> int:
+        """Occupied slots run by agent kind ``kind``; ``chosen`` gives the kind of a slot that
+        did not record one (recovered from a store)."""
+        count = 0
+        for entry in self.running.values():
+            if (entry.agent_kind or chosen(entry.issue)) == kind:
+                count += 1
+        for reservation in self.reserved.values():
+            if (reservation.agent_kind or chosen(reservation.issue)) == kind:
                 count += 1
         return count
 

@@ -1,14 +1,23 @@
-"""Concurrency caps and worker-host choice: how many slots may be occupied, and where.
+"""Concurrency caps, agent-kind choice and worker-host choice: how many slots may be occupied,
+by which agent kind, and where.
 
 An occupied slot is a running *or reserved* one. Counting reservations is the point: while a
 worker pool looks for a host, the reservation already holds a place under every cap, so dispatch
 cannot overshoot ``agent.max_concurrent_agents`` during acquire windows.
 
+Every issue runs one agent kind, chosen by :func:`agent_kind_for`: the first
+``agent.kind_by_label`` label the issue carries, else its state's ``agent.kind_by_state``
+entry, else ``agent.kind``. A workflow with one agent sets none of these and always gets
+``agent.kind``.
+
 Caps, checked in this order (the first one that is full names the skip reason):
 
+* kind disabled: ``agent.concurrency[kind]`` is ``0`` (the issue waits; nothing else is asked);
 * global: occupied < ``agent.max_concurrent_agents``;
 * per state: occupied slots whose issue is in the same (normalized) state <
   ``agent.max_concurrent_agents_by_state[state]``, falling back to the global cap;
+* per kind: occupied slots of the same agent kind < ``agent.concurrency[kind]``, falling back to
+  ``agent.default_concurrency`` (unset = no per-kind cap);
 * per host (static path with ``worker.ssh_hosts`` only): a host with fewer running slots than
   ``worker.max_concurrent_agents_per_host`` (unset = unlimited).
 
@@ -22,6 +31,10 @@ import enum
 from collections.abc import Mapping, Sequence
 
 from lorenz.config import AgentSettings
+from lorenz.model import Issue
+
+HOST_UNREACHABLE_CODE = "worker_host_unreachable"
+"""The failure code of a run whose SSH host could not be reached (see :func:`retry_host`)."""
 
 
 class CapacityShortage(enum.StrEnum):
@@ -29,6 +42,8 @@ class CapacityShortage(enum.StrEnum):
 
     GLOBAL = "global_capacity"
     STATE = "state_capacity"
+    KIND = "kind_capacity"
+    KIND_DISABLED = "kind_disabled"
     WORKER_HOST = "worker_host_capacity"
 
 
@@ -37,18 +52,50 @@ def state_limit(state_key: str, *, agent: AgentSettings) -> int:
     return agent.max_concurrent_agents_by_state.get(state_key, agent.max_concurrent_agents)
 
 
+def agent_kind_for(issue: Issue, *, agent: AgentSettings) -> str:
+    """The agent kind that runs ``issue``: label rule, else state rule, else ``agent.kind``.
+
+    Labels are tried in the order of ``agent.kind_by_label`` (the issue's labels and the rule
+    keys are both normalized, trimmed and lowercased).
+    """
+    if agent.kind_by_label and issue.labels:
+        carried = set(issue.labels)
+        for label, kind in agent.kind_by_label.items():
+            if label in carried:
+                return kind
+    if agent.kind_by_state:
+        by_state = agent.kind_by_state.get(issue.state_key)
+        if by_state is not None:
+            return by_state
+    return agent.kind
+
+
+def kind_limit(kind: str, *, agent: AgentSettings) -> int | None:
+    """The cap of an agent kind: its own entry, else ``agent.default_concurrency`` (``None``:
+    no per-kind cap; ``0``: the kind is disabled)."""
+    return agent.concurrency.get(kind, agent.default_concurrency)
+
+
 def capacity_shortage(
     state_key: str,
     *,
     occupied: int,
     occupied_in_state: int,
     agent: AgentSettings,
+    kind: str | None = None,
+    occupied_of_kind: int = 0,
 ) -> CapacityShortage | None:
-    """Whether one more slot in ``state_key`` would break the global or the per-state cap."""
+    """Whether one more slot in ``state_key`` (run by ``kind``, when given) would break a cap:
+    the kind's being disabled, the global, the per-state or the per-kind cap, in that order."""
+    kind_cap = kind_limit(kind, agent=agent) if kind is not None else None
+    if kind_cap == 0:
+        return CapacityShortage.KIND_DISABLED
     if occupied >= agent.max_concurrent_agents:
         return CapacityShortage.GLOBAL
     if occupied_in_state >= state_limit(state_key, agent=agent):
         return CapacityShortage.STATE
+    if kind_cap is not None and occupied_of_kind >= kind_cap:
+        return CapacityShortage.KIND
     return None
 
 
@@ -85,3 +132,11 @@ def select_worker_host(
         if best is None or host_load < best_load:
             best, best_load = host, host_load
     return best
+
+
+def retry_host(host: str | None, *, error: str | None) -> str | None:
+    """The host a retry should prefer: the one its last run used (its workspace is there),
+    unless that run failed because the host could not be reached — then any host will do."""
+    if host is None or (error or "").startswith(HOST_UNREACHABLE_CODE):
+        return None
+    return host

@@ -15,9 +15,9 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from lorenz.agents import AgentRunRequest
+from lorenz.agents import AgentRunRequest, RunPlacement
 from lorenz.agents.environment import agent_environment
-from lorenz.config import TrackerKind
+from lorenz.config import AgentKindSettings, TrackerKind, WorkflowSettings
 from lorenz.model import (
     AgentUpdate,
     EventType,
@@ -29,7 +29,7 @@ from lorenz.model import (
     SlotKey,
 )
 from lorenz.orchestrator import DispatchCandidate, Reserved, Skipped, Started
-from lorenz.policies import StopReason, WorkerHealth, classify_worker_outcome
+from lorenz.policies import StopReason, WorkerHealth, agent_kind_for, classify_worker_outcome
 from lorenz.runtime.reporting import describe_error
 from lorenz.runtime.runs import AbortReason, ActiveRun, PendingExit
 from lorenz.runtime.tools import tracker_tools
@@ -312,32 +312,53 @@ class Dispatching:
         normal = False
         cancelled_from_outside = False
         try:
-            workspace = await self._runtime._workspaces.prepare(
-                issue, slot_index=entry.slot_index, attempt=entry.attempt
-            )
-            await self._runtime._orchestrator.set_workspace(key, str(workspace.path))
-            await self._runtime._workspaces.before_run(workspace, attempt=entry.attempt)
+            kind_name = entry.agent_kind or agent_kind_for(issue, agent=settings.agent)
+            kind = _agent_kind(settings, kind_name)
+            placement: RunPlacement | None = None
+            if entry.host is not None and worker_slot is None:
+                # SSH placement (a static-path host is a worker.ssh_hosts entry; a pool's hosts
+                # are the pool's business): the workspace and its hooks live on the host; the
+                # worker there creates it and runs them (nothing of it exists on this machine).
+                # NB: imported here, so workflows without SSH hosts never load the workers.
+                from lorenz.workers.placement import remote_workspace_path
+
+                path = Path(
+                    remote_workspace_path(settings, issue=issue, slot_index=entry.slot_index)
+                )
+                placement = RunPlacement(
+                    host=entry.host, hooks=settings.hooks, worker=settings.worker
+                )
+                await self._runtime._orchestrator.set_workspace(key, str(path))
+            else:
+                workspace = await self._runtime._workspaces.prepare(
+                    issue, slot_index=entry.slot_index, attempt=entry.attempt
+                )
+                path = workspace.path
+                await self._runtime._orchestrator.set_workspace(key, str(path))
+                await self._runtime._workspaces.before_run(workspace, attempt=entry.attempt)
             prompt = render_prompt(workflow, issue=issue, attempt=entry.attempt)
-            kind = settings.agent_kind()
             runner = self._runtime._runner_factory(kind.protocol)
             request = AgentRunRequest(
                 issue=issue,
                 attempt=entry.attempt,
                 slot_index=entry.slot_index,
                 prompt=prompt,
-                workspace=workspace.path,
+                workspace=path,
                 settings=kind,
                 max_turns=settings.agent.max_turns,
                 env=self.agent_env(
                     issue=issue,
                     attempt=entry.attempt,
                     slot_index=entry.slot_index,
-                    workspace=workspace.path,
+                    workspace=path,
+                    kind=kind,
+                    remote=placement is not None,
                 ),
                 on_update=lambda update: self.on_agent_update(key, update),
                 issue_is_active=lambda: self.issue_still_active(issue.id),
                 continuation_prompt=continuation_prompt,
                 tools=tracker_tools(self._runtime._tracker),
+                placement=placement,
             )
             await runner.run(request)
             normal = True
@@ -530,10 +551,21 @@ class Dispatching:
                 )
 
     def agent_env(
-        self, *, issue: Issue, attempt: int | None, slot_index: int, workspace: Path
+        self,
+        *,
+        issue: Issue,
+        attempt: int | None,
+        slot_index: int,
+        workspace: Path,
+        kind: AgentKindSettings | None = None,
+        remote: bool = False,
     ) -> dict[str, str]:
+        """The agent's environment: this process's (``base_env``) with the kind's ``env`` and
+        the run's variables, minus tracker secrets. ``remote``: only the additions — a worker
+        on an SSH host lays them over the remote login's own environment."""
         settings = self._runtime.settings
-        kind = settings.agent_kind()
+        if kind is None:
+            kind = settings.agent_kind()
         extra = dict(kind.env)
         extra.update(
             {
@@ -550,7 +582,8 @@ class Dispatching:
         if settings.tracker.kind is TrackerKind.FILES and settings.tracker.path:
             extra["LORENZ_TRACKER_PATH"] = settings.tracker.path
         secrets = [settings.tracker.api_key] if settings.tracker.api_key else []
-        return agent_environment(base=self._runtime._base_env, extra=extra, secret_values=secrets)
+        base = {} if remote else self._runtime._base_env
+        return agent_environment(base=base, extra=extra, secret_values=secrets)
 
     async def issue_still_active(self, issue_id: str) -> bool:
         if issue_id in self._runtime._graces:
@@ -584,6 +617,18 @@ class Dispatching:
 
 _PASSED_FIELDS = ("id", "identifier", "title", "state")
 """Issue fields handed to hooks and agents as environment variables (or a workspace name)."""
+
+
+def _agent_kind(settings: WorkflowSettings, name: str) -> AgentKindSettings:
+    """The settings of the kind a slot was claimed for (gone if a reload removed it)."""
+    try:
+        return settings.agent_kind(name)
+    except KeyError:
+        raise LorenzError(
+            f"the agent kind {name!r} this run was dispatched with is no longer defined in "
+            "agents; the run is retried with the kind the workflow chooses now",
+            code="unknown_agent_kind",
+        ) from None
 
 
 def _aborted(reason: AbortReason | None) -> RunFailure:

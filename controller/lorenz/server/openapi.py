@@ -96,6 +96,7 @@ SCHEMAS: dict[str, Any] = {
             "title": _nullable(_STR),
             "state": _STR,
             "url": _nullable(_STR),
+            "agent_kind": _nullable(_STR),
             "host": _nullable(_STR),
             "workspace_path": _nullable(_STR),
             "session_id": _nullable(_STR),

@@ -181,6 +181,7 @@ def _running(rows: Sequence[RunningRow], *, now: datetime.datetime, limit: int) 
     table.add_column("title", ratio=3, no_wrap=True, overflow="ellipsis")
     table.add_column("slot", justify="right", no_wrap=True)
     table.add_column("att", justify="right", no_wrap=True)
+    table.add_column("agent", no_wrap=True)
     table.add_column("host", no_wrap=True)
     table.add_column("elapsed", justify="right", no_wrap=True)
     table.add_column("last agent event", ratio=4, no_wrap=True, overflow="ellipsis")
@@ -195,6 +196,7 @@ def _running(rows: Sequence[RunningRow], *, now: datetime.datetime, limit: int) 
             Text(_one_line(row.title or "")),
             str(row.slot_index),
             _attempt(row.attempt),
+            Text(row.agent_kind or "—"),
             Text(row.host or "local"),
             format_duration(_since(row.started_at, now=now)),
             event,

@@ -117,7 +117,15 @@ class RunSpec(SpecModel):
     hooks: HookSpec = Field(default_factory=HookSpec)
     """Hooks run by the worker."""
     env: dict[str, str] = Field(default_factory=dict)
-    """Complete environment of the agent process (secrets already stripped)."""
+    """Environment of the agent process (secrets already stripped): complete, or with
+    ``inherit_env`` laid over the worker's own."""
+    inherit_env: bool = False
+    """Start the agent's and the hooks' environments from the worker's own (SSH placement:
+    the remote login's ``PATH``, ``HOME``, …, minus tracker variables by name) and lay
+    ``env`` / ``hooks.env`` over it. Off: ``env`` and ``hooks.env`` are complete."""
+    host: str | None = Field(default=None, max_length=1000)
+    """The ``worker.ssh_hosts`` entry the run is placed on (``None``: the controller's host).
+    A successor controller reaches the worker through it (probe, attach, cancel)."""
     tools: list[dict[str, Any]] = Field(default_factory=list)
     """Specs of the host-side tools the controller executes (``linear_graphql``)."""
     controller_wait_ms: int = Field(default=300_000, gt=0)

@@ -111,6 +111,11 @@ class SshTransport:
         self._remote_sockets: dict[str, str] = {}
         self._forwards: dict[str, asyncio.subprocess.Process] = {}
 
+    @property
+    def local_dir(self) -> Path:
+        """The private (0700) directory of this transport's forwarded sockets."""
+        return self._local_dir
+
     def _remote(self, *args: str) -> list[str]:
         return [*self._ssh, "--", self._destination, shlex.join([*self.remote_command, *args])]
 

@@ -36,7 +36,13 @@ from typing import Any, Final
 
 import psutil
 
-from lorenz.agents import AgentRunRequest, AgentRunResult, build_runner
+from lorenz.agents import (
+    TRACKER_SECRET_ENV,
+    AgentRunRequest,
+    AgentRunResult,
+    agent_environment,
+    build_runner,
+)
 from lorenz.model import AgentUpdate, LorenzError
 from lorenz.workers.journal import FINAL, JournalWriter, Record, read_journal
 from lorenz.workers.protocol import (
@@ -351,12 +357,19 @@ class Worker:
             workspace=workspace,
             settings=spec.agent,
             max_turns=spec.max_turns,
-            env={**spec.env, HANDLE_ENV: spec.handle},
+            env=self._environment(spec.env),
             on_update=self._on_update,
             issue_is_active=self._issue_is_active,
             continuation_prompt=spec.continuation_prompt,
             tools=ForwardedTools(self, spec.tools) if spec.tools else None,
         )
+
+    def _environment(self, given: Mapping[str, str]) -> dict[str, str]:
+        """``given`` (over this process's environment with ``inherit_env``) plus the handle."""
+        if not self.spec.inherit_env:
+            return {**given, HANDLE_ENV: self.spec.handle}
+        inherited = agent_environment(base=os.environ, secret_names=TRACKER_SECRET_ENV)
+        return {**inherited, **given, HANDLE_ENV: self.spec.handle}
 
     def _on_update(self, update: AgentUpdate) -> None:
         if update.usage is not None:
@@ -383,7 +396,7 @@ class Worker:
                 name=name,
                 script=script,
                 cwd=workspace,
-                env={**self.spec.hooks.env, HANDLE_ENV: self.spec.handle},
+                env=self._environment(self.spec.hooks.env),
                 timeout_ms=self.spec.hooks.timeout_ms,
                 log_context={"handle": self.spec.handle},
             )

@@ -195,10 +195,24 @@ class MissingAgentCommand(WorkflowError):
     code = "missing_agent_command"
 
 
-class SshWorkersUnsupported(WorkflowError):
-    """``worker.ssh_hosts`` is set, but this build runs every agent on the local machine."""
+class UnknownAgentKind(WorkflowError):
+    """A setting (``agent.kind``, ``agent.concurrency``, ``agent.kind_by_label``,
+    ``agent.kind_by_state``) names an agent kind that ``agents`` does not define."""
 
-    code = "ssh_workers_unsupported"
+    code = "unknown_agent_kind"
+
+
+class SshClientMissing(WorkflowError):
+    """``worker.ssh_hosts`` is set, but there is no ``ssh`` program on this machine's PATH."""
+
+    code = "ssh_client_missing"
+
+
+class SshWorktreeUnsupported(WorkflowError):
+    """``worker.ssh_hosts`` is set with ``workspace.kind: worktree``; remote workspaces are
+    plain directories (clone in ``hooks.after_create``)."""
+
+    code = "ssh_worktree_unsupported"
 
 
 def _all_error_classes(root: type[WorkflowError]) -> Iterable[type[WorkflowError]]:

@@ -320,6 +320,7 @@ def _problems(exc: pydantic.ValidationError, flags: FlagResolution) -> list[Conf
             reason = "is required"
         elif kind in CODED_CONFIG_ERRORS:
             code = kind
+            key_path = str((error.get("ctx") or {}).get("key_path") or key_path)
         elif loc == ("tracker", "kind") and kind == "enum":
             code = "unsupported_tracker_kind"
             reason = (

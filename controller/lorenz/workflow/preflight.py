@@ -12,7 +12,9 @@ raises the first (for the runtime, which skips dispatch on it).
 
 from __future__ import annotations
 
-from lorenz.config import TrackerKind, WorkflowSettings
+import shutil
+
+from lorenz.config import TrackerKind, WorkflowSettings, WorkspaceKind
 from lorenz.workflow.errors import (
     MissingAgentCommand,
     MissingTrackerApiKey,
@@ -20,7 +22,8 @@ from lorenz.workflow.errors import (
     MissingTrackerPath,
     MissingTrackerProjectSlug,
     MissingTrackerRepository,
-    SshWorkersUnsupported,
+    SshClientMissing,
+    SshWorktreeUnsupported,
     UnsupportedTrackerKind,
     WorkflowError,
 )
@@ -96,13 +99,28 @@ def dispatch_problems(settings: WorkflowSettings) -> list[WorkflowError]:
             )
         )
     if settings.worker.ssh_hosts:
-        # NB: host selection and per-host caps exist in the core, but no runner executes over
-        # SSH yet; dispatching "to" a host while running locally would be a lie.
+        problems.extend(_ssh_problems(settings))
+    return problems
+
+
+def _ssh_problems(settings: WorkflowSettings) -> list[WorkflowError]:
+    """What SSH placement needs on this machine (the hosts themselves are checked at launch:
+    a host that is down fails its run with ``worker_host_unreachable``, not the tick)."""
+    problems: list[WorkflowError] = []
+    if shutil.which("ssh") is None:
         problems.append(
-            SshWorkersUnsupported(
-                "SSH workers are not supported yet; remove worker.ssh_hosts to run agents on "
-                "this machine",
+            SshClientMissing(
+                "worker.ssh_hosts is set but there is no ssh program on PATH; install the "
+                "OpenSSH client or remove worker.ssh_hosts",
                 key_path="worker.ssh_hosts",
+            )
+        )
+    if settings.workspace.kind is WorkspaceKind.WORKTREE:
+        problems.append(
+            SshWorktreeUnsupported(
+                "workspace.kind worktree cannot be used with worker.ssh_hosts (the repository "
+                "is on this machine); use kind directory and clone in hooks.after_create",
+                key_path="workspace.kind",
             )
         )
     return problems

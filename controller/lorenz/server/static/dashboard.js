@@ -354,6 +354,7 @@
       titleNode(row),
       el('div', { class: 'fields' }, [
         field('elapsed', ticking('since', row.started_at, { testid: 'card-elapsed', class: 'strong' })),
+        field('agent', row.agent_kind || '—', { testid: 'card-agent' }),
         field('host', row.host || 'local', { testid: 'card-host' }),
         field('turns', formatInt(row.turn_count), { testid: 'card-turns' }),
         field('tokens', formatInt(usage.input_tokens) + ' in · ' + formatInt(usage.output_tokens) + ' out',
