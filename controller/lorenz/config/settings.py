@@ -1,8 +1,8 @@
 """The one configuration schema: WORKFLOW.md front matter, the Workflow CRD spec, and the docs.
 
 Every key is declared once, here, with its type, default, validation, a docstring (which
-pydantic turns into the field description, and from there into the JSON schema and the CRD),
-and a reload note in ``json_schema_extra``:
+becomes the field description, and from there the JSON schema's and the CRD's — see
+:mod:`lorenz.config.docstrings`), and a reload note in ``json_schema_extra``:
 
 * ``hot`` — re-read on every tick or every use; a reload applies it at once;
 * ``new-runs`` — read when a run starts; in-flight runs keep the old value;
@@ -27,6 +27,8 @@ from typing import Annotated, Any, Literal
 import pydantic
 from pydantic import BeforeValidator, Field
 from pydantic_core import PydanticCustomError
+
+from lorenz.config.docstrings import DocumentedModel
 
 RELOAD_KEY = "x-lorenz-reload"
 ENV_KEY = "x-lorenz-env"
@@ -87,14 +89,17 @@ def _strip_blank_to_none(value: Any) -> Any:
 OptionalScript = Annotated[str | None, BeforeValidator(_strip_blank_to_none)]
 
 
-class Section(pydantic.BaseModel):
+class Section(DocumentedModel):
     """Base of every config section: unknown keys are errors, docstrings become descriptions."""
 
+    # NB: defer_build — a section's validator is built when it is first used (inside
+    # WorkflowSettings' schema, usually), not at import: ``lorenz validate`` starts faster, and
+    # DocumentedModel needs it to add the docstrings before the schema exists.
     model_config = pydantic.ConfigDict(
         extra="forbid",
-        use_attribute_docstrings=True,
         validate_default=True,
         frozen=True,
+        defer_build=True,
     )
 
 
@@ -687,11 +692,11 @@ class DaemonSettings(Section):
     """Heartbeat age after which an unverifiable lease is stale."""
 
 
-class WorkflowSettings(pydantic.BaseModel):
+class WorkflowSettings(DocumentedModel):
     """The whole front matter of WORKFLOW.md (and the spec of a Kubernetes ``Workflow``)."""
 
     model_config = pydantic.ConfigDict(
-        extra="forbid", use_attribute_docstrings=True, validate_default=True, frozen=True
+        extra="forbid", validate_default=True, frozen=True, defer_build=True
     )
 
     tracker: TrackerSettings = Field(default_factory=TrackerSettings)
