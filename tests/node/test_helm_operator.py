@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 import yaml
 
+from lorenz.kube.sharding import shard_lease_name, shard_of
 from tests.cluster.cluster import Cluster, wait_until
 from tests.cluster.images import agent_image
 from tests.cluster.node import NODE_TOLERATION, Node
@@ -203,7 +204,9 @@ class Install:
         done = self.cluster.kubectl(
             "get",
             "lease",
-            f"lorenz-wf-{WORKFLOW}",
+            # The Workflow's shard Lease: the chart names Leases after the release's full name
+            # ("lorenz" for this release) and keeps them in the release namespace (16 shards).
+            shard_lease_name(RELEASE, shard_of(self.namespace, WORKFLOW, shards=16)),
             "-n",
             self.namespace,
             "-o",
