@@ -57,7 +57,7 @@ import logging
 import math
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any, Final
 
 from lorenz.kube import resources
@@ -65,6 +65,7 @@ from lorenz.kube.clients import KubeApi, leases_path
 from lorenz.kube.errors import KubeApiError
 from lorenz.kube.leases import KubernetesLeaseProvider, LeaseTiming
 from lorenz.kube.resources import WorkflowRef
+from lorenz.tasks import first_of
 
 logger = logging.getLogger("lorenz.kube.sharding")
 
@@ -425,7 +426,7 @@ class ShardCoordinator:
                 "Shard handover shard=%d identity=%s engaged=%d fair_share=%d",
                 shard.index, self.identity, term.engaged, self.fair_share,
             )
-            await _first(term.idle.wait(), term.lost.wait(), seconds=self._handover_timeout_s)
+            await first_of(term.idle.wait(), term.lost.wait(), timeout_s=self._handover_timeout_s)
             if shard.term is not term:
                 return  # lost meanwhile
             if not term.idle.is_set():
@@ -475,17 +476,3 @@ class ShardCoordinator:
             endpoint=self._endpoint,
             monotonic=self._monotonic,
         )
-
-
-async def _first(*awaitables: Awaitable[Any], seconds: float | None = None) -> None:
-    """Wait until the first of ``awaitables`` completes (or ``seconds``); cancel the rest."""
-    tasks = [asyncio.ensure_future(a) for a in awaitables]
-    try:
-        await asyncio.wait(tasks, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            # NB: how a cancelled wait ended is not ours to report.
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
