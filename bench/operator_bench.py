@@ -1,42 +1,65 @@
-"""Operator figures on the real control plane: idle API cost, apply → first poll, failover.
+"""Operator figures on the real control plane: sharded scale, idle cost, first poll, failover.
 
-    .venv/bin/python bench/operator_bench.py [--workflows 5] [--idle-seconds 30]
-                                             [--applies 5] [--failovers 10]
+    .venv/bin/python bench/operator_bench.py [--sections scale,idle,latency,failover,handover,nsdel]
+        [--replicas 3] [--scale-workflows 1000] [--steady-seconds 600] [--shards 16]
+        [--workflows 5] [--idle-seconds 30] [--applies 5] [--failovers 10] [--handovers 5]
+        [--deleted-workflows 20]
 
 Starts the envtest-style control plane of the test suite (tests/cluster), installs the CRDs and
-runs ``lorenz operator`` as separate processes, exactly as the end-to-end tests do.
+runs ``lorenz operator`` as separate processes, exactly as the end-to-end tests do. Every
+operator gets ``--shards`` and keeps its Leases in a namespace of its own (``--lease-namespace``,
+as the chart's release namespace), never beside the Workflows.
 
-1. **API requests per idle tick per Workflow** (target O(1)): ``--workflows`` idle Workflows
-   (no issues, ``polling.intervalMs`` 1000) under one operator with the default Lease timings
-   (15 s / 10 s / 2 s). Over ``--idle-seconds`` the operator's own request counter (its
-   ``/metrics``) and the API server's ``apiserver_request_total`` are diffed, and divided by
-   the ticks the Workflows ran (from their status). kopf's watch streams stay open and cost
-   nothing per tick.
-2. **Workflow apply → first poll** (target ≤ 2 s): time from ``kubectl apply`` of a new
-   Workflow to the runtime's first completed tick (``status.poll.lastPollAt``, the runtime's
-   own wall clock), and to that tick becoming visible in the status.
-3. **Failover after kill -9**: two operators with 3 s / 2 s / 0.5 s Leases; the leader of one
-   Workflow is SIGKILLed ``--failovers`` times; time until the Lease names the survivor.
-   Also: status patches per idle tick, API writes per second, operator RSS per idle Workflow.
-4. **Graceful handover after SIGTERM**: the same, but the leader is stopped with SIGTERM while a
-   run is in flight (``--handovers`` times); it releases the Lease, so the follower should not
-   wait out the lease duration.
-5. **Namespace deletion**: ``--deleted-workflows`` Workflows, each with a run in flight; time
-   from ``kubectl delete namespace`` until the namespace is gone.
+0. **Sharded scale** (``scale``; the figures of issue #15): ``--replicas`` operators with the
+   default Lease timings (15 s / 10 s / 2 s), ``--scale-workflows`` idle Workflows (no issues,
+   ``polling.intervalMs`` 30000) created at once by 16 client threads.
 
-The figures the issue asks for at 1,000 Workflows and 3 replicas do not run in reasonable time
-on a 2-core shared machine; pass larger ``--workflows`` / ``--deleted-workflows`` where they do.
+   * *created → all polling*: from the first create until every Workflow's ``Ready`` condition
+     is True (the runtime completed its first poll and the leader wrote that status);
+   * *steady window* (``--steady-seconds``, after 30 s of settling): total API writes/s — the
+     operators' own request counters (their ``/metrics``, every create/update/patch/delete,
+     Lease renewals included) and, for comparison, ``apiserver_request_total`` of every client
+     (the controller-manager's own writes included); Lease writes/s counted by **watching the
+     Lease namespace** (every watch event is one successful write, a new resourceVersion; a
+     refused compare-and-swap writes nothing and is not counted); Lease transitions = holder
+     changes seen in that watch;
+   * *RSS per idle Workflow*: ``(sum of the replicas' RSS with N Workflows - with 0) / N``;
+   * *takeover after kill -9* of the replica holding the most shards: until every Workflow is
+     led again (the survivors' ``/api/v1/workflows``), and until its shard Leases name a
+     survivor;
+   * *namespace deletion*: ``kubectl delete namespace`` of the N Workflows (no Claims: idle
+     ones; the ``nsdel`` section has runs in flight) until the namespace is gone.
+1. **API requests per idle tick per Workflow** (``idle``, target O(1)): ``--workflows`` idle
+   Workflows (``polling.intervalMs`` 1000) under one operator with the default Lease timings.
+   Over ``--idle-seconds`` the operator's own request counter and the API server's
+   ``apiserver_request_total`` are diffed and divided by the ticks the Workflows ran.
+2. **Workflow apply → first poll** (``latency``, target ≤ 2 s): time from ``kubectl apply`` of a
+   new Workflow to the runtime's first completed tick (``status.poll.lastPollAt``), and to that
+   tick becoming visible in the status.
+3. **Failover after kill -9** (``failover``): two operators with 3 s / 2 s / 0.5 s Leases; the
+   leader of one Workflow is SIGKILLed ``--failovers`` times; time until its shard Lease names
+   the survivor.
+4. **Graceful handover after SIGTERM** (``handover``): the same, but the leader is stopped with
+   SIGTERM while a run is in flight (``--handovers`` times); it releases its shards, so the
+   follower should not wait out the lease duration.
+5. **Namespace deletion** (``nsdel``): ``--deleted-workflows`` Workflows, each with a run in
+   flight; time from ``kubectl delete namespace`` until the namespace is gone.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import concurrent.futures
+import dataclasses
 import datetime
+import os
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -49,6 +72,38 @@ sys.path.insert(0, str(REPO))
 from tests.cluster.cluster import Cluster, wait_until  # noqa: E402
 from tests.cluster.controlplane import Binaries, ControlPlane  # noqa: E402
 from tests.kube.operators import Kube, OperatorProcess, Rig, write_issue  # noqa: E402
+
+SECTIONS = ("scale", "idle", "latency", "failover", "handover", "nsdel")
+WRITE_VERBS = ("create", "update", "patch", "delete", "deletecollection")
+DEFAULT_LEASE = (15, 10.0, 2.0)
+
+
+@dataclasses.dataclass
+class Bench:
+    """What every section shares: the cluster, a work folder, the operators' shard count."""
+
+    cluster: Cluster
+    work: Path
+    shards: int
+
+    def setup(self, section: str) -> tuple[str, Kube, Rig]:
+        """A Workflow namespace and a Lease namespace of the section's own."""
+        namespace = self.cluster.create_namespace()
+        lease_namespace = self.cluster.create_namespace()
+        kube = Kube(self.cluster, namespace, lease_namespace=lease_namespace, shards=self.shards)
+        rig = Rig(root=self.work / section, volume=self.work / f"{section}-ops" / "volume",
+                  namespace=namespace)
+        return namespace, kube, rig
+
+    def operator(
+        self, section: str, identity: str, kube: Kube, *,
+        lease: tuple[int, float, float] = DEFAULT_LEASE, wait: bool = True,
+    ) -> OperatorProcess:
+        return OperatorProcess(
+            self.cluster, identity=identity, workdir=self.work / f"{section}-ops",
+            namespaces=(kube.namespace,), lease=lease, lease_namespace=kube.lease_namespace,
+            shards=self.shards, extra_args=("--log-level", "info"),
+        ).start(wait=wait)
 
 
 def parse_metrics(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
@@ -69,17 +124,20 @@ def parse_metrics(text: str, name: str) -> dict[tuple[tuple[str, str], ...], flo
     return values
 
 
-def apiserver_requests(cluster: Cluster) -> dict[tuple[str, str], float]:
-    """``(verb, resource) -> count`` of apiserver_request_total for the operator's kinds."""
+def apiserver_requests(
+    cluster: Cluster, *, kinds: tuple[str, ...] | None = ("workflows", "claims", "leases",
+                                                             "events", "secrets"),
+) -> dict[tuple[str, str], float]:
+    """``(verb, resource) -> count`` of apiserver_request_total (``kinds=None``: all)."""
     text = cluster.kubectl("get", "--raw", "/metrics", timeout=60).stdout
     totals: dict[tuple[str, str], float] = collections.defaultdict(float)
     for labels, value in parse_metrics(text, "apiserver_request_total").items():
         info = dict(labels)
         resource = info.get("resource", "")
-        if resource not in ("workflows", "claims", "leases", "events", "secrets"):
+        if kinds is not None and resource not in kinds:
             continue
         sub = info.get("subresource")
-        key = (info.get("verb", ""), f"{resource}/{sub}" if sub else resource)
+        key = (info.get("verb", "").lower(), f"{resource}/{sub}" if sub else resource)
         totals[key] += value
     return dict(totals)
 
@@ -97,6 +155,23 @@ def delta(after: dict[Any, float], before: dict[Any, float]) -> dict[Any, float]
     return {k: v - before.get(k, 0.0) for k, v in after.items() if v - before.get(k, 0.0) > 0}
 
 
+def writes(counts: dict[tuple[str, str], float]) -> float:
+    return sum(v for (verb, _), v in counts.items() if verb in WRITE_VERBS)
+
+
+def rss_mib(operators: list[OperatorProcess]) -> float:
+    total = 0
+    for operator in operators:
+        assert operator.process is not None
+        total += psutil.Process(operator.process.pid).memory_info().rss
+    return total / 2**20
+
+
+def machine() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"{os.cpu_count()} cores, load average {one:.1f} / {five:.1f} / {fifteen:.1f}"
+
+
 def ticks(operator: OperatorProcess, namespace: str, names: list[str]) -> int:
     """Poll ticks so far, from the leader's API (the status has them at most once a minute)."""
     return sum(
@@ -105,14 +180,207 @@ def ticks(operator: OperatorProcess, namespace: str, names: list[str]) -> int:
     )
 
 
-def idle_cost(cluster: Cluster, work: Path, *, workflows: int, seconds: float) -> None:
-    namespace = cluster.create_namespace()
-    kube = Kube(cluster, namespace)
-    rig = Rig(root=work / "idle", volume=work / "idle-ops" / "volume", namespace=namespace)
-    operator = OperatorProcess(
-        cluster, identity="idle", workdir=work / "idle-ops", namespaces=(namespace,),
-        lease=(15, 10.0, 2.0),
-    ).start()
+# -- 0. sharded scale -------------------------------------------------------------------------
+
+
+class LeaseWatch:
+    """``kubectl get leases --watch-only`` on the Lease namespace: one line per write."""
+
+    def __init__(self, cluster: Cluster, namespace: str) -> None:
+        self._lines: list[tuple[float, str, str, str]] = []
+        self._lock = threading.Lock()
+        self._process = subprocess.Popen(
+            [str(Binaries.locate().path("kubectl")), "get", "leases", "-n", namespace,
+             "--watch-only", "--no-headers",
+             "-o", "custom-columns=NAME:.metadata.name,RV:.metadata.resourceVersion,"
+             "HOLDER:.spec.holderIdentity"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            env=cluster.environ(),
+        )
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        assert self._process.stdout is not None
+        for line in self._process.stdout:
+            parts = line.split()
+            if len(parts) >= 3:
+                with self._lock:
+                    self._lines.append((time.monotonic(), parts[0], parts[1], parts[2]))
+
+    def between(self, start: float, end: float) -> list[tuple[float, str, str, str]]:
+        with self._lock:
+            return [e for e in self._lines if start <= e[0] < end]
+
+    def holders_before(self, start: float) -> dict[str, str]:
+        last: dict[str, str] = {}
+        with self._lock:
+            for at, name, _, holder in self._lines:
+                if at < start:
+                    last[name] = holder
+        return last
+
+    def stop(self) -> None:
+        self._process.terminate()
+        self._process.wait(timeout=10)
+
+
+def shard_holders(kube: Kube) -> dict[str, str]:
+    return {
+        lease["metadata"]["name"]: str((lease.get("spec") or {}).get("holderIdentity") or "")
+        for lease in kube.leases()
+        if lease["metadata"]["name"].startswith(f"{kube.lease_prefix}-shard-")
+    }
+
+
+def ready_count(kube: Kube) -> int:
+    count = 0
+    for item in kube.items("workflows"):
+        for condition in (item.get("status") or {}).get("conditions") or ():
+            if condition.get("type") == "Ready" and condition.get("status") == "True":
+                count += 1
+    return count
+
+
+def led_count(operators: list[OperatorProcess], namespace: str) -> int:
+    total = 0
+    for operator in operators:
+        rows = operator.get("/api/v1/workflows")["workflows"]
+        total += sum(1 for r in rows if r["namespace"] == namespace and r["leading"])
+    return total
+
+
+def create_all(cluster: Cluster, manifests: list[dict[str, Any]], namespace: str) -> None:
+    """Create every Workflow at once (16 client threads, one POST each)."""
+    import kubernetes.client
+
+    client = cluster.api_client()
+    try:
+        custom = kubernetes.client.CustomObjectsApi(client)
+
+        def create(manifest: dict[str, Any]) -> None:
+            custom.create_namespaced_custom_object(
+                "lorenz.dev", "v1alpha1", namespace, "workflows", manifest
+            )
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
+            list(pool.map(create, manifests))
+    finally:
+        client.close()
+
+
+def scale(bench: Bench, *, replicas: int, workflows: int, steady_s: float) -> None:
+    namespace, kube, rig = bench.setup("scale")
+    watch = LeaseWatch(bench.cluster, kube.lease_namespace)
+    operators = [bench.operator("scale", f"scale-{i}", kube, wait=False) for i in range(replicas)]
+    for operator in operators:
+        operator.wait_ready()
+    try:
+        share = -(-bench.shards // replicas)
+
+        def balanced() -> bool | None:
+            counts = collections.Counter(shard_holders(kube).values())
+            held = sum(counts[o.identity] for o in operators)
+            fair = all(counts[o.identity] <= share for o in operators)
+            return (held == bench.shards and fair) or None
+
+        wait_until(balanced, timeout=300, interval=1.0, message="shards balanced")
+        time.sleep(5.0)
+        rss_empty = rss_mib(operators)
+        print(f"\n0. sharded scale: {workflows} idle Workflows (poll every 30 s), {replicas} "
+              f"replicas, {bench.shards} shards, Lease {DEFAULT_LEASE[0]} s / "
+              f"{DEFAULT_LEASE[1]:.0f} s / {DEFAULT_LEASE[2]:.0f} s; machine: {machine()}")
+        names = [f"scale-{i}" for i in range(workflows)]
+        manifests = [rig.workflow(name, interval_ms=30000) for name in names]
+        started = time.monotonic()
+        create_all(bench.cluster, manifests, namespace)
+        created = time.monotonic() - started
+        wait_until(lambda: ready_count(kube) >= workflows or None, timeout=1800, interval=2.0,
+                   message="every Workflow polling")
+        polling = time.monotonic() - started
+        print(f"   created at once → all polling (Ready=True): {polling:.1f} s "
+              f"(the {workflows} creates themselves took {created:.1f} s); machine: {machine()}")
+
+        time.sleep(30.0)
+        own_before = [operator_requests(o) for o in operators]
+        server_before = apiserver_requests(bench.cluster, kinds=None)
+        holders_start = shard_holders(kube)
+        window_start = time.monotonic()
+        time.sleep(steady_s)
+        window_end = time.monotonic()
+        own_after = [operator_requests(o) for o in operators]
+        server_after = apiserver_requests(bench.cluster, kinds=None)
+        holders_end = shard_holders(kube)
+        rss_full = rss_mib(operators)
+        seconds = window_end - window_start
+        own = [delta(a, b) for a, b in zip(own_after, own_before, strict=True)]
+        own_writes = sum(writes(o) for o in own)
+        server = delta(server_after, server_before)
+        events = watch.between(window_start, window_end)
+        last = watch.holders_before(window_start)
+        changes = 0
+        for _, name, _, holder in events:
+            if name in last and last[name] != holder:
+                changes += 1
+            last[name] = holder
+        moved = sum(1 for n, h in holders_end.items() if holders_start.get(n) != h)
+        print(f"   steady window {seconds:.0f} s; machine: {machine()}")
+        print(f"     API writes/s, operators' own counters (all {replicas}): "
+              f"{own_writes / seconds:.2f}")
+        per_kind: dict[str, float] = collections.defaultdict(float)
+        for counts in own:
+            for (verb, resource), value in counts.items():
+                if verb in WRITE_VERBS:
+                    per_kind[f"{verb} {resource}"] += value
+        for kind, value in sorted(per_kind.items()):
+            print(f"       {kind:28} {value / seconds:6.2f}/s")
+        print(f"     API writes/s, apiserver_request_total (every client, the controller-"
+              f"manager's included): {writes(server) / seconds:.2f}")
+        print(f"     Lease writes/s (watch events on the Lease namespace): "
+              f"{len(events) / seconds:.2f}")
+        print(f"     Lease transitions (holder changes in the watch): {changes}; shard Leases "
+              f"whose holder differs end vs start: {moved}")
+        per_wf = (rss_full - rss_empty) / workflows
+        print(f"   RSS, all replicas: {rss_empty:.0f} MiB with 0 Workflows, {rss_full:.0f} MiB "
+              f"with {workflows}: {per_wf:.3f} MiB per idle Workflow")
+
+        holding = collections.Counter(shard_holders(kube).values())
+        victim = max(operators, key=lambda o: holding[o.identity])
+        survivors = [o for o in operators if o is not victim]
+        its_shards = {n for n, h in shard_holders(kube).items() if h == victim.identity}
+        victim.kill(signal.SIGKILL)
+        killed = time.monotonic()
+        victim.wait(timeout=30)
+        survivor_ids = {o.identity for o in survivors}
+        wait_until(
+            lambda: all(shard_holders(kube).get(n) in survivor_ids for n in its_shards) or None,
+            timeout=600, interval=0.5, message="the killed replica's shards taken over",
+        )
+        shards_taken = time.monotonic() - killed
+        wait_until(lambda: led_count(survivors, namespace) >= workflows or None, timeout=600,
+                   interval=0.5, message="every Workflow led again")
+        all_led = time.monotonic() - killed
+        print(f"   kill -9 of the replica holding {len(its_shards)} shards: its shard Leases "
+              f"held by survivors after {shards_taken:.1f} s, all {workflows} Workflows led "
+              f"after {all_led:.1f} s (lease duration {DEFAULT_LEASE[0]} s); machine: "
+              f"{machine()}")
+
+        started = time.monotonic()
+        bench.cluster.delete_namespace(namespace, wait=True, timeout=1800)
+        print(f"   kubectl delete namespace with {workflows} Workflows: gone after "
+              f"{time.monotonic() - started:.1f} s; machine: {machine()}")
+    finally:
+        for operator in operators:
+            operator.stop()
+        watch.stop()
+
+
+# -- 1. idle cost -----------------------------------------------------------------------------
+
+
+def idle_cost(bench: Bench, *, workflows: int, seconds: float) -> None:
+    namespace, kube, rig = bench.setup("idle")
+    operator = bench.operator("idle", "idle", kube)
     try:
         names = [f"idle-{i}" for i in range(workflows)]
         for name in names:
@@ -124,12 +392,12 @@ def idle_cost(cluster: Cluster, work: Path, *, workflows: int, seconds: float) -
             )
         time.sleep(2.0)
         ticks_before, own_before = ticks(operator, namespace, names), operator_requests(operator)
-        server_before = apiserver_requests(cluster)
+        server_before = apiserver_requests(bench.cluster)
         time.sleep(seconds)
         ticks_after, own_after = ticks(operator, namespace, names), operator_requests(operator)
-        server_after = apiserver_requests(cluster)
+        server_after = apiserver_requests(bench.cluster)
         assert operator.process is not None
-        rss_mib = psutil.Process(operator.process.pid).memory_info().rss / 2**20
+        rss = psutil.Process(operator.process.pid).memory_info().rss / 2**20
     finally:
         operator.stop()
     tick_count = ticks_after - ticks_before
@@ -155,18 +423,14 @@ def idle_cost(cluster: Cluster, work: Path, *, workflows: int, seconds: float) -
     print(f"   status patches per idle tick: {patches / tick_count:.3f}; API writes/s (all "
           f"Workflows): {writes / seconds:.1f}, of them Lease updates/s: "
           f"{own.get(('update', 'leases'), 0.0) / seconds:.1f}")
-    print(f"   operator RSS: {rss_mib:.0f} MiB, {rss_mib / workflows:.2f} MiB per idle Workflow "
+    print(f"   operator RSS: {rss:.0f} MiB, {rss / workflows:.2f} MiB per idle Workflow "
           f"(process total divided by {workflows})")
 
 
-def first_poll(cluster: Cluster, work: Path, *, applies: int) -> None:
-    namespace = cluster.create_namespace()
-    kube = Kube(cluster, namespace)
-    rig = Rig(root=work / "latency", volume=work / "latency-ops" / "volume", namespace=namespace)
+def first_poll(bench: Bench, *, applies: int) -> None:
+    _, kube, rig = bench.setup("latency")
     write_issue(rig.issues_of("lat-0"), "TASK-1", state="Backlog")
-    operator = OperatorProcess(
-        cluster, identity="latency", workdir=work / "latency-ops", namespaces=(namespace,)
-    ).start()
+    operator = bench.operator("latency", "latency", kube)
     polled: list[float] = []
     visible: list[float] = []
     try:
@@ -194,18 +458,13 @@ def first_poll(cluster: Cluster, work: Path, *, applies: int) -> None:
           f"max {max(visible):.3f} s (includes kubectl's own start-up per read)")
 
 
-def failover(cluster: Cluster, work: Path, *, failovers: int) -> None:
-    namespace = cluster.create_namespace()
-    kube = Kube(cluster, namespace)
-    rig = Rig(root=work / "failover", volume=work / "failover-ops" / "volume", namespace=namespace)
+def failover(bench: Bench, *, failovers: int) -> None:
+    _, kube, rig = bench.setup("failover")
     lease = (3, 2.0, 0.5)
     serial = iter(range(1000))
 
     def start() -> OperatorProcess:
-        return OperatorProcess(
-            cluster, identity=f"fo-{next(serial)}", workdir=work / "failover-ops",
-            namespaces=(namespace,), lease=lease,
-        ).start()
+        return bench.operator("failover", f"fo-{next(serial)}", kube, lease=lease)
 
     live = [start(), start()]
     times: list[float] = []
@@ -238,19 +497,14 @@ def failover(cluster: Cluster, work: Path, *, failovers: int) -> None:
     print("   all: " + ", ".join(f"{t:.2f}" for t in times))
 
 
-def graceful_handover(cluster: Cluster, work: Path, *, handovers: int) -> None:
+def graceful_handover(bench: Bench, *, handovers: int) -> None:
     """SIGTERM of the leader with a run in flight → the follower holds the Lease."""
-    namespace = cluster.create_namespace()
-    kube = Kube(cluster, namespace)
-    rig = Rig(root=work / "handover", volume=work / "handover-ops" / "volume", namespace=namespace)
+    _, kube, rig = bench.setup("handover")
     lease = (3, 2.0, 0.5)
     serial = iter(range(1000))
 
     def start() -> OperatorProcess:
-        return OperatorProcess(
-            cluster, identity=f"ho-{next(serial)}", workdir=work / "handover-ops",
-            namespaces=(namespace,), lease=lease,
-        ).start()
+        return bench.operator("handover", f"ho-{next(serial)}", kube, lease=lease)
 
     live = [start(), start()]
     times: list[float] = []
@@ -282,14 +536,10 @@ def graceful_handover(cluster: Cluster, work: Path, *, handovers: int) -> None:
           f"max {max(times):.2f} s")
 
 
-def namespace_deletion(cluster: Cluster, work: Path, *, workflows: int) -> None:
+def namespace_deletion(bench: Bench, *, workflows: int) -> None:
     """``kubectl delete namespace`` holding Workflows with Claims → the namespace is gone."""
-    namespace = cluster.create_namespace()
-    kube = Kube(cluster, namespace)
-    rig = Rig(root=work / "nsdel", volume=work / "nsdel-ops" / "volume", namespace=namespace)
-    operator = OperatorProcess(
-        cluster, identity="nsdel", workdir=work / "nsdel-ops", namespaces=(namespace,)
-    ).start()
+    namespace, kube, rig = bench.setup("nsdel")
+    operator = bench.operator("nsdel", "nsdel", kube)
     try:
         names = [f"del-{i}" for i in range(workflows)]
         for name in names:
@@ -298,7 +548,7 @@ def namespace_deletion(cluster: Cluster, work: Path, *, workflows: int) -> None:
         wait_until(lambda: len(kube.items("claims")) >= workflows or None, timeout=600,
                    interval=1.0, message="a Claim per Workflow")
         started = time.monotonic()
-        cluster.delete_namespace(namespace, wait=True, timeout=900)
+        bench.cluster.delete_namespace(namespace, wait=True, timeout=900)
         took = time.monotonic() - started
     finally:
         operator.stop()
@@ -308,6 +558,12 @@ def namespace_deletion(cluster: Cluster, work: Path, *, workflows: int) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sections", default=",".join(SECTIONS),
+                        help=f"comma-separated, of {', '.join(SECTIONS)}")
+    parser.add_argument("--shards", type=int, default=16)
+    parser.add_argument("--replicas", type=int, default=3)
+    parser.add_argument("--scale-workflows", type=int, default=1000)
+    parser.add_argument("--steady-seconds", type=float, default=600.0)
     parser.add_argument("--workflows", type=int, default=5)
     parser.add_argument("--idle-seconds", type=float, default=30.0)
     parser.add_argument("--applies", type=int, default=5)
@@ -315,17 +571,30 @@ def main() -> int:
     parser.add_argument("--handovers", type=int, default=5)
     parser.add_argument("--deleted-workflows", type=int, default=20)
     args = parser.parse_args()
+    sections = [s.strip() for s in args.sections.split(",") if s.strip()]
+    unknown = sorted(set(sections) - set(SECTIONS))
+    if unknown:
+        parser.error(f"unknown sections {', '.join(unknown)}")
     control_plane = ControlPlane(binaries=Binaries.locate())
     cluster = control_plane.start()
     try:
         cluster.install_crds(REPO / "crds")
         with tempfile.TemporaryDirectory(prefix="lorenz-operator-bench-") as tmp:
-            work = Path(tmp)
-            idle_cost(cluster, work, workflows=args.workflows, seconds=args.idle_seconds)
-            first_poll(cluster, work, applies=args.applies)
-            failover(cluster, work, failovers=args.failovers)
-            graceful_handover(cluster, work, handovers=args.handovers)
-            namespace_deletion(cluster, work, workflows=args.deleted_workflows)
+            bench = Bench(cluster=cluster, work=Path(tmp), shards=args.shards)
+            print(f"shards {args.shards}; machine: {machine()}")
+            if "scale" in sections:
+                scale(bench, replicas=args.replicas, workflows=args.scale_workflows,
+                      steady_s=args.steady_seconds)
+            if "idle" in sections:
+                idle_cost(bench, workflows=args.workflows, seconds=args.idle_seconds)
+            if "latency" in sections:
+                first_poll(bench, applies=args.applies)
+            if "failover" in sections:
+                failover(bench, failovers=args.failovers)
+            if "handover" in sections:
+                graceful_handover(bench, handovers=args.handovers)
+            if "nsdel" in sections:
+                namespace_deletion(bench, workflows=args.deleted_workflows)
     finally:
         control_plane.stop()
     return 0

@@ -262,6 +262,10 @@ class KubeApi:
         resource = _resource_of(path)
         verb = verb or {"GET": "get", "PATCH": "patch"}.get(method, method.lower())
         self.requests[(verb, resource)] += 1
+        if method != "GET":
+            # NB: one line per write, logged before it is sent: the order of a replica's
+            # writes and its leadership changes in its log is what the fencing tests read.
+            logger.debug("API write verb=%s path=%s", verb, path)
         timeout = timeout_s if timeout_s is not None else self._timeout
         started = time.monotonic()
         loop = asyncio.get_running_loop()

@@ -495,6 +495,7 @@ class WorkflowController:
                     asyncio.shield(task), timeout=self._settings.drain_timeout_seconds
                 )
         await self._forget_runtime()
+        logger.info("Runtime abandoned workflow=%s reason=%s", self.ref.display, reason)
 
     async def _forget_runtime(self) -> None:
         runtime = self.runtime
