@@ -353,24 +353,39 @@ class WorkflowController:
             self._changed.clear()
             body = self._body
             generation = generation_of(body)
-            try:
-                loaded = await load_workflow_object(
-                    body, api=self._api, workflow_dir=self.workflow_dir
-                )
-                validate_dispatch(loaded.settings)
-            except KubeApiError as exc:
-                await self._back_off(lost, self._start_failed(exc, generation=generation))
-                continue
-            except LorenzError as exc:
-                self._reject(exc, generation=generation)
+            # NB: a few builds at a time per replica (see START_CONCURRENCY); the waits after
+            # a failure happen outside the gate.
+            async with self.lease.start_gate:
+                if (lost.is_set() or term.yielding.is_set() or self._deleting.is_set()
+                        or self._stop.is_set()):
+                    return False
+                kind, failure = await self._build(body, generation=generation, term=term)
+            if failure is None:
+                return True
+            if kind == "rejected":
+                assert isinstance(failure, LorenzError)
+                self._reject(failure, generation=generation)
                 await self._wait(lost, self._changed)
-                continue
-            try:
-                await self._launch(loaded, generation=generation, term=term)
-            except Exception as exc:  # noqa: BLE001 - any failed start backs off, never a hot loop
-                await self._back_off(lost, self._start_failed(exc, generation=generation))
-                continue
-            return True
+            else:
+                await self._back_off(lost, self._start_failed(failure, generation=generation))
+
+    async def _build(
+        self, body: Mapping[str, Any], *, generation: int, term: Term
+    ) -> tuple[str, BaseException | None]:
+        """Load the spec and launch the runtime: ``("started", None)``, ``("rejected", error)``
+        (the spec is wrong: wait for a new one) or ``("failed", error)`` (back off, retry)."""
+        try:
+            loaded = await load_workflow_object(body, api=self._api, workflow_dir=self.workflow_dir)
+            validate_dispatch(loaded.settings)
+        except KubeApiError as exc:
+            return "failed", exc
+        except LorenzError as exc:
+            return "rejected", exc
+        try:
+            await self._launch(loaded, generation=generation, term=term)
+        except Exception as exc:  # noqa: BLE001 - any failed start backs off, never a hot loop
+            return "failed", exc
+        return "started", None
 
     def _start_failed(self, exc: BaseException, *, generation: int) -> float:
         """Record a failed start (Degraded, an Event, the log); the wait before the next."""

@@ -113,6 +113,11 @@ class WorkflowLeadership:
     def since_renewal(self) -> float:
         return self.shard.lease.since_renewal()
 
+    @property
+    def start_gate(self) -> asyncio.Semaphore:
+        """Held while this Workflow's runtime is built (shared by the replica's Workflows)."""
+        return self._coordinator.start_gate
+
     def update_workflow(self, workflow: WorkflowRef) -> None:
         """Learn the Workflow's uid (the shard does not depend on it)."""
         self.workflow = workflow

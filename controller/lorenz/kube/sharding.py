@@ -79,6 +79,15 @@ SHARDS_ANNOTATION: Final = f"{resources.GROUP}/shards"
 SHARD_ROLE: Final = "shard"
 REPLICA_ROLE: Final = "replica"
 
+START_CONCURRENCY: Final = 8
+"""Workflow runtimes one replica builds (loads, hydrates, launches) at once.
+
+NB: the shard renewals run on the same event loop as every Workflow's controller. A replica that
+takes shards with hundreds of Workflows (1,000 created at once across 3 replicas) would build
+them all concurrently, and the renewals would wait behind them past the renew deadline: the
+replica then loses its own shards (measured on 2 loaded cores: 14 shards lost to their own
+holders). Queued builds wait on the gate instead of crowding the loop."""
+
 _NOT_NAME_CHARS = re.compile(r"[^a-z0-9-]+")
 
 
@@ -213,6 +222,8 @@ class ShardCoordinator:
         self._mismatch: str | None = None
         self.rounds = 0
         """Completed rounds (renew, list, balance)."""
+        self.start_gate = asyncio.Semaphore(START_CONCURRENCY)
+        """Held by a Workflow while its runtime is built (:data:`START_CONCURRENCY`)."""
         self.live_replicas = 1
         self.fair_share = shards
 
