@@ -74,7 +74,8 @@ from tests.cluster.controlplane import Binaries, ControlPlane  # noqa: E402
 from tests.kube.operators import Kube, OperatorProcess, Rig, write_issue  # noqa: E402
 
 SECTIONS = ("scale", "idle", "latency", "failover", "handover", "nsdel")
-WRITE_VERBS = ("create", "update", "patch", "delete", "deletecollection")
+WRITE_VERBS = ("create", "update", "patch", "delete", "deletecollection", "post", "put", "apply")
+"""Write verbs: the operator's counter says create/update, apiserver_request_total POST/PUT."""
 DEFAULT_LEASE = (15, 10.0, 2.0)
 
 
@@ -375,6 +376,85 @@ def scale(bench: Bench, *, replicas: int, workflows: int, steady_s: float) -> No
         watch.stop()
 
 
+# -- 0b. where an idle Workflow's memory goes ------------------------------------------------
+
+PROFILED = """\
+import os, signal, sys, tracemalloc
+frames, prefix = int(sys.argv[1]), sys.argv[2]
+del sys.argv[1:3]
+tracemalloc.start(frames)
+count = 0
+def dump(signum, frame):
+    global count
+    count += 1
+    path = f"{prefix}.{count}"
+    tracemalloc.take_snapshot().dump(path + ".tmp")
+    os.replace(path + ".tmp", path)
+signal.signal(signal.SIGUSR1, dump)
+from lorenz.cli import main
+sys.exit(main())
+"""
+"""``lorenz operator`` under tracemalloc: SIGUSR1 writes a snapshot to ``<prefix>.<n>``."""
+
+
+def snapshot(operator: OperatorProcess, prefix: Path, serial: int) -> Any:
+    import tracemalloc
+
+    operator.kill(signal.SIGUSR1)
+    path = Path(f"{prefix}.{serial}")
+    wait_until(lambda: path.exists() or None, timeout=300, interval=0.5,
+               message="tracemalloc snapshot")
+    return tracemalloc.Snapshot.load(str(path))
+
+
+def profile(bench: Bench, *, workflows: int) -> None:
+    """One replica under tracemalloc: the Python allocations ``workflows`` idle Workflows add."""
+    namespace, kube, rig = bench.setup("profile")
+    prefix = bench.work / "profile-snapshot"
+    operator = OperatorProcess(
+        bench.cluster, identity="profile", workdir=bench.work / "profile-ops",
+        namespaces=(namespace,), lease=DEFAULT_LEASE, lease_namespace=kube.lease_namespace,
+        shards=bench.shards, extra_args=("--log-level", "info"),
+    )
+    operator.argv[2:3] = [PROFILED, "8", str(prefix)]
+    operator.start()
+    try:
+        wait_until(lambda: len([h for h in shard_holders(kube).values() if h == "profile"])
+                   == bench.shards or None, timeout=300, interval=1.0, message="all shards held")
+        time.sleep(5.0)
+        rss_empty = rss_mib([operator])
+        empty = snapshot(operator, prefix, 1)
+        create_all(bench.cluster, [rig.workflow(f"prof-{i}", interval_ms=30000)
+                                   for i in range(workflows)], namespace)
+        wait_until(lambda: ready_count(kube) >= workflows or None, timeout=1800, interval=2.0,
+                   message="every Workflow polling")
+        time.sleep(30.0)
+        rss_full = rss_mib([operator])
+        full = snapshot(operator, prefix, 2)
+    finally:
+        operator.stop()
+    traced = sum(s.size for s in full.statistics("filename")) - sum(
+        s.size for s in empty.statistics("filename"))
+    print(f"\n0b. where the memory of {workflows} idle Workflows goes (one replica, all "
+          f"{bench.shards} shards, tracemalloc 8 frames): RSS {rss_empty:.0f} → {rss_full:.0f} "
+          f"MiB ({(rss_full - rss_empty) / workflows:.3f} MiB per Workflow, tracemalloc's own "
+          f"overhead included); Python allocations +{traced / 2**20:.1f} MiB "
+          f"({traced / workflows / 1024:.1f} KiB per Workflow)")
+    root = str(REPO)
+    print("   top files (allocated where, growth):")
+    for stat in full.compare_to(empty, "filename")[:15]:
+        name = stat.traceback[0].filename.replace(root + "/", "")
+        name = name.split("site-packages/")[-1]
+        print(f"     {stat.size_diff / 2**20:7.2f} MiB {stat.count_diff:+8d} blocks  {name}")
+    print("   top tracebacks (the innermost frames of lorenz code):")
+    for stat in full.compare_to(empty, "traceback")[:8]:
+        frames = [f for f in stat.traceback if root in f.filename and ".venv" not in f.filename]
+        where = " <- ".join(
+            f"{f.filename.replace(root + '/', '')}:{f.lineno}" for f in reversed(frames[-3:])
+        ) or stat.traceback[0].filename.split("site-packages/")[-1]
+        print(f"     {stat.size_diff / 2**20:7.2f} MiB {stat.count_diff:+8d} blocks  {where}")
+
+
 # -- 1. idle cost -----------------------------------------------------------------------------
 
 
@@ -564,6 +644,7 @@ def main() -> int:
     parser.add_argument("--replicas", type=int, default=3)
     parser.add_argument("--scale-workflows", type=int, default=1000)
     parser.add_argument("--steady-seconds", type=float, default=600.0)
+    parser.add_argument("--profile-workflows", type=int, default=300)
     parser.add_argument("--workflows", type=int, default=5)
     parser.add_argument("--idle-seconds", type=float, default=30.0)
     parser.add_argument("--applies", type=int, default=5)
@@ -585,6 +666,8 @@ def main() -> int:
             if "scale" in sections:
                 scale(bench, replicas=args.replicas, workflows=args.scale_workflows,
                       steady_s=args.steady_seconds)
+            if "profile" in sections:
+                profile(bench, workflows=args.profile_workflows)
             if "idle" in sections:
                 idle_cost(bench, workflows=args.workflows, seconds=args.idle_seconds)
             if "latency" in sections:
