@@ -290,6 +290,20 @@ def test_events_are_rate_limited_and_repeats_dropped() -> None:
     assert [p[1] for p in posted] == ["A", "A", "B", "C", "C"]
 
 
+def test_a_silenced_poster_posts_nothing_more() -> None:
+    posted: list[str] = []
+    poster = EventPoster(
+        reference={}, per_minute=60,
+        post=lambda ref, kind, reason, message: posted.append(reason),
+    )
+    assert poster.post("Normal", "Before", "1")
+    poster.silence()  # the Workflow is being deleted
+    assert not poster.post("Warning", "After", "2")
+    assert not poster.runtime_event({"type": "run_failed", "identifier": "X-1", "message": "x"})
+    assert posted == ["Before"]
+    assert (poster.posted, poster.dropped) == (1, 2)
+
+
 def test_runtime_events_map_to_event_reasons() -> None:
     posted: list[tuple[str, str, str]] = []
     poster = EventPoster(

@@ -142,6 +142,7 @@ class WorkflowController:
         self._refresh_value = self._annotation(body)
         if (body.get("metadata") or {}).get("deletionTimestamp"):
             self._deleting.set()  # NB: first seen already being deleted (operator restart)
+            self.events.silence()
 
         self.runtime: LorenzRuntime | None = None
         self.store: ClaimResourceStore | None = None
@@ -197,6 +198,7 @@ class WorkflowController:
             self.lease.update_workflow(ref)
         if (body.get("metadata") or {}).get("deletionTimestamp"):
             self._deleting.set()
+            self.events.silence()
             self._changed.set()
             return
         refresh = self._annotation(body)
@@ -211,6 +213,7 @@ class WorkflowController:
     def gone(self) -> None:
         """The Workflow object no longer exists: clean up if leading, then leave."""
         self._deleting.set()
+        self.events.silence()
         self._stop.set()
 
     def claim_deleted(self, *, uid: str, slot_key: SlotKey) -> None:

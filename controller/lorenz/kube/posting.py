@@ -76,9 +76,23 @@ class EventPoster:
         self._last_at = -REPEAT_WINDOW_S
         self.posted = 0
         self.dropped = 0
+        self.silenced = False
+        """Set once the Workflow is being deleted: nothing more is posted (counted as dropped)."""
+
+    def silence(self) -> None:
+        """Post nothing from now on: the Workflow is being deleted.
+
+        NB: when its namespace is being deleted, the API server refuses every new Event there
+        (403 NamespaceTerminating) and kopf retries each one 9 times: with hundreds of Workflows
+        that retry storm crowds the operator while it should be running their cleanups.
+        """
+        self.silenced = True
 
     def post(self, kind: EventKind, reason: str, message: str) -> bool:
         """Post one Event unless the limits say no; ``True`` if it was posted."""
+        if self.silenced:
+            self.dropped += 1
+            return False
         now = self._monotonic()
         message = message[:MAX_MESSAGE]
         if self._last == (reason, message) and now - self._last_at < REPEAT_WINDOW_S:
