@@ -29,6 +29,9 @@ as the chart's release namespace), never beside the Workflows.
      survivor;
    * *namespace deletion*: ``kubectl delete namespace`` of the N Workflows (no Claims: idle
      ones; the ``nsdel`` section has runs in flight) until the namespace is gone.
+0b. **Where an idle Workflow's memory goes** (``profile``): one replica under tracemalloc (8
+   frames), a snapshot with 0 and with ``--profile-workflows`` idle Workflows; prints the growth
+   by file and the top allocation tracebacks (RSS there includes tracemalloc's own overhead).
 1. **API requests per idle tick per Workflow** (``idle``, target O(1)): ``--workflows`` idle
    Workflows (``polling.intervalMs`` 1000) under one operator with the default Lease timings.
    Over ``--idle-seconds`` the operator's own request counter and the API server's
@@ -73,7 +76,7 @@ from tests.cluster.cluster import Cluster, wait_until  # noqa: E402
 from tests.cluster.controlplane import Binaries, ControlPlane  # noqa: E402
 from tests.kube.operators import Kube, OperatorProcess, Rig, write_issue  # noqa: E402
 
-SECTIONS = ("scale", "idle", "latency", "failover", "handover", "nsdel")
+SECTIONS = ("scale", "profile", "idle", "latency", "failover", "handover", "nsdel")
 WRITE_VERBS = ("create", "update", "patch", "delete", "deletecollection", "post", "put", "apply")
 """Write verbs: the operator's counter says create/update, apiserver_request_total POST/PUT."""
 DEFAULT_LEASE = (15, 10.0, 2.0)
@@ -270,7 +273,9 @@ def create_all(cluster: Cluster, manifests: list[dict[str, Any]], namespace: str
         client.close()
 
 
-def scale(bench: Bench, *, replicas: int, workflows: int, steady_s: float) -> None:
+def scale(
+    bench: Bench, *, replicas: int, workflows: int, steady_s: float, delete_timeout_s: float
+) -> None:
     namespace, kube, rig = bench.setup("scale")
     watch = LeaseWatch(bench.cluster, kube.lease_namespace)
     operators = [bench.operator("scale", f"scale-{i}", kube, wait=False) for i in range(replicas)]
@@ -367,9 +372,21 @@ def scale(bench: Bench, *, replicas: int, workflows: int, steady_s: float) -> No
               f"{machine()}")
 
         started = time.monotonic()
-        bench.cluster.delete_namespace(namespace, wait=True, timeout=1800)
-        print(f"   kubectl delete namespace with {workflows} Workflows: gone after "
-              f"{time.monotonic() - started:.1f} s; machine: {machine()}")
+        bench.cluster.delete_namespace(namespace, wait=False)
+
+        def gone() -> bool | None:
+            found = bench.cluster.kubectl("get", "namespace", namespace, "--ignore-not-found",
+                                          "-o", "name").stdout.strip()
+            return not found or None
+
+        try:
+            wait_until(gone, timeout=delete_timeout_s, interval=1.0, message="namespace gone")
+            print(f"   kubectl delete namespace with {workflows} Workflows: gone after "
+                  f"{time.monotonic() - started:.1f} s; machine: {machine()}")
+        except TimeoutError:
+            left = len(kube.items("workflows"))
+            print(f"   kubectl delete namespace with {workflows} Workflows: NOT gone after "
+                  f"{delete_timeout_s:.0f} s, {left} Workflows left; machine: {machine()}")
     finally:
         for operator in operators:
             operator.stop()
@@ -644,6 +661,8 @@ def main() -> int:
     parser.add_argument("--replicas", type=int, default=3)
     parser.add_argument("--scale-workflows", type=int, default=1000)
     parser.add_argument("--steady-seconds", type=float, default=600.0)
+    parser.add_argument("--delete-timeout", type=float, default=1800.0,
+                        help="how long the scale section waits for its namespace to go")
     parser.add_argument("--profile-workflows", type=int, default=300)
     parser.add_argument("--workflows", type=int, default=5)
     parser.add_argument("--idle-seconds", type=float, default=30.0)
@@ -665,7 +684,7 @@ def main() -> int:
             print(f"shards {args.shards}; machine: {machine()}")
             if "scale" in sections:
                 scale(bench, replicas=args.replicas, workflows=args.scale_workflows,
-                      steady_s=args.steady_seconds)
+                      steady_s=args.steady_seconds, delete_timeout_s=args.delete_timeout)
             if "profile" in sections:
                 profile(bench, workflows=args.profile_workflows)
             if "idle" in sections:
