@@ -14,8 +14,14 @@ It prints what a user pays for that drain:
   the agents in their own processes; imports and start-up are not counted);
 * how each run ended: ``success`` or ``canceled`` (a run cut off after its issue went Done).
 
-Run: ``.venv/bin/python bench/tracker_bench.py [--issues 100] [--slots 10]``. Prints figures;
-asserts nothing.
+Run: ``.venv/bin/python bench/tracker_bench.py [--issues 100] [--slots 10]``. Prints figures
+and the machine's load average; asserts nothing.
+
+Side by side with other code (a checkout of an older commit, e.g. ``git worktree add /tmp/old
+c523cb9``): ``bench/tracker_bench.py --compare /tmp/old --rounds 5`` runs this script in fresh
+processes, alternating this checkout and ``/tmp/old/controller`` (same bench, same fake
+server, same measurement window), and prints each run, the medians and their ratios. Works with
+code from before the typed runtime events (c523cb9): listeners then received dicts.
 """
 
 from __future__ import annotations
@@ -24,13 +30,17 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import json
+import os
 import shlex
 import signal
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -38,8 +48,12 @@ import yaml
 from tests.fakes.linear_server import FakeLinearServer
 
 from lorenz.daemon.host import HostOptions, run_host
-from lorenz.model import RuntimeEvent
 from lorenz.runtime import LorenzRuntime
+
+if TYPE_CHECKING:
+    from lorenz.model import RuntimeEvent
+
+ROOT = Path(__file__).resolve().parents[1]
 
 AGENT = """\
 import json, os, sys, time, urllib.request
@@ -105,17 +119,23 @@ async def drain(tmp: Path, linear: FakeLinearServer, *, issues: int, slots: int,
     home.mkdir()
     environ = {"PATH": "/usr/bin:/bin", "HOME": str(home), "LANG": "C.UTF-8",
                "LINEAR_API_KEY": linear.api_key}
-    events: list[dict[str, Any]] = []
+    # NB: the listener runs on the loop thread, inside the measured window: it keeps the
+    # events as they come (converted after the window) and compares against one state id.
+    events: list[RuntimeEvent | dict[str, Any]] = []
     holder: list[LorenzRuntime] = []
+    done_id = _done_id(linear)
+    ending = {"run_finished", "run_failed", "run_canceled", "run_reconciled",
+              "workspace_cleanup", "poll_completed"}
 
     def all_done() -> bool:
-        return all(i.state_id == _done_id(linear) for i in linear._issues.values())
+        return all(i.state_id == done_id for i in linear._issues.values())
 
-    def listen(event: RuntimeEvent) -> None:
-        events.append(event.to_dict())
+    def listen(event: RuntimeEvent | dict[str, Any]) -> None:
+        # NB: code from before the typed runtime events (c523cb9) hands listeners dicts.
+        events.append(event)
         runtime = holder[0]
-        if event.type in ("run_finished", "run_failed", "run_canceled", "run_reconciled",
-                             "workspace_cleanup", "poll_completed") and all_done():
+        kind = event["type"] if isinstance(event, dict) else str(event.type)
+        if kind in ending and all_done():
             snapshot = runtime.orchestrator.snapshot()
             if not snapshot.running and not snapshot.reserving:
                 runtime.stop()
@@ -136,10 +156,12 @@ async def drain(tmp: Path, linear: FakeLinearServer, *, issues: int, slots: int,
         for signum in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(Exception):
                 loop.remove_signal_handler(signum)
+    cpu_s = time.thread_time() - started[0]
+    wall_s = time.perf_counter() - started[1]
     return {
-        "cpu_s": time.thread_time() - started[0],
-        "wall_s": time.perf_counter() - started[1],
-        "events": events,
+        "cpu_s": cpu_s,
+        "wall_s": wall_s,
+        "events": [e if isinstance(e, dict) else e.to_dict() for e in events],
         "runtime": holder[0],
     }
 
@@ -152,15 +174,9 @@ def _done_id(linear: FakeLinearServer) -> str:
     return next(s.id for s in linear._states.values() if s.name == "Done")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--issues", type=int, default=100)
-    parser.add_argument("--slots", type=int, default=10)
-    parser.add_argument("--linger", type=float, default=0.3,
-                        help="seconds an agent keeps working after moving its issue to Done")
-    parser.add_argument("--interval-ms", type=int, default=5000)
-    parser.add_argument("--timeout", type=float, default=600.0)
-    args = parser.parse_args()
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """One drain in this process; the figures as a dict (also what ``--json`` prints)."""
+    load_before = os.getloadavg()[0]
     linear = FakeLinearServer(request_limit=1_000_000)
     with linear.running_in_thread(), tempfile.TemporaryDirectory() as tmp_dir:
         result = asyncio.run(drain(Path(tmp_dir), linear, issues=args.issues, slots=args.slots,
@@ -176,18 +192,89 @@ def main() -> None:
     continuation_retries = sum(
         1 for e in events if e["type"] == "retry_scheduled" and e.get("retry_kind") ==
         "continuation")
-    runs = sum(outcomes.values())
+    return {
+        "code": str(Path(sys.modules["lorenz"].__file__ or "?").parents[1]),
+        "wall_s": result["wall_s"],
+        "cpu_s": result["cpu_s"],
+        "requests": len(requests),
+        "by_operation": dict(sorted(by_operation.items())),
+        "candidate_scans": candidate_scans,
+        "runs": sum(outcomes.values()),
+        "outcomes": dict(sorted(outcomes.items())),
+        "continuation_retries": continuation_retries,
+        "load": [load_before, os.getloadavg()[0]],
+    }
+
+
+def report(args: argparse.Namespace, figures: dict[str, Any]) -> None:
+    outcomes = figures["outcomes"]
     print(f"board: {args.issues} issues, {args.slots} slots, agent lingers {args.linger}s "
           f"after moving its issue to Done, poll interval {args.interval_ms} ms")
-    print(f"drained in {result['wall_s']:.1f} s wall")
-    print(f"tracker requests        {len(requests):6d}   "
-          + ", ".join(f"{name}={count}" for name, count in sorted(by_operation.items())))
-    print(f"candidate scans         {candidate_scans:6d}")
-    print(f"loop thread CPU         {result['cpu_s']:8.2f} s")
-    print(f"runs                    {runs:6d}   "
-          + ", ".join(f"{name}={count}" for name, count in sorted(outcomes.items())))
-    print(f"runs canceled           {outcomes.get('canceled', 0):6d} of {runs}")
-    print(f"continuation retries    {continuation_retries:6d}   (retry_scheduled continuation)")
+    print(f"code: {figures['code']}; load average {figures['load'][0]:.2f} -> "
+          f"{figures['load'][1]:.2f} ({os.cpu_count()} CPUs)")
+    print(f"drained in {figures['wall_s']:.1f} s wall")
+    print(f"tracker requests        {figures['requests']:6d}   "
+          + ", ".join(f"{name}={count}" for name, count in figures["by_operation"].items()))
+    print(f"candidate scans         {figures['candidate_scans']:6d}")
+    print(f"loop thread CPU         {figures['cpu_s']:8.2f} s")
+    print(f"runs                    {figures['runs']:6d}   "
+          + ", ".join(f"{name}={count}" for name, count in outcomes.items()))
+    print(f"runs canceled           {outcomes.get('canceled', 0):6d} of {figures['runs']}")
+    print(f"continuation retries    {figures['continuation_retries']:6d}   "
+          "(retry_scheduled continuation)")
+
+
+def compare(args: argparse.Namespace) -> None:
+    """Alternate fresh runs of this checkout and ``args.compare``; medians and ratios."""
+    other = Path(args.compare).resolve()
+    checkouts = {"this": ROOT / "controller", "other": other / "controller"}
+    passed = ["--issues", str(args.issues), "--slots", str(args.slots), "--linger",
+              str(args.linger), "--interval-ms", str(args.interval_ms), "--timeout",
+              str(args.timeout), "--json"]
+    samples: dict[str, list[dict[str, Any]]] = {name: [] for name in checkouts}
+    for round_number in range(1, args.rounds + 1):
+        for name, controller in checkouts.items():
+            environ = {**os.environ, "PYTHONPATH": str(controller)}
+            result = subprocess.run([sys.executable, __file__, *passed], env=environ,
+                                    capture_output=True, text=True, check=False)
+            if result.returncode != 0:
+                raise SystemExit(f"{name} run failed:\n{result.stderr[-2000:]}")
+            figures = json.loads(result.stdout.strip().splitlines()[-1])
+            samples[name].append(figures)
+            print(f"round {round_number} {name:5} {figures['code']}: requests "
+                  f"{figures['requests']:3d}  scans {figures['candidate_scans']:3d}  loop CPU "
+                  f"{figures['cpu_s']:5.2f} s  wall {figures['wall_s']:5.1f} s  "
+                  f"canceled {figures['outcomes'].get('canceled', 0):3d}  continuation "
+                  f"retries {figures['continuation_retries']:3d}  load "
+                  f"{figures['load'][0]:.2f}->{figures['load'][1]:.2f}", flush=True)
+    for key, label in (("requests", "tracker requests"), ("cpu_s", "loop thread CPU")):
+        this = statistics.median(s[key] for s in samples["this"])
+        old = statistics.median(s[key] for s in samples["other"])
+        print(f"median {label:17} this {this:8.2f}   other {old:8.2f}   ratio "
+              f"{this / old:5.2f}x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--issues", type=int, default=100)
+    parser.add_argument("--slots", type=int, default=10)
+    parser.add_argument("--linger", type=float, default=0.3,
+                        help="seconds an agent keeps working after moving its issue to Done")
+    parser.add_argument("--interval-ms", type=int, default=5000)
+    parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--json", action="store_true", help="print the figures as one JSON line")
+    parser.add_argument("--compare", metavar="CHECKOUT",
+                        help="alternate runs of this code and CHECKOUT/controller")
+    parser.add_argument("--rounds", type=int, default=3, help="runs of each side (--compare)")
+    args = parser.parse_args()
+    if args.compare:
+        compare(args)
+        return
+    figures = measure(args)
+    if args.json:
+        print(json.dumps(figures))
+    else:
+        report(args, figures)
 
 
 if __name__ == "__main__":

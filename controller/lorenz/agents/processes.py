@@ -43,6 +43,7 @@ STDERR_RING_BYTES = 64 * 1024
 
 _READ_CHUNK_BYTES = 256 * 1024
 _GROUP_POLL_S = 0.02
+_EXIT_WAIT_S = 1.0
 
 
 class LineTooLong(AgentRunError):
@@ -238,9 +239,11 @@ class AgentProcess:
         # NB: asyncio's Process.wait() also waits for every pipe to close, so a leftover
         # grandchild holding stdout would make it hang; watch the process itself instead: a
         # pidfd becomes readable at exit, and the child watcher sets returncode right after.
+        # NB: the pidfd fires at exit, so the wait on it needs no short timeout; the bound is
+        # a safety net only (each wake-up of a short one cost a timer and a task per agent).
         while (returncode := self._process.returncode) is None:
             if self._exit_seen is not None and not self._exit_seen.done():
-                await asyncio.wait({self._exit_seen}, timeout=0.05)
+                await asyncio.wait({self._exit_seen}, timeout=_EXIT_WAIT_S)
             else:
                 await asyncio.sleep(0.005)
         return returncode
@@ -308,6 +311,11 @@ class AgentProcess:
         return self._process.returncode
 
     def _remember_descendants(self) -> None:
+        if self._process.returncode is not None:
+            # NB: a reaped agent has no descendants left to find (its children were reparented
+            # when it exited), and its pid may already be someone else's: scanning the process
+            # table for "its" children would cost a /proc walk and could name strangers.
+            return
         with contextlib.suppress(psutil.Error):
             for child in psutil.Process(self.pid).children(recursive=True):
                 self._descendants[child.pid] = child

@@ -29,12 +29,14 @@ def resolve_segments(path: Path) -> Path:
     kept as written. Raises ``workspace_path_unreadable`` when a segment cannot be examined
     (permissions, a symlink loop)."""
     parts = _absolute(path).parts
-    current = Path(parts[0])
+    # NB: the walk joins strings, not Path objects: building a Path per segment was most of
+    # the cost of every containment check (several per run), and the result is the same.
+    current = parts[0]
     for part in parts[1:]:
         if part == "..":
-            current = current.parent
+            current = os.path.dirname(current)
             continue
-        candidate = current / part
+        candidate = os.path.join(current, part)
         try:
             mode = os.lstat(candidate).st_mode
         except (FileNotFoundError, NotADirectoryError):
@@ -43,18 +45,18 @@ def resolve_segments(path: Path) -> Path:
             current = candidate
             continue
         except OSError as exc:
-            raise _unreadable(path, candidate, exc) from exc
+            raise _unreadable(path, Path(candidate), exc) from exc
         if not stat.S_ISLNK(mode):
             current = candidate
             continue
         try:
-            current = Path(os.path.realpath(candidate, strict=True))
+            current = os.path.realpath(candidate, strict=True)
         except FileNotFoundError:
             # A dangling link: follow it as far as it goes, the tail of its target is missing.
-            current = Path(os.path.realpath(candidate))
+            current = os.path.realpath(candidate)
         except OSError as exc:
-            raise _unreadable(path, candidate, exc) from exc
-    return current
+            raise _unreadable(path, Path(candidate), exc) from exc
+    return Path(current)
 
 
 def _unreadable(path: Path, segment: Path, exc: OSError) -> WorkspaceError:
