@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
 
+import psutil
 import pytest
 
 # NB: the control-plane fixtures are a plugin so that every test folder (cluster smoke tests,
@@ -49,3 +55,62 @@ def _workers_are_cancelled_with_their_runs(monkeypatch: pytest.MonkeyPatch) -> N
     its workers running on cancel — order-dependent failures in a full run.
     """
     monkeypatch.setattr("lorenz.workers.runner._leaving", None)
+
+
+
+STALE_PYENV_LOCK_S = 30.0
+"""How old pyenv's rehash lock may get, with no rehash running, before the suite removes it."""
+
+
+def _pyenv_lock() -> Path | None:
+    root = os.environ.get("PYENV_ROOT") or str(Path.home() / ".pyenv")
+    shims = Path(root) / "shims"
+    return shims / ".pyenv-shim" if shims.is_dir() else None
+
+
+def _rehash_running() -> bool:
+    for process in psutil.process_iter(["cmdline"]):
+        cmdline = process.info.get("cmdline") or []
+        if any("pyenv-rehash" in part for part in cmdline):
+            return True
+    return False
+
+
+def _remove_a_stale_pyenv_lock(lock: Path) -> None:
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except OSError:
+        return
+    if age > STALE_PYENV_LOCK_S and not _rehash_running():
+        lock.unlink(missing_ok=True)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _no_stale_pyenv_lock() -> Iterator[None]:
+    """Keep a killed ``pyenv rehash`` from stalling every later agent start.
+
+    NB: agents start under ``bash -lc``; on a machine whose login profile runs ``pyenv init``
+    (this one does), each start runs ``pyenv rehash``, which holds a lock file for its run. A
+    test that SIGKILLs an agent's process group mid-rehash (the crash and chaos tests do) leaves
+    that lock behind, and from then on every login shell waits 60 s for it — every agent of
+    every later test times out. Nothing of the product is involved; the suite removes a lock
+    that is old and has no rehash alive. Does nothing where pyenv is not installed.
+    """
+    lock = _pyenv_lock()
+    if lock is None:
+        yield
+        return
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(2.0):
+            _remove_a_stale_pyenv_lock(lock)
+
+    watcher = threading.Thread(target=watch, name="pyenv-lock-watch", daemon=True)
+    _remove_a_stale_pyenv_lock(lock)
+    watcher.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        watcher.join(timeout=5.0)
