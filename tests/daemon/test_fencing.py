@@ -10,6 +10,7 @@ which a deposed controller must never kill — runs the agent to its normal end.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -77,6 +78,32 @@ def fence_of(store: Path) -> tuple[int, str] | None:
     return (int(row[0]), str(row[1])) if row else None
 
 
+def stop_outside_the_guard(pid: int, lease_file: Path) -> None:
+    """SIGSTOP the daemon at a moment it does not hold its lease's guard flock.
+
+    NB: a daemon renews under the guard every heartbeat; stopped inside that window it keeps
+    the guard, and the new daemon then fails (correctly) with ``daemon_lock_busy`` — not the
+    paused-leader case this test is about. Stopped, the daemon cannot take the guard again, so
+    a free guard after the stop stays free.
+    """
+    guard = lease_file.with_name(lease_file.name.removesuffix(".json") + ".guard")
+    for _ in range(200):
+        os.kill(pid, signal.SIGSTOP)
+        fd = os.open(guard, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.kill(pid, signal.SIGCONT)
+            time.sleep(0.05)
+            continue
+        else:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return
+        finally:
+            os.close(fd)
+    raise AssertionError("the daemon held its lease guard at each of 200 stops")
+
+
 def test_a_sigstopped_daemon_resumed_after_a_takeover_writes_nothing(
     root: Path,
     daemon_env: dict[str, str],
@@ -110,7 +137,7 @@ def test_a_sigstopped_daemon_resumed_after_a_takeover_writes_nothing(
     old_owner = owner_of(store, old.pid)
     assert fence_of(store) == (lease["generation"], old_owner)
 
-    os.kill(old.pid, signal.SIGSTOP)
+    stop_outside_the_guard(old.pid, lease_file_for(workflow))
     try:
         lease_file_for(workflow).unlink()  # the manual takeover
         # NB: its own runtime directory: the stopped daemon still listens on its socket.
