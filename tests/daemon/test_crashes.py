@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from lorenz.claims import store_path
@@ -98,6 +99,19 @@ def wait_for_moment(kind: str, daemon: DaemonProcess, lease: dict[str, Any], log
     return False
 
 
+def alive_from(pid: int, before: float) -> bool:
+    """``pid`` runs a process that already existed at ``before`` (not a later reuse of the pid).
+
+    NB: the loop spawns thousands of processes beside other test groups, and pids wrap
+    (pid_max is 32768 here): a dead agent's pid can belong to a new, unrelated process later.
+    """
+    try:
+        process = psutil.Process(pid)
+        return process.status() != psutil.STATUS_ZOMBIE and process.create_time() <= before
+    except psutil.Error:
+        return False
+
+
 def crash_loop(
     root: Path, env: dict[str, str], daemons: list[DaemonProcess], *, points: int, seed: int
 ) -> None:
@@ -113,7 +127,7 @@ def crash_loop(
         ClaimStoreSettings(), workspace_root=root / "workspaces", workflow_path=workflow.resolve()
     )
     crashes: list[Crash] = []
-    dead_agents: set[int] = set()
+    dead_agents: dict[int, float] = {}  # pid -> when its daemon was killed
     for point in range(points + 1):
         daemon = DaemonProcess(workflow, env=env, output=root / f"daemon-{point:03}.log")
         daemons.append(daemon.start())
@@ -124,7 +138,7 @@ def crash_loop(
             # recovered at once: every claim is the new daemon's before it answers
             assert {owner for owner, _, _ in read_store(db).values()} <= {lease["holder"]}
             # the dead daemon's agents died before the new one could dispatch
-            assert not [pid for pid in dead_agents if pid_alive(pid)]
+            assert not [pid for pid, killed in dead_agents.items() if alive_from(pid, killed)]
             state = get_state(lease["endpoint"])
             lanes = {row["slot_key"] for row in state["running"] + state["retrying"]}
             assert set(previous.rows) <= lanes
@@ -139,7 +153,10 @@ def crash_loop(
         at = time.time()
         daemon.kill9()
         crashes.append(Crash(owner=lease["holder"], at=at, kind=kind, rows=read_store(db)))
-        dead_agents |= {e["pid"] for e in read_agent_log(log) if e["owner"] == lease["holder"]}
+        killed = time.time()  # NB: after the kill: no agent of this daemon starts later
+        dead_agents |= {
+            e["pid"]: killed for e in read_agent_log(log) if e["owner"] == lease["holder"]
+        }
 
     # Let the last daemon dispatch every slot once more, then stop it gracefully.
     final, final_owner = daemons[-1], lease["holder"]
