@@ -181,8 +181,7 @@ async def test_the_hydration_line_prints_counts_not_a_repr(
 
 
 # ------------------------------------------------------------------ start-up imports
-
-HEAVY = ("kopf", "kubernetes")
+# NB: the Kubernetes stack and the validate path: tests/cli/test_import_boundary.py.
 
 PROBE = """
 import sys
@@ -192,28 +191,6 @@ heavy = sorted(m for m in sys.modules if m.split(".")[0] in {heavy!r})
 print("HEAVY=" + ",".join(heavy))
 sys.exit(code)
 """
-
-
-@pytest.mark.parametrize(
-    "args",
-    [["validate", "WORKFLOW.md"], ["config", "WORKFLOW.md"], ["WORKFLOW.md", "--once", "--no-tui"]],
-    ids=["validate", "config", "run-once"],
-)
-def test_commands_outside_operator_mode_do_not_import_the_kubernetes_stack(
-    tmp_path: Path, args: list[str]
-) -> None:
-    files_workflow(tmp_path)
-    result = subprocess.run(
-        [sys.executable, "-c", PROBE.format(heavy=set(HEAVY)), *args],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=HANG_GUARD_S,
-        stdin=subprocess.DEVNULL,
-        check=False,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "HEAVY=\n" in result.stdout, result.stdout
 
 
 def test_a_run_without_a_port_does_not_import_the_http_server_stack(tmp_path: Path) -> None:
@@ -231,15 +208,3 @@ def test_a_run_without_a_port_does_not_import_the_http_server_stack(tmp_path: Pa
     )
     assert served.returncode == 0, served.stdout + served.stderr
     assert "aiohttp" in served.stdout.split("HEAVY=", 1)[1], served.stdout
-
-
-def test_the_kubernetes_stack_is_installed_so_the_probe_can_see_it() -> None:
-    # NB: the probe above can only fail if the stack is importable at all: show that it is.
-    result = subprocess.run(
-        [sys.executable, "-c", "import kopf, kubernetes, sys; print('kopf' in sys.modules)"],
-        capture_output=True,
-        text=True,
-        timeout=HANG_GUARD_S,
-        check=False,
-    )
-    assert result.stdout.strip() == "True", result.stderr
