@@ -120,7 +120,12 @@ def crash_loop(
         root,
         issues=ISSUES,
         agent_env=AGENT,
-        front_matter={"flags": {"claim_store.owner_stale_ms": 600000}},
+        front_matter={
+            "flags": {"claim_store.owner_stale_ms": 600000},
+            # NB: a quarter of the runs fail, so 3 failures in a row (the default budget) would
+            # block a slot now and then; this test needs failure retries to go on forever.
+            "retry": {"max_attempts": 100},
+        },
     )
     log = root / "agent.log"
     db = store_path(
