@@ -208,7 +208,14 @@ class SchedulingMachine(RuleBasedStateMachine):
         keys = sorted(self.orchestrator.state.running)
         key = keys[pick % len(keys)]
         previous = self.orchestrator.state.running[key].attempt
-        retry = retry_of(self.run(self.orchestrator.finish(key, normal=normal, error=None)))
+        finished = self.run(self.orchestrator.finish(key, normal=normal, error=None))
+        retry = retry_of(finished)
+        if not normal and finished is not None and finished.blocked is not None:
+            # NB: the failure used up retry.max_attempts: blocked, never retried.
+            assert retry is None
+            assert finished.blocked.failures >= self.orchestrator.settings.retry.max_attempts
+            assert key in self.orchestrator.state.blocked
+            return
         assert retry is not None
         assert retry.attempt == (1 if normal else (previous or 0) + 1)
         if wait:  # make the retry due and try to consume it at once
@@ -285,6 +292,8 @@ class SchedulingMachine(RuleBasedStateMachine):
         expected.update(dict.fromkeys(state.running, ClaimPhase.RUNNING))
         expected.update(dict.fromkeys(state.reserved, ClaimPhase.RESERVED))
         expected.update(dict.fromkeys(state.retry_attempts, ClaimPhase.RETRY_PENDING))
+        # NB: a blocked slot keeps its row as a pending retry (the checkpoint says it is blocked).
+        expected.update(dict.fromkeys(state.blocked, ClaimPhase.RETRY_PENDING))
         assert {k: r.phase for k, r in self.store.claims.items()} == expected
         for key, reservation in state.reserved.items():
             assert self.store.claims[key].reservation_token == reservation.token

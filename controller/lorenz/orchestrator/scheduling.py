@@ -24,14 +24,13 @@ from __future__ import annotations
 import asyncio
 import datetime
 import secrets
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, cast
 
 from lorenz.config import TerminalAction, WorkflowSettings
 from lorenz.model import (
     AgentUpdate,
     CapacityProbe,
-    ClaimPhase,
     ClaimRecord,
     ClaimStore,
     Clock,
@@ -44,10 +43,19 @@ from lorenz.model import (
     StaticCapacity,
     TokenUsage,
     UsageTotals,
-    parse_slot_key,
     slot_key,
 )
 from lorenz.orchestrator.errors import AlreadyStarted, CheckpointInvalid, ClaimRecordInvalid
+from lorenz.orchestrator.hydration import (
+    RecoveredSlots,
+    blocked_to_checkpoint,
+    checkpoint_retry_state,
+    checkpoint_usage,
+    foreign_claims,
+    record_problem,
+    recover_slots,
+    valid_records,
+)
 from lorenz.orchestrator.records import reserved_record, retry_record, running_record
 from lorenz.orchestrator.results import (
     ClaimResult,
@@ -70,9 +78,7 @@ from lorenz.policies import (
     agent_kind_for,
     capacity_shortage,
     dispatchable_issues,
-    failure_backoff_ms,
     kind_limit,
-    next_failure_attempt,
     reconciliation_decision,
     reservation_lifetime_ms,
     retry_host,
@@ -82,7 +88,6 @@ from lorenz.policies import (
     stalled_for_ms,
 )
 from lorenz.policies.retries import (
-    BlockReason,
     issue_version,
     settle_decision,
     terminal_action_key,
@@ -97,6 +102,13 @@ when ``claim_store.owner_stale_ms`` is 0 (the store's own default)."""
 
 _ZERO_USAGE = TokenUsage()
 _AS_SLOT_KEY = cast("Callable[[str], SlotKey]", str)
+
+
+def _constant(owner: str) -> Callable[[SlotKey], str]:
+    def of(_key: SlotKey) -> str:
+        return owner
+
+    return of
 
 
 def _ms(delta: datetime.timedelta) -> float:
@@ -241,67 +253,52 @@ class Orchestrator:
             own = self._store.owner
             now_ms = self._clock.monotonic_ms()
             wall = self._clock.now()
-            problems: list[ClaimRecordInvalid | CheckpointInvalid] = []
-
-            by_key: dict[SlotKey, ClaimRecord] = {}
-            for record in stored.claims:
-                problem = self._record_problem(record)
-                if problem is not None:
-                    problems.append(problem)
-                    continue
-                by_key[record.slot_key] = record
+            valid = valid_records(stored.claims)
+            by_key = valid.by_key
+            problems: list[ClaimRecordInvalid | CheckpointInvalid] = list(valid.problems)
 
             stale = {r.owner for r in by_key.values() if r.owner in stored.stale_owners}
-            previous_owner = {key: r.owner for key, r in by_key.items()}
             recovered: dict[SlotKey, ClaimRecord] = {
                 key: r for key, r in by_key.items() if r.owner == own
             }
             if stale:
                 for record in await self._store.take_over(from_owners=stale):
-                    if record.slot_key in by_key or self._record_problem(record) is None:
+                    if record.slot_key in by_key or record_problem(record) is None:
                         recovered[record.slot_key] = record
-            foreign: dict[SlotKey, str] = {
-                key: r.owner
-                for key, r in by_key.items()
-                if key not in recovered and r.owner != own and r.owner not in stale
-            }
-
-            interrupted: list[SlotKey] = []
-            restored: list[SlotKey] = []
-            recovered_usage = _ZERO_USAGE
-            for key, record in recovered.items():
-                retry = self._retry_of_recovered(
-                    record, previous_owner=previous_owner.get(key, own), now_ms=now_ms, wall=wall
-                )
-                if record.phase is ClaimPhase.RETRY_PENDING:
-                    restored.append(key)
-                else:
-                    # NB: a live run's usage is only in its claim row, never in the checkpoint
-                    # totals (those hold ended runs), so adding it here cannot count it twice.
-                    recovered_usage = recovered_usage + record.usage
-                    interrupted.append(key)
-                state.retry_attempts[key] = retry
+            foreign = foreign_claims(by_key, recovered=recovered, own=own, stale=stale)
+            slots = recover_slots(
+                recovered,
+                previous_owner=lambda key: by_key[key].owner if key in by_key else own,
+                now_ms=now_ms,
+                wall=wall,
+                backoff=self._settings.retry.backoff,
+            )
+            self._apply_recovered(slots)
             recheck_at = now_ms + self._foreign_recheck_ms()
             for key, owner in foreign.items():
                 state.foreign[key] = ForeignClaim(owner=owner, recheck_at_ms=recheck_at)
 
             usage_restored = False
             if stored.checkpoint is not None:
-                totals = self._read_checkpoint(stored.checkpoint)
+                totals = checkpoint_usage(stored.checkpoint)
                 if isinstance(totals, CheckpointInvalid):
                     problems.append(totals)
                 else:
                     state.usage_totals = totals
                     usage_restored = True
-                retry_problem = self._restore_retry_state(stored.checkpoint, recovered=recovered)
-                if retry_problem is not None:
-                    problems.append(retry_problem)
+                restore = checkpoint_retry_state(stored.checkpoint, recovered=recovered)
+                state.failure_streaks.update(restore.failure_streaks)
+                for key, blocked in restore.blocked.items():
+                    state.retry_attempts.pop(key, None)
+                    state.blocked[key] = blocked
+                if restore.problem is not None:
+                    problems.append(restore.problem)
             await self._persist_recovered(
-                interrupted, recovered_usage=recovered_usage, owner=own, now=wall
+                list(slots.interrupted), recovered_usage=slots.usage, owner=own, now=wall
             )
             return HydrationReport(
-                interrupted=tuple(interrupted),
-                restored_retries=tuple(restored),
+                interrupted=slots.interrupted,
+                restored_retries=slots.restored,
                 foreign=foreign,
                 taken_over_from=frozenset(
                     stale | ({own} if any(r.owner == own for r in by_key.values()) else set())
@@ -329,28 +326,31 @@ class Orchestrator:
             restored: list[SlotKey] = []
             problems: list[ClaimRecordInvalid | CheckpointInvalid] = []
             taken_from: set[str] = set()
-            recovered_usage = _ZERO_USAGE
+            recovered_usage = TokenUsage()
             for owner in sorted(set(owners) - {own}):
                 # NB: one owner per call, so each interrupted run names the owner it was lost with.
+                moved: dict[SlotKey, ClaimRecord] = {}
                 for record in await self._store.take_over(from_owners=[owner]):
                     taken_from.add(owner)
-                    key = record.slot_key
-                    problem = self._record_problem(record)
+                    problem = record_problem(record)
                     if problem is not None:
                         problems.append(problem)
-                        continue
-                    if key in state.claimed:
-                        continue  # NB: cannot happen (the row was another owner's); never clobber
+                    elif record.slot_key not in state.claimed:
+                        # NB: claimed cannot happen (the row was another owner's); never clobber
+                        moved[record.slot_key] = record
+                slots = recover_slots(
+                    moved,
+                    previous_owner=_constant(owner),
+                    now_ms=now_ms,
+                    wall=wall,
+                    backoff=self._settings.retry.backoff,
+                )
+                for key in moved:
                     state.foreign.pop(key, None)
-                    retry = self._retry_of_recovered(
-                        record, previous_owner=owner, now_ms=now_ms, wall=wall
-                    )
-                    if record.phase is ClaimPhase.RETRY_PENDING:
-                        restored.append(key)
-                    else:
-                        recovered_usage = recovered_usage + record.usage
-                        interrupted.append(key)
-                    state.retry_attempts[key] = retry
+                self._apply_recovered(slots)
+                interrupted += slots.interrupted
+                restored += slots.restored
+                recovered_usage = recovered_usage + slots.usage
             await self._persist_recovered(
                 interrupted, recovered_usage=recovered_usage, owner=own, now=wall
             )
@@ -361,123 +361,10 @@ class Orchestrator:
                 problems=tuple(problems),
             )
 
-    def _retry_of_recovered(
-        self, record: ClaimRecord, *, previous_owner: str, now_ms: float, wall: datetime.datetime
-    ) -> RetryEntry:
-        """The retry a recovered claim comes back as (see :meth:`hydrate`)."""
-        self._slot_span = max(self._slot_span, record.slot_index + 1)
-        if record.phase is ClaimPhase.RETRY_PENDING:
-            due_at = record.due_at or wall
-            return RetryEntry(
-                issue_id=record.issue_id,
-                identifier=record.identifier,
-                slot_index=record.slot_index,
-                attempt=record.attempt or 1,
-                kind=record.retry_kind or RetryKind.FAILURE,
-                due_at_ms=now_ms + _ms(due_at - wall),
-                due_at=due_at,
-                error=record.last_error,
-                host=record.host,
-                workspace_path=record.workspace_path,
-            )
-        # The run (or the acquire) died with its owner: it failed, retry with backoff.
-        attempt = next_failure_attempt(record.attempt)
-        backoff = self._settings.retry.backoff
-        delay = failure_backoff_ms(
-            attempt,
-            max_backoff_ms=backoff.max_ms,
-            initial_ms=backoff.initial_ms,
-            multiplier=backoff.multiplier,
-        )
-        return RetryEntry(
-            issue_id=record.issue_id,
-            identifier=record.identifier,
-            slot_index=record.slot_index,
-            attempt=attempt,
-            kind=RetryKind.FAILURE,
-            due_at_ms=now_ms + delay,
-            due_at=wall + datetime.timedelta(milliseconds=delay),
-            error=f"interrupted: owner {previous_owner} lost",
-            host=record.host,
-            workspace_path=record.workspace_path,
-        )
-
-    @staticmethod
-    def _record_problem(record: ClaimRecord) -> ClaimRecordInvalid | None:
-        try:
-            issue_id, index = parse_slot_key(record.slot_key)
-        except ValueError:
-            issue_id, index = "", -1
-        if issue_id == record.issue_id and index == record.slot_index:
-            return None
-        return ClaimRecordInvalid(
-            f"claim {record.slot_key!r} does not match issue {record.issue_id!r} slot "
-            f"{record.slot_index}; delete that claim row from the claim store",
-        )
-
-    def _restore_retry_state(
-        self, checkpoint: Mapping[str, Any], *, recovered: Mapping[SlotKey, ClaimRecord]
-    ) -> CheckpointInvalid | None:
-        """Failure streaks and blocked slots back from the checkpoint, for the pending-retry
-        rows just recovered (an entry without its row is stale and dropped)."""
-        state = self._state
-        pending = {
-            key for key, record in recovered.items() if record.phase is ClaimPhase.RETRY_PENDING
-        }
-        streaks = checkpoint.get("failure_streaks") if isinstance(checkpoint, Mapping) else None
-        blocked_rows = checkpoint.get("blocked") if isinstance(checkpoint, Mapping) else None
-        problem: CheckpointInvalid | None = None
-        if isinstance(streaks, list):
-            for item in streaks:
-                try:
-                    key = _AS_SLOT_KEY(str(item["slot_key"]))
-                    failures = int(item["failures"])
-                except (KeyError, TypeError, ValueError):
-                    problem = _retry_state_invalid()
-                    continue
-                if key in recovered and failures > 0:
-                    state.failure_streaks[key] = failures
-        elif streaks is not None:
-            problem = _retry_state_invalid()
-        if isinstance(blocked_rows, list):
-            for item in blocked_rows:
-                blocked = blocked_from_checkpoint(item)
-                if blocked is None:
-                    problem = _retry_state_invalid()
-                    continue
-                key = blocked.key
-                if key not in pending:
-                    continue
-                state.retry_attempts.pop(key, None)
-                state.blocked[key] = blocked
-        elif blocked_rows is not None:
-            problem = _retry_state_invalid()
-        return problem
-
-    @staticmethod
-    def _read_checkpoint(checkpoint: Mapping[str, Any]) -> UsageTotals | CheckpointInvalid:
-        raw = checkpoint.get("usage_totals") if isinstance(checkpoint, Mapping) else None
-        fields = ("input_tokens", "output_tokens", "total_tokens")
-        if not isinstance(raw, Mapping) or not all(
-            isinstance(raw.get(f, 0), int) and not isinstance(raw.get(f, 0), bool) for f in fields
-        ):
-            return CheckpointInvalid(
-                "the claim store checkpoint has no readable usage_totals; usage totals start "
-                "at zero (delete the checkpoint row to silence this)",
-            )
-        try:
-            return UsageTotals(
-                input_tokens=int(raw.get("input_tokens", 0)),
-                output_tokens=int(raw.get("output_tokens", 0)),
-                total_tokens=int(raw.get("total_tokens", 0)),
-                seconds_running=float(raw.get("seconds_running", 0.0)),
-                cost_usd=float(raw.get("cost_usd", 0.0)),
-            )
-        except (TypeError, ValueError):
-            return CheckpointInvalid(
-                "the claim store checkpoint's usage_totals are not numbers; usage totals start "
-                "at zero (delete the checkpoint row to silence this)",
-            )
+    def _apply_recovered(self, slots: RecoveredSlots) -> None:
+        """Track the retries recovered slots came back as (see :mod:`.hydration`)."""
+        self._slot_span = max(self._slot_span, slots.slot_span)
+        self._state.retry_attempts.update(slots.retries)
 
     def _foreign_recheck_ms(self) -> float:
         return float(self._settings.claim_store.owner_stale_ms or DEFAULT_FOREIGN_RECHECK_MS)
@@ -1254,78 +1141,3 @@ class Orchestrator:
         return orchestrator_snapshot(
             self._state, now_ms=self._clock.monotonic_ms(), wall=self._clock.now()
         )
-
-
-def _retry_state_invalid() -> CheckpointInvalid:
-    return CheckpointInvalid(
-        "the claim store checkpoint has unreadable retry state (failure counts or blocked "
-        "slots); those slots retry as usual (delete the checkpoint row to silence this)",
-    )
-
-
-def blocked_to_checkpoint(blocked: BlockedEntry) -> dict[str, Any]:
-    """A blocked slot as the checkpoint stores it (JSON-safe)."""
-    return {
-        "slot_key": blocked.key,
-        "issue_id": blocked.issue_id,
-        "identifier": blocked.identifier,
-        "slot_index": blocked.slot_index,
-        "reason": blocked.reason.value,
-        "error": blocked.error,
-        "failures": blocked.failures,
-        "attempt": blocked.attempt,
-        "blocked_at": blocked.blocked_at.isoformat(),
-        "action": blocked.action.value,
-        "action_key": blocked.action_key,
-        "action_done": blocked.action_done,
-        "action_error": blocked.action_error,
-        "issue_version": blocked.issue_version,
-        "host": blocked.host,
-        "workspace_path": blocked.workspace_path,
-    }
-
-
-def blocked_from_checkpoint(item: Any) -> BlockedEntry | None:
-    """The inverse of :func:`blocked_to_checkpoint`; ``None`` for anything unreadable."""
-    if not isinstance(item, Mapping):
-        return None
-    try:
-        issue_id = item["issue_id"]
-        identifier = item["identifier"]
-        slot_index = item["slot_index"]
-        if not (isinstance(issue_id, str) and isinstance(identifier, str)):
-            return None
-        if not isinstance(slot_index, int) or isinstance(slot_index, bool) or slot_index < 0:
-            return None
-        if item.get("slot_key") != slot_key(issue_id, slot_index):
-            return None
-        blocked_at = datetime.datetime.fromisoformat(str(item["blocked_at"]))
-        if blocked_at.tzinfo is None:
-            blocked_at = blocked_at.replace(tzinfo=datetime.UTC)
-        error = item.get("error")
-        action_error = item.get("action_error")
-        version = item.get("issue_version")
-        host = item.get("host")
-        workspace = item.get("workspace_path")
-        for optional in (error, action_error, version, host, workspace):
-            if optional is not None and not isinstance(optional, str):
-                return None
-        return BlockedEntry(
-            issue_id=issue_id,
-            identifier=identifier,
-            slot_index=slot_index,
-            reason=BlockReason(item["reason"]),
-            error=error,
-            failures=int(item.get("failures") or 0),
-            attempt=int(item.get("attempt") or 1),
-            blocked_at=blocked_at,
-            action=TerminalAction(item["action"]),
-            action_key=str(item["action_key"]),
-            action_done=bool(item.get("action_done")),
-            action_error=action_error,
-            issue_version=version,
-            host=host,
-            workspace_path=workspace,
-        )
-    except (KeyError, TypeError, ValueError):
-        return None

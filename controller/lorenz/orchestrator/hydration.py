@@ -1,0 +1,343 @@
+"""Hydration planning: what a claim store's rows mean to a starting or recovering orchestrator.
+
+Why a module of its own: recovery is where a restart either keeps its promises (no slot run
+twice, no retry state lost) or breaks them, so its rules are pure functions of the stored rows,
+the owner facts and the clock readings — tested table-style without a store, an event loop or
+an orchestrator. :class:`~lorenz.orchestrator.scheduling.Orchestrator` reads the store, calls
+these, and applies the result to its state under its lock; nothing here touches state or I/O.
+
+The rules, in one place:
+
+* a row whose slot key does not match its issue and slot index is a problem, never recovered;
+* rows of our own owner (a previous life) and of stale owners are recovered; rows of live
+  other owners are *foreign* (left alone, re-checked later);
+* a recovered ``retry_pending`` row comes back as that retry, its wall-clock due time mapped
+  onto this process's monotonic clock, its attempt kept;
+* a recovered ``running`` or ``reserved`` row is a run that died with its owner: a failure
+  retry with the next attempt and the configured backoff, its usage added to the totals;
+* from the checkpoint: usage totals, and failure streaks and blocked slots for the recovered
+  pending retries only (an entry without its row is stale and dropped).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, cast
+
+from lorenz.config import RetryBackoffSettings, TerminalAction
+from lorenz.model import (
+    ClaimPhase,
+    ClaimRecord,
+    RetryEntry,
+    RetryKind,
+    SlotKey,
+    TokenUsage,
+    UsageTotals,
+    parse_slot_key,
+    slot_key,
+)
+from lorenz.orchestrator.errors import CheckpointInvalid, ClaimRecordInvalid
+from lorenz.orchestrator.state import BlockedEntry
+from lorenz.policies import failure_backoff_ms, next_failure_attempt
+from lorenz.policies.retries import BlockReason
+
+_ZERO_USAGE = TokenUsage()
+_AS_SLOT_KEY = cast("Callable[[str], SlotKey]", str)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ValidRecords:
+    """The store's claim rows by slot key, and the rows refused as malformed."""
+
+    by_key: dict[SlotKey, ClaimRecord]
+    problems: tuple[ClaimRecordInvalid, ...]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RecoveredSlots:
+    """What recovered rows become: retries to track, and what the report says of them."""
+
+    retries: dict[SlotKey, RetryEntry]
+    """One retry per recovered slot (pending ones as they were, lost runs as failures)."""
+    interrupted: tuple[SlotKey, ...]
+    """Slots whose run (or acquire) died with its owner."""
+    restored: tuple[SlotKey, ...]
+    """Slots that were pending retries and stay so."""
+    usage: TokenUsage
+    """The interrupted runs' usage (live runs' usage is only in their rows, never in the
+    checkpoint totals, so adding it cannot count it twice)."""
+    slot_span: int
+    """One past the highest slot index seen (0 for no rows)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RetryStateRestore:
+    """Failure streaks and blocked slots from the checkpoint, for the recovered rows."""
+
+    failure_streaks: dict[SlotKey, int]
+    blocked: dict[SlotKey, BlockedEntry]
+    """Blocked slots; each replaces the pending retry recovered for the same slot."""
+    problem: CheckpointInvalid | None
+
+
+def record_problem(record: ClaimRecord) -> ClaimRecordInvalid | None:
+    """Why a stored row cannot be trusted (its key disagrees with its issue/slot), or ``None``."""
+    try:
+        issue_id, index = parse_slot_key(record.slot_key)
+    except ValueError:
+        issue_id, index = "", -1
+    if issue_id == record.issue_id and index == record.slot_index:
+        return None
+    return ClaimRecordInvalid(
+        f"claim {record.slot_key!r} does not match issue {record.issue_id!r} slot "
+        f"{record.slot_index}; delete that claim row from the claim store",
+    )
+
+
+def valid_records(records: Iterable[ClaimRecord]) -> ValidRecords:
+    """Split the store's rows into trusted rows by key and problems."""
+    by_key: dict[SlotKey, ClaimRecord] = {}
+    problems: list[ClaimRecordInvalid] = []
+    for record in records:
+        problem = record_problem(record)
+        if problem is not None:
+            problems.append(problem)
+        else:
+            by_key[record.slot_key] = record
+    return ValidRecords(by_key=by_key, problems=tuple(problems))
+
+
+def foreign_claims(
+    by_key: Mapping[SlotKey, ClaimRecord],
+    *,
+    recovered: Iterable[SlotKey],
+    own: str,
+    stale: Iterable[str],
+) -> dict[SlotKey, str]:
+    """Slots held by live other owners (by slot: the owner), left alone for now."""
+    taken = set(recovered)
+    stale_owners = set(stale)
+    return {
+        key: record.owner
+        for key, record in by_key.items()
+        if key not in taken and record.owner != own and record.owner not in stale_owners
+    }
+
+
+def retry_of_recovered(
+    record: ClaimRecord,
+    *,
+    previous_owner: str,
+    now_ms: float,
+    wall: datetime.datetime,
+    backoff: RetryBackoffSettings,
+) -> RetryEntry:
+    """The retry a recovered row comes back as (see the module's rules)."""
+    if record.phase is ClaimPhase.RETRY_PENDING:
+        due_at = record.due_at or wall
+        return RetryEntry(
+            issue_id=record.issue_id,
+            identifier=record.identifier,
+            slot_index=record.slot_index,
+            attempt=record.attempt or 1,
+            kind=record.retry_kind or RetryKind.FAILURE,
+            due_at_ms=now_ms + (due_at - wall).total_seconds() * 1000.0,
+            due_at=due_at,
+            error=record.last_error,
+            host=record.host,
+            workspace_path=record.workspace_path,
+        )
+    # The run (or the acquire) died with its owner: it failed, retry with backoff.
+    attempt = next_failure_attempt(record.attempt)
+    delay = failure_backoff_ms(
+        attempt,
+        max_backoff_ms=backoff.max_ms,
+        initial_ms=backoff.initial_ms,
+        multiplier=backoff.multiplier,
+    )
+    return RetryEntry(
+        issue_id=record.issue_id,
+        identifier=record.identifier,
+        slot_index=record.slot_index,
+        attempt=attempt,
+        kind=RetryKind.FAILURE,
+        due_at_ms=now_ms + delay,
+        due_at=wall + datetime.timedelta(milliseconds=delay),
+        error=f"interrupted: owner {previous_owner} lost",
+        host=record.host,
+        workspace_path=record.workspace_path,
+    )
+
+
+def recover_slots(
+    records: Mapping[SlotKey, ClaimRecord],
+    *,
+    previous_owner: Callable[[SlotKey], str],
+    now_ms: float,
+    wall: datetime.datetime,
+    backoff: RetryBackoffSettings,
+) -> RecoveredSlots:
+    """The retries, report lists and usage of recovered rows, in the rows' order."""
+    retries: dict[SlotKey, RetryEntry] = {}
+    interrupted: list[SlotKey] = []
+    restored: list[SlotKey] = []
+    usage = _ZERO_USAGE
+    span = 0
+    for key, record in records.items():
+        span = max(span, record.slot_index + 1)
+        retries[key] = retry_of_recovered(
+            record, previous_owner=previous_owner(key), now_ms=now_ms, wall=wall, backoff=backoff
+        )
+        if record.phase is ClaimPhase.RETRY_PENDING:
+            restored.append(key)
+        else:
+            usage = usage + record.usage
+            interrupted.append(key)
+    return RecoveredSlots(
+        retries=retries,
+        interrupted=tuple(interrupted),
+        restored=tuple(restored),
+        usage=usage,
+        slot_span=span,
+    )
+
+
+def checkpoint_usage(checkpoint: Mapping[str, Any]) -> UsageTotals | CheckpointInvalid:
+    """The usage totals a checkpoint holds, or why they cannot be read."""
+    raw = checkpoint.get("usage_totals") if isinstance(checkpoint, Mapping) else None
+    fields = ("input_tokens", "output_tokens", "total_tokens")
+    if not isinstance(raw, Mapping) or not all(
+        isinstance(raw.get(f, 0), int) and not isinstance(raw.get(f, 0), bool) for f in fields
+    ):
+        return CheckpointInvalid(
+            "the claim store checkpoint has no readable usage_totals; usage totals start "
+            "at zero (delete the checkpoint row to silence this)",
+        )
+    try:
+        return UsageTotals(
+            input_tokens=int(raw.get("input_tokens", 0)),
+            output_tokens=int(raw.get("output_tokens", 0)),
+            total_tokens=int(raw.get("total_tokens", 0)),
+            seconds_running=float(raw.get("seconds_running", 0.0)),
+            cost_usd=float(raw.get("cost_usd", 0.0)),
+        )
+    except (TypeError, ValueError):
+        return CheckpointInvalid(
+            "the claim store checkpoint's usage_totals are not numbers; usage totals start "
+            "at zero (delete the checkpoint row to silence this)",
+        )
+
+
+def checkpoint_retry_state(
+    checkpoint: Mapping[str, Any], *, recovered: Mapping[SlotKey, ClaimRecord]
+) -> RetryStateRestore:
+    """Failure streaks (for recovered slots) and blocked slots (for recovered pending retries)
+    from the checkpoint; any unreadable entry is skipped and reported once."""
+    pending = {
+        key for key, record in recovered.items() if record.phase is ClaimPhase.RETRY_PENDING
+    }
+    streaks = checkpoint.get("failure_streaks") if isinstance(checkpoint, Mapping) else None
+    blocked_rows = checkpoint.get("blocked") if isinstance(checkpoint, Mapping) else None
+    failure_streaks: dict[SlotKey, int] = {}
+    blocked: dict[SlotKey, BlockedEntry] = {}
+    problem: CheckpointInvalid | None = None
+    if isinstance(streaks, list):
+        for item in streaks:
+            try:
+                key = _AS_SLOT_KEY(str(item["slot_key"]))
+                failures = int(item["failures"])
+            except (KeyError, TypeError, ValueError):
+                problem = _retry_state_invalid()
+                continue
+            if key in recovered and failures > 0:
+                failure_streaks[key] = failures
+    elif streaks is not None:
+        problem = _retry_state_invalid()
+    if isinstance(blocked_rows, list):
+        for item in blocked_rows:
+            entry = blocked_from_checkpoint(item)
+            if entry is None:
+                problem = _retry_state_invalid()
+                continue
+            if entry.key in pending:
+                blocked[entry.key] = entry
+    elif blocked_rows is not None:
+        problem = _retry_state_invalid()
+    return RetryStateRestore(failure_streaks=failure_streaks, blocked=blocked, problem=problem)
+
+
+def _retry_state_invalid() -> CheckpointInvalid:
+    return CheckpointInvalid(
+        "the claim store checkpoint has unreadable retry state (failure counts or blocked "
+        "slots); those slots retry as usual (delete the checkpoint row to silence this)",
+    )
+
+
+def blocked_to_checkpoint(blocked: BlockedEntry) -> dict[str, Any]:
+    """A blocked slot as the checkpoint stores it (JSON-safe)."""
+    return {
+        "slot_key": blocked.key,
+        "issue_id": blocked.issue_id,
+        "identifier": blocked.identifier,
+        "slot_index": blocked.slot_index,
+        "reason": blocked.reason.value,
+        "error": blocked.error,
+        "failures": blocked.failures,
+        "attempt": blocked.attempt,
+        "blocked_at": blocked.blocked_at.isoformat(),
+        "action": blocked.action.value,
+        "action_key": blocked.action_key,
+        "action_done": blocked.action_done,
+        "action_error": blocked.action_error,
+        "issue_version": blocked.issue_version,
+        "host": blocked.host,
+        "workspace_path": blocked.workspace_path,
+    }
+
+
+def blocked_from_checkpoint(item: Any) -> BlockedEntry | None:
+    """The inverse of :func:`blocked_to_checkpoint`; ``None`` for anything unreadable."""
+    if not isinstance(item, Mapping):
+        return None
+    try:
+        issue_id = item["issue_id"]
+        identifier = item["identifier"]
+        slot_index = item["slot_index"]
+        if not (isinstance(issue_id, str) and isinstance(identifier, str)):
+            return None
+        if not isinstance(slot_index, int) or isinstance(slot_index, bool) or slot_index < 0:
+            return None
+        if item.get("slot_key") != slot_key(issue_id, slot_index):
+            return None
+        blocked_at = datetime.datetime.fromisoformat(str(item["blocked_at"]))
+        if blocked_at.tzinfo is None:
+            blocked_at = blocked_at.replace(tzinfo=datetime.UTC)
+        error = item.get("error")
+        action_error = item.get("action_error")
+        version = item.get("issue_version")
+        host = item.get("host")
+        workspace = item.get("workspace_path")
+        for optional in (error, action_error, version, host, workspace):
+            if optional is not None and not isinstance(optional, str):
+                return None
+        return BlockedEntry(
+            issue_id=issue_id,
+            identifier=identifier,
+            slot_index=slot_index,
+            reason=BlockReason(item["reason"]),
+            error=error,
+            failures=int(item.get("failures") or 0),
+            attempt=int(item.get("attempt") or 1),
+            blocked_at=blocked_at,
+            action=TerminalAction(item["action"]),
+            action_key=str(item["action_key"]),
+            action_done=bool(item.get("action_done")),
+            action_error=action_error,
+            issue_version=version,
+            host=host,
+            workspace_path=workspace,
+        )
+    except (KeyError, TypeError, ValueError):
+        return None

@@ -1,0 +1,222 @@
+"""The hydration rules as pure functions: each rule of recovery, without a store or a loop."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+from lorenz.config import RetryBackoffSettings, TerminalAction
+from lorenz.model import ClaimPhase, ClaimRecord, RetryKind, SlotKey, TokenUsage, slot_key
+from lorenz.orchestrator.hydration import (
+    blocked_to_checkpoint,
+    checkpoint_retry_state,
+    checkpoint_usage,
+    foreign_claims,
+    record_problem,
+    recover_slots,
+    retry_of_recovered,
+    valid_records,
+)
+from lorenz.orchestrator.state import BlockedEntry
+from lorenz.policies.retries import BlockReason
+
+WALL = datetime.datetime(2026, 12, 3, 12, 0, tzinfo=datetime.UTC)
+NOW_MS = 1_000_000.0
+BACKOFF = RetryBackoffSettings(initial_ms=10_000, multiplier=2, max_ms=300_000)
+
+
+def row(
+    issue: str, phase: ClaimPhase, *, owner: str = "a", index: int = 0, **fields: Any
+) -> ClaimRecord:
+    return ClaimRecord(
+        slot_key=slot_key(issue, index),
+        issue_id=issue,
+        identifier=issue.upper(),
+        slot_index=index,
+        phase=phase,
+        owner=owner,
+        **fields,
+    )
+
+
+def test_a_row_whose_key_disagrees_with_its_issue_is_a_problem_never_recovered() -> None:
+    good = row("i1", ClaimPhase.RUNNING)
+    bad = ClaimRecord(
+        slot_key=SlotKey("i2#0"),
+        issue_id="i3",
+        identifier="I3",
+        slot_index=0,
+        phase=ClaimPhase.RUNNING,
+        owner="a",
+    )
+    assert record_problem(good) is None
+    problem = record_problem(bad)
+    assert problem is not None
+    assert "delete that claim row" in problem.message
+    valid = valid_records([good, bad])
+    assert list(valid.by_key) == [good.slot_key]
+    assert len(valid.problems) == 1
+
+
+def test_live_other_owners_rows_are_foreign_own_and_stale_and_recovered_ones_are_not() -> None:
+    rows = {
+        r.slot_key: r
+        for r in (
+            row("mine", ClaimPhase.RUNNING, owner="me"),
+            row("dead", ClaimPhase.RUNNING, owner="stale"),
+            row("live", ClaimPhase.RUNNING, owner="other"),
+            row("moved", ClaimPhase.RUNNING, owner="other2"),
+        )
+    }
+    foreign = foreign_claims(rows, recovered=[slot_key("moved", 0)], own="me", stale=["stale"])
+    assert foreign == {slot_key("live", 0): "other"}
+
+
+def test_a_pending_retry_keeps_its_attempt_kind_and_wall_due_time_on_this_clock() -> None:
+    record = row(
+        "i1",
+        ClaimPhase.RETRY_PENDING,
+        attempt=4,
+        retry_kind=RetryKind.CONTINUATION,
+        due_at=WALL + datetime.timedelta(seconds=5),
+        last_error="boom",
+        host="h1",
+    )
+    retry = retry_of_recovered(
+        record, previous_owner="x", now_ms=NOW_MS, wall=WALL, backoff=BACKOFF
+    )
+    assert (retry.attempt, retry.kind, retry.error, retry.host) == (
+        4,
+        RetryKind.CONTINUATION,
+        "boom",
+        "h1",
+    )
+    assert retry.due_at_ms == NOW_MS + 5000.0
+    assert retry.due_at == WALL + datetime.timedelta(seconds=5)
+
+
+def test_a_pending_retry_without_a_due_time_is_due_now_as_attempt_one() -> None:
+    retry = retry_of_recovered(
+        row("i1", ClaimPhase.RETRY_PENDING),
+        previous_owner="x",
+        now_ms=NOW_MS,
+        wall=WALL,
+        backoff=BACKOFF,
+    )
+    assert (retry.attempt, retry.kind, retry.due_at_ms) == (1, RetryKind.FAILURE, NOW_MS)
+
+
+def test_a_run_lost_with_its_owner_is_a_failure_retry_with_the_next_attempt_and_backoff() -> None:
+    for phase in (ClaimPhase.RUNNING, ClaimPhase.RESERVED):
+        record = row("i1", phase, attempt=2, workspace_path="/w/i1")
+        retry = retry_of_recovered(
+            record, previous_owner="old-owner", now_ms=NOW_MS, wall=WALL, backoff=BACKOFF
+        )
+        assert retry.kind is RetryKind.FAILURE
+        assert retry.attempt == 3
+        # attempt 3 -> the backoff's third step: 10 s * 2^(3-1)
+        assert retry.due_at_ms == NOW_MS + 40_000
+        assert retry.due_at == WALL + datetime.timedelta(seconds=40)
+        assert retry.error == "interrupted: owner old-owner lost"
+        assert retry.workspace_path == "/w/i1"
+
+
+def test_recovered_slots_report_interrupted_and_restored_and_add_only_lost_runs_usage() -> None:
+    rows = {
+        r.slot_key: r
+        for r in (
+            row("run", ClaimPhase.RUNNING, usage=TokenUsage(1, 2, 3)),
+            row("pend", ClaimPhase.RETRY_PENDING, index=2, usage=TokenUsage(100, 100, 200)),
+            row("res", ClaimPhase.RESERVED, usage=TokenUsage(0, 1, 1)),
+        )
+    }
+    owners = {slot_key("run", 0): "a", slot_key("pend", 2): "b", slot_key("res", 0): "c"}
+    slots = recover_slots(
+        rows, previous_owner=owners.__getitem__, now_ms=NOW_MS, wall=WALL, backoff=BACKOFF
+    )
+    assert slots.interrupted == (slot_key("run", 0), slot_key("res", 0))
+    assert slots.restored == (slot_key("pend", 2),)
+    assert slots.usage == TokenUsage(1, 3, 4)
+    assert slots.slot_span == 3
+    assert set(slots.retries) == set(rows)
+    assert slots.retries[slot_key("res", 0)].error == "interrupted: owner c lost"
+    empty = recover_slots(
+        {}, previous_owner=owners.__getitem__, now_ms=NOW_MS, wall=WALL, backoff=BACKOFF
+    )
+    assert (empty.retries, empty.interrupted, empty.slot_span) == ({}, (), 0)
+
+
+def test_checkpoint_usage_totals_are_read_or_refused_with_a_hint() -> None:
+    totals = checkpoint_usage(
+        {
+            "usage_totals": {
+                "input_tokens": 1,
+                "output_tokens": 2,
+                "total_tokens": 3,
+                "seconds_running": 4.5,
+                "cost_usd": 0.25,
+            }
+        }
+    )
+    assert not hasattr(totals, "message")
+    assert (totals.input_tokens, totals.total_tokens, totals.seconds_running) == (1, 3, 4.5)  # type: ignore[union-attr]
+    for bad in ({}, {"usage_totals": {"input_tokens": True}}, {"usage_totals": {"cost_usd": "x"}}):
+        refused = checkpoint_usage(bad)
+        assert "delete the checkpoint row" in refused.message  # type: ignore[union-attr]
+
+
+def blocked(issue: str) -> BlockedEntry:
+    return BlockedEntry(
+        issue_id=issue,
+        identifier=issue.upper(),
+        slot_index=0,
+        reason=BlockReason.RETRY_BUDGET_EXHAUSTED,
+        error="e",
+        failures=3,
+        attempt=3,
+        blocked_at=WALL,
+        action=TerminalAction.BLOCK,
+        action_key="k",
+        action_done=False,
+        action_error=None,
+        issue_version=None,
+        host=None,
+        workspace_path=None,
+    )
+
+
+def test_streaks_come_back_for_recovered_slots_and_blocks_only_for_pending_retries() -> None:
+    recovered = {
+        r.slot_key: r
+        for r in (row("pend", ClaimPhase.RETRY_PENDING), row("run", ClaimPhase.RUNNING))
+    }
+    checkpoint = {
+        "failure_streaks": [
+            {"slot_key": "pend#0", "failures": 2},
+            {"slot_key": "run#0", "failures": 1},
+            {"slot_key": "gone#0", "failures": 5},  # no row: stale, dropped
+            {"slot_key": "zero#0", "failures": 0},
+        ],
+        "blocked": [blocked_to_checkpoint(blocked("pend")), blocked_to_checkpoint(blocked("run"))],
+    }
+    restore = checkpoint_retry_state(checkpoint, recovered=recovered)
+    assert restore.failure_streaks == {slot_key("pend", 0): 2, slot_key("run", 0): 1}
+    assert list(restore.blocked) == [slot_key("pend", 0)]  # a lost run is not blocked
+    assert restore.blocked[slot_key("pend", 0)] == blocked("pend")
+    assert restore.problem is None
+
+
+def test_unreadable_retry_state_is_one_problem_and_the_readable_rest_still_counts() -> None:
+    recovered = {r.slot_key: r for r in (row("pend", ClaimPhase.RETRY_PENDING),)}
+    restore = checkpoint_retry_state(
+        {
+            "failure_streaks": [{"slot_key": "pend#0"}, {"slot_key": "pend#0", "failures": 2}],
+            "blocked": [{"nonsense": 1}],
+        },
+        recovered=recovered,
+    )
+    assert restore.failure_streaks == {slot_key("pend", 0): 2}
+    assert restore.blocked == {}
+    assert restore.problem is not None
+    assert "retry state" in restore.problem.message
+    assert checkpoint_retry_state({"blocked": "x"}, recovered=recovered).problem is not None
