@@ -16,7 +16,7 @@ import os
 import signal
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from lorenz.assembly import assemble_runtime, tracker_factory
 from lorenz.claims import SqlClaimStore, open_claim_store, workflow_digest
@@ -25,9 +25,10 @@ from lorenz.daemon import shutdown
 from lorenz.daemon.daemons import Daemon, wants_daemon, with_control_transport
 from lorenz.daemon.orphans import dead_owners_of, kill_orphans, marked_environment
 from lorenz.daemon.recovery import RecoveryPasses
-from lorenz.model import SystemClock
+from lorenz.model import ClaimStore, SystemClock
 from lorenz.orchestrator import Orchestrator
 from lorenz.runtime import LorenzRuntime
+from lorenz.trackers import TrackerClient
 from lorenz.workflow import LoadedWorkflow, load_workflow, validate_dispatch
 
 logger = logging.getLogger("lorenz.daemon")
@@ -97,12 +98,12 @@ async def run_host(
         )
         await daemon.acquire()
     workspace_root = Path(settings.workspace.root or ".")
-    store: Any = None
+    store: ClaimStore | None = None
     closers: list[Callable[[], Awaitable[None]]] = []
     attachments: list[Attachment] = []
     runtime: LorenzRuntime | None = None
     recovery: RecoveryPasses | None = None
-    tracker: Any = None
+    tracker: TrackerClient | None = None
     try:
         trackers = tracker_factory(base_dir=loaded.base_dir)
         tracker = trackers(settings)
@@ -208,10 +209,11 @@ async def run_host(
             with contextlib.suppress(Exception):
                 await closer()
         shutdown.shutdown_step(shutdown.CLOSE_TRACKER)
-        if runtime is not None or tracker is not None:
+        open_tracker = runtime.tracker if runtime is not None else tracker
+        if open_tracker is not None:
             # NB: closing the tracker's connections is best effort.
             with contextlib.suppress(Exception):
-                await (runtime.tracker if runtime is not None else tracker).close()
+                await open_tracker.close()
         shutdown.shutdown_step(shutdown.CLOSE_CLAIM_STORE)
         try:
             if store is not None:

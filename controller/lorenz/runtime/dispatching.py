@@ -13,7 +13,7 @@ import contextlib
 import dataclasses
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from lorenz.agents import AgentRunRequest, RunPlacement
 from lorenz.agents.environment import agent_environment
@@ -23,6 +23,7 @@ from lorenz.model import (
     EventType,
     Issue,
     LorenzError,
+    ReservationRecord,
     RunFailure,
     RunningEntry,
     RunOutcome,
@@ -245,7 +246,7 @@ class Dispatching:
             )
         return True
 
-    async def run_reserved(self, run: ActiveRun, *, reservation: Any) -> None:
+    async def run_reserved(self, run: ActiveRun, *, reservation: ReservationRecord) -> None:
         assert self._runtime._pool is not None
         timeout_ms = self._runtime.settings.worker.worker_pool.acquire_timeout_ms
         try:
@@ -286,7 +287,12 @@ class Dispatching:
         await self.run_slot(run, entry=entry, worker_slot=slot)
 
     async def give_back(
-        self, run: ActiveRun, reservation: Any, *, reason: str | None, message: str | None = None
+        self,
+        run: ActiveRun,
+        reservation: ReservationRecord,
+        *,
+        reason: str | None,
+        message: str | None = None,
     ) -> None:
         """No host for a reservation: cancel it (no backoff, retry restored) and say why."""
         await self._runtime._orchestrator.cancel_reservation(reservation)

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from lorenz.tasks import run_to_completion
-from lorenz.trackers import TrackerClient
+from lorenz.trackers import GraphQLTool, TrackerClient
 
 LINEAR_GRAPHQL = "linear_graphql"
 
@@ -19,7 +19,7 @@ LINEAR_GRAPHQL = "linear_graphql"
 class GraphQLToolHandler:
     """Offers ``linear_graphql``: one GraphQL operation per call against the tracker."""
 
-    def __init__(self, *, tracker: Any) -> None:
+    def __init__(self, *, tracker: GraphQLTool) -> None:
         self._tracker = tracker
 
     def tool_specs(self) -> list[dict[str, Any]]:
@@ -66,5 +66,6 @@ class GraphQLToolHandler:
 def tracker_tools(tracker: TrackerClient) -> GraphQLToolHandler | None:
     """The tool handler for this tracker, or ``None`` when it offers no tools."""
     if callable(getattr(tracker, "execute_graphql", None)):
-        return GraphQLToolHandler(tracker=tracker)
+        # NB: checked structurally just above; the Protocol is not runtime-checkable.
+        return GraphQLToolHandler(tracker=cast("GraphQLTool", tracker))
     return None
