@@ -17,6 +17,7 @@ from typing import Any
 from lorenz.agents import AgentRunner, build_runner
 from lorenz.agents.environment import TRACKER_SECRET_ENV
 from lorenz.config import AgentProtocol, WorkflowSettings
+from lorenz.model import ClaimStore, SpawnIntents
 from lorenz.orchestrator import Orchestrator
 from lorenz.runtime import LorenzRuntime
 from lorenz.trackers import TrackerClient, build_tracker
@@ -50,8 +51,14 @@ def assemble_runtime(
     reload_workflow: Callable[[], LoadedWorkflow],
     source_stamp: Callable[[], WorkflowStamp] | None = None,
     prove_leadership: Callable[[], Awaitable[None]] | None = None,
+    claim_store: ClaimStore | None = None,
+    generation: Callable[[], int | None] | None = None,
 ) -> LorenzRuntime:
     """A runtime for ``workflow``, ready to ``start()``.
+
+    ``claim_store`` (when it records spawn intents) and ``generation`` (the controller's
+    current leadership generation) go to detached runs: each records its worker's intent on its
+    claim, under the generation that started it, before the worker starts.
 
     ``base_env`` is the environment agents and hooks start from (tracker secrets are stripped
     from it for hooks); ``tracker`` is one already built by ``trackers`` (the host builds it
@@ -64,7 +71,9 @@ def assemble_runtime(
         workspaces=WorkspaceManager(
             settings=workflow.settings, secrets=TRACKER_SECRET_ENV, base_env=base_env
         ),
-        runner_factory=_runner_factory(workflow, base_env=base_env),
+        runner_factory=_runner_factory(
+            workflow, base_env=base_env, claim_store=claim_store, generation=generation
+        ),
         tracker_factory=trackers,
         reload_workflow=reload_workflow,
         source_stamp=source_stamp,
@@ -74,7 +83,11 @@ def assemble_runtime(
 
 
 def _runner_factory(
-    workflow: LoadedWorkflow, *, base_env: Mapping[str, str]
+    workflow: LoadedWorkflow,
+    *,
+    base_env: Mapping[str, str],
+    claim_store: ClaimStore | None = None,
+    generation: Callable[[], int | None] | None = None,
 ) -> Callable[[AgentProtocol], AgentRunner]:
     """Runners that execute each run where the orchestrator placed it.
 
@@ -95,7 +108,14 @@ def _runner_factory(
 
         def detached(protocol: AgentProtocol) -> AgentRunner:
             del protocol  # the worker reads it from the request's agent settings
-            return WorkerRunner(workflow=path)
+            # NB: read per run: a runner is built per dispatch, and the generation rotates on
+            # every acquisition of leadership.
+            current = generation() if generation is not None else None
+            return WorkerRunner(
+                workflow=path,
+                generation=current or 0,
+                intents=claim_store if isinstance(claim_store, SpawnIntents) else None,
+            )
 
         local = detached
 

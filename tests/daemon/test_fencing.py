@@ -179,3 +179,40 @@ def test_a_sigstopped_daemon_resumed_after_a_takeover_writes_nothing(
     ]
     assert overlapping == []
     assert json.loads(lease_file_for(workflow).read_text())["holder"] != lease["holder"]
+
+
+def test_a_detached_run_records_its_workers_intent_under_the_daemons_generation(
+    root: Path,
+    daemon_env: dict[str, str],
+    daemons: list[DaemonProcess],
+    worker_state: Path,
+) -> None:
+    """The real daemon wires its claim store and generation into every detached run."""
+    store = root / "claims.db"
+    workflow = write_daemon_workflow(
+        root,
+        issues=("A-1",),
+        agent_env=SLOW,
+        front_matter={"worker": {"detached": True}, "flags": {"claim_store.path": str(store)}},
+    )
+    env = {**daemon_env, "LORENZ_WORKER_STATE": str(worker_state)}
+    daemon = DaemonProcess(workflow, env=env, args=ARGS, output=root / "daemon.log")
+    daemons.append(daemon.start())
+    lease = daemon.wait_ready()
+
+    def running_intent() -> tuple[str, str, int, int | None] | None:
+        with sqlite3.connect(f"file:{store}?mode=ro", uri=True) as conn:
+            row = conn.execute(
+                "SELECT handle, spawn_phase, intent_generation, generation FROM claims "
+                "WHERE slot_key = 'A-1#0'"
+            ).fetchone()
+        return row if row is not None and row[1] == "running" else None
+
+    wait_for(running_intent, "the claim to say its worker is running")
+    found = running_intent()
+    assert found is not None
+    handle, _phase, intent_generation, claim_generation = found
+    assert intent_generation == lease["generation"]
+    assert claim_generation == lease["generation"]
+    assert f"-g{lease['generation']}-" in handle  # the handle is deterministic per generation
+    assert (worker_state / handle).is_dir(), "the intent names the worker's state directory"

@@ -152,6 +152,8 @@ async def run_host(
                 environ=options.environ,
             ),
             prove_leadership=daemon.prove if daemon is not None else None,
+            claim_store=store,
+            generation=(lambda: daemon.generation) if daemon is not None else None,
         )
         # NB: before any attachment starts: once the daemon's endpoint is published, SIGTERM
         # must already mean a graceful stop.
