@@ -111,10 +111,6 @@ def _constant(owner: str) -> Callable[[SlotKey], str]:
     return of
 
 
-def _ms(delta: datetime.timedelta) -> float:
-    return delta.total_seconds() * 1000.0
-
-
 def _max_usage(a: TokenUsage, b: TokenUsage) -> TokenUsage:
     return TokenUsage(
         input_tokens=max(a.input_tokens, b.input_tokens),
