@@ -83,9 +83,7 @@ class Blocking:
         )
         if blocked.action_done or self._runtime._stopped:
             return
-        task = asyncio.get_running_loop().create_task(self.apply_pending())
-        self._runtime._background.add(task)
-        task.add_done_callback(self._runtime._background.discard)
+        self._runtime._background.spawn(self.apply_pending(), name="lorenz-terminal-actions")
 
     async def apply_pending(self) -> None:
         """Apply every terminal action that has no receipt yet; failures are kept and shown."""

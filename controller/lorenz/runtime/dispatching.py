@@ -607,9 +607,9 @@ class Dispatching:
             update = dataclasses.replace(
                 update, message=self._runtime._reporting.scrub(update.message)
             )
-        task = asyncio.get_running_loop().create_task(self.apply_update(key, update))
-        self._runtime._background.add(task)
-        task.add_done_callback(self._runtime._background.discard)
+        self._runtime._background.spawn(
+            self.apply_update(key, update), name=f"lorenz-agent-update:{key}"
+        )
 
     async def apply_update(self, key: SlotKey, update: AgentUpdate) -> None:
         try:

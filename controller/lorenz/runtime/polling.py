@@ -73,9 +73,7 @@ class Polling:
     def spawn_poll(self) -> None:
         if self._runtime._stopped:
             return
-        task = asyncio.get_running_loop().create_task(self.poll_quietly())
-        self._runtime._background.add(task)
-        task.add_done_callback(self._runtime._background.discard)
+        self._runtime._background.spawn(self.poll_quietly(), name="lorenz-poll")
 
     async def poll_quietly(self) -> None:
         # NB: a failed background tick is already recorded as poll_error.

@@ -218,11 +218,10 @@ class Reconciling:
         grace = self.end_grace(issue_id)
         if grace is None or self._runtime._stopped:
             return
-        task = asyncio.get_running_loop().create_task(
-            self.stop_issue(issue_id, issue=grace.issue, reason=str(StopReason.TERMINAL))
+        self._runtime._background.spawn(
+            self.stop_issue(issue_id, issue=grace.issue, reason=str(StopReason.TERMINAL)),
+            name=f"lorenz-grace-over:{issue_id}",
         )
-        self._runtime._background.add(task)
-        task.add_done_callback(self._runtime._background.discard)
 
     async def stop_issue(self, issue_id: str, *, issue: Issue | None, reason: str) -> None:
         """Stop every slot of an issue, release its claims, clean up when it is terminal."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -47,6 +48,7 @@ from lorenz.runtime.reporting import EventListener, Reporting, SnapshotListener,
 from lorenz.runtime.retry_timers import RetryTimers
 from lorenz.runtime.runs import AbortReason, ActiveRuns, PendingExit, TerminalGrace
 from lorenz.secrets import Redactor, tracker_secrets
+from lorenz.tasks import BackgroundTasks
 from lorenz.trackers import TrackerClient
 from lorenz.workflow import (
     LoadedWorkflow,
@@ -56,6 +58,8 @@ from lorenz.workflow import (
     workflow_stamp,
 )
 from lorenz.workspaces import WorkspaceManager
+
+logger = logging.getLogger("lorenz.runtime")
 
 
 class LorenzRuntime:
@@ -129,7 +133,8 @@ class LorenzRuntime:
         self._pending_waiters: list[asyncio.Future[None]] = []
         self._wake = asyncio.Event()
         self._startup_cleanup_done = False
-        self._background: set[asyncio.Task[Any]] = set()
+        self._background = BackgroundTasks(name="runtime", log=logger)
+        """Work nobody awaits (a poll, an agent update, a terminal action, a grace's stop)."""
         self._loop_task: asyncio.Task[None] | None = None
 
         self._last_poll_at: datetime.datetime | None = None

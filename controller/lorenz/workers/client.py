@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from lorenz.agents import ToolHandler
+from lorenz.tasks import BackgroundTasks
 from lorenz.workers.journal import Record
 from lorenz.workers.protocol import ProtocolError, encode, read_message, read_messages
 
@@ -61,7 +62,7 @@ class WorkerConnection:
         self._records: asyncio.Queue[Any] = asyncio.Queue()
         self._pongs: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._ping_ids = itertools.count(1)
-        self._calls: set[asyncio.Task[None]] = set()
+        self._calls = BackgroundTasks(name="worker-calls", log=logger)
         self.live = asyncio.Event()
         """Set once the replay after ``attach`` is complete."""
         self.closed = asyncio.Event()
@@ -137,7 +138,9 @@ class WorkerConnection:
             # NB: how a cancelled task ended (cancelled or failing) is not ours to report.
             with contextlib.suppress(BaseException):
                 await self._task
-        for task in list(self._calls):
+        # NB: cancelled, not awaited: their replies have nowhere to go once the writer closes,
+        # and closing must not wait on a tool call that is slow to notice.
+        for task in self._calls:
             task.cancel()
         self._writer.close()
         # NB: the peer may be gone already: closing is best effort.
@@ -181,9 +184,7 @@ class WorkerConnection:
             if future is not None and not future.done():
                 future.set_result(message)
         elif op == "call":
-            task = asyncio.create_task(self._answer(message))
-            self._calls.add(task)
-            task.add_done_callback(self._calls.discard)
+            self._calls.spawn(self._answer(message), name="lorenz-worker-call")
         elif op == "error":
             logger.warning("worker refused a message: %s", message.get("message"))
 

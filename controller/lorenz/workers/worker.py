@@ -44,6 +44,7 @@ from lorenz.agents import (
     build_runner,
 )
 from lorenz.model import AgentUpdate, LorenzError
+from lorenz.tasks import BackgroundTasks
 from lorenz.workers.journal import FINAL, JournalWriter, Record, read_journal
 from lorenz.workers.protocol import (
     LINE_LIMIT_BYTES,
@@ -179,7 +180,7 @@ class Worker:
         self._cost_usd: float | None = None
         self._server: asyncio.Server | None = None
         self._agent_task: asyncio.Task[AgentRunResult] | None = None
-        self._senders: set[asyncio.Task[None]] = set()
+        self._senders = BackgroundTasks(name="worker-senders", log=logger)
 
     # -- the journal ---------------------------------------------------------------------
 
@@ -252,9 +253,7 @@ class Worker:
             client.close()
         # NB: let every sender flush what it has queued (the final record above all): exiting
         # with buffered lines would cut a client's last message in half.
-        senders = [task for task in self._senders if not task.done()]
-        if senders:
-            await asyncio.wait(senders, timeout=5.0)
+        await self._senders.wait(timeout_s=5.0)
         self._journal.close()
 
     def cancel(self, reason: str) -> None:
@@ -481,9 +480,7 @@ class Worker:
             return
         client = _Client(writer=writer)
         self._clients.add(client)
-        sender = asyncio.create_task(self._send_loop(client))
-        self._senders.add(sender)
-        sender.add_done_callback(self._senders.discard)
+        sender = self._senders.spawn(self._send_loop(client), name="lorenz-worker-sender")
         client.send(
             {
                 "op": "hello",
