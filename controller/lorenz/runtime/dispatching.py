@@ -180,9 +180,6 @@ class Dispatching:
             return None
         result = await self._runtime._orchestrator.claim(candidate)
         if isinstance(result, Skipped):
-            self._runtime.stats[f"skipped_{result.reason}"] = (
-                self._runtime.stats.get(f"skipped_{result.reason}", 0) + 1
-            )
             if result.reason in ("worker_host_capacity", "claimed_elsewhere"):
                 self._runtime._reporting.event(
                     EventType.DISPATCH_SKIPPED,

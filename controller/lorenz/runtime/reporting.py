@@ -138,7 +138,6 @@ class Reporting:
             )
         )
         self._runtime._projection.record_event(event)
-        self._runtime.stats[kind.value] = self._runtime.stats.get(kind.value, 0) + 1
         log_level = logging.WARNING if kind in _WARNING_EVENTS else logging.INFO
         if logger.isEnabledFor(log_level):
             logger.log(

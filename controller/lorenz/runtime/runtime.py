@@ -145,7 +145,6 @@ class LorenzRuntime:
         self._last_candidates = 0
         self._last_eligible = 0
         self.poll_count = 0
-        self.stats: dict[str, int] = {}
 
     @property
     def workflow(self) -> LoadedWorkflow:
