@@ -11,7 +11,7 @@ operator gets ``--shards`` and keeps its Leases in a namespace of its own (``--l
 as the chart's release namespace), never beside the Workflows.
 
 0. **Sharded scale** (``scale``; the figures of issue #15): ``--replicas`` operators with the
-   default Lease timings (15 s / 10 s / 2 s), ``--scale-workflows`` idle Workflows (no issues,
+   default Lease timings (15 s / 10 s / 3 s), ``--scale-workflows`` idle Workflows (no issues,
    ``polling.intervalMs`` 30000) created at once by 16 client threads.
 
    * *created → all polling*: from the first create until every Workflow's ``Ready`` condition
@@ -76,10 +76,18 @@ from tests.cluster.cluster import Cluster, wait_until  # noqa: E402
 from tests.cluster.controlplane import Binaries, ControlPlane  # noqa: E402
 from tests.kube.operators import Kube, OperatorProcess, Rig, write_issue  # noqa: E402
 
+from lorenz.kube.settings import OperatorSettings  # noqa: E402
+
 SECTIONS = ("scale", "profile", "idle", "latency", "failover", "handover", "nsdel")
 WRITE_VERBS = ("create", "update", "patch", "delete", "deletecollection", "post", "put", "apply")
 """Write verbs: the operator's counter says create/update, apiserver_request_total POST/PUT."""
-DEFAULT_LEASE = (15, 10.0, 2.0)
+_FIELDS = OperatorSettings.model_fields
+DEFAULT_LEASE = (
+    int(_FIELDS["lease_duration_seconds"].default),
+    float(_FIELDS["renew_deadline_seconds"].default),
+    float(_FIELDS["retry_period_seconds"].default),
+)
+"""The operator's default Lease timings (duration, renew deadline, retry period)."""
 
 
 @dataclasses.dataclass

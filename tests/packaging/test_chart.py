@@ -295,7 +295,7 @@ def test_operator_settings_come_from_the_environment(defaults: list[dict[str, An
         "LORENZ_OPERATOR_LOG_LEVEL": "info",
         "LORENZ_OPERATOR_LEASE_DURATION_SECONDS": "15",
         "LORENZ_OPERATOR_RENEW_DEADLINE_SECONDS": "10",
-        "LORENZ_OPERATOR_RETRY_PERIOD_SECONDS": "2",
+        "LORENZ_OPERATOR_RETRY_PERIOD_SECONDS": "3",
         "LORENZ_OPERATOR_SHARDS": "16",
         "LORENZ_OPERATOR_LEASE_NAMESPACE": "lorenz-system",
         "LORENZ_OPERATOR_LEASE_NAME_PREFIX": "lorenz",

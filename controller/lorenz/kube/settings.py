@@ -81,8 +81,11 @@ class OperatorSettings(pydantic.BaseModel):
     """A leader that could not renew for this long stops its runtime (must be shorter than
     the lease duration: the difference is the safety margin against two leaders)."""
 
-    retry_period_seconds: float = Field(default=2.0, gt=0)
-    """How often leaders renew and followers try to acquire."""
+    retry_period_seconds: float = Field(default=3.0, gt=0)
+    """How often leaders renew and followers try to acquire. Lease writes are one per held
+    shard and one per replica each period, so this sets the idle write rate: 3 s gives three
+    renewal attempts within the 10 s renew deadline and keeps a takeover after a crash within
+    the lease duration plus one period (client-go's 2 s costs half as many writes again)."""
 
     shards: int = Field(default=16, ge=1, le=256)
     """How many shard Leases the Workflows are spread over. Each Workflow belongs to one shard
@@ -111,11 +114,13 @@ class OperatorSettings(pydantic.BaseModel):
     status_interval_seconds: float = Field(default=1.0, ge=0)
     """At most one Workflow status patch per this interval (and only when it changed)."""
 
-    idle_status_interval_seconds: float = Field(default=60.0, ge=0)
+    idle_status_interval_seconds: float = Field(default=3600.0, ge=0)
     """While only the poll bookkeeping changes (``status.poll.lastPollAt``, ``nextPollAt``,
     ``count``), at most one status patch per Workflow per this interval; anything else a user
-    sees (conditions, lanes, counts, errors) is written at once. The operator's API and metrics
-    always have the current values."""
+    sees (conditions, lanes, counts, errors) is written at once. An idle Workflow's status is
+    thus a heartbeat this coarse (the default: one patch an hour, 0.28/s for 1,000 Workflows),
+    not a record of every tick; the operator's API and metrics always have the current
+    values."""
 
     max_continuation_runs: int = Field(default=10, ge=0)
     """An agent that ends cleanly while its issue stays active is run again (a continuation

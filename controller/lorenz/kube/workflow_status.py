@@ -148,9 +148,10 @@ def workflow_status(
 
 
 BOOKKEEPING = ("lastPollAt", "nextPollAt", "count")
-"""Keys of ``status.poll`` that move on every tick while nothing else does: an idle Workflow
-writes them at most once per ``idle_status_interval_seconds`` (they are always current in the
-operator's API and in ``lorenz_poll_duration_seconds_count``)."""
+"""Keys of ``status.poll`` that move on every tick while nothing else does: a status that differs
+from the last one written only in these is not written, except as a heartbeat once per
+``idle_status_interval_seconds`` (an hour by default); they are always current in the operator's
+API and in ``lorenz_poll_duration_seconds_count``."""
 
 
 def only_bookkeeping_changed(status: Mapping[str, Any], previous: Mapping[str, Any]) -> bool:
