@@ -137,6 +137,9 @@ class Dispatching:
                     chosen.append(candidate)
                     if len(chosen) >= room:
                         break
+                # NB: a pass over the cached list sweeps expired reservations too (and prunes
+                # nothing): the next tick's report would replace this one unread.
+                self._runtime._reporting.eligibility(self._runtime._orchestrator.last_eligibility)
         ids = sorted({p.issue_id for p in exits} | {c.issue.id for c in chosen})
         if not ids:
             return

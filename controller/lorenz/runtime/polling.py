@@ -126,7 +126,9 @@ class Polling:
             candidates = await self._runtime._tracker.fetch_candidate_issues()
             self._runtime._candidate_cache = {issue.id: issue for issue in candidates}
             eligible = await self._runtime._orchestrator.eligible_issues(candidates)
-            self._runtime._blocking.after_eligibility(self._runtime._orchestrator.last_eligibility)
+            report = self._runtime._orchestrator.last_eligibility
+            self._runtime._reporting.eligibility(report)
+            self._runtime._blocking.after_eligibility(report)
             self._runtime._last_candidates = len(candidates)
             self._runtime._last_eligible = len(eligible)
             if not dry_run:

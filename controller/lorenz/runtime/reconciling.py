@@ -278,6 +278,7 @@ class Reconciling:
             run = self._runtime._runs.get(key)
             if run is not None:
                 run.finish_externally(AbortReason.CANCELED)
+        self._runtime._reporting.retries_released(released.retries, reason=reason)
         for entry in released.runs:
             self._runtime._reporting.record_run(
                 entry, outcome=RunOutcome.CANCELED, error=f"stopped: {reason}"

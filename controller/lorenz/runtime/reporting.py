@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from lorenz.model import (
@@ -21,6 +21,7 @@ from lorenz.model import (
     EventType,
     Issue,
     LorenzError,
+    ReservationRecord,
     RetryEntry,
     RunningEntry,
     RunOutcome,
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
     from lorenz.model import EventDetails
+    from lorenz.orchestrator import EligibilityReport
     from lorenz.runtime.runtime import LorenzRuntime
 
 logger = logging.getLogger("lorenz.runtime")
@@ -71,6 +73,44 @@ class Reporting:
             delay_ms=round(retry.due_at_ms - self._runtime._clock.monotonic_ms()),
             error=retry.error,
         )
+
+    def retries_released(self, retries: Iterable[RetryEntry], *, reason: str) -> None:
+        """One ``retry_released`` per pending retry the orchestrator dropped (it will not run)."""
+        for retry in retries:
+            self.event(
+                EventType.RETRY_RELEASED,
+                issue_id=retry.issue_id,
+                identifier=retry.identifier,
+                slot=retry.slot_index,
+                attempt=retry.attempt,
+                message=f"{retry.kind.value} retry #{retry.attempt} released: {reason}",
+                retry_kind=retry.kind.value,
+                reason=reason,
+            )
+
+    def reservations_expired(self, reservations: Iterable[ReservationRecord]) -> None:
+        """One ``reservation_expired`` per reservation swept for outliving its acquire."""
+        for reservation in reservations:
+            restored = reservation.consumed_retry is not None
+            self.event(
+                EventType.RESERVATION_EXPIRED,
+                issue=reservation.issue,
+                slot=reservation.slot_index,
+                attempt=reservation.attempt,
+                message="reservation expired before a worker was bound; "
+                + ("its retry is restored" if restored else "the slot is free again"),
+                reason="reservation_expired",
+            )
+
+    def eligibility(self, report: EligibilityReport) -> None:
+        """What an eligibility pass swept: expired reservations and pruned retries."""
+        self.reservations_expired(report.expired)
+        span = self._runtime.settings.agent.ensemble_size
+        for retry in report.pruned:
+            self.retries_released(
+                (retry,),
+                reason="slot_beyond_ensemble" if retry.slot_index >= span else "not_a_candidate",
+            )
 
     def run_ended(
         self, entry: RunningEntry, *, normal: bool, error: str | None, finished_as: str

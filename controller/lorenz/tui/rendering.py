@@ -59,7 +59,7 @@ _BAD_EVENTS = frozenset(
         "reservation_expired",
     }
 )
-_GOOD_EVENTS = frozenset({"run_finished", "workflow_reloaded", "leadership_acquired"})
+_GOOD_EVENTS = frozenset({"run_finished", "workflow_reloaded"})
 _QUIET_EVENTS = frozenset({"poll_completed", "dry_run", "refresh_requested"})
 
 

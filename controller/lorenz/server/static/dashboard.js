@@ -24,7 +24,7 @@
     reservation_expired: 1
   };
   var GOOD_EVENTS = {
-    run_finished: 1, workflow_reloaded: 1, leadership_acquired: 1, claims_recovered: 1
+    run_finished: 1, workflow_reloaded: 1
   };
   var QUIET_EVENTS = { poll_completed: 1, dry_run: 1, refresh_requested: 1 };
 
