@@ -29,6 +29,7 @@ from lorenz.model import (
     RunOutcome,
     SlotKey,
 )
+from lorenz.model.variables import run_variables
 from lorenz.orchestrator import DispatchCandidate, Reserved, Skipped, Started
 from lorenz.policies import StopReason, WorkerHealth, agent_kind_for, classify_worker_outcome
 from lorenz.runtime.reporting import describe_error
@@ -574,17 +575,17 @@ class Dispatching:
             kind = settings.agent_kind()
         extra = dict(kind.env)
         extra.update(
-            {
-                "LORENZ_ISSUE_ID": issue.id,
-                "LORENZ_ISSUE_IDENTIFIER": issue.identifier,
-                "LORENZ_ISSUE_TITLE": issue.title,
-                "LORENZ_ISSUE_STATE": issue.state,
-                "LORENZ_ATTEMPT": "" if attempt is None else str(attempt),
-                "LORENZ_SLOT": str(slot_index),
-                "LORENZ_WORKSPACE": str(workspace),
-                "LORENZ_WORKFLOW": str(self._runtime._workflow.path),
-            }
+            run_variables(
+                issue_id=issue.id,
+                identifier=issue.identifier,
+                title=issue.title,
+                state=issue.state,
+                attempt=attempt,
+                slot_index=slot_index,
+                workspace=workspace,
+            )
         )
+        extra["LORENZ_WORKFLOW"] = str(self._runtime._workflow.path)
         if settings.tracker.kind is TrackerKind.FILES and settings.tracker.path:
             extra["LORENZ_TRACKER_PATH"] = settings.tracker.path
         secrets = [settings.tracker.api_key] if settings.tracker.api_key else []

@@ -36,6 +36,7 @@ from typing import TypeVar
 
 from lorenz.config import WorkflowSettings, WorkspaceKind
 from lorenz.model import Issue
+from lorenz.model.variables import run_variables
 from lorenz.workspaces.errors import WorkspaceCleanupError, WorkspaceError
 from lorenz.workspaces.hooks import HookName, hook_environment, run_hook
 from lorenz.workspaces.keys import (
@@ -256,13 +257,15 @@ class WorkspaceManager:
             strip_names=self._secrets,
             strip_values=frozenset({api_key} if api_key else ()),
             variables={
-                "LORENZ_ISSUE_ID": identity.issue_id,
-                "LORENZ_ISSUE_IDENTIFIER": identity.identifier,
-                "LORENZ_ISSUE_TITLE": identity.title,
-                "LORENZ_ISSUE_STATE": identity.state,
-                "LORENZ_ATTEMPT": "" if attempt is None else str(attempt),
-                "LORENZ_SLOT": str(slot_index),
-                "LORENZ_WORKSPACE": str(workspace),
+                **run_variables(
+                    issue_id=identity.issue_id,
+                    identifier=identity.identifier,
+                    title=identity.title,
+                    state=identity.state,
+                    attempt=attempt,
+                    slot_index=slot_index,
+                    workspace=workspace,
+                ),
                 "LORENZ_HOOK": hook,
             },
         )
