@@ -40,9 +40,9 @@ import contextlib
 import datetime
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from lorenz.assembly import assemble_runtime, tracker_factory
 from lorenz.kube import resources
@@ -72,9 +72,12 @@ from lorenz.model import EventType, LorenzError, RuntimeSnapshot, SlotKey, Syste
 from lorenz.model.slots import slot_key
 from lorenz.orchestrator import Orchestrator
 from lorenz.runtime import LorenzRuntime
+from lorenz.tasks import BackgroundTasks, first_of
 from lorenz.workflow import LoadedWorkflow, validate_dispatch
 
 logger = logging.getLogger("lorenz.kube.controllers")
+
+T = TypeVar("T")
 
 STATUS_SETTLE_S = 0.05
 """How long a burst of snapshots may settle before the status is computed and patched."""
@@ -161,7 +164,7 @@ class WorkflowController:
         """A status write postponed by the idle rate limit."""
         self._conditions: list[Condition] = []
         self._releasing = False
-        self._background: set[asyncio.Task[Any]] = set()
+        self._background = BackgroundTasks(name=f"workflow {self.ref.display}", log=logger)
         self.task: asyncio.Task[None] | None = None
         self.finished = False
         """The Workflow was deleted and this replica finished its cleanup."""
@@ -300,9 +303,10 @@ class WorkflowController:
                 if not await self._start_runtime(term):
                     break
                 assert self._runtime_task is not None
-                await _first(
+                # NB: the runtime's task is only watched (shielded), never cancelled here.
+                await first_of(
                     term.lost.wait(), term.yielding.wait(), self._deleting.wait(),
-                    self._stop.wait(), self._runtime_task,
+                    self._stop.wait(), asyncio.shield(self._runtime_task),
                 )
                 if (term.lost.is_set() or term.yielding.is_set() or self._deleting.is_set()
                         or self._stop.is_set()):
@@ -737,17 +741,14 @@ class WorkflowController:
         value = annotations.get(resources.REFRESH_ANNOTATION)
         return str(value) if value is not None else None
 
-    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
-        task: asyncio.Task[Any] = asyncio.get_running_loop().create_task(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-        return task
+    def _spawn(self, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+        return self._background.spawn(coro)
 
     async def _wait(
         self, lost: asyncio.Event, *events: asyncio.Event, seconds: float | None = None
     ) -> None:
         waits = [lost.wait(), self._deleting.wait(), self._stop.wait(), *(e.wait() for e in events)]
-        await _first(*waits, seconds=seconds)
+        await first_of(*waits, timeout_s=seconds)
 
 
 def _conditions_of(body: Mapping[str, Any]) -> list[Condition]:
@@ -756,28 +757,3 @@ def _conditions_of(body: Mapping[str, Any]) -> list[Condition]:
         with contextlib.suppress(ValueError):
             found.append(Condition.model_validate(raw))
     return found
-
-
-async def _first(*awaitables: Awaitable[Any], seconds: float | None = None) -> None:
-    """Wait until the first of ``awaitables`` completes (or ``seconds``); cancel the rest.
-
-    NB: tasks passed in (the runtime's) are only watched, never cancelled.
-    """
-    tasks: list[asyncio.Future[Any]] = []
-    owned: list[asyncio.Future[Any]] = []
-    for item in awaitables:
-        if isinstance(item, asyncio.Future):
-            tasks.append(item)
-        else:
-            future = asyncio.ensure_future(item)
-            tasks.append(future)
-            owned.append(future)
-    try:
-        await asyncio.wait(tasks, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in owned:
-            task.cancel()
-        for task in owned:
-            # NB: how a cancelled task ended (cancelled or failing) is not ours to report.
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task

@@ -33,7 +33,7 @@ from typing import Any
 from lorenz.kube import resources
 from lorenz.kube.api_auth import KubernetesAuth
 from lorenz.kube.clients import KubeApi, load_configuration
-from lorenz.kube.controllers import WorkflowController
+from lorenz.kube.controllers import RuntimeAttacher, WorkflowController
 from lorenz.kube.posting import Post, kopf_post
 from lorenz.kube.settings import OperatorSettings
 from lorenz.kube.sharding import ShardCoordinator
@@ -57,7 +57,7 @@ class Supervisor:
         coordinator: ShardCoordinator,
         base_env: Mapping[str, str] | None = None,
         post: Post = kopf_post,
-        metrics: Any = None,
+        metrics: RuntimeAttacher | None = None,
     ) -> None:
         self.api = api
         self.settings = settings

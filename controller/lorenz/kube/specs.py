@@ -95,7 +95,7 @@ async def read_secret_key(api: KubeApi, *, namespace: str, name: str, key: str) 
     return value.strip()
 
 
-def confine_tracker_path(tracker: Any, *, workflow_dir: Path) -> None:
+def confine_tracker_path(tracker: object, *, workflow_dir: Path) -> None:
     """Refuse a ``tracker.path`` that leaves the Workflow's folder.
 
     NB: checked on every load (start, spec change, refresh), with symlinks resolved as they
