@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from pathlib import Path
+
+import pytest
 
 from lorenz.model import Issue, SlotKey, slot_key
 from tests.runtime.harness import build_rig, write_agent, write_workflow
@@ -146,3 +149,27 @@ async def test_a_failed_hook_poisons_its_worker_by_code_and_an_agent_echo_does_n
     assert pool.released == [("h2", True)]
     [failed] = rig.of_type("run_failed")
     assert failed["message"].startswith("workspace_hook_failed: ")
+
+
+class RefusingPool(CountingPool):
+    """A pool that cannot take its host back (its control channel broke, say)."""
+
+    async def release(self, slot: Host, *, poison: bool) -> None:
+        raise ConnectionResetError("pool control channel closed")
+
+
+async def test_a_pool_that_cannot_take_its_host_back_is_logged_and_the_run_still_settles(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    agent = write_agent(tmp_path, "agent", RECORDING_AGENT)
+    wf = write_workflow(tmp_path, agent_script=agent)
+    rig = build_rig(wf, issues=[issue(1)], pool=RefusingPool(["h1"]), capacity=Governs())
+    with caplog.at_level(logging.ERROR, logger="lorenz.runtime"):
+        await rig.runtime.poll_once(wait_for_runs=True)
+    [finished] = rig.of_type("run_finished")
+    assert (finished["identifier"], finished["outcome"]) == ("T-1", "success")
+    assert not rig.orchestrator.state.running
+    [record] = [r for r in caplog.records if "worker pool release failed" in r.getMessage()]
+    assert "slot=id-1#0" in record.getMessage()
+    assert record.exc_info is not None
+    assert record.exc_info[0] is ConnectionResetError

@@ -104,6 +104,8 @@ class Dispatching:
                     try:
                         await self.dispatch_pass()
                     except Exception:
+                        # Logged, not raised: a failed pass must not end this loop; the next
+                        # nudge or tick passes again.
                         logger.exception("dispatch pass failed")
         finally:
             self._runtime._pass_task = None
@@ -383,8 +385,10 @@ class Dispatching:
         finally:
             if workspace is not None:
                 # NB: shielded so that cancellation (stop, stall, reconciliation) still runs
-                # after_run; the hook is bounded by hooks.timeout_ms inside the manager.
-                with contextlib.suppress(BaseException):
+                # after_run; the hook is bounded by hooks.timeout_ms inside the manager. The
+                # manager logs every hook failure itself and re-raises only a cancellation that
+                # came in meanwhile: absorbed here, so the settle below still records the run.
+                with contextlib.suppress(asyncio.CancelledError):
                     await asyncio.shield(
                         self._runtime._workspaces.after_run(workspace, attempt=entry.attempt)
                     )
@@ -435,9 +439,12 @@ class Dispatching:
             if worker_slot is not None and self._runtime._pool is not None:
                 health = classify_worker_outcome(error, stalled=run.reason is AbortReason.STALLED)
                 poison = health is WorkerHealth.POISON
-                # NB: a pool that cannot take its host back must not fail the run's settling.
-                with contextlib.suppress(Exception):
+                try:
                     await self._runtime._pool.release(worker_slot, poison=poison)
+                except Exception:
+                    # NB: a pool that cannot take its host back must not fail the run's
+                    # settling; the run is recorded either way.
+                    logger.exception("worker pool release failed slot=%s", key)
         finally:
             self._runtime._runs.discard(run)
             self._runtime._reporting.emit_snapshot()
@@ -616,6 +623,8 @@ class Dispatching:
         try:
             await self._runtime._orchestrator.apply_update(key, update)
         except Exception:
+            # Logged, not raised: this runs as a background task, and one bad update must not
+            # hide the ones after it.
             logger.exception("applying an agent update failed slot=%s", key)
             return
         self._runtime._reporting.agent_update(key, update)

@@ -249,6 +249,7 @@ class Reporting:
             try:
                 listener(snapshot)
             except Exception:
+                # NB: a failing listener must not cost the others their snapshot.
                 logger.exception("snapshot listener failed")
 
     def subscribe(self, listener: SnapshotListener) -> Callable[[], None]:

@@ -306,7 +306,7 @@ class LorenzRuntime:
                 else workflow_stamp(self._workflow.path)
             )
         except Exception:  # noqa: BLE001 - unreadable now: the reload below reports why
-            stamp = None  # unreadable now: the reload below reports why
+            stamp = None
         if stamp is not None and stamp == self._workflow.stamp:
             self._config_error = None  # NB: back to the very workflow in force: nothing failing
             return
@@ -346,9 +346,12 @@ class LorenzRuntime:
         if tracker is not None:
             self._tracker = tracker
         if old_tracker is not None:
-            # NB: the swapped-out tracker's connections are closed best effort.
-            with contextlib.suppress(Exception):
+            try:
                 await old_tracker.close()
+            except Exception:
+                # NB: the swapped-out tracker's connections are closed best effort: the new
+                # client is in force already, and the reload succeeded.
+                logger.warning("closing the replaced tracker client failed", exc_info=True)
         self._reporting.event(EventType.WORKFLOW_RELOADED, message="workflow reloaded")
 
 
