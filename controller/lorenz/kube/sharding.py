@@ -18,8 +18,9 @@ The Leases, all labelled ``lorenz.dev/lease-set=<prefix>``:
   (``lorenz.dev/shards``).
 
 Every retry period the :class:`ShardCoordinator` of a replica renews its membership and each
-shard it holds (renewals first, on the operator's dedicated Lease client), then lists the Lease
-set once and balances:
+shard it holds — on a thread and event loop of their own (:mod:`lorenz.kube.renewing`) and the
+operator's dedicated Lease client, so a main loop held up past the renew deadline does not lose
+them — and, on the main loop, lists the Lease set once and balances:
 
 * **fair share**: ``ceil(shards / live replicas)``, live meaning a membership Lease renewed
   within its duration (as observed on the local monotonic clock) or a shard Lease held;
@@ -64,6 +65,7 @@ from lorenz.kube import resources
 from lorenz.kube.clients import KubeApi, leases_path
 from lorenz.kube.errors import KubeApiError
 from lorenz.kube.leases import KubernetesLeaseProvider, LeaseTiming
+from lorenz.kube.renewing import LeaseRenewer
 from lorenz.kube.resources import WorkflowRef
 from lorenz.tasks import first_of
 
@@ -82,11 +84,11 @@ REPLICA_ROLE: Final = "replica"
 START_CONCURRENCY: Final = 8
 """Workflow runtimes one replica builds (loads, hydrates, launches) at once.
 
-NB: the shard renewals run on the same event loop as every Workflow's controller. A replica that
-takes shards with hundreds of Workflows (1,000 created at once across 3 replicas) would build
-them all concurrently, and the renewals would wait behind them past the renew deadline: the
-replica then loses its own shards (measured on 2 loaded cores: 14 shards lost to their own
-holders). Queued builds wait on the gate instead of crowding the loop."""
+NB: a replica that takes shards with hundreds of Workflows (1,000 created at once across 3
+replicas) would otherwise build them all concurrently and crowd the main loop: before the
+renewals had their own thread they waited behind the builds past the renew deadline (measured
+on 2 loaded cores: 14 shards lost to their own holders); the listing and balancing still run
+there. Queued builds wait on the gate instead of crowding the loop."""
 
 _NOT_NAME_CHARS = re.compile(r"[^a-z0-9-]+")
 
@@ -226,6 +228,10 @@ class ShardCoordinator:
         """Held by a Workflow while its runtime is built (:data:`START_CONCURRENCY`)."""
         self.live_replicas = 1
         self.fair_share = shards
+        self.renewer = LeaseRenewer(
+            period_s=self.timing.retry_period_s, name=f"lorenz-lease-renewer:{identity}"
+        )
+        """Renews the membership and the held shards on its own thread and loop."""
 
     # -- facts -----------------------------------------------------------------------------
 
@@ -239,6 +245,8 @@ class ShardCoordinator:
     # -- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> None:
+        self.renewer.add(self.member.name, self._renew_membership)
+        self.renewer.start()
         self._task = asyncio.get_running_loop().create_task(
             self._run(), name=f"lorenz-shards:{self.identity}"
         )
@@ -259,6 +267,9 @@ class ShardCoordinator:
         if self._task is not None:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
+        # NB: a renewal in flight ends before the releases below are written (the renewer's
+        # last PUT must not land after the release and name this replica again).
+        await self.renewer.close()
         held = [s for s in self.shards if s.term is not None]
         for shard in held:
             self._end_term(shard, lost=False)
@@ -278,18 +289,12 @@ class ShardCoordinator:
                 await asyncio.wait_for(self._stopped.wait(), timeout=self.timing.retry_period_s)
 
     async def round(self) -> None:
-        """Renew (membership, held shards), observe the Lease set, balance."""
-        held = [s for s in self.shards if s.term is not None]
-        results = await asyncio.gather(
-            self._renew_membership(), *(s.lease.renew() for s in held)
-        )
-        for shard, ok in zip(held, results[1:], strict=True):
-            if not ok and shard.term is not None:
-                logger.warning(
-                    "Shard lost shard=%d identity=%s holder=%s",
-                    shard.index, self.identity, shard.lease.holder,
-                )
-                self._end_term(shard, lost=True)
+        """Observe the Lease set, balance (the renewals run on :attr:`renewer`)."""
+        if self.rounds == 0:
+            # NB: the first round announces this replica: its membership Lease is written (the
+            # renewer's first pass) before the listing that peers starting at the same moment
+            # will see.
+            await self.renewer.first_pass(timeout_s=2 * self.timing.retry_period_s)
         try:
             items = await self._api.list_items(
                 leases_path(self.namespace), label_selector=f"{LEASE_SET_LABEL}={self.prefix}"
@@ -305,6 +310,16 @@ class ShardCoordinator:
             # starting at the same moment see each other before anyone takes shards.
             return
         await self._balance()
+
+    def _lost(self, shard: Shard, term: ShardTerm) -> None:
+        """The renewer saw ``term``'s Lease lost (another holder, a lost race, the deadline)."""
+        if shard.term is not term:
+            return
+        logger.warning(
+            "Shard lost shard=%d identity=%s holder=%s",
+            shard.index, self.identity, shard.lease.holder,
+        )
+        self._end_term(shard, lost=True)
 
     async def _renew_membership(self) -> bool:
         try:
@@ -416,8 +431,11 @@ class ShardCoordinator:
             return
         if not won or shard.term is not None or self._stopped.is_set():
             return
-        shard.term = ShardTerm(shard, generation=shard.lease.transitions)
+        term = shard.term = ShardTerm(shard, generation=shard.lease.transitions)
         self._max_transitions = max(self._max_transitions, shard.lease.transitions)
+        self.renewer.add(
+            shard.lease.name, shard.lease.renew, on_lost=lambda: self._lost(shard, term)
+        )
         shard.available.set()
         logger.info(
             "Shard acquired shard=%d identity=%s generation=%d fair_share=%d live_replicas=%d",
@@ -446,6 +464,11 @@ class ShardCoordinator:
                     "(they are fenced from now on) shard=%d",
                     term.engaged, self._handover_timeout_s, shard.index,
                 )
+            # NB: the renewer lets go of the Lease first (a renewal in flight ends), so the
+            # release below is the last write of this term.
+            await self.renewer.remove(shard.lease.name)
+            if shard.term is not term:
+                return  # lost meanwhile
             self._end_term(shard, lost=False)
             await shard.lease.release()
             term.lost.set()  # NB: stragglers past the bound abandon their runs
