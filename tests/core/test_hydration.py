@@ -165,6 +165,7 @@ async def test_hydrating_an_empty_memory_store_changes_nothing() -> None:
     report = await orchestrator.hydrate()
     assert report.to_dict() == {
         "interrupted": [],
+        "adopting": [],
         "restored_retries": [],
         "foreign": {},
         "taken_over_from": [],

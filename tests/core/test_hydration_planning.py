@@ -6,7 +6,16 @@ import datetime
 from typing import Any
 
 from lorenz.config import RetryBackoffSettings, TerminalAction
-from lorenz.model import ClaimPhase, ClaimRecord, RetryKind, SlotKey, TokenUsage, slot_key
+from lorenz.model import (
+    ClaimPhase,
+    ClaimRecord,
+    RetryKind,
+    SlotKey,
+    SpawnIntent,
+    SpawnPhase,
+    TokenUsage,
+    slot_key,
+)
 from lorenz.orchestrator.hydration import (
     blocked_to_checkpoint,
     checkpoint_retry_state,
@@ -220,3 +229,82 @@ def test_unreadable_retry_state_is_one_problem_and_the_readable_rest_still_count
     assert restore.problem is not None
     assert "retry state" in restore.problem.message
     assert checkpoint_retry_state({"blocked": "x"}, recovered=recovered).problem is not None
+
+
+def _intent(phase: SpawnPhase, *, last_seq: int = 7, placement: str | None = None) -> SpawnIntent:
+    return SpawnIntent(
+        handle="lzw-I1-s0-a2-g3-0123456789ab",
+        phase=phase,
+        generation=3,
+        last_seq=last_seq,
+        placement=placement,
+    )
+
+
+def test_a_lost_run_whose_worker_may_live_on_is_adopted_at_once_with_its_attempt_kept() -> None:
+    intent = _intent(SpawnPhase.RUNNING, placement="build-1")
+    record = row(
+        "i1",
+        ClaimPhase.RUNNING,
+        attempt=2,
+        intent=intent,
+        usage=TokenUsage(input_tokens=5, output_tokens=5, total_tokens=10),
+    )
+    retry = retry_of_recovered(
+        record, previous_owner="old", now_ms=NOW_MS, wall=WALL, backoff=BACKOFF
+    )
+    assert (retry.kind, retry.attempt, retry.due_at_ms, retry.due_at) == (
+        RetryKind.ADOPTION,
+        2,
+        NOW_MS,
+        WALL,
+    )
+    assert retry.resume == intent
+    assert retry.host == "build-1", "an adopted worker runs where it was started"
+    slots = recover_slots(
+        {record.slot_key: record},
+        previous_owner=lambda key: "old",
+        now_ms=NOW_MS,
+        wall=WALL,
+        backoff=BACKOFF,
+    )
+    assert (slots.adopting, slots.interrupted) == ((record.slot_key,), ())
+    assert slots.usage == TokenUsage(), "the adopted run reports its usage again"
+
+
+def test_every_unsettled_spawn_phase_is_probed_and_a_compensated_one_is_a_failure_retry() -> None:
+    for phase in SpawnPhase:
+        record = row("i1", ClaimPhase.RUNNING, attempt=None, intent=_intent(phase))
+        retry = retry_of_recovered(
+            record, previous_owner="old", now_ms=NOW_MS, wall=WALL, backoff=BACKOFF
+        )
+        if phase is SpawnPhase.COMPENSATED:
+            assert (retry.kind, retry.attempt, retry.resume) == (RetryKind.FAILURE, 1, None)
+            assert retry.due_at_ms == NOW_MS + 10_000
+        else:
+            assert (retry.kind, retry.attempt) == (RetryKind.ADOPTION, 1), phase
+            assert retry.resume is not None
+            assert retry.resume.phase is phase
+
+
+def test_a_lost_run_without_an_intent_and_a_pending_retry_with_one_are_not_adopted() -> None:
+    lost = row("i1", ClaimPhase.RESERVED, attempt=1)
+    pending = row(
+        "i2",
+        ClaimPhase.RETRY_PENDING,
+        attempt=3,
+        retry_kind=RetryKind.FAILURE,
+        due_at=WALL,
+        intent=_intent(SpawnPhase.RUNNING),
+    )
+    slots = recover_slots(
+        {lost.slot_key: lost, pending.slot_key: pending},
+        previous_owner=lambda key: "old",
+        now_ms=NOW_MS,
+        wall=WALL,
+        backoff=BACKOFF,
+    )
+    assert slots.adopting == ()
+    assert slots.interrupted == (lost.slot_key,)
+    assert slots.restored == (pending.slot_key,)
+    assert all(retry.resume is None for retry in slots.retries.values())

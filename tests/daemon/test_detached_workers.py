@@ -4,11 +4,14 @@ A real daemon on a files tracker runs one slow agent in a detached ``lorenz work
 SIGKILLs the daemon mid-run and starts the next one. From the agent's own append-only log: the
 agent that was running when its daemon died ran to its normal end (it was neither killed by the
 next daemon's orphan sweep nor started a second time beside itself), and the next daemon says
-it adopted the worker.
+it adopted the worker. With a durable store, the next daemon adopts from the claim's spawn
+intent at hydration (an ``adoption`` retry, due at once), never through a failure retry.
 """
 
 from __future__ import annotations
 
+import json
+import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -88,3 +91,73 @@ def test_a_run_in_flight_survives_kill_9_of_its_daemon_and_is_adopted(
     assert overlapping == []
     assert not any(r.get("dup") for r in records)
     _wait(lambda: "adopting the worker of an earlier controller" in second.log(), "adoption")
+
+
+def _claim_rows(store: Path) -> list[tuple[str, str | None, str | None, int]]:
+    with sqlite3.connect(f"file:{store}?mode=ro", uri=True) as conn:
+        return [
+            (str(row[0]), row[1], row[2], int(row[3]))
+            for row in conn.execute("SELECT slot_key, spawn_phase, handle, last_seq FROM claims")
+        ]
+
+
+def _event_bodies(store: Path) -> list[dict[str, object]]:
+    with sqlite3.connect(f"file:{store}?mode=ro", uri=True) as conn:
+        rows = conn.execute("SELECT body FROM events WHERE body IS NOT NULL ORDER BY id")
+        return [json.loads(row[0]) for row in rows]
+
+
+def test_with_a_durable_store_the_next_daemon_adopts_from_the_claims_intent_at_once(
+    root: Path,
+    daemon_env: dict[str, str],
+    daemons: list[DaemonProcess],
+    worker_state: Path,
+) -> None:
+    store = root / "claims.db"
+    workflow = write_daemon_workflow(
+        root,
+        issues=("A-1",),
+        agent_env={**SLOW, "AGENT_MIN_S": "12", "AGENT_MAX_S": "12"},
+        front_matter={
+            "worker": {"detached": True},
+            "flags": {"claim_store.path": str(store), "daemon.heartbeat_ms": 200},
+        },
+    )
+    env = {**daemon_env, "LORENZ_WORKER_STATE": str(worker_state)}
+    args = ["--feature", "daemon", "--feature", "durable_claims"]
+    log = root / "agent.log"
+
+    first = DaemonProcess(workflow, env=env, args=args, output=root / "daemon-0.log")
+    daemons.append(first.start())
+    first.wait_ready()
+    _wait(lambda: any(r["event"] == "start" for r in read_agent_log(log)), "the agent to start")
+    _wait(
+        lambda: any(phase == "running" for _, phase, _, _ in _claim_rows(store)),
+        "the claim to record the running worker",
+    )
+    [(_, _, handle, _)] = _claim_rows(store)
+    assert handle is not None
+    [started] = [r for r in read_agent_log(log) if r["event"] == "start"]
+    first.kill9()
+
+    second = DaemonProcess(workflow, env=env, args=args, output=root / "daemon-1.log")
+    daemons.append(second.start())
+    second.wait_ready()
+    _wait(
+        lambda: f"adopting the worker of a lost controller handle={handle}" in second.log(),
+        "adoption from the claim's intent",
+    )
+    assert "interrupted=0 adopting=1" in second.log()
+
+    def first_run_ended() -> bool:
+        return any(
+            r["event"] == "end" and r["pid"] == started["pid"] for r in read_agent_log(log)
+        )
+
+    _wait(first_run_ended, "the adopted agent to end")
+    records = read_agent_log(log)
+    [ended] = [r for r in records if r["event"] == "end" and r["pid"] == started["pid"]]
+    assert ended["rc"] == 0
+    assert [r for r in records if r["event"] == "start" and r["t"] < ended["t"]] == [started]
+    # Adopted, not failed over: no failure retry was ever written for the slot.
+    assert not [b for b in _event_bodies(store) if b.get("retry_kind") == "failure"]

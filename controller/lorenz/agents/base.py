@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from lorenz.config import AgentKindSettings, HooksSettings, WorkerSettings
-from lorenz.model import AgentUpdate, Issue, LorenzError
+from lorenz.model import AgentUpdate, Issue, LorenzError, SpawnIntent
 
 
 class AgentRunError(LorenzError):
@@ -72,6 +72,10 @@ class AgentRunRequest:
     """Where the run executes when not on this machine (SSH placement); ``workspace`` is then a
     path on that host, which the runner creates there. Only a runner that places runs in workers
 honours it (the assembly's runner factory picks one for such requests)."""
+    resume: SpawnIntent | None = None
+    """The worker of a lost controller to adopt instead of starting the agent: probe its
+    handle, re-attach after ``last_seq`` (no record twice), settle from its final record, or
+    fail the run with ``worker_gone``. Only a runner that places runs in workers honours it."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

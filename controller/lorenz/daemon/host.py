@@ -125,12 +125,14 @@ async def run_host(
         orchestrator = Orchestrator(settings=settings, store=store, clock=SystemClock())
         report = await orchestrator.hydrate()
         logger.info(
-            "claims hydrated backend=%s interrupted=%d restored_retries=%d foreign=%d "
-            "taken_over=%d problems=%d",
-            settings.claim_store.backend.value, len(report.interrupted),
+            "claims hydrated backend=%s interrupted=%d adopting=%d restored_retries=%d "
+            "foreign=%d taken_over=%d problems=%d",
+            settings.claim_store.backend.value, len(report.interrupted), len(report.adopting),
             len(report.restored_retries), len(report.foreign), len(report.taken_over_from),
             len(report.problems),
         )
+        for problem in report.problems:
+            logger.warning("stored claim skipped code=%s: %s", problem.code, problem.message)
         # Processes of the owners just taken over may outlive them: none may still work on
         # an issue when it is dispatched again (see lorenz.daemon.orphans).
         await asyncio.to_thread(kill_orphans, report.taken_over_from - {owner})

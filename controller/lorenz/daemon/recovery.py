@@ -74,11 +74,13 @@ class RecoveryPasses:
         killed = await asyncio.to_thread(self._sweep, stale)
         report = await self._orchestrator.take_over(stale)
         self.passes += 1
-        if report.interrupted or report.restored_retries:
+        if report.interrupted or report.adopting or report.restored_retries:
             logger.info(
-                "claims recovered from=%s interrupted=%s restored_retries=%s agents_killed=%s",
+                "claims recovered from=%s interrupted=%s adopting=%s restored_retries=%s "
+                "agents_killed=%s",
                 ",".join(sorted(report.taken_over_from)),
                 len(report.interrupted),
+                len(report.adopting),
                 len(report.restored_retries),
                 len(killed),
             )

@@ -258,7 +258,8 @@ class ClaimStatus(WireModel):
     attempt: int | None = None
     """Retry attempt number (``None`` for a first run)."""
     retry_kind: RetryKind | None = None
-    """``continuation`` (after a clean exit) or ``failure`` (after a fault)."""
+    """``continuation`` (after a clean exit), ``failure`` (after a fault) or ``adoption`` (a
+    lost controller's worker is re-attached)."""
     due_at: datetime.datetime | None = None
     """When a pending retry is due (wall clock)."""
     retry_in: str | None = None

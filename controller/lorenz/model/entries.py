@@ -24,6 +24,9 @@ class RetryKind(enum.StrEnum):
     """The last run ended cleanly; check back shortly in case the issue is still active."""
     FAILURE = "failure"
     """The last run failed, stalled or could not start; back off exponentially."""
+    ADOPTION = "adoption"
+    """The last run's controller was lost but its worker may live on: due at once, the run
+    re-attaches to that worker (see :attr:`RetryEntry.resume`); no failure is counted."""
 
 
 class ClaimPhase(enum.StrEnum):
@@ -133,6 +136,9 @@ class RunningEntry:
     agent_kind: str | None = None
     """The ``agents.<kind>`` the run uses (chosen when the slot was claimed); ``None`` when not
     recorded (a run recovered from a store): the issue's current choice then counts."""
+    resume: SpawnIntent | None = None
+    """The worker of an earlier controller this run adopts instead of starting one (from the
+    retry it was dispatched from; see :attr:`RetryEntry.resume`)."""
 
     @property
     def key(self) -> SlotKey:
@@ -182,6 +188,11 @@ class RetryEntry:
     host: str | None = None
     """The host the last run used; a retry prefers it."""
     workspace_path: str | None = None
+    resume: SpawnIntent | None = None
+    """A live (or finished, uncollected) worker of a lost controller that this slot's next run
+    adopts: re-attach after ``resume.last_seq`` instead of starting the agent again. Set only
+    by hydration, for a recovered running claim whose spawn intent has something to probe;
+    never persisted (the claim row keeps the intent itself until the slot is claimed again)."""
 
     @property
     def key(self) -> SlotKey:

@@ -13,8 +13,14 @@ The rules, in one place:
   other owners are *foreign* (left alone, re-checked later);
 * a recovered ``retry_pending`` row comes back as that retry, its wall-clock due time mapped
   onto this process's monotonic clock, its attempt kept;
-* a recovered ``running`` or ``reserved`` row is a run that died with its owner: a failure
-  retry with the next attempt and the configured backoff, its usage added to the totals;
+* a recovered ``running`` or ``reserved`` row whose spawn intent names a worker that may
+  still exist (any phase but ``compensated``) is a run to *adopt*: an ``adoption`` retry, due
+  at once, its attempt kept, carrying the intent (the run re-attaches after ``last_seq``; the
+  runner probes the worker and settles from its final record, or fails the run when the worker
+  is gone). Its usage is not added: the adopted run reports it again. The row itself is left
+  running with its intent, so a second crash before the dispatch finds it again;
+* any other recovered ``running`` or ``reserved`` row is a run that died with its owner: a
+  failure retry with the next attempt and the configured backoff, its usage added to the totals;
 * from the checkpoint: usage totals, and failure streaks and blocked slots for the recovered
   pending retries only (an entry without its row is stale and dropped).
 """
@@ -28,6 +34,7 @@ from typing import Any, cast
 
 from lorenz.config import RetryBackoffSettings, TerminalAction
 from lorenz.model import (
+    SETTLED_SPAWN_PHASES,
     ClaimPhase,
     ClaimRecord,
     RetryEntry,
@@ -63,6 +70,8 @@ class RecoveredSlots:
     """One retry per recovered slot (pending ones as they were, lost runs as failures)."""
     interrupted: tuple[SlotKey, ...]
     """Slots whose run (or acquire) died with its owner."""
+    adopting: tuple[SlotKey, ...]
+    """Slots whose run's worker may live on: an ``adoption`` retry each (not persisted)."""
     restored: tuple[SlotKey, ...]
     """Slots that were pending retries and stay so."""
     usage: TokenUsage
@@ -149,6 +158,22 @@ def retry_of_recovered(
             host=record.host,
             workspace_path=record.workspace_path,
         )
+    if adoptable(record):
+        assert record.intent is not None
+        return RetryEntry(
+            issue_id=record.issue_id,
+            identifier=record.identifier,
+            slot_index=record.slot_index,
+            attempt=record.attempt or 1,
+            kind=RetryKind.ADOPTION,
+            due_at_ms=now_ms,
+            due_at=wall,
+            error=f"adopting: owner {previous_owner} lost; its worker {record.intent.handle} "
+            "is probed",
+            host=record.intent.placement or record.host,
+            workspace_path=record.workspace_path,
+            resume=record.intent,
+        )
     # The run (or the acquire) died with its owner: it failed, retry with backoff.
     attempt = next_failure_attempt(record.attempt)
     delay = failure_backoff_ms(
@@ -171,6 +196,16 @@ def retry_of_recovered(
     )
 
 
+def adoptable(record: ClaimRecord) -> bool:
+    """Whether a recovered row's run may live on in a worker (its intent has a handle to
+    probe): a ``running`` or ``reserved`` row whose intent is not settled."""
+    return (
+        record.phase is not ClaimPhase.RETRY_PENDING
+        and record.intent is not None
+        and record.intent.phase not in SETTLED_SPAWN_PHASES
+    )
+
+
 def recover_slots(
     records: Mapping[SlotKey, ClaimRecord],
     *,
@@ -182,6 +217,7 @@ def recover_slots(
     """The retries, report lists and usage of recovered rows, in the rows' order."""
     retries: dict[SlotKey, RetryEntry] = {}
     interrupted: list[SlotKey] = []
+    adopting: list[SlotKey] = []
     restored: list[SlotKey] = []
     usage = _ZERO_USAGE
     span = 0
@@ -192,12 +228,15 @@ def recover_slots(
         )
         if record.phase is ClaimPhase.RETRY_PENDING:
             restored.append(key)
+        elif adoptable(record):
+            adopting.append(key)
         else:
             usage = usage + record.usage
             interrupted.append(key)
     return RecoveredSlots(
         retries=retries,
         interrupted=tuple(interrupted),
+        adopting=tuple(adopting),
         restored=tuple(restored),
         usage=usage,
         slot_span=span,

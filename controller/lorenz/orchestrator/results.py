@@ -163,6 +163,9 @@ class HydrationReport:
 
     interrupted: tuple[SlotKey, ...] = ()
     """Running or reserved slots of a lost owner, turned into failure retries."""
+    adopting: tuple[SlotKey, ...] = ()
+    """Running or reserved slots of a lost owner whose worker may live on: ``adoption``
+    retries, due at once (their next run re-attaches to the worker)."""
     restored_retries: tuple[SlotKey, ...] = ()
     """Pending retries restored with their original due time."""
     foreign: Mapping[SlotKey, str] = dataclasses.field(default_factory=dict)
@@ -177,6 +180,7 @@ class HydrationReport:
     def to_dict(self) -> dict[str, Any]:
         return {
             "interrupted": list(self.interrupted),
+            "adopting": list(self.adopting),
             "restored_retries": list(self.restored_retries),
             "foreign": dict(self.foreign),
             "taken_over_from": sorted(self.taken_over_from),

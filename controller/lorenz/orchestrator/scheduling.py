@@ -294,6 +294,7 @@ class Orchestrator:
             )
             return HydrationReport(
                 interrupted=slots.interrupted,
+                adopting=slots.adopting,
                 restored_retries=slots.restored,
                 foreign=foreign,
                 taken_over_from=frozenset(
@@ -319,6 +320,7 @@ class Orchestrator:
             now_ms = self._clock.monotonic_ms()
             wall = self._clock.now()
             interrupted: list[SlotKey] = []
+            adopting: list[SlotKey] = []
             restored: list[SlotKey] = []
             problems: list[ClaimRecordInvalid | CheckpointInvalid] = []
             taken_from: set[str] = set()
@@ -345,6 +347,7 @@ class Orchestrator:
                     state.foreign.pop(key, None)
                 self._apply_recovered(slots)
                 interrupted += slots.interrupted
+                adopting += slots.adopting
                 restored += slots.restored
                 recovered_usage = recovered_usage + slots.usage
             await self._persist_recovered(
@@ -352,6 +355,7 @@ class Orchestrator:
             )
             return HydrationReport(
                 interrupted=tuple(interrupted),
+                adopting=tuple(adopting),
                 restored_retries=tuple(restored),
                 taken_over_from=frozenset(taken_from),
                 problems=tuple(problems),
@@ -647,6 +651,14 @@ class Orchestrator:
             if governed:
                 if not self._capacity.has_capacity():
                     return Skipped(SkipReason.WORKER_HOST_CAPACITY)
+            elif (
+                current is not None
+                and current.resume is not None
+                and current.resume.placement in settings.worker.ssh_hosts
+            ):
+                # NB: an adopted worker runs where it was started; it already occupies a place
+                # on that host that no cap has counted since the restart.
+                host = current.resume.placement
             elif settings.worker.ssh_hosts:
                 host = select_worker_host(
                     settings.worker.ssh_hosts,
@@ -691,6 +703,7 @@ class Orchestrator:
                     workspace_path=current.workspace_path if current is not None else None,
                     retry_kind=current.kind if current is not None else None,
                     agent_kind=kind,
+                    resume=current.resume if current is not None else None,
                 )
                 record = running_record(entry, owner=owner, now=wall)
 
@@ -737,6 +750,7 @@ class Orchestrator:
                 workspace_path=retry.workspace_path if retry is not None else None,
                 retry_kind=retry.kind if retry is not None else None,
                 agent_kind=current.agent_kind,
+                resume=retry.resume if retry is not None else None,
             )
             del state.reserved[key]
             state.running[key] = entry

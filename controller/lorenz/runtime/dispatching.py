@@ -344,7 +344,9 @@ class Dispatching:
                 )
                 path = workspace.path
                 await self._runtime._orchestrator.set_workspace(key, str(path))
-                await self._runtime._workspaces.before_run(workspace, attempt=entry.attempt)
+                if entry.resume is None:
+                    # NB: an adopted run's before_run ran when its worker was started.
+                    await self._runtime._workspaces.before_run(workspace, attempt=entry.attempt)
             prompt = render_prompt(workflow, issue=issue, attempt=entry.attempt)
             runner = self._runtime._runner_factory(kind.protocol)
             request = AgentRunRequest(
@@ -368,6 +370,7 @@ class Dispatching:
                 continuation_prompt=continuation_prompt,
                 tools=tracker_tools(self._runtime._tracker),
                 placement=placement,
+                resume=entry.resume,
             )
             await runner.run(request)
             normal = True

@@ -6,6 +6,13 @@ request into a :class:`RunSpec`, starts (or finds) the worker, and relays its jo
 question to ``request.issue_is_active``. The agent protocol code runs in the worker; the
 runtime sees the same updates, results and error codes as from an in-process runner.
 
+Adoption from the claim: a request with ``resume`` (the spawn intent a lost controller
+recorded, brought back by hydration) re-attaches to that worker after the intent's
+``last_seq`` — no record is relayed twice, none is skipped — and settles from its final record;
+a worker that is gone without one fails the run (``worker_gone``, a failure retry); one that
+cannot be probed is *quarantined*: the run stays bound, counted against concurrency, and the
+worker is probed again until it answers or ends.
+
 Adoption without claims: before starting a worker for (workflow, issue, slot), the runner looks
 in its state root for a live worker of the same slot that no controller collected — the
 predecessor of a restarted ``lorenz`` — and follows that one from its first record instead of
@@ -48,7 +55,7 @@ from lorenz.workers.handles import (
 )
 from lorenz.workers.journal import Record
 from lorenz.workers.launch import WorkerLaunchError
-from lorenz.workers.spec import HookSpec, IssueSpec, RunSpec
+from lorenz.workers.spec import HookSpec, IssueSpec, RunSpec, is_handle
 from lorenz.workers.states import (
     DEFAULT_RETENTION_S,
     SPEC_NAME,
@@ -65,6 +72,8 @@ COLLECTED_NAME: Final = "collected"
 CANCEL_WAIT_S: Final = 60.0
 
 MAX_RUNS_PER_ATTEMPT: Final = 10_000
+
+QUARANTINE_PROBE_S: Final = 5.0
 
 _leaving: str | None = None
 
@@ -139,9 +148,9 @@ class IntentRecorder:
             placement=self._placement,
         )
 
-    async def require(self, handle: str, phase: SpawnPhase) -> None:
+    async def require(self, handle: str, phase: SpawnPhase, last_seq: int = 0) -> None:
         """Record ``phase`` before the step it names; :class:`AgentRunError` if it cannot be."""
-        intent = self.intent(handle, phase)
+        intent = self.intent(handle, phase, last_seq)
         try:
             await self._store.record_intent(self._key, intent)
         except Exception as exc:
@@ -160,6 +169,7 @@ class IntentRecorder:
 
     async def flush(self) -> None:
         while self._writer is not None and not self._writer.done():
+            # NB: the writer logs its own failures; flushing only waits for it to end.
             with contextlib.suppress(Exception):
                 await asyncio.shield(self._writer)
 
@@ -188,6 +198,9 @@ class WorkerRunner:
         retention_s: float = DEFAULT_RETENTION_S,
         intents: SpawnIntents | None = None,
         placement: str | None = None,
+        quarantine_probe_s: float = QUARANTINE_PROBE_S,
+        unknown_patience_s: float = 30.0,
+        heartbeat_s: float = 15.0,
     ) -> None:
         self.workflow = workflow
         self.transport: Transport = transport or LocalTransport()
@@ -203,6 +216,12 @@ class WorkerRunner:
         """Where the slot's spawn intent is recorded (the claim store), if anywhere."""
         self.placement = placement
         """The ``worker.ssh_hosts`` entry the transport runs on (``None``: this host)."""
+        self.quarantine_probe_s = quarantine_probe_s
+        """A quarantined (unknown) worker is followed again after this pause."""
+        self.unknown_patience_s = unknown_patience_s
+        """How long an unreachable worker is probed before it is quarantined."""
+        self.heartbeat_s = heartbeat_s
+        """The ping interval while following (a missed pong sends the worker to the probes)."""
         self._pruned = False
 
     def spec_for(self, request: AgentRunRequest, *, run: int = 0) -> RunSpec:
@@ -244,12 +263,30 @@ class WorkerRunner:
             if self.intents is not None
             else None
         )
-        if recorder is not None:
-            await recorder.require(self.spec_for(request).handle, SpawnPhase.PROVISIONING)
-        name = await self._predecessor(request)
-        if name is None:
-            name = await self._start(request, recorder=recorder)
-        handle = WorkerHandle(transport=self.transport, handle=name, handlers=handlers)
+        adopted = self._adoptable(request)
+        last_seq = 0
+        if adopted is not None:
+            assert request.resume is not None
+            name, last_seq = adopted, request.resume.last_seq
+            if recorder is not None:
+                # NB: the claim keeps naming the worker that runs: a crash now finds it again.
+                await recorder.require(name, SpawnPhase.PROBING, last_seq)
+            logger.info(
+                "adopting the worker of a lost controller handle=%s after_seq=%s", name, last_seq
+            )
+        else:
+            if recorder is not None:
+                await recorder.require(self.spec_for(request).handle, SpawnPhase.PROVISIONING)
+            found = await self._predecessor(request)
+            name = found if found is not None else await self._start(request, recorder=recorder)
+        handle = WorkerHandle(
+            transport=self.transport,
+            handle=name,
+            handlers=handlers,
+            last_seq=last_seq,
+            unknown_patience_s=self.unknown_patience_s,
+            heartbeat_s=self.heartbeat_s,
+        )
         self.last_handle = handle
 
         def relay(record: Record) -> None:
@@ -259,25 +296,38 @@ class WorkerRunner:
             if record.kind == "agent_update":
                 request.on_update(agent_update_from(record))
 
-        follow = asyncio.ensure_future(handle.follow(relay))
-        try:
-            final = await asyncio.shield(follow)
-        except asyncio.CancelledError:
-            if _leaving is not None:
-                follow.cancel()  # NB: the worker goes on; the next controller adopts it
-            else:
-                await self._cancel(handle, follow)
-            raise
-        except WorkerGone:
-            if recorder is not None:
-                recorder.update(recorder.intent(name, SpawnPhase.COMPENSATED, handle.last_seq))
-                await recorder.flush()
-            raise
-        except WorkerUnknown:
-            if recorder is not None:
-                recorder.update(recorder.intent(name, SpawnPhase.QUARANTINED, handle.last_seq))
-                await recorder.flush()
-            raise
+        while True:
+            follow = asyncio.ensure_future(handle.follow(relay))
+            try:
+                final = await asyncio.shield(follow)
+                break
+            except asyncio.CancelledError:
+                if _leaving is not None:
+                    follow.cancel()  # NB: the worker goes on; the next controller adopts it
+                else:
+                    await self._cancel(handle, follow)
+                raise
+            except WorkerGone:
+                if recorder is not None:
+                    recorder.update(
+                        recorder.intent(name, SpawnPhase.COMPENSATED, handle.last_seq)
+                    )
+                    await recorder.flush()
+                raise
+            except WorkerUnknown as exc:
+                # Quarantine: the worker may still run, so neither a retry (a second agent
+                # beside it) nor a kill; the slot stays bound — counted against concurrency —
+                # and the worker is probed again until it answers, ends or the run is stopped.
+                logger.warning("worker quarantined handle=%s: %s", name, exc)
+                if recorder is not None:
+                    recorder.update(
+                        recorder.intent(name, SpawnPhase.QUARANTINED, handle.last_seq)
+                    )
+                    await recorder.flush()
+                request.on_update(
+                    AgentUpdate(event="worker_quarantined", message=exc.message)
+                )
+                await asyncio.sleep(self.quarantine_probe_s)
         if recorder is not None:
             await recorder.flush()
         self._mark_collected(name)
@@ -335,6 +385,36 @@ class WorkerRunner:
         else:
             follow.cancel()
 
+    def _adoptable(self, request: AgentRunRequest) -> str | None:
+        """The handle of ``request.resume`` if it may be adopted for this request's slot.
+
+        NB: the intent comes from the claim store; a handle that is malformed, or whose local
+        run spec names another workflow, issue or slot, is never attached to (the run then
+        starts as usual, beside nothing: such a worker is not this slot's).
+        """
+        resume = request.resume
+        if resume is None:
+            return None
+        if not is_handle(resume.handle):
+            logger.warning("not adopting a malformed worker handle=%r", resume.handle)
+            return None
+        root = getattr(self.transport, "state_root", None)
+        if isinstance(root, Path):
+            spec = _read_spec(root / resume.handle)
+            if spec is not None and not self._spec_matches(spec, request):
+                logger.warning(
+                    "not adopting worker handle=%s: it runs another slot", resume.handle
+                )
+                return None
+        return resume.handle
+
+    def _spec_matches(self, spec: dict[str, Any], request: AgentRunRequest) -> bool:
+        return (
+            spec.get("workflow") == self.workflow
+            and (spec.get("issue") or {}).get("id") == request.issue.id
+            and spec.get("slot_index") == request.slot_index
+        )
+
     async def _predecessor(self, request: AgentRunRequest) -> str | None:
         """A live or uncollected worker of this slot started by an earlier controller."""
         root = getattr(self.transport, "state_root", None)
@@ -345,12 +425,7 @@ class WorkerRunner:
             if (root / name / COLLECTED_NAME).exists():
                 continue
             spec = _read_spec(root / name)
-            if (
-                spec is not None
-                and spec.get("workflow") == self.workflow
-                and (spec.get("issue") or {}).get("id") == request.issue.id
-                and spec.get("slot_index") == request.slot_index
-            ):
+            if spec is not None and self._spec_matches(spec, request):
                 candidates.append(name)
         for name in candidates:
             probe = await self.transport.probe(name)
