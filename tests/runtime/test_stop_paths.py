@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +44,14 @@ async def _wait_until(predicate: Any, *, timeout: float = 30.0) -> None:
 
 async def _two_running(tmp_path: Path) -> tuple[RuntimeRig, list[int]]:
     agent = write_agent(tmp_path, "waits", WAITS_FOREVER)
+    # NB: the agents wait for ever: no turn or stall timeout may end them on a loaded machine
+    # before the test stops them (a 60 s turn timeout did, under a full-suite load of 20).
     wf = write_workflow(tmp_path, agent_script=agent, front_matter={
         "polling": {"interval_ms": 600000}, "agent": {"terminal_grace_ms": 0},
+        "agents": {"test": {
+            "protocol": "command", "command": f"{sys.executable} {agent}",
+            "stall_timeout_ms": 3600000, "turn_timeout_ms": 3600000,
+        }},
     })
     rig = build_rig(wf, issues=[_issue(1), _issue(2)])
     await rig.runtime.poll_once()
