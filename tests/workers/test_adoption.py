@@ -97,8 +97,11 @@ async def test_a_resumed_run_re_attaches_after_the_collected_seq_and_starts_noth
     assert kit.starts() == 1, "the agent ran once: adopted, not started again"
     assert list_handles(state_root) == [handle], "no worker under the new generation"
     relayed = [u.event for u in kit.updates]
+    # NB: the journal's order after the thread's start is the agent's own (its message and the
+    # turn's start race under load); what matters is that exactly the records after the
+    # collected seq are relayed, in the journal's order, and none at or before it.
     assert relayed == agent_updates_after(state_root, handle, collected)
-    assert relayed[0] == "notification"
+    assert "notification" in relayed
     assert "session_started" in relayed
     assert "agent_started" not in relayed
     assert "thread_started" not in relayed
