@@ -127,7 +127,11 @@ async def test_a_resumed_run_whose_worker_is_gone_fails_with_worker_gone_and_sta
 ) -> None:
     kit = Kit(tmp_path, [{"message": "waiting"}, {"gate": str(tmp_path / "never")}])
     handle = await started_by_lost_controller(state_root, tmp_path, kit)
-    await wait_until(lambda: kit.pid_file.exists() and worker_pid(state_root / handle) is not None)
+    # NB: the agent writes its pid file when it starts, its start mark only at ``turn/start``:
+    # wait for the mark, or the kill can land before the turn began (it did in a full run).
+    await wait_until(
+        lambda: kit.starts() == 1 and worker_pid(state_root / handle) is not None, timeout_s=60
+    )
     pid = worker_pid(state_root / handle)
     assert pid is not None
     os.killpg(os.getpgid(pid), signal.SIGKILL)
