@@ -13,6 +13,7 @@ from lorenz.model import (
     SlotKey,
     SpawnIntent,
     SpawnPhase,
+    StoredState,
     TokenUsage,
     slot_key,
 )
@@ -21,6 +22,8 @@ from lorenz.orchestrator.hydration import (
     checkpoint_retry_state,
     checkpoint_usage,
     foreign_claims,
+    owners_to_take_over,
+    plan_hydration,
     record_problem,
     recover_slots,
     retry_of_recovered,
@@ -308,3 +311,100 @@ def test_a_lost_run_without_an_intent_and_a_pending_retry_with_one_are_not_adopt
     assert slots.interrupted == (lost.slot_key,)
     assert slots.restored == (pending.slot_key,)
     assert all(retry.resume is None for retry in slots.retries.values())
+
+
+def plan(
+    rows: list[ClaimRecord],
+    *,
+    stale: frozenset[str] = frozenset(),
+    moved: list[ClaimRecord] | None = None,
+    checkpoint: dict[str, Any] | None = None,
+) -> Any:
+    stored = StoredState(claims=rows, checkpoint=checkpoint, stale_owners=stale)
+    valid = valid_records(rows)
+    return plan_hydration(
+        valid,
+        stored=stored,
+        moved=moved if moved is not None else [],
+        own="me",
+        now_ms=NOW_MS,
+        wall=WALL,
+        backoff=BACKOFF,
+    )
+
+
+def test_only_stale_owners_holding_a_trusted_row_are_taken_over() -> None:
+    rows = [
+        row("dead", ClaimPhase.RUNNING, owner="stale"),
+        row("live", ClaimPhase.RUNNING, owner="other"),
+        row("mine", ClaimPhase.RETRY_PENDING, owner="me"),
+    ]
+    stored = StoredState(claims=rows, stale_owners=frozenset({"stale", "gone-without-rows"}))
+    assert owners_to_take_over(valid_records(rows), stored=stored) == {"stale"}
+
+
+def test_the_plan_merges_own_and_moved_rows_and_names_whom_it_took_over_from() -> None:
+    dead = row("dead", ClaimPhase.RUNNING, owner="stale", attempt=2)
+    rows = [
+        dead,
+        row("live", ClaimPhase.RUNNING, owner="other"),
+        row("mine", ClaimPhase.RETRY_PENDING, owner="me"),
+    ]
+    late = row("late", ClaimPhase.RETRY_PENDING, owner="stale")  # written after the read
+    result = plan(rows, stale=frozenset({"stale"}), moved=[dead, late])
+    assert set(result.slots.retries) == {
+        slot_key("dead", 0),
+        slot_key("mine", 0),
+        slot_key("late", 0),
+    }
+    assert result.slots.interrupted == (slot_key("dead", 0),)
+    assert result.slots.retries[slot_key("dead", 0)].attempt == 3
+    assert result.foreign == {slot_key("live", 0): "other"}
+    assert result.taken_over_from == {"stale", "me"}
+    assert plan([rows[1]]).taken_over_from == frozenset(), "no own rows, nobody stale: nobody"
+
+
+def test_a_malformed_moved_row_that_was_not_read_is_dropped() -> None:
+    bad = ClaimRecord(
+        slot_key=SlotKey("x#0"),
+        issue_id="y",
+        identifier="Y",
+        slot_index=0,
+        phase=ClaimPhase.RUNNING,
+        owner="stale",
+    )
+    result = plan([], stale=frozenset({"stale"}), moved=[bad])
+    assert result.slots.retries == {}
+
+
+def test_a_blocked_slot_from_the_checkpoint_replaces_its_recovered_retry() -> None:
+    rows = [
+        row("held", ClaimPhase.RETRY_PENDING, owner="me"),
+        row("other", ClaimPhase.RETRY_PENDING, owner="me"),
+    ]
+    checkpoint = {
+        "usage_totals": {"input_tokens": 5, "output_tokens": 6, "total_tokens": 11},
+        "failure_streaks": [{"slot_key": slot_key("held", 0), "failures": 3}],
+        "blocked": [blocked_to_checkpoint(blocked("held"))],
+    }
+    result = plan(rows, checkpoint=checkpoint)
+    assert set(result.blocked) == {slot_key("held", 0)}
+    assert set(result.slots.retries) == {slot_key("other", 0)}, "blocked: no retry of its own"
+    assert result.failure_streaks == {slot_key("held", 0): 3}
+    assert result.usage_totals is not None
+    assert result.usage_totals.total_tokens == 11
+    assert result.problems == ()
+
+
+def test_an_unreadable_checkpoint_is_a_problem_and_leaves_the_totals_unset() -> None:
+    bad_key = ClaimRecord(
+        slot_key=SlotKey("x#0"),
+        issue_id="y",
+        identifier="Y",
+        slot_index=0,
+        phase=ClaimPhase.RUNNING,
+        owner="me",
+    )
+    result = plan([bad_key], checkpoint={"usage_totals": "lots", "blocked": "nope"})
+    assert result.usage_totals is None
+    assert len(result.problems) == 3, "the row, the totals and the retry state: one each"

@@ -22,7 +22,12 @@ The rules, in one place:
 * any other recovered ``running`` or ``reserved`` row is a run that died with its owner: a
   failure retry with the next attempt and the configured backoff, its usage added to the totals;
 * from the checkpoint: usage totals, and failure streaks and blocked slots for the recovered
-  pending retries only (an entry without its row is stale and dropped).
+  pending retries only (an entry without its row is stale and dropped); a blocked slot
+  replaces the pending retry recovered for it.
+
+At start-up the whole of it is one plan: :func:`owners_to_take_over` names the stale owners
+whose rows the store moves to us, and :func:`plan_hydration` turns what was read and what was
+moved into a :class:`HydrationPlan`, which ``hydrate()`` applies as it is.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from lorenz.model import (
     RetryEntry,
     RetryKind,
     SlotKey,
+    StoredState,
     TokenUsage,
     UsageTotals,
     parse_slot_key,
@@ -89,6 +95,94 @@ class RetryStateRestore:
     blocked: dict[SlotKey, BlockedEntry]
     """Blocked slots; each replaces the pending retry recovered for the same slot."""
     problem: CheckpointInvalid | None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class HydrationPlan:
+    """Everything a start-up decides from the store, for the orchestrator to apply as it is."""
+
+    slots: RecoveredSlots
+    """The recovered slots; their ``retries`` exclude the slots that come back ``blocked``."""
+    blocked: dict[SlotKey, BlockedEntry]
+    """Blocked slots restored from the checkpoint (each without a retry of its own)."""
+    failure_streaks: dict[SlotKey, int]
+    """Consecutive failures per recovered slot, from the checkpoint."""
+    foreign: dict[SlotKey, str]
+    """Slots of live other owners (slot: owner), left alone and re-checked later."""
+    usage_totals: UsageTotals | None
+    """The checkpoint's usage totals, or ``None`` (none stored, or unreadable: a problem)."""
+    taken_over_from: frozenset[str]
+    """The owners whose rows were recovered: the stale ones, and our own previous life."""
+    problems: tuple[ClaimRecordInvalid | CheckpointInvalid, ...]
+    """What could not be trusted, each with its code and what to do."""
+
+
+def owners_to_take_over(valid: ValidRecords, *, stored: StoredState) -> frozenset[str]:
+    """The stale owners that hold a trusted row: the store moves their rows to us."""
+    return frozenset(
+        record.owner for record in valid.by_key.values() if record.owner in stored.stale_owners
+    )
+
+
+def plan_hydration(
+    valid: ValidRecords,
+    *,
+    stored: StoredState,
+    moved: Iterable[ClaimRecord],
+    own: str,
+    now_ms: float,
+    wall: datetime.datetime,
+    backoff: RetryBackoffSettings,
+) -> HydrationPlan:
+    """What a start-up rebuilds from ``valid`` (the rows read) and ``moved`` (the rows the store
+    took over from :func:`owners_to_take_over` for us).
+
+    Our own rows and the moved ones are recovered; a moved row is kept only if it was read (or
+    is well-formed: the store may return a row written after the read). Every other row of an
+    owner that is neither us nor stale is foreign.
+    """
+    by_key = valid.by_key
+    stale = owners_to_take_over(valid, stored=stored)
+    recovered: dict[SlotKey, ClaimRecord] = {
+        key: record for key, record in by_key.items() if record.owner == own
+    }
+    for record in moved:
+        if record.slot_key in by_key or record_problem(record) is None:
+            recovered[record.slot_key] = record
+    slots = recover_slots(
+        recovered,
+        previous_owner=lambda key: by_key[key].owner if key in by_key else own,
+        now_ms=now_ms,
+        wall=wall,
+        backoff=backoff,
+    )
+    problems: list[ClaimRecordInvalid | CheckpointInvalid] = list(valid.problems)
+    usage_totals: UsageTotals | None = None
+    restore = RetryStateRestore(failure_streaks={}, blocked={}, problem=None)
+    if stored.checkpoint is not None:
+        totals = checkpoint_usage(stored.checkpoint)
+        if isinstance(totals, CheckpointInvalid):
+            problems.append(totals)
+        else:
+            usage_totals = totals
+        restore = checkpoint_retry_state(stored.checkpoint, recovered=recovered)
+        if restore.problem is not None:
+            problems.append(restore.problem)
+    if restore.blocked:
+        slots = dataclasses.replace(
+            slots,
+            retries={k: r for k, r in slots.retries.items() if k not in restore.blocked},
+        )
+    own_rows = any(record.owner == own for record in by_key.values())
+    return HydrationPlan(
+        slots=slots,
+        blocked=restore.blocked,
+        failure_streaks=restore.failure_streaks,
+        foreign=foreign_claims(by_key, recovered=recovered, own=own, stale=stale),
+        usage_totals=usage_totals,
+        taken_over_from=stale | ({own} if own_rows else frozenset()),
+        problems=tuple(problems),
+    )
 
 
 def record_problem(record: ClaimRecord) -> ClaimRecordInvalid | None:

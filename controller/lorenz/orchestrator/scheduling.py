@@ -49,9 +49,8 @@ from lorenz.orchestrator.errors import AlreadyStarted, CheckpointInvalid, ClaimR
 from lorenz.orchestrator.hydration import (
     RecoveredSlots,
     blocked_to_checkpoint,
-    checkpoint_retry_state,
-    checkpoint_usage,
-    foreign_claims,
+    owners_to_take_over,
+    plan_hydration,
     record_problem,
     recover_slots,
     valid_records,
@@ -235,9 +234,12 @@ class Orchestrator:
         """Rebuild state from the claim store at start-up (or after winning leadership).
 
         Claims of stale owners, and our own from a previous life, are taken over: a slot that
-        was running or reserved becomes a failure retry (its run is gone), a pending retry comes
-        back with its wall-clock due time mapped onto this process's monotonic clock. Claims of
-        live other owners are remembered as foreign. Usage totals come from the checkpoint.
+        was running or reserved becomes an adoption retry (its worker may live on) or a failure
+        retry (its run is gone), a pending retry comes back with its wall-clock due time mapped
+        onto this process's monotonic clock. Claims of live other owners are remembered as
+        foreign. Usage totals come from the checkpoint. Every rule is in
+        :func:`~lorenz.orchestrator.hydration.plan_hydration`; this reads the store, has it move
+        the stale owners' rows, applies the plan and persists what the lost runs became.
         """
         async with self._lock:
             state = self._state
@@ -247,48 +249,29 @@ class Orchestrator:
                 )
             stored = await self._store.load()
             own = self._store.owner
+            valid = valid_records(stored.claims)
+            stale = owners_to_take_over(valid, stored=stored)
+            moved = await self._store.take_over(from_owners=stale) if stale else []
             now_ms = self._clock.monotonic_ms()
             wall = self._clock.now()
-            valid = valid_records(stored.claims)
-            by_key = valid.by_key
-            problems: list[ClaimRecordInvalid | CheckpointInvalid] = list(valid.problems)
-
-            stale = {r.owner for r in by_key.values() if r.owner in stored.stale_owners}
-            recovered: dict[SlotKey, ClaimRecord] = {
-                key: r for key, r in by_key.items() if r.owner == own
-            }
-            if stale:
-                for record in await self._store.take_over(from_owners=stale):
-                    if record.slot_key in by_key or record_problem(record) is None:
-                        recovered[record.slot_key] = record
-            foreign = foreign_claims(by_key, recovered=recovered, own=own, stale=stale)
-            slots = recover_slots(
-                recovered,
-                previous_owner=lambda key: by_key[key].owner if key in by_key else own,
+            plan = plan_hydration(
+                valid,
+                stored=stored,
+                moved=moved,
+                own=own,
                 now_ms=now_ms,
                 wall=wall,
                 backoff=self._settings.retry.backoff,
             )
-            self._apply_recovered(slots)
+            self._apply_recovered(plan.slots)
             recheck_at = now_ms + self._foreign_recheck_ms()
-            for key, owner in foreign.items():
+            for key, owner in plan.foreign.items():
                 state.foreign[key] = ForeignClaim(owner=owner, recheck_at_ms=recheck_at)
-
-            usage_restored = False
-            if stored.checkpoint is not None:
-                totals = checkpoint_usage(stored.checkpoint)
-                if isinstance(totals, CheckpointInvalid):
-                    problems.append(totals)
-                else:
-                    state.usage_totals = totals
-                    usage_restored = True
-                restore = checkpoint_retry_state(stored.checkpoint, recovered=recovered)
-                state.failure_streaks.update(restore.failure_streaks)
-                for key, blocked in restore.blocked.items():
-                    state.retry_attempts.pop(key, None)
-                    state.blocked[key] = blocked
-                if restore.problem is not None:
-                    problems.append(restore.problem)
+            if plan.usage_totals is not None:
+                state.usage_totals = plan.usage_totals
+            state.failure_streaks.update(plan.failure_streaks)
+            state.blocked.update(plan.blocked)
+            slots = plan.slots
             await self._persist_recovered(
                 list(slots.interrupted), recovered_usage=slots.usage, owner=own, now=wall
             )
@@ -296,12 +279,10 @@ class Orchestrator:
                 interrupted=slots.interrupted,
                 adopting=slots.adopting,
                 restored_retries=slots.restored,
-                foreign=foreign,
-                taken_over_from=frozenset(
-                    stale | ({own} if any(r.owner == own for r in by_key.values()) else set())
-                ),
-                usage_restored=usage_restored,
-                problems=tuple(problems),
+                foreign=plan.foreign,
+                taken_over_from=plan.taken_over_from,
+                usage_restored=plan.usage_totals is not None,
+                problems=plan.problems,
             )
 
     async def take_over(self, owners: Iterable[str]) -> HydrationReport:
