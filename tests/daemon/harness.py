@@ -180,7 +180,9 @@ class DaemonProcess:
     ) -> None:
         self.workflow = workflow
         self.env = dict(env)
-        self.args = list(args)
+        # NB: these tests stop daemons with runs in flight and mean "stop now": without a grace
+        # window of their own they get none (the drain is tested in test_drain.py).
+        self.args = list(args) if "--grace-seconds" in args else [*args, "--grace-seconds", "0"]
         self.output = output
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -239,8 +241,10 @@ class DaemonProcess:
         return self.process.wait(timeout=timeout_s)
 
 
-def call(endpoint: str, method: str, path: str) -> Reply:
-    return request(parse_endpoint(endpoint), method, path)
+def call(
+    endpoint: str, method: str, path: str, body: Mapping[str, Any] | None = None
+) -> Reply:
+    return request(parse_endpoint(endpoint), method, path, body=body)
 
 
 def get_state(endpoint: str) -> dict[str, Any]:

@@ -61,6 +61,8 @@ def journal(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def options(workflow: Path, env: dict[str, str], *features: str, **kwargs: Any) -> HostOptions:
+    # NB: these tests stop with runs in flight and mean "stop now" (the drain: test_drain.py).
+    kwargs.setdefault("grace_seconds", 0.0)
     return HostOptions(
         workflow_path=str(workflow),
         cli_features=["daemon", *features],

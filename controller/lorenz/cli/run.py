@@ -42,6 +42,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-tui", action="store_true", help="no terminal view (also off when stdout is not a TTY)"
     )
+    parser.add_argument(
+        "--grace-seconds",
+        type=_grace_seconds,
+        default=120.0,
+        metavar="SECONDS",
+        help="on SIGTERM/SIGINT/`lorenz stop`: start no new runs and let runs in flight go on "
+        "this long before stopping (default 120; a second signal or `lorenz stop --now` ends "
+        "it at once); detached workers still running then are left to the next controller",
+    )
+    parser.add_argument(
+        "--force-kill",
+        action="store_true",
+        help="at the end of the grace window cancel detached workers instead of leaving them "
+        "to the next controller to adopt",
+    )
+
+
+def _grace_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 <= value <= 86_400:
+        raise argparse.ArgumentTypeError("must be between 0 and 86400 seconds")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,6 +94,8 @@ def run(args: argparse.Namespace) -> int:
         dry_run=args.dry_run,
         port=args.port,
         tui=not args.no_tui and sys.stdout.isatty(),
+        grace_seconds=args.grace_seconds,
+        force_kill=args.force_kill,
     )
     try:
         return asyncio.run(run_host(options))

@@ -1,8 +1,10 @@
-"""``lorenz stop [WORKFLOW.md] [--url URL] [--port N] [--json] [--wait [--timeout S]]``.
+"""``lorenz stop [WORKFLOW.md] [--url URL] [--port N] [--json] [--now] [--wait [--timeout S]]``.
 
 ``POST /api/v1/stop`` on the daemon found through its lease: it answers ``202`` and begins the
-graceful shutdown (runtime, terminal view, worker pool, server, tracker, claim store, lease —
-in that order). With ``--wait`` the command returns only once the daemon has let go of its
+graceful shutdown: the drain (no new runs; runs in flight go on for the daemon's
+``--grace-seconds``), then runtime, terminal view, worker pool, server, tracker, claim store,
+lease — in that order. ``--now`` skips the drain (or ends one under way): every run is
+cancelled at once. With ``--wait`` the command returns only once the daemon has let go of its
 lease (or, with ``--url``/``--port``, once its endpoint stops answering); ``daemon_stop_timeout``
 after ``--timeout`` seconds. Exit codes: 0 stopping (or stopped), 1 not running, unreachable or
 timed out, 2 usage.
@@ -22,6 +24,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--wait", action="store_true", help="return only when the daemon has stopped"
     )
     parser.add_argument(
+        "--now",
+        action="store_true",
+        help="no drain: cancel every run at once (also ends a drain under way)",
+    )
+    parser.add_argument(
         "--timeout",
         type=float,
         default=60.0,
@@ -35,14 +42,16 @@ def run(args: argparse.Namespace) -> int:
 
     return attached(
         args,
-        lambda target: _stop(target, as_json=args.json, wait=args.wait, timeout_s=args.timeout),
+        lambda target: _stop(
+            target, as_json=args.json, wait=args.wait, timeout_s=args.timeout, now=args.now
+        ),
     )
 
 
-def _stop(target: Any, *, as_json: bool, wait: bool, timeout_s: float) -> int:
+def _stop(target: Any, *, as_json: bool, wait: bool, timeout_s: float, now: bool) -> int:
     from lorenz.daemon.attach import EXIT_OK, call, print_json, wait_until_stopped
 
-    body = call(target, "POST", "/api/v1/stop").body
+    body = call(target, "POST", "/api/v1/stop", {"now": True} if now else None).body
     if wait:
         wait_until_stopped(target, timeout_s=timeout_s)
         body = {**body, "stopped": True}

@@ -24,7 +24,7 @@ import argparse
 import json
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from lorenz.daemon.client import Reply, Unreachable, request
@@ -89,11 +89,23 @@ def attached(args: argparse.Namespace, action: Callable[[Target], int]) -> int:
         return EXIT_USAGE if code == "control_url_invalid" else EXIT_FAILURE
 
 
-def call(target: Target, method: str, path: str, *, timeout_s: float = 5.0) -> Reply:
+def call(
+    target: Target,
+    method: str,
+    path: str,
+    body: Mapping[str, Any] | None = None,
+    *,
+    timeout_s: float = 5.0,
+) -> Reply:
     """``method path`` on the daemon; raises the coded errors (never returns a non-2xx reply)."""
     try:
         reply = request(
-            target.endpoint, method, path, timeout_s=timeout_s, token=_token_for(target, method)
+            target.endpoint,
+            method,
+            path,
+            timeout_s=timeout_s,
+            token=_token_for(target, method),
+            body=body,
         )
     except Unreachable as exc:
         raise unreachable_error(target, reason=str(exc)) from None

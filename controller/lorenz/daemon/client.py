@@ -12,6 +12,7 @@ import dataclasses
 import http.client
 import json
 import socket
+from collections.abc import Mapping
 from typing import Any
 
 from lorenz.daemon.discovery import Endpoint
@@ -65,6 +66,7 @@ def request(
     *,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     token: str | None = None,
+    body: Mapping[str, Any] | None = None,
 ) -> Reply:
     """``method path`` against ``endpoint``; raises :class:`Unreachable` on any transport error.
 
@@ -73,6 +75,10 @@ def request(
     can show it.
     """
     headers = {"Accept": "application/json", "Connection": "close"}
+    payload = b"" if method in ("POST", "PUT") else None
+    if body is not None:
+        payload = json.dumps(body).encode()
+        headers["Content-Type"] = "application/json"
     if token is not None and endpoint.socket_path is None:
         headers["Authorization"] = f"Bearer {token}"
     connection: http.client.HTTPConnection
@@ -86,7 +92,7 @@ def request(
         connection.request(
             method,
             endpoint.base_path + path,
-            body=b"" if method in ("POST", "PUT") else None,
+            body=payload,
             headers=headers,
         )
         response = connection.getresponse()

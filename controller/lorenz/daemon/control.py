@@ -37,7 +37,8 @@ from aiohttp import web
 from lorenz.daemon.discovery import token_file_for
 from lorenz.daemon.errors import ControlSocketPathTooLong
 from lorenz.daemon.sockets import SUN_PATH_MAX, ensure_private_dir, unix_endpoint
-from lorenz.server.bodies import read_empty_object
+from lorenz.server.bodies import parse_json_body, read_empty_object
+from lorenz.server.errors import INVALID_REQUEST_BODY, ApiError
 
 if TYPE_CHECKING:
     from lorenz.daemon.daemons import Daemon
@@ -56,6 +57,24 @@ def error_response(status: int, *, code: str, message: str, **headers: str) -> w
     )
 
 
+async def read_stop_body(request: web.Request) -> bool:
+    """``POST /api/v1/stop`` takes nothing, ``{}`` or ``{"now": true|false}``; returns ``now``."""
+    route = f"{request.method} {request.path}"
+    raw = await request.read()
+    if not raw.strip():
+        return False
+    body = parse_json_body(raw, route=route)
+    if not isinstance(body, dict) or set(body) - {"now"} or not isinstance(
+        body.get("now", False), bool
+    ):
+        raise ApiError(
+            f"{route} refused its body: it takes nothing, {{}} or {{\"now\": true}}",
+            code=INVALID_REQUEST_BODY,
+            status=400,
+        )
+    return bool(body.get("now", False))
+
+
 def control_routes(*, daemon: Daemon, include_refresh: bool = True) -> list[web.RouteDef]:
     """The daemon's routes, as ``extra_routes`` of the HTTP server (or any aiohttp app)."""
 
@@ -72,16 +91,19 @@ def control_routes(*, daemon: Daemon, include_refresh: bool = True) -> list[web.
         return web.json_response(runtime.request_refresh(), status=202)
 
     async def post_stop(request: web.Request) -> web.Response:
-        await read_empty_object(request)
+        now = await read_stop_body(request)
         record = daemon.record
         body = {
             "stopping": True,
             "pid": record.pid if record is not None else os.getpid(),
             "requested_at": datetime.datetime.now(datetime.UTC).isoformat(),
+            "now": now,
         }
         # NB: the shutdown starts on a later loop iteration, after this response is written;
         # the server is stopped only after the runtime, so the reply always gets out.
-        asyncio.get_running_loop().call_soon(lambda: daemon.request_stop(reason="api"))
+        asyncio.get_running_loop().call_soon(
+            lambda: daemon.request_stop(reason="api_now" if now else "api", now=now)
+        )
         return web.json_response(body, status=202)
 
     routes = [web.get(DAEMON_PATH, get_daemon), web.post(STOP_PATH, post_stop)]
@@ -109,15 +131,20 @@ def control_openapi_paths() -> dict[str, Any]:
         STOP_PATH: {
             "post": {
                 "operationId": "stopDaemon",
-                "summary": "Graceful shutdown: answered first, then the shutdown order runs",
+                "summary": "Graceful shutdown: answered first, then the drain and the shutdown "
+                "order run (`{\"now\": true}`: no drain, every run cancelled)",
                 "security": [{"bearerToken": []}, {}],
+                "requestBody": {
+                    "required": False,
+                    "content": {"application/json": {"schema": STOP_REQUEST_SCHEMA}},
+                },
                 "responses": {
                     "202": {
                         "description": "Shutdown begins.",
                         "content": {"application/json": {"schema": STOP_SCHEMA}},
                     },
                     "400": {
-                        "description": "A body other than empty or `{}`.",
+                        "description": "A body other than empty, `{}` or `{\"now\": bool}`.",
                         "content": {"application/json": {"schema": error}},
                     },
                     "401": {
@@ -202,7 +229,13 @@ STOP_SCHEMA: dict[str, Any] = {
         "stopping": {"type": "boolean"},
         "pid": {"type": "integer"},
         "requested_at": {"type": "string"},
+        "now": {"type": "boolean"},
     },
+}
+STOP_REQUEST_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {"now": {"type": "boolean"}},
 }
 
 

@@ -75,6 +75,7 @@ class Daemon:
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._last_heartbeat_error: str | None = None
         self._stop_requested: str | None = None
+        self._request_stop: Callable[..., None] | None = None
         self.lost: LorenzError | None = None
         """Why this process stopped leading (``leadership_lost``, ``claim_owner_lost``)."""
 
@@ -176,10 +177,21 @@ class Daemon:
                 logger.info("claim owners declared dead owners=%s", marked)
         return killed
 
-    def bind(self, runtime: LorenzRuntime, *, stop: Callable[[], None] | None = None) -> None:
-        """Attach the runtime whose lanes :meth:`info` reports and which a lost lease stops."""
+    def bind(
+        self,
+        runtime: LorenzRuntime,
+        *,
+        stop: Callable[[], None] | None = None,
+        request_stop: Callable[..., None] | None = None,
+    ) -> None:
+        """Attach the runtime whose lanes :meth:`info` reports and which a lost lease stops.
+
+        ``stop`` is what a lost lease calls (at once: no drain, nothing written);
+        ``request_stop(now=…)`` is what ``POST /api/v1/stop`` calls (the host's drain).
+        """
         self._runtime = runtime
         self._stop = stop or runtime.stop
+        self._request_stop = request_stop
 
     async def set_endpoint(self, endpoint: str | None) -> None:
         """Publish where the control routes answer (``http://…`` or ``unix:///…``)."""
@@ -215,12 +227,18 @@ class Daemon:
             assert self.lost is not None
             raise self.lost
 
-    def request_stop(self, *, reason: str) -> None:
-        """A graceful shutdown (``POST /api/v1/stop``); asking twice is one shutdown."""
+    def request_stop(self, *, reason: str, now: bool = False) -> None:
+        """A graceful shutdown (``POST /api/v1/stop``); asking twice is one shutdown.
+
+        It drains first (see :class:`lorenz.daemon.shutdown.GracefulStop`); ``now`` (``lorenz
+        stop --now``) stops at once, also in the middle of a drain.
+        """
         if self._stop_requested is None:
             self._stop_requested = reason
-            logger.info("stop requested reason=%s", reason)
-        if self._stop is not None:
+            logger.info("stop requested reason=%s now=%s", reason, now)
+        if self._request_stop is not None:
+            self._request_stop(now=now)
+        elif self._stop is not None:
             self._stop()
 
     def raise_if_lost(self) -> None:

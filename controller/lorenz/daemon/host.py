@@ -21,6 +21,7 @@ from typing import Protocol
 from lorenz.assembly import assemble_runtime, tracker_factory
 from lorenz.claims import SqlClaimStore, open_claim_store, workflow_digest
 from lorenz.claims.owners import default_owner_id
+from lorenz.config import ClaimStoreBackend
 from lorenz.daemon import shutdown
 from lorenz.daemon.daemons import Daemon, wants_daemon, with_control_transport
 from lorenz.daemon.orphans import dead_owners_of, kill_orphans, marked_environment
@@ -48,6 +49,11 @@ class HostOptions:
     tui: bool = True
     """Show the terminal view (only when stdout is a TTY)."""
     environ: Mapping[str, str] | None = None
+    grace_seconds: float = shutdown.DEFAULT_GRACE_S
+    """``--grace-seconds``: how long runs in flight may go on after a graceful stop."""
+    force_kill: bool = False
+    """``--force-kill``: at the end of the grace window cancel detached workers instead of
+    leaving them to the next controller."""
 
 
 class Attachment(Protocol):
@@ -102,6 +108,7 @@ async def run_host(
     closers: list[Callable[[], Awaitable[None]]] = []
     attachments: list[Attachment] = []
     runtime: LorenzRuntime | None = None
+    graceful: shutdown.GracefulStop | None = None
     recovery: RecoveryPasses | None = None
     tracker: TrackerClient | None = None
     try:
@@ -157,12 +164,21 @@ async def run_host(
             claim_store=store,
             generation=(lambda: daemon.generation) if daemon is not None else None,
         )
+        graceful = shutdown.GracefulStop(
+            runtime=runtime,
+            grace_s=options.grace_seconds,
+            force_kill=options.force_kill,
+            # NB: only a durable claim store keeps the intent a successor adopts from; with
+            # the memory store a worker left running would be started a second time beside.
+            hand_over=settings.worker.detached
+            and settings.claim_store.backend is not ClaimStoreBackend.MEMORY,
+        )
         # NB: before any attachment starts: once the daemon's endpoint is published, SIGTERM
         # must already mean a graceful stop.
-        _install_signal_handlers(runtime)
+        _install_signal_handlers(graceful)
         factories = list(ATTACHMENTS)
         if daemon is not None:
-            daemon.bind(runtime)
+            daemon.bind(runtime, request_stop=graceful.request)
             factories = with_control_transport(factories, daemon=daemon)
         for factory in factories:
             attachment = factory(loaded, options)
@@ -192,6 +208,8 @@ async def run_host(
             await recovery.stop()
         if runtime is not None:
             shutdown.shutdown_step(shutdown.STOP_RUNTIME)
+            if graceful is not None:
+                await graceful.finish()
             runtime.stop()
             await runtime.wait_for_runs()
             shutdown.shutdown_step(shutdown.UNMOUNT_TUI)
@@ -228,13 +246,17 @@ async def run_host(
                 await daemon.release()
 
 
-def _install_signal_handlers(runtime: LorenzRuntime) -> None:
-    """SIGINT and SIGTERM stop gracefully; a second signal changes nothing (one shutdown)."""
+def _install_signal_handlers(graceful: shutdown.GracefulStop) -> None:
+    """SIGINT and SIGTERM begin the drain; a second signal ends it at once (``stop --now``)."""
     loop = asyncio.get_running_loop()
 
     def on_signal(signum: int) -> None:
-        logger.info("received signal=%s; stopping gracefully", signal.Signals(signum).name)
-        runtime.stop()
+        name = signal.Signals(signum).name
+        if graceful.requested:
+            logger.info("received signal=%s again; stopping now", name)
+        else:
+            logger.info("received signal=%s; stopping gracefully", name)
+        graceful.request()
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):

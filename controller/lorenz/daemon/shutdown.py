@@ -9,11 +9,27 @@ when nothing of this process can touch the workflow any more, so a successor nev
 
 The composition root logs every step (``shutdown step=<name>``) at info level on the
 ``lorenz.daemon`` logger, whether or not there was anything to do in it.
+
+Before the first step comes the **drain** (:class:`GracefulStop`): SIGTERM, SIGINT,
+``lorenz stop`` — and an end of the runtime by an unexpected error — first stop new claims and
+let the runs in flight go on for the grace window (``--grace-seconds``, default 120). When the
+window ends with runs left, detached workers are left running for the next controller to adopt
+(``--force-kill`` cancels them instead); in-process runs, which cannot outlive this process,
+are cancelled. ``lorenz stop --now`` and a second signal end the drain at once with today's
+stop: every run cancelled. A controller that lost its lease never drains: it stops before any
+write and leaves its workers to the new leader.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from typing import TYPE_CHECKING, Final
+
+from lorenz.workers.runner import leave_workers_running
+
+if TYPE_CHECKING:
+    from lorenz.runtime import LorenzRuntime
 
 logger = logging.getLogger("lorenz.daemon")
 
@@ -51,3 +67,78 @@ def stops_with_server(attachment: object) -> bool:
     control transport); everything else is unmounted with the terminal view.
     """
     return bool(getattr(attachment, "serves", False))
+
+
+DEFAULT_GRACE_S: Final = 120.0
+"""How long runs in flight may go on after a graceful stop was asked for (``--grace-seconds``)."""
+
+GRACE_ELAPSED: Final = "shutdown_grace_elapsed"
+"""Why a drain that ran out of time left its detached workers running."""
+
+
+class GracefulStop:
+    """One shutdown of a runtime: drain for the grace window, then stop.
+
+    :meth:`request` is what a signal and ``POST /api/v1/stop`` call (any number of times: the
+    first begins the drain, a later one with ``now`` — or a second signal — cuts it short);
+    :meth:`finish` is what the host awaits in its shutdown, whether a request came or the
+    runtime ended on its own (``--once``, an unexpected error).
+    """
+
+    def __init__(
+        self,
+        *,
+        runtime: LorenzRuntime,
+        grace_s: float = DEFAULT_GRACE_S,
+        force_kill: bool = False,
+        hand_over: bool,
+    ) -> None:
+        self._runtime = runtime
+        self._grace_s = max(grace_s, 0.0)
+        self._force_kill = force_kill
+        self._hand_over = hand_over
+        self._now = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def requested(self) -> bool:
+        return self._task is not None
+
+    def request(self, *, now: bool = False) -> None:
+        """Begin the drain (or, with ``now`` or when it already began, end it at once)."""
+        if now or self._task is not None:
+            self._now.set()
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(
+                self._drain_then_stop(), name="lorenz-graceful-stop"
+            )
+
+    async def finish(self) -> None:
+        """Drain (unless a request already did, or the runtime stopped) and stop the runtime."""
+        if self._task is None and not self._runtime.stopped:
+            self._task = asyncio.get_running_loop().create_task(
+                self._drain_then_stop(), name="lorenz-graceful-stop"
+            )
+        if self._task is not None:
+            await asyncio.shield(self._task)
+        self._runtime.stop()
+
+    async def _drain_then_stop(self) -> None:
+        runtime = self._runtime
+        drained = True
+        if not self._now.is_set() and not runtime.stopped:
+            logger.info(
+                "draining: no new runs; runs in flight may finish within grace_s=%g",
+                self._grace_s,
+            )
+            drained = await runtime.drain(grace_s=self._grace_s, cut_short=self._now)
+        if drained:
+            runtime.stop()
+        elif self._hand_over and not self._force_kill and not self._now.is_set():
+            logger.info("grace ended with runs in flight; leaving their workers to the next")
+            # NB: before stop(): its aborts must leave the workers running, not cancel them.
+            leave_workers_running(reason=GRACE_ELAPSED)
+            runtime.stop(hand_over=True)
+        else:
+            logger.info("grace ended with runs in flight; cancelling them")
+            runtime.stop()

@@ -125,6 +125,7 @@ class Dispatching:
         chosen: list[DispatchCandidate] = []
         if (
             not self._runtime._stopped
+            and not self._runtime._draining
             and not self._runtime._dry_run
             and self._runtime._candidate_cache
         ):
@@ -182,6 +183,8 @@ class Dispatching:
 
     async def maybe_dispatch(self, candidate: DispatchCandidate) -> asyncio.Task[None] | None:
         issue = candidate.issue
+        if self._runtime._draining:
+            return None  # NB: a drain starts nothing, wherever the candidate came from
         if self.refuse_unpassable(issue, slot=candidate.slot_index):
             return None
         result = await self._runtime._orchestrator.claim(candidate)
@@ -386,7 +389,7 @@ class Dispatching:
         except Exception as exc:  # noqa: BLE001 - an uncoded runner crash is a failed run
             error = RunFailure(code="agent_exited", text=f"agent exited: {describe_error(exc)}")
         finally:
-            if workspace is not None:
+            if workspace is not None and run.reason is not AbortReason.HANDED_OVER:
                 # NB: shielded so that cancellation (stop, stall, reconciliation) still runs
                 # after_run; the hook is bounded by hooks.timeout_ms inside the manager. The
                 # manager logs every hook failure itself and re-raises only a cancellation that
@@ -412,7 +415,11 @@ class Dispatching:
     ) -> None:
         text = error.text if error is not None else None
         try:
-            if run.reason is AbortReason.SHUTDOWN:
+            if run.reason is AbortReason.HANDED_OVER:
+                # Left to its worker: the claim stays running with its spawn intent, for the
+                # next controller to adopt; writing a retry here would start a second agent.
+                logger.info("run left to its worker for the next controller slot=%s", key)
+            elif run.reason is AbortReason.SHUTDOWN:
                 # A clean shutdown: keep the slot's place with a continuation retry, so a
                 # durable store brings it back after a restart without counting a failure.
                 await self._runtime._orchestrator.finish(key, normal=True, error=None)

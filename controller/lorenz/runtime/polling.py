@@ -134,7 +134,7 @@ class Polling:
             if not dry_run:
                 self._runtime._timers.sync(self._runtime._orchestrator.retry_deadlines())
             for candidate in eligible:
-                if self._runtime._stopped:
+                if self._runtime._stopped or self._runtime._draining:
                     break
                 if dry_run:
                     self._runtime._reporting.event(

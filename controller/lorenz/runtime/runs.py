@@ -23,6 +23,10 @@ class AbortReason(enum.StrEnum):
     SHUTDOWN = "shutdown"
     """The runtime is stopping; the abort counts as a clean shutdown, not a failure."""
     LEADERSHIP_LOST = "leadership_lost"
+    HANDED_OVER = "handed_over"
+    """The runtime stops and leaves the run's detached worker to the next controller: nothing
+    is recorded (its claim stays ``running`` with its spawn intent, for adoption) and no
+    ``after_run`` hook runs here (the adopting controller runs it when the run ends)."""
 
 
 @dataclasses.dataclass(slots=True)

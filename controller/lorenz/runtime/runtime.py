@@ -126,6 +126,7 @@ class LorenzRuntime:
         self._event_listeners: list[EventListener] = []
 
         self._stopped = False
+        self._draining = False
         self._once = False
         self._app_status = AppStatus.STARTING
         self._poll_in_progress = False
@@ -166,6 +167,11 @@ class LorenzRuntime:
     @property
     def stopped(self) -> bool:
         return self._stopped
+
+    @property
+    def draining(self) -> bool:
+        """Whether :meth:`drain` began: no new run starts, the ones in flight go on."""
+        return self._draining
 
     @property
     def next_poll_at(self) -> datetime.datetime | None:
@@ -230,8 +236,13 @@ class LorenzRuntime:
             self._app_status = AppStatus.STOPPED
             self._reporting.emit_snapshot()
 
-    def stop(self) -> None:
-        """Stop at once: no new polls, every active run aborted as a clean shutdown."""
+    def stop(self, *, hand_over: bool = False) -> None:
+        """Stop at once: no new polls, every active run aborted as a clean shutdown.
+
+        ``hand_over``: a run whose agent is under way is left to its detached worker for the
+        next controller to adopt (see :attr:`AbortReason.HANDED_OVER`); the caller has made the
+        runner leave workers running. Runs that have not started yet stop as a clean shutdown.
+        """
         if self._stopped:
             return
         self._stopped = True
@@ -243,11 +254,48 @@ class LorenzRuntime:
                 grace.timer.cancel()
         self._graces.clear()
         for run in self._runs.all():
-            run.finish_externally(AbortReason.SHUTDOWN)
+            handed = hand_over and run.started and not run.exited
+            run.finish_externally(AbortReason.HANDED_OVER if handed else AbortReason.SHUTDOWN)
         self._timers.cancel_all()
         self._wake.set()
         self._pass_wake.set()
         self._reporting.event(EventType.STOPPING, message="runtime stopping")
+
+    async def drain(self, *, grace_s: float, cut_short: asyncio.Event | None = None) -> bool:
+        """Stop starting runs and let the ones in flight go on for up to ``grace_s`` seconds.
+
+        Ticks go on (heartbeats, reconciliation, reload: a run whose issue turned terminal is
+        still stopped), and so do the exit decisions of runs that end; nothing is claimed or
+        dispatched any more. Returns ``True`` once no run is in flight, ``False`` when the
+        window ended (or ``cut_short`` was set) first. Does not stop the runtime: the caller
+        decides what happens to the runs left, then calls :meth:`stop`.
+        """
+        if not self._draining and not self._stopped:
+            self._draining = True
+            if self._app_status is not AppStatus.STOPPED:
+                self._app_status = AppStatus.STOPPING
+            self._reporting.event(
+                EventType.STOPPING,
+                message=f"draining: no new runs; {len(self._runs.tasks())} in flight may "
+                f"finish within {grace_s:g} s",
+            )
+        deadline = self._clock.monotonic_ms() + grace_s * 1000.0
+        cut = asyncio.ensure_future(cut_short.wait()) if cut_short is not None else None
+        try:
+            while tasks := self._runs.tasks():
+                remaining_s = (deadline - self._clock.monotonic_ms()) / 1000.0
+                if remaining_s <= 0 or (cut is not None and cut.done()):
+                    return False
+                waiting: set[asyncio.Future[Any]] = set(tasks)
+                if cut is not None:
+                    waiting.add(cut)
+                await asyncio.wait(
+                    waiting, timeout=remaining_s, return_when=asyncio.FIRST_COMPLETED
+                )
+            return True
+        finally:
+            if cut is not None:
+                cut.cancel()
 
     async def wait_for_runs(self) -> None:
         """Wait until every run in flight has settled."""
