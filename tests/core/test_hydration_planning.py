@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 from typing import Any
 
@@ -333,6 +334,11 @@ def plan(
     )
 
 
+def malformed(*, owner: str) -> ClaimRecord:
+    """A row whose slot key names another issue than the row's own."""
+    return dataclasses.replace(row("y", ClaimPhase.RUNNING, owner=owner), slot_key=SlotKey("x#0"))
+
+
 def test_only_stale_owners_holding_a_trusted_row_are_taken_over() -> None:
     rows = [
         row("dead", ClaimPhase.RUNNING, owner="stale"),
@@ -365,15 +371,7 @@ def test_the_plan_merges_own_and_moved_rows_and_names_whom_it_took_over_from() -
 
 
 def test_a_malformed_moved_row_that_was_not_read_is_dropped() -> None:
-    bad = ClaimRecord(
-        slot_key=SlotKey("x#0"),
-        issue_id="y",
-        identifier="Y",
-        slot_index=0,
-        phase=ClaimPhase.RUNNING,
-        owner="stale",
-    )
-    result = plan([], stale=frozenset({"stale"}), moved=[bad])
+    result = plan([], stale=frozenset({"stale"}), moved=[malformed(owner="stale")])
     assert result.slots.retries == {}
 
 
@@ -397,14 +395,6 @@ def test_a_blocked_slot_from_the_checkpoint_replaces_its_recovered_retry() -> No
 
 
 def test_an_unreadable_checkpoint_is_a_problem_and_leaves_the_totals_unset() -> None:
-    bad_key = ClaimRecord(
-        slot_key=SlotKey("x#0"),
-        issue_id="y",
-        identifier="Y",
-        slot_index=0,
-        phase=ClaimPhase.RUNNING,
-        owner="me",
-    )
-    result = plan([bad_key], checkpoint={"usage_totals": "lots", "blocked": "nope"})
+    result = plan([malformed(owner="me")], checkpoint={"usage_totals": "lots", "blocked": "nope"})
     assert result.usage_totals is None
     assert len(result.problems) == 3, "the row, the totals and the retry state: one each"
