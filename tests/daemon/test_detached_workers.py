@@ -161,3 +161,61 @@ def test_with_a_durable_store_the_next_daemon_adopts_from_the_claims_intent_at_o
     assert [r for r in records if r["event"] == "start" and r["t"] < ended["t"]] == [started]
     # Adopted, not failed over: no failure retry was ever written for the slot.
     assert not [b for b in _event_bodies(store) if b.get("retry_kind") == "failure"]
+
+
+def test_a_graceful_stop_whose_window_ends_hands_the_worker_to_the_next_daemon(
+    root: Path,
+    daemon_env: dict[str, str],
+    daemons: list[DaemonProcess],
+    worker_state: Path,
+) -> None:
+    store = root / "claims.db"
+    workflow = write_daemon_workflow(
+        root,
+        issues=("A-1",),
+        agent_env={**SLOW, "AGENT_MIN_S": "20", "AGENT_MAX_S": "20"},
+        front_matter={
+            "worker": {"detached": True},
+            "flags": {"claim_store.path": str(store), "daemon.heartbeat_ms": 200},
+        },
+    )
+    env = {**daemon_env, "LORENZ_WORKER_STATE": str(worker_state)}
+    args = ["--feature", "daemon", "--feature", "durable_claims"]
+    log = root / "agent.log"
+
+    first = DaemonProcess(
+        workflow, env=env, args=[*args, "--grace-seconds", "1"], output=root / "daemon-0.log"
+    )
+    daemons.append(first.start())
+    first.wait_ready()
+    _wait(lambda: any(r["event"] == "start" for r in read_agent_log(log)), "the agent to start")
+    _wait(
+        lambda: any(phase == "running" for _, phase, _, _ in _claim_rows(store)),
+        "the claim to record the running worker",
+    )
+    [(_, _, handle, _)] = _claim_rows(store)
+    [started] = [r for r in read_agent_log(log) if r["event"] == "start"]
+    first.terminate()
+    assert first.wait() == 0, first.log()[-3000:]
+    assert "grace ended with runs in flight; leaving their workers to the next" in first.log()
+    # Handed over, not settled: the row still names the live worker, nothing was cancelled.
+    assert [(phase, h) for _, phase, h, _ in _claim_rows(store)] == [("running", handle)]
+    assert not [r for r in read_agent_log(log) if r["event"] == "end"], "the agent goes on"
+    assert not [b for b in _event_bodies(store) if b.get("retry_kind")], "no retry written"
+
+    second = DaemonProcess(workflow, env=env, args=args, output=root / "daemon-1.log")
+    daemons.append(second.start())
+    second.wait_ready()
+    _wait(
+        lambda: f"adopting the worker of a lost controller handle={handle}" in second.log(),
+        "adoption from the claim's intent",
+    )
+    _wait(
+        lambda: any(r["event"] == "end" for r in read_agent_log(log)), "the adopted agent to end"
+    )
+    records = read_agent_log(log)
+    [ended] = [r for r in records if r["event"] == "end"]
+    assert ended["pid"] == started["pid"]
+    assert ended["rc"] == 0
+    assert [r for r in records if r["event"] == "start" and r["t"] < ended["t"]] == [started]
+    assert not [b for b in _event_bodies(store) if b.get("retry_kind") == "failure"]
