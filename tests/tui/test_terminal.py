@@ -121,7 +121,10 @@ def _start_lorenz(tmux: Tmux, tmp_path: Path, *args: str) -> Path:
         "PYTHONPATH": str(REPO_ROOT / "controller"),
     }
     assignments = [f"{key}={value}" for key, value in env.items()]
-    command = " ".join(["env", "-i", *assignments, str(LORENZ), str(workflow), *args])
+    # NB: SIGTERM here means "stop now" with the run still in flight: no drain window.
+    command = " ".join(
+        ["env", "-i", *assignments, str(LORENZ), str(workflow), "--grace-seconds", "0", *args]
+    )
     exit_file = tmp_path / "exit-status"
     # The shell records lorenz's real exit status; lorenz runs in the foreground of the pane's
     # terminal, as it does when a person starts it.
