@@ -10,11 +10,13 @@ intent at hydration (an ``adoption`` retry, due at once), never through a failur
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -74,9 +76,7 @@ def test_a_run_in_flight_survives_kill_9_of_its_daemon_and_is_adopted(
     second.wait_ready()
 
     def first_run_ended() -> bool:
-        return any(
-            r["event"] == "end" and r["pid"] == started["pid"] for r in read_agent_log(log)
-        )
+        return any(r["event"] == "end" and r["pid"] == started["pid"] for r in read_agent_log(log))
 
     _wait(first_run_ended, "the first agent to end")
     records = read_agent_log(log)
@@ -107,17 +107,34 @@ def _event_bodies(store: Path) -> list[dict[str, object]]:
         return [json.loads(row[0]) for row in rows]
 
 
-def test_with_a_durable_store_the_next_daemon_adopts_from_the_claims_intent_at_once(
+@dataclasses.dataclass(frozen=True)
+class RunningWorker:
+    """A first daemon (detached workers, SQLite) whose one agent runs, as the store records it."""
+
+    workflow: Path
+    env: dict[str, str]
+    args: list[str]
+    store: Path
+    log: Path
+    handle: str
+    started: dict[str, Any]
+    first: DaemonProcess
+
+
+def _a_daemon_with_a_running_worker(
     root: Path,
     daemon_env: dict[str, str],
     daemons: list[DaemonProcess],
     worker_state: Path,
-) -> None:
+    *,
+    agent_s: int,
+    extra_args: Sequence[str],
+) -> RunningWorker:
     store = root / "claims.db"
     workflow = write_daemon_workflow(
         root,
         issues=("A-1",),
-        agent_env={**SLOW, "AGENT_MIN_S": "12", "AGENT_MAX_S": "12"},
+        agent_env={**SLOW, "AGENT_MIN_S": str(agent_s), "AGENT_MAX_S": str(agent_s)},
         front_matter={
             "worker": {"detached": True},
             "flags": {"claim_store.path": str(store), "daemon.heartbeat_ms": 200},
@@ -126,8 +143,9 @@ def test_with_a_durable_store_the_next_daemon_adopts_from_the_claims_intent_at_o
     env = {**daemon_env, "LORENZ_WORKER_STATE": str(worker_state)}
     args = ["--feature", "daemon", "--feature", "durable_claims"]
     log = root / "agent.log"
-
-    first = DaemonProcess(workflow, env=env, args=args, output=root / "daemon-0.log")
+    first = DaemonProcess(
+        workflow, env=env, args=[*args, *extra_args], output=root / "daemon-0.log"
+    )
     daemons.append(first.start())
     first.wait_ready()
     _wait(lambda: any(r["event"] == "start" for r in read_agent_log(log)), "the agent to start")
@@ -138,7 +156,30 @@ def test_with_a_durable_store_the_next_daemon_adopts_from_the_claims_intent_at_o
     [(_, _, handle, _)] = _claim_rows(store)
     assert handle is not None
     [started] = [r for r in read_agent_log(log) if r["event"] == "start"]
-    first.kill9()
+    return RunningWorker(
+        workflow=workflow,
+        env=env,
+        args=args,
+        store=store,
+        log=log,
+        handle=handle,
+        started=started,
+        first=first,
+    )
+
+
+def test_with_a_durable_store_the_next_daemon_adopts_from_the_claims_intent_at_once(
+    root: Path,
+    daemon_env: dict[str, str],
+    daemons: list[DaemonProcess],
+    worker_state: Path,
+) -> None:
+    run = _a_daemon_with_a_running_worker(
+        root, daemon_env, daemons, worker_state, agent_s=12, extra_args=()
+    )
+    workflow, env, args, store, log = run.workflow, run.env, run.args, run.store, run.log
+    handle, started = run.handle, run.started
+    run.first.kill9()
 
     second = DaemonProcess(workflow, env=env, args=args, output=root / "daemon-1.log")
     daemons.append(second.start())
@@ -150,9 +191,7 @@ def test_with_a_durable_store_the_next_daemon_adopts_from_the_claims_intent_at_o
     assert "interrupted=0 adopting=1" in second.log()
 
     def first_run_ended() -> bool:
-        return any(
-            r["event"] == "end" and r["pid"] == started["pid"] for r in read_agent_log(log)
-        )
+        return any(r["event"] == "end" and r["pid"] == started["pid"] for r in read_agent_log(log))
 
     _wait(first_run_ended, "the adopted agent to end")
     records = read_agent_log(log)
@@ -169,32 +208,11 @@ def test_a_graceful_stop_whose_window_ends_hands_the_worker_to_the_next_daemon(
     daemons: list[DaemonProcess],
     worker_state: Path,
 ) -> None:
-    store = root / "claims.db"
-    workflow = write_daemon_workflow(
-        root,
-        issues=("A-1",),
-        agent_env={**SLOW, "AGENT_MIN_S": "20", "AGENT_MAX_S": "20"},
-        front_matter={
-            "worker": {"detached": True},
-            "flags": {"claim_store.path": str(store), "daemon.heartbeat_ms": 200},
-        },
+    run = _a_daemon_with_a_running_worker(
+        root, daemon_env, daemons, worker_state, agent_s=20, extra_args=("--grace-seconds", "1")
     )
-    env = {**daemon_env, "LORENZ_WORKER_STATE": str(worker_state)}
-    args = ["--feature", "daemon", "--feature", "durable_claims"]
-    log = root / "agent.log"
-
-    first = DaemonProcess(
-        workflow, env=env, args=[*args, "--grace-seconds", "1"], output=root / "daemon-0.log"
-    )
-    daemons.append(first.start())
-    first.wait_ready()
-    _wait(lambda: any(r["event"] == "start" for r in read_agent_log(log)), "the agent to start")
-    _wait(
-        lambda: any(phase == "running" for _, phase, _, _ in _claim_rows(store)),
-        "the claim to record the running worker",
-    )
-    [(_, _, handle, _)] = _claim_rows(store)
-    [started] = [r for r in read_agent_log(log) if r["event"] == "start"]
+    workflow, env, args, store, log = run.workflow, run.env, run.args, run.store, run.log
+    handle, started, first = run.handle, run.started, run.first
     first.terminate()
     assert first.wait() == 0, first.log()[-3000:]
     assert "grace ended with runs in flight; leaving their workers to the next" in first.log()
@@ -210,9 +228,7 @@ def test_a_graceful_stop_whose_window_ends_hands_the_worker_to_the_next_daemon(
         lambda: f"adopting the worker of a lost controller handle={handle}" in second.log(),
         "adoption from the claim's intent",
     )
-    _wait(
-        lambda: any(r["event"] == "end" for r in read_agent_log(log)), "the adopted agent to end"
-    )
+    _wait(lambda: any(r["event"] == "end" for r in read_agent_log(log)), "the adopted agent to end")
     records = read_agent_log(log)
     [ended] = [r for r in records if r["event"] == "end"]
     assert ended["pid"] == started["pid"]
