@@ -4,8 +4,9 @@
   ``watchNamespace`` is set) and its binding. The rules are :data:`lorenz.kube.rbac.OPERATOR_RULES`,
   the one definition of the verbs the operator uses, each commented with its reason from
   :data:`lorenz.kube.rbac.RULE_REASONS`.
-  Its Leases get a Role of their own in the release namespace (:data:`lorenz.kube.rbac.LEASE_RULES`):
-  every Lease the operator writes lives there, so it may touch no other.
+  Its Leases get a Role of their own in the release namespace
+  (:data:`lorenz.kube.rbac.LEASE_RULES`): every Lease the operator writes lives there, so it may
+  touch no other.
 * ``templates/_lease.tpl`` — the cross-field checks of the lease timings
   (:data:`lorenz.kube.leases.LEASE_RULES`).
 * ``values.schema.json``'s ``operator.lease`` block — each lease setting's type, bounds and

@@ -28,7 +28,7 @@ from lorenz.kube.statuses import (
     condition,
     status_from_snapshot,
 )
-from lorenz.model import ClaimPhase, ClaimRecord, SlotKey
+from lorenz.model import ClaimPhase, ClaimRecord, EventType, RuntimeEvent, SlotKey
 from lorenz.workflow import TemplateParseError, load_workflow
 from lorenz.workflow.documents import parse_front_matter, split_front_matter
 from lorenz.workflow.schema import iter_fields
@@ -290,6 +290,10 @@ def test_events_are_rate_limited_and_repeats_dropped() -> None:
     assert [p[1] for p in posted] == ["A", "A", "B", "C", "C"]
 
 
+def _runtime_event(kind: EventType, **fields: Any) -> RuntimeEvent:
+    return RuntimeEvent(type=kind, at=datetime.datetime.now(datetime.UTC), **fields)
+
+
 def test_a_silenced_poster_posts_nothing_more() -> None:
     posted: list[str] = []
     poster = EventPoster(
@@ -299,7 +303,9 @@ def test_a_silenced_poster_posts_nothing_more() -> None:
     assert poster.post("Normal", "Before", "1")
     poster.silence()  # the Workflow is being deleted
     assert not poster.post("Warning", "After", "2")
-    assert not poster.runtime_event({"type": "run_failed", "identifier": "X-1", "message": "x"})
+    assert not poster.runtime_event(
+        _runtime_event(EventType.RUN_FAILED, identifier="X-1", message="x")
+    )
     assert posted == ["Before"]
     assert (poster.posted, poster.dropped) == (1, 2)
 
@@ -311,9 +317,9 @@ def test_runtime_events_map_to_event_reasons() -> None:
         post=lambda ref, kind, reason, message: posted.append((kind, reason, message)),
     )
     assert poster.runtime_event(
-        {"type": "run_failed", "identifier": "X-1", "slot": 0, "attempt": 2, "message": "boom"}
+        _runtime_event(EventType.RUN_FAILED, identifier="X-1", slot=0, attempt=2, message="boom")
     )
-    assert not poster.runtime_event({"type": "poll_completed"})
+    assert not poster.runtime_event(_runtime_event(EventType.POLL_COMPLETED))
     assert posted == [("Warning", "RunFailed", "X-1 slot 0 attempt 2: boom")]
 
 

@@ -68,7 +68,14 @@ from lorenz.kube.workflow_status import (
     only_bookkeeping_changed,
     workflow_status,
 )
-from lorenz.model import EventType, LorenzError, RuntimeSnapshot, SlotKey, SystemClock
+from lorenz.model import (
+    EventType,
+    LorenzError,
+    RuntimeEvent,
+    RuntimeSnapshot,
+    SlotKey,
+    SystemClock,
+)
 from lorenz.model.slots import slot_key
 from lorenz.orchestrator import Orchestrator
 from lorenz.runtime import LorenzRuntime
@@ -474,7 +481,7 @@ class WorkflowController:
             prove_leadership=self._prove_leadership,
         )
         # NB: Kubernetes Events and the continuation count read the event's wire form.
-        runtime.add_event_listener(lambda event: self._on_runtime_event(event.to_dict()))
+        runtime.add_event_listener(self._on_runtime_event)
         self.store = store
         self.runtime = runtime
         self._unsubscribe = runtime.subscribe(self._on_snapshot)
@@ -562,9 +569,9 @@ class WorkflowController:
 
     # -- runtime output --------------------------------------------------------------------
 
-    def _on_runtime_event(self, event: Mapping[str, Any]) -> None:
-        kind = event.get("type")
-        if kind == EventType.WORKFLOW_RELOADED.value:
+    def _on_runtime_event(self, event: RuntimeEvent) -> None:
+        kind = event.type
+        if kind is EventType.WORKFLOW_RELOADED:
             self._degraded = None
             self._applied_generation = self.candidates.generation
             candidate = self.candidates.candidate
@@ -572,32 +579,31 @@ class WorkflowController:
                 with contextlib.suppress(OSError):  # NB: informational; the volume's problem
                     write_workflow_file(candidate)
             self._dirty()
-        elif kind == EventType.WORKFLOW_RELOAD_FAILED.value:
-            code = str(event.get("code") or "workflow_reload_failed")
+        elif kind is EventType.WORKFLOW_RELOAD_FAILED:
             self._degraded = Degradation(
-                code=code,
-                message=str(event.get("message") or ""),
+                code=event.code or "workflow_reload_failed",
+                message=event.message or "",
                 generation=self.candidates.generation,
             )
             self._dirty()
-        if kind != EventType.LEADERSHIP_LOST.value:
+        if kind is not EventType.LEADERSHIP_LOST:
             self.events.runtime_event(event)
         self._count_continuations(event)
 
-    def _count_continuations(self, event: Mapping[str, Any]) -> None:
+    def _count_continuations(self, event: RuntimeEvent) -> None:
         """Hold a slot whose agent keeps ending cleanly without moving its issue."""
-        kind, slot = event.get("type"), event.get("slot")
-        identifier, issue_id = event.get("identifier"), event.get("issue_id")
-        if kind == EventType.RUN_RECONCILED.value and issue_id:
+        kind, slot = event.type, event.slot
+        identifier, issue_id = event.identifier, event.issue_id
+        if kind is EventType.RUN_RECONCILED and issue_id:
             # The issue left the active states (or went away): its slots start again at 0.
-            prefix = slot_key(str(issue_id), 0).removesuffix("0")
+            prefix = slot_key(issue_id, 0).removesuffix("0")
             for stale in [k for k in self._continuations if k.startswith(prefix)]:
                 del self._continuations[stale]
             return
-        if kind != EventType.RETRY_SCHEDULED.value or slot is None or not identifier:
+        if kind is not EventType.RETRY_SCHEDULED or slot is None or not identifier:
             return
-        key = slot_key(str(issue_id or identifier), int(slot))
-        if event.get("retry_kind") != "continuation":
+        key = slot_key(issue_id or identifier, slot)
+        if event.retry_kind != "continuation":
             self._continuations.pop(key, None)
             return
         count = self._continuations.get(key, 0) + 1

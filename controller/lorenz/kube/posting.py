@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, cast
 
-from lorenz.model import EventType
+from lorenz.model import EventType, RuntimeEvent
 
 logger = logging.getLogger("lorenz.kube.events")
 
@@ -114,25 +114,23 @@ class EventPoster:
         self.posted += 1
         return True
 
-    def runtime_event(self, event: Mapping[str, Any]) -> bool:
+    def runtime_event(self, event: RuntimeEvent) -> bool:
         """Post a runtime event if it is one people should see in ``kubectl describe``."""
-        mapped = RUNTIME_EVENTS.get(str(event.get("type")))
+        mapped = RUNTIME_EVENTS.get(event.type.value)
         if mapped is None:
             return False
         kind, reason = mapped
         return self.post(kind, reason, describe(event))
 
 
-def describe(event: Mapping[str, Any]) -> str:
+def describe(event: RuntimeEvent) -> str:
     """One line for an Event: the issue and slot, then the runtime's message."""
     parts = []
-    identifier = event.get("identifier")
-    if identifier:
-        slot = event.get("slot")
-        parts.append(f"{identifier}" + (f" slot {slot}" if slot is not None else ""))
-    attempt = event.get("attempt")
-    if attempt:
-        parts.append(f"attempt {attempt}")
-    message = str(event.get("message") or event.get("type") or "")
+    if event.identifier:
+        slot = event.slot
+        parts.append(f"{event.identifier}" + (f" slot {slot}" if slot is not None else ""))
+    if event.attempt:
+        parts.append(f"attempt {event.attempt}")
+    message = event.message or event.type.value
     head = " ".join(parts)
     return f"{head}: {message}" if head else message
