@@ -43,6 +43,7 @@ from lorenz.server.errors import INVALID_REQUEST_BODY, ApiError
 if TYPE_CHECKING:
     from lorenz.daemon.daemons import Daemon
     from lorenz.runtime import LorenzRuntime
+    from lorenz.server import LorenzServer
 
 logger = logging.getLogger("lorenz.daemon")
 
@@ -283,7 +284,7 @@ class DaemonControl:
         self.endpoint: str | None = None
 
     @property
-    def server(self) -> Any:
+    def server(self) -> LorenzServer:
         """The :class:`lorenz.server.LorenzServer` underneath."""
         return self._server
 

@@ -37,6 +37,7 @@ from lorenz.server.errors import error_middleware
 
 if TYPE_CHECKING:
     from lorenz.kube.operator import Supervisor
+    from lorenz.runtime import LorenzRuntime
 
 WORKFLOW_NOT_FOUND = "workflow_not_found"
 WORKFLOW_NOT_LED_HERE = "workflow_not_led_here"
@@ -192,7 +193,8 @@ class OperatorServer:
             )
         return _json({"identity": self._settings.identity, "workflows": rows})
 
-    def _controller(self, request: web.Request) -> Any:
+    def _led_runtime(self, request: web.Request) -> LorenzRuntime:
+        """The runtime of the Workflow the request names, if this replica leads it."""
         namespace = request.match_info["namespace"]
         name = request.match_info["name"]
         controller = self._supervisor.controllers.get((namespace, name))
@@ -203,7 +205,8 @@ class OperatorServer:
                 code=WORKFLOW_NOT_FOUND,
                 status=404,
             )
-        if controller.runtime is None:
+        runtime = controller.runtime
+        if runtime is None:
             record = controller.lease.observed
             leader = record.holder if record is not None and record.holder else "nobody"
             where = record.endpoint if record is not None and record.endpoint else "unknown"
@@ -213,15 +216,13 @@ class OperatorServer:
                 code=WORKFLOW_NOT_LED_HERE,
                 status=409,
             )
-        return controller
+        return runtime
 
     async def _state(self, request: web.Request) -> web.StreamResponse:
-        controller = self._controller(request)
-        return _json(controller.runtime.snapshot().to_dict())
+        return _json(self._led_runtime(request).snapshot().to_dict())
 
     async def _refresh(self, request: web.Request) -> web.StreamResponse:
-        controller = self._controller(request)
-        return _json(controller.runtime.request_refresh(), status=202)
+        return _json(self._led_runtime(request).request_refresh(), status=202)
 
 
 def _json(document: Any, *, status: int = 200) -> web.Response:

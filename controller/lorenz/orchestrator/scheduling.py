@@ -1091,7 +1091,12 @@ class Orchestrator:
         self._cost_rebase.discard(key)
 
     async def _persist_recovered(
-        self, interrupted: list[SlotKey], *, recovered_usage: Any, owner: str, now: Any
+        self,
+        interrupted: list[SlotKey],
+        *,
+        recovered_usage: TokenUsage,
+        owner: str,
+        now: datetime.datetime,
     ) -> None:
         """After hydration or a takeover: the recovered usage counted once, each interrupted
         run's failure retry and (if usage moved) the checkpoint written."""
