@@ -99,14 +99,15 @@ class MemoryClaimStore:
         )
 
     def _stored(self, record: ClaimRecord, held: ClaimRecord | None) -> ClaimRecord:
-        stored = copy.copy(record)
-        stored.owner = self._owner
-        stored.generation = self._generation
         # NB: as in the SQL stores, only record_intent writes the intent, and a claim going
         # back to a pending retry drops it.
         keep = held.intent if held is not None else None
-        stored.intent = None if record.phase is ClaimPhase.RETRY_PENDING else keep
-        return stored
+        return dataclasses.replace(
+            record,
+            owner=self._owner,
+            generation=self._generation,
+            intent=None if record.phase is ClaimPhase.RETRY_PENDING else keep,
+        )
 
     async def acquire(self, record: ClaimRecord) -> bool:
         self._check_fence()

@@ -213,7 +213,7 @@ class WorkspaceManager:
         first_error: WorkspaceError | None = None
         for root in roots:
             try:
-                return root, check_inside_root(path, root=root)
+                return root, check_inside_root(path, root=root, root_resolved=True)
             except WorkspaceError as exc:
                 if exc.code == "workspace_path_unreadable":
                     raise
@@ -328,7 +328,7 @@ class WorkspaceManager:
         key = workspace_key(issue.identifier)
         nested = self._nested(settings, slot_index)
         path = self._slot_path(root, key, slot_index=slot_index, settings=settings)
-        check_inside_root(path, root=root)
+        check_inside_root(path, root=root, root_resolved=True)
         self._ensure_root(root)
 
         branch: str | None = None
@@ -566,7 +566,7 @@ class WorkspaceManager:
         root = self._root(settings)
         key = workspace_key(identifier)
         container = root / key
-        check_inside_root(container, root=root)
+        check_inside_root(container, root=root, root_resolved=True)
         marker = read_marker(root, key)
         identity = (
             self._identity_of(issue) if issue is not None
@@ -625,7 +625,7 @@ class WorkspaceManager:
 
     async def _remove_container(self, container: Path, *, root: Path, key: str) -> bool:
         """Remove the ``<root>/<key>`` holder of slot directories once every slot is gone."""
-        check_inside_root(container, root=root)
+        check_inside_root(container, root=root, root_resolved=True)
         if not _is_real_dir(container):
             os.unlink(container)
             return True
@@ -666,7 +666,7 @@ class WorkspaceManager:
     async def _remove_one(
         self, path: Path, *, root: Path, identity: _Identity, slot_index: int
     ) -> bool:
-        check_inside_root(path, root=root)
+        check_inside_root(path, root=root, root_resolved=True)
         manifest_file = manifest_path(root, path)
         if (_exists(manifest_file)
                 or self._settings.workspace.kind is WorkspaceKind.WORKTREE):
@@ -710,7 +710,7 @@ class WorkspaceManager:
             return True
         await self._before_remove(path, identity=identity, slot_index=slot_index)
         # The hook is arbitrary code: check again that what we delete is still ours to delete.
-        check_inside_root(path, root=root)
+        check_inside_root(path, root=root, root_resolved=True)
         if not _exists(path):
             return True
         if not _is_real_dir(path):

@@ -73,14 +73,18 @@ def canonical_root(root: Path) -> Path:
     return resolve_segments(root)
 
 
-def check_inside_root(workspace: Path, *, root: Path) -> Path:
+def check_inside_root(workspace: Path, *, root: Path, root_resolved: bool = False) -> Path:
     """Prove ``workspace`` lies strictly inside ``root``; return its canonical form.
+
+    ``root_resolved``: ``root`` is already canonical (as :func:`canonical_root` returned it),
+    so it is not walked again. That is as strict as walking it: a root segment swapped for a
+    symlink since then sends the workspace's own walk elsewhere, out of the old root.
 
     Raises :class:`WorkspaceError` with ``workspace_equals_root``, ``workspace_symlink_escape``
     (lexically under the root, really elsewhere), ``workspace_outside_root`` or
     ``workspace_path_unreadable``.
     """
-    root_canonical = canonical_root(root)
+    root_canonical = root if root_resolved else canonical_root(root)
     canonical = resolve_segments(workspace)
     if canonical == root_canonical:
         raise WorkspaceError(
