@@ -12,6 +12,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from lorenz.tasks import install_child_watcher
+
 # NB: the control-plane fixtures are a plugin so that every test folder (cluster smoke tests,
 # operator tests) can use them. A test that asks for them without the plugin fails loudly with
 # "fixture not found", so loading it conditionally cannot hide a broken harness.
@@ -25,6 +27,12 @@ NB: registered once, here: importing the same fixture functions into two folder 
 pytest bind them to whichever folder registered them first, so the other folder's tests report
 "fixture not found" in a full run.
 """
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # NB: the composition roots (run_host, the operator, the worker) install the pidfd child
+    # watcher; tests that start agents and hooks without them must run on the same one.
+    install_child_watcher()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

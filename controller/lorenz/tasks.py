@@ -12,14 +12,22 @@ Three patterns kept recurring by hand, each with a trap of its own:
   awaits them;
 * **work that must not be cut in half** — a tracker request or a file write that a cancelled
   caller abandons mid-send leaves the other side with a truncated body.
-  :func:`run_to_completion` lets the work finish, then re-raises the cancellation.
+  :func:`run_to_completion` lets the work finish, then re-raises the cancellation;
+* **noticing that a child exited** — on Python 3.11 asyncio starts a thread per subprocess that
+  blocks in ``waitpid`` until the child ends (its default ``ThreadedChildWatcher``): one
+  thread start per agent, hook and git command on the event loop's thread.
+  :func:`install_child_watcher` puts in the pidfd watcher 3.12 uses by default instead (a
+  readable process file descriptor on the running loop, no thread).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Coroutine, Iterator
+import os
+import sys
+import warnings
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -127,3 +135,87 @@ async def run_to_completion(aw: Awaitable[T]) -> T:
         # The caller asked to stop while the work ran; now that it has ended, it may.
         raise asyncio.CancelledError
     return task.result()
+
+
+ChildCallback = Callable[..., object]
+
+
+class PidfdChildWatcher(asyncio.AbstractChildWatcher):
+    """Reaps each child when its pidfd becomes readable on the loop that started it.
+
+    Unlike the standard library's 3.11 ``PidfdChildWatcher`` it is attached to no loop: each
+    handler goes on the loop running when the subprocess is created (what 3.12 does), so event
+    loops in several threads can each start subprocesses.
+    """
+
+    # NB: typeshed types the callback with a TypeVarTuple over ``args``; asyncio passes
+    # (pid, returncode, *args), which that cannot say.
+    def add_child_handler(  # type: ignore[override]
+        self, pid: int, callback: ChildCallback, *args: Any
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        pidfd = os.pidfd_open(pid)
+        loop.add_reader(pidfd, self._reap, loop, pid, pidfd, callback, args)
+
+    @staticmethod
+    def _reap(
+        loop: asyncio.AbstractEventLoop,
+        pid: int,
+        pidfd: int,
+        callback: ChildCallback,
+        args: tuple[Any, ...],
+    ) -> None:
+        loop.remove_reader(pidfd)
+        try:
+            _, status = os.waitpid(pid, 0)
+        except ChildProcessError:
+            # NB: someone else reaped it (a stray waitpid(-1)): asyncio's own watchers report
+            # 255 then too.
+            returncode = 255
+            logger.warning("child %d was reaped elsewhere; its exit status is unknown", pid)
+        else:
+            returncode = os.waitstatus_to_exitcode(status)
+        os.close(pidfd)
+        callback(pid, returncode, *args)
+
+    def remove_child_handler(self, pid: int) -> bool:
+        # NB: asyncio calls this only for a child it failed to start, which never got a
+        # handler; the pidfd reader goes when the child has been reaped.
+        return True
+
+    def attach_loop(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+    def is_active(self) -> bool:
+        return True
+
+    def __enter__(self) -> PidfdChildWatcher:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+
+def install_child_watcher() -> bool:
+    """Use :class:`PidfdChildWatcher` for this process's subprocesses; ``True`` if installed.
+
+    A no-op on Python 3.12 and later (pidfds are the default there) and where the kernel has no
+    ``pidfd_open`` (Linux before 5.3, or a seccomp filter refusing it): asyncio's threaded
+    watcher stays. Children started before the call keep the watcher that started them.
+    """
+    if sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"):
+        return False
+    policy = asyncio.get_event_loop_policy()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        if isinstance(getattr(policy, "_watcher", None), PidfdChildWatcher):
+            return True
+        try:
+            os.close(os.pidfd_open(os.getpid()))
+        except OSError:
+            return False
+        policy.set_child_watcher(PidfdChildWatcher())
+    return True

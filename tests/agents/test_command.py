@@ -42,7 +42,8 @@ async def test_the_prompt_arrives_on_stdin_and_in_the_prompt_file(
         "import json, os, sys\n"
         "stdin = sys.stdin.read()\n"
         "path = os.environ['LORENZ_PROMPT_FILE']\n"
-        "data = {'stdin': stdin, 'file': open(path).read(), 'path': path, 'cwd': os.getcwd()}\n"
+        "data = {'stdin': stdin, 'file': open(path).read(), 'path': path, 'cwd': os.getcwd(),\n"
+        "        'mode': os.stat(path).st_mode & 0o777}\n"
         "open('seen.json', 'w').write(json.dumps(data))\n"
         "print('step one'); print('step two')\n",
     )
@@ -59,6 +60,7 @@ async def test_the_prompt_arrives_on_stdin_and_in_the_prompt_file(
     assert seen["cwd"] == str(workspace)
     prompt_file = Path(seen["path"])
     assert workspace not in prompt_file.parents  # never inside the workspace
+    assert seen["mode"] == 0o600  # readable by this user only
     assert not _exists(prompt_file)  # removed after the run
     outputs = [u.message for u in kit.recorder.of("output")]
     assert outputs == ["step one", "step two"]

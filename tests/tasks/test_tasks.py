@@ -1,14 +1,24 @@
-"""lorenz.tasks: background task sets, first-of waits, work that runs to completion."""
+"""lorenz.tasks: background task sets, first-of waits, work that runs to completion, the child
+watcher."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
 import logging
+import os
+import sys
+import threading
 
 import pytest
 
-from lorenz.tasks import BackgroundTasks, first_of, run_to_completion
+from lorenz.tasks import (
+    BackgroundTasks,
+    PidfdChildWatcher,
+    first_of,
+    install_child_watcher,
+    run_to_completion,
+)
 
 
 async def test_a_background_task_is_kept_alive_until_it_ends() -> None:
@@ -114,3 +124,61 @@ async def test_run_to_completion_returns_the_result_and_raises_the_work_error() 
     assert await run_to_completion(ok()) == 7
     with pytest.raises(KeyError):
         await run_to_completion(fails())
+
+
+# -- the child watcher ---------------------------------------------------------------------
+
+needs_pidfd_watcher = pytest.mark.skipif(
+    sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"),
+    reason="the pidfd watcher is installed only on Python 3.11 with pidfd_open",
+)
+
+
+async def _exit_statuses() -> list[int]:
+    """Exit codes of a clean exit, a failure and a SIGKILL, each as asyncio reports it."""
+    codes = []
+    for script in ("exit 0", "exit 3", "kill -9 $$"):
+        process = await asyncio.create_subprocess_exec("sh", "-c", script)
+        codes.append(await asyncio.wait_for(process.wait(), timeout=30))
+    piped = await asyncio.create_subprocess_exec(
+        "sh", "-c", "echo out", stdout=asyncio.subprocess.PIPE
+    )
+    stdout, _ = await asyncio.wait_for(piped.communicate(), timeout=30)
+    assert stdout == b"out\n"
+    return codes
+
+
+@needs_pidfd_watcher
+async def test_the_pidfd_watcher_reports_exit_codes_and_starts_no_thread() -> None:
+    assert install_child_watcher()
+    watcher = asyncio.get_event_loop_policy().get_child_watcher()
+    assert isinstance(watcher, PidfdChildWatcher)
+    before = {thread.ident for thread in threading.enumerate()}
+    assert await _exit_statuses() == [0, 3, -9]
+    # NB: asyncio's threaded watcher names its threads "waitpid-N"; none may have started.
+    started = [t.name for t in threading.enumerate() if t.ident not in before]
+    assert not [name for name in started if name.startswith("waitpid")]
+
+
+@needs_pidfd_watcher
+def test_the_pidfd_watcher_serves_a_loop_in_another_thread() -> None:
+    assert install_child_watcher()
+    results: list[list[int]] = []
+    thread = threading.Thread(target=lambda: results.append(asyncio.run(_exit_statuses())))
+    thread.start()
+    thread.join(timeout=60)
+    assert results == [[0, 3, -9]]
+
+
+@needs_pidfd_watcher
+async def test_a_child_reaped_elsewhere_ends_with_255_and_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    assert install_child_watcher()
+    process = await asyncio.create_subprocess_exec("sh", "-c", "exit 7")
+    # NB: a stray waitpid reaps it before the watcher's reader runs (the loop is not yielded
+    # to until the child has certainly exited).
+    os.waitpid(process.pid, 0)  # noqa: ASYNC222 - the blocking reap is the case under test
+    with caplog.at_level(logging.WARNING, logger="lorenz.tasks"):
+        assert await asyncio.wait_for(process.wait(), timeout=30) == 255
+    assert "reaped elsewhere" in caplog.text

@@ -29,6 +29,7 @@ from lorenz.daemon.recovery import RecoveryPasses
 from lorenz.model import ClaimStore, SystemClock
 from lorenz.orchestrator import Orchestrator
 from lorenz.runtime import LorenzRuntime
+from lorenz.tasks import install_child_watcher
 from lorenz.trackers import TrackerClient
 from lorenz.workflow import LoadedWorkflow, load_workflow, validate_dispatch
 
@@ -92,6 +93,7 @@ async def run_host(
     options: HostOptions, *, ready: Callable[[LorenzRuntime], None] | None = None
 ) -> int:
     """Run one workflow on this host until it stops; returns the process exit code."""
+    install_child_watcher()
     loaded = load(options)
     settings = loaded.settings
     owner = default_owner_id()

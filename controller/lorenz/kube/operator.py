@@ -39,6 +39,7 @@ from lorenz.kube.settings import OperatorSettings
 from lorenz.kube.sharding import ShardCoordinator
 from lorenz.kube.specs import workflow_ref
 from lorenz.model import SlotKey
+from lorenz.tasks import install_child_watcher
 
 logger = logging.getLogger("lorenz.kube.operator")
 
@@ -260,6 +261,8 @@ async def run_operator(
 ) -> int:
     """Run until SIGTERM/SIGINT (or ``stop_flag``); returns the process exit code."""
     import kopf
+
+    install_child_watcher()
 
     from lorenz.kube import serving
 

@@ -33,6 +33,7 @@ import pydantic
 
 from lorenz.agents import TRACKER_SECRET_ENV, agent_environment
 from lorenz.model import LorenzError
+from lorenz.tasks import install_child_watcher
 from lorenz.workers.journal import JOURNAL_NAME, read_journal
 from lorenz.workers.protocol import SOCKET_NAME
 from lorenz.workers.spec import RunSpec
@@ -269,6 +270,7 @@ def _redirect_stdio(log_path: Path) -> None:
 
 
 async def _serve(spec: RunSpec, state_dir: Path, *, ready_fd: int | None) -> int:
+    install_child_watcher()
     worker = Worker(spec=spec, state_dir=state_dir)
     try:
         await worker.bind()
