@@ -21,7 +21,6 @@ import logging
 import os
 import tempfile
 import uuid
-from pathlib import Path
 
 from lorenz.agents.base import AgentRunError, AgentRunRequest, AgentRunResult
 from lorenz.agents.processes import AgentProcess, AgentStdinClosed, LineTooLong, spawn_agent
