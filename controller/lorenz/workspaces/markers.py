@@ -76,8 +76,9 @@ def write_json_atomically(path: Path, data: dict[str, Any]) -> None:
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(data, handle, indent=2, sort_keys=True)
-            handle.write("\n")
+            # NB: one line, not indented: with ``indent`` json falls back from its C encoder to
+            # the pure-Python one, and this runs on the event loop for every new workspace.
+            handle.write(json.dumps(data, sort_keys=True) + "\n")
         os.replace(tmp_name, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
