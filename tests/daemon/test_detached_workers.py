@@ -4,7 +4,8 @@ A real daemon on a files tracker runs one slow agent in a detached ``lorenz work
 SIGKILLs the daemon mid-run and starts the next one. From the agent's own append-only log: the
 agent that was running when its daemon died ran to its normal end (it was neither killed by the
 next daemon's orphan sweep nor started a second time beside itself), and the next daemon says
-it adopted the worker. With a durable store, the next daemon adopts from the claim's spawn
+it adopted the worker. The same holds without a daemon (memory store, no lease), where only the
+worker's state directory says the run goes on. With a durable store, the next daemon adopts from the claim's spawn
 intent at hydration (an ``adoption`` retry, due at once), never through a failure retry.
 """
 
@@ -47,33 +48,39 @@ def _wait(predicate: object, what: str, *, timeout_s: float = 120.0) -> None:
         time.sleep(0.05)
 
 
-def test_a_run_in_flight_survives_kill_9_of_its_daemon_and_is_adopted(
+@pytest.mark.parametrize(
+    "mode_args",
+    [["--feature", "daemon"], []],
+    ids=["daemon", "no-daemon"],
+)
+def test_a_run_in_flight_survives_kill_9_of_its_controller_and_is_adopted(
     root: Path,
     daemon_env: dict[str, str],
     daemons: list[DaemonProcess],
     worker_state: Path,
+    mode_args: list[str],
 ) -> None:
+    # NB: "no-daemon" is the default mode (memory store, no lease): nothing but the worker's
+    # state directory tells the next start that the issue's run is still going.
     workflow = write_daemon_workflow(
         root, issues=("A-1",), agent_env=SLOW, front_matter={"worker": {"detached": True}}
     )
     env = {**daemon_env, "LORENZ_WORKER_STATE": str(worker_state)}
     log = root / "agent.log"
 
-    first = DaemonProcess(
-        workflow, env=env, args=["--feature", "daemon"], output=root / "daemon-0.log"
-    )
+    first = DaemonProcess(workflow, env=env, args=mode_args, output=root / "daemon-0.log")
     daemons.append(first.start())
-    first.wait_ready()
+    if mode_args:
+        first.wait_ready()
     _wait(lambda: any(r["event"] == "start" for r in read_agent_log(log)), "the agent to start")
     [started] = [r for r in read_agent_log(log) if r["event"] == "start"]
     first.kill9()
     assert pid_alive(started["pid"]), "the agent died with its daemon: it was not detached"
 
-    second = DaemonProcess(
-        workflow, env=env, args=["--feature", "daemon"], output=root / "daemon-1.log"
-    )
+    second = DaemonProcess(workflow, env=env, args=mode_args, output=root / "daemon-1.log")
     daemons.append(second.start())
-    second.wait_ready()
+    if mode_args:
+        second.wait_ready()
 
     def first_run_ended() -> bool:
         return any(r["event"] == "end" and r["pid"] == started["pid"] for r in read_agent_log(log))
