@@ -5,8 +5,9 @@ SIGKILLs the daemon mid-run and starts the next one. From the agent's own append
 agent that was running when its daemon died ran to its normal end (it was neither killed by the
 next daemon's orphan sweep nor started a second time beside itself), and the next daemon says
 it adopted the worker. The same holds without a daemon (memory store, no lease), where only the
-worker's state directory says the run goes on. With a durable store, the next daemon adopts from the claim's spawn
-intent at hydration (an ``adoption`` retry, due at once), never through a failure retry.
+worker's state directory says the run goes on. With a durable store, the next daemon adopts
+from the claim's spawn intent at hydration (an ``adoption`` retry, due at once), never through
+a failure retry.
 """
 
 from __future__ import annotations
