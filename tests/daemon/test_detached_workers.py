@@ -12,8 +12,12 @@ a failure retry.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import os
+import shutil
+import signal
 import sqlite3
 import time
 from collections.abc import Iterator, Sequence
@@ -243,3 +247,106 @@ def test_a_graceful_stop_whose_window_ends_hands_the_worker_to_the_next_daemon(
     assert ended["rc"] == 0
     assert [r for r in records if r["event"] == "start" and r["t"] < ended["t"]] == [started]
     assert not [b for b in _event_bodies(store) if b.get("retry_kind") == "failure"]
+
+
+def _set_phase(store: Path, handle: str, phase: str) -> None:
+    """Rewrite the claim as a controller killed before its next intent write leaves it.
+
+    NB: the first daemon is dead (SIGKILL) when this runs, so nobody else writes the row. The
+    phases before ``running`` have collected nothing yet: ``last_seq`` goes back to 0.
+    """
+    with sqlite3.connect(store) as conn:
+        conn.execute(
+            "UPDATE claims SET spawn_phase = ?, last_seq = CASE WHEN ? = 'running' "
+            "THEN last_seq ELSE 0 END WHERE handle = ?",
+            (phase, phase, handle),
+        )
+
+
+def _stop_worker(worker_state: Path, handle: str, agent_pid: int) -> None:
+    """SIGKILL the worker and its agent: the run died while no controller watched it."""
+    from lorenz.workers.states import worker_pid
+
+    pid = worker_pid(worker_state / handle)
+    assert pid is not None
+    for victim in (pid, agent_pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim, signal.SIGKILL)
+    _wait(lambda: not pid_alive(pid) and not pid_alive(agent_pid), "the worker to die")
+
+
+@pytest.mark.parametrize(
+    ("phase", "worker"),
+    [
+        ("spawn_requested", "alive"),
+        ("probing", "alive"),
+        ("spawn_requested", "final"),
+        ("running", "final"),
+        ("provisioning", "gone"),
+        ("spawn_requested", "gone"),
+        ("running", "gone"),
+    ],
+)
+def test_a_controller_killed_in_each_spawn_phase_is_followed_as_the_phase_table_says(
+    root: Path,
+    daemon_env: dict[str, str],
+    daemons: list[DaemonProcess],
+    worker_state: Path,
+    phase: str,
+    worker: str,
+) -> None:
+    """docs/runs.md's table, end to end: alive → adopt, final → settle, gone → failure retry."""
+    run = _a_daemon_with_a_running_worker(
+        root, daemon_env, daemons, worker_state, agent_s=4, extra_args=()
+    )
+    workflow, env, args, store, log = run.workflow, run.env, run.args, run.store, run.log
+    handle, started = run.handle, run.started
+    run.first.kill9()
+    _set_phase(store, handle, phase)
+    if worker == "final":
+        from lorenz.workers.states import worker_pid
+
+        pid = worker_pid(worker_state / handle)
+        assert pid is not None
+        _wait(lambda: not pid_alive(pid), "the unwatched worker to finish")
+    elif worker == "gone":
+        _stop_worker(worker_state, handle, started["pid"])
+        if phase == "provisioning":
+            # Never started: the handle was computed, no process work happened.
+            shutil.rmtree(worker_state / handle)
+
+    second = DaemonProcess(workflow, env=env, args=args, output=root / "daemon-1.log")
+    daemons.append(second.start())
+    second.wait_ready()
+    _wait(
+        lambda: f"adopting the worker of a lost controller handle={handle}" in second.log(),
+        "the successor to probe the recorded handle",
+    )
+    assert "interrupted=0 adopting=1" in second.log()
+
+    def failure_retries() -> list[dict[str, object]]:
+        return [b for b in _event_bodies(store) if b.get("retry_kind") == "failure"]
+
+    if worker == "gone":
+        _wait(lambda: bool(failure_retries()), "the failure retry of a gone worker")
+        assert "worker_gone" in json.dumps(failure_retries()[0])
+        assert [r for r in read_agent_log(log) if r["event"] == "start"] == [started], (
+            "nothing may start before the failure retry is due"
+        )
+        return
+    _wait(
+        lambda: any(r["event"] == "end" and r["pid"] == started["pid"]
+                    for r in read_agent_log(log)),
+        "the first agent to end",
+    )
+    later_start = min(
+        (r["t"] for r in read_agent_log(log) if r["event"] == "start" and r != started),
+        default=None,
+    )
+    records = read_agent_log(log)
+    [ended] = [r for r in records if r["event"] == "end" and r["pid"] == started["pid"]]
+    assert ended["rc"] == 0, "the adopted agent was stopped instead of finishing"
+    # No second agent beside the first: anything that starts later starts after its end.
+    assert later_start is None or later_start > ended["t"]
+    assert not any(r.get("dup") for r in records)
+    assert not failure_retries(), "an adoptable or finished run was failed over"
