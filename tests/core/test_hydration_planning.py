@@ -31,6 +31,7 @@ from lorenz.orchestrator.hydration import (
     valid_records,
 )
 from lorenz.orchestrator.state import BlockedEntry
+from lorenz.policies import retry_host
 from lorenz.policies.retries import BlockReason
 
 WALL = datetime.datetime(2026, 12, 3, 12, 0, tzinfo=datetime.UTC)
@@ -106,6 +107,32 @@ def test_a_pending_retry_keeps_its_attempt_kind_and_wall_due_time_on_this_clock(
     )
     assert retry.due_at_ms == NOW_MS + 5000.0
     assert retry.due_at == WALL + datetime.timedelta(seconds=5)
+
+
+def test_a_stored_failure_comes_back_with_its_code_so_an_unreachable_host_is_avoided() -> None:
+    """A claim row keeps a failure's text only; its code is read back at hydration, so the
+    host choice after a restart is the one the live retry would have made."""
+    unreachable = row(
+        "i1",
+        ClaimPhase.RETRY_PENDING,
+        attempt=1,
+        last_error="worker_host_unreachable: the worker host h1 could not be reached",
+        host="h1",
+    )
+    crashed = row("i2", ClaimPhase.RETRY_PENDING, attempt=1, last_error="agent exited: 1",
+                  host="h1")
+    codes = [
+        retry_of_recovered(r, previous_owner="x", now_ms=NOW_MS, wall=WALL, backoff=BACKOFF)
+        for r in (unreachable, crashed)
+    ]
+    assert [c.error_code for c in codes] == ["worker_host_unreachable", None]
+    assert [retry_host(c.host, error_code=c.error_code) for c in codes] == [None, "h1"]
+    stored = dataclasses.replace(blocked("i3"), error="worker_host_unreachable: h1 is down")
+    restore = checkpoint_retry_state(
+        {"blocked": [blocked_to_checkpoint(stored)]},
+        recovered={r.slot_key: r for r in (row("i3", ClaimPhase.RETRY_PENDING),)},
+    )
+    assert restore.blocked[slot_key("i3", 0)].error_code == "worker_host_unreachable"
 
 
 def test_a_pending_retry_without_a_due_time_is_due_now_as_attempt_one() -> None:

@@ -210,10 +210,10 @@ def test_least_loaded_host_first_ties_by_order_and_caps() -> None:
 
 
 def test_a_retry_prefers_its_host_unless_the_host_was_unreachable() -> None:
-    assert retry_host("a", error="agent_exited: status 1") == "a"
-    assert retry_host("a", error=None) == "a"
-    assert retry_host("a", error="worker_host_unreachable: the worker host …") is None
-    assert retry_host(None, error=None) is None
+    assert retry_host("a", error_code="agent_exited") == "a"
+    assert retry_host("a", error_code=None) == "a"
+    assert retry_host("a", error_code="worker_host_unreachable") is None
+    assert retry_host(None, error_code=None) is None
 
 
 async def test_a_retry_after_an_unreachable_host_goes_to_the_least_loaded_host() -> None:
@@ -225,10 +225,36 @@ async def test_a_retry_after_an_unreachable_host_goes_to_the_least_loaded_host()
     assert (await orchestrator.claim(c2)).entry.host == "b"  # type: ignore[union-attr]
     await orchestrator.finish(key(1), normal=True)
     await orchestrator.finish(
-        key(2), normal=False, error="worker_host_unreachable: the worker host could not be …"
+        key(2),
+        normal=False,
+        error="worker_host_unreachable: the worker host could not be …",
+        failure_code="worker_host_unreachable",
     )
     clock.advance(20_000)
     candidates = await orchestrator.eligible_issues([issue(2)])
     started = await orchestrator.claim(candidates[0])
     assert isinstance(started, Started)
     assert started.entry.host == "a"
+
+
+async def test_a_retry_keeps_its_host_when_only_the_text_names_an_unreachable_host() -> None:
+    """The decision reads the failure's code: a message that merely starts like the
+    unreachable-host code (an agent's own output, say) leaves the retry on its host."""
+    orchestrator, _, clock = make(
+        config=WorkflowSettings.model_validate({"worker": {"ssh_hosts": ["a", "b"]}})
+    )
+    c1, c2 = await orchestrator.eligible_issues([issue(1, priority=1), issue(2, priority=2)])
+    assert (await orchestrator.claim(c1)).entry.host == "a"  # type: ignore[union-attr]
+    assert (await orchestrator.claim(c2)).entry.host == "b"  # type: ignore[union-attr]
+    await orchestrator.finish(key(1), normal=True)
+    await orchestrator.finish(
+        key(2),
+        normal=False,
+        error="worker_host_unreachable: printed by the agent",
+        failure_code="agent_exited",
+    )
+    clock.advance(20_000)
+    candidates = await orchestrator.eligible_issues([issue(2)])
+    started = await orchestrator.claim(candidates[0])
+    assert isinstance(started, Started)
+    assert started.entry.host == "b"

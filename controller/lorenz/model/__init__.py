@@ -15,7 +15,7 @@ from lorenz.model.entries import (
     SpawnIntent,
     SpawnPhase,
 )
-from lorenz.model.errors import LorenzError, RunFailure
+from lorenz.model.errors import LorenzError, RunFailure, stored_failure_code
 from lorenz.model.events import (
     EVENT_TYPES,
     RUN_OUTCOMES,
@@ -93,4 +93,5 @@ __all__ = [
     "UsageTotals",
     "parse_slot_key",
     "slot_key",
+    "stored_failure_code",
 ]

@@ -185,8 +185,10 @@ class RetryEntry:
     due_at: datetime.datetime
     """The same deadline on the wall clock, for persistence and display."""
     error: str | None = None
+    error_code: str | None = None
+    """The stable code of the failure in ``error`` (``None``: a clean exit, or no code)."""
     host: str | None = None
-    """The host the last run used; a retry prefers it."""
+    """The host the last run used; a retry prefers it (see ``policies.retry_host``)."""
     workspace_path: str | None = None
     resume: SpawnIntent | None = None
     """A live (or finished, uncollected) worker of a lost controller that this slot's next run

@@ -7,6 +7,7 @@ conditions): they never change once released. Messages may improve.
 from __future__ import annotations
 
 import dataclasses
+import re
 
 
 class LorenzError(Exception):
@@ -45,3 +46,23 @@ class RunFailure:
 
     def __str__(self) -> str:
         return self.text
+
+
+_CODED_TEXT = re.compile(r"([a-z][a-z0-9_]*): ")
+
+
+def stored_failure_code(text: str | None) -> str | None:
+    """The code of a failure that storage kept only as text, or ``None``.
+
+    A claim row (``last_error``) and the checkpoint's blocked slots keep a failure's text, not
+    its code; a coded failure's text is ``<code>: <message>`` (:meth:`RunFailure.from_error`),
+    so hydration reads the code back from it. Live failures carry their code and never come
+    through here.
+
+    NB: text of another form (``agent exited: …``, ``aborted: shutdown``) may give a word that
+    is no code; decisions compare against the codes they know, so such a word decides nothing.
+    """
+    if text is None:
+        return None
+    match = _CODED_TEXT.match(text)
+    return match.group(1) if match else None

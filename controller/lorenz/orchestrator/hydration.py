@@ -50,6 +50,7 @@ from lorenz.model import (
     UsageTotals,
     parse_slot_key,
     slot_key,
+    stored_failure_code,
 )
 from lorenz.orchestrator.errors import CheckpointInvalid, ClaimRecordInvalid
 from lorenz.orchestrator.state import BlockedEntry
@@ -249,6 +250,7 @@ def retry_of_recovered(
             due_at_ms=now_ms + (due_at - wall).total_seconds() * 1000.0,
             due_at=due_at,
             error=record.last_error,
+            error_code=stored_failure_code(record.last_error),
             host=record.host,
             workspace_path=record.workspace_path,
         )
@@ -471,6 +473,7 @@ def blocked_from_checkpoint(item: Any) -> BlockedEntry | None:
             issue_version=version,
             host=host,
             workspace_path=workspace,
+            error_code=stored_failure_code(error),
         )
     except (KeyError, TypeError, ValueError):
         return None

@@ -444,6 +444,7 @@ class Orchestrator:
             due_at_ms=now_ms,
             due_at=blocked.blocked_at,
             error=blocked.error,
+            error_code=blocked.error_code,
             host=blocked.host,
             workspace_path=blocked.workspace_path,
         )
@@ -646,7 +647,7 @@ class Orchestrator:
                     load=state.host_load(),
                     per_host_cap=settings.worker.max_concurrent_agents_per_host,
                     preferred=(
-                        retry_host(current.host, error=current.error)
+                        retry_host(current.host, error_code=current.error_code)
                         if current is not None
                         else None
                     ),
@@ -940,6 +941,7 @@ class Orchestrator:
                 action_done=decision.action is TerminalAction.BLOCK,
                 host=entry.host,
                 workspace_path=entry.workspace_path,
+                error_code=failure_code,
             )
             state.blocked[key] = blocked
             state.failure_streaks.pop(key, None)  # kept in the entry; an unblock starts at 0
@@ -960,6 +962,7 @@ class Orchestrator:
             due_at_ms=now_ms + delay,
             due_at=wall + datetime.timedelta(milliseconds=delay),
             error=error,
+            error_code=failure_code,
             host=entry.host,
             workspace_path=entry.workspace_path,
         )

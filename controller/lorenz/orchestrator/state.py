@@ -68,6 +68,8 @@ class BlockedEntry:
     """The issue's version first seen after the action; another version unblocks the slot."""
     host: str | None = None
     workspace_path: str | None = None
+    error_code: str | None = None
+    """The stable code of the failure in ``error``, when it has one."""
 
     @property
     def key(self) -> SlotKey:

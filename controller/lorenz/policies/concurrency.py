@@ -134,9 +134,11 @@ def select_worker_host(
     return best
 
 
-def retry_host(host: str | None, *, error: str | None) -> str | None:
+def retry_host(host: str | None, *, error_code: str | None) -> str | None:
     """The host a retry should prefer: the one its last run used (its workspace is there),
-    unless that run failed because the host could not be reached — then any host will do."""
-    if host is None or (error or "").startswith(HOST_UNREACHABLE_CODE):
+    unless that run failed because the host could not be reached — then any host will do.
+
+    The decision reads the failure's code, never its text."""
+    if host is None or error_code == HOST_UNREACHABLE_CODE:
         return None
     return host
