@@ -30,13 +30,13 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Awaitable, Collection, Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
-from typing import TypeVar
 
 from lorenz.config import WorkflowSettings, WorkspaceKind
 from lorenz.model import Issue
 from lorenz.model.variables import run_variables
+from lorenz.tasks import run_to_completion
 from lorenz.workspaces.errors import WorkspaceCleanupError, WorkspaceError
 from lorenz.workspaces.hooks import HookName, hook_environment, run_hook
 from lorenz.workspaces.keys import (
@@ -76,8 +76,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_ROOT_NAME = "lorenz_workspaces"
 """``workspace.root`` when unset: ``<system temp>/lorenz_workspaces``."""
 
-_T = TypeVar("_T")
-
 
 @dataclasses.dataclass(frozen=True)
 class Workspace:
@@ -115,27 +113,6 @@ class _Identity:
     identifier: str
     title: str = ""
     state: str = ""
-
-
-async def _run_to_completion(awaitable: Awaitable[_T]) -> _T:
-    """Await ``awaitable`` in its own task, finishing it even if the caller is cancelled.
-
-    NB: cancellation of the caller is not lost, only deferred: it is re-raised once the inner
-    task is done. Callers bound the inner work (hooks have ``hooks.timeout_ms``).
-    """
-    task = asyncio.ensure_future(awaitable)
-    cancelled = False
-    while True:
-        try:
-            result = await asyncio.shield(task)
-            break
-        except asyncio.CancelledError:
-            if task.done():
-                raise  # the inner task itself was cancelled
-            cancelled = True
-    if cancelled:
-        raise asyncio.CancelledError
-    return result
 
 
 class WorkspaceManager:
@@ -360,7 +337,7 @@ class WorkspaceManager:
                                  identity=self._identity_of(issue),
                                  attempt=attempt, slot_index=slot_index)
             except BaseException:
-                await _run_to_completion(self._discard_new_quietly(workspace, root=root))
+                await run_to_completion(self._discard_new_quietly(workspace, root=root))
                 raise
         return workspace
 
@@ -535,7 +512,7 @@ class WorkspaceManager:
         """
         if not self._settings.hooks.after_run:
             return
-        await _run_to_completion(self._after_run_quietly(workspace, attempt=attempt))
+        await run_to_completion(self._after_run_quietly(workspace, attempt=attempt))
 
     async def _after_run_quietly(self, workspace: Workspace, *, attempt: int | None) -> None:
         try:
