@@ -100,6 +100,8 @@ class LeaseRenewer:
         try:
             loop.run_until_complete(self._run(self._stop))
         finally:
+            # NB: the thread is ending: an async generator that fails to close holds nothing
+            # the loop's close below does not release.
             with contextlib.suppress(Exception):
                 loop.run_until_complete(loop.shutdown_asyncgens())
             loop.close()

@@ -262,9 +262,13 @@ class ShardCoordinator:
         self._stopped.set()
         if self._handover is not None:
             self._handover.cancel()
+            # NB: cancelled just above: how it ended (cancelled, or failing mid-release) is
+            # not ours to report; the releases below let go of its shard either way.
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._handover
         if self._task is not None:
+            # NB: the loop logs every failed round itself and ends once _stopped is set; only
+            # its end is awaited here.
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
         # NB: a renewal in flight ends before the releases below are written (the renewer's
