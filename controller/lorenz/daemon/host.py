@@ -14,7 +14,7 @@ import dataclasses
 import logging
 import os
 import signal
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -107,7 +107,6 @@ async def run_host(
         await daemon.acquire()
     workspace_root = Path(settings.workspace.root or ".")
     store: ClaimStore | None = None
-    closers: list[Callable[[], Awaitable[None]]] = []
     attachments: list[Attachment] = []
     runtime: LorenzRuntime | None = None
     graceful: shutdown.GracefulStop | None = None
@@ -228,10 +227,6 @@ async def run_host(
                     # NB: shutdown goes on past an attachment that fails to stop.
                     with contextlib.suppress(Exception):
                         await attachment.stop()
-        for closer in closers:
-            # NB: shutdown goes on past a backend that fails to close.
-            with contextlib.suppress(Exception):
-                await closer()
         shutdown.shutdown_step(shutdown.CLOSE_TRACKER)
         open_tracker = runtime.tracker if runtime is not None else tracker
         if open_tracker is not None:
