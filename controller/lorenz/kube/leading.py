@@ -25,12 +25,12 @@ the shard was taken again meanwhile.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 
 from lorenz.kube.resources import WorkflowRef
 from lorenz.kube.sharding import Shard, ShardCoordinator, ShardTerm
 from lorenz.leadership import LeaseRecord, LeaseStoreKind
+from lorenz.tasks import first_of
 
 
 class Term:
@@ -130,18 +130,11 @@ class WorkflowLeadership:
             term = self.shard.term
             if term is not None and self.shard.available.is_set() and term.holds():
                 return True
-            waits = [asyncio.ensure_future(self.shard.available.wait()),
-                     asyncio.ensure_future(stop.wait())]
-            try:
-                await asyncio.wait(
-                    waits, timeout=self._coordinator.timing.retry_period_s,
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
-            finally:
-                for wait in waits:
-                    wait.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await wait
+            await first_of(
+                self.shard.available.wait(),
+                stop.wait(),
+                timeout_s=self._coordinator.timing.retry_period_s,
+            )
         return False
 
     def begin_term(self) -> Term:
