@@ -120,6 +120,26 @@ async def test_a_failed_run_and_a_poll_error_are_counted(
     assert value(samples, "lorenz_retrying_slots", workflow=wf) == 1
 
 
+async def test_a_slot_that_used_up_its_retry_budget_is_a_blocked_slot(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    rig = make_rig(
+        tmp_path,
+        issues=[issue(1)],
+        agent_body="sys.exit(3)\n",
+        front_matter={"retry": {"max_attempts": 1}},
+    )
+    served = await serve(rig)
+    wf = str(rig.workflow.path)
+
+    await rig.runtime.poll_once(wait_for_runs=True)
+    samples = await scrape(http, served.url)
+
+    assert value(samples, "lorenz_blocked_slots", workflow=wf) == 1
+    assert value(samples, "lorenz_retrying_slots", workflow=wf) == 0
+    assert value(samples, "lorenz_running_slots", workflow=wf) == 0
+
+
 async def test_reconcile_stops_are_counted_by_reason(
     tmp_path: Path, http: aiohttp.ClientSession
 ) -> None:

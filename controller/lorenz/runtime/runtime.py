@@ -11,7 +11,9 @@ behind an :class:`~.runs.ActiveRun` handle.
 snapshot, listeners, reload); the work is done by one collaborator per concern, each given the
 runtime by keyword: :mod:`.polling` (ticks and poll coalescing), :mod:`.dispatching` (claim,
 run, settle, dispatch passes), :mod:`.reconciling` (claims, stalls, tracker state, terminal
-grace) and :mod:`.reporting` (events, history, listeners, the log file, redaction).
+grace) and :mod:`.reporting` (events, history, listeners, redaction). The JSONL log file is
+not the runtime's: the single-host daemon writes it as an event listener
+(:class:`lorenz.daemon.logs.LogFileSink`).
 """
 
 from __future__ import annotations

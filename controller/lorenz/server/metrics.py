@@ -323,9 +323,7 @@ class _StateCollector(Collector):
                 gauges["running"].add_metric([label], len(state.running))
                 gauges["reserving"].add_metric([label], len(state.reserved))
                 gauges["retrying"].add_metric([label], len(state.retry_attempts))
-                # NB: this version keeps no blocked lane (see orchestrator/state.py); the gauge
-                # is exported at 0 so dashboards and alerts need no change when it arrives.
-                gauges["blocked"].add_metric([label], len(getattr(state, "blocked", ())))
+                gauges["blocked"].add_metric([label], len(state.blocked))
                 totals = state.usage_totals
                 input_tokens = totals.input_tokens
                 output_tokens = totals.output_tokens
