@@ -66,7 +66,8 @@ class RunOutcome(enum.StrEnum):
     FAILED = "failed"
     STALLED = "stalled"
     CANCELED = "canceled"
-    """Reconciliation (or a deleted Claim) stopped the run; recorded, unlike in the seed."""
+    """Reconciliation (or a deleted Claim) stopped the run; recorded in the run history like any
+    other end."""
 
 
 RUN_OUTCOMES: tuple[str, ...] = tuple(o.value for o in RunOutcome)

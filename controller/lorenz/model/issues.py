@@ -1,7 +1,9 @@
 """The normalized issue every tracker adapter produces and every policy reads.
 
 Trackers differ (Linear, GitHub, Markdown files); the orchestrator sees only this shape. Fields
-follow the Symphony issue model: ``id`` is the tracker's internal key, ``identifier`` the human
+follow the issue model of the Symphony specification (the public description of an
+issue-tracker-to-coding-agent orchestrator that Lorenz implements; introduced in
+``docs/architecture.md``): ``id`` is the tracker's internal key, ``identifier`` the human
 one (``ABC-123``) used in logs and workspace names. States keep the tracker's spelling;
 comparisons go through :func:`normalize_state`.
 """

@@ -9,9 +9,10 @@ routable (``dispatchable`` and every ``tracker.required_labels`` entry present),
 blocker. The slot-level links (not already claimed, retry due) need the orchestrator's state and
 live in :func:`slot_ineligibility`.
 
-NB: the blocker rule applies to every active state, not only ``Todo`` as in Symphony's first
-draft: an issue moved to ``In Progress`` while something still blocks it is not worked on either.
-A blocker in a terminal state does not block; a blocker with an unknown (``None``) state does.
+NB: the blocker rule applies to every active state, not only ``Todo`` as in the first draft of
+the Symphony specification (see ``docs/architecture.md``): an issue moved to ``In Progress``
+while something still blocks it is not worked on either. A blocker in a terminal state does not
+block; a blocker with an unknown (``None``) state does.
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ Template variables, exactly:
   ISO-8601 timestamps, ``labels`` a list, ``blocked_by`` a list of ``{id, identifier, state}``;
 * ``attempt`` — ``None`` on a first run, else the 1-based retry or continuation count;
 * ``retry_kind`` — ``None`` on a first run, else ``"continuation"`` or ``"failure"`` (a Lorenz
-  extension; Symphony templates never need it).
+  extension; templates written for the Symphony specification, see ``docs/architecture.md``,
+  never need it).
 
 The template is parsed once per workflow load and rendered per run. A parse error does not make
 the workflow unloadable — as in Symphony, template errors fail only the run attempt — but
