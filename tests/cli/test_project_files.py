@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import tomllib
@@ -72,3 +73,37 @@ def test_helm_tests_are_cluster_tests_and_the_others_are_not() -> None:
     assert "tests/packaging/test_wheel.py::test_installed_package_generates_the_committed_crds" in (
         others
     )
+
+
+def _heading_anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives the page's headings (lowercase, punctuation dropped)."""
+    found: set[str] = set()
+    in_code = False
+    for line in page.read_text(encoding="utf-8").splitlines():
+        if line.startswith("```"):
+            in_code = not in_code
+        elif not in_code and line.startswith("#"):
+            title = re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower())
+            found.add(title.replace(" ", "-"))
+    return found
+
+
+def test_every_relative_link_of_the_docs_reaches_its_page_and_heading() -> None:
+    """A newcomer follows these links from architecture.md and the README; none may dangle."""
+    pages = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md", ROOT / "CONTRIBUTING.md"]
+    broken: list[str] = []
+    for page in pages:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text(encoding="utf-8")):
+            if re.match(r"[a-z]+:", target):
+                continue  # an absolute URL
+            path, _, anchor = target.partition("#")
+            destination = page.parent / path if path else page
+            if not destination.exists():
+                broken.append(f"{page.name}: {target} (no such file)")
+            elif (
+                anchor
+                and destination.suffix == ".md"
+                and anchor not in _heading_anchors(destination)
+            ):
+                broken.append(f"{page.name}: {target} (no such heading)")
+    assert broken == []
