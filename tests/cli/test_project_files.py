@@ -33,9 +33,17 @@ def test_contributing_and_changelog_exist() -> None:
 
 def test_pre_commit_runs_ruff_and_mypy() -> None:
     config = yaml.safe_load((ROOT / ".pre-commit-config.yaml").read_text(encoding="utf-8"))
-    entries = {hook["id"]: hook["entry"] for repo in config["repos"] for hook in repo["hooks"]}
-    assert entries["ruff"].startswith("ruff check")
-    assert entries["mypy"] == "mypy"
+    hooks = {hook["id"]: hook for repo in config["repos"] for hook in repo["hooks"]}
+    assert hooks["ruff"]["entry"].startswith("ruff check")
+    assert hooks["mypy"]["entry"] == "mypy"
+    # The hook checks the folders ./scripts/test and CONTRIBUTING.md's command check.
+    script = (ROOT / "scripts" / "test").read_text(encoding="utf-8")
+    command = re.search(r"ruff check ([\w ]+)", script)
+    assert command is not None
+    folders = command.group(1).split()
+    assert all(re.match(hooks["ruff"]["files"], f"{folder}/x.py") for folder in folders)
+    contributing = (ROOT / "CONTRIBUTING.md").read_text(encoding="utf-8")
+    assert f"ruff check {' '.join(folders)}" in contributing
 
 
 def test_mypy_checks_the_tests_too() -> None:
