@@ -13,10 +13,11 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from lorenz.config import WorkflowSettings
+from lorenz.secrets import REDACTED
 from lorenz.workflow.flags import FlagValue
 from lorenz.workflow.schema import MAP_ENTRY, leaf_fields
 
-REDACTED = "***"
+__all__ = ["REDACTED", "REDACTED_MAPS", "flag_report", "redacted_settings", "secret_key_paths"]
 
 # NB: agent env maps are not `x-lorenz-env: secret` fields (their values are passed verbatim, not
 # `$VAR`-resolved), so they are named here; a test keeps this list in step with the schema.
