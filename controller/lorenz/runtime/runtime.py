@@ -4,7 +4,7 @@ The orchestrator decides; the runtime acts. Every fetch, spawn, timer and broadc
 this package, and no scheduling decision does: the runtime asks the orchestrator what is
 eligible, whether a slot may be claimed, whether a tracked run should stop, which runs are
 stalled, and tells it what happened. One tick runs in a fixed order (see
-:meth:`LorenzRuntime._tick`), ticks never overlap, and each dispatched run is a detached task
+:meth:`.polling.Polling.tick_body`), ticks never overlap, and each dispatched run is a detached task
 behind an :class:`~.runs.ActiveRun` handle.
 
 :class:`LorenzRuntime` holds the state and the public surface (start, stop, poll_once, the
