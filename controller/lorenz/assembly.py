@@ -14,9 +14,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from lorenz.agents import AgentRunner, build_runner
+from lorenz.agents import AgentRunner, RunPlacement, build_runner
 from lorenz.agents.environment import TRACKER_SECRET_ENV
-from lorenz.config import AgentProtocol, WorkflowSettings
+from lorenz.config import AgentProtocol, WorkerKind, WorkflowSettings
 from lorenz.model import ClaimStore, SpawnIntents
 from lorenz.orchestrator import Orchestrator
 from lorenz.runtime import LorenzRuntime
@@ -53,8 +53,13 @@ def assemble_runtime(
     prove_leadership: Callable[[], Awaitable[None]] | None = None,
     claim_store: ClaimStore | None = None,
     generation: Callable[[], int | None] | None = None,
+    pods: Callable[[RunPlacement], AgentRunner] | None = None,
 ) -> LorenzRuntime:
     """A runtime for ``workflow``, ready to ``start()``.
+
+    ``pods`` builds the runner of a run placed in a Pod of its own (``worker.kind: pod``);
+    only the operator has one, so elsewhere such a workflow is refused here
+    (``worker_kind_unavailable``), and a reload to it fails its runs with the same code.
 
     ``claim_store`` (when it records spawn intents) and ``generation`` (the controller's
     current leadership generation) go to detached runs: each records its worker's intent on its
@@ -64,6 +69,13 @@ def assemble_runtime(
     from it for hooks); ``tracker`` is one already built by ``trackers`` (the host builds it
     first so a tracker error surfaces before any claim is touched), otherwise it is built here.
     """
+    if pods is None and workflow.settings.worker.kind is WorkerKind.POD:
+        from lorenz.workers.placement import PodRunnerUnavailable
+
+        raise PodRunnerUnavailable(
+            "worker.kind: pod places runs in Pods, which only the Kubernetes operator does; "
+            "use worker.kind: local (or run the workflow as a Workflow resource)"
+        )
     return LorenzRuntime(
         workflow=workflow,
         orchestrator=orchestrator,
@@ -72,7 +84,11 @@ def assemble_runtime(
             settings=workflow.settings, secrets=TRACKER_SECRET_ENV, base_env=base_env
         ),
         runner_factory=_runner_factory(
-            workflow, base_env=base_env, claim_store=claim_store, generation=generation
+            workflow,
+            base_env=base_env,
+            claim_store=claim_store,
+            generation=generation,
+            pods=pods,
         ),
         tracker_factory=trackers,
         reload_workflow=reload_workflow,
@@ -88,6 +104,7 @@ def _runner_factory(
     base_env: Mapping[str, str],
     claim_store: ClaimStore | None = None,
     generation: Callable[[], int | None] | None = None,
+    pods: Callable[[RunPlacement], AgentRunner] | None = None,
 ) -> Callable[[AgentProtocol], AgentRunner]:
     """Runners that execute each run where the orchestrator placed it.
 
@@ -130,7 +147,7 @@ def _runner_factory(
                 env=base_env, secret_values=[api_key] if api_key else []
             )
         return PlacingRunner(
-            workflow=path, protocol=protocol, local=local, transports=transports
+            workflow=path, protocol=protocol, local=local, transports=transports, pods=pods
         )
 
     return placing

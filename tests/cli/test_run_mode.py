@@ -208,3 +208,18 @@ def test_a_run_without_a_port_does_not_import_the_http_server_stack(tmp_path: Pa
     )
     assert served.returncode == 0, served.stdout + served.stderr
     assert "aiohttp" in served.stdout.split("HEAVY=", 1)[1], served.stdout
+
+
+# ------------------------------------------------------------------ worker.kind: pod
+
+
+def test_a_workflow_with_pod_workers_is_refused_outside_the_operator(tmp_path: Path) -> None:
+    files_workflow(tmp_path, extra="worker:\n  kind: pod\n")
+    result = subprocess.run(
+        [str(LORENZ), "WORKFLOW.md", "--once", "--no-tui"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=HANG_GUARD_S, check=False,
+    )
+    assert result.returncode != 0, result.stdout + result.stderr
+    assert "worker_kind_unavailable" in result.stdout + result.stderr
+    assert "only the Kubernetes operator" in result.stdout + result.stderr
+    assert not (tmp_path / "agent-ran").exists()

@@ -89,6 +89,8 @@ def test_pass_through_markers_sit_on_untyped_fields_only() -> None:
         f"agents.{MAP_ENTRY}.turn_sandbox_policy",
         "codex.approval_policy",
         "codex.turn_sandbox_policy",
+        # Kubernetes' own Affinity object, checked by the API server when the Pod is created.
+        "worker.pod_template.affinity",
     ]
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -178,6 +179,25 @@ def test_unknown_fields_fail_strict_validation_and_are_pruned_otherwise(
             "spec.agent.kind",
             "agent.kind must name an entry of agents",
         ),
+        (
+            {"worker": {"podTemplate": {"image": "agents:1"}}},
+            "spec.worker.kind",
+            "only apply when worker.kind is pod",
+        ),
+        (
+            {"worker": {"kind": "pod", "sshHosts": ["build1"]}},
+            "spec.worker.sshHosts",
+            "does not apply with worker.kind pod",
+        ),
+        (
+            {
+                "tracker": {"kind": "github", "repository": "o/r",
+                            "apiKeySecretRef": {"name": "github", "key": "token"}},
+                "worker": {"kind": "pod", "podTemplate": {"envFromSecrets": ["model", "github"]}},
+            },
+            "spec.worker.podTemplate.envFromSecrets",
+            "must not name the tracker's Secret",
+        ),
     ],
 )
 def test_cel_rules_reject_cross_field_violations_naming_the_field(
@@ -216,6 +236,71 @@ def test_cel_rules_accept_the_complete_forms(
     codex = with_spec("codex", agent={"kind": "codex"}, agents=None)
     proc = apply(kube_control_plane, kube_namespace, codex)
     assert proc.returncode == 0, proc.stderr
+
+
+POD_WORKER: dict[str, Any] = {
+    "kind": "pod",
+    "podTemplate": {
+        "image": "registry.example/agents/codex:1.2",
+        "imagePullPolicy": "IfNotPresent",
+        "resources": {"requests": {"cpu": "500m"}, "limits": {"memory": "2Gi"}},
+        "nodeSelector": {"pool": "agents"},
+        "tolerations": [
+            {"key": "dedicated", "operator": "Equal", "value": "agents", "effect": "NoSchedule"}
+        ],
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {"matchExpressions": [
+                            {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}
+                        ]}
+                    ]
+                }
+            }
+        },
+        "envFromSecrets": ["model"],
+    },
+    "serviceAccountName": "lorenz-agent",
+    "workspace": {"emptyDir": {"sizeLimit": "10Gi"}},
+    "startTimeoutMs": 30000,
+}
+
+
+@pytest.mark.cluster
+def test_a_pod_worker_is_accepted_whole_and_kubectl_explain_shows_it(
+    kube_control_plane: Cluster, kube_namespace: str, lorenz_crds: list[str]
+) -> None:
+    body = with_spec("pods", worker=POD_WORKER)
+    proc = apply(kube_control_plane, kube_namespace, body)
+    assert proc.returncode == 0, proc.stderr
+    stored = kube_control_plane.kubectl_json("get", "wf", "pods", "-n", kube_namespace)
+    # The affinity is Kubernetes' own object: kept whole (preserve-unknown-fields).
+    assert stored["spec"]["worker"] == POD_WORKER
+    # The spec maps back to the one settings model (camelCase -> snake_case).
+    from lorenz.kube.casing import front_matter_from_spec
+    from lorenz.workflow import settings_from_mapping
+
+    settings = settings_from_mapping(
+        front_matter_from_spec({"tracker": {"kind": "files", "path": "i"},
+                                "worker": stored["spec"]["worker"]}),
+        base_dir=Path("/"),
+        environ={},
+    ).settings
+    assert settings.worker.pod_template.env_from_secrets == ("model",)
+    assert settings.worker.workspace.empty_dir.size_limit == "10Gi"
+
+    explained = kube_control_plane.kubectl(
+        "explain", "workflows.spec.worker.podTemplate", "--api-version=lorenz.dev/v1alpha1"
+    ).stdout
+    for field in ("image", "resources", "nodeSelector", "tolerations", "affinity",
+                  "envFromSecrets"):
+        assert field in explained, explained
+    kind = kube_control_plane.kubectl(
+        "explain", "workflows.spec.worker.kind", "--api-version=lorenz.dev/v1alpha1"
+    ).stdout
+    assert "unisolated" in kind, kind
+    assert 'Default: "local"' in kind, kind
 
 
 @pytest.mark.cluster

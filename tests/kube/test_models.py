@@ -146,6 +146,7 @@ def test_only_pass_through_fields_preserve_unknown_fields() -> None:
         ".codex.approvalPolicy",
         ".codex.turnSandboxPolicy",
         ".tracker.provider",
+        ".worker.podTemplate.affinity",
     ]
 
 

@@ -37,6 +37,13 @@ PASSTHROUGH_KEY = "x-lorenz-passthrough"
 UNKNOWN_AGENT_KIND = "unknown_agent_kind"
 """The code of a setting that names an agent kind ``agents`` does not define."""
 
+WORKER_POD_SETTINGS_UNUSED = "worker_pod_settings_unused"
+"""The code of Pod settings given while ``worker.kind`` is not ``pod``."""
+WORKER_KIND_CONFLICT = "worker_kind_conflict"
+"""The code of ``worker.kind: pod`` next to settings only local or SSH workers use."""
+WORKER_POD_VALUE_INVALID = "worker_pod_value_invalid"
+"""The code of a Pod setting Kubernetes would refuse (a name, a quantity, a toleration)."""
+
 CODED_CONFIG_ERRORS: frozenset[str] = frozenset(
     {
         UNKNOWN_AGENT_KIND,
@@ -45,6 +52,9 @@ CODED_CONFIG_ERRORS: frozenset[str] = frozenset(
         "retry_cancel_state_missing",
         "retry_escalation_empty",
         "retry_escalation_label_required",
+        WORKER_POD_SETTINGS_UNUSED,
+        WORKER_KIND_CONFLICT,
+        WORKER_POD_VALUE_INVALID,
     }
 )
 """Validation error types raised here whose type is also the stable code the loader reports
@@ -567,6 +577,216 @@ class WorkerPoolSettings(Section):
 _HOST_RE = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.@-]+)(:\d{1,5})?$")
 
 
+class WorkerKind(enum.StrEnum):
+    LOCAL = "local"
+    POD = "pod"
+
+
+class ImagePullPolicy(enum.StrEnum):
+    ALWAYS = "Always"
+    IF_NOT_PRESENT = "IfNotPresent"
+    NEVER = "Never"
+
+
+# Kubernetes' own grammars: a DNS-1123 subdomain (Secret and ServiceAccount names), a label key
+# (prefix/name) and value, and a resource quantity (``500m``, ``1Gi``, ``2e3``).
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_LABEL_NAME = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?)$")
+_QUANTITY = re.compile(
+    r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+|Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?$"
+)
+
+
+def _pod_value_error(key_path: str, message: str, **values: Any) -> PydanticCustomError:
+    """``message`` with ``{name!r}``-style fields filled from ``values``, as a coded error.
+
+    NB: a custom error type, so the loader reports it under its own code and key path; the
+    text is formatted here because pydantic's templates know no ``!r`` (it only substitutes
+    ``{key_path}``, which the text cannot contain: values are shown quoted).
+    """
+    text = message.format(**values)
+    return PydanticCustomError(WORKER_POD_VALUE_INVALID, text, {"key_path": key_path})
+
+
+def _dns_subdomain(value: str, *, key_path: str) -> str:
+    if len(value) > 253 or not _DNS_SUBDOMAIN.match(value):
+        raise _pod_value_error(
+            key_path,
+            "{name!r} is not a Kubernetes object name (lowercase letters, digits, '-' and '.', "
+            "at most 253 characters)",
+            name=value,
+        )
+    return value
+
+
+def _label_key(value: str, *, key_path: str) -> str:
+    prefix, _, name = value.rpartition("/")
+    if (prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix))) or not (
+        _LABEL_NAME.match(name)
+    ):
+        raise _pod_value_error(
+            key_path, "{name!r} is not a Kubernetes label key ([prefix/]name)", name=value
+        )
+    return value
+
+
+class PodResourcesSettings(Section):
+    """Compute resources of the run's container, as Kubernetes quantities."""
+
+    requests: dict[str, str] = Field(default_factory=dict, json_schema_extra=_reload("new-runs"))
+    """What the scheduler reserves for the run (``{cpu: 500m, memory: 1Gi}``)."""
+    limits: dict[str, str] = Field(default_factory=dict, json_schema_extra=_reload("new-runs"))
+    """What the run may use at most (over the memory limit: OOMKilled, a failure retry)."""
+
+    @pydantic.model_validator(mode="after")
+    def _quantities(self) -> PodResourcesSettings:
+        for where, values in (("requests", self.requests), ("limits", self.limits)):
+            for name, quantity in values.items():
+                _label_key(name, key_path=f"worker.pod_template.resources.{where}")
+                if not _QUANTITY.match(str(quantity).strip()):
+                    raise _pod_value_error(
+                        f"worker.pod_template.resources.{where}.{name}",
+                        "{quantity!r} is not a Kubernetes quantity (e.g. 500m, 2, 1Gi)",
+                        quantity=quantity,
+                    )
+        return self
+
+
+class TolerationOperator(enum.StrEnum):
+    EQUAL = "Equal"
+    EXISTS = "Exists"
+
+
+class TaintEffect(enum.StrEnum):
+    NO_SCHEDULE = "NoSchedule"
+    PREFER_NO_SCHEDULE = "PreferNoSchedule"
+    NO_EXECUTE = "NoExecute"
+
+
+class TolerationSettings(Section):
+    """A Kubernetes toleration of the run's Pod (the same fields as a Pod spec's)."""
+
+    key: str | None = Field(default=None, json_schema_extra=_reload("new-runs"))
+    """The taint key; unset with ``operator: Exists`` tolerates every taint."""
+    operator: TolerationOperator = Field(
+        default=TolerationOperator.EQUAL, json_schema_extra=_reload("new-runs")
+    )
+    """``Equal`` (key and value match) or ``Exists`` (the key is enough)."""
+    value: str | None = Field(default=None, json_schema_extra=_reload("new-runs"))
+    """The taint value (``Equal`` only)."""
+    effect: TaintEffect | None = Field(default=None, json_schema_extra=_reload("new-runs"))
+    """``NoSchedule``, ``PreferNoSchedule`` or ``NoExecute``; unset matches all three."""
+    toleration_seconds: NonNegativeInt | None = Field(
+        default=None, json_schema_extra=_reload("new-runs")
+    )
+    """For ``NoExecute``: how long the Pod stays bound after the taint appears."""
+
+    @pydantic.model_validator(mode="after")
+    def _consistent(self) -> TolerationSettings:
+        where = "worker.pod_template.tolerations"
+        if self.operator is TolerationOperator.EXISTS and self.value:
+            raise _pod_value_error(where, "operator Exists takes no value; drop the value")
+        if self.key is None and self.operator is not TolerationOperator.EXISTS:
+            raise _pod_value_error(where, "a toleration without a key needs operator Exists")
+        if self.toleration_seconds is not None and self.effect is not TaintEffect.NO_EXECUTE:
+            raise _pod_value_error(where, "toleration_seconds needs effect NoExecute")
+        if self.key is not None:
+            _label_key(self.key, key_path=f"{where}.key")
+        return self
+
+    def manifest(self) -> dict[str, Any]:
+        """The toleration as a Pod spec writes it."""
+        out: dict[str, Any] = {"operator": self.operator.value}
+        if self.key is not None:
+            out["key"] = self.key
+        if self.value is not None:
+            out["value"] = self.value
+        if self.effect is not None:
+            out["effect"] = self.effect.value
+        if self.toleration_seconds is not None:
+            out["tolerationSeconds"] = self.toleration_seconds
+        return out
+
+
+class PodTemplateSettings(Section):
+    """What the run's Pod is made of (``worker.kind: pod``)."""
+
+    image: str | None = Field(default=None, json_schema_extra=_reload("new-runs"))
+    """The image that runs ``lorenz worker`` and the agent: ``FROM`` the Lorenz image plus the
+    agent and the repositories' toolchain (docs/install.md). Unset: the operator's own image,
+    which has no agent but ``command`` agents that ship with it."""
+    image_pull_policy: ImagePullPolicy | None = Field(
+        default=None, json_schema_extra=_reload("new-runs")
+    )
+    """``Always``, ``IfNotPresent`` or ``Never``; unset: Kubernetes' default for the tag."""
+    resources: PodResourcesSettings = Field(default_factory=PodResourcesSettings)
+    """Requests and limits of the run's container."""
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, json_schema_extra=_reload("new-runs")
+    )
+    """Node labels the run's node must carry."""
+    tolerations: tuple[TolerationSettings, ...] = Field(
+        default=(), json_schema_extra=_reload("new-runs")
+    )
+    """Taints the run's Pod tolerates."""
+    affinity: dict[str, Any] | None = Field(
+        default=None, json_schema_extra=_reload("new-runs", **{PASSTHROUGH_KEY: True})
+    )
+    """A Kubernetes ``affinity`` (node, Pod and anti-affinity), passed to the Pod unchanged;
+    the API server checks it when the Pod is created (a refusal fails the run with its
+    reason)."""
+    env_from_secrets: tuple[Annotated[str, Field(max_length=253)], ...] = Field(
+        default=(), max_length=32, json_schema_extra=_reload("new-runs")
+    )
+    """Secrets of the Workflow's namespace whose keys become the agent's environment (a
+    model provider's key, say). Never the tracker's Secret: the tracker token stays in the
+    operator."""
+
+    @pydantic.model_validator(mode="after")
+    def _names(self) -> PodTemplateSettings:
+        if self.image is not None and not self.image.strip():
+            raise _pod_value_error("worker.pod_template.image", "must not be blank")
+        for name in self.env_from_secrets:
+            _dns_subdomain(name, key_path="worker.pod_template.env_from_secrets")
+        for key, value in self.node_selector.items():
+            _label_key(key, key_path="worker.pod_template.node_selector")
+            if len(value) > 63 or not _LABEL_VALUE.match(value):
+                raise _pod_value_error(
+                    f"worker.pod_template.node_selector.{key}",
+                    "{value!r} is not a Kubernetes label value",
+                    value=value,
+                )
+        return self
+
+
+class EmptyDirSettings(Section):
+    """A fresh volume per attempt, removed with the Pod."""
+
+    size_limit: str | None = Field(default=None, json_schema_extra=_reload("new-runs"))
+    """The most the workspace may hold (a quantity, ``10Gi``); over it the Pod is evicted."""
+    medium: Literal["", "Memory"] = Field(default="", json_schema_extra=_reload("new-runs"))
+    """``""`` (the node's disk) or ``Memory`` (tmpfs, counted against the memory limit)."""
+
+    @pydantic.field_validator("size_limit")
+    @classmethod
+    def _quantity(cls, value: str | None) -> str | None:
+        if value is not None and not _QUANTITY.match(value.strip()):
+            raise _pod_value_error(
+                "worker.workspace.empty_dir.size_limit",
+                "{quantity!r} is not a Kubernetes quantity (e.g. 10Gi)",
+                quantity=value,
+            )
+        return value
+
+
+class PodWorkspaceSettings(Section):
+    """Where the workspace of a run in a Pod lives."""
+
+    empty_dir: EmptyDirSettings = Field(default_factory=EmptyDirSettings)
+    """An ``emptyDir`` volume: fresh per attempt, never shared with another run."""
+
+
 class WorkerSettings(Section):
     """Where runs execute: locally, or on SSH hosts."""
 
@@ -596,11 +816,59 @@ class WorkerSettings(Section):
     )
     """Where workers keep their state directories on SSH hosts (``~`` is the remote user's
     home); keep it short: it holds unix sockets, whose paths are limited to 107 bytes."""
+    kind: WorkerKind = Field(default=WorkerKind.LOCAL, json_schema_extra=_reload("new-runs"))
+    """Where the operator runs each run: ``local`` (a worker inside the operator's Pod:
+    unisolated, it shares the operator's filesystem and ServiceAccount) or ``pod`` (a Pod of
+    its own in the Workflow's namespace, built from ``pod_template``; see docs/operator.md).
+    Outside the operator only ``local`` exists."""
+    pod_template: PodTemplateSettings = Field(default_factory=PodTemplateSettings)
+    """The run's Pod (``kind: pod``)."""
+    service_account_name: str | None = Field(
+        default=None, json_schema_extra=_reload("new-runs")
+    )
+    """The ServiceAccount of the run's Pod (``kind: pod``); its token is never mounted
+    (``automountServiceAccountToken: false``). Unset: the namespace's ``default``."""
+    workspace: PodWorkspaceSettings = Field(default_factory=PodWorkspaceSettings)
+    """The run's workspace volume (``kind: pod``)."""
+    start_timeout_ms: PositiveInt = Field(default=120000, json_schema_extra=_reload("new-runs"))
+    """How long a run's Pod may take to be scheduled, pull its image and serve the worker
+    (``kind: pod``); past it the Pod is deleted and the run fails with the reason."""
     detached: bool = Field(default=False, json_schema_extra=_reload("restart"))
     """Run each agent session in a detached ``lorenz worker`` (its own session, journal and
     socket) that outlives this process: after a crash or ``kill -9`` the next start adopts a
     still-running worker of the same issue and slot instead of starting the agent again. Off:
     agents are children of this process and die with it (see docs/runs.md)."""
+
+    @pydantic.field_validator("service_account_name")
+    @classmethod
+    def _service_account(cls, value: str | None) -> str | None:
+        if value is not None:
+            _dns_subdomain(value, key_path="worker.service_account_name")
+        return value
+
+    @pydantic.model_validator(mode="after")
+    def _kind_agrees(self) -> WorkerSettings:
+        pod_only = [
+            name
+            for name in ("pod_template", "service_account_name", "workspace", "start_timeout_ms")
+            if name in self.model_fields_set
+        ]
+        if self.kind is not WorkerKind.POD and pod_only:
+            raise PydanticCustomError(
+                WORKER_POD_SETTINGS_UNUSED,
+                "{key_path} only applies to runs in Pods; set worker.kind: pod or remove it",
+                {"key_path": f"worker.{pod_only[0]}"},
+            )
+        if self.kind is WorkerKind.POD:
+            for name in ("ssh_hosts", "detached"):
+                if name in self.model_fields_set and getattr(self, name):
+                    raise PydanticCustomError(
+                        WORKER_KIND_CONFLICT,
+                        "{key_path} does not apply with worker.kind: pod (every run is a "
+                        "worker in its own Pod); remove it or use worker.kind: local",
+                        {"key_path": f"worker.{name}"},
+                    )
+        return self
 
     @pydantic.field_validator("ssh_hosts")
     @classmethod
@@ -776,6 +1044,18 @@ class WorkflowSettings(DocumentedModel):
                 "retry.escalate.label {label!r} is one of tracker.required_labels; pick "
                 "another label",
                 {"label": label},
+            )
+        return self
+
+    @pydantic.model_validator(mode="after")
+    def _pod_workspaces_are_folders(self) -> WorkflowSettings:
+        if self.worker.kind is WorkerKind.POD and self.workspace.kind is WorkspaceKind.WORKTREE:
+            raise PydanticCustomError(
+                WORKER_KIND_CONFLICT,
+                "{key_path} worktree needs workspace.repo on the controller's disk, which a "
+                "run's Pod does not have; use workspace.kind: directory and clone in "
+                "hooks.after_create",
+                {"key_path": "workspace.kind"},
             )
         return self
 

@@ -148,6 +148,22 @@ def workflow_spec_schema() -> dict[str, Any]:
             field_path=".repo",
         ),
     ]
+    worker = properties["worker"]
+    pod_kind = "(has(self.kind) && self.kind == 'pod')"
+    worker["x-kubernetes-validations"] = [
+        _rule(
+            f"{pod_kind} || !(has(self.podTemplate) || has(self.serviceAccountName) || "
+            "has(self.workspace) || has(self.startTimeoutMs))",
+            "worker.podTemplate, serviceAccountName, workspace and startTimeoutMs only apply "
+            "when worker.kind is pod",
+            field_path=".kind",
+        ),
+        _rule(
+            f"!{pod_kind} || !has(self.sshHosts) || size(self.sshHosts) == 0",
+            "worker.sshHosts does not apply with worker.kind pod (every run has its own Pod)",
+            field_path=".sshHosts",
+        ),
+    ]
     spec["required"] = ["tracker"]
     spec["x-kubernetes-validations"] = [
         _rule(
@@ -155,6 +171,15 @@ def workflow_spec_schema() -> dict[str, Any]:
             "(has(self.agents) && self.agent.kind in self.agents)",
             "agent.kind must name an entry of agents (or be codex)",
             field_path=".agent.kind",
+        ),
+        _rule(
+            f"!has(self.tracker.{SECRET_REF_FIELD}) || !has(self.worker) || "
+            "!has(self.worker.podTemplate) || !has(self.worker.podTemplate.envFromSecrets) || "
+            f"!(self.tracker.{SECRET_REF_FIELD}.name in self.worker.podTemplate.envFromSecrets)",
+            "worker.podTemplate.envFromSecrets must not name the tracker's Secret: the tracker "
+            "token never enters a run's Pod",
+            reason="FieldValueForbidden",
+            field_path=".worker.podTemplate.envFromSecrets",
         ),
     ]
     return spec

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from lorenz.agents import AgentRunRequest, RunPlacement
 from lorenz.agents.environment import agent_environment
-from lorenz.config import AgentKindSettings, TrackerKind, WorkflowSettings
+from lorenz.config import AgentKindSettings, TrackerKind, WorkerKind, WorkflowSettings
 from lorenz.model import (
     AgentUpdate,
     EventType,
@@ -327,7 +327,17 @@ class Dispatching:
             kind_name = entry.agent_kind or agent_kind_for(issue, agent=settings.agent)
             kind = _agent_kind(settings, kind_name)
             placement: RunPlacement | None = None
-            if entry.host is not None and worker_slot is None:
+            if settings.worker.kind is WorkerKind.POD and worker_slot is None:
+                # A Pod of its own (the operator's pod runner): like an SSH host, the worker
+                # there creates the workspace on the Pod's volume and runs every hook.
+                from lorenz.workers.placement import POD_PLACEMENT, pod_workspace_path
+
+                path = Path(pod_workspace_path(settings, issue=issue, slot_index=entry.slot_index))
+                placement = RunPlacement(
+                    host=POD_PLACEMENT, hooks=settings.hooks, worker=settings.worker
+                )
+                await self._runtime._orchestrator.set_workspace(key, str(path))
+            elif entry.host is not None and worker_slot is None:
                 # SSH placement (a static-path host is a worker.ssh_hosts entry; a pool's hosts
                 # are the pool's business): the workspace and its hooks live on the host; the
                 # worker there creates it and runs them (nothing of it exists on this machine).

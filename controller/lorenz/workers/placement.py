@@ -23,8 +23,14 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import PurePosixPath
 from typing import Final
 
-from lorenz.agents import AgentRunner, AgentRunRequest, AgentRunResult, RunPlacement
-from lorenz.config import AgentProtocol, WorkerSettings, WorkflowSettings
+from lorenz.agents import (
+    AgentRunError,
+    AgentRunner,
+    AgentRunRequest,
+    AgentRunResult,
+    RunPlacement,
+)
+from lorenz.config import AgentProtocol, WorkerKind, WorkerSettings, WorkflowSettings
 from lorenz.model import Issue
 from lorenz.workers.runner import WorkerRunner
 from lorenz.workers.spec import HookSpec, RunSpec
@@ -36,6 +42,30 @@ DEFAULT_WORKSPACE_ROOT_NAME: Final = "lorenz_workspaces"
 
 HOOK_VARIABLE_PREFIX: Final = "LORENZ_"
 """The run's variables (``LORENZ_ISSUE_ID``, ``LORENZ_WORKSPACE``, …) that hooks get too."""
+
+
+POD_PLACEMENT: Final = "pod"
+"""The placement of a run in a Pod of its own (``worker.kind: pod``; the operator's runner)."""
+
+POD_WORKSPACE_ROOT: Final = "/var/lib/lorenz/workspaces"
+"""Where a run's Pod mounts its workspace volume; the workspace is a folder under it."""
+
+
+def pod_workspace_path(
+    settings: WorkflowSettings, *, issue: Issue, slot_index: int
+) -> PurePosixPath:
+    """The workspace of an issue slot inside its run's Pod: the local layout under
+    :data:`POD_WORKSPACE_ROOT` (``workspace.root`` is the operator's folder, not the Pod's)."""
+    path = PurePosixPath(POD_WORKSPACE_ROOT) / workspace_key(issue.identifier)
+    if settings.agent.ensemble_size > 1 or slot_index > 0:
+        path = path / slot_dir_name(slot_index)
+    return path
+
+
+class PodRunnerUnavailable(AgentRunError):
+    """``worker.kind: pod`` where nothing places runs in Pods (outside the operator)."""
+
+    code = "worker_kind_unavailable"
 
 
 def remote_workspace_path(
@@ -145,12 +175,15 @@ class PlacingRunner:
         protocol: AgentProtocol,
         local: Callable[[AgentProtocol], AgentRunner],
         transports: SshTransports,
+        pods: Callable[[RunPlacement], AgentRunner] | None = None,
     ) -> None:
         self.workflow = workflow
         self.protocol = protocol
         self.local = local
         """The runner for runs on this machine (in-process, or a local worker)."""
         self.transports = transports
+        self.pods = pods
+        """The runner for runs in Pods of their own (given by the operator only)."""
         self.last_runner: AgentRunner | None = None
 
     async def run(self, request: AgentRunRequest) -> AgentRunResult:
@@ -158,6 +191,13 @@ class PlacingRunner:
         runner: AgentRunner
         if placement is None:
             runner = self.local(self.protocol)
+        elif placement.worker.kind is WorkerKind.POD:
+            if self.pods is None:
+                raise PodRunnerUnavailable(
+                    "worker.kind: pod places runs in Pods, which only the Kubernetes operator "
+                    "does; use worker.kind: local here"
+                )
+            runner = self.pods(placement)
         else:
             runner = SshWorkerRunner(
                 workflow=self.workflow,
