@@ -329,9 +329,9 @@ async def test_refresh_request_is_coalesced_while_polling(tmp_path: Path) -> Non
     await asyncio.wait_for(tracker.scanning.wait(), 10)  # the first tick is mid-poll
     first = rig.runtime.request_refresh()
     second = rig.runtime.request_refresh()
-    assert (first["queued"], first["coalesced"]) == (True, True)
-    assert (second["queued"], second["coalesced"]) == (True, True)
-    assert first["operations"] == ["poll", "reconcile"]
+    assert (first.queued, first.coalesced) == (True, True)
+    assert (second.queued, second.coalesced) == (True, True)
+    assert first.operations == ("poll", "reconcile")
     tracker.gate.set()
     # Both requests merged into one follow-up tick, not two.
     await wait_until(lambda: rig.runtime.poll_count == 2 and not rig.runtime._poll_in_progress)

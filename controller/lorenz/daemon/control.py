@@ -89,7 +89,7 @@ def control_routes(*, daemon: Daemon, include_refresh: bool = True) -> list[web.
             return error_response(
                 503, code="daemon_starting", message="the runtime is not up yet; retry"
             )
-        return web.json_response(runtime.request_refresh(), status=202)
+        return web.json_response(runtime.request_refresh().to_dict(), status=202)
 
     async def post_stop(request: web.Request) -> web.Response:
         now = await read_stop_body(request)

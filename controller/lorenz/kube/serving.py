@@ -222,7 +222,7 @@ class OperatorServer:
         return _json(self._led_runtime(request).snapshot().to_dict())
 
     async def _refresh(self, request: web.Request) -> web.StreamResponse:
-        return _json(self._led_runtime(request).request_refresh(), status=202)
+        return _json(self._led_runtime(request).request_refresh().to_dict(), status=202)
 
 
 def _json(document: Any, *, status: int = 200) -> web.Response:

@@ -339,3 +339,24 @@ class RuntimeSnapshot:
             "log_file": self.log_file,
             "config_error": self.config_error.to_dict() if self.config_error else None,
         }
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RefreshReceipt:
+    """The answer to a refresh request (``POST /api/v1/refresh``, ``lorenz refresh``)."""
+
+    queued: bool
+    """A poll and reconcile pass was queued (``False``: the runtime is stopped)."""
+    coalesced: bool
+    """It merged with a tick already under way."""
+    requested_at: datetime.datetime
+    operations: tuple[str, ...]
+    """What the pass does (``poll``, ``reconcile``); empty when nothing was queued."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "queued": self.queued,
+            "coalesced": self.coalesced,
+            "requested_at": self.requested_at.isoformat(),
+            "operations": list(self.operations),
+        }

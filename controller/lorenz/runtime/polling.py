@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from lorenz.model import EventType
+from lorenz.model import EventType, RefreshReceipt
 from lorenz.runtime.reporting import describe_error
 from lorenz.workflow import validate_dispatch
 
@@ -80,17 +80,14 @@ class Polling:
         with contextlib.suppress(Exception):
             await self.poll_once()
 
-    def request_refresh(self) -> dict[str, Any]:
+    def request_refresh(self) -> RefreshReceipt:
         """Queue an immediate poll and reconcile pass (coalesced with one already under way)."""
-        requested_at = self._runtime._clock.now().isoformat()
+        requested_at = self._runtime._clock.now()
         coalesced = self._runtime._poll_in_progress
         if self._runtime._stopped:
-            return {
-                "queued": False,
-                "coalesced": False,
-                "requested_at": requested_at,
-                "operations": [],
-            }
+            return RefreshReceipt(
+                queued=False, coalesced=False, requested_at=requested_at, operations=()
+            )
         self._runtime._blocking.request_unblock()
         if self._runtime._poll_in_progress:
             self.queue_poll(dry_run=False, wait_for_runs=False)
@@ -99,12 +96,12 @@ class Polling:
             if self._runtime._loop_task is None and not self.is_loop_waiting():
                 self.spawn_poll()
         self._runtime._reporting.event(EventType.REFRESH_REQUESTED, message="refresh requested")
-        return {
-            "queued": True,
-            "coalesced": coalesced,
-            "requested_at": requested_at,
-            "operations": ["poll", "reconcile"],
-        }
+        return RefreshReceipt(
+            queued=True,
+            coalesced=coalesced,
+            requested_at=requested_at,
+            operations=("poll", "reconcile"),
+        )
 
     async def tick_body(self, *, dry_run: bool) -> None:
         started_ms = self._runtime._clock.monotonic_ms()

@@ -36,6 +36,7 @@ from lorenz.model import (
     Issue,
     LorenzError,
     PollStatus,
+    RefreshReceipt,
     RuntimeSnapshot,
     SlotKey,
     SystemClock,
@@ -183,7 +184,7 @@ class LorenzRuntime:
         """One tick; a concurrent request queues behind the running one and merges with it."""
         await self._polling.poll_once(dry_run=dry_run, wait_for_runs=wait_for_runs)
 
-    def request_refresh(self) -> dict[str, Any]:
+    def request_refresh(self) -> RefreshReceipt:
         """Queue an immediate poll and reconcile pass (coalesced with one already under way)."""
         return self._polling.request_refresh()
 

@@ -120,10 +120,10 @@ class _Api:
         await read_empty_object(request)
         if self.runtime.stopped:
             raise _stopped()
-        result = self.runtime.request_refresh()
-        if not result.get("queued"):
+        receipt = self.runtime.request_refresh()
+        if not receipt.queued:
             raise _stopped()
-        return _json(result, status=202)
+        return _json(receipt.to_dict(), status=202)
 
     async def events(self, request: web.Request) -> web.StreamResponse:
         return await self.hub.stream(request)
