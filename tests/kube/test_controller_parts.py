@@ -19,6 +19,7 @@ from lorenz.kube.workflow_status import (
     only_bookkeeping_changed,
     workflow_status,
 )
+from tests.kube.snapshots import runtime_snapshot
 
 NOW = datetime.datetime(2026, 3, 4, 5, 6, 7, tzinfo=datetime.UTC)
 LATER = NOW + datetime.timedelta(minutes=5)
@@ -32,8 +33,11 @@ def inputs(**fields: Any) -> StatusInputs:
         "identity": "op-a",
         "lease_name": "lorenz-wf-x",
         "running": True,
-        "snapshot": {"poll": {"last_poll_at": "2026-03-04T05:06:00Z", "candidates": 3,
-                              "eligible": 1}},
+        "snapshot": runtime_snapshot(
+            last_poll_at=datetime.datetime(2026, 3, 4, 5, 6, tzinfo=datetime.UTC),
+            candidates=3,
+            eligible=1,
+        ),
     }
     values.update(fields)
     return StatusInputs(**values)
@@ -85,7 +89,9 @@ def test_conditions_keep_their_transition_time_while_their_status_holds() -> Non
     previous = [Condition.model_validate(c) for c in first["conditions"]]
     again = workflow_status(inputs(), previous, LATER)
     assert again == first
-    flipped = workflow_status(inputs(snapshot={"poll": {"last_error": "boom"}}), previous, LATER)
+    flipped = workflow_status(
+        inputs(snapshot=runtime_snapshot(last_error="boom")), previous, LATER
+    )
     ready = conditions_of(flipped)["Ready"]
     assert ready["status"] == "False"
     assert ready["lastTransitionTime"] != conditions_of(first)["Ready"]["lastTransitionTime"]
@@ -93,15 +99,17 @@ def test_conditions_keep_their_transition_time_while_their_status_holds() -> Non
 
 def test_only_the_poll_bookkeeping_of_an_idle_tick_may_wait() -> None:
     def polled(count: int, **poll: Any) -> dict[str, Any]:
-        snapshot = {"poll": {"last_poll_at": f"2026-03-04T05:06:{count:02d}Z", "count": count,
-                             "next_poll_at": f"2026-03-04T05:07:{count:02d}Z",
-                             "candidates": 3, "eligible": 1, **poll}}
+        snapshot = runtime_snapshot(
+            last_poll_at=datetime.datetime(2026, 3, 4, 5, 6, count, tzinfo=datetime.UTC),
+            next_poll_at=datetime.datetime(2026, 3, 4, 5, 7, count, tzinfo=datetime.UTC),
+            count=count, **{"candidates": 3, "eligible": 1, **poll},
+        )
         return workflow_status(inputs(snapshot=snapshot), [], NOW)
 
     assert only_bookkeeping_changed(polled(2), polled(1))
     assert not only_bookkeeping_changed(polled(2, eligible=2), polled(1))
     assert not only_bookkeeping_changed(polled(2, last_error="boom"), polled(1))
-    never_polled = workflow_status(inputs(snapshot={"poll": {}}), [], NOW)
+    never_polled = workflow_status(inputs(snapshot=runtime_snapshot()), [], NOW)
     assert not only_bookkeeping_changed(polled(1), never_polled)
 
 

@@ -28,11 +28,12 @@ from lorenz.kube.statuses import (
     condition,
     status_from_snapshot,
 )
-from lorenz.model import ClaimPhase, ClaimRecord, EventType, RuntimeEvent, SlotKey
+from lorenz.model import ClaimPhase, ClaimRecord, EventType, RuntimeEvent, SlotKey, UsageTotals
 from lorenz.workflow import TemplateParseError, load_workflow
 from lorenz.workflow.documents import parse_front_matter, split_front_matter
 from lorenz.workflow.schema import iter_fields
 from tests.kube.conftest import ManualMonotonic
+from tests.kube.snapshots import runtime_snapshot
 
 REPO = Path(__file__).resolve().parents[2]
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
@@ -435,13 +436,12 @@ def test_a_condition_keeps_its_transition_time_until_its_status_flips() -> None:
 
 
 def test_status_from_a_snapshot() -> None:
-    snapshot = {
-        "poll": {"last_poll_at": "2026-01-01T00:00:00+00:00", "candidates": 3, "eligible": 1,
-                 "count": 7, "interval_ms": 500, "last_error": None},
-        "running": [{}], "reserving": [], "retrying": [{}, {}], "blocked": [],
-        "usage_totals": {"input_tokens": 5, "output_tokens": 6, "total_tokens": 11,
-                         "seconds_running": 1.23456, "cost_usd": 0.5},
-    }
+    snapshot = runtime_snapshot(
+        last_poll_at=datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC),
+        candidates=3, eligible=1, count=7, interval_ms=500, running=1, retrying=2,
+        usage=UsageTotals(input_tokens=5, output_tokens=6, total_tokens=11,
+                          seconds_running=1.23456, cost_usd=0.5),
+    )
     status = status_from_snapshot(snapshot)
     assert status["lanes"] == {"running": 1, "reserving": 0, "retrying": 2, "blocked": 0}
     assert status["poll"]["lastPollAt"] == "2026-01-01T00:00:00Z"

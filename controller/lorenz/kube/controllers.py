@@ -666,7 +666,7 @@ class WorkflowController:
             candidate_generation=self.candidates.generation,
             degraded=self._degraded,
             running=self.runtime is not None,
-            snapshot=self._snapshot.to_dict() if self._snapshot is not None else None,
+            snapshot=self._snapshot,
             releasing=self._releasing,
             identity=self.lease.identity,
             lease_name=self.lease.name,

@@ -22,7 +22,7 @@ from pydantic import Field
 
 from lorenz.config import PASSTHROUGH_KEY
 from lorenz.kube.casing import camel
-from lorenz.model import ClaimPhase, ClaimRecord, RetryKind, SlotKey, TokenUsage
+from lorenz.model import ClaimPhase, ClaimRecord, RetryKind, RuntimeSnapshot, SlotKey, TokenUsage
 
 ConditionStatus = Literal["True", "False", "Unknown"]
 
@@ -187,34 +187,38 @@ def reason_from_code(code: str) -> str:
     return code if re.fullmatch(REASON_PATTERN, code) else "Error"
 
 
-def status_from_snapshot(snapshot: Mapping[str, Any]) -> dict[str, Any]:
-    """The poll block, lanes and usage totals of a runtime snapshot, in wire form."""
-    poll = snapshot.get("poll") or {}
-    usage = snapshot.get("usage_totals") or {}
+def status_from_snapshot(snapshot: RuntimeSnapshot) -> dict[str, Any]:
+    """The poll block, lanes and usage totals of a runtime snapshot, in wire form.
+
+    The snapshot is read typed; only the status body it becomes is a dict (the Kubernetes
+    edge)."""
+    poll = snapshot.poll
+    lanes = snapshot.lanes
+    usage = lanes.usage_totals
     return {
         "poll": PollStatus(
-            last_poll_at=poll.get("last_poll_at"),
-            next_poll_at=poll.get("next_poll_at"),
-            interval_ms=int(poll.get("interval_ms") or 0),
-            candidates=int(poll.get("candidates") or 0),
-            eligible=int(poll.get("eligible") or 0),
-            count=int(poll.get("count") or 0),
-            last_error=poll.get("last_error"),
+            last_poll_at=poll.last_poll_at,
+            next_poll_at=poll.next_poll_at,
+            interval_ms=poll.interval_ms,
+            candidates=poll.candidates,
+            eligible=poll.eligible,
+            count=poll.count,
+            last_error=poll.last_error,
         ).wire(),
         "lanes": LaneCounts(
-            running=len(snapshot.get("running") or ()),
-            reserving=len(snapshot.get("reserving") or ()),
-            retrying=len(snapshot.get("retrying") or ()),
-            blocked=len(snapshot.get("blocked") or ()),
+            running=len(lanes.running),
+            reserving=len(lanes.reserving),
+            retrying=len(lanes.retrying),
+            blocked=len(lanes.blocked),
         ).wire(),
         "usage": UsageStatus(
-            input_tokens=int(usage.get("input_tokens") or 0),
-            output_tokens=int(usage.get("output_tokens") or 0),
-            total_tokens=int(usage.get("total_tokens") or 0),
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            total_tokens=usage.total_tokens,
             # NB: rounded so that a status that changes only in the far decimals of a running
             # clock is not "changed" on every snapshot.
-            seconds_running=round(float(usage.get("seconds_running") or 0.0), 1),
-            cost_usd=round(float(usage.get("cost_usd") or 0.0), 6),
+            seconds_running=round(usage.seconds_running, 1),
+            cost_usd=round(usage.cost_usd, 6),
         ).wire(),
     }
 

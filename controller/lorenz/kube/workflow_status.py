@@ -25,6 +25,7 @@ from lorenz.kube.statuses import (
     reason_from_code,
     status_from_snapshot,
 )
+from lorenz.model import RuntimeSnapshot
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,7 +55,7 @@ class StatusInputs:
     degraded: Degradation | None = None
     running: bool = False
     """A runtime exists (it may still be starting)."""
-    snapshot: Mapping[str, Any] | None = None
+    snapshot: RuntimeSnapshot | None = None
     """The runtime's last snapshot."""
     releasing: bool = False
     """The leader is handing the Workflow over (shutdown)."""
@@ -75,15 +76,15 @@ def ready_condition(inputs: StatusInputs) -> tuple[ConditionStatus, str, str]:
         return ("False", reason_from_code(inputs.degraded.code), inputs.degraded.message)
     if not inputs.running or inputs.snapshot is None:
         return ("Unknown", "Starting", "the runtime is starting")
-    poll = inputs.snapshot.get("poll") or {}
-    if poll.get("last_error"):
-        return ("False", "PollFailed", str(poll["last_error"]))
-    if not poll.get("last_poll_at"):
+    poll = inputs.snapshot.poll
+    if poll.last_error:
+        return ("False", "PollFailed", poll.last_error)
+    if poll.last_poll_at is None:
         return ("Unknown", "Starting", "waiting for the first poll")
     return (
         "True",
         "Polling",
-        f"last poll: {poll.get('candidates', 0)} candidates, {poll.get('eligible', 0)} eligible",
+        f"last poll: {poll.candidates} candidates, {poll.eligible} eligible",
     )
 
 
@@ -143,7 +144,7 @@ def workflow_status(
         ).wire(),
     }
     if inputs.snapshot is not None:
-        status.update(status_from_snapshot(dict(inputs.snapshot)))
+        status.update(status_from_snapshot(inputs.snapshot))
     return status
 
 
