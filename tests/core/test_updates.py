@@ -162,3 +162,21 @@ async def test_set_workspace_is_recorded_and_carried_into_the_retry() -> None:
     entry = await run(orchestrator, issue(1))
     assert entry.workspace_path == "/w/ABC-1"
     await orchestrator.set_workspace(SlotKey("nope#0"), "/x")  # not running: ignored
+
+
+async def test_an_update_answers_what_the_slot_shows_now_and_nothing_for_a_free_slot() -> None:
+    """``apply_update()`` returns the progress listeners need, so none reads the state."""
+    orchestrator, _, clock = make()
+    await run(orchestrator, issue(1))
+    first = await orchestrator.apply_update(
+        K1, AgentUpdate(event="turn", message="working", usage=usage(14))
+    )
+    assert first is not None
+    entry = orchestrator.state.running[K1]
+    assert (first.issue_id, first.identifier) == (entry.issue.id, entry.issue.identifier)
+    assert (first.usage, first.message, first.at) == (usage(14), "working", clock.now())
+    clock.advance(10)
+    second = await orchestrator.apply_update(K1, AgentUpdate(event="delta", usage=usage(20)))
+    assert second is not None
+    assert (second.usage, second.message) == (usage(20), "working")  # the message stays
+    assert await orchestrator.apply_update(SlotKey("gone#0"), AgentUpdate(event="x")) is None

@@ -8,7 +8,7 @@ from typing import Any
 from lorenz.claims import MemoryClaimStore
 from lorenz.config import WorkflowSettings
 from lorenz.model import AgentUpdate, EventType, ManualClock, RuntimeEvent, TokenUsage
-from lorenz.orchestrator import Orchestrator, Started
+from lorenz.orchestrator import AgentProgress, Orchestrator, Started
 from lorenz.server import IssueJournal
 from lorenz.server.journal import EVENTS_PER_ISSUE
 from tests.server.helpers import issue
@@ -21,8 +21,19 @@ def _event(kind: str, n: int, **fields: Any) -> RuntimeEvent:
     return RuntimeEvent(type=EventType(kind), at=AT, issue_id=f"id-{n}", **fields)
 
 
-def _update(key: str, agent_event: str) -> RuntimeEvent:
-    return RuntimeEvent(type=EventType.RUN_UPDATE, at=AT, slot_key=key, agent_event=agent_event)
+def _update(key: str, agent_event: str, progress: AgentProgress | None = None) -> RuntimeEvent:
+    """A ``run_update`` as the runtime emits it after ``apply_update()`` answered ``progress``."""
+    return RuntimeEvent(
+        type=EventType.RUN_UPDATE,
+        at=AT,
+        slot_key=key,
+        agent_event=agent_event,
+        issue_id=progress.issue_id if progress is not None else None,
+        identifier=progress.identifier if progress is not None else None,
+        message=progress.message if progress is not None else None,
+        run_usage=progress.usage if progress is not None else None,
+        agent_at=progress.at if progress is not None else None,
+    )
 
 
 def _orchestrator() -> Orchestrator:
@@ -31,8 +42,7 @@ def _orchestrator() -> Orchestrator:
 
 
 def test_only_the_most_recently_active_issues_are_kept() -> None:
-    orchestrator = _orchestrator()
-    journal = IssueJournal(orchestrator=lambda: orchestrator, capacity=3)
+    journal = IssueJournal(capacity=3)
     for n in range(1, 5):
         journal.on_event(_event("run_started", n, slot=0))
     journal.on_event(_event("retry_scheduled", 2, slot=0, error="boom"))  # 2 is active again
@@ -48,8 +58,7 @@ def test_only_the_most_recently_active_issues_are_kept() -> None:
 
 
 def test_events_per_issue_are_bounded_and_identifiers_followed() -> None:
-    orchestrator = _orchestrator()
-    journal = IssueJournal(orchestrator=lambda: orchestrator)
+    journal = IssueJournal()
     for _ in range(EVENTS_PER_ISSUE + 10):
         journal.on_event(_event("dispatch_skipped", 1, slot=0))
     renamed = _event("run_started", 1, slot=0, identifier="NEW-1")
@@ -68,18 +77,18 @@ def test_events_per_issue_are_bounded_and_identifiers_followed() -> None:
 
 async def test_tokens_of_ended_runs_are_kept_and_live_ones_tracked() -> None:
     orchestrator = _orchestrator()
-    journal = IssueJournal(orchestrator=lambda: orchestrator)
+    journal = IssueJournal()
     (candidate,) = await orchestrator.eligible_issues([issue(1)])
     result = await orchestrator.claim(candidate)
     assert isinstance(result, Started)
     key = result.entry.key
 
     journal.on_event(_event("run_started", 1, slot=0))
-    await orchestrator.apply_update(key, AgentUpdate(
+    progress = await orchestrator.apply_update(key, AgentUpdate(
         event="turn", message="working", usage=TokenUsage(10, 4, 14)))
-    journal.on_event(_update(key, "turn"))
-    await orchestrator.apply_update(key, AgentUpdate(event="delta"))
-    journal.on_event(_update(key, "delta"))
+    journal.on_event(_update(key, "turn", progress))
+    progress = await orchestrator.apply_update(key, AgentUpdate(event="delta"))
+    journal.on_event(_update(key, "delta", progress))
     trail = journal.find("T-1")
     assert trail is not None
     assert trail.live_usage[key] == TokenUsage(10, 4, 14)

@@ -140,6 +140,11 @@ class RuntimeEvent:
     """``run_update``: the agent's own event name."""
     usage: TokenUsage | None = None
     """``run_update``: the session's running token totals, if the update carried them."""
+    run_usage: TokenUsage | None = None
+    """``run_update``: the run's tokens so far as the orchestrator counts them (not on the
+    wire: listeners in the process read it)."""
+    agent_at: datetime.datetime | None = None
+    """``run_update``: when the agent last reported (not on the wire)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-safe form: ``type`` and ``at`` first, then every field that is set."""
@@ -167,6 +172,6 @@ class RuntimeEvent:
 _WIRE_FIELDS = tuple(
     f.name
     for f in dataclasses.fields(RuntimeEvent)
-    if f.name not in {"type", "at", "slot_key", "agent_event", "usage"}
+    if f.name not in {"type", "at", "slot_key", "agent_event", "usage", "run_usage", "agent_at"}
 )
 """The fields ``to_dict()`` writes after ``type`` and ``at``, in this order."""

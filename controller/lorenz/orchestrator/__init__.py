@@ -12,6 +12,7 @@ from lorenz.orchestrator.errors import (
     OrchestratorError,
 )
 from lorenz.orchestrator.results import (
+    AgentProgress,
     ClaimResult,
     DispatchCandidate,
     EligibilityReport,
@@ -42,6 +43,7 @@ from lorenz.policies import StopReason
 __all__ = [
     "CHECKPOINT_SCHEMA",
     "DEFAULT_FOREIGN_RECHECK_MS",
+    "AgentProgress",
     "AlreadyStarted",
     "BlockedRow",
     "CheckpointInvalid",

@@ -8,11 +8,20 @@ start acquiring a worker for a reservation, or emit ``dispatch_skipped`` with th
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import enum
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from lorenz.model import Issue, LorenzError, ReservationRecord, RetryEntry, RunningEntry, SlotKey
+from lorenz.model import (
+    Issue,
+    LorenzError,
+    ReservationRecord,
+    RetryEntry,
+    RunningEntry,
+    SlotKey,
+    TokenUsage,
+)
 from lorenz.orchestrator.state import BlockedEntry
 
 
@@ -80,6 +89,20 @@ class Skipped:
 
 
 ClaimResult = Started | Reserved | Skipped
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AgentProgress:
+    """What an agent update left on its running slot (``apply_update()``'s answer)."""
+
+    issue_id: str
+    identifier: str
+    usage: TokenUsage
+    """The run's tokens so far, as the orchestrator counts them (deltas of the reports)."""
+    message: str | None
+    """The agent's last message (an update without one keeps the previous)."""
+    at: datetime.datetime | None
+    """When the agent last reported (wall clock)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -57,6 +57,7 @@ from lorenz.orchestrator.hydration import (
 )
 from lorenz.orchestrator.records import reserved_record, retry_record, running_record
 from lorenz.orchestrator.results import (
+    AgentProgress,
     ClaimResult,
     DispatchCandidate,
     EligibilityReport,
@@ -770,8 +771,9 @@ class Orchestrator:
 
     # -- running slots ------------------------------------------------------------------------
 
-    async def apply_update(self, key: SlotKey, update: AgentUpdate) -> None:
-        """Fold one agent progress report into its running entry; ignored for other keys.
+    async def apply_update(self, key: SlotKey, update: AgentUpdate) -> AgentProgress | None:
+        """Fold one agent progress report into its running entry; ``None`` (ignored) for keys
+        that are not running. Returns what the entry shows now.
 
         Usage and cost arrive as running totals and are turned into deltas against the last
         report, so repeats and out-of-order reports never count twice. A new session id counts
@@ -785,7 +787,7 @@ class Orchestrator:
         async with self._lock:
             entry = self._state.running.get(key)
             if entry is None:
-                return
+                return None
             now_ms = self._clock.monotonic_ms()
             wall = self._clock.now()
             stamp = update.timestamp_ms if update.timestamp_ms is not None else now_ms
@@ -831,6 +833,13 @@ class Orchestrator:
                 self._state.rate_limits = dict(update.rate_limits)
             if persist:
                 await self._store.save(running_record(entry, owner=self._store.owner, now=wall))
+            return AgentProgress(
+                issue_id=entry.issue.id,
+                identifier=entry.issue.identifier,
+                usage=entry.usage,
+                message=entry.last_agent_message,
+                at=entry.last_agent_at,
+            )
 
     async def set_workspace(self, key: SlotKey, path: str) -> None:
         """Record where a running slot's workspace is (once the runtime has created it)."""

@@ -641,13 +641,13 @@ class Dispatching:
 
     async def apply_update(self, key: SlotKey, update: AgentUpdate) -> None:
         try:
-            await self._runtime._orchestrator.apply_update(key, update)
+            progress = await self._runtime._orchestrator.apply_update(key, update)
         except Exception:
             # Logged, not raised: this runs as a background task, and one bad update must not
             # hide the ones after it.
             logger.exception("applying an agent update failed slot=%s", key)
             return
-        self._runtime._reporting.agent_update(key, update)
+        self._runtime._reporting.agent_update(key, update, progress)
         self._runtime._reporting.emit_snapshot()
 
 

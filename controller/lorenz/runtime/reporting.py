@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
     from lorenz.model import EventDetails
-    from lorenz.orchestrator import EligibilityReport
+    from lorenz.orchestrator import AgentProgress, EligibilityReport
     from lorenz.runtime.runtime import LorenzRuntime
 
 logger = logging.getLogger("lorenz.runtime")
@@ -185,8 +185,13 @@ class Reporting:
             )
         self._notify(event)
 
-    def agent_update(self, key: SlotKey, update: AgentUpdate) -> None:
-        """Tell the event listeners an agent reported (not recorded: updates are many)."""
+    def agent_update(
+        self, key: SlotKey, update: AgentUpdate, progress: AgentProgress | None
+    ) -> None:
+        """Tell the event listeners an agent reported (not recorded: updates are many).
+
+        ``progress`` is what the orchestrator's ``apply_update()`` answered (``None``: the slot
+        is no longer running), so no listener reads the orchestrator's state to learn it."""
         self._notify(
             RuntimeEvent(
                 type=EventType.RUN_UPDATE,
@@ -194,6 +199,11 @@ class Reporting:
                 slot_key=key,
                 agent_event=update.event,
                 usage=update.usage,
+                issue_id=progress.issue_id if progress is not None else None,
+                identifier=progress.identifier if progress is not None else None,
+                message=progress.message if progress is not None else None,
+                run_usage=progress.usage if progress is not None else None,
+                agent_at=progress.at if progress is not None else None,
             )
         )
 

@@ -186,7 +186,7 @@ def build_app(
     """
     owns_metrics = metrics is None
     metrics = metrics if metrics is not None else LorenzMetrics()
-    journal = IssueJournal(orchestrator=lambda: runtime.orchestrator)
+    journal = IssueJournal()
 
     def state_document(snapshot: RuntimeSnapshot) -> Mapping[str, Any]:
         """The snapshot as JSON, plus the ``daemon`` block when a daemon runs this workflow."""

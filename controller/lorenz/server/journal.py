@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Callable
 from typing import Any
 
 from lorenz.model import EventType, RuntimeEvent, SlotKey, TokenUsage, slot_key
-from lorenz.orchestrator import Orchestrator
 
 EVENTS_PER_ISSUE = 30
 AGENT_UPDATES_PER_ISSUE = 20
@@ -56,10 +54,7 @@ class IssueTrail:
 class IssueJournal:
     """Feeds on one runtime's events; answers "what do we know about this issue?"."""
 
-    def __init__(self, *, orchestrator: Callable[[], Orchestrator], capacity: int = ISSUES_KEPT):
-        # NB: a callable, not the orchestrator itself: the runtime owns it and the journal
-        # must read the one in force at each event.
-        self._orchestrator = orchestrator
+    def __init__(self, *, capacity: int = ISSUES_KEPT):
         self._capacity = capacity
         self._trails: collections.OrderedDict[str, IssueTrail] = collections.OrderedDict()
         self._by_identifier: dict[str, str] = {}
@@ -110,21 +105,20 @@ class IssueJournal:
     def _on_agent_update(self, event: RuntimeEvent) -> None:
         if event.slot_key is None:
             return
+        if event.issue_id is None or event.identifier is None or event.run_usage is None:
+            return  # the slot was no longer running when its update arrived
         slot = SlotKey(event.slot_key)
-        entry = self._orchestrator().state.running.get(slot)
-        if entry is None:
-            return
-        trail = self._trail(entry.issue.id, entry.issue.identifier)
-        trail.live_usage[slot] = entry.usage
+        trail = self._trail(event.issue_id, event.identifier)
+        trail.live_usage[slot] = event.run_usage
         # NB: the orchestrator keeps the previous message when an update carries none, so a
         # message is attributed to an update only when it changed.
         message = None
-        if entry.last_agent_message != trail.last_messages.get(slot):
-            message = entry.last_agent_message
-        trail.last_messages[slot] = entry.last_agent_message
+        if event.message != trail.last_messages.get(slot):
+            message = event.message
+        trail.last_messages[slot] = event.message
         trail.agent_updates.append(
             {
-                "at": entry.last_agent_at.isoformat() if entry.last_agent_at else None,
+                "at": event.agent_at.isoformat() if event.agent_at else None,
                 "slot_key": event.slot_key,
                 "event": event.agent_event,
                 "message": message,
