@@ -8,7 +8,8 @@ child process's environment by many roads. Every road goes through this module:
   (mappings, lists, tuples), including the forms a value takes after ``json.dumps`` or
   ``repr()`` (escaped quotes, backslashes, non-ASCII);
 * :func:`strip_secrets` builds a child environment without the well-known credential variables
-  and without any variable whose value equals a secret (however the user named it).
+  and without any variable whose value equals a secret (however the user named it);
+* :class:`SecretRedactor` applies a :class:`Redactor` to every log record on a handler.
 
 It sits at the bottom of the layers so that the runtime, the daemon's log filter, the agent and
 hook launchers and the operator all apply the same rules.
@@ -17,6 +18,7 @@ hook launchers and the operator all apply the same rules.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import Collection, Iterable, Mapping
 from types import MappingProxyType
@@ -139,3 +141,61 @@ def strip_secrets(
         for name, value in merged.items()
         if name not in strip_names and value not in strip_values
     }
+
+
+_RECORD_ATTRIBUTES = frozenset(
+    {*logging.LogRecord("", 0, "", 0, "", None, None).__dict__, "message", "asctime", "taskName"}
+)
+"""What every log record has; anything else on a record came from ``extra=``."""
+
+
+class SecretRedactor(logging.Filter):
+    """Replaces known secret values with ``***`` in everything a record will print.
+
+    The rules (which values, which escaped forms, nested fields) are :class:`Redactor`'s; this
+    filter applies them to a log record: its message (arguments merged in), every field that
+    came from ``extra=``, the traceback and the stack. Both composition roots put one on their
+    log handler (the single-host logging setup and the operator's).
+    """
+
+    def __init__(self, secrets: Iterable[str | None] = ()) -> None:
+        super().__init__()
+        self._redactor = Redactor(secrets)
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        return self._redactor.secrets
+
+    def update(self, secrets: Iterable[str | None]) -> None:
+        """Replace the set of secrets (e.g. after a reload changed ``tracker.api_key``)."""
+        self._redactor.update(secrets)
+
+    def add(self, secrets: Iterable[str | None]) -> None:
+        self._redactor.add(secrets)
+
+    def redact(self, text: str) -> str:
+        return self._redactor.redact(text)
+
+    def redact_value(self, value: Any) -> Any:
+        """``value`` with every string inside it redacted (dicts, lists and tuples walked)."""
+        return self._redactor.redact_value(value)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not self._redactor:
+            return True
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001 - a bad format string must not lose the line
+            message = f"{record.msg!r} {record.args!r}"
+        record.msg = self.redact(message)
+        record.args = None
+        for key, value in list(record.__dict__.items()):
+            if key not in _RECORD_ATTRIBUTES:
+                setattr(record, key, self.redact_value(value))
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = self.redact(record.exc_text)
+        if record.stack_info:
+            record.stack_info = self.redact(record.stack_info)
+        return True

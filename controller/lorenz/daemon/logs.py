@@ -44,7 +44,7 @@ from lorenz.model import (
     RuntimeSnapshot,
 )
 from lorenz.runtime import LorenzRuntime
-from lorenz.secrets import MIN_SECRET_CHARS, REDACTED, Redactor
+from lorenz.secrets import MIN_SECRET_CHARS, REDACTED, SecretRedactor
 from lorenz.secrets import tracker_secrets as secret_values
 from lorenz.workflow import LoadedWorkflow
 
@@ -82,56 +82,6 @@ _RECORD_ATTRIBUTES = frozenset(
 
 
 # ------------------------------------------------------------------------------ secrets
-
-
-class SecretRedactor(logging.Filter):
-    """Replaces known secret values with ``***`` in everything a record will print.
-
-    The rules (which values, which escaped forms, nested fields) are
-    :class:`lorenz.secrets.Redactor`'s; this filter only applies them to a log record.
-    """
-
-    def __init__(self, secrets: Iterable[str | None] = ()) -> None:
-        super().__init__()
-        self._redactor = Redactor(secrets)
-
-    @property
-    def secrets(self) -> tuple[str, ...]:
-        return self._redactor.secrets
-
-    def update(self, secrets: Iterable[str | None]) -> None:
-        """Replace the set of secrets (e.g. after a reload changed ``tracker.api_key``)."""
-        self._redactor.update(secrets)
-
-    def add(self, secrets: Iterable[str | None]) -> None:
-        self._redactor.add(secrets)
-
-    def redact(self, text: str) -> str:
-        return self._redactor.redact(text)
-
-    def redact_value(self, value: Any) -> Any:
-        """``value`` with every string inside it redacted (dicts, lists and tuples walked)."""
-        return self._redactor.redact_value(value)
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if not self._redactor:
-            return True
-        try:
-            message = record.getMessage()
-        except Exception:  # noqa: BLE001 - a bad format string must not lose the line
-            message = f"{record.msg!r} {record.args!r}"
-        record.msg = self.redact(message)
-        record.args = None
-        for key, value in list(record.__dict__.items()):
-            if key == EXTRA_KEY or key not in _RECORD_ATTRIBUTES:
-                setattr(record, key, self.redact_value(value))
-        if record.exc_info and not record.exc_text:
-            record.exc_text = logging.Formatter().formatException(record.exc_info)
-        if record.exc_text:
-            record.exc_text = self.redact(record.exc_text)
-        if record.stack_info:
-            record.stack_info = self.redact(record.stack_info)
-        return True
 
 
 def tracker_secrets(settings: WorkflowSettings, environ: Mapping[str, str]) -> list[str]:
