@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import shutil
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -537,3 +538,29 @@ def test_an_agent_that_ends_cleanly_without_moving_its_issue_is_held_after_a_bou
     assert 3 <= runs <= 4, runs
     assert len(rig.runs()) == runs
     assert issue_state(rig.issues_of("noop"), "TASK-1") == "Todo"
+
+
+def test_the_operator_log_scrubs_a_workflows_tracker_token(
+    kube: Kube, rig: Rig, operators: Callable[..., OperatorProcess]
+) -> None:
+    """The token comes from the Workflow's Secret, not the operator's environment; an agent
+    that prints it to stderr (logged at debug) must not put it into the operator's log."""
+    token = "tok-3f9a1c77-lorenz-log"
+    operator = operators("solo", namespaces=(kube.namespace,))
+    kube.cluster.kubectl(
+        "create", "secret", "generic", "tracker-token", "-n", kube.namespace,
+        f"--from-literal=token={token}",
+    )
+    write_issue(rig.issues_of("scrub"), "TASK-1")
+    manifest = rig.workflow("scrub")
+    manifest["spec"]["tracker"]["apiKeySecretRef"] = {"name": "tracker-token", "key": "token"}
+    manifest["spec"]["agents"]["script"]["command"] = (
+        f"{sys.executable} -c \"import sys; sys.stderr.write('echoed {token} here\\n')\""
+    )
+    kube.apply(manifest)
+    wait_until(
+        lambda: "agent stderr: echoed" in operator.log() or None,
+        timeout=90, message="the agent's stderr line was logged",
+    )
+    assert token not in operator.log()
+    assert "agent stderr: echoed *** here" in operator.log()

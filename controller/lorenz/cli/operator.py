@@ -46,9 +46,9 @@ def run(args: argparse.Namespace) -> int:
     except InvalidOperatorSettings as exc:
         print(f"lorenz operator: {exc}", file=sys.stderr)
         return 2
-    configure_logging(settings)
+    log_redactor = configure_logging(settings)
     try:
-        return asyncio.run(run_operator(settings))
+        return asyncio.run(run_operator(settings, log_redactor=log_redactor))
     except KubeConfigMissing as exc:
         print(f"lorenz operator: {exc}", file=sys.stderr)
         return 2

@@ -40,11 +40,12 @@ import contextlib
 import datetime
 import logging
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from lorenz.assembly import assemble_runtime, tracker_factory
+from lorenz.config import WorkflowSettings
 from lorenz.kube import resources
 from lorenz.kube.candidates import SpecCandidates
 from lorenz.kube.claims import ClaimResourceStore
@@ -79,6 +80,7 @@ from lorenz.model import (
 from lorenz.model.slots import slot_key
 from lorenz.orchestrator import Orchestrator
 from lorenz.runtime import LorenzRuntime
+from lorenz.secrets import tracker_secrets
 from lorenz.tasks import BackgroundTasks, first_of
 from lorenz.workflow import LoadedWorkflow, validate_dispatch
 
@@ -114,6 +116,7 @@ class WorkflowController:
         base_env: Mapping[str, str],
         post: Post = kopf_post,
         metrics: RuntimeAttacher | None = None,
+        log_secrets: Callable[[Iterable[str]], None] | None = None,
     ) -> None:
         self._body: Mapping[str, Any] = body
         self.ref = workflow_ref(body)
@@ -121,6 +124,8 @@ class WorkflowController:
         self._settings = settings
         self._base_env = dict(base_env)
         self._metrics = metrics
+        self._log_secrets = log_secrets
+        """Adds this Workflow's tracker token to the process log's redactor."""
         self._detach_metrics: Callable[[], None] | None = None
         self.workflow_dir: Path = settings.workflow_dir(self.ref.namespace, self.ref.name)
         self.lease = WorkflowLeadership(coordinator=coordinator, workflow=self.ref)
@@ -467,6 +472,7 @@ class WorkflowController:
             len(report.restored_retries),
             len(report.foreign),
         )
+        self._remember_secrets(settings)
         self.candidates.adopt(loaded, generation=generation)
         await asyncio.to_thread(write_workflow_file, loaded)
         self._applied_generation = generation
@@ -569,9 +575,18 @@ class WorkflowController:
 
     # -- runtime output --------------------------------------------------------------------
 
+    def _remember_secrets(self, settings: WorkflowSettings) -> None:
+        """Have the process log scrub this Workflow's tracker token (from its Secret)."""
+        if self._log_secrets is not None:
+            self._log_secrets(
+                tracker_secrets(api_key=settings.tracker.api_key, environ=self._base_env)
+            )
+
     def _on_runtime_event(self, event: RuntimeEvent) -> None:
         kind = event.type
         if kind is EventType.WORKFLOW_RELOADED:
+            if self.runtime is not None:
+                self._remember_secrets(self.runtime.settings)
             self._degraded = None
             self._applied_generation = self.candidates.generation
             candidate = self.candidates.candidate

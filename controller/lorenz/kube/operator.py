@@ -27,7 +27,7 @@ import contextlib
 import logging
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from lorenz.kube import resources
@@ -39,6 +39,7 @@ from lorenz.kube.settings import OperatorSettings
 from lorenz.kube.sharding import ShardCoordinator
 from lorenz.kube.specs import workflow_ref
 from lorenz.model import SlotKey
+from lorenz.secrets import SecretRedactor, tracker_secrets
 from lorenz.tasks import install_child_watcher
 
 logger = logging.getLogger("lorenz.kube.operator")
@@ -59,6 +60,7 @@ class Supervisor:
         base_env: Mapping[str, str] | None = None,
         post: Post = kopf_post,
         metrics: RuntimeAttacher | None = None,
+        log_secrets: Callable[[Iterable[str]], None] | None = None,
     ) -> None:
         self.api = api
         self.settings = settings
@@ -73,6 +75,7 @@ class Supervisor:
         self._base_env = env
         self._post = post
         self.metrics = metrics
+        self._log_secrets = log_secrets
         self.controllers: dict[tuple[str, str], WorkflowController] = {}
         self._retired: set[WorkflowController] = set()
         self._closing = False
@@ -102,6 +105,7 @@ class Supervisor:
                 base_env=self._base_env,
                 post=self._post,
                 metrics=self.metrics,
+                log_secrets=self._log_secrets,
             )
             self.controllers[key] = current
             current.start()
@@ -237,13 +241,22 @@ def _plain(body: Any) -> dict[str, Any]:
     return copy.deepcopy(dict(body))
 
 
-def configure_logging(settings: OperatorSettings) -> None:
+def configure_logging(settings: OperatorSettings) -> SecretRedactor:
+    """The process log on stderr, with every tracker secret it learns scrubbed.
+
+    Returns the handler's :class:`~lorenz.secrets.SecretRedactor`: each Workflow's controller
+    adds its tracker token to it when it builds (or reloads) its runtime, since the tokens come
+    from the Workflows' Secrets, not from the operator's environment.
+    """
     level = getattr(logging, settings.log_level.upper())
     logging.basicConfig(
         level=level,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
         stream=sys.stderr,
     )
+    redactor = SecretRedactor(tracker_secrets(api_key=None, environ=os.environ))
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(redactor)
     logging.getLogger("lorenz").setLevel(level)
     # kopf logs every handler invocation at INFO; only its warnings matter here.
     logging.getLogger("kopf").setLevel(logging.DEBUG if level <= logging.DEBUG else logging.WARNING)
@@ -251,6 +264,7 @@ def configure_logging(settings: OperatorSettings) -> None:
     # httpx logs every tracker request at INFO; its lines come back at log level debug.
     for name in ("httpx", "httpcore"):
         logging.getLogger(name).setLevel(level if level <= logging.DEBUG else logging.WARNING)
+    return redactor
 
 
 async def run_operator(
@@ -258,6 +272,7 @@ async def run_operator(
     *,
     ready: Callable[[Supervisor], None] | None = None,
     stop_flag: asyncio.Event | None = None,
+    log_redactor: SecretRedactor | None = None,
 ) -> int:
     """Run until SIGTERM/SIGINT (or ``stop_flag``); returns the process exit code."""
     import kopf
@@ -285,7 +300,11 @@ async def run_operator(
         endpoint=settings.advertise_url,
     )
     supervisor = Supervisor(
-        api=api, settings=settings, coordinator=coordinator, metrics=metrics.lorenz
+        api=api,
+        settings=settings,
+        coordinator=coordinator,
+        metrics=metrics.lorenz,
+        log_secrets=log_redactor.add if log_redactor is not None else None,
     )
     auth = (
         KubernetesAuth(api=api, open_paths=settings.api_open_paths)
