@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from lorenz.agents import AgentRunner, RunPlacement, build_runner
 from lorenz.agents.environment import TRACKER_SECRET_ENV
@@ -23,6 +23,9 @@ from lorenz.runtime import LorenzRuntime
 from lorenz.trackers import TrackerClient, build_tracker
 from lorenz.workflow import LoadedWorkflow, WorkflowStamp
 from lorenz.workspaces import WorkspaceManager
+
+if TYPE_CHECKING:
+    from lorenz.workers.placement import SshTransports
 
 
 def tracker_factory(
@@ -118,7 +121,8 @@ def _runner_factory(
     """
     path = str(workflow.path)
     api_key = workflow.settings.tracker.api_key
-    shared: dict[str, Any] = {}
+    # The SSH transports, made at the first run that needs them and shared by every run.
+    shared: dict[str, SshTransports] = {}
     local: Callable[[AgentProtocol], AgentRunner] = build_runner
     if workflow.settings.worker.detached:
         from lorenz.workers.runner import WorkerRunner
