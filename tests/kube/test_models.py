@@ -412,12 +412,7 @@ def test_claim_spec_and_status_partition_the_claim_record() -> None:
     spec_fields = set(ClaimSpec.model_fields) - {"workflow"}
     assert spec_fields == set(CLAIM_SPEC_FIELDS)
     status_fields = set(ClaimStatus.model_fields) - set(CLAIM_DISPLAY_FIELDS)
-    # NB: the fence generation and the spawn intent are single-host store fields so far; the
-    # Claim resource does not carry them yet (docs/claims-and-leadership.md). Listed exactly, so
-    # any other record field missing from the Claim still fails here.
-    not_on_the_claim = {"generation", "intent"}
-    assert spec_fields | status_fields == record_fields - not_on_the_claim
-    assert not (spec_fields | status_fields) & not_on_the_claim
+    assert spec_fields | status_fields == record_fields
     assert not spec_fields & status_fields
 
 

@@ -9,7 +9,12 @@ takes a Workflow over rebuilds the scheduling state from them (``load``), and so
 ``acquire``         create the Claim (spec = which slot), then write its status. On 409
                     AlreadyExists read it: ours, or its owner is not the Lease holder → take it
                     (status write with CAS); owned by the live holder → ``False``.
-``save``            status merge-patch carrying ``metadata.resourceVersion`` (a CAS).
+``save``            status merge-patch carrying ``metadata.resourceVersion`` (a CAS); the
+                    spawn intent on the Claim is kept (dropped when it goes back to a pending
+                    retry: its run is settled).
+``record_intent``   the same status write, with the slot's spawn intent (docs/runs.md). An
+                    update that only moves ``lastSeq`` is written at most once per
+                    ``seq_interval_s`` per Claim (the newest one; the API is not a journal).
 ``release``         delete, with the uid as precondition (a successor of the same name lives).
 ``load``            list the Workflow's Claims (label ``lorenz.dev/workflow``) and read the
                     checkpoint from the Workflow's status; every owner that is not the current
@@ -29,28 +34,53 @@ and after a conflict, writes only on mutations.
 NB: every write first asks ``may_write`` (the Lease provider's ``holds_lease``): a replica past
 its renew deadline turns every mutation into a no-op *before* a follower can take over, so a
 deposed leader that has not noticed yet cannot touch Claims its successor now owns.
+
+**Generation fencing.** That check is a timing rule; the compare-and-swap behind it is the
+generation. Every status write stamps ``status.generation`` with the store's ``generation``
+(the shard term's ``leaseTransitions``, strictly increasing across terms) and is conditioned on
+the ``resourceVersion`` of the Claim as last read — a Claim whose generation is *higher* than
+ours is refused before any request (``claim_generation_stale``), and one that changed since we
+read it answers 409 and is judged again on the fresh read. So a deposed replica, however late
+it wakes up, cannot overwrite a Claim its successor has written: the successor's takeover
+stamped every Claim it took with the newer generation. The first refusal is reported through
+``on_fenced`` and every later write of the store is refused without a request.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import copy
 import dataclasses
+import datetime
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Final
 
+from lorenz.claims import ClaimGenerationStale
 from lorenz.kube import resources
 from lorenz.kube.casing import camel_keys, snake_keys
 from lorenz.kube.clients import KubeApi, claims_path, workflows_path
-from lorenz.kube.errors import KubeApiError
+from lorenz.kube.errors import KubeApiError, LeaseLost
 from lorenz.kube.resources import WorkflowRef
 from lorenz.kube.statuses import claim_spec, claim_status, record_from_claim
-from lorenz.model import ClaimRecord, SlotKey, StoredState
+from lorenz.model import (
+    ClaimPhase,
+    ClaimRecord,
+    LorenzError,
+    SlotKey,
+    SpawnIntent,
+    StoredState,
+)
 
 logger = logging.getLogger("lorenz.kube.claims")
 
 MAX_CONFLICT_RETRIES = 5
 """Fresh-read-and-retry rounds for one write before giving up (logged; the write is lost)."""
+
+SEQ_INTERVAL_S: Final = 2.0
+"""At most one write per Claim per this many seconds for intents that only move ``lastSeq``."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -74,15 +104,27 @@ class ClaimResourceStore:
         owner: str,
         holder: Callable[[], str | None],
         may_write: Callable[[], bool],
+        generation: int | None = None,
+        on_fenced: Callable[[LorenzError], None] | None = None,
+        seq_interval_s: float = SEQ_INTERVAL_S,
     ) -> None:
         self._api = api
         self._workflow = workflow
         self._owner = owner
         self._holder = holder
         self._may_write = may_write
+        self._generation = generation
+        self._on_fenced = on_fenced
+        self._seq_interval_s = seq_interval_s
         self._held: dict[SlotKey, HeldClaim] = {}
+        self._pending_seq: dict[SlotKey, SpawnIntent] = {}
+        """Intents that only moved ``lastSeq``, waiting for their Claim's next write slot."""
+        self._seq_flushes: dict[SlotKey, asyncio.Task[None]] = {}
+        self._intent_written_at: dict[SlotKey, float] = {}
         self.fenced_writes = 0
         """Mutations refused because this replica may not write (lost or expiring lease)."""
+        self.fenced_out: ClaimGenerationStale | None = None
+        """Why every write is refused, once a Claim showed a newer leader generation."""
 
     # -- ClaimStore ------------------------------------------------------------------------
 
@@ -95,6 +137,11 @@ class ClaimResourceStore:
         return True
 
     @property
+    def generation(self) -> int | None:
+        """The leader generation every write carries (``None``: unfenced, as in tests)."""
+        return self._generation
+
+    @property
     def held(self) -> Mapping[SlotKey, HeldClaim]:
         """The Claims this store holds (read-only view, for the operator and tests)."""
         return self._held
@@ -104,6 +151,7 @@ class ClaimResourceStore:
             claims_path(self._workflow.namespace),
             label_selector=resources.workflow_selector(self._workflow.name),
         )
+        self._drop_all_pending()
         self._held.clear()
         records: list[ClaimRecord] = []
         for item in items:
@@ -131,6 +179,7 @@ class ClaimResourceStore:
         return StoredState(claims=records, checkpoint=checkpoint, stale_owners=stale)
 
     async def acquire(self, record: ClaimRecord) -> bool:
+        self._check_fence(None, key=record.slot_key)
         if not self._writable("acquire", record.slot_key):
             return False
         mine = self._mine(record)
@@ -143,9 +192,10 @@ class ClaimResourceStore:
             current = held.record
             if current.owner not in ("", self._owner) and current.owner == self._holder():
                 return False
-        return await self._write_status(held, mine)
+        return await self._write_status(held, self._kept(mine, held))
 
     async def save(self, record: ClaimRecord) -> None:
+        self._check_fence(None, key=record.slot_key)
         if not self._writable("save", record.slot_key):
             return
         mine = self._mine(record)
@@ -154,14 +204,66 @@ class ClaimResourceStore:
             held = await self._create_or_read(mine)
             if held is None:
                 return
-        await self._write_status(held, mine)
+        self._drop_pending(record.slot_key)
+        await self._write_status(held, self._kept(mine, held))
+
+    async def record_intent(self, key: SlotKey, intent: SpawnIntent | None) -> bool:
+        """Write the spawn intent of our Claim of ``key`` (``None`` clears it); ``False`` when
+        the Claim is not ours (or not held here).
+
+        NB: an intent that only moved ``last_seq`` (the journal collected so far) is written at
+        most once per ``seq_interval_s`` per Claim, the newest one — a successor re-attaches
+        after the seq it finds, so an older one only replays a little more. Every other change
+        (a phase, a handle) is written at once and pending seqs are dropped.
+        """
+        self._check_fence(None, key=key)
+        held = self._held.get(key)
+        if held is None or held.record.owner != self._owner:
+            return False
+        self._check_fence(held.record, key=key)
+        if not self._writable("record_intent", key):
+            # NB: raised, not a quiet no-op: the runner starts no worker without its intent.
+            raise LeaseLost(
+                lease=f"of {self._workflow.display}", holder=self._holder(), since_renew_s=None
+            )
+        now = datetime.datetime.now(datetime.UTC)
+        stamped = dataclasses.replace(intent, updated_at=now) if intent is not None else None
+        if stamped is not None and _only_seq_moved(held.record.intent, stamped):
+            wait = self._intent_written_at.get(key, 0.0) + self._seq_interval_s
+            wait -= time.monotonic()
+            if wait > 0:
+                self._pending_seq[key] = stamped
+                if key not in self._seq_flushes:
+                    self._seq_flushes[key] = asyncio.get_running_loop().create_task(
+                        self._flush_seq_later(key, wait), name=f"lorenz-claim-seq:{key}"
+                    )
+                return True
+        self._drop_pending(key)
+        return await self._write_intent(held, stamped)
+
+    async def flush_intents(self) -> None:
+        """Write the intents still waiting for their write slot now (a handover's last step
+        before it lets go, so the successor re-attaches after the newest collected seq)."""
+        for key in list(self._pending_seq):
+            intent = self._pending_seq.pop(key)
+            flush = self._seq_flushes.pop(key, None)
+            if flush is not None:
+                flush.cancel()
+            held = self._held.get(key)
+            if held is None or not self._may_write() or self.fenced_out is not None:
+                continue
+            with contextlib.suppress(LorenzError):
+                await self._write_intent(held, intent)
 
     async def release(self, key: SlotKey) -> None:
+        self._check_fence(None, key=key)
         held = self._held.get(key)
         if held is None:
             return
+        self._check_fence(held.record, key=key)
         if not self._writable("release", key):
             return
+        self._drop_pending(key)
         del self._held[key]
         try:
             await self._api.delete(
@@ -172,19 +274,22 @@ class ClaimResourceStore:
                 raise
 
     async def take_over(self, *, from_owners: Iterable[str]) -> list[ClaimRecord]:
+        self._check_fence(None, key=None)
         owners = set(from_owners) - {self._owner}
         taken: list[ClaimRecord] = []
         for key, held in list(self._held.items()):
             if held.record.owner not in owners:
                 continue
+            self._check_fence(held.record, key=key)
             if not self._writable("take_over", key):
                 break
-            mine = self._mine(held.record)
+            mine = self._mine(held.record)  # NB: the intent comes along: it is adopted
             if await self._write_status(held, mine):
                 taken.append(copy.copy(mine))
         return taken
 
     async def save_checkpoint(self, checkpoint: Mapping[str, Any]) -> None:
+        self._check_fence(None, key=None)
         if not self._writable("save_checkpoint", None):
             return
         path = workflows_path(self._workflow.namespace, self._workflow.name, status=True)
@@ -198,9 +303,12 @@ class ClaimResourceStore:
                 raise
 
     async def heartbeat(self) -> None:
-        return None
+        # NB: the Lease renewal is the heartbeat; only a fenced-out store has news to tell.
+        if self.fenced_out is not None:
+            raise self.fenced_out
 
     async def close(self) -> None:
+        self._drop_all_pending()
         self._held.clear()
 
     # -- the operator's side ---------------------------------------------------------------
@@ -238,10 +346,85 @@ class ClaimResourceStore:
         )
         return False
 
+    def _check_fence(self, current: ClaimRecord | None, *, key: SlotKey | None) -> None:
+        """Refuse (``claim_generation_stale``) before any request once a newer generation
+        wrote a Claim we were about to write, and from then on, every write."""
+        if self.fenced_out is None:
+            ours = self._generation
+            if current is None or current.generation is None or ours is None:
+                return
+            theirs = current.generation
+            if theirs <= ours:
+                return
+            self.fenced_out = ClaimGenerationStale(
+                path=None, generation=ours, current=theirs, holder=current.owner or None
+            )
+            logger.warning(
+                "Claim write refused: a newer leader generation wrote it workflow=%s slot=%s "
+                "generation=%s current=%s",
+                self._workflow.display,
+                key,
+                ours,
+                theirs,
+            )
+            if self._on_fenced is not None:
+                self._on_fenced(self.fenced_out)
+        self.fenced_writes += 1
+        raise self.fenced_out
+
     def _mine(self, record: ClaimRecord) -> ClaimRecord:
         mine = copy.copy(record)
         mine.owner = self._owner
+        mine.generation = self._generation
         return mine
+
+    def _kept(self, mine: ClaimRecord, held: HeldClaim) -> ClaimRecord:
+        """``mine`` with the Claim's spawn intent, as ``save`` keeps it (the SQL stores' rule):
+        only ``record_intent`` writes it, and a claim back to a pending retry drops it."""
+        keep = held.record.intent if mine.phase is not ClaimPhase.RETRY_PENDING else None
+        return dataclasses.replace(mine, intent=keep)
+
+    async def _write_intent(self, held: HeldClaim, intent: SpawnIntent | None) -> bool:
+        record = dataclasses.replace(
+            held.record, owner=self._owner, generation=self._generation, intent=intent
+        )
+        written = await self._write_status(held, record)
+        if written:
+            self._intent_written_at[held.record.slot_key] = time.monotonic()
+        return written
+
+    async def _flush_seq_later(self, key: SlotKey, wait: float) -> None:
+        try:
+            await asyncio.sleep(wait)
+        finally:
+            if self._seq_flushes.get(key) is asyncio.current_task():
+                del self._seq_flushes[key]
+        intent = self._pending_seq.pop(key, None)
+        held = self._held.get(key)
+        if intent is None or held is None or held.record.owner != self._owner:
+            return
+        if self.fenced_out is not None or not self._may_write():
+            return
+        try:
+            await self._write_intent(held, intent)
+        except Exception as exc:  # noqa: BLE001 - best effort: the next seq or phase rewrites it
+            logger.warning(
+                "Claim intent write failed workflow=%s slot=%s error=%s",
+                self._workflow.display,
+                key,
+                exc,
+            )
+
+    def _drop_all_pending(self) -> None:
+        for key in list(self._seq_flushes):
+            self._drop_pending(key)
+        self._pending_seq.clear()
+
+    def _drop_pending(self, key: SlotKey) -> None:
+        self._pending_seq.pop(key, None)
+        flush = self._seq_flushes.pop(key, None)
+        if flush is not None:
+            flush.cancel()
 
     def _entry(self, obj: Mapping[str, Any], record: ClaimRecord) -> HeldClaim:
         metadata = obj.get("metadata") or {}
@@ -306,6 +489,7 @@ class ClaimResourceStore:
     async def _write_status(self, held: HeldClaim, record: ClaimRecord) -> bool:
         """CAS-write ``record`` as the status; on conflict re-read and re-decide."""
         for _ in range(MAX_CONFLICT_RETRIES):
+            self._check_fence(held.record, key=record.slot_key)
             if not self._writable("status", record.slot_key):
                 return False
             patch = {
@@ -358,3 +542,15 @@ class ClaimResourceStore:
             raise
         checkpoint = (workflow.get("status") or {}).get("checkpoint")
         return snake_keys(dict(checkpoint)) if isinstance(checkpoint, Mapping) else None
+
+
+def _only_seq_moved(before: SpawnIntent | None, after: SpawnIntent) -> bool:
+    """Whether ``after`` differs from ``before`` in the collected seq (and its time) alone."""
+    if before is None:
+        return False
+    return (before.handle, before.phase, before.generation, before.placement) == (
+        after.handle,
+        after.phase,
+        after.generation,
+        after.placement,
+    )

@@ -305,6 +305,11 @@ def claim_crd() -> dict[str, Any]:
             _column("Issue", ".spec.identifier"),
             _column("Slot", ".spec.slotIndex", type_="integer", priority=1),
             _column("Phase", ".status.phase"),
+            _column(
+                "Worker",
+                ".status.intent.phase",
+                description="the spawn phase of the slot's worker (docs/runs.md)",
+            ),
             _column("Attempt", ".status.attempt", type_="integer"),
             _column("Owner", ".status.owner"),
             _column(
@@ -312,6 +317,12 @@ def claim_crd() -> dict[str, Any]:
                 ".status.retryIn",
                 priority=1,
                 description="a pending retry's backoff, from when it was scheduled",
+            ),
+            _column(
+                "Handle",
+                ".status.intent.handle",
+                priority=1,
+                description="the handle of the slot's worker",
             ),
             _column("Age", ".metadata.creationTimestamp", type_="date"),
         ],

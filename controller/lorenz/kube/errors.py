@@ -144,14 +144,15 @@ class LeaseLost(LeadershipLost):
     """This replica can no longer prove it holds the Workflow's Lease (renewals failed for the
     renew deadline, or another replica holds it): it stops that Workflow's runtime."""
 
-    def __init__(self, *, lease: str, holder: str | None, since_renew_s: float) -> None:
+    def __init__(self, *, lease: str, holder: str | None, since_renew_s: float | None) -> None:
         LeadershipLost.__init__(self, path=None, holder=holder)
         who = f"held by {holder}" if holder else "not renewed"
+        when = f"; last renewal {since_renew_s:.1f} s ago" if since_renew_s is not None else ""
         LorenzError.__init__(
             self,
-            f"this replica's Lease {lease} is no longer provably its own ({who}; last renewal "
-            f"{since_renew_s:.1f} s ago): it stops the Workflow's runtime and a follower takes "
-            "over; check the API server connection if this repeats",
+            f"this replica's Lease {lease} is no longer provably its own ({who}{when}): it "
+            "stops the Workflow's runtime and a follower takes over; check the API server "
+            "connection if this repeats",
         )
         self.lease = lease
 

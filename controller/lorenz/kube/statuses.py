@@ -22,7 +22,16 @@ from pydantic import Field
 
 from lorenz.config import PASSTHROUGH_KEY
 from lorenz.kube.casing import camel
-from lorenz.model import ClaimPhase, ClaimRecord, RetryKind, RuntimeSnapshot, SlotKey, TokenUsage
+from lorenz.model import (
+    ClaimPhase,
+    ClaimRecord,
+    RetryKind,
+    RuntimeSnapshot,
+    SlotKey,
+    SpawnIntent,
+    SpawnPhase,
+    TokenUsage,
+)
 
 ConditionStatus = Literal["True", "False", "Unknown"]
 
@@ -237,6 +246,27 @@ class ClaimUsage(WireModel):
     """All tokens."""
 
 
+class ClaimIntent(WireModel):
+    """The spawn intent of the slot's worker: recorded before the worker starts, updated as its
+    journal is collected, so a new leader re-attaches to it instead of running the agent again
+    (docs/runs.md, *Spawn phases and adoption*)."""
+
+    handle: str = Field(min_length=1)
+    """The worker's deterministic handle (workflow, issue, slot, attempt, generation)."""
+    phase: SpawnPhase
+    """``provisioning``, ``spawn_requested``, ``probing``, ``running``, ``compensated`` or
+    ``quarantined``."""
+    generation: int | None = None
+    """The leader generation that recorded the intent."""
+    last_seq: int = Field(default=0, ge=0)
+    """The newest journal record the leader collected (a successor re-attaches after it)."""
+    placement: str | None = None
+    """Where the worker runs: blank for the operator's own host, else the
+    ``worker.ssh_hosts`` entry."""
+    updated_at: datetime.datetime | None = None
+    """When the intent was last written."""
+
+
 class ClaimSpec(WireModel):
     """Which slot a Claim holds: set at creation, immutable afterwards."""
 
@@ -289,6 +319,11 @@ class ClaimStatus(WireModel):
     """The agent session id."""
     updated_at: datetime.datetime | None = None
     """When this status was written."""
+    generation: int | None = None
+    """The leader generation of the last write (the shard Lease's ``leaseTransitions`` of its
+    term). A replica of an older generation may not write this Claim any more."""
+    intent: ClaimIntent | None = None
+    """The spawn intent of the slot's worker, while one is recorded."""
 
 
 CLAIM_SPEC_FIELDS = ("slot_key", "issue_id", "identifier", "slot_index")
@@ -373,4 +408,19 @@ def record_from_claim(obj: Mapping[str, Any]) -> ClaimRecord:
         last_error=status.last_error,
         session_id=status.session_id,
         updated_at=status.updated_at,
+        generation=status.generation,
+        intent=_intent_of(status.intent),
+    )
+
+
+def _intent_of(wire: ClaimIntent | None) -> SpawnIntent | None:
+    if wire is None:
+        return None
+    return SpawnIntent(
+        handle=wire.handle,
+        phase=wire.phase,
+        generation=wire.generation,
+        last_seq=wire.last_seq,
+        placement=wire.placement,
+        updated_at=wire.updated_at,
     )
