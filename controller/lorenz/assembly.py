@@ -57,6 +57,8 @@ def assemble_runtime(
     claim_store: ClaimStore | None = None,
     generation: Callable[[], int | None] | None = None,
     pods: Callable[[RunPlacement], AgentRunner] | None = None,
+    worker_env: Mapping[str, str] | None = None,
+    leave_workers: Callable[[], str | None] | None = None,
 ) -> LorenzRuntime:
     """A runtime for ``workflow``, ready to ``start()``.
 
@@ -66,7 +68,10 @@ def assemble_runtime(
 
     ``claim_store`` (when it records spawn intents) and ``generation`` (the controller's
     current leadership generation) go to detached runs: each records its worker's intent on its
-    claim, under the generation that started it, before the worker starts.
+    claim, under the generation that started it, before the worker starts. ``worker_env`` is
+    the environment of local worker processes (``None``: this process's, tracker secrets
+    stripped); ``leave_workers`` says when this runtime's stopped runs leave their workers
+    running for the next controller (see ``WorkerRunner.leaving``).
 
     ``base_env`` is the environment agents and hooks start from (tracker secrets are stripped
     from it for hooks); ``tracker`` is one already built by ``trackers`` (the host builds it
@@ -92,6 +97,8 @@ def assemble_runtime(
             claim_store=claim_store,
             generation=generation,
             pods=pods,
+            worker_env=worker_env,
+            leave_workers=leave_workers,
         ),
         tracker_factory=trackers,
         reload_workflow=reload_workflow,
@@ -108,6 +115,8 @@ def _runner_factory(
     claim_store: ClaimStore | None = None,
     generation: Callable[[], int | None] | None = None,
     pods: Callable[[RunPlacement], AgentRunner] | None = None,
+    worker_env: Mapping[str, str] | None = None,
+    leave_workers: Callable[[], str | None] | None = None,
 ) -> Callable[[AgentProtocol], AgentRunner]:
     """Runners that execute each run where the orchestrator placed it.
 
@@ -125,6 +134,7 @@ def _runner_factory(
     shared: dict[str, SshTransports] = {}
     local: Callable[[AgentProtocol], AgentRunner] = build_runner
     if workflow.settings.worker.detached:
+        from lorenz.workers.handles import LocalTransport
         from lorenz.workers.runner import WorkerRunner
 
         def detached(protocol: AgentProtocol) -> AgentRunner:
@@ -134,8 +144,10 @@ def _runner_factory(
             current = generation() if generation is not None else None
             return WorkerRunner(
                 workflow=path,
+                transport=LocalTransport(env=worker_env) if worker_env is not None else None,
                 generation=current or 0,
                 intents=claim_store if isinstance(claim_store, SpawnIntents) else None,
+                leaving=leave_workers,
             )
 
         local = detached

@@ -261,8 +261,12 @@ class OperatorProcess:
         env: dict[str, str] | None = None,
         lease_namespace: str | None = None,
         shards: int | None = None,
+        new_session: bool = False,
     ) -> None:
         self.cluster = cluster
+        self.new_session = new_session
+        """Start the operator as a process group (and session) of its own, so a test can kill
+        the whole group as a pod's death would (:meth:`kill_group`)."""
         self.identity = identity
         self.workdir = workdir
         self.log_path = workdir / f"operator-{identity}.log"
@@ -307,7 +311,8 @@ class OperatorProcess:
         self.workdir.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
-            self.argv, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=self.workdir
+            self.argv, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=self.workdir,
+            start_new_session=self.new_session,
         )
         log.close()
         if wait:
@@ -349,6 +354,12 @@ class OperatorProcess:
     def kill(self, sig: int = signal.SIGKILL) -> None:
         if self.process is not None and self.process.poll() is None:
             os.kill(self.process.pid, sig)
+
+    def kill_group(self, sig: int = signal.SIGKILL) -> None:
+        """``kill -<sig> -<pgid>``: the operator and every process still in its group."""
+        assert self.new_session, "only an operator started with new_session has a group"
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, sig)
 
     def wait(self, timeout: float = 30.0) -> int:
         assert self.process is not None

@@ -18,12 +18,16 @@ Lease. The controller of the holder:
 It stops in one of four ways, each in its own order:
 
 * **Shard lost** (a renewal saw another holder, or none succeeded within the renew
-  deadline): the claim store is already fenced, so nothing is written; local runs are aborted
-  without recording anything (their Claims are the new leader's to recover); the runtime stops.
+  deadline), or **fenced** (a Claim showed a newer leader generation): the claim store is
+  already fenced, so nothing is written; local runs are aborted without recording anything
+  (their Claims are the new leader's to recover) — runs in detached workers are left running
+  for the new leader to adopt; the runtime stops.
 * **Shard handed over** (another replica is below its fair share): the runtime stops and
-  drains (runs end as clean shutdowns, kept as continuation retries in their Claims), a last
-  status says nobody leads, the Workflow lets go of the shard — which is released once all its
-  Workflows have — and campaigns again.
+  drains (runs end as clean shutdowns, kept as continuation retries in their Claims; with
+  ``worker.detached`` a run under way is left to its worker instead, its Claim still running
+  with its spawn intent, for the new leader to adopt), a last status says nobody leads, the
+  Workflow lets go of the shard — which is released once all its Workflows have — and
+  campaigns again.
 * **Workflow deleted**: the runtime stops and drains, its Claims and workspaces are deleted,
   the finalizer is removed.
 * **Operator shutdown**: as a handover, then the process's shards are released so the other
@@ -37,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime
 import logging
 import time
@@ -103,6 +108,19 @@ def _utc_now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
 
+@dataclasses.dataclass(slots=True)
+class Departure:
+    """Whether one runtime's stopped runs leave their detached workers running.
+
+    NB: per runtime, not per process (``leave_workers_running`` is the process-wide form the
+    daemon uses): a replica leads many Workflows, and the one it hands over or loses must not
+    make the others' cancelled runs leave their workers behind.
+    """
+
+    reason: str | None = None
+    """Why the runs are left to their workers (``None``: cancelling a run cancels its worker)."""
+
+
 class WorkflowController:
     """The lifecycle of one Workflow in one operator process."""
 
@@ -161,6 +179,11 @@ class WorkflowController:
 
         self.runtime: LorenzRuntime | None = None
         self.store: ClaimResourceStore | None = None
+        self._departure: Departure | None = None
+        """Set while the runtime runs its agents in detached workers (``worker.detached``)."""
+        self._fenced = asyncio.Event()
+        """The term's claim store saw a newer leader generation: stop as if the Lease was
+        lost."""
         self._runtime_task: asyncio.Task[None] | None = None
         self._unsubscribe: Callable[[], None] | None = None
         self._applied_generation: int | None = None
@@ -296,6 +319,7 @@ class WorkflowController:
 
     async def _lead(self) -> None:
         term = self._term = self.lease.begin_term()
+        self._fenced = asyncio.Event()
         publisher = self._spawn(self._publish_loop())
         self._releasing = False
         record = self.lease.observed
@@ -318,10 +342,10 @@ class WorkflowController:
                 # NB: the runtime's task is only watched (shielded), never cancelled here.
                 await first_of(
                     term.lost.wait(), term.yielding.wait(), self._deleting.wait(),
-                    self._stop.wait(), asyncio.shield(self._runtime_task),
+                    self._stop.wait(), self._fenced.wait(), asyncio.shield(self._runtime_task),
                 )
                 if (term.lost.is_set() or term.yielding.is_set() or self._deleting.is_set()
-                        or self._stop.is_set()):
+                        or self._stop.is_set() or self._fenced.is_set()):
                     break
                 ended = self._runtime_task
                 failure = ended.exception() if ended.done() and not ended.cancelled() else None
@@ -333,24 +357,35 @@ class WorkflowController:
                         generation=self._applied_generation or generation_of(self._body),
                     ),
                 )
-            if term.lost.is_set():
-                await self._abandon(reason="the Lease was lost")
+            if term.lost.is_set() or self._fenced.is_set():
+                fenced = not term.lost.is_set()
+                left = self._departure is not None
+                await self._abandon(
+                    reason="a newer leader generation wrote its Claims" if fenced
+                    else "the Lease was lost"
+                )
                 holder = self.lease.holder
                 self.post(
                     "Warning",
                     "LeadershipLost",
                     f"{self.lease.identity} lost the shard Lease {self.lease.display} "
-                    + (f"to {holder}" if holder and holder != self.lease.identity
+                    + ("(a newer leader generation wrote its Claims)" if fenced
+                       else f"to {holder}" if holder and holder != self.lease.identity
                        else "(no renewal succeeded within the renew deadline)")
-                    + "; its runs were aborted and the new leader retries them",
+                    + ("; its runs were left to their workers for the new leader to adopt"
+                       if left else "; its runs were aborted and the new leader retries them"),
                 )
+                if fenced:
+                    # NB: the Lease view catches up within the renew deadline; until then this
+                    # replica must not lead again at once (it would be fenced again).
+                    await self._wait(term.lost, seconds=self._settings.start_backoff_seconds)
             elif self._deleting.is_set():
                 await self._stop_runtime()
                 await self._cleanup_deleted()
             else:
                 # NB: the last status is written while the term still holds; letting go of
                 # the term comes last, since it may release the shard at once.
-                await self._stop_runtime()
+                await self._stop_runtime(hand_over=True)
                 await self._release()
         finally:
             publisher.cancel()
@@ -454,6 +489,8 @@ class WorkflowController:
             owner=self.lease.identity,
             holder=lambda: self.lease.holder,
             may_write=term.holds_lease,
+            generation=term.generation,
+            on_fenced=self._on_fenced,
         )
         orchestrator = Orchestrator(settings=settings, store=store, clock=SystemClock())
         report = await orchestrator.hydrate()
@@ -477,6 +514,9 @@ class WorkflowController:
         await asyncio.to_thread(write_workflow_file, loaded)
         self._applied_generation = generation
         self._degraded = None
+        # NB: decided at the start, like on a single host (a reload does not move running
+        # runs in or out of workers).
+        departure = Departure() if settings.worker.detached else None
         runtime = assemble_runtime(
             workflow=loaded,
             orchestrator=orchestrator,
@@ -485,7 +525,14 @@ class WorkflowController:
             reload_workflow=self.candidates.reload,
             source_stamp=self.candidates.source_stamp,
             prove_leadership=self._prove_leadership,
+            # Detached runs record their spawn intents on the Claims, under this term's
+            # generation, and a worker process gets the agents' allow-listed environment.
+            claim_store=store,
+            generation=lambda: store.generation,
+            worker_env=self._base_env,
+            leave_workers=(lambda: departure.reason) if departure is not None else None,
         )
+        self._departure = departure
         # NB: Kubernetes Events and the continuation count read the event's wire form.
         runtime.add_event_listener(self._on_runtime_event)
         self.store = store
@@ -497,12 +544,24 @@ class WorkflowController:
             runtime.start(), name=f"lorenz-runtime:{self.ref.display}"
         )
 
-    async def _stop_runtime(self) -> None:
-        """Graceful: runs end as clean shutdowns (kept as continuation retries)."""
-        runtime, task = self.runtime, self._runtime_task
+    async def _stop_runtime(self, *, hand_over: bool = False) -> None:
+        """Graceful: runs end as clean shutdowns (kept as continuation retries).
+
+        ``hand_over`` (a handover, an operator shutdown): runs whose agents are under way in
+        detached workers are left running instead, their Claims still ``Running`` with their
+        spawn intents, so the next leader adopts them (#13: a replica that hands a Workflow
+        over leaves its workers to the new leader). In-process runs cannot outlive the runtime
+        and end as clean shutdowns either way.
+        """
+        runtime, task, store = self.runtime, self._runtime_task, self.store
         if runtime is None:
             return
-        runtime.stop()
+        departure = self._departure
+        if hand_over and departure is not None:
+            departure.reason = "handed_over"
+            runtime.stop(hand_over=True)
+        else:
+            runtime.stop()
         if task is not None:
             try:
                 await asyncio.wait_for(
@@ -512,13 +571,26 @@ class WorkflowController:
                 logger.warning("Runs did not settle in time workflow=%s", self.ref.display)
             except Exception:
                 logger.exception("Runtime failed workflow=%s", self.ref.display)
+        if hand_over and departure is not None and store is not None:
+            # The successor re-attaches after the newest seq collected here.
+            with contextlib.suppress(Exception):
+                await store.flush_intents()
         await self._forget_runtime()
 
     async def _abandon(self, *, reason: str) -> None:
-        """Lost leadership: abort local runs without recording anything, then stop."""
+        """Lost leadership: abort local runs without recording anything, then stop.
+
+        NB: runs in detached workers are left running (never killed because this replica may
+        no longer write): their Claims keep the spawn intents the new leader adopts from.
+        """
         runtime, task = self.runtime, self._runtime_task
         if runtime is None:
             return
+        if self._departure is not None:
+            self._departure.reason = "leadership_lost"
+            # Before the aborts below: a run under way is handed over (nothing recorded, no
+            # after_run here: the adopting leader runs it when the run ends).
+            runtime.stop(hand_over=True)
         # NB: best effort: the next holder fences the Claims anyway.
         with contextlib.suppress(Exception):
             await runtime.abandon_runs(reason=reason)
@@ -533,7 +605,10 @@ class WorkflowController:
         logger.info("Runtime abandoned workflow=%s reason=%s", self.ref.display, reason)
 
     async def _forget_runtime(self) -> None:
-        runtime = self.runtime
+        runtime, store = self.runtime, self.store
+        if store is not None:
+            await store.close()  # NB: drops intent writes still waiting for their slot
+        self._departure = None
         if self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None
@@ -548,6 +623,11 @@ class WorkflowController:
             # NB: closing the tracker's connections is best effort.
             with contextlib.suppress(Exception):
                 await runtime.tracker.close()
+
+    def _on_fenced(self, error: LorenzError) -> None:
+        """The claim store refused a write: a newer leader generation wrote a Claim of ours."""
+        logger.warning("Claims fenced workflow=%s error=%s", self.ref.display, error)
+        self._fenced.set()
 
     async def _prove_leadership(self) -> None:
         term = self._term

@@ -31,7 +31,7 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -201,6 +201,7 @@ class WorkerRunner:
         quarantine_probe_s: float = QUARANTINE_PROBE_S,
         unknown_patience_s: float = 30.0,
         heartbeat_s: float = 15.0,
+        leaving: Callable[[], str | None] | None = None,
     ) -> None:
         self.workflow = workflow
         self.transport: Transport = transport or LocalTransport()
@@ -222,6 +223,10 @@ class WorkerRunner:
         """How long an unreachable worker is probed before it is quarantined."""
         self.heartbeat_s = heartbeat_s
         """The ping interval while following (a missed pong sends the worker to the probes)."""
+        self.leaving = leaving
+        """Why this controller's runs leave their workers running when cancelled (``None``:
+        they cancel them) — the per-runtime form of :func:`leave_workers_running`, for a
+        process that leads several workflows and hands over one of them (the operator)."""
         self._pruned = False
 
     def spec_for(self, request: AgentRunRequest, *, run: int = 0) -> RunSpec:
@@ -302,7 +307,7 @@ class WorkerRunner:
                 final = await asyncio.shield(follow)
                 break
             except asyncio.CancelledError:
-                if _leaving is not None:
+                if _leaving is not None or (self.leaving is not None and self.leaving()):
                     follow.cancel()  # NB: the worker goes on; the next controller adopts it
                 else:
                     await self._cancel(handle, follow)

@@ -1,0 +1,138 @@
+"""Operator failover with ``worker.detached``: the new leader adopts the live worker, 0 re-runs.
+
+Two real ``lorenz operator`` processes share one workspace volume and one worker state root
+(``LORENZ_WORKER_STATE``), as replicas on one host would. The Workflow's agent is the logging
+script of :mod:`tests.kube.operators`, here in a detached ``lorenz worker``. The leader is
+killed mid-turn — ``kill -9`` of its whole process group, as a crash would — or stopped with
+SIGTERM (a graceful handover); the other replica takes the shard Lease, finds the Claim's spawn
+intent, and re-attaches to the same worker after the collected ``lastSeq``. From the agent's
+own marks: exactly one agent ever started and it ran to its normal end, the issue was
+completed by it, once; the Claim shows the adoption (its new owner kept the worker's handle,
+and the run is an ``adoption`` retry of the same attempt).
+"""
+
+from __future__ import annotations
+
+import signal
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cluster.cluster import wait_until
+from tests.kube.operators import (
+    Kube,
+    OperatorProcess,
+    Rig,
+    completed_by,
+    issue_state,
+    write_issue,
+)
+from tests.workers.conftest import kill_workers_under
+
+pytestmark = pytest.mark.cluster
+
+LEASE = (3, 2.0, 0.5)
+DETACHED = {"worker": {"detached": True}}
+
+
+@pytest.fixture
+def worker_state() -> Iterator[Path]:
+    """A short state root shared by both replicas (socket paths must stay under 108 bytes);
+    workers outlive operators by design, so the ones left are killed at teardown."""
+    root = Path(tempfile.mkdtemp(prefix="lzo", dir="/tmp"))
+    try:
+        yield root
+    finally:
+        kill_workers_under(root)
+
+
+def running_claim(kube: Kube, *, owner: str) -> dict[str, Any] | None:
+    """The Claim ``owner`` holds with a worker serving (intent phase ``running``)."""
+    for claim in kube.items("claims"):
+        status = claim.get("status") or {}
+        intent = status.get("intent") or {}
+        if status.get("owner") == owner and intent.get("phase") == "running":
+            return claim
+    return None
+
+
+def adopted_claim(kube: Kube, *, owner: str, handle: str) -> dict[str, Any] | None:
+    """The Claim once ``owner`` re-attached to the worker ``handle``."""
+    for claim in kube.items("claims"):
+        status = claim.get("status") or {}
+        intent = status.get("intent") or {}
+        if (
+            status.get("owner") == owner
+            and status.get("retryKind") == "adoption"
+            and intent.get("handle") == handle
+            and intent.get("phase") in ("probing", "running")
+        ):
+            return claim
+    return None
+
+
+@pytest.mark.parametrize("stop", ["kill-9-group", "sigterm"])
+def test_the_new_leader_adopts_the_live_worker_and_runs_nothing_again(
+    kube: Kube,
+    rig: Rig,
+    operators: Callable[..., OperatorProcess],
+    worker_state: Path,
+    stop: str,
+) -> None:
+    kube.shards = 1  # one shard: exactly one candidate leader at a time
+    env = {"LORENZ_WORKER_STATE": str(worker_state)}
+
+    def replica(identity: str) -> OperatorProcess:
+        return operators(identity, namespaces=(kube.namespace,), lease=LEASE,
+                         shards=kube.shards, env=env, new_session=True)
+
+    a = replica("adopt-a")
+    write_issue(rig.issues_of("adopt"), "TASK-1")
+    # NB: the first attempt works long enough to be mid-turn when A goes, however slow the
+    # machine; had anything run it again, the retry (attempt 1) would finish in a second.
+    kube.apply(rig.workflow("adopt", seconds=1.0, first_seconds=45.0, extra=DETACHED))
+    claim = wait_until(lambda: running_claim(kube, owner="adopt-a"), timeout=120,
+                       message="A's run in a worker, its intent on the Claim")
+    handle = claim["status"]["intent"]["handle"]
+    generation_a = claim["status"]["generation"]
+    assert claim["status"]["intent"]["generation"] == generation_a
+    wait_until(lambda: rig.runs() or None, timeout=60, message="A's agent started")
+    b = replica("adopt-b")
+    assert kube.holder("adopt") == "adopt-a"
+
+    if stop == "kill-9-group":
+        a.kill_group(signal.SIGKILL)  # the operator and everything in its process group
+        assert a.wait(timeout=30) == -signal.SIGKILL
+    else:
+        a.kill(signal.SIGTERM)
+        assert a.wait(timeout=60) == 0
+        assert "run left to its worker for the next controller" in a.log()
+    left_at = time.time()
+    (agent,) = rig.runs()
+    assert not agent.ended, "the agent ended before its operator went: nothing to adopt"
+
+    wait_until(lambda: kube.holder("adopt") == "adopt-b" or None, timeout=120, interval=0.05,
+               message="B takes over")
+    adopted = wait_until(lambda: adopted_claim(kube, owner="adopt-b", handle=handle),
+                         timeout=120, message="B re-attached to A's worker")
+    status = adopted["status"]
+    assert status["generation"] > generation_a  # B's term, stamped on the Claim
+    # NB: a retry is numbered from 1, as on a single host; the agent's own attempt stays 0.
+    assert status["attempt"] == 1
+    wait_until(lambda: f"adopting the worker of a lost controller handle={handle}" in b.log()
+               or None, timeout=60, message="B says it adopts")
+
+    issues = rig.issues_of("adopt")
+    wait_until(lambda: issue_state(issues, "TASK-1") == "Done" or None, timeout=180,
+               message="the adopted run finishes the issue")
+    wait_until(lambda: kube.items("claims") == [] or None, timeout=60,
+               message="the Claim released")
+    (run,) = rig.runs()  # one agent start, ever
+    assert (run.pid, run.attempt) == (agent.pid, 0)
+    assert run.ended
+    assert run.last_seen > left_at  # it kept working after its operator went
+    assert completed_by(issues, "TASK-1") == run.pid
