@@ -349,7 +349,7 @@ async def test_garbage_lines_are_reported_and_skipped(tmp_path: Path) -> None:
     result = await ClaudeStreamRunner().run(harness.request())
 
     assert result.stop_reason == "success"
-    malformed = [u.message for u in harness.events("malformed")]
+    malformed = [u.message or "" for u in harness.events("malformed")]
     assert len(malformed) == 2
     assert "not JSON" in malformed[0]
     assert "not an event" in malformed[1]

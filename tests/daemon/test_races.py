@@ -49,9 +49,10 @@ def race_rounds(workflow: Path, env: dict[str, str], out: Path, *, rounds: int, 
                 assert time.monotonic() < deadline, "losers did not exit"
                 assert parent.poll() is None, "every racer exited: nobody holds the lease"
                 time.sleep(0.01)
-            finished = dict(
-                tuple(map(int, path.read_text().split())) for path in results.glob("*.rc")
-            )
+            finished: dict[int, int] = {}
+            for path in results.glob("*.rc"):
+                pid, status = map(int, path.read_text().split())
+                finished[pid] = status
             (winner,) = set(pids) - set(finished)
             for index in range(racers):
                 text = (results / f"{index}.out").read_text()

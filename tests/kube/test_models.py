@@ -477,6 +477,7 @@ def test_lorenz_operator_refuses_bad_settings(capsys: pytest.CaptureFixture[str]
 def test_docs_list_every_operator_flag_and_error_code() -> None:
     from lorenz.kube import errors
     from lorenz.kube.settings import flag_name
+    from lorenz.model import LorenzError
 
     text = (REPO / "docs" / "operator.md").read_text()
     for field in OperatorSettings.model_fields:
@@ -484,7 +485,7 @@ def test_docs_list_every_operator_flag_and_error_code() -> None:
     codes = {
         cls.code
         for cls in vars(errors).values()
-        if isinstance(cls, type) and issubclass(cls, errors.LorenzError) and cls.__module__
+        if isinstance(cls, type) and issubclass(cls, LorenzError) and cls.__module__
         == errors.__name__
     }
     for code in codes - {"operator_error"}:

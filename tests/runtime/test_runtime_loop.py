@@ -235,7 +235,8 @@ async def test_concurrent_polls_serialize_and_merge(tmp_path: Path) -> None:
 
     async def gated_fetch() -> list[Issue]:
         await gate.wait()
-        return await fetch()
+        issues: list[Issue] = await fetch()
+        return issues
 
     rig.tracker.fetch_candidate_issues = gated_fetch
     first = asyncio.create_task(rig.runtime.poll_once(dry_run=True))

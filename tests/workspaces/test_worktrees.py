@@ -30,7 +30,10 @@ def branches(repo: Path) -> set[str]:
 
 
 def manifest_of(root: Path, relative: str) -> dict[str, object]:
-    return json.loads((root / ".lorenz" / "worktrees" / f"{relative}.json").read_text())
+    manifest: dict[str, object] = json.loads(
+        (root / ".lorenz" / "worktrees" / f"{relative}.json").read_text()
+    )
+    return manifest
 
 
 async def test_new_worktree_on_its_own_branch_with_a_manifest(root: Path, repo: Path) -> None:
