@@ -1,11 +1,14 @@
 """One ClaimStore contract, run against every store the orchestrator is tested or shipped with.
 
 The cases run on the ``memory`` store (one owner: the ones that need no second owner), on both
-SQL backends (``sqlite``, ``turso``), and on ``SharedClaims``, the multi-owner double the core
-tests use. A core test is only as good as that double: if it allowed what the real stores
-refuse (it once let ``acquire`` overwrite a stale owner's row), the core tests would pass on a
-behaviour no shipped store has, and a bug of that class — claims that stay stranded because
-only ``take_over`` may recover them — would stay invisible to them.
+SQL backends (``sqlite``, ``turso``), on ``SharedClaims``, the multi-owner double the core
+tests use, and — the one-owner cases, on the real API server (``cluster``) — on the operator's
+``Claim`` resources (``claims``; between owners they follow the Lease holder, not heartbeats:
+``tests/kube/test_claims.py`` and ``tests/kube/test_claim_intents.py``). A core test is only
+as good as that double: if it allowed what the real stores refuse (it once let ``acquire``
+overwrite a stale owner's row), the core tests would pass on a behaviour no shipped store has,
+and a bug of that class — claims that stay stranded because only ``take_over`` may recover
+them — would stay invisible to them.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 import pytest
@@ -26,6 +29,12 @@ from lorenz.claims.owners import ProcessIdentity, current_process
 from lorenz.model import ClaimPhase, ManualClock, SlotKey
 from tests.claims.records import BACKENDS, claim, keys_of
 from tests.core.factories import SharedClaims
+
+if TYPE_CHECKING:
+    from lorenz.kube.clients import KubeApi
+    from tests.cluster.cluster import Cluster
+
+CRDS = Path(__file__).resolve().parents[2] / "crds"
 
 STALE_MS = 30_000
 T0 = datetime.datetime(2026, 3, 1, 12, 0, tzinfo=datetime.UTC)
@@ -41,10 +50,49 @@ class Subject:
     clock: ManualClock
 
 
-async def _subject(name: str, tmp_path: Path) -> AsyncIterator[Subject]:
+async def _subject(
+    name: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> AsyncIterator[Subject]:
     clock = ManualClock(wall=T0)
     opened: list[Any] = []
-    if name == "memory":
+    api: KubeApi | None = None
+    if name == "claims":
+        # NB: imported here: the operator stack stays out of the other stores' runs.
+        from lorenz.kube.claims import ClaimResourceStore
+        from lorenz.kube.clients import KubeApi, workflows_path
+        from lorenz.kube.resources import WorkflowRef
+
+        cluster: Cluster = request.getfixturevalue("kube_control_plane")
+        namespace: str = request.getfixturevalue("kube_namespace")
+        cluster.install_crds(CRDS)
+        api = KubeApi.from_kubeconfig(kubeconfig=str(cluster.kubeconfig))
+        created = await api.create(
+            workflows_path(namespace),
+            {
+                "apiVersion": "lorenz.dev/v1alpha1",
+                "kind": "Workflow",
+                "metadata": {"name": "wf", "namespace": namespace},
+                "spec": {"tracker": {"kind": "files", "path": "issues"}},
+            },
+        )
+        workflow = WorkflowRef(namespace=namespace, name="wf", uid=created["metadata"]["uid"])
+        kube = api
+
+        async def open_owner(owner: str) -> Any:
+            # One owner, which holds the Workflow's Lease (a Claim store's staleness rule).
+            opened.append(
+                ClaimResourceStore(
+                    api=kube,
+                    workflow=workflow,
+                    owner=owner,
+                    holder=lambda: owner,
+                    may_write=lambda: True,
+                    generation=1,
+                )
+            )
+            return opened[-1]
+
+    elif name == "memory":
 
         async def open_owner(owner: str) -> Any:
             if opened:
@@ -72,19 +120,29 @@ async def _subject(name: str, tmp_path: Path) -> AsyncIterator[Subject]:
     yield Subject(name=name, open_owner=open_owner, clock=clock)
     for store in opened:
         await store.close()
+    if api is not None:
+        await api.close()
 
 
-@pytest.fixture(params=["memory", "sqlite", "turso", "double"])
+@pytest.fixture(
+    params=[
+        "memory",
+        "sqlite",
+        "turso",
+        "double",
+        pytest.param("claims", marks=pytest.mark.cluster),
+    ]
+)
 async def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Subject]:
     """Every store: for cases one owner can show."""
-    async for subject in _subject(str(request.param), tmp_path):
+    async for subject in _subject(str(request.param), tmp_path, request):
         yield subject
 
 
 @pytest.fixture(params=["sqlite", "turso", "double"])
 async def shared_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Subject]:
     """The stores several owners share: for cases between owners."""
-    async for subject in _subject(str(request.param), tmp_path):
+    async for subject in _subject(str(request.param), tmp_path, request):
         yield subject
 
 

@@ -13,6 +13,7 @@ and the run is an ``adoption`` retry of the same attempt).
 
 from __future__ import annotations
 
+import re
 import signal
 import tempfile
 import time
@@ -136,3 +137,56 @@ def test_the_new_leader_adopts_the_live_worker_and_runs_nothing_again(
     assert run.ended
     assert run.last_seen > left_at  # it kept working after its operator went
     assert completed_by(issues, "TASK-1") == run.pid
+
+
+
+def test_a_paused_leader_leaves_its_worker_to_the_new_leader_and_writes_nothing(
+    kube: Kube,
+    rig: Rig,
+    operators: Callable[..., OperatorProcess],
+    worker_state: Path,
+) -> None:
+    """SIGSTOP (a frozen node): the other replica takes over and adopts the worker; the old
+    leader, resumed, stops without a Claim request and without cancelling the worker."""
+    kube.shards = 1
+    env = {"LORENZ_WORKER_STATE": str(worker_state)}
+
+    def replica(identity: str) -> OperatorProcess:
+        return operators(identity, namespaces=(kube.namespace,), lease=LEASE,
+                         shards=kube.shards, env=env)
+
+    a = replica("frozen-a")
+    write_issue(rig.issues_of("frozen"), "TASK-1")
+    kube.apply(rig.workflow("frozen", seconds=1.0, first_seconds=45.0, extra=DETACHED))
+    claim = wait_until(lambda: running_claim(kube, owner="frozen-a"), timeout=120,
+                       message="A's run in a worker, its intent on the Claim")
+    handle = claim["status"]["intent"]["handle"]
+    wait_until(lambda: rig.runs() or None, timeout=60, message="A's agent started")
+    b = replica("frozen-b")
+    assert kube.holder("frozen") == "frozen-a"
+
+    a.kill(signal.SIGSTOP)
+    time.sleep(0.5)  # NB: a log line being written when the signal came is complete by now
+    paused_at = len(a.log())
+    try:
+        wait_until(lambda: kube.holder("frozen") == "frozen-b" or None, timeout=120,
+                   interval=0.05, message="B takes over from the frozen A")
+        wait_until(lambda: adopted_claim(kube, owner="frozen-b", handle=handle), timeout=120,
+                   message="B re-attached to A's worker")
+    finally:
+        a.kill(signal.SIGCONT)
+    wait_until(lambda: "Lease lost" in a.log() or None, timeout=60, message="A notices")
+    wait_until(lambda: not a.leads(kube.namespace, "frozen") or None, timeout=60,
+               message="A stopped its runtime")
+    issues = rig.issues_of("frozen")
+    wait_until(lambda: issue_state(issues, "TASK-1") == "Done" or None, timeout=180,
+               message="the adopted run finishes the issue")
+    # Whatever A's runtime did on waking (records relayed, intents to write, a run ending),
+    # it sent no Claim request: every write is logged before it is sent.
+    woken = a.log()[paused_at:]
+    assert re.findall(r"API write verb=\S+ path=\S*/claims", woken) == []
+    assert "Runtime abandoned" in woken
+    (run,) = rig.runs()  # the worker was neither cancelled by A nor started again by B
+    assert run.ended
+    assert completed_by(issues, "TASK-1") == run.pid
+    assert b.leads(kube.namespace, "frozen")
