@@ -34,6 +34,7 @@ from lorenz.workers.launch import (
 from lorenz.workers.protocol import LINE_LIMIT_BYTES, SOCKET_NAME
 from lorenz.workers.spec import RunSpec
 from lorenz.workers.states import Probe, ProbeState, default_state_root, probe_local
+from lorenz.workers.worker import HANDLE_ENV
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +102,10 @@ class LocalTransport:
         return await run_launch_command(
             [*self.command, *launch_arguments(str(self.state_root))],
             spec=spec,
-            env=self.env,
+            # NB: the launch command carries the run's mark (and so does the worker it forks):
+            # a successor that finds the handle gone kills a launch still in flight
+            # (lorenz.workers.leftovers) instead of retrying beside it.
+            env={**self.env, HANDLE_ENV: spec.handle},
             timeout_s=self.launch_timeout_s,
         )
 

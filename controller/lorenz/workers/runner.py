@@ -9,7 +9,8 @@ runtime sees the same updates, results and error codes as from an in-process run
 Adoption from the claim: a request with ``resume`` (the spawn intent a lost controller
 recorded, brought back by hydration) re-attaches to that worker after the intent's
 ``last_seq`` — no record is relayed twice, none is skipped — and settles from its final record;
-a worker that is gone without one fails the run (``worker_gone``, a failure retry); one that
+a worker that is gone without one fails the run (``worker_gone``, a failure retry) once what it
+left running is killed (:mod:`lorenz.workers.leftovers`); one that
 cannot be probed is *quarantined*: the run stays bound, counted against concurrency, and the
 worker is probed again until it answers or ends.
 
@@ -55,6 +56,7 @@ from lorenz.workers.handles import (
 )
 from lorenz.workers.journal import Record
 from lorenz.workers.launch import WorkerLaunchError
+from lorenz.workers.leftovers import kill_leftovers
 from lorenz.workers.spec import HookSpec, IssueSpec, RunSpec, is_handle
 from lorenz.workers.states import (
     DEFAULT_RETENTION_S,
@@ -313,6 +315,9 @@ class WorkerRunner:
                     await self._cancel(handle, follow)
                 raise
             except WorkerGone:
+                # NB: before the claim says so: a successor that reads ``compensated`` retries
+                # at once, and the dead worker's agent must not work beside that retry.
+                await self._kill_leftovers(name)
                 if recorder is not None:
                     recorder.update(
                         recorder.intent(name, SpawnPhase.COMPENSATED, handle.last_seq)
@@ -438,8 +443,14 @@ class WorkerRunner:
                 logger.info("adopting the worker of an earlier controller handle=%s", name)
                 return name
             if probe.state is ProbeState.GONE:
+                await self._kill_leftovers(name)  # NB: before a new agent starts for the slot
                 self._mark_collected(name)  # dead and settled now: never looked at again
         return None
+
+    async def _kill_leftovers(self, name: str) -> None:
+        """Kill what the gone worker ``name`` left running (its agent, a hook), on this host."""
+        if isinstance(self.transport, LocalTransport):
+            await asyncio.to_thread(kill_leftovers, name)
 
     def _mark_collected(self, name: str) -> None:
         root = getattr(self.transport, "state_root", None)

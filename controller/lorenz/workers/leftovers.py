@@ -1,0 +1,119 @@
+"""What a dead worker leaves behind, killed before its run is settled as ``gone``.
+
+A worker killed with ``kill -9`` (or by the OOM killer) leaves its agent and any hook it was
+running alive: they run in process groups of their own under the worker, and nothing signals
+them. An agent notices only when it next writes to its lost stdout or reads its lost stdin; one
+that is silent for a while — a long tool call, a model thinking, a test suite running — goes on
+working on the issue. The controller meanwhile probes the worker, finds it ``gone`` and retries
+the run as a failure: a second agent on the same issue beside the first, the one thing a run
+must never do (found by ``tests/daemon/test_chaos_workers.py``).
+
+The same holds for a launch in flight: a controller killed while its ``lorenz worker --detach``
+command was still starting leaves that command running (it has a session of its own); a
+successor that probes the handle meanwhile finds no worker yet — ``gone`` — and retries, and
+then the launch command starts the old attempt's worker beside the retry.
+
+So before a ``gone`` run is settled (a failure retry, or a fresh worker for the slot), every
+process that carries the run's handle in its environment is killed with its process group, and
+waited for: ``LORENZ_WORKER_HANDLE`` is set on the launch command (the worker it forks inherits
+it), and the worker gives it to its agent and hooks, whose children inherit it. A handle names
+one run only (a retry is a new attempt and a new handle), so the mark cannot hit another run's
+processes. Only ``gone`` leads here: a worker that is ``unknown`` (its pid lives but does not
+answer) may still be working and is never touched.
+
+This sees the processes of this host only: for a worker placed over SSH the leftovers live on
+the remote host and still end by themselves (at their next write or read).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import time
+from typing import Final
+
+import psutil
+
+from lorenz.workers.worker import HANDLE_ENV
+
+logger = logging.getLogger(__name__)
+
+KILL_WAIT_S: Final = 10.0
+
+
+def find_leftovers(handle: str) -> list[psutil.Process]:
+    """The processes of this user that carry ``handle`` as their worker's mark."""
+    me = os.getpid()
+    found: list[psutil.Process] = []
+    for process in psutil.process_iter():
+        if process.pid == me:
+            continue
+        try:
+            if process.environ().get(HANDLE_ENV) == handle:
+                found.append(process)
+        except (psutil.Error, OSError):
+            continue  # gone meanwhile, another user's, a kernel thread
+    return found
+
+
+def kill_leftovers(handle: str, *, wait_s: float = KILL_WAIT_S) -> list[int]:
+    """SIGKILL every process (and the group it leads) marked with ``handle``; wait for them.
+
+    Scans again until a scan finds nothing: a launch command killed here may have forked its
+    worker just before (the child carries the mark too). Returns the pids killed. NB: blocking
+    (a scan of every process's environment): call it from a thread. Processes still alive
+    after ``wait_s`` (stuck in the kernel) are logged.
+    """
+    killed: list[int] = []
+    deadline = time.monotonic() + wait_s
+    alive: list[psutil.Process] = []
+    while True:
+        leftovers = find_leftovers(handle)
+        if not leftovers:
+            alive = []
+            break
+        if time.monotonic() > deadline:
+            alive = leftovers
+            break
+        for process in leftovers:
+            with contextlib.suppress(OSError, psutil.Error):
+                # NB: only a group the process leads (agents and hooks are started with
+                # start_new_session): some other group it merely belongs to is not ours.
+                if os.getpgid(process.pid) == process.pid:
+                    os.killpg(process.pid, signal.SIGKILL)
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+            if process.pid not in killed:
+                killed.append(process.pid)
+        _wait_dead(leftovers, until=min(deadline, time.monotonic() + 1.0))
+    if killed:
+        logger.warning(
+            "killed what the gone worker left running handle=%s pids=%s", handle, killed
+        )
+    if alive:
+        logger.error(
+            "processes of the gone worker survived SIGKILL handle=%s pids=%s",
+            handle,
+            sorted(p.pid for p in alive),
+        )
+    return killed
+
+
+def _wait_dead(processes: list[psutil.Process], *, until: float) -> None:
+    """Until every process is dead or a zombie, or ``until`` (monotonic) has passed.
+
+    NB: not ``psutil.wait_procs``: these are not our children, and the process that inherits
+    them (PID 1 of a container, a subreaper) may be slow to reap them; a zombie waits for its
+    reaper, not for us, and does no harm.
+    """
+    while time.monotonic() < until and any(_running(p) for p in processes):
+        time.sleep(0.01)
+
+
+def _running(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
