@@ -177,8 +177,11 @@ class DaemonProcess:
         env: Mapping[str, str],
         args: Sequence[str] = ("--feature", "daemon", "--feature", "durable_claims"),
         output: Path,
+        session: bool = False,
     ) -> None:
         self.workflow = workflow
+        self.session = session
+        """Start the daemon in a session (and process group) of its own, for :meth:`kill9_group`."""
         self.env = dict(env)
         # NB: these tests stop daemons with runs in flight and mean "stop now": without a grace
         # window of their own they get none (the drain is tested in test_drain.py).
@@ -200,6 +203,7 @@ class DaemonProcess:
                 stdin=subprocess.DEVNULL,
                 env=self.env,
                 cwd=self.workflow.parent,
+                start_new_session=self.session,
             )
         return self
 
@@ -229,6 +233,18 @@ class DaemonProcess:
         assert self.process is not None
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=30)
+
+    def kill9_group(self) -> None:
+        """SIGKILL the daemon's whole process group (it must have been started with ``session``).
+
+        Everything the daemon started in its own group dies with it; what it detached (the
+        workers, in sessions of their own) must not.
+        """
+        assert self.process is not None
+        assert self.session
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait(timeout=30)
 
     def terminate(self) -> None:
