@@ -12,6 +12,10 @@ It prints what a user pays for that drain:
 * CPU seconds of the event-loop thread from the runtime's construction to the end (the
   orchestrator, the runtime and its HTTP client; the fake server runs in its own thread and
   the agents in their own processes; imports and start-up are not counted);
+* CPU seconds of the whole process over the same window, less the fake server's thread: the
+  loop thread plus every other thread Lorenz used (``asyncio.to_thread`` work such as
+  workspace deletion, and on the older code asyncio's ``waitpid`` thread per agent), so work
+  moved off the loop's thread is still counted;
 * how each run ended: ``success`` or ``canceled`` (a run cut off after its issue went Done).
 
 Run: ``.venv/bin/python bench/tracker_bench.py [--issues 100] [--slots 10]``. Prints figures
@@ -38,6 +42,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -141,10 +146,13 @@ async def drain(tmp: Path, linear: FakeLinearServer, *, issues: int, slots: int,
                 runtime.stop()
 
     started: list[float] = []
+    server = next(t for t in threading.enumerate() if t.name == linear.thread_name)
+    server_clock = time.pthread_getcpuclockid(server.ident or 0)
 
     def ready(runtime: LorenzRuntime) -> None:
         # NB: measured from here, so imports and start-up (bench/startup_bench.py) stay out.
-        started.extend((time.thread_time(), time.perf_counter()))
+        started.extend((time.thread_time(), time.perf_counter(), time.process_time(),
+                        time.clock_gettime(server_clock)))
         holder.append(runtime)
         runtime.add_event_listener(listen)
 
@@ -158,8 +166,11 @@ async def drain(tmp: Path, linear: FakeLinearServer, *, issues: int, slots: int,
                 loop.remove_signal_handler(signum)
     cpu_s = time.thread_time() - started[0]
     wall_s = time.perf_counter() - started[1]
+    server_s = time.clock_gettime(server_clock) - started[3]
+    process_cpu_s = time.process_time() - started[2] - server_s
     return {
         "cpu_s": cpu_s,
+        "process_cpu_s": process_cpu_s,
         "wall_s": wall_s,
         "events": [e if isinstance(e, dict) else e.to_dict() for e in events],
         "runtime": holder[0],
@@ -211,6 +222,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "code": str(Path(sys.modules["lorenz"].__file__ or "?").parents[1]),
         "wall_s": result["wall_s"],
         "cpu_s": result["cpu_s"],
+        "process_cpu_s": result["process_cpu_s"],
         "requests": len(requests),
         "by_operation": dict(sorted(by_operation.items())),
         "candidate_scans": candidate_scans,
@@ -232,6 +244,8 @@ def report(args: argparse.Namespace, figures: dict[str, Any]) -> None:
           + ", ".join(f"{name}={count}" for name, count in figures["by_operation"].items()))
     print(f"candidate scans         {figures['candidate_scans']:6d}")
     print(f"loop thread CPU         {figures['cpu_s']:8.2f} s")
+    print(f"process CPU             {figures['process_cpu_s']:8.2f} s   (all threads but the "
+          "fake server's)")
     print(f"runs                    {figures['runs']:6d}   "
           + ", ".join(f"{name}={count}" for name, count in outcomes.items()))
     print(f"runs canceled           {outcomes.get('canceled', 0):6d} of {figures['runs']}")
@@ -258,11 +272,13 @@ def compare(args: argparse.Namespace) -> None:
             samples[name].append(figures)
             print(f"round {round_number} {name:5} {figures['code']}: requests "
                   f"{figures['requests']:3d}  scans {figures['candidate_scans']:3d}  loop CPU "
-                  f"{figures['cpu_s']:5.2f} s  wall {figures['wall_s']:5.1f} s  "
+                  f"{figures['cpu_s']:5.2f} s  process CPU {figures['process_cpu_s']:5.2f} s  "
+                  f"wall {figures['wall_s']:5.1f} s  "
                   f"canceled {figures['outcomes'].get('canceled', 0):3d}  continuation "
                   f"retries {figures['continuation_retries']:3d}  load "
                   f"{figures['load'][0]:.2f}->{figures['load'][1]:.2f}", flush=True)
-    for key, label in (("requests", "tracker requests"), ("cpu_s", "loop thread CPU")):
+    for key, label in (("requests", "tracker requests"), ("cpu_s", "loop thread CPU"),
+                       ("process_cpu_s", "process CPU")):
         this = statistics.median(s[key] for s in samples["this"])
         old = statistics.median(s[key] for s in samples["other"])
         print(f"median {label:17} this {this:8.2f}   other {old:8.2f}   ratio "
