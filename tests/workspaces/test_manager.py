@@ -365,6 +365,23 @@ async def test_before_remove_failure_and_timeout_do_not_stop_deletion(root: Path
         assert not workspace.path.exists()
 
 
+async def test_a_before_remove_hook_that_swaps_in_a_symlink_is_caught(
+    root: Path, tmp_path: Path
+) -> None:
+    """The containment check runs again after the hook (arbitrary code) and before deleting."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("mine\n")
+    manager = manager_for(root, hooks={
+        "before_remove": f"cd .. && rm -rf ABC-1 && ln -s {outside} ABC-1"
+    })
+    await manager.prepare(make_issue("ABC-1"), slot_index=0, attempt=None)
+    with pytest.raises(WorkspaceError) as caught:
+        await manager.remove_issue("ABC-1")
+    assert caught.value.code == "workspace_symlink_escape"
+    assert (outside / "keep.txt").read_text() == "mine\n"
+
+
 async def test_removing_a_missing_workspace_is_not_an_error(root: Path) -> None:
     manager = manager_for(root, hooks={"before_remove": "touch ../ran"})
     assert await manager.remove_issue("NEVER-1") == []

@@ -652,13 +652,15 @@ class WorkspaceManager:
         return await self._remove_directory(path, root=root, identity=identity,
                                             slot_index=slot_index)
 
-    async def _before_remove(self, path: Path, *, identity: _Identity, slot_index: int) -> None:
+    async def _before_remove(self, path: Path, *, identity: _Identity, slot_index: int) -> bool:
+        """Run ``before_remove``; ``True`` if a hook ran (it may have changed anything)."""
         try:
-            await self._hook("before_remove", workspace=path, identity=identity,
-                             attempt=None, slot_index=slot_index)
+            return await self._hook("before_remove", workspace=path, identity=identity,
+                                    attempt=None, slot_index=slot_index)
         except WorkspaceError as exc:
             logger.warning("before_remove hook failed, removing anyway workspace=%s: %s",
                            path, exc)
+            return True
 
     async def _rmtree(self, path: Path) -> None:
         try:
@@ -685,14 +687,15 @@ class WorkspaceManager:
         if not stat.S_ISDIR(mode):
             os.unlink(path)
             return True
-        await self._before_remove(path, identity=identity, slot_index=slot_index)
-        # The hook is arbitrary code: check again that what we delete is still ours to delete.
-        check_inside_root(path, root=root, root_resolved=True)
-        if not _exists(path):
-            return True
-        if not _is_real_dir(path):
-            os.unlink(path)
-            return True
+        if await self._before_remove(path, identity=identity, slot_index=slot_index):
+            # The hook is arbitrary code: check again that what we delete is still ours to
+            # delete. NB: without a hook nothing ran since the checks above, so they stand.
+            check_inside_root(path, root=root, root_resolved=True)
+            if not _exists(path):
+                return True
+            if not _is_real_dir(path):
+                os.unlink(path)
+                return True
         await self._rmtree(path)
         logger.info("workspace removed issue_identifier=%s workspace=%s",
                     identity.identifier, path)
@@ -722,8 +725,8 @@ class WorkspaceManager:
         if manifest is None:
             raise _foreign(path, "it has no Lorenz manifest")
         await _prove_removable(path, manifest=manifest, env=env)
-        await self._before_remove(path, identity=identity, slot_index=slot_index)
-        await _prove_removable(path, manifest=manifest, env=env)  # the hook may change anything
+        if await self._before_remove(path, identity=identity, slot_index=slot_index):
+            await _prove_removable(path, manifest=manifest, env=env)  # the hook may change anything
         repo = GitRepository(Path(manifest.repo), env=env)
         async with self._repo_lock(manifest.git_common_dir):
             await repo.remove(path, force=False)
