@@ -17,12 +17,20 @@ Three patterns kept recurring by hand, each with a trap of its own:
   blocks in ``waitpid`` until the child ends (its default ``ThreadedChildWatcher``): one
   thread start per agent, hook and git command on the event loop's thread.
   :func:`install_child_watcher` puts in the pidfd watcher 3.12 uses by default instead (a
-  readable process file descriptor on the running loop, no thread).
+  readable process file descriptor on the running loop, no thread);
+* **full garbage collections on the loop's thread** — a long-running process keeps every
+  object its start-up made (modules, settings, the runtime), and each full collection of the
+  cyclic garbage collector walks all of them again (about 95,000 objects, 50 ms of the loop's
+  thread on a loaded 2-core machine) although none of them will ever be garbage.
+  :func:`start_up_objects_frozen` moves them out of the collector's reach while the process
+  runs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import logging
 import os
 import sys
@@ -219,3 +227,21 @@ def install_child_watcher() -> bool:
             return False
         policy.set_child_watcher(PidfdChildWatcher())
     return True
+
+
+@contextlib.contextmanager
+def start_up_objects_frozen() -> Iterator[None]:
+    """While inside, the cyclic garbage collector leaves alone every object alive on entry.
+
+    Enter it once start-up is over: later collections then walk only what the process made
+    since (runs, events, tracker answers), not the modules and settings it will keep until it
+    exits. On exit the frozen objects are handed back to the collector (``gc.unfreeze``), so a
+    caller that goes on running (a test process) loses nothing. NB: cyclic garbage alive on
+    entry is not collected until the exit; at the end of the host's start-up there is none
+    (``gc.collect()`` there finds nothing), and reference counting still frees everything else.
+    """
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from pathlib import Path
 from typing import Any
@@ -207,6 +208,21 @@ async def test_once_and_no_feature_take_no_lease(root: Path, daemon_env: dict[st
     assert not lease_dir.exists()
     runtimes[0].stop()
     assert await asyncio.wait_for(task, 60) == 0
+
+
+async def test_the_start_up_objects_are_frozen_while_the_host_runs(
+    root: Path, daemon_env: dict[str, str]
+) -> None:
+    """Full collections during the run skip what start-up made (see lorenz.tasks)."""
+    workflow = write_daemon_workflow(root, issues=())
+    runtimes: list[LorenzRuntime] = []
+    recurring = HostOptions(workflow_path=str(workflow), tui=False, environ=daemon_env)
+    task = asyncio.create_task(run_host(recurring, ready=runtimes.append))
+    await wait_for(lambda: bool(runtimes) and runtimes[0].poll_count >= 1)
+    assert gc.get_freeze_count() > 0
+    runtimes[0].stop()
+    assert await asyncio.wait_for(task, 60) == 0
+    assert gc.get_freeze_count() == 0
 
 
 async def test_with_a_port_the_daemon_serves_the_whole_api_once(

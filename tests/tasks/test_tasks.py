@@ -9,6 +9,7 @@ import logging
 import os
 import sys
 import threading
+import weakref
 
 import pytest
 
@@ -18,6 +19,7 @@ from lorenz.tasks import (
     first_of,
     install_child_watcher,
     run_to_completion,
+    start_up_objects_frozen,
 )
 
 
@@ -182,3 +184,29 @@ async def test_a_child_reaped_elsewhere_ends_with_255_and_a_warning(
     with caplog.at_level(logging.WARNING, logger="lorenz.tasks"):
         assert await asyncio.wait_for(process.wait(), timeout=30) == 255
     assert "reaped elsewhere" in caplog.text
+
+
+class _Node:
+    """A garbage-collectable object that can be part of a reference cycle."""
+
+    def __init__(self) -> None:
+        self.other: _Node | None = None
+
+
+def _cycle() -> weakref.ref[_Node]:
+    first, second = _Node(), _Node()
+    first.other, second.other = second, first
+    return weakref.ref(first)
+
+
+def test_start_up_objects_are_left_to_the_collector_again_on_exit() -> None:
+    old = _cycle()  # garbage already, but only the cyclic collector can free it
+    with start_up_objects_frozen():
+        assert gc.get_freeze_count() > 0
+        new = _cycle()
+        gc.collect()
+        assert new() is None  # made after entry: collected as usual
+        assert old() is not None  # frozen on entry: not walked
+    assert gc.get_freeze_count() == 0
+    gc.collect()
+    assert old() is None

@@ -29,7 +29,7 @@ from lorenz.daemon.recovery import RecoveryPasses
 from lorenz.model import ClaimStore, SystemClock
 from lorenz.orchestrator import Orchestrator
 from lorenz.runtime import LorenzRuntime
-from lorenz.tasks import install_child_watcher
+from lorenz.tasks import install_child_watcher, start_up_objects_frozen
 from lorenz.trackers import TrackerClient
 from lorenz.workflow import LoadedWorkflow, load_workflow, validate_dispatch
 
@@ -200,7 +200,8 @@ async def run_host(
             recovery.start()
         if ready is not None:
             ready(runtime)
-        await runtime.start(once=options.once, dry_run=options.dry_run)
+        with start_up_objects_frozen():
+            await runtime.start(once=options.once, dry_run=options.dry_run)
         if daemon is not None:
             daemon.raise_if_lost()
         return 0
