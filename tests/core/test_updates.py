@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 
-from lorenz.model import AgentUpdate, SlotKey, TokenUsage
+from lorenz.model import AgentUpdate, SlotKey, TokenUsage, UsageTotals
 from tests.core.claims_helpers import retry_of, run
 from tests.core.factories import SharedClaims, issue, make
 
@@ -180,3 +181,9 @@ async def test_an_update_answers_what_the_slot_shows_now_and_nothing_for_a_free_
     assert second is not None
     assert (second.usage, second.message) == (usage(20), "working")  # the message stays
     assert await orchestrator.apply_update(SlotKey("gone#0"), AgentUpdate(event="x")) is None
+
+
+def test_usage_records_serialise_every_field_in_order() -> None:
+    """``to_dict`` is spelled out (for speed): it must keep up with the fields."""
+    for record in (TokenUsage(1, 2, 3), UsageTotals(1, 2, 3, 4.5, 0.25)):
+        assert list(record.to_dict().items()) == list(dataclasses.asdict(record).items())

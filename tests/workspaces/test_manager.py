@@ -4,6 +4,7 @@ removal, listing for the start-up sweep."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -21,6 +22,7 @@ from lorenz.workspaces import (
     WorkspaceManager,
     workspace_key,
 )
+from lorenz.workspaces.markers import WorkspaceMarker
 from tests.workspaces.conftest import lexists, make_issue, make_settings, wait_for
 
 
@@ -504,6 +506,8 @@ async def test_marker_is_outside_the_workspace(root: Path) -> None:
     marker = json.loads((root / ".lorenz" / "workspaces" / "ABC-1.json").read_text())
     assert marker["issue_id"] == "u-1"
     assert marker["identifier"] == "ABC-1"
+    # to_json is spelled out (for speed): every field of the record, and the version
+    assert set(marker) == {"version", *(f.name for f in dataclasses.fields(WorkspaceMarker))}
     await manager.remove_issue("ABC-1")
     assert not (root / ".lorenz" / "workspaces" / "ABC-1.json").exists()
     assert manager.list_workspaces() == []

@@ -44,7 +44,10 @@ class WorkspaceMarker:
     created_at: str
 
     def to_json(self) -> dict[str, Any]:
-        return {"version": MARKER_VERSION, **dataclasses.asdict(self)}
+        # NB: spelled out, not dataclasses.asdict(): that recurses and copies every value.
+        return {"version": MARKER_VERSION, "key": self.key, "issue_id": self.issue_id,
+                "identifier": self.identifier, "layout": self.layout,
+                "created_at": self.created_at}
 
     @classmethod
     def from_json(cls, data: Any) -> WorkspaceMarker | None:
