@@ -47,6 +47,32 @@ def _json_lines(text: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
+async def test_an_agent_output_line_with_the_token_is_shown_scrubbed(tmp_path: Path) -> None:
+    agent = write_agent(
+        tmp_path,
+        "echoing",
+        f"""
+        print("found {SENTINEL} in the config", flush=True)
+        time.sleep(30)
+        """,
+    )
+    workflow = write_workflow(
+        tmp_path, agent_script=agent,
+        front_matter={"tracker": {"kind": "memory", "api_key": SENTINEL},
+                      "polling": {"interval_ms": 60000}},
+    )
+    rig = build_rig(workflow, issues=[_issue(1)])
+    await rig.runtime.poll_once()
+
+    def message() -> str:
+        running = list(rig.orchestrator.state.running.values())
+        return (running[0].last_agent_message or "") if running else ""
+
+    await _wait_for(lambda: message().startswith("found"), timeout=60)
+    assert message() == f"found {REDACTED} in the config"
+    assert SENTINEL not in json.dumps(rig.runtime.snapshot().to_dict())
+
+
 async def test_sentinel_token_never_reaches_process_logs_or_the_log_file(tmp_path: Path) -> None:
     log_file = tmp_path / "events" / "lorenz.jsonl"
     agent = write_agent(

@@ -632,9 +632,9 @@ class Dispatching:
 
     def on_agent_update(self, key: SlotKey, update: AgentUpdate) -> None:
         if update.message:
-            update = dataclasses.replace(
-                update, message=self._runtime._reporting.scrub(update.message)
-            )
+            scrubbed = self._runtime._reporting.scrub(update.message)
+            if scrubbed != update.message:  # NB: a copy only when there was a secret in it
+                update = dataclasses.replace(update, message=scrubbed)
         self._runtime._background.spawn(
             self.apply_update(key, update), name=f"lorenz-agent-update:{key}"
         )
