@@ -194,6 +194,11 @@ async def test_a_deposed_generation_writes_nothing(
     assert await old.record_intent(KEY, intent(generation=1, last_seq=3))
     await old.save_checkpoint({"n": 1})
 
+    # A replica of generation 1 that has read the Claims, and will see the new holder.
+    aware_view = Leadership("old")
+    aware = store_of(kube_api, workflow, "old", aware_view, generation=1)
+    await aware.load()
+
     # The successor takes the Workflow over: every Claim it takes carries generation 2.
     new = store_of(kube_api, workflow, "new", Leadership("new"), generation=2)
     stored = await new.load()
@@ -231,6 +236,13 @@ async def test_a_deposed_generation_writes_nothing(
     assert await claims_as_stored(kube_api, workflow) == before
     assert (await new.load()).checkpoint == checkpoint_before
     assert [e.code for e in refusals] == ["claim_generation_stale"]  # said once
+
+    # One that already sees the new holder is refused by the generation too, not dropped
+    # quietly as a Claim of the live holder.
+    aware_view.holder = "new"
+    with pytest.raises(ClaimGenerationStale):
+        await aware.save(dataclasses.replace(record("ISSUE-2"), attempt=5))
+    assert await claims_as_stored(kube_api, workflow) == before
 
     # A deposed replica that reads the Claims after the takeover is refused without a request.
     late = store_of(kube_api, workflow, "late", Leadership("late"), generation=1)

@@ -43,7 +43,9 @@ ours is refused before any request (``claim_generation_stale``), and one that ch
 read it answers 409 and is judged again on the fresh read. So a deposed replica, however late
 it wakes up, cannot overwrite a Claim its successor has written: the successor's takeover
 stamped every Claim it took with the newer generation. The first refusal is reported through
-``on_fenced`` and every later write of the store is refused without a request.
+``on_fenced`` and every later write of the store is refused without a request. NB: there is no
+fence row shared by all Claims, so a slot new to both (no Claim the successor wrote) is held
+back by ``may_write`` alone; the successor takes such a Claim at its next acquire.
 """
 
 from __future__ import annotations
@@ -511,6 +513,7 @@ class ClaimResourceStore:
                     self._forget(record.slot_key, held)
                     return False
                 current = record_from_claim(fresh)
+                self._check_fence(current, key=record.slot_key)
                 if current.owner not in ("", self._owner) and current.owner == self._holder():
                     self._forget(record.slot_key, held)
                     return False
