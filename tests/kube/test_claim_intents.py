@@ -171,6 +171,16 @@ async def test_seq_only_updates_are_paced_per_claim_and_flushed_on_demand(
     assert await last_seq() == 50
     assert kube_api.requests[("patch", "claims/status")] == patches + 1  # the newest, once
 
+    # A save while a seq waits carries it: one write, and nothing left to flush.
+    assert await store.record_intent(KEY, dataclasses.replace(running, last_seq=55))
+    patches = kube_api.requests[("patch", "claims/status")]
+    await store.save(dataclasses.replace(record(), turn_count=3))
+    assert kube_api.requests[("patch", "claims/status")] == patches + 1
+    status = (await claim_object(kube_api, workflow, KEY))["status"]
+    assert (status["turnCount"], status["intent"]["lastSeq"]) == (3, 55)
+    await asyncio.sleep(0.7)  # past the interval: no flush of 55 follows
+    assert kube_api.requests[("patch", "claims/status")] == patches + 1
+
     # A handover's flush writes what is pending at once; a phase change is never paced.
     assert await store.record_intent(KEY, dataclasses.replace(running, last_seq=60))
     await store.flush_intents()

@@ -206,8 +206,12 @@ class ClaimResourceStore:
             held = await self._create_or_read(mine)
             if held is None:
                 return
+        # NB: a seq still waiting for its slot rides along (one write, not two).
+        pending = self._pending_seq.get(record.slot_key)
         self._drop_pending(record.slot_key)
-        await self._write_status(held, self._kept(mine, held))
+        kept = self._kept(mine, held, pending=pending)
+        if await self._write_status(held, kept) and kept.intent is not None:
+            self._intent_written_at[record.slot_key] = time.monotonic()
 
     async def record_intent(self, key: SlotKey, intent: SpawnIntent | None) -> bool:
         """Write the spawn intent of our Claim of ``key`` (``None`` clears it); ``False`` when
@@ -380,11 +384,15 @@ class ClaimResourceStore:
         mine.generation = self._generation
         return mine
 
-    def _kept(self, mine: ClaimRecord, held: HeldClaim) -> ClaimRecord:
-        """``mine`` with the Claim's spawn intent, as ``save`` keeps it (the SQL stores' rule):
-        only ``record_intent`` writes it, and a claim back to a pending retry drops it."""
-        keep = held.record.intent if mine.phase is not ClaimPhase.RETRY_PENDING else None
-        return dataclasses.replace(mine, intent=keep)
+    def _kept(
+        self, mine: ClaimRecord, held: HeldClaim, *, pending: SpawnIntent | None = None
+    ) -> ClaimRecord:
+        """``mine`` with the Claim's spawn intent (or the ``pending`` newer one), as ``save``
+        keeps it (the SQL stores' rule): only ``record_intent`` changes it, and a claim back to
+        a pending retry drops it."""
+        if mine.phase is ClaimPhase.RETRY_PENDING:
+            return dataclasses.replace(mine, intent=None)
+        return dataclasses.replace(mine, intent=pending or held.record.intent)
 
     async def _write_intent(self, held: HeldClaim, intent: SpawnIntent | None) -> bool:
         record = dataclasses.replace(
