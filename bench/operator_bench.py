@@ -54,6 +54,7 @@ from __future__ import annotations
 import argparse
 import collections
 import concurrent.futures
+import contextlib
 import dataclasses
 import datetime
 import os
@@ -95,6 +96,7 @@ class Bench:
     """What every section shares: the cluster, a work folder, the operators' shard count."""
 
     cluster: Cluster
+    control_plane: ControlPlane
     work: Path
     shards: int
 
@@ -161,6 +163,42 @@ def operator_requests(operator: OperatorProcess) -> dict[tuple[str, str], float]
         info = dict(labels)
         found[(info["verb"], info["resource"])] = value
     return found
+
+
+def operator_request_times(
+    operator: OperatorProcess,
+) -> dict[tuple[str, str], tuple[float, float, float]]:
+    """``(verb, resource) -> (requests, seconds, of them queued for a thread)`` so far."""
+    text = operator.get("/metrics")
+    families = [parse_metrics(text, f"lorenz_operator_api_{name}_total")
+                for name in ("requests", "request_seconds", "queued_seconds")]
+    found: dict[tuple[str, str], tuple[float, float, float]] = {}
+    for labels, count in families[0].items():
+        info = dict(labels)
+        found[(info["verb"], info["resource"])] = (
+            count, families[1].get(labels, 0.0), families[2].get(labels, 0.0))
+    return found
+
+
+def print_request_times(
+    before: list[dict[tuple[str, str], tuple[float, float, float]]],
+    after: list[dict[tuple[str, str], tuple[float, float, float]]],
+    *, workflows: int,
+) -> None:
+    """The operators' own requests meanwhile: per Workflow, mean time, mean wait for a thread."""
+    totals: dict[tuple[str, str], list[float]] = collections.defaultdict(lambda: [0.0] * 3)
+    for b, a in zip(before, after, strict=True):
+        for key, values in a.items():
+            old = b.get(key, (0.0, 0.0, 0.0))
+            for i in range(3):
+                totals[key][i] += values[i] - old[i]
+    print("   the operators' requests meanwhile (per Workflow; mean time; of it, mean wait for a "
+          "free client thread):")
+    for (verb, resource), (count, seconds, queued) in sorted(totals.items()):
+        if count < 1:
+            continue
+        print(f"     {verb:7} {resource:18} {count / workflows:6.2f}  {seconds / count:6.3f} s  "
+              f"{queued / count:6.3f} s")
 
 
 def delta(after: dict[Any, float], before: dict[Any, float]) -> dict[Any, float]:
@@ -245,13 +283,65 @@ def shard_holders(kube: Kube) -> dict[str, str]:
     }
 
 
-def ready_count(kube: Kube) -> int:
-    count = 0
-    for item in kube.items("workflows"):
-        for condition in (item.get("status") or {}).get("conditions") or ():
-            if condition.get("type") == "Ready" and condition.get("status") == "True":
-                count += 1
-    return count
+class ReadyWatch:
+    """``kubectl get workflows --watch``: each Workflow's ``Ready`` status, as events arrive.
+
+    NB: one watch, not a ``kubectl get workflows -o json`` every 2 s: listing 1,000 Workflows
+    (~4 MB of JSON, decoded by kubectl and again here) cost the bench itself about a core on
+    the shared 2 cores while it measured how fast the operators start them.
+    """
+
+    def __init__(self, cluster: Cluster, namespace: str) -> None:
+        self._ready: dict[str, tuple[float, str]] = {}
+        self._lock = threading.Lock()
+        self._argv = [
+            str(Binaries.locate().path("kubectl")), "get", "workflows", "-n", namespace,
+            "--watch", "--no-headers", "-o",
+            'custom-columns=NAME:.metadata.name,READY:.status.conditions[?(@.type=="Ready")]'
+            ".status",
+        ]
+        self._env = cluster.environ()
+        self._stopped = False
+        self._process = self._start()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _start(self) -> subprocess.Popen[str]:
+        return subprocess.Popen(self._argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=self._env)
+
+    def _read(self) -> None:
+        while True:
+            assert self._process.stdout is not None
+            for line in self._process.stdout:
+                parts = line.split()
+                if len(parts) >= 2:
+                    with self._lock:
+                        self._ready[parts[0]] = (time.monotonic(), parts[1])
+            self._process.wait()
+            if self._stopped:
+                return
+            # NB: a watch the server (or kubectl) ended: start again, it lists what it missed.
+            assert self._process.stderr is not None
+            print(f"   (the Workflow watch ended, rc {self._process.returncode}: "
+                  f"{self._process.stderr.read().strip()[:300]}; watching again)", flush=True)
+            time.sleep(1.0)
+            self._process = self._start()
+
+    def count(self) -> int:
+        """Workflows whose last seen ``Ready`` was ``True``."""
+        with self._lock:
+            return sum(1 for _, status in self._ready.values() if status == "True")
+
+    def times(self) -> list[float]:
+        """When each Workflow was last seen ``Ready=True`` (monotonic)."""
+        with self._lock:
+            return sorted(at for at, status in self._ready.values() if status == "True")
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._process.terminate()
+        self._process.wait(timeout=10)
 
 
 def led_count(operators: list[OperatorProcess], namespace: str) -> int:
@@ -260,6 +350,43 @@ def led_count(operators: list[OperatorProcess], namespace: str) -> int:
         rows = operator.get("/api/v1/workflows")["workflows"]
         total += sum(1 for r in rows if r["namespace"] == namespace and r["leading"])
     return total
+
+
+class CpuMeter:
+    """CPU seconds (user + system) spent by each part since the meter was made."""
+
+    def __init__(self, control_plane: ControlPlane, operators: list[OperatorProcess]) -> None:
+        self._parts: dict[str, list[psutil.Process]] = {
+            name: [psutil.Process(pid)] for name, pid in control_plane.pids().items()
+        }
+        self._parts["operators"] = [
+            psutil.Process(o.process.pid) for o in operators if o.process is not None
+        ]
+        self._parts["bench"] = [psutil.Process()]
+        self._before = self._now()
+        self._machine = _busy()
+
+    def _now(self) -> dict[str, float]:
+        spent: dict[str, float] = {}
+        for name, processes in self._parts.items():
+            total = 0.0
+            for process in processes:
+                with contextlib.suppress(psutil.Error):
+                    times = process.cpu_times()
+                    total += times.user + times.system
+            spent[name] = total
+        return spent
+
+    def spent(self) -> dict[str, float]:
+        now = self._now()
+        found = {name: now[name] - self._before[name] for name in now}
+        found["whole machine (other sessions too)"] = _busy() - self._machine
+        return found
+
+
+def _busy() -> float:
+    times = psutil.cpu_times()
+    return float(times.user + times.nice + times.system + times.irq + times.softirq)
 
 
 def create_all(cluster: Cluster, manifests: list[dict[str, Any]], namespace: str) -> None:
@@ -306,14 +433,28 @@ def scale(
               f"{DEFAULT_LEASE[1]:.0f} s / {DEFAULT_LEASE[2]:.0f} s; machine: {machine()}")
         names = [f"scale-{i}" for i in range(workflows)]
         manifests = [rig.workflow(name, interval_ms=30000) for name in names]
+        ready = ReadyWatch(bench.cluster, namespace)
+        meter = CpuMeter(bench.control_plane, operators)
+        times_before = [operator_request_times(o) for o in operators]
         started = time.monotonic()
-        create_all(bench.cluster, manifests, namespace)
-        created = time.monotonic() - started
-        wait_until(lambda: ready_count(kube) >= workflows or None, timeout=1800, interval=2.0,
-                   message="every Workflow polling")
-        polling = time.monotonic() - started
+        try:
+            create_all(bench.cluster, manifests, namespace)
+            created = time.monotonic() - started
+            wait_until(lambda: ready.count() >= workflows or None, timeout=1800, interval=0.5,
+                       message="every Workflow polling")
+            polling = time.monotonic() - started
+            spent = meter.spent()
+            times_after = [operator_request_times(o) for o in operators]
+            times = [t - started for t in ready.times()]
+        finally:
+            ready.stop()
         print(f"   created at once → all polling (Ready=True): {polling:.1f} s "
-              f"(the {workflows} creates themselves took {created:.1f} s); machine: {machine()}")
+              f"(the {workflows} creates themselves took {created:.1f} s; half polling after "
+              f"{times[len(times) // 2]:.1f} s, 90 % after {times[int(len(times) * 0.9)]:.1f} s)"
+              f"; machine: {machine()}")
+        print(f"   CPU seconds spent meanwhile ({2 * polling:.0f} core-seconds on 2 cores): "
+              + ", ".join(f"{name} {value:.1f}" for name, value in spent.items()))
+        print_request_times(times_before, times_after, workflows=workflows)
 
         time.sleep(30.0)
         own_before = [operator_requests(o) for o in operators]
@@ -379,6 +520,8 @@ def scale(
               f"after {all_led:.1f} s (lease duration {DEFAULT_LEASE[0]} s); machine: "
               f"{machine()}")
 
+        times_before = [operator_request_times(o) for o in survivors]
+        meter = CpuMeter(bench.control_plane, survivors)
         started = time.monotonic()
         bench.cluster.delete_namespace(namespace, wait=False)
 
@@ -389,8 +532,14 @@ def scale(
 
         try:
             wait_until(gone, timeout=delete_timeout_s, interval=1.0, message="namespace gone")
+            took = time.monotonic() - started
+            spent = meter.spent()
+            times_after = [operator_request_times(o) for o in survivors]
             print(f"   kubectl delete namespace with {workflows} Workflows: gone after "
-                  f"{time.monotonic() - started:.1f} s; machine: {machine()}")
+                  f"{took:.1f} s; machine: {machine()}")
+            print(f"   CPU seconds spent meanwhile ({2 * took:.0f} core-seconds on 2 cores): "
+                  + ", ".join(f"{name} {value:.1f}" for name, value in spent.items()))
+            print_request_times(times_before, times_after, workflows=workflows)
         except TimeoutError:
             left = len(kube.items("workflows"))
             print(f"   kubectl delete namespace with {workflows} Workflows: NOT gone after "
@@ -449,10 +598,14 @@ def profile(bench: Bench, *, workflows: int) -> None:
         time.sleep(5.0)
         rss_empty = rss_mib([operator])
         empty = snapshot(operator, prefix, 1)
-        create_all(bench.cluster, [rig.workflow(f"prof-{i}", interval_ms=30000)
-                                   for i in range(workflows)], namespace)
-        wait_until(lambda: ready_count(kube) >= workflows or None, timeout=1800, interval=2.0,
-                   message="every Workflow polling")
+        ready = ReadyWatch(bench.cluster, namespace)
+        try:
+            create_all(bench.cluster, [rig.workflow(f"prof-{i}", interval_ms=30000)
+                                       for i in range(workflows)], namespace)
+            wait_until(lambda: ready.count() >= workflows or None, timeout=1800, interval=1.0,
+                       message="every Workflow polling")
+        finally:
+            ready.stop()
         time.sleep(30.0)
         rss_full = rss_mib([operator])
         full = snapshot(operator, prefix, 2)
@@ -688,7 +841,8 @@ def main() -> int:
     try:
         cluster.install_crds(REPO / "crds")
         with tempfile.TemporaryDirectory(prefix="lorenz-operator-bench-") as tmp:
-            bench = Bench(cluster=cluster, work=Path(tmp), shards=args.shards)
+            bench = Bench(cluster=cluster, control_plane=control_plane, work=Path(tmp),
+                          shards=args.shards)
             print(f"shards {args.shards}; machine: {machine()}")
             if "scale" in sections:
                 scale(bench, replicas=args.replicas, workflows=args.scale_workflows,

@@ -243,6 +243,14 @@ class ControlPlane:
             raise ControlPlaneError("control plane not started")
         return self._cluster
 
+    def pids(self) -> dict[str, int]:
+        """``{component: pid}`` of the processes running now (etcd, kube-apiserver, ...)."""
+        return {
+            proc.name: proc.popen.pid
+            for proc in self._processes
+            if proc.popen is not None and proc.popen.poll() is None
+        }
+
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> Cluster:

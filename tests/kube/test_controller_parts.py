@@ -182,3 +182,50 @@ async def test_a_finalizer_edit_from_a_stale_list_is_refused_and_recomputed(
     assert refused.value.status == 422
     assert await edit_finalizer(api=kube_api, workflow=workflow, add=False)
     assert await finalizers(kube_api, workflow) == []
+
+
+@pytest.mark.cluster
+async def test_a_finalizer_edit_from_the_watched_object_reads_nothing(
+    kube_api: KubeApi, workflow: WorkflowRef
+) -> None:
+    path = workflows_path(workflow.namespace, workflow.name)
+    seen = await kube_api.get(path)
+    reads = kube_api.requests[("get", "workflows")]
+    assert await edit_finalizer(api=kube_api, workflow=workflow, add=True, seen=seen)
+    assert kube_api.requests[("get", "workflows")] == reads
+    assert kube_api.requests[("patch", "workflows")] == 1
+    assert await finalizers(kube_api, workflow) == ["example.com/x", resources.CLEANUP_FINALIZER]
+    # Already there as watched: nothing to send at all.
+    seen = await kube_api.get(path)
+    reads = kube_api.requests[("get", "workflows")]
+    assert await edit_finalizer(api=kube_api, workflow=workflow, add=True, seen=seen)
+    assert kube_api.requests[("get", "workflows")] == reads
+    assert kube_api.requests[("patch", "workflows")] == 1
+    assert await edit_finalizer(api=kube_api, workflow=workflow, add=False, seen=seen)
+    assert kube_api.requests[("get", "workflows")] == reads
+    assert await finalizers(kube_api, workflow) == ["example.com/x"]
+    await clear_finalizers(kube_api, workflow)
+
+
+@pytest.mark.cluster
+async def test_a_finalizer_edit_from_a_stale_watched_object_reads_again(
+    kube_api: KubeApi, kube_namespace: str, lorenz_crds: list[str]
+) -> None:
+    body = {
+        "apiVersion": "lorenz.dev/v1alpha1",
+        "kind": "Workflow",
+        "metadata": {"name": "bare", "namespace": kube_namespace},
+        "spec": {"tracker": {"kind": "files", "path": "issues"}},
+    }
+    created = await kube_api.create(workflows_path(kube_namespace), body)
+    workflow = WorkflowRef(namespace=kube_namespace, name="bare", uid=created["metadata"]["uid"])
+    # A status patch after the watched version moves the resourceVersion that adding the
+    # first finalizer tests: the edit is refused, read again and made.
+    await kube_api.merge_patch(
+        workflows_path(kube_namespace, "bare", status=True), {"status": {"observedGeneration": 1}}
+    )
+    reads = kube_api.requests[("get", "workflows")]
+    assert await edit_finalizer(api=kube_api, workflow=workflow, add=True, seen=created)
+    assert kube_api.requests[("get", "workflows")] == reads + 1
+    assert await finalizers(kube_api, workflow) == [resources.CLEANUP_FINALIZER]
+    await clear_finalizers(kube_api, workflow)

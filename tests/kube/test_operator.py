@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from lorenz.kube import resources
 from tests.cluster.cluster import wait_until
 from tests.kube.operators import (
     Kube,
@@ -295,10 +296,14 @@ def test_deleting_a_workflow_stops_its_runs_and_removes_claims_workspaces_and_fi
     wait_until(lambda: len(rig.runs()) == 2 or None, timeout=15, message="two agents")
     workspaces = sorted(p.name for p in (folder / "workspaces").iterdir() if p.name[0] != ".")
     assert len(workspaces) == 2, workspaces
+    before = operator_requests(operator)
     kube.cluster.kubectl(
         "delete", "workflow", "doomed", "-n", kube.namespace, "--wait=true", "--timeout=60s"
     )
     assert kube.items("workflows") == []
+    # The cleanup removes the finalizer from the watched object, without reading it again.
+    after = operator_requests(operator)
+    assert after.get(("get", "workflows"), 0.0) == before.get(("get", "workflows"), 0.0)
     assert kube.items("claims") == []
     # Its shard stays held (other Workflows share it); no Lease was ever made for the Workflow.
     assert kube.holder("doomed") == "solo"
@@ -412,6 +417,39 @@ def test_idle_ticks_write_no_status_and_no_claims_only_the_lease_renewals(
         or None,
         timeout=30, message="the running lane in the status",
     )
+
+
+def test_a_new_workflows_first_status_is_ready_in_one_patch(
+    kube: Kube, rig: Rig, operators: Callable[..., OperatorProcess]
+) -> None:
+    # A bound no start on a loaded machine reaches: the first status waits for the first poll.
+    operator = operators("first", namespaces=(kube.namespace,),
+                         extra_args=("--first-status-wait-seconds", "600"))
+    before = operator_requests(operator)
+    kube.apply(rig.workflow("first", interval_ms=300))
+    workflow = wait_condition(kube, "first", "Ready", "True", timeout=120)
+    leading = condition(workflow, "Leading")
+    assert leading is not None
+    assert leading["status"] == "True"
+    wait_until(lambda: ticks_of(operator, kube.namespace, "first") >= 5 or None, timeout=60,
+               message="five ticks")
+    after = operator_requests(operator)
+    patches = after.get(("patch", "workflows/status"), 0.0) - before.get(
+        ("patch", "workflows/status"), 0.0)
+    # Ready at once, not Starting and then Ready; and the finalizer was added from the
+    # watched object, without reading it first.
+    assert patches == 1, (before, after)
+    assert after.get(("get", "workflows"), 0.0) - before.get(("get", "workflows"), 0.0) <= 1
+    assert resources.CLEANUP_FINALIZER in kube.get("workflow", "first")["metadata"]["finalizers"]
+    # On its way out it writes no status at all (nobody reads it; in a terminating namespace
+    # 1,000 such patches queued before the cleanups).
+    kube.cluster.kubectl(
+        "delete", "workflow", "first", "-n", kube.namespace, "--wait=true", "--timeout=60s"
+    )
+    gone = operator_requests(operator)
+    assert gone.get(("patch", "workflows/status"), 0.0) == after.get(
+        ("patch", "workflows/status"), 0.0), (after, gone)
+    assert gone.get(("get", "workflows"), 0.0) == after.get(("get", "workflows"), 0.0)
 
 
 def test_a_workflow_that_cannot_start_is_degraded_and_backs_off_holding_its_lease(

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ logger = logging.getLogger("lorenz.kube.finalizers")
 MAX_PATCH_RETRIES = 5
 
 
-def finalizer_ops(metadata: dict[str, Any], *, add: bool) -> list[dict[str, Any]] | None:
+def finalizer_ops(metadata: Mapping[str, Any], *, add: bool) -> list[dict[str, Any]] | None:
     """The JSON patch that adds or removes the cleanup finalizer (``None``: nothing to do)."""
     finalizers = list(metadata.get("finalizers") or [])
     finalizer = resources.CLEANUP_FINALIZER
@@ -59,16 +60,28 @@ def finalizer_ops(metadata: dict[str, Any], *, add: bool) -> list[dict[str, Any]
     return ops
 
 
-async def edit_finalizer(*, api: KubeApi, workflow: WorkflowRef, add: bool) -> bool:
-    """Add or remove the cleanup finalizer; ``True`` when the object ends in that state."""
+async def edit_finalizer(
+    *, api: KubeApi, workflow: WorkflowRef, add: bool, seen: Mapping[str, Any] | None = None
+) -> bool:
+    """Add or remove the cleanup finalizer; ``True`` when the object ends in that state.
+
+    ``seen`` is the object as the watch last delivered it: the first edit is computed from it
+    (no read), and only an edit it makes fail (the list or the resourceVersion moved on) reads
+    the object again. With 1,000 Workflows starting or being deleted at once, that read was a
+    third of the requests the start (and the cleanup) queued behind.
+    """
     path = workflows_path(workflow.namespace, workflow.name)
     for _ in range(MAX_PATCH_RETRIES):
-        try:
-            current = await api.get(path)
-        except KubeApiError as exc:
-            if exc.not_found:
-                return not add
-            raise
+        if seen is not None:
+            current: Mapping[str, Any] = seen
+            seen = None
+        else:
+            try:
+                current = await api.get(path)
+            except KubeApiError as exc:
+                if exc.not_found:
+                    return not add
+                raise
         metadata = current.get("metadata") or {}
         if workflow.uid is not None and metadata.get("uid") != workflow.uid:
             return not add  # a re-created Workflow of the same name: not ours to edit

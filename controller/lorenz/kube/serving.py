@@ -93,9 +93,22 @@ class _OperatorCollector(Collector):
             "Kubernetes API requests this process made itself (kopf's watches excluded).",
             labels=["verb", "resource"],
         )
+        seconds = CounterMetricFamily(
+            "lorenz_operator_api_request_seconds",
+            "Seconds those requests took, from the call to the answer (waiting for a free "
+            "thread of the client's pool included).",
+            labels=["verb", "resource"],
+        )
+        queued = CounterMetricFamily(
+            "lorenz_operator_api_queued_seconds",
+            "Of those seconds, the time requests waited for a free thread of the client's pool.",
+            labels=["verb", "resource"],
+        )
         for (verb, resource), count in sorted(self._api.requests.items()):
             requests.add_metric([verb, resource], float(count))
-        return [leading, transitions, events, requests]
+            seconds.add_metric([verb, resource], self._api.seconds[(verb, resource)])
+            queued.add_metric([verb, resource], self._api.queued_seconds[(verb, resource)])
+        return [leading, transitions, events, requests, seconds, queued]
 
 
 class OperatorServer:

@@ -114,6 +114,12 @@ class OperatorSettings(pydantic.BaseModel):
     status_interval_seconds: float = Field(default=1.0, ge=0)
     """At most one Workflow status patch per this interval (and only when it changed)."""
 
+    first_status_wait_seconds: float = Field(default=10.0, ge=0)
+    """A Workflow's first status after its leader takes it (a new Workflow, a failover) waits
+    up to this long for the runtime's first poll (or its failure), so that it is written once
+    as ``Ready`` instead of ``Starting`` and then ``Ready``; a slower start shows ``Starting``
+    when this runs out. 0 writes ``Starting`` at once."""
+
     idle_status_interval_seconds: float = Field(default=3600.0, ge=0)
     """While only the poll bookkeeping changes (``status.poll.lastPollAt``, ``nextPollAt``,
     ``count``), at most one status patch per Workflow per this interval; anything else a user

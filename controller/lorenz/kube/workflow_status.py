@@ -68,6 +68,10 @@ class StatusInputs:
     """Where this replica serves the API."""
 
 
+STARTING_REASON = "Starting"
+"""``Ready``'s reason while the runtime has neither polled nor failed yet."""
+
+
 def ready_condition(inputs: StatusInputs) -> tuple[ConditionStatus, str, str]:
     """``Ready``: the runtime polls successfully."""
     if inputs.releasing:
@@ -75,12 +79,12 @@ def ready_condition(inputs: StatusInputs) -> tuple[ConditionStatus, str, str]:
     if not inputs.running and inputs.degraded is not None:
         return ("False", reason_from_code(inputs.degraded.code), inputs.degraded.message)
     if not inputs.running or inputs.snapshot is None:
-        return ("Unknown", "Starting", "the runtime is starting")
+        return ("Unknown", STARTING_REASON, "the runtime is starting")
     poll = inputs.snapshot.poll
     if poll.last_error:
         return ("False", "PollFailed", poll.last_error)
     if poll.last_poll_at is None:
-        return ("Unknown", "Starting", "waiting for the first poll")
+        return ("Unknown", STARTING_REASON, "waiting for the first poll")
     return (
         "True",
         "Polling",
