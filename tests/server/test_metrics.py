@@ -299,3 +299,41 @@ async def test_each_app_has_its_own_registry(tmp_path: Path, http: aiohttp.Clien
     assert value(samples_a, "lorenz_dispatches_total", workflow=str(rig_a.workflow.path)) == 1
     assert value(samples_b, "lorenz_dispatches_total", workflow=str(rig_b.workflow.path)) == 0
     assert not any(("workflow", str(rig_a.workflow.path)) in labels for _, labels in samples_b)
+
+
+def test_the_compact_series_expose_exactly_what_prometheus_client_would() -> None:
+    from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+    from prometheus_client.openmetrics.exposition import generate_latest as openmetrics
+
+    from lorenz.server.metrics import RUN_DURATION_BUCKETS, _Family
+
+    ours, theirs = CollectorRegistry(), CollectorRegistry()
+    labels = ("workflow", "outcome")
+    counters = (_Family("x_runs", "Runs.", labels, registry=ours),
+                Counter("x_runs", "Runs.", labels, registry=theirs))
+    histograms = (
+        _Family("x_seconds", "Time.", labels, registry=ours, buckets=RUN_DURATION_BUCKETS),
+        Histogram("x_seconds", "Time.", labels, registry=theirs, buckets=RUN_DURATION_BUCKETS),
+    )
+    for family in (*counters, *histograms):
+        family.labels("a/b", "success")
+        family.labels("a/b", "failed")
+        family.labels("c/d", "success")
+    for counter in counters:
+        counter.labels("a/b", "success").inc()
+        counter.labels("a/b", "success").inc(2.5)
+        counter.labels("c/d", "success").inc()
+        counter.remove("c/d", "success")
+    for histogram in histograms:
+        for seconds in (0.0, 1.0, 4.999, 5.0, 61.0, 14400.0, 99999.0):
+            histogram.labels("a/b", "success").observe(seconds)
+        histogram.labels("a/b", "failed").observe(2.0)
+
+    def without_created(text: bytes) -> list[str]:
+        return [line for line in text.decode().splitlines() if "_created" not in line]
+
+    assert without_created(generate_latest(ours)) == without_created(generate_latest(theirs))
+    assert without_created(openmetrics(ours)) == without_created(openmetrics(theirs))  # type: ignore[no-untyped-call]
+    created = [line for line in generate_latest(ours).decode().splitlines()
+               if line.startswith("x_runs_created")]
+    assert len(created) == 2

@@ -28,13 +28,15 @@ import collections
 import contextlib
 import dataclasses
 import datetime
+import math
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from lorenz.model import (
     EventType,
@@ -73,6 +75,97 @@ _END_OUTCOMES: dict[EventType, str] = {
 }
 
 
+class _Series:
+    """One labelled series of a counter or a histogram.
+
+    NB: prometheus-client's own children keep a lock-guarded value object per bucket — about
+    200 objects and 36 KiB for the series one workflow starts with (every outcome, retry kind
+    and stop reason at zero), most of an idle Workflow's memory in the operator. These series
+    are fed by the runtime's event listener and read by scrapes, both on the event loop's
+    thread, so a plain slot per value does.
+    """
+
+    __slots__ = ("bounds", "counts", "created", "total")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        """Upper bounds of a histogram's buckets, ``+Inf`` last (empty for a counter)."""
+        self.counts: list[int] = [0] * len(bounds)
+        """Observations per bucket (not cumulative)."""
+        self.total = 0.0
+        """A counter's value, a histogram's sum."""
+        self.created = time.time()
+
+    def inc(self, amount: float = 1.0) -> None:
+        if amount < 0:
+            raise ValueError("counters can only be incremented by non-negative amounts")
+        self.total += amount
+
+    def observe(self, amount: float) -> None:
+        self.total += amount
+        for index, bound in enumerate(self.bounds):
+            if amount <= bound:
+                self.counts[index] += 1
+                return
+
+
+class _Family(Collector):
+    """A labelled counter or histogram, exposed exactly as prometheus-client's would be
+    (``_total``/``_created``; ``_bucket``/``_count``/``_sum``/``_created``)."""
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: tuple[str, ...],
+        *,
+        registry: CollectorRegistry,
+        buckets: tuple[float, ...] | None = None,
+    ) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._labelnames = labelnames
+        self._type = "counter" if buckets is None else "histogram"
+        self._bounds: tuple[float, ...] = () if buckets is None else (*buckets, math.inf)
+        self._le: tuple[str, ...] = tuple(
+            floatToGoString(b) for b in self._bounds  # type: ignore[no-untyped-call]
+        )
+        self._series: dict[tuple[str, ...], _Series] = {}
+        registry.register(self)
+
+    def labels(self, *values: str) -> _Series:
+        series = self._series.get(values)
+        if series is None:
+            if len(values) != len(self._labelnames):
+                raise ValueError(f"{self._name} takes labels {self._labelnames}, got {values}")
+            series = self._series[values] = _Series(self._bounds)
+        return series
+
+    def remove(self, *values: str) -> None:
+        del self._series[values]
+
+    def describe(self) -> Iterable[Metric]:
+        return [Metric(self._name, self._documentation, self._type)]
+
+    def collect(self) -> Iterable[Metric]:
+        metric = Metric(self._name, self._documentation, self._type)
+        name = metric.name
+        for values, series in list(self._series.items()):
+            labels = dict(zip(self._labelnames, values, strict=True))
+            if self._type == "counter":
+                metric.add_sample(f"{name}_total", labels, series.total)
+                metric.add_sample(f"{name}_created", labels, series.created)
+                continue
+            cumulative = 0
+            for le, count in zip(self._le, series.counts, strict=True):
+                cumulative += count
+                metric.add_sample(f"{name}_bucket", {**labels, "le": le}, float(cumulative))
+            metric.add_sample(f"{name}_count", labels, float(cumulative))
+            metric.add_sample(f"{name}_sum", labels, series.total)
+            metric.add_sample(f"{name}_created", labels, series.created)
+        return [metric]
+
+
 class MetricsLabelInUse(LorenzError):
     code = "metrics_workflow_label_in_use"
 
@@ -101,36 +194,36 @@ class LorenzMetrics:
         self.registry = registry if registry is not None else CollectorRegistry()
         self._feeds: dict[str, _Feed] = {}
         wf = (WORKFLOW_LABEL,)
-        self._dispatches = Counter(
+        self._dispatches = _Family(
             "lorenz_dispatches", "Runs started (a slot bound to a worker and its agent launched).",
             wf, registry=self.registry,
         )
-        self._outcomes = Counter(
+        self._outcomes = _Family(
             "lorenz_run_outcomes", "Runs ended, by outcome (success, failed, stalled, canceled).",
             (*wf, "outcome"), registry=self.registry,
         )
-        self._retries = Counter(
+        self._retries = _Family(
             "lorenz_retries", "Retries scheduled, by kind (continuation, failure).",
             (*wf, "kind"), registry=self.registry,
         )
-        self._poll_errors = Counter(
+        self._poll_errors = _Family(
             "lorenz_poll_errors", "Poll ticks that ended in an error.", wf, registry=self.registry,
         )
-        self._reconcile_stops = Counter(
+        self._reconcile_stops = _Family(
             "lorenz_reconcile_stops",
             "Runs stopped by reconciliation, by reason (terminal, inactive, unrouted, blocked, "
             "missing, stalled, claim_deleted).",
             (*wf, "reason"), registry=self.registry,
         )
-        self._poll_duration = Histogram(
+        self._poll_duration = _Family(
             "lorenz_poll_duration_seconds", "Duration of one poll tick (successful or not).",
             wf, registry=self.registry, buckets=POLL_DURATION_BUCKETS,
         )
-        self._run_duration = Histogram(
+        self._run_duration = _Family(
             "lorenz_run_duration_seconds", "Duration of one run, from run start to its end.",
             (*wf, "outcome"), registry=self.registry, buckets=RUN_DURATION_BUCKETS,
         )
-        self._dispatch_latency = Histogram(
+        self._dispatch_latency = _Family(
             "lorenz_dispatch_latency_seconds",
             "Start of the poll tick that selected a slot to the start of its run.",
             wf, registry=self.registry, buckets=DISPATCH_LATENCY_BUCKETS,
@@ -182,7 +275,7 @@ class LorenzMetrics:
 
     # ---------------------------------------------------------------- feeding
 
-    def _by_name(self) -> dict[str, Counter | Histogram]:
+    def _by_name(self) -> dict[str, _Family]:
         return {
             "dispatches": self._dispatches,
             "outcomes": self._outcomes,
@@ -194,7 +287,7 @@ class LorenzMetrics:
             "dispatch_latency": self._dispatch_latency,
         }
 
-    def _child(self, feed: _Feed, name: str, *extra: str) -> Any:
+    def _child(self, feed: _Feed, name: str, *extra: str) -> _Series:
         labels = (feed.workflow, *extra)
         feed.series.add((name, labels))
         return self._by_name()[name].labels(*labels)
