@@ -311,6 +311,35 @@ def limit_malloc_arenas(*, arenas: int = MALLOC_ARENAS) -> bool:
     return bool(mallopt(_M_ARENA_MAX, arenas))
 
 
+_PR_SET_DUMPABLE = 4
+"""``prctl``'s option number (``linux/prctl.h``)."""
+
+
+def hide_process_environment() -> bool:
+    """Make this process non-dumpable; ``True`` if it was done here.
+
+    NB: agents in ``local`` mode run as the operator's uid, and a process of the same uid may
+    read ``/proc/<operator pid>/environ`` — every credential set through the chart's
+    ``operator.env``. A non-dumpable process's ``/proc`` entries belong to root, so a process
+    of the same (non-root) uid can read neither its environment nor its memory. Children get
+    their own ``execve``: agents stay dumpable themselves. Root (or ``CAP_SYS_PTRACE``) still
+    reads everything.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return False
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
+                      ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    result: int = prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+    return result == 0
+
+
 def configure_logging(settings: OperatorSettings) -> SecretRedactor:
     """The process log on stderr, with every tracker secret it learns scrubbed.
 
@@ -348,6 +377,7 @@ async def run_operator(
     import kopf
 
     limit_malloc_arenas()
+    hide_process_environment()
     install_child_watcher()
 
     from lorenz.kube import serving
