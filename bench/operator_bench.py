@@ -27,8 +27,13 @@ as the chart's release namespace), never beside the Workflows.
    * *takeover after kill -9* of the replica holding the most shards: until every Workflow is
      led again (the survivors' ``/api/v1/workflows``), and until its shard Leases name a
      survivor;
-   * *namespace deletion*: ``kubectl delete namespace`` of the N Workflows (no Claims: idle
-     ones; the ``nsdel`` section has runs in flight) until the namespace is gone.
+   * *namespace deletion*: ``kubectl delete namespace`` of the N Workflows and N Claims (one
+     held Claim per Workflow, created once all poll, as a leader writes them; ``--no-claims``
+     leaves them out; the ``nsdel`` section has runs in flight) until the namespace is gone.
+
+   While Workflows start and while the namespace goes, it prints the CPU seconds of each part
+   (operators, API server, etcd, controller-manager, the bench, the whole machine) and the
+   operators' own requests per Workflow with their mean time and mean wait for a client thread.
 0b. **Where an idle Workflow's memory goes** (``profile``): one replica under tracemalloc (8
    frames), a snapshot with 0 and with ``--profile-workflows`` idle Workflows; prints the growth
    by file and the top allocation tracebacks (RSS there includes tracemalloc's own overhead).
@@ -77,6 +82,8 @@ from tests.cluster.cluster import Cluster, wait_until  # noqa: E402
 from tests.cluster.controlplane import Binaries, ControlPlane  # noqa: E402
 from tests.kube.operators import Kube, OperatorProcess, Rig, write_issue  # noqa: E402
 
+from lorenz.kube import resources  # noqa: E402
+from lorenz.kube.resources import WorkflowRef  # noqa: E402
 from lorenz.kube.settings import OperatorSettings  # noqa: E402
 
 SECTIONS = ("scale", "profile", "idle", "latency", "failover", "handover", "nsdel")
@@ -389,27 +396,57 @@ def _busy() -> float:
     return float(times.user + times.nice + times.system + times.irq + times.softirq)
 
 
-def create_all(cluster: Cluster, manifests: list[dict[str, Any]], namespace: str) -> None:
-    """Create every Workflow at once (16 client threads, one POST each)."""
+def create_all(
+    cluster: Cluster, manifests: list[dict[str, Any]], namespace: str, *,
+    plural: str = "workflows",
+) -> list[dict[str, Any]]:
+    """Create every object at once (16 client threads, one POST each); the created objects."""
     import kubernetes.client
 
     client = cluster.api_client()
     try:
         custom = kubernetes.client.CustomObjectsApi(client)
 
-        def create(manifest: dict[str, Any]) -> None:
-            custom.create_namespaced_custom_object(
-                "lorenz.dev", "v1alpha1", namespace, "workflows", manifest
+        def create(manifest: dict[str, Any]) -> dict[str, Any]:
+            created: dict[str, Any] = custom.create_namespaced_custom_object(
+                "lorenz.dev", "v1alpha1", namespace, plural, manifest
             )
+            return created
 
         with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
-            list(pool.map(create, manifests))
+            return list(pool.map(create, manifests))
     finally:
         client.close()
 
 
+def held_claims(namespace: str, workflows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One Claim per Workflow as its leader would write it, held (``lorenz.dev/hold``): the
+    idle operators leave it alone (no run to resume, no retry), the cleanup must delete it."""
+    manifests = []
+    for workflow in workflows:
+        name, uid = workflow["metadata"]["name"], workflow["metadata"]["uid"]
+        slot = "bench-1#0"
+        manifests.append({
+            "apiVersion": resources.API_VERSION,
+            "kind": resources.CLAIM_KIND,
+            "metadata": {
+                "name": resources.claim_name(name, slot),
+                "namespace": namespace,
+                "labels": {resources.WORKFLOW_LABEL: resources.workflow_label(name),
+                           resources.SLOT_LABEL: resources.label_value(slot)},
+                "annotations": {resources.HOLD_ANNOTATION: "bench"},
+                "ownerReferences": [resources.owner_reference(
+                    WorkflowRef(namespace=namespace, name=name, uid=uid))],
+            },
+            "spec": {"workflow": name, "slotKey": slot, "issueId": "bench-1",
+                     "identifier": "BENCH-1", "slotIndex": 0},
+        })
+    return manifests
+
+
 def scale(
-    bench: Bench, *, replicas: int, workflows: int, steady_s: float, delete_timeout_s: float
+    bench: Bench, *, replicas: int, workflows: int, steady_s: float, delete_timeout_s: float,
+    claims: bool,
 ) -> None:
     namespace, kube, rig = bench.setup("scale")
     watch = LeaseWatch(bench.cluster, kube.lease_namespace)
@@ -438,7 +475,7 @@ def scale(
         times_before = [operator_request_times(o) for o in operators]
         started = time.monotonic()
         try:
-            create_all(bench.cluster, manifests, namespace)
+            made = create_all(bench.cluster, manifests, namespace)
             created = time.monotonic() - started
             wait_until(lambda: ready.count() >= workflows or None, timeout=1800, interval=0.5,
                        message="every Workflow polling")
@@ -456,6 +493,11 @@ def scale(
               + ", ".join(f"{name} {value:.1f}" for name, value in spent.items()))
         print_request_times(times_before, times_after, workflows=workflows)
 
+        if claims:
+            began = time.monotonic()
+            create_all(bench.cluster, held_claims(namespace, made), namespace, plural="claims")
+            print(f"   {len(made)} held Claims created (one per Workflow) in "
+                  f"{time.monotonic() - began:.1f} s")
         time.sleep(30.0)
         own_before = [operator_requests(o) for o in operators]
         server_before = apiserver_requests(bench.cluster, kinds=None)
@@ -535,8 +577,9 @@ def scale(
             took = time.monotonic() - started
             spent = meter.spent()
             times_after = [operator_request_times(o) for o in survivors]
-            print(f"   kubectl delete namespace with {workflows} Workflows: gone after "
-                  f"{took:.1f} s; machine: {machine()}")
+            print(f"   kubectl delete namespace with {workflows} Workflows"
+                  + (f" and {workflows} Claims" if claims else "")
+                  + f": gone after {took:.1f} s; machine: {machine()}")
             print(f"   CPU seconds spent meanwhile ({2 * took:.0f} core-seconds on 2 cores): "
                   + ", ".join(f"{name} {value:.1f}" for name, value in spent.items()))
             print_request_times(times_before, times_after, workflows=workflows)
@@ -824,6 +867,8 @@ def main() -> int:
     parser.add_argument("--steady-seconds", type=float, default=600.0)
     parser.add_argument("--delete-timeout", type=float, default=1800.0,
                         help="how long the scale section waits for its namespace to go")
+    parser.add_argument("--no-claims", action="store_true",
+                        help="scale: no held Claim per Workflow (namespace deletion without them)")
     parser.add_argument("--profile-workflows", type=int, default=300)
     parser.add_argument("--workflows", type=int, default=5)
     parser.add_argument("--idle-seconds", type=float, default=30.0)
@@ -846,7 +891,8 @@ def main() -> int:
             print(f"shards {args.shards}; machine: {machine()}")
             if "scale" in sections:
                 scale(bench, replicas=args.replicas, workflows=args.scale_workflows,
-                      steady_s=args.steady_seconds, delete_timeout_s=args.delete_timeout)
+                      steady_s=args.steady_seconds, delete_timeout_s=args.delete_timeout,
+                      claims=not args.no_claims)
             if "profile" in sections:
                 profile(bench, workflows=args.profile_workflows)
             if "idle" in sections:
