@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 from typing import Any
 
 import pytest
 
 from lorenz.kube import resources
-from lorenz.kube.clients import KubeApi, workflows_path
+from lorenz.kube.clients import KubeApi, claims_path, workflows_path
 from lorenz.kube.errors import KubeApiError
 from lorenz.kube.finalizers import edit_finalizer, finalizer_ops
 from lorenz.kube.resources import WorkflowRef
@@ -19,6 +20,7 @@ from lorenz.kube.workflow_status import (
     only_bookkeeping_changed,
     workflow_status,
 )
+from tests.cluster.cluster import Cluster
 from tests.kube.snapshots import runtime_snapshot
 
 NOW = datetime.datetime(2026, 3, 4, 5, 6, 7, tzinfo=datetime.UTC)
@@ -229,3 +231,47 @@ async def test_a_finalizer_edit_from_a_stale_watched_object_reads_again(
     assert kube_api.requests[("get", "workflows")] == reads + 1
     assert await finalizers(kube_api, workflow) == [resources.CLEANUP_FINALIZER]
     await clear_finalizers(kube_api, workflow)
+
+
+@pytest.mark.cluster
+async def test_a_create_in_a_terminating_namespace_says_so_and_blames_no_rbac(
+    kube_api: KubeApi, kube_control_plane: Cluster, lorenz_crds: list[str]
+) -> None:
+    namespace = kube_control_plane.create_namespace()
+    # A foreign finalizer keeps the namespace terminating for as long as the test needs.
+    body = {
+        "apiVersion": "lorenz.dev/v1alpha1",
+        "kind": "Workflow",
+        "metadata": {"name": "held", "namespace": namespace, "finalizers": ["example.com/x"]},
+        "spec": {"tracker": {"kind": "files", "path": "issues"}},
+    }
+    await kube_api.create(workflows_path(namespace), body)
+    kube_control_plane.delete_namespace(namespace)
+    claim = {
+        "apiVersion": "lorenz.dev/v1alpha1",
+        "kind": "Claim",
+        "metadata": {"name": "late", "namespace": namespace},
+        "spec": {"workflow": "held", "slotKey": "i#0", "issueId": "i", "identifier": "I-1",
+                 "slotIndex": 0},
+    }
+
+    async def refused() -> KubeApiError | None:
+        try:
+            await kube_api.create(claims_path(namespace), claim)
+        except KubeApiError as exc:
+            return exc
+        await kube_api.delete(claims_path(namespace, "late"))
+        return None
+
+    error = None
+    for _ in range(120):
+        error = await refused()
+        if error is not None:
+            break
+        await asyncio.sleep(0.5)
+    assert error is not None
+    assert error.status == 403
+    assert error.namespace_terminating
+    assert "the namespace is being deleted" in str(error)
+    assert "OPERATOR_RULES" not in str(error)  # the RBAC hint of a real 403
+    await clear_finalizers(kube_api, WorkflowRef(namespace=namespace, name="held", uid=None))

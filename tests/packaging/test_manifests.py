@@ -93,6 +93,18 @@ def test_operator_manifests_are_the_chart_without_helm_bookkeeping(tmp_path: Pat
     assert "# coordination.k8s.io/leases:" in text
 
 
+def test_every_page_installs_deploy_with_the_same_server_side_apply() -> None:
+    # A CRD in deploy/ outgrows client-side apply's 256 KiB annotation: the pages must not
+    # disagree on the command (they did: README client-side, docs/install.md server-side).
+    import re
+
+    for page in (REPO / "README.md", REPO / "docs" / "install.md", DEPLOY / "README.md"):
+        if not page.exists():
+            continue
+        for command in re.findall(r"kubectl apply[^`\n]*-f deploy/?(?=[\s`)])", page.read_text()):
+            assert "--server-side" in command, f"{page.name}: {command}"
+
+
 def test_namespace_enforces_the_restricted_pod_security_standard() -> None:
     (namespace,) = _documents(generator.NAMESPACE_FILE)
     assert namespace["metadata"]["name"] == "lorenz-system"

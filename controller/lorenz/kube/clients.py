@@ -48,13 +48,15 @@ JSON_PATCH = "application/json-patch+json"
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
-CONCURRENT_REQUESTS = 32
+CONCURRENT_REQUESTS = 8
 """Requests one :class:`KubeApi` has in flight at most (threads of its pool, connections).
 
-NB: a request's thread mostly waits for the API server; with 8 threads, 1,000 Workflows
-created at once queued their starts' requests (finalizer, Claims, status) for seconds each
-behind one another (measured: 60-70 % of a request's time was the wait for a free thread) while
-the replicas and the API server had CPU to spare. Idle threads cost a few hundred KiB each."""
+NB: not more. Each thread decodes its answers holding the GIL, and the Lease renewer's thread
+(:mod:`lorenz.kube.renewing`) waits behind all of them for every GIL hand-off of its own
+request: with 32 threads and 1,000 Workflows starting at once on 2 loaded cores, renewals ran
+past their 5 s request timeout and a replica lost all of its shards (measured). Starts wait
+less for a thread by making fewer requests instead (see :mod:`lorenz.kube.finalizers` and the
+first status of a term)."""
 
 
 def _quote(segment: str) -> str:
