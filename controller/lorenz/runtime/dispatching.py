@@ -200,6 +200,12 @@ class Dispatching:
             return None
         key = result.reservation.key if isinstance(result, Reserved) else result.entry.key
         run = ActiveRun(key=key, issue_id=issue.id, identifier=issue.identifier)
+        if self._runtime._draining or self._runtime._stopped:
+            # NB: the claim was awaited, and a drain or stop may have begun meanwhile — after
+            # its final cancel went over the runs. A run started now would be cancelled by
+            # nobody, and the stop would wait for it for ever: give the claim back instead.
+            await self.withdraw(run, result)
+            return None
         self._runtime._runs.register(run)
         if isinstance(result, Started):
             self._runtime._reporting.event(
@@ -224,6 +230,23 @@ class Dispatching:
         task = asyncio.get_running_loop().create_task(coro, name=f"lorenz-run:{key}")
         run.task = task
         return task
+
+    async def withdraw(self, run: ActiveRun, claimed: Started | Reserved) -> None:
+        """Give back a claim written while a drain or stop began; start nothing for it.
+
+        A reservation is cancelled (its consumed retry restored); a running slot is settled as
+        a clean shutdown's, keeping its place with a continuation retry (see :meth:`settle`).
+        """
+        logger.info(
+            "claim given back: the runtime began to stop while it was written slot=%s", run.key
+        )
+        if isinstance(claimed, Reserved):
+            await self.give_back(run, claimed.reservation, reason=None)
+            return
+        run.reason = AbortReason.SHUTDOWN
+        await self.settle(
+            run, key=run.key, normal=False, error=_aborted(run.reason), worker_slot=None
+        )
 
     def refuse_unpassable(self, issue: Issue, *, slot: int) -> bool:
         """Whether an issue holds a field no process can be given (a NUL byte); say so once.
