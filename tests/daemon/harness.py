@@ -72,6 +72,11 @@ if os.environ.get("AGENT_IGNORE_TERM"):
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 else:
     signal.signal(signal.SIGTERM, on_term)
+HOLD = os.environ.get("AGENT_HOLD_FILE")
+if HOLD:
+    # Runs until the test creates the file: an event, not a duration a loaded machine outlasts.
+    while not os.path.exists(HOLD):
+        time.sleep(0.05)
 rng = random.Random()
 if rng.random() < float(os.environ.get("AGENT_LONG_RATE", "0")):
     time.sleep(rng.uniform(float(os.environ.get("AGENT_LONG_MIN_S", "3")),

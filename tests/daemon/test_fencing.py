@@ -5,7 +5,8 @@ SIGSTOP, removes its lease file (the manual takeover a ``daemon_lock_stale`` mes
 and starts daemon B, which takes the lease with the next generation and fences the store.
 Then A is resumed. Checked in the store's own contents, not by timing: after A's resume not
 one event, claim row or heartbeat of A's owner changed, A exits on its own, and its worker —
-which a deposed controller must never kill — runs the agent to its normal end.
+which a deposed controller must never kill — is still running the agent, which the test then
+lets end (it waits for a file, not for a time) with rc 0.
 """
 
 from __future__ import annotations
@@ -32,7 +33,23 @@ from tests.daemon.harness import (
     write_daemon_workflow,
 )
 
-SLOW = {"AGENT_MIN_S": "12", "AGENT_MAX_S": "12", "AGENT_FAIL_RATE": "0"}
+HOLD = "agent-may-end"
+"""The file (under the test's root) whose creation lets the held agent end."""
+
+
+def held_agent(root: Path) -> dict[str, str]:
+    """An agent that runs until the test creates ``root/HOLD``, then ends with rc 0.
+
+    NB: not a fixed duration: the takeover (a second daemon's start on a loaded machine) and
+    the deposed daemon's exit can outlast any, and an agent that ended on its own would then
+    read as "the deposed daemon killed its worker's agent".
+    """
+    return {
+        "AGENT_HOLD_FILE": str(root / HOLD),
+        "AGENT_MIN_S": "0",
+        "AGENT_MAX_S": "0",
+        "AGENT_FAIL_RATE": "0",
+    }
 ARGS = ["--feature", "daemon", "--feature", "durable_claims"]
 
 
@@ -114,7 +131,7 @@ def test_a_sigstopped_daemon_resumed_after_a_takeover_writes_nothing(
     workflow = write_daemon_workflow(
         root,
         issues=("A-1",),
-        agent_env=SLOW,
+        agent_env=held_agent(root),
         front_matter={
             "worker": {"detached": True},
             "flags": {
@@ -163,6 +180,7 @@ def test_a_sigstopped_daemon_resumed_after_a_takeover_writes_nothing(
     assert after["owner"] in ([], before["owner"]), "the deposed daemon wrote its heartbeat"
     assert "claim_generation_stale" in old.log() or "leadership_lost" in old.log()
     assert pid_alive(started["pid"]), "the deposed daemon killed its worker's agent"
+    (root / HOLD).touch()
 
     def ended() -> bool:
         return any(r["event"] == "end" and r["pid"] == started["pid"] for r in read_agent_log(log))
@@ -192,7 +210,7 @@ def test_a_detached_run_records_its_workers_intent_under_the_daemons_generation(
     workflow = write_daemon_workflow(
         root,
         issues=("A-1",),
-        agent_env=SLOW,
+        agent_env=held_agent(root),
         front_matter={"worker": {"detached": True}, "flags": {"claim_store.path": str(store)}},
     )
     env = {**daemon_env, "LORENZ_WORKER_STATE": str(worker_state)}
