@@ -302,6 +302,8 @@ def test_operator_settings_come_from_the_environment(defaults: list[dict[str, An
         "LORENZ_OPERATOR_DRAIN_TIMEOUT_SECONDS": "30",
         "LORENZ_OPERATOR_API_AUTH": "kubernetes",
         "LORENZ_OPERATOR_API_OPEN_PATHS": "/healthz",
+        # Runs in Pods (worker.kind: pod) without an image of their own use the operator's.
+        "LORENZ_OPERATOR_WORKER_IMAGE": "lorenz:0.1.0",
     }
     # The variables are what the operator itself would load (no unknown name, valid values).
     settings = load_settings(
@@ -311,6 +313,7 @@ def test_operator_settings_come_from_the_environment(defaults: list[dict[str, An
     assert settings.workspace_root == "/var/lib/lorenz/workspaces"
     assert settings.api_port == 9090
     assert settings.liveness_endpoint == "http://0.0.0.0:8080/healthz"
+    assert settings.worker_image == "lorenz:0.1.0"
     for name in env:
         assert name.removeprefix(ENV_PREFIX).lower() in OperatorSettings.model_fields, name
 

@@ -37,8 +37,11 @@ VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "deletec
 
 # Resources the operator must never touch, beyond the verbs it lacks on its own resources.
 FOREIGN_RESOURCES = (
-    ("", "pods", ""),
-    ("", "pods", "exec"),
+    # NB: pods and pods/exec are the operator's own now (runs in Pods): their other verbs
+    # (list, watch, update, patch, …) stay denied through the matrix of OPERATOR_RULES.
+    ("", "pods", "log"),
+    ("", "pods", "portforward"),
+    ("", "pods", "attach"),
     ("", "configmaps", ""),
     ("", "serviceaccounts", ""),
     ("", "serviceaccounts", "token"),
@@ -188,9 +191,10 @@ def test_cluster_wide_install_grants_exactly_the_operator_rules(
                     verb, resource, namespace=other_namespace, kubeconfig=kubeconfig
                 ), (verb, resource)
             for verb, resource in (
-                ("delete", "secrets"),
+                ("update", "secrets"),
                 ("list", "secrets"),
-                ("create", "pods"),
+                ("list", "pods"),
+                ("patch", "pods"),
                 ("create", "deployments.apps"),
                 ("delete", "leases.coordination.k8s.io"),
                 ("update", "leases.coordination.k8s.io"),
@@ -302,16 +306,13 @@ def _real_requests(
     # Denied: everything else.
     refused = {
         "list secrets": lambda: core.list_namespaced_secret(namespace),
-        "delete secret": lambda: core.delete_namespaced_secret("tracker-token", namespace),
-        "create pod": lambda: core.create_namespaced_pod(
-            namespace,
-            kubernetes.client.V1Pod(
-                metadata=kubernetes.client.V1ObjectMeta(name="escape"),
-                spec=kubernetes.client.V1PodSpec(
-                    containers=[kubernetes.client.V1Container(name="c", image="busybox")]
-                ),
-            ),
+        # NB: creating and deleting Secrets and Pods is granted (runs in Pods); changing a
+        # Secret, listing Pods or reading their logs is not.
+        "update secret": lambda: core.patch_namespaced_secret(
+            "tracker-token", namespace, {"stringData": {"token": "stolen"}}
         ),
+        "list pods": lambda: core.list_namespaced_pod(namespace),
+        "read pod logs": lambda: core.read_namespaced_pod_log("escape", namespace),
         "list deployments": lambda: apps.list_namespaced_deployment(namespace),
         "delete lease": lambda: leases.delete_namespaced_lease(
             "lorenz-wf-rbac", lease_namespace

@@ -6,6 +6,7 @@ Shapes::
     lorenz worker --state-dir DIR [--detach]                  # run the spec already in DIR
     lorenz worker --state-dir DIR --probe                     # print what DIR proves (JSON)
     lorenz worker --state-dir DIR --journal-after N           # print records after seq N
+    lorenz worker --state-dir DIR --bridge                    # stdio <-> the control socket
 
 With ``--detach`` the command returns as soon as the worker (in a session of its own) serves
 its control socket, printing one JSON line; that is how controllers start workers, locally and
@@ -29,6 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--probe", action="store_true", help="print the worker's state")
     parser.add_argument(
         "--journal-after", type=int, metavar="SEQ", help="print journal records after SEQ"
+    )
+    parser.add_argument(
+        "--bridge", action="store_true", help="connect stdin/stdout to the control socket"
     )
 
 
@@ -60,6 +64,10 @@ def run(args: argparse.Namespace) -> int:
             socket_path = (state_dir / "control.sock").absolute()
             print(json.dumps({**probe.to_json(), "socket": str(socket_path)}))
             return 0
+        if args.bridge:
+            from lorenz.workers.bridge import bridge
+
+            return bridge(state_dir / "control.sock")
         if args.journal_after is not None:
             for record in read_journal(state_dir / JOURNAL_NAME, after_seq=args.journal_after):
                 sys.stdout.write(json.dumps(record.to_json()) + "\n")

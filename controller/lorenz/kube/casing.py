@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import re
+import typing
 from collections.abc import Mapping
 from typing import Any
 
@@ -50,6 +51,16 @@ def spec_keys(model: type[pydantic.BaseModel]) -> Mapping[str, str]:
     return {key: name for name, key in field_names(model).items()}
 
 
+def _listed_section(annotation: Any) -> type[pydantic.BaseModel] | None:
+    """The section of a ``tuple[Section, ...]`` or ``list[Section]`` field, else ``None``."""
+    if typing.get_origin(annotation) not in (tuple, list):
+        return None
+    args = [arg for arg in typing.get_args(annotation) if arg is not Ellipsis]
+    if len(args) == 1 and isinstance(args[0], type) and issubclass(args[0], pydantic.BaseModel):
+        return args[0]
+    return None
+
+
 def _convert(
     data: Mapping[Any, Any],
     model: type[pydantic.BaseModel],
@@ -65,8 +76,16 @@ def _convert(
             # under the name the user typed.
             out[key] = value
             continue
-        section, is_map = sections_of(model.model_fields[field].annotation)
-        if section is not None and isinstance(value, Mapping):
+        annotation = model.model_fields[field].annotation
+        section, is_map = sections_of(annotation)
+        listed = _listed_section(annotation)
+        if listed is not None and isinstance(value, list | tuple):
+            # A list of sections (``worker.podTemplate.tolerations``): each item is renamed.
+            value = [
+                _convert(item, listed, to_spec=to_spec) if isinstance(item, Mapping) else item
+                for item in value
+            ]
+        elif section is not None and isinstance(value, Mapping):
             if is_map:
                 value = {
                     entry: (

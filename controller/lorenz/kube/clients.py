@@ -199,6 +199,11 @@ class KubeApi:
         return sibling
 
     @property
+    def configuration(self) -> Any:
+        """The ``kubernetes.client.Configuration`` (credentials) of this client."""
+        return self._client.configuration
+
+    @property
     def server(self) -> str:
         return str(self._client.configuration.host)
 

@@ -43,12 +43,14 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime
+import functools
 import logging
 import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from lorenz.agents import AgentRunError, AgentRunner, RunPlacement
 from lorenz.assembly import assemble_runtime, tracker_factory
 from lorenz.config import WorkflowSettings
 from lorenz.kube import resources
@@ -56,8 +58,10 @@ from lorenz.kube.candidates import SpecCandidates
 from lorenz.kube.claims import ClaimResourceStore
 from lorenz.kube.clients import KubeApi, claims_path, workflows_path
 from lorenz.kube.errors import KubeApiError, LeaseLost, OperatorError
+from lorenz.kube.execs import PodExec
 from lorenz.kube.finalizers import delete_claims, edit_finalizer, remove_workspaces
 from lorenz.kube.leading import Term, WorkflowLeadership
+from lorenz.kube.pods import PodTransport, PodWorkerRunner
 from lorenz.kube.posting import EventKind, EventPoster, Post, kopf_post
 from lorenz.kube.settings import OperatorSettings
 from lorenz.kube.sharding import ShardCoordinator
@@ -187,6 +191,8 @@ class WorkflowController:
         self._fenced = asyncio.Event()
         """The term's claim store saw a newer leader generation: stop as if the Lease was
         lost."""
+        self._execs: PodExec | None = None
+        """The exec channels of runs in Pods (made at the first such run)."""
         self._runtime_task: asyncio.Task[None] | None = None
         self._unsubscribe: Callable[[], None] | None = None
         self._applied_generation: int | None = None
@@ -536,6 +542,7 @@ class WorkflowController:
             generation=lambda: store.generation,
             worker_env=self._base_env,
             leave_workers=(lambda: departure.reason) if departure is not None else None,
+            pods=functools.partial(self._pod_runner, workflow=str(loaded.path)),
         )
         self._departure = departure
         # NB: Kubernetes Events and the continuation count read the event's wire form.
@@ -559,6 +566,26 @@ class WorkflowController:
         and end as clean shutdowns either way.
         """
         runtime, task, store = self.runtime, self._runtime_task, self.store
+    def _pod_runner(self, placement: RunPlacement, *, workflow: str) -> AgentRunner:
+        """The runner of one run in a Pod of its own (``worker.kind: pod``)."""
+        worker = placement.worker
+        image = worker.pod_template.image or self._settings.worker_image
+        if image is None:
+            raise AgentRunError(
+                "worker.kind: pod needs an image: set worker.podTemplate.image, or the "
+                "operator's worker_image (the chart sets it to the operator's own image)",
+                code="worker_image_missing",
+            )
+        if self._execs is None:
+            self._execs = PodExec(self._api.configuration)
+        transport = PodTransport(
+            api=self._api, execs=self._execs, workflow=self.ref, worker=worker, image=image
+        )
+        return PodWorkerRunner(workflow=workflow, transport=transport, placement=placement)
+
+    async def _stop_runtime(self) -> None:
+        """Graceful: runs end as clean shutdowns (kept as continuation retries)."""
+        runtime, task = self.runtime, self._runtime_task
         if runtime is None:
             return
         departure = self._departure

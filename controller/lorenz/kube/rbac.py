@@ -39,7 +39,18 @@ RULE_REASONS: Final[dict[tuple[str, str], str]] = {
         "(a deleted Claim cancels its run), delete on release and on Workflow deletion"
     ),
     (API_GROUP, "claims/status"): "claim state (phase, attempt, owner, due time) with CAS",
-    ("", "secrets"): "read the tracker API key named by spec.tracker.apiKeySecretRef",
+    ("", "secrets"): (
+        "read the tracker API key named by spec.tracker.apiKeySecretRef; create and delete "
+        "the per-run spec Secret of a run's Pod (worker.kind: pod)"
+    ),
+    ("", "pods"): (
+        "runs in Pods (worker.kind: pod): create the run's Pod, read its phase while it "
+        "starts and is probed, delete it when the run is settled"
+    ),
+    ("", "pods/exec"): (
+        "reach the worker in a run's Pod: `lorenz worker --bridge/--probe` through the exec "
+        "channel (a WebSocket GET, authorized as get and create)"
+    ),
     ("", "events"): "post Kubernetes Events on the Workflow (kubectl describe)",
 }
 """Why each resource is in :data:`OPERATOR_RULES` (docs and tests read this)."""
@@ -68,7 +79,17 @@ OPERATOR_RULES: Final[list[PolicyRule]] = [
     {
         "apiGroups": [""],
         "resources": ["secrets"],
-        "verbs": ["get"],
+        "verbs": ["get", "create", "delete"],
+    },
+    {
+        "apiGroups": [""],
+        "resources": ["pods"],
+        "verbs": ["get", "create", "delete"],
+    },
+    {
+        "apiGroups": [""],
+        "resources": ["pods/exec"],
+        "verbs": ["get", "create"],
     },
     {
         "apiGroups": [""],

@@ -192,6 +192,11 @@ class OperatorSettings(pydantic.BaseModel):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """Minimum level of process logs."""
 
+    worker_image: str | None = None
+    """The image of a run's Pod (``worker.kind: pod``) when its Workflow names none in
+    ``worker.podTemplate.image``; the chart sets the operator's own image. Unset, such a run
+    fails with ``worker_image_missing``."""
+
     @pydantic.field_validator(
         "namespaces", "agent_env_passthrough", "api_open_paths", mode="before"
     )
@@ -201,7 +206,9 @@ class OperatorSettings(pydantic.BaseModel):
             return tuple(part.strip() for part in value.split(",") if part.strip())
         return value
 
-    @pydantic.field_validator("liveness_endpoint", "kubeconfig", "advertise_url", mode="before")
+    @pydantic.field_validator(
+        "liveness_endpoint", "kubeconfig", "advertise_url", "worker_image", mode="before"
+    )
     @classmethod
     def _blank_is_unset(cls, value: Any) -> Any:
         if isinstance(value, str) and not value.strip():

@@ -1,0 +1,237 @@
+"""Runs in Pods: the Pod a run gets, and what the API server makes of it.
+
+The manifest is checked as written (pure), then created by :class:`PodTransport` against the
+real kube-apiserver in a namespace that enforces the ``restricted`` Pod Security Standard: the
+admission accepts it, the spec Secret is owned by the Pod, and with no node to run on the
+launch gives up after ``start_timeout_ms`` with the reason and removes both; a create refused by
+admission (a ResourceQuota) fails at once. The worker inside a real Pod is tested on the node
+(tests/node/test_pod_runs.py).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lorenz.config import AgentKindSettings, AgentProtocol, WorkerSettings
+from lorenz.kube.clients import KubeApi
+from lorenz.kube.errors import KubeApiError
+from lorenz.kube.execs import PodExec
+from lorenz.kube.pods import (
+    ANNOTATION_HANDLE,
+    LABEL_HANDLE,
+    LABEL_ISSUE,
+    LABEL_WORKFLOW,
+    PodTransport,
+    pod_manifest,
+    pod_name,
+    why_not_running,
+)
+from lorenz.kube.resources import WorkflowRef
+from lorenz.workers.launch import WorkerLaunchError
+from lorenz.workers.spec import IssueSpec, RunSpec
+from lorenz.workers.states import ProbeState
+from tests.cluster.cluster import Cluster
+
+RESTRICTED = {
+    "pod-security.kubernetes.io/enforce": "restricted",
+    "pod-security.kubernetes.io/enforce-version": "latest",
+}
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def run_spec(identifier: str = "ABC-12", *, attempt: int | None = None) -> RunSpec:
+    return RunSpec(
+        workflow="/var/lib/lorenz/workflows/team/pods/WORKFLOW.md",
+        issue=IssueSpec(id="id-12", identifier=identifier, title="Fix it", state="Todo"),
+        attempt=attempt,
+        prompt="Fix the bug.",
+        agent=AgentKindSettings(command="true", protocol=AgentProtocol.COMMAND),
+        max_turns=1,
+        workspace="/var/lib/lorenz/workspaces/ABC-12",
+        create_workspace=True,
+    )
+
+
+def pod_worker(**changes: Any) -> WorkerSettings:
+    return WorkerSettings.model_validate({"kind": "pod", **changes})
+
+
+WORKFLOW = WorkflowRef(namespace="team", name="pods", uid="0d6c7c1e-3c0a-4d5e-9f6e-1a2b3c4d5e6f")
+
+
+def test_the_pod_is_restricted_tokenless_and_named_after_the_handle() -> None:
+    spec = run_spec()
+    worker = pod_worker(
+        pod_template={
+            "image": "agents:1",
+            "resources": {"limits": {"memory": "1Gi"}},
+            "node_selector": {"pool": "agents"},
+            "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}],
+            "env_from_secrets": ["model"],
+        },
+        service_account_name="lorenz-agent",
+        workspace={"empty_dir": {"size_limit": "5Gi"}},
+    )
+    pod = pod_manifest(spec=spec, workflow=WORKFLOW, worker=worker, image="agents:1")
+    meta, body = pod["metadata"], pod["spec"]
+    assert meta["name"] == pod_name(spec.handle)
+    assert meta["annotations"][ANNOTATION_HANDLE] == spec.handle
+    assert meta["labels"][LABEL_WORKFLOW] == "pods"
+    assert meta["labels"][LABEL_ISSUE] == "ABC-12"
+    assert meta["labels"][LABEL_HANDLE] == spec.handle
+    assert meta["ownerReferences"][0]["uid"] == WORKFLOW.uid
+    assert body["automountServiceAccountToken"] is False
+    assert body["enableServiceLinks"] is False
+    assert body["serviceAccountName"] == "lorenz-agent"
+    assert body["restartPolicy"] == "Never"
+    assert body["securityContext"]["runAsNonRoot"] is True
+    assert body["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    (container,) = body["containers"]
+    assert container["command"][:2] == ["lorenz", "worker"]
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert container["envFrom"] == [{"secretRef": {"name": "model"}}]
+    assert container["resources"] == {"limits": {"memory": "1Gi"}}
+    assert body["nodeSelector"] == {"pool": "agents"}
+    assert body["tolerations"] == [
+        {"operator": "Exists", "key": "dedicated", "effect": "NoSchedule"}
+    ]
+    volumes = {v["name"]: v for v in body["volumes"]}
+    assert volumes["workspace"] == {"name": "workspace", "emptyDir": {"sizeLimit": "5Gi"}}
+    assert volumes["spec"]["secret"]["secretName"] == f"{meta['name']}-spec"
+    # Nothing but the spec Secret and emptyDirs: no host path, no token projection.
+    assert {next(k for k in v if k != "name") for v in body["volumes"]} == {"secret", "emptyDir"}
+    # The only variable the Pod sets itself; the tracker token is nowhere in it.
+    assert container["env"] == [{"name": "HOME", "value": "/home/lorenz"}]
+
+
+def test_toleration_keys_in_a_spec_map_back_to_the_settings() -> None:
+    from lorenz.kube.casing import front_matter_from_spec, spec_from_front_matter
+
+    spec = {"worker": {"kind": "pod", "podTemplate": {"tolerations": [
+        {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute",
+         "tolerationSeconds": 30}]}}}
+    front = front_matter_from_spec(spec)
+    worker = WorkerSettings.model_validate(front["worker"])
+    assert worker.pod_template.tolerations[0].toleration_seconds == 30
+    assert spec_from_front_matter(front) == spec
+
+
+@pytest.mark.parametrize(
+    "identifier", ["ABC-12", "team_x.y/Z 9", "A" * 200, "___", "Ünïcode-7"]
+)
+def test_pod_names_are_dns_labels_unique_per_handle(identifier: str) -> None:
+    first, retry = run_spec(identifier), run_spec(identifier, attempt=1)
+    for spec in (first, retry):
+        name = pod_name(spec.handle)
+        assert DNS_LABEL.match(name), name
+        assert len(name) <= 63
+        assert pod_name(spec.handle) == name  # deterministic
+    assert pod_name(first.handle) != pod_name(retry.handle)
+
+
+def test_why_a_pod_does_not_run_is_said_in_kubernetes_words() -> None:
+    unschedulable = {"status": {"phase": "Pending", "conditions": [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+         "message": "0/1 nodes are available: 1 node(s) didn't match Pod's node affinity"}]}}
+    assert why_not_running(unschedulable).startswith("Unschedulable: 0/1 nodes")
+    pulling = {"status": {"phase": "Pending", "containerStatuses": [
+        {"name": "worker", "state": {"waiting": {"reason": "ImagePullBackOff",
+                                                 "message": "Back-off pulling image"}}}]}}
+    assert why_not_running(pulling) == "ImagePullBackOff: Back-off pulling image"
+    killed = {"status": {"phase": "Failed", "containerStatuses": [
+        {"name": "worker", "state": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}]}}
+    assert why_not_running(killed) == "OOMKilled (exit code 137)"
+    evicted = {"status": {"phase": "Failed", "reason": "Evicted",
+                          "message": "The node was low on resource: ephemeral-storage."}}
+    assert why_not_running(evicted).startswith("Evicted: The node was low")
+
+
+# -- against the API server ---------------------------------------------------------------
+
+
+@pytest.fixture
+def restricted_namespace(kube_control_plane: Cluster) -> Iterator[str]:
+    name = kube_control_plane.create_namespace(labels=RESTRICTED)
+    yield name
+    kube_control_plane.delete_namespace(name, wait=False)
+
+
+async def _exists(api: KubeApi, path: str) -> bool:
+    try:
+        await api.get(path)
+    except KubeApiError as exc:
+        if exc.not_found:
+            return False
+        raise
+    return True
+
+
+@pytest.mark.cluster
+async def test_a_pod_that_never_serves_is_removed_with_the_reason_after_the_start_timeout(
+    kube_control_plane: Cluster, kube_api: KubeApi, restricted_namespace: str
+) -> None:
+    ns = restricted_namespace
+    ref = WorkflowRef(namespace=ns, name="pods", uid=None)
+    transport = PodTransport(
+        api=kube_api,
+        execs=PodExec(kube_api.configuration),
+        workflow=ref,
+        worker=pod_worker(
+            start_timeout_ms=3000, pod_template={"node_selector": {"no-such": "node"}}
+        ),
+        image="localhost/lorenz:absent",
+        poll_s=0.2,
+    )
+    spec = run_spec()
+    name = pod_name(spec.handle)
+    with pytest.raises(WorkerLaunchError) as caught:
+        await transport.launch(spec)
+    assert caught.value.code == "pod_start_timeout"
+    assert "worker.start_timeout_ms" in caught.value.message
+    # The restricted admission accepted the Pod (else: pod_refused), and it is gone now, with
+    # its spec Secret.
+    assert transport.created == [spec.handle]
+    assert not await _exists(kube_api, f"/api/v1/namespaces/{ns}/pods/{name}")
+    assert not await _exists(kube_api, f"/api/v1/namespaces/{ns}/secrets/{name}-spec")
+    assert (await transport.probe(spec.handle)).state is ProbeState.GONE
+
+
+@pytest.mark.cluster
+async def test_a_pod_the_api_refuses_fails_the_launch_at_once(
+    kube_control_plane: Cluster, kube_api: KubeApi, restricted_namespace: str, tmp_path: Path
+) -> None:
+    ns = restricted_namespace
+    kube_control_plane.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "ResourceQuota",
+            "metadata": {"name": "no-pods"},
+            "spec": {"hard": {"pods": "0"}},
+        },
+        namespace=ns,
+    )
+    transport = PodTransport(
+        api=kube_api,
+        execs=PodExec(kube_api.configuration),
+        workflow=WorkflowRef(namespace=ns, name="pods", uid=None),
+        worker=pod_worker(start_timeout_ms=60000),
+        image="localhost/lorenz:absent",
+    )
+    with pytest.raises(WorkerLaunchError) as caught:
+        await transport.launch(run_spec())
+    assert caught.value.code == "pod_refused"
+    assert "403" in caught.value.message
+    assert transport.created == []
+    # The spec Secret made before the Pod is removed again.
+    name = pod_name(run_spec().handle)
+    assert not await _exists(kube_api, f"/api/v1/namespaces/{ns}/secrets/{name}-spec")

@@ -1,0 +1,264 @@
+"""Runs in Pods on the real node, end to end from `helm install` and `kubectl apply`.
+
+The chart's operator runs in a namespace that enforces the `restricted` Pod Security Standard.
+A Workflow with `worker.kind: pod` (the agent image: `FROM` the project image plus a scripted
+command agent, as docs/install.md says to build one) gets its issue's run as a Pod of its own:
+named after the run's handle, labelled, restricted, without a ServiceAccount token. The agent
+inside it reports to a recorder on the host (its run id and its Pod's name, which is its host
+name) and has the issue moved to Done; the Pod is deleted afterwards. Then the run's Pod is
+deleted mid-run (a failure retry with the reason, the retry in a new Pod) and a Pod that
+cannot be scheduled is given up after `startTimeoutMs` with a `RunFailed` Event naming why.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.cluster.cluster import Cluster, wait_until
+from tests.cluster.images import agent_image
+from tests.cluster.node import NODE_TOLERATION, Node
+from tests.fakes.linear_server import FakeLinearServer
+from tests.node.pods import RESTRICTED_LABELS
+from tests.node.test_helm_operator import (
+    AGENT,
+    CHART,
+    RELEASE,
+    REPO,
+    WORKFLOW,
+    Install,
+    Recorder,
+    workflow,
+)
+
+pytestmark = [pytest.mark.node, pytest.mark.cluster, pytest.mark.timeout(1800)]
+
+RUN_POD_LABEL = f"lorenz.dev/workflow={WORKFLOW}"
+
+
+@pytest.fixture(scope="module")
+def pod_linear() -> Iterator[FakeLinearServer]:
+    with FakeLinearServer().running_in_thread() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def pod_recorder(pod_linear: FakeLinearServer) -> Iterator[Recorder]:
+    server = Recorder(pod_linear)
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def pod_install(
+    kube_control_plane: Cluster,
+    kube_node: Node,
+    pod_linear: FakeLinearServer,
+    pod_recorder: Recorder,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Install]:
+    image = agent_image(AGENT)
+    kube_node.import_image(image.archive)
+    kube_control_plane.install_crds(REPO / "crds")
+    namespace = kube_control_plane.create_namespace(labels=RESTRICTED_LABELS)
+    port = int(pod_linear.url.rsplit(":", 1)[1].split("/", 1)[0])
+    host, node_port = kube_node.forward_to_host(port=port)
+    recorder_host, recorder_port = kube_node.forward_to_host(port=pod_recorder.port)
+    repository, tag = image.ref.rsplit(":", 1)
+    values = tmp_path_factory.mktemp("helm") / "values.yaml"
+    values.write_text(
+        yaml.safe_dump(
+            {
+                "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
+                "watchNamespace": namespace,
+                "tolerations": [NODE_TOLERATION],
+                "resources": {
+                    "requests": {"cpu": "50m", "memory": "128Mi"},
+                    "limits": {"cpu": "1", "memory": "1Gi"},
+                },
+                "probes": {
+                    "readiness": {"initialDelaySeconds": 1, "periodSeconds": 2},
+                    "liveness": {"initialDelaySeconds": 10, "periodSeconds": 5},
+                },
+            }
+        )
+    )
+    kube_control_plane.kubectl(
+        "create", "secret", "generic", "linear", "-n", namespace,
+        f"--from-literal=token={pod_linear.api_key}",
+    )
+    rig = Install(
+        cluster=kube_control_plane,
+        namespace=namespace,
+        linear=pod_linear,
+        recorder=pod_recorder,
+        recorder_url=f"http://{recorder_host}:{recorder_port}/",
+        image=image.ref,
+        values=values,
+        endpoint=f"http://{host}:{node_port}/graphql",
+        node_name=kube_node.name,
+    )
+    rig.helm("install", RELEASE, str(CHART), "-f", str(values))
+    rig.wait_ready_pods(1)
+    yield rig
+    kube_control_plane.helm("uninstall", RELEASE, "-n", namespace, "--wait=false", check=False)
+    kube_control_plane.delete_namespace(namespace, wait=False)
+
+
+def pod_workflow(rig: Install, *, seconds: float, **worker: Any) -> dict[str, Any]:
+    body = workflow(rig, seconds=seconds)
+    body["spec"]["retry"] = {"backoff": {"initialMs": 1000}}
+    body["spec"]["worker"] = {
+        "kind": "pod",
+        "podTemplate": {
+            "image": rig.image,
+            "imagePullPolicy": "Never",
+            "tolerations": [NODE_TOLERATION],
+            "resources": {"requests": {"cpu": "50m", "memory": "128Mi"},
+                          "limits": {"memory": "512Mi"}},
+        },
+        "startTimeoutMs": 120000,
+        **worker,
+    }
+    return body
+
+
+def run_pods(rig: Install) -> list[dict[str, Any]]:
+    body = rig.cluster.kubectl_json("get", "pods", "-n", rig.namespace, "-l", RUN_POD_LABEL)
+    return list(body["items"])
+
+
+def events_of(rig: Install, reason: str) -> list[str]:
+    body = rig.cluster.kubectl_json(
+        "get", "events", "-n", rig.namespace, "--field-selector",
+        f"involvedObject.name={WORKFLOW},reason={reason}",
+    )
+    return [str(item.get("message") or "") for item in body["items"]]
+
+
+def diagnose(rig: Install) -> str:
+    logs = rig.cluster.kubectl(
+        "logs", "-n", rig.namespace, "-l", f"app.kubernetes.io/instance={RELEASE}",
+        "--tail=120", check=False,
+    )
+    pods = rig.cluster.kubectl("describe", "pods", "-n", rig.namespace, check=False)
+    return f"{logs.stdout}{logs.stderr}\n{pods.stdout[-5000:]}"
+
+
+def test_an_issue_runs_in_a_pod_of_its_own_to_done(pod_install: Install) -> None:
+    rig = pod_install
+    cluster = rig.cluster
+
+    # -- kubectl apply: the issue's run is a Pod, the agent inside it does the work.
+    cluster.apply(pod_workflow(rig, seconds=4.0), namespace=rig.namespace)
+    one = rig.linear.add_issue(title="in a pod")
+    began = time.monotonic()
+    try:
+        (pod,) = wait_until(
+            lambda: [p for p in run_pods(rig) if p["status"].get("phase") == "Running"] or None,
+            timeout=240, interval=0.5, message="the run's Pod running",
+        )
+    except TimeoutError as err:
+        raise AssertionError(f"{err}\n{diagnose(rig)}") from err
+    print(f"\nissue -> run Pod Running: {time.monotonic() - began:.1f} s")
+    name = pod["metadata"]["name"]
+    assert name.startswith("lzw-")
+    labels = pod["metadata"]["labels"]
+    assert labels["lorenz.dev/workflow"] == WORKFLOW
+    assert labels["lorenz.dev/issue"] == one.identifier
+    handle = pod["metadata"]["annotations"]["lorenz.dev/handle"]
+    assert labels["lorenz.dev/handle"] == handle
+    assert name == handle.lower()
+    spec = pod["spec"]
+    assert spec["nodeName"] == rig.node_name
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["serviceAccountName"] == "default"
+    assert all(
+        "serviceAccountToken" not in json.dumps(v) and "hostPath" not in v
+        for v in spec["volumes"]
+    )
+    (container,) = spec["containers"]
+    assert container["image"] == rig.image
+    assert container["command"][:2] == ["lorenz", "worker"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    # No token in the run's Pod: neither the ServiceAccount's nor the tracker's.
+    assert "linear" not in json.dumps(container.get("envFrom", []))
+    try:
+        rig.wait_done(one.id, timeout=240)
+    except AssertionError as err:
+        raise AssertionError(f"{err}\n{diagnose(rig)}") from err
+    print(f"issue -> Done through the run Pod: {time.monotonic() - began:.1f} s")
+    runs = rig.recorder.runs_of(one.id)
+    assert [(r.pod, r.started, r.ended) for r in runs] == [(name, True, True)]
+    # The operator's own Pod ran no agent.
+    assert all(not r.pod.startswith(RELEASE) for r in runs)
+    # Settled: the run's Pod and its spec Secret are deleted.
+    wait_until(lambda: run_pods(rig) == [] or None, timeout=120, message="run Pod deleted")
+    secret = cluster.kubectl("get", "secret", f"{name}-spec", "-n", rig.namespace, check=False)
+    assert secret.returncode != 0, secret.stdout
+    assert "NotFound" in secret.stderr, secret.stderr
+
+    # -- the run's Pod deleted mid-run: a failure retry with the reason, in a new Pod.
+    cluster.apply(pod_workflow(rig, seconds=600.0), namespace=rig.namespace)
+    two = rig.linear.add_issue(title="pod deleted")
+    wait_until(
+        lambda: any(r.started for r in rig.recorder.runs_of(two.id)) or None,
+        timeout=240, interval=0.5, message="the second issue's agent started",
+    )
+    (first_run,) = rig.recorder.runs_of(two.id)
+    cluster.kubectl("delete", "pod", first_run.pod, "-n", rig.namespace, "--wait=false")
+    # The retry should finish quickly: the spec change reaches new runs only.
+    cluster.apply(pod_workflow(rig, seconds=1.0), namespace=rig.namespace)
+    try:
+        rig.wait_done(two.id, timeout=300)
+    except AssertionError as err:
+        raise AssertionError(f"{err}\n{diagnose(rig)}") from err
+    runs = rig.recorder.runs_of(two.id)
+    assert len(runs) == 2, runs
+    assert runs[0].pod == first_run.pod
+    assert not runs[0].ended
+    assert runs[1].pod != first_run.pod
+    assert runs[1].ended
+    failed = [m for m in events_of(rig, "RunFailed") if two.identifier in m]
+    assert failed, events_of(rig, "RunFailed")
+    wait_until(lambda: run_pods(rig) == [] or None, timeout=120, message="run Pods deleted")
+
+    # -- a Pod that cannot be scheduled: given up after startTimeoutMs, with the reason.
+    cluster.apply(
+        pod_workflow(
+            rig,
+            seconds=1.0,
+            podTemplate={
+                "image": rig.image,
+                "imagePullPolicy": "Never",
+                "tolerations": [NODE_TOLERATION],
+                "nodeSelector": {"lorenz.test/no-such-node": "true"},
+            },
+            startTimeoutMs=8000,
+        ),
+        namespace=rig.namespace,
+    )
+    three = rig.linear.add_issue(title="unschedulable")
+
+    def refused() -> list[str] | None:
+        found = [
+            m for m in events_of(rig, "RunFailed")
+            if three.identifier in m and "worker.start_timeout_ms" in m
+        ]
+        return found or None
+
+    try:
+        messages = wait_until(refused, timeout=180, interval=1.0, message="RunFailed Event")
+    except TimeoutError as err:
+        raise AssertionError(f"{err}\n{events_of(rig, 'RunFailed')}\n{diagnose(rig)}") from err
+    assert any("Unschedulable" in m or "node affinity/selector" in m for m in messages), messages
+    assert rig.recorder.runs_of(three.id) == []
+    # -- deleting the Workflow leaves no run Pod behind (the retry's Pending one included).
+    cluster.kubectl("delete", "workflow", WORKFLOW, "-n", rig.namespace, "--wait=true",
+                    "--timeout=120s")
+    wait_until(lambda: run_pods(rig) == [] or None, timeout=120, message="no run Pods left")
