@@ -556,16 +556,6 @@ class WorkflowController:
             runtime.start(), name=f"lorenz-runtime:{self.ref.display}"
         )
 
-    async def _stop_runtime(self, *, hand_over: bool = False) -> None:
-        """Graceful: runs end as clean shutdowns (kept as continuation retries).
-
-        ``hand_over`` (a handover, an operator shutdown): runs whose agents are under way in
-        detached workers are left running instead, their Claims still ``Running`` with their
-        spawn intents, so the next leader adopts them (#13: a replica that hands a Workflow
-        over leaves its workers to the new leader). In-process runs cannot outlive the runtime
-        and end as clean shutdowns either way.
-        """
-        runtime, task, store = self.runtime, self._runtime_task, self.store
     def _pod_runner(self, placement: RunPlacement, *, workflow: str) -> AgentRunner:
         """The runner of one run in a Pod of its own (``worker.kind: pod``)."""
         worker = placement.worker
@@ -583,9 +573,16 @@ class WorkflowController:
         )
         return PodWorkerRunner(workflow=workflow, transport=transport, placement=placement)
 
-    async def _stop_runtime(self) -> None:
-        """Graceful: runs end as clean shutdowns (kept as continuation retries)."""
-        runtime, task = self.runtime, self._runtime_task
+    async def _stop_runtime(self, *, hand_over: bool = False) -> None:
+        """Graceful: runs end as clean shutdowns (kept as continuation retries).
+
+        ``hand_over`` (a handover, an operator shutdown): runs whose agents are under way in
+        detached workers are left running instead, their Claims still ``Running`` with their
+        spawn intents, so the next leader adopts them (#13: a replica that hands a Workflow
+        over leaves its workers to the new leader). In-process runs cannot outlive the runtime
+        and end as clean shutdowns either way.
+        """
+        runtime, task, store = self.runtime, self._runtime_task, self.store
         if runtime is None:
             return
         departure = self._departure
