@@ -132,6 +132,7 @@ AGENT_ENV = {
 MOMENTS = ("leadership", "hydrated", "ready", "mid_turn", "mid_turn", "anytime", "anytime")
 ADOPTED = re.compile(r"adopting the worker of a lost controller handle=(\S+) after_seq=(\d+)")
 FAILED_AS_GONE = re.compile(r"run_failed worker_gone: the worker of (\S+) ")
+GONE_ERROR = re.compile(r"the worker of (\S+) ended without a final record")
 ADOPTED_BY_SCAN = re.compile(r"adopting the worker of an earlier controller handle=(\S+)")
 
 T = TypeVar("T")
@@ -159,6 +160,22 @@ def journal_records(state_dir: Path) -> list[dict[str, Any]]:
         return []
     complete, _, _ = data.rpartition(b"\n")
     return [json.loads(line) for line in complete.splitlines() if line]
+
+
+def failures_of_gone_workers(store: Path) -> set[str]:
+    """Handles named by a failure retry's error in the store: settled as ``gone``."""
+    if not store.exists():
+        return set()
+    conn = sqlite3.connect(f"file:{store}?mode=ro", uri=True)
+    try:
+        rows = conn.execute("SELECT last_error FROM claims WHERE last_error IS NOT NULL").fetchall()
+    except sqlite3.OperationalError as exc:
+        if "no such table" not in str(exc):
+            raise
+        return set()
+    finally:
+        conn.close()
+    return {h for (error,) in rows for h in GONE_ERROR.findall(str(error))}
 
 
 def intent_rows(store: Path) -> dict[str, tuple[str, str, int]]:
@@ -201,7 +218,9 @@ class WorkerChaos:
     killed: dict[str, str] = dataclasses.field(default_factory=dict)
     """Handles of workers this round SIGKILLed → ``gone`` (before its final) or ``final``."""
     compensated: set[str] = dataclasses.field(default_factory=set)
-    """Handles a controller settled as gone in the store (phase ``compensated``)."""
+    """Handles a controller settled as gone in the store: phase ``compensated``, or a failure
+    retry whose error names the worker (written before the log line, so a kill may fall
+    between the two)."""
     moments: list[str] = dataclasses.field(default_factory=list)
 
     @property
@@ -245,6 +264,7 @@ class WorkerChaos:
             self.persisted[handle] = seq
             if phase == "compensated":
                 self.compensated.add(handle)
+        self.compensated |= failures_of_gone_workers(self.store)
 
     def kill_a_worker(self) -> None:
         live = self.live_workers()
