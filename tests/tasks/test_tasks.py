@@ -177,13 +177,24 @@ async def test_a_child_reaped_elsewhere_ends_with_255_and_a_warning(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     assert install_child_watcher()
-    process = await asyncio.create_subprocess_exec("sh", "-c", "exit 7")
-    # NB: a stray waitpid reaps it before the watcher's reader runs (the loop is not yielded
-    # to until the child has certainly exited).
-    os.waitpid(process.pid, 0)  # noqa: ASYNC222 - the blocking reap is the case under test
+    # NB: the child may not exit before this coroutine stops yielding to the loop:
+    # create_subprocess_exec yields, and the watcher's reader, run then, would reap a child that
+    # had already exited first. So it waits for end of file on a pipe only this test writes to.
+    gate_read, gate_write = os.pipe()
+    try:
+        process = await asyncio.create_subprocess_exec(
+            "sh", "-c", "read -r _; exit 7", stdin=gate_read
+        )
+    finally:
+        os.close(gate_read)
+    # Let the child exit and reap it with a stray waitpid, all without yielding to the loop:
+    # the watcher's reader cannot run before the child is gone.
+    os.close(gate_write)
+    _, status = os.waitpid(process.pid, 0)  # noqa: ASYNC222 - the blocking reap is the case
+    assert os.waitstatus_to_exitcode(status) == 7  # the exit status only the stray reap saw
     with caplog.at_level(logging.WARNING, logger="lorenz.tasks"):
         assert await asyncio.wait_for(process.wait(), timeout=30) == 255
-    assert "reaped elsewhere" in caplog.text
+    assert f"child {process.pid} was reaped elsewhere" in caplog.text
 
 
 class _Node:
