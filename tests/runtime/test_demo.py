@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import datetime
+import json
 import os
 from pathlib import Path
 
 from tests.cli.processes import run_bounded
 
 ROOT = Path(__file__).resolve().parents[2]
+_MICROSECOND = datetime.timedelta(microseconds=1)
 
 
 def test_demo_script_finishes_every_active_issue(tmp_path: Path) -> None:
@@ -22,10 +25,17 @@ def test_demo_script_finishes_every_active_issue(tmp_path: Path) -> None:
     states = {p.stem: p.read_text() for p in (work / "issues").glob("*.md")}
     assert all("state: Done" in states[k] for k in ("DEMO-1", "DEMO-2", "DEMO-3"))
     assert "state: Backlog" in states["DEMO-4"]
-    # DEMO-3 is blocked by DEMO-2: it may only start after DEMO-2 finished.
-    lines = [line for line in result.stdout.splitlines() if "run_" in line]
-    started_3 = next(i for i, ln in enumerate(lines) if "run_started" in ln and "DEMO-3" in ln)
-    finished_2 = next(i for i, ln in enumerate(lines) if "run_finished" in ln and "DEMO-2" in ln)
-    assert finished_2 < started_3
+    # DEMO-3 is blocked by DEMO-2: it may only start once the tracker shows DEMO-2 Done. NB: not
+    # once DEMO-2's run_finished is logged: the pass that reads DEMO-2 Done may start DEMO-3
+    # before it settles DEMO-2's clean exit (or before DEMO-2's agent has even exited).
+    events = [json.loads(line) for line in (work / "lorenz-events.jsonl").read_text().splitlines()]
+    [started_3] = [e for e in events if e["type"] == "run_started" and e["identifier"] == "DEMO-3"]
+    # The demo agent's atomic rewrite to Done is the last write to DEMO-2.md, so the file's
+    # mtime says when it was made (a file stamp is never later than the clock reading of the
+    # same moment); the dispatch that read it took its event time after that read.
+    done_2_us = (work / "issues" / "DEMO-2.md").stat().st_mtime_ns // 1000
+    at_3 = datetime.datetime.fromisoformat(started_3["at"])
+    started_3_us = (at_3 - datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)) // _MICROSECOND
+    assert done_2_us <= started_3_us, (started_3, done_2_us)
     # the original demo files in the repository are untouched
     assert "state: Todo" in (ROOT / "examples/demo/issues/DEMO-1.md").read_text()
