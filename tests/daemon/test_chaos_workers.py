@@ -162,38 +162,39 @@ def journal_records(state_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in complete.splitlines() if line]
 
 
-def failures_of_gone_workers(store: Path) -> set[str]:
-    """Handles named by a failure retry's error in the store: settled as ``gone``."""
+def read_store(store: Path, sql: str) -> list[tuple[Any, ...]]:
+    """Rows of ``sql``; none while the store or its schema does not exist yet.
+
+    NB: a plain connection, not ``mode=ro``: a read-only one cannot open a WAL store whose
+    ``-shm`` file is missing ("attempt to write a readonly database"), as it is right after the
+    daemon that created it or a daemon that closed it cleanly. Reading takes no write lock.
+    """
     if not store.exists():
-        return set()
-    conn = sqlite3.connect(f"file:{store}?mode=ro", uri=True)
+        return []
+    conn = sqlite3.connect(store, timeout=30)
     try:
-        rows = conn.execute("SELECT last_error FROM claims WHERE last_error IS NOT NULL").fetchall()
+        return conn.execute(sql).fetchall()
     except sqlite3.OperationalError as exc:
+        # NB: a daemon killed right after its lease may not have created the schema yet.
         if "no such table" not in str(exc):
             raise
-        return set()
+        return []
     finally:
         conn.close()
+
+
+def failures_of_gone_workers(store: Path) -> set[str]:
+    """Handles named by a failure retry's error in the store: settled as ``gone``."""
+    rows = read_store(store, "SELECT last_error FROM claims WHERE last_error IS NOT NULL")
     return {h for (error,) in rows for h in GONE_ERROR.findall(str(error))}
 
 
 def intent_rows(store: Path) -> dict[str, tuple[str, str, int]]:
     """handle → (slot, spawn phase, last_seq) of every claim that names a worker."""
-    if not store.exists():
-        return {}
-    conn = sqlite3.connect(f"file:{store}?mode=ro", uri=True)
-    try:
-        rows = conn.execute(
-            "SELECT handle, slot_key, spawn_phase, last_seq FROM claims WHERE handle IS NOT NULL"
-        ).fetchall()
-    except sqlite3.OperationalError as exc:
-        # NB: a daemon killed right after its lease may not have created the schema yet.
-        if "no such table" not in str(exc):
-            raise
-        return {}
-    finally:
-        conn.close()
+    rows = read_store(
+        store,
+        "SELECT handle, slot_key, spawn_phase, last_seq FROM claims WHERE handle IS NOT NULL",
+    )
     return {str(h): (str(slot), str(phase), int(seq)) for h, slot, phase, seq in rows}
 
 
