@@ -50,6 +50,8 @@ AGENT = textwrap.dedent(
     note("start")
     if env.get("AGENT_ENV_DUMP"):
         pathlib.Path(env["AGENT_ENV_DUMP"]).write_text("\\n".join(sorted(env)))
+        pathlib.Path(env["AGENT_ENV_DUMP"] + ".workflow").write_text(
+            env.get("LORENZ_WORKFLOW", ""))
     seconds = float(env.get("AGENT_SECONDS", "1"))
     if attempt == "0" and env.get("AGENT_FIRST_SECONDS"):
         seconds = float(env["AGENT_FIRST_SECONDS"])

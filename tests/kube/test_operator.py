@@ -11,6 +11,7 @@ import datetime
 import shutil
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -508,6 +509,10 @@ def test_agents_get_an_explicit_environment_never_the_operators(
     assert "PATH" in names
     assert "AGENT_LOG" in names  # the agent kind's env from the spec
     assert "LORENZ_ISSUE_IDENTIFIER" in names  # the run's own variables
+    # LORENZ_WORKFLOW names a file that exists: the applied spec rendered as a WORKFLOW.md.
+    workflow_file = Path((rig.root / "agent-env.txt.workflow").read_text())
+    assert workflow_file.is_file()
+    assert workflow_file.read_text().startswith("---\n")
 
 
 def test_a_held_claim_stops_its_run_and_keeps_the_issue_until_the_hold_is_removed(
