@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -13,6 +16,7 @@ import psutil
 import pytest
 
 from lorenz.tasks import install_child_watcher
+from lorenz.workers.states import STATE_ROOT_ENV
 
 # NB: the control-plane fixtures are a plugin so that every test folder (cluster smoke tests,
 # operator tests) can use them. A test that asks for them without the plugin fails loudly with
@@ -122,3 +126,32 @@ def _no_stale_pyenv_lock() -> Iterator[None]:
     finally:
         stop.set()
         watcher.join(timeout=5.0)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _a_private_worker_state_root() -> Iterator[Path]:
+    """Every worker this pytest process starts, directly or through a ``lorenz`` it runs with
+    its own environment, keeps its state under one short private root, removed at the end.
+
+    NB: runs execute in detached workers by default, with their state under
+    ``$LORENZ_WORKER_STATE`` (else ``~/.lorenz/workers``): without this the suite would leave
+    state directories in the home of whoever runs it. Short, because it holds unix sockets
+    (107 bytes at most). Workers outlive the ``lorenz`` that started them by design; any still
+    running at the end of the session are killed with their agents (found by this root in
+    their environment).
+    """
+    configured = os.environ.get(STATE_ROOT_ENV)
+    if configured:
+        yield Path(configured)
+        return
+    root = Path(tempfile.mkdtemp(prefix="lzw-", dir="/tmp"))
+    os.environ[STATE_ROOT_ENV] = str(root)
+    try:
+        yield root
+    finally:
+        del os.environ[STATE_ROOT_ENV]
+        for process in psutil.process_iter():
+            with contextlib.suppress(psutil.Error, OSError):
+                if process.environ().get(STATE_ROOT_ENV) == str(root):
+                    process.kill()
+        shutil.rmtree(root, ignore_errors=True)

@@ -59,6 +59,7 @@ def assemble_runtime(
     pods: Callable[[RunPlacement], AgentRunner] | None = None,
     worker_env: Mapping[str, str] | None = None,
     leave_workers: Callable[[], str | None] | None = None,
+    workers: bool,
 ) -> LorenzRuntime:
     """A runtime for ``workflow``, ready to ``start()``.
 
@@ -66,6 +67,9 @@ def assemble_runtime(
     only the operator has one, so elsewhere such a workflow is refused here
     (``worker_kind_unavailable``), and a reload to it fails its runs with the same code.
 
+    ``workers``: every run on this machine executes in a detached ``lorenz worker`` (the
+    single host always; the operator with ``worker.detached: true``); ``False`` keeps agents in
+    this process (the operator's default, and the single host's test-only switch).
     ``claim_store`` (when it records spawn intents) and ``generation`` (the controller's
     current leadership generation) go to detached runs: each records its worker's intent on its
     claim, under the generation that started it, before the worker starts. ``worker_env`` is
@@ -99,6 +103,7 @@ def assemble_runtime(
             pods=pods,
             worker_env=worker_env,
             leave_workers=leave_workers,
+            workers=workers,
         ),
         tracker_factory=trackers,
         reload_workflow=reload_workflow,
@@ -117,25 +122,39 @@ def _runner_factory(
     pods: Callable[[RunPlacement], AgentRunner] | None = None,
     worker_env: Mapping[str, str] | None = None,
     leave_workers: Callable[[], str | None] | None = None,
+    workers: bool,
 ) -> Callable[[AgentProtocol], AgentRunner]:
     """Runners that execute each run where the orchestrator placed it.
 
-    On this machine: in-process runners, or (``worker.detached``) runners that place each run in
-    a local worker. On a ``worker.ssh_hosts`` host: always a worker there, over ssh (the
+    On this machine: runners that place each run in a local worker (``workers``), else
+    in-process runners. On a ``worker.ssh_hosts`` host: always a worker there, over ssh (the
     request's ``placement`` says which host). The SSH transports are shared by every run of the
-    runtime; ssh runs with ``base_env`` minus the tracker secrets.
+    runtime; ssh and local workers run with ``base_env`` minus the tracker secrets, and local
+    workers keep their state under the state root ``base_env`` names.
 
     NB: the worker runs the agent protocol itself (it reads it from the run's settings), so a
     detached runner is the same for every protocol.
     """
     path = str(workflow.path)
     api_key = workflow.settings.tracker.api_key
+    secret_values = [api_key] if api_key else []
     # The SSH transports, made at the first run that needs them and shared by every run.
     shared: dict[str, SshTransports] = {}
     local: Callable[[AgentProtocol], AgentRunner] = build_runner
-    if workflow.settings.worker.detached:
+    if workers:
         from lorenz.workers.handles import LocalTransport
         from lorenz.workers.runner import WorkerRunner
+        from lorenz.workers.states import state_root_of
+
+        # NB: the operator passes its Workflows' allow-listed environment as ``worker_env``;
+        # the single host gives its workers its own environment and the state root it names.
+        transport = (
+            LocalTransport(env=worker_env)
+            if worker_env is not None
+            else LocalTransport(
+                state_root=state_root_of(base_env), env=base_env, secret_values=secret_values
+            )
+        )
 
         def detached(protocol: AgentProtocol) -> AgentRunner:
             del protocol  # the worker reads it from the request's agent settings
@@ -144,7 +163,7 @@ def _runner_factory(
             current = generation() if generation is not None else None
             return WorkerRunner(
                 workflow=path,
-                transport=LocalTransport(env=worker_env) if worker_env is not None else None,
+                transport=transport,
                 generation=current or 0,
                 intents=claim_store if isinstance(claim_store, SpawnIntents) else None,
                 leaving=leave_workers,
@@ -160,7 +179,7 @@ def _runner_factory(
         transports = shared.get("ssh")
         if transports is None:
             transports = shared["ssh"] = SshTransports(
-                env=base_env, secret_values=[api_key] if api_key else []
+                env=base_env, secret_values=secret_values
             )
         return PlacingRunner(
             workflow=path, protocol=protocol, local=local, transports=transports, pods=pods

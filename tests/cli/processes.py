@@ -87,3 +87,16 @@ def processes_mentioning(text: str) -> list[psutil.Process]:
         if text in cmdline or text in (info.get("cwd") or ""):
             found.append(candidate)
     return found
+
+
+def processes_marked(key: str, value: str) -> list[psutil.Process]:
+    """Live processes whose environment has ``key=value`` (a detached worker and its agent
+    carry the environment of the ``lorenz`` that started them, wherever they run)."""
+    found: list[psutil.Process] = []
+    for candidate in psutil.process_iter(["status"]):
+        if candidate.info.get("status") == psutil.STATUS_ZOMBIE:
+            continue
+        with contextlib.suppress(psutil.Error, OSError):
+            if candidate.environ().get(key) == value:
+                found.append(candidate)
+    return found

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -92,6 +93,30 @@ def test_dry_run_is_one_tick_that_dispatches_nothing_and_takes_no_lease(tmp_path
     lease = lease_file_for(workflow)
     assert not lease.exists(), "a dry run must not take (or leave) the daemon lease"
     assert "leadership acquired" not in result.stderr
+
+
+# ------------------------------------------------------------------ workers
+
+
+def test_once_runs_the_issue_in_a_detached_worker_by_default(tmp_path: Path) -> None:
+    workflow = files_workflow(tmp_path)
+    result = run_lorenz(str(workflow), "--once", "--no-tui", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (tmp_path / "agent-ran").exists()
+    # The run went through a worker: its state directory names this workflow and issue.
+    root = Path(os.environ["LORENZ_WORKER_STATE"])
+    specs = [json.loads(p.read_text()) for p in root.glob("lzw-*/spec.json")]
+    mine = [s for s in specs if s["workflow"] == str(workflow)]
+    assert [s["issue"]["identifier"] for s in mine] == ["RUN-1"]
+
+
+def test_worker_detached_false_is_refused_on_a_single_host(tmp_path: Path) -> None:
+    workflow = files_workflow(tmp_path, extra="worker:\n  detached: false\n")
+    result = run_lorenz(str(workflow), "--once", "--no-tui", cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "worker_detached_false" in result.stdout + result.stderr
+    assert "delete worker.detached or set it to true" in result.stdout + result.stderr
+    assert not (tmp_path / "agent-ran").exists()
 
 
 # ------------------------------------------------------------------ required_labels

@@ -1,11 +1,12 @@
-"""The repository's scripts: ``scripts/demo`` stops everything it started, however it ends."""
+"""The repository's scripts: ``scripts/demo`` stops everything it started, however it ends,
+its detached workers included."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from tests.cli.processes import processes_mentioning, run_bounded
+from tests.cli.processes import processes_marked, processes_mentioning, run_bounded
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "scripts" / "demo"
@@ -32,6 +33,8 @@ def test_a_demo_that_times_out_stops_lorenz_and_its_agents_before_it_exits(
     assert result.returncode == 1, result.stdout + result.stderr
     assert "demo timed out" in result.stderr
     assert processes_mentioning(str(work)) == [], (work / "lorenz.log").read_text()
+    # Workers run detached, outside the script's process tree: none is left either.
+    assert processes_marked("LORENZ_DEMO_DIR", str(work)) == [], (work / "lorenz.log").read_text()
 
 
 def test_a_test_timeout_leaves_no_demo_process_behind(tmp_path: Path) -> None:
@@ -41,3 +44,4 @@ def test_a_test_timeout_leaves_no_demo_process_behind(tmp_path: Path) -> None:
     assert result.timed_out
     assert log.exists(), "the demo had started Lorenz"
     assert processes_mentioning(str(work)) == [], log.read_text()
+    assert processes_marked("LORENZ_DEMO_DIR", str(work)) == [], log.read_text()

@@ -8,13 +8,21 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon.harness import DaemonProcess, daemon_environ, daemons_cleaned, short_runtime_dir
+from tests.daemon.harness import (
+    DaemonProcess,
+    daemon_environ,
+    daemons_cleaned,
+    kill_marked,
+    short_runtime_dir,
+)
 
 
 @pytest.fixture
 def runtime_dir() -> Iterator[Path]:
     path = short_runtime_dir()
     yield path
+    # Workers (state root ``path/w``, see daemon_environ) outlive the lorenz that started them.
+    kill_marked("LORENZ_WORKER_STATE", str(path / "w"))
     shutil.rmtree(path, ignore_errors=True)
 
 

@@ -27,6 +27,7 @@ import yaml
 
 from lorenz.daemon.client import Reply, Unreachable, request
 from lorenz.daemon.discovery import lease_file_for, parse_endpoint, read_lease
+from lorenz.daemon.host import IN_PROCESS_RUNS_ENV
 
 READY_TIMEOUT_S = 60.0
 """Hang protection only (a loaded 2-core machine can be slow to start Python); never asserted."""
@@ -165,8 +166,22 @@ def daemon_environ(runtime_dir: Path, home: Path) -> dict[str, str]:
         for key, value in os.environ.items()
         if not key.startswith(("LORENZ_", "PYTEST_", "XDG_RUNTIME_DIR"))
     }
-    env.update({"XDG_RUNTIME_DIR": str(runtime_dir), "HOME": str(home), "PYTHONUNBUFFERED": "1"})
+    env.update(
+        {
+            "XDG_RUNTIME_DIR": str(runtime_dir),
+            "HOME": str(home),
+            "PYTHONUNBUFFERED": "1",
+            # NB: runs execute in workers, whose sockets live under the state root: a short one.
+            "LORENZ_WORKER_STATE": str(runtime_dir / "w"),
+        }
+    )
     return env
+
+
+def in_process(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with the suite's test-only switch that runs agents inside ``lorenz`` (no worker
+    per run): for tests about something else than where runs execute."""
+    return {**env, IN_PROCESS_RUNS_ENV: "1"}
 
 
 CLI = [sys.executable, "-c", "import sys; from lorenz.cli import main; sys.exit(main())"]
@@ -340,3 +355,7 @@ def daemons_cleaned(root: Path) -> Iterator[list[DaemonProcess]]:
             if daemon.alive():
                 daemon.kill9()
         kill_marked("AGENT_LOG", str(root / "agent.log"))
+        # Workers outlive their daemons by design; so do the agents they run.
+        for state_root in {d.env.get("LORENZ_WORKER_STATE") for d in started} - {None}:
+            assert state_root is not None
+            kill_marked("LORENZ_WORKER_STATE", state_root)

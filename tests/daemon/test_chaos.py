@@ -47,12 +47,20 @@ from lorenz.leadership import FileLeaseProvider, ProcessIdentity, current_proces
 from tests.daemon.harness import (
     DaemonProcess,
     get_state,
+    in_process,
     paired_runs,
     pid_alive,
     read_agent_log,
     try_state,
     write_daemon_workflow,
 )
+
+
+@pytest.fixture
+def daemon_env(daemon_env: dict[str, str]) -> dict[str, str]:
+    """In-process runs (the suite's test-only switch): these tests are about the orphan sweep
+    of agents that outlive a killed daemon (worker chaos: test_worker_chaos*.py)."""
+    return in_process(daemon_env)
 
 DAEMON = ("--feature", "daemon", "--feature", "durable_claims")
 PLAIN = ("--feature", "durable_claims")

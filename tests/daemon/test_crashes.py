@@ -43,11 +43,19 @@ from lorenz.config.settings import ClaimStoreSettings
 from tests.daemon.harness import (
     DaemonProcess,
     get_state,
+    in_process,
     paired_runs,
     pid_alive,
     read_agent_log,
     write_daemon_workflow,
 )
+
+
+@pytest.fixture
+def daemon_env(daemon_env: dict[str, str]) -> dict[str, str]:
+    """In-process runs (the suite's test-only switch): these tests are about claims and retries
+    across kill -9 with agents that die as orphans (worker chaos: test_worker_chaos*.py)."""
+    return in_process(daemon_env)
 
 ISSUES = ("A-1", "A-2", "A-3")
 AGENT = {

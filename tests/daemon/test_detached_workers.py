@@ -32,6 +32,7 @@ from tests.daemon.harness import (
     pid_alive,
     read_agent_log,
     write_daemon_workflow,
+    write_issues,
 )
 
 SLOW = {"AGENT_MIN_S": "6", "AGENT_MAX_S": "6", "AGENT_FAIL_RATE": "0"}
@@ -68,7 +69,7 @@ def test_a_run_in_flight_survives_kill_9_of_its_controller_and_is_adopted(
     # NB: "no-daemon" is the default mode (memory store, no lease): nothing but the worker's
     # state directory tells the next start that the issue's run is still going.
     workflow = write_daemon_workflow(
-        root, issues=("A-1",), agent_env=SLOW, front_matter={"worker": {"detached": True}}
+        root, issues=("A-1",), agent_env=SLOW
     )
     env = {**daemon_env, "LORENZ_WORKER_STATE": str(worker_state)}
     log = root / "agent.log"
@@ -102,7 +103,10 @@ def test_a_run_in_flight_survives_kill_9_of_its_controller_and_is_adopted(
     ]
     assert overlapping == []
     assert not any(r.get("dup") for r in records)
-    _wait(lambda: "adopting the worker of an earlier controller" in second.log(), "adoption")
+    # Adopted through the claim the worker stands for (a durable store's, or — memory store —
+    # one made from the worker's state directory at start-up), never started a second time.
+    _wait(lambda: "adopting the worker of a lost controller" in second.log(), "adoption")
+    assert "interrupted=0 adopting=1" in second.log()
 
 
 def _claim_rows(store: Path) -> list[tuple[str, str | None, str | None, int]]:
@@ -141,6 +145,7 @@ def _a_daemon_with_a_running_worker(
     *,
     agent_s: int,
     extra_args: Sequence[str],
+    front_matter: dict[str, Any] | None = None,
 ) -> RunningWorker:
     store = root / "claims.db"
     workflow = write_daemon_workflow(
@@ -148,8 +153,8 @@ def _a_daemon_with_a_running_worker(
         issues=("A-1",),
         agent_env={**SLOW, "AGENT_MIN_S": str(agent_s), "AGENT_MAX_S": str(agent_s)},
         front_matter={
-            "worker": {"detached": True},
             "flags": {"claim_store.path": str(store), "daemon.heartbeat_ms": 200},
+            **(front_matter or {}),
         },
     )
     env = {**daemon_env, "LORENZ_WORKER_STATE": str(worker_state)}
@@ -350,3 +355,105 @@ def test_a_controller_killed_in_each_spawn_phase_is_followed_as_the_phase_table_
     assert later_start is None or later_start > ended["t"]
     assert not any(r.get("dup") for r in records)
     assert not failure_retries(), "an adoptable or finished run was failed over"
+
+
+def _journal(worker_state: Path, handle: str) -> list[dict[str, Any]]:
+    path = worker_state / handle / "journal.jsonl"
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+
+
+def test_a_worker_whose_issue_was_closed_while_no_controller_ran_is_cancelled_not_adopted(
+    root: Path,
+    daemon_env: dict[str, str],
+    daemons: list[DaemonProcess],
+    worker_state: Path,
+) -> None:
+    """The adoption retry of a run whose issue went Done while its controller was down is
+    dropped; the successor cancels that run's worker (reason journaled, final record
+    collected), runs after_run, releases the claim and starts no second agent."""
+    after_run = root / "after_run.log"
+    run = _a_daemon_with_a_running_worker(
+        root,
+        daemon_env,
+        daemons,
+        worker_state,
+        agent_s=120,
+        extra_args=(),
+        front_matter={"hooks": {"after_run": f'echo "$LORENZ_ISSUE_IDENTIFIER" >> {after_run}'}},
+    )
+    workflow, env, args, store, log = run.workflow, run.env, run.args, run.store, run.log
+    handle, started = run.handle, run.started
+    run.first.kill9()
+    assert pid_alive(started["pid"]), "the agent died with its daemon: it was not detached"
+    assert not after_run.exists()
+    # The issue is closed while no controller runs.
+    write_issues(root / "issues", ["A-1"], state="Done")
+
+    second = DaemonProcess(workflow, env=env, args=args, output=root / "daemon-1.log")
+    daemons.append(second.start())
+    second.wait_ready()
+    assert "interrupted=0 adopting=1" in second.log()
+    _wait(lambda: not pid_alive(started["pid"]), "the agent of the dropped adoption to stop")
+    _wait(lambda: _journal(worker_state, handle)[-1]["kind"] == "final", "its final record")
+    _wait(lambda: _claim_rows(store) == [], "the claim to be released")
+    final = _journal(worker_state, handle)[-1]
+    assert final["data"]["outcome"] == "canceled"
+    assert final["data"]["reason"].startswith("terminal: ")
+    _wait((worker_state / handle / "collected").exists, "the final record to be collected")
+    _wait(after_run.exists, "after_run of the cancelled run")
+    assert after_run.read_text(encoding="utf-8").split() == ["A-1"]
+    records = read_agent_log(log)
+    assert [r for r in records if r["event"] == "start"] == [started], "a second agent started"
+    [ended] = [r for r in records if r["event"] == "end"]
+    assert ended["pid"] == started["pid"]
+    assert ended["rc"] == -signal.SIGTERM, "the agent was not stopped by the cancellation"
+    assert f"adopting the worker of a lost controller handle={handle}" not in second.log()
+    assert not [b for b in _event_bodies(store) if b.get("retry_kind") == "failure"]
+
+
+def test_without_a_durable_store_a_worker_whose_issue_was_closed_meanwhile_is_cancelled(
+    root: Path,
+    daemon_env: dict[str, str],
+    daemons: list[DaemonProcess],
+    worker_state: Path,
+) -> None:
+    """The default mode (memory store, no daemon): ``kill -9`` of ``lorenz``, the issue closed
+    while nothing ran, a restart — found by its state directory, the worker is cancelled, its
+    workspace is not swept from under it, after_run runs once and no agent starts."""
+    after_run = root / "after_run.log"
+    workflow = write_daemon_workflow(
+        root,
+        issues=("A-1",),
+        agent_env={**SLOW, "AGENT_MIN_S": "120", "AGENT_MAX_S": "120"},
+        front_matter={
+            "hooks": {"after_run": f'echo "$LORENZ_ISSUE_IDENTIFIER $PWD" >> {after_run}'}
+        },
+    )
+    env = {**daemon_env, "LORENZ_WORKER_STATE": str(worker_state)}
+    log = root / "agent.log"
+    first = DaemonProcess(workflow, env=env, args=[], output=root / "lorenz-0.log")
+    daemons.append(first.start())
+    _wait(lambda: any(r["event"] == "start" for r in read_agent_log(log)), "the agent to start")
+    [started] = [r for r in read_agent_log(log) if r["event"] == "start"]
+    first.kill9()
+    assert pid_alive(started["pid"])
+    [handle] = [p.name for p in worker_state.iterdir() if p.name.startswith("lzw-")]
+    write_issues(root / "issues", ["A-1"], state="Done")
+
+    second = DaemonProcess(workflow, env=env, args=[], output=root / "lorenz-1.log")
+    daemons.append(second.start())
+    _wait(lambda: "interrupted=0 adopting=1" in second.log(), "the worker to be found")
+    _wait(lambda: not pid_alive(started["pid"]), "the agent to stop")
+    _wait((worker_state / handle / "collected").exists, "the final record to be collected")
+    final = _journal(worker_state, handle)[-1]
+    assert final["data"]["outcome"] == "canceled"
+    assert final["data"]["reason"].startswith("terminal: ")
+    _wait(lambda: "workspace_cleanup removed 1 workspace" in second.log(), "the cleanup")
+    # after_run ran in the workspace, before the workspace went.
+    assert after_run.read_text(encoding="utf-8").split() == [
+        "A-1", str(root / "workspaces" / "A-1")
+    ]
+    records = read_agent_log(log)
+    assert [r for r in records if r["event"] == "start"] == [started], "a second agent started"
+    [ended] = [r for r in records if r["event"] == "end"]
+    assert ended["rc"] == -signal.SIGTERM

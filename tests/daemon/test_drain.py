@@ -13,7 +13,7 @@ from typing import Any
 
 from lorenz.daemon.discovery import lease_file_for, read_lease
 from lorenz.daemon.host import HostOptions, run_host
-from tests.daemon.harness import call, read_agent_log, write_daemon_workflow
+from tests.daemon.harness import call, in_process, read_agent_log, write_daemon_workflow
 
 BOUND_S = 100.0
 """Hang protection only; never asserted as a figure."""
@@ -83,7 +83,9 @@ async def test_a_window_that_ends_first_cancels_in_process_runs(
     root: Path, daemon_env: dict[str, str], caplog: Any
 ) -> None:
     caplog.set_level("INFO", logger="lorenz.daemon")
-    task, endpoint = await _started(root, daemon_env, seconds=60, grace_s=0.5)
+    # NB: in-process runs (the suite's test-only switch); workers are handed over instead
+    # (tests/daemon/test_detached_workers.py).
+    task, endpoint = await _started(root, in_process(daemon_env), seconds=60, grace_s=0.5)
     await _stop(endpoint)
     assert await asyncio.wait_for(task, BOUND_S) == 0
     assert "grace ended with runs in flight; cancelling them" in caplog.text

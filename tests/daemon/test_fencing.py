@@ -133,7 +133,6 @@ def test_a_sigstopped_daemon_resumed_after_a_takeover_writes_nothing(
         issues=("A-1",),
         agent_env=held_agent(root),
         front_matter={
-            "worker": {"detached": True},
             "flags": {
                 "claim_store.path": str(store),
                 "claim_store.owner_stale_ms": 600000,
@@ -211,7 +210,7 @@ def test_a_detached_run_records_its_workers_intent_under_the_daemons_generation(
         root,
         issues=("A-1",),
         agent_env=held_agent(root),
-        front_matter={"worker": {"detached": True}, "flags": {"claim_store.path": str(store)}},
+        front_matter={"flags": {"claim_store.path": str(store)}},
     )
     env = {**daemon_env, "LORENZ_WORKER_STATE": str(worker_state)}
     daemon = DaemonProcess(workflow, env=env, args=ARGS, output=root / "daemon.log")

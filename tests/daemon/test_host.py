@@ -17,7 +17,14 @@ from lorenz.daemon.host import HostOptions, run_host
 from lorenz.daemon.shutdown import SHUTDOWN_ORDER, STEP_MESSAGE
 from lorenz.leadership import LeadershipLost
 from lorenz.runtime import LorenzRuntime
-from tests.daemon.harness import call, read_agent_log, write_daemon_workflow
+from tests.daemon.harness import call, in_process, read_agent_log, write_daemon_workflow
+
+
+@pytest.fixture
+def daemon_env(daemon_env: dict[str, str]) -> dict[str, str]:
+    """In-process runs (the suite's test-only switch): these tests are about the host's
+    composition and shutdown order, with runs that end when the runtime stops."""
+    return in_process(daemon_env)
 
 SLOW = {"AGENT_MIN_S": "30", "AGENT_MAX_S": "30", "AGENT_FAIL_RATE": "0"}
 

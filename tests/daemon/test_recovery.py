@@ -15,6 +15,7 @@ from lorenz.model import ClaimPhase, ClaimRecord, slot_key
 from tests.daemon.harness import (
     DaemonProcess,
     get_state,
+    in_process,
     pid_alive,
     read_agent_log,
     write_daemon_workflow,
@@ -23,10 +24,18 @@ from tests.daemon.harness import (
 SLOW = {"AGENT_MIN_S": "60", "AGENT_MAX_S": "60", "AGENT_FAIL_RATE": "0"}
 
 
+@pytest.fixture
+def daemon_env(daemon_env: dict[str, str]) -> dict[str, str]:
+    """In-process runs (the suite's test-only switch): these tests are about the recovery of a
+    dead predecessor's claims and orphans (workers: test_detached_workers.py)."""
+    return in_process(daemon_env)
+
+
 @pytest.mark.parametrize("backend", [SqliteClaimStore, TursoClaimStore])
 async def test_mark_owners_dead_makes_a_fresh_owner_stale_at_once(
     tmp_path: Path, backend: type[SqliteClaimStore]
 ) -> None:
+
     path = tmp_path / "claims.db"
     old = await backend.open(path, owner="host:1:1.00", owner_stale_ms=600000)
     record = ClaimRecord(

@@ -6,9 +6,11 @@ import re
 import time
 from pathlib import Path
 
+import pytest
+
 from lorenz.daemon.discovery import lease_file_for
 from lorenz.daemon.shutdown import SHUTDOWN_ORDER
-from tests.daemon.harness import DaemonProcess, read_agent_log, write_daemon_workflow
+from tests.daemon.harness import DaemonProcess, in_process, read_agent_log, write_daemon_workflow
 
 STUBBORN = {
     "AGENT_MIN_S": "60",
@@ -18,9 +20,17 @@ STUBBORN = {
 }
 
 
+@pytest.fixture
+def daemon_env(daemon_env: dict[str, str]) -> dict[str, str]:
+    """In-process runs (the suite's test-only switch): these tests are about signal handling,
+    with runs that end when the runtime stops (the drain: test_drain.py)."""
+    return in_process(daemon_env)
+
+
 def test_sigterm_twice_is_one_graceful_shutdown(
     root: Path, daemon_env: dict[str, str], daemons: list[DaemonProcess]
 ) -> None:
+
     workflow = write_daemon_workflow(root, issues=("A-1",), agent_env=STUBBORN)
     daemon = DaemonProcess(workflow, env=daemon_env, output=root / "daemon.log")
     daemons.append(daemon.start())

@@ -102,6 +102,9 @@ def agent_environ(tmp_path: Path, **extra: str) -> dict[str, str]:
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(home),
         "LANG": "C.UTF-8",
+        # NB: runs execute in workers; the suite's short state root (tests/conftest.py), not
+        # one under this long temporary HOME (unix socket paths are limited to 107 bytes).
+        "LORENZ_WORKER_STATE": os.environ["LORENZ_WORKER_STATE"],
         **extra,
     }
 
@@ -123,7 +126,14 @@ def write_workflow(
         "workspace": {"root": str(tmp_path / "workspaces")},
         "agent": {"kind": agent_kind, "max_turns": max_turns, "max_concurrent_agents": 4},
         "agents": {
-            agent_kind: {"stall_timeout_ms": 60000, "turn_timeout_ms": 60000, **agent},
+            # NB: generous handshake bound: each run starts a worker and then the agent, and
+            # on a loaded machine the fake agents can take seconds to answer ``initialize``.
+            agent_kind: {
+                "stall_timeout_ms": 60000,
+                "turn_timeout_ms": 60000,
+                "read_timeout_ms": 30000,
+                **agent,
+            },
         },
         "logging": {"log_file": str(tmp_path / "events.jsonl")},
         **(extra or {}),

@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from tests.cli.processes import run_bounded
+from tests.cli.processes import processes_marked, run_bounded
 
 ROOT = Path(__file__).resolve().parents[2]
 _MICROSECOND = datetime.timedelta(microseconds=1)
@@ -37,5 +37,14 @@ def test_demo_script_finishes_every_active_issue(tmp_path: Path) -> None:
     at_3 = datetime.datetime.fromisoformat(started_3["at"])
     started_3_us = (at_3 - datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)) // _MICROSECOND
     assert done_2_us <= started_3_us, (started_3, done_2_us)
+    # Every run went through a detached worker (the default), and none is left running.
+    state_root = Path(os.environ["LORENZ_WORKER_STATE"])
+    workers = [
+        spec["issue"]["identifier"]
+        for spec in (json.loads(p.read_text()) for p in state_root.glob("lzw-*/spec.json"))
+        if spec["workflow"] == str(work / "WORKFLOW.md")
+    ]
+    assert sorted(workers) == ["DEMO-1", "DEMO-2", "DEMO-3"]
+    assert processes_marked("LORENZ_DEMO_DIR", str(work)) == []
     # the original demo files in the repository are untouched
     assert "state: Todo" in (ROOT / "examples/demo/issues/DEMO-1.md").read_text()

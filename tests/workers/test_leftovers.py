@@ -22,8 +22,7 @@ import pytest
 from lorenz.model import LorenzError, SpawnIntent, SpawnPhase
 from lorenz.workers.handles import LocalTransport
 from lorenz.workers.runner import WorkerRunner
-from lorenz.workers.states import worker_pid
-from lorenz.workers.worker import HANDLE_ENV
+from lorenz.workers.states import HANDLE_ENV, worker_pid
 from tests.workers.conftest import base_env, process_gone, wait_until
 from tests.workers.test_runner import Kit
 

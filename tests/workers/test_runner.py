@@ -17,8 +17,8 @@ from lorenz.agents.codex import CodexAppServerRunner
 from lorenz.config import AgentKindSettings
 from lorenz.model import AgentUpdate, Issue
 from lorenz.workers.handles import LocalTransport
-from lorenz.workers.runner import COLLECTED_NAME, WorkerRunner
-from lorenz.workers.states import list_handles
+from lorenz.workers.runner import WorkerRunner
+from lorenz.workers.states import COLLECTED_NAME, list_handles
 from tests.workers.conftest import GATED_CODEX, base_env, process_gone, wait_until
 
 

@@ -9,10 +9,12 @@ from __future__ import annotations
 import importlib
 
 from lorenz.agents.base import (
+    AdoptionCanceller,
     AgentRunError,
     AgentRunner,
     AgentRunRequest,
     AgentRunResult,
+    DroppedAdoption,
     RunPlacement,
     ToolHandler,
 )
@@ -57,10 +59,12 @@ def build_runner(protocol: AgentProtocol | str) -> AgentRunner:
 
 __all__ = [
     "TRACKER_SECRET_ENV",
+    "AdoptionCanceller",
     "AgentRunError",
     "AgentRunRequest",
     "AgentRunResult",
     "AgentRunner",
+    "DroppedAdoption",
     "RunPlacement",
     "ToolHandler",
     "agent_environment",

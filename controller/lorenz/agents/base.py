@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from lorenz.config import AgentKindSettings, HooksSettings, WorkerSettings
 from lorenz.model import AgentUpdate, Issue, LorenzError, SpawnIntent
@@ -89,3 +89,30 @@ class AgentRunResult:
 
 class AgentRunner(Protocol):
     async def run(self, request: AgentRunRequest) -> AgentRunResult: ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class DroppedAdoption:
+    """A lost controller's run whose adoption was dropped: its issue is no longer a candidate
+    (terminal, inactive, gone, blocked), so its worker is cancelled instead of followed."""
+
+    issue: Issue
+    """The issue as last read (a stand-in with the stored id and identifier when it is gone)."""
+    slot_index: int
+    resume: SpawnIntent
+    """The spawn intent the lost controller recorded: the worker's handle and last seq."""
+    placement: RunPlacement | None = None
+    """Where the worker runs (``None``: this machine)."""
+    reason: str
+    """Why the run ends: the worker journals it with the cancellation."""
+
+
+@runtime_checkable
+class AdoptionCanceller(Protocol):
+    """A runner that places runs in workers can also cancel one it will not adopt."""
+
+    async def cancel_adoption(self, dropped: DroppedAdoption) -> bool:
+        """Cancel the worker of ``dropped`` with its reason and wait, bounded, for its final
+        record. ``True`` once the run is over (final record collected, or the worker gone);
+        ``False`` when its worker cannot be reached or is not this slot's (it may still run)."""
+        ...

@@ -833,11 +833,13 @@ class WorkerSettings(Section):
     start_timeout_ms: PositiveInt = Field(default=120000, json_schema_extra=_reload("new-runs"))
     """How long a run's Pod may take to be scheduled, pull its image and serve the worker
     (``kind: pod``); past it the Pod is deleted and the run fails with the reason."""
-    detached: bool = Field(default=False, json_schema_extra=_reload("restart"))
-    """Run each agent session in a detached ``lorenz worker`` (its own session, journal and
-    socket) that outlives this process: after a crash or ``kill -9`` the next start adopts a
-    still-running worker of the same issue and slot instead of starting the agent again. Off:
-    agents are children of this process and die with it (see docs/runs.md)."""
+    detached: bool | None = Field(default=None, json_schema_extra=_reload("restart"))
+    """Whether each run on this machine executes in a detached ``lorenz worker`` (its own
+    session, journal and socket) that outlives this process: after a crash, ``kill -9`` or
+    upgrade the next start adopts it instead of starting the agent again. Unset: the mode's
+    default. A single host (plain ``lorenz``, ``--once``, the daemon) always uses workers and
+    refuses ``false`` (``worker_detached_false``); the operator keeps runs in its process
+    unless ``true`` (see docs/runs.md)."""
 
     @pydantic.field_validator("service_account_name")
     @classmethod

@@ -16,7 +16,7 @@ import os
 import signal
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Final, Protocol
 
 from lorenz.assembly import assemble_runtime, tracker_factory
 from lorenz.claims import SqlClaimStore, open_claim_store, workflow_digest
@@ -26,14 +26,26 @@ from lorenz.daemon import shutdown
 from lorenz.daemon.daemons import Daemon, wants_daemon, with_control_transport
 from lorenz.daemon.orphans import dead_owners_of, kill_orphans, marked_environment
 from lorenz.daemon.recovery import RecoveryPasses
-from lorenz.model import ClaimStore, SystemClock
+from lorenz.model import ClaimStore, SpawnIntents, SystemClock
 from lorenz.orchestrator import Orchestrator
 from lorenz.runtime import LorenzRuntime
 from lorenz.tasks import install_child_watcher, start_up_objects_frozen
 from lorenz.trackers import TrackerClient
-from lorenz.workflow import LoadedWorkflow, load_workflow, validate_dispatch
+from lorenz.workers.states import state_root_of
+from lorenz.workflow import LoadedWorkflow, WorkflowError, load_workflow, validate_dispatch
 
 logger = logging.getLogger("lorenz.daemon")
+
+IN_PROCESS_RUNS_ENV: Final = "LORENZ_TEST_IN_PROCESS_RUNS"
+"""Test-only: ``1`` runs agents inside this process instead of in detached workers, for the
+suite's tests that are about something else (no worker start per run). Not a setting and not
+supported: agents then die with ``lorenz``, and a restart runs their issues again."""
+
+
+class InProcessRunsRefused(WorkflowError):
+    """``worker.detached: false`` on a single host, where runs always execute in workers."""
+
+    code = "worker_detached_false"
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -75,6 +87,26 @@ run together, without importing layer-7 modules that a minimal install may not n
 """
 
 
+async def _inherit_workers(store: ClaimStore, *, workflow: str, root: Path) -> None:
+    """Give a fresh memory store the claims its predecessor's workers stand for.
+
+    NB: the memory store forgot the lost controller's runs; their workers did not. Written
+    before hydration, these claims make it adopt, settle or cancel them exactly as a durable
+    store's would (see :mod:`lorenz.workers.inheritance`).
+    """
+    from lorenz.workers.inheritance import inherited_claims
+
+    for record in await inherited_claims(root=root, workflow=workflow, owner=store.owner):
+        if await store.acquire(record) and isinstance(store, SpawnIntents):
+            assert record.intent is not None
+            await store.record_intent(record.slot_key, record.intent)
+            logger.info(
+                "worker of a lost controller found handle=%s issue=%s",
+                record.intent.handle,
+                record.identifier,
+            )
+
+
 def load(options: HostOptions) -> LoadedWorkflow:
     """Load and validate the workflow; coded errors propagate (exit 2)."""
     loaded = load_workflow(
@@ -84,6 +116,11 @@ def load(options: HostOptions) -> LoadedWorkflow:
         environ=options.environ,
     )
     validate_dispatch(loaded.settings)
+    if loaded.settings.worker.detached is False:
+        raise InProcessRunsRefused(
+            "worker.detached: false is refused: runs on a single host always execute in "
+            "detached workers (docs/runs.md); delete worker.detached or set it to true"
+        )
     for warning in loaded.warnings:
         logger.warning("%s", warning)
     return loaded
@@ -130,6 +167,12 @@ async def run_host(
         # a process took over and then died before sweeping is no longer named by the store.
         workflow_key = workflow_digest(loaded.canonical_path)
         await asyncio.to_thread(lambda: kill_orphans(dead_owners_of(workflow_key)))
+        environ = options.environ if options.environ is not None else os.environ
+        workers = environ.get(IN_PROCESS_RUNS_ENV) != "1"
+        if workers and not store.durable and not options.dry_run:
+            await _inherit_workers(
+                store, workflow=str(loaded.path), root=state_root_of(environ)
+            )
         orchestrator = Orchestrator(settings=settings, store=store, clock=SystemClock())
         report = await orchestrator.hydrate()
         logger.info(
@@ -144,11 +187,7 @@ async def run_host(
         # Processes of the owners just taken over may outlive them: none may still work on
         # an issue when it is dispatched again (see lorenz.daemon.orphans).
         await asyncio.to_thread(kill_orphans, report.taken_over_from - {owner})
-        base_env = marked_environment(
-            options.environ if options.environ is not None else os.environ,
-            owner=owner,
-            workflow_key=workflow_key,
-        )
+        base_env = marked_environment(environ, owner=owner, workflow_key=workflow_key)
         runtime = assemble_runtime(
             workflow=loaded,
             orchestrator=orchestrator,
@@ -164,15 +203,16 @@ async def run_host(
             prove_leadership=daemon.prove if daemon is not None else None,
             claim_store=store,
             generation=(lambda: daemon.generation) if daemon is not None else None,
+            workers=workers,
         )
         graceful = shutdown.GracefulStop(
             runtime=runtime,
             grace_s=options.grace_seconds,
             force_kill=options.force_kill,
-            # NB: only a durable claim store keeps the intent a successor adopts from; with
-            # the memory store a worker left running would be started a second time beside.
-            hand_over=settings.worker.detached
-            and settings.claim_store.backend is not ClaimStoreBackend.MEMORY,
+            # NB: only with a durable claim store: a successor could adopt from the state root
+            # too, but a plain ``lorenz`` stopped by its user (Ctrl-C, the demo) may have none,
+            # and must leave nothing running.
+            hand_over=workers and settings.claim_store.backend is not ClaimStoreBackend.MEMORY,
         )
         # NB: before any attachment starts: once the daemon's endpoint is published, SIGTERM
         # must already mean a graceful stop.

@@ -31,7 +31,7 @@ import psutil
 
 from lorenz.claims.owners import Liveness, OwnerId, owner_liveness
 from lorenz.daemon.errors import DaemonOrphansAlive
-from lorenz.workers.worker import HANDLE_ENV
+from lorenz.workers.states import HANDLE_ENV
 
 __all__ = [
     "OWNER_ENV",

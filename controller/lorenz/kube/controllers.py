@@ -543,6 +543,9 @@ class WorkflowController:
             worker_env=self._base_env,
             leave_workers=(lambda: departure.reason) if departure is not None else None,
             pods=functools.partial(self._pod_runner, workflow=str(loaded.path)),
+            # NB: in process unless the Workflow asks for workers (worker.detached: true);
+            # unset keeps the operator's runs in its process (docs/operator.md).
+            workers=settings.worker.detached is True,
         )
         self._departure = departure
         # NB: Kubernetes Events and the continuation count read the event's wire form.

@@ -125,6 +125,10 @@ class Polling:
             eligible = await self._runtime._orchestrator.eligible_issues(candidates)
             report = self._runtime._orchestrator.last_eligibility
             self._runtime._reporting.eligibility(report)
+            if report.pruned:
+                await self._runtime._reconciling.cancel_dropped_adoptions(
+                    report.pruned, issues=self._runtime._candidate_cache, reason="not_a_candidate"
+                )
             self._runtime._blocking.after_eligibility(report)
             self._runtime._last_candidates = len(candidates)
             self._runtime._last_eligible = len(eligible)

@@ -9,18 +9,32 @@ go. Stopping runs from outside (a deleted ``Claim``) lives here too.
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lorenz.model import EventType, Issue, LorenzError, RunOutcome, SlotKey, parse_slot_key
+from lorenz.agents import AdoptionCanceller, DroppedAdoption, RunPlacement
+from lorenz.model import (
+    EventType,
+    Issue,
+    LorenzError,
+    RetryEntry,
+    RunOutcome,
+    SlotKey,
+    parse_slot_key,
+)
 from lorenz.orchestrator import Released
 from lorenz.policies import StopReason
 from lorenz.runtime.reporting import describe_error
 from lorenz.runtime.runs import AbortReason, ActiveRun, TerminalGrace
-from lorenz.workspaces import PRESERVING_CODES, WorkspaceCleanupError
+from lorenz.workspaces import PRESERVING_CODES, Workspace, WorkspaceCleanupError
+from lorenz.workspaces.keys import workspace_key
 
 if TYPE_CHECKING:
     from lorenz.runtime.runtime import LorenzRuntime
+
+logger = logging.getLogger("lorenz.runtime")
 
 
 class Reconciling:
@@ -64,7 +78,11 @@ class Reconciling:
         self._runtime._startup_cleanup_done = True
         try:
             on_disk = self._runtime._workspaces.list_workspaces()
-            ids = sorted({w.issue_id for w in on_disk if w.issue_id})
+            # NB: not the workspaces of issues with a slot here (hydration's adoption retries):
+            # a lost controller's worker may still work in one; reconciliation stops such a
+            # run first and removes its workspaces after.
+            tracked = self._runtime._orchestrator.tracked_issue_ids()
+            ids = sorted({w.issue_id for w in on_disk if w.issue_id} - tracked)
             if not ids:
                 return
             issues = await self._runtime._tracker.fetch_issues_by_ids(ids)
@@ -228,6 +246,10 @@ class Reconciling:
         released = await self._runtime._orchestrator.cleanup_issue(issue_id)
         identifier = issue.identifier if issue is not None else released.identifier or issue_id
         self.stopped(released, reason=reason, message=f"run stopped: issue {reason}")
+        # NB: before the workspaces go: a dropped adoption's worker may still work in one.
+        await self.cancel_dropped_adoptions(
+            released.retries, issues={issue_id: issue} if issue is not None else {}, reason=reason
+        )
         for key in list(self._runtime._timers.armed()):
             if key.rsplit("#", 1)[0] == issue_id:
                 self._runtime._timers.cancel(key)
@@ -258,6 +280,7 @@ class Reconciling:
         if not released.aborted and run is None:
             return False
         self.stopped(released, reason=reason, message=f"run stopped: {reason}")
+        await self.cancel_dropped_adoptions(released.retries, issues={}, reason=reason)
         if run is not None:
             # NB: a run the orchestrator no longer holds (it exited, its end not yet decided)
             # is still ours to stop.
@@ -290,6 +313,81 @@ class Reconciling:
                 message=message,
                 reason=reason,
             )
+
+    async def cancel_dropped_adoptions(
+        self, retries: Iterable[RetryEntry], *, issues: Mapping[str, Issue], reason: str
+    ) -> None:
+        """Cancel the workers of the ``adoption`` retries just dropped, and wait for them.
+
+        An adoption retry (hydration's, for a lost controller's run whose worker may live on)
+        dropped because its issue is no longer a candidate would leave that worker running
+        beside nobody, until its next turn boundary went unanswered. Instead its worker is
+        cancelled through its handle with the reason, its final record awaited (bounded), and
+        ``after_run`` runs as for any cancelled run (here for a local worker; the worker runs
+        it itself on an SSH host). The claim was released with the retry. ``issues``: the
+        issues as last read, by id (a dropped retry whose issue is missing gets a stand-in).
+        """
+        dropped = [retry for retry in retries if retry.resume is not None]
+        if dropped:
+            await asyncio.gather(
+                *(
+                    self._cancel_dropped(retry, issue=issues.get(retry.issue_id), reason=reason)
+                    for retry in dropped
+                )
+            )
+
+    async def _cancel_dropped(self, retry: RetryEntry, *, issue: Issue | None, reason: str) -> None:
+        resume = retry.resume
+        assert resume is not None
+        settings = self._runtime.settings
+        subject = issue or Issue(
+            id=retry.issue_id, identifier=retry.identifier, title="", state=""
+        )
+        placement = (
+            RunPlacement(host=resume.placement, hooks=settings.hooks, worker=settings.worker)
+            if resume.placement is not None
+            else None
+        )
+        runner = self._runtime._runner_factory(settings.agent_kind().protocol)
+        if not isinstance(runner, AdoptionCanceller):
+            return  # in-process runners: no worker to cancel
+        dropped = DroppedAdoption(
+            issue=subject,
+            slot_index=retry.slot_index,
+            resume=resume,
+            placement=placement,
+            reason=f"{reason}: the run of a lost controller is not adopted",
+        )
+        try:
+            over = await runner.cancel_adoption(dropped)
+        except Exception:
+            # Logged, not raised: the slot is released either way; at worst the worker ends at
+            # its next turn boundary, unanswered.
+            logger.exception("cancelling a dropped adoption failed handle=%s", resume.handle)
+            return
+        self._runtime._reporting.event(
+            EventType.RUN_CANCELED,
+            issue=subject,
+            slot=retry.slot_index,
+            attempt=retry.attempt,
+            message=f"the worker of a lost controller was {'' if over else 'not '}cancelled "
+            f"({reason}): its run is not adopted",
+            reason=reason,
+        )
+        if over and placement is None:
+            path = (
+                Path(retry.workspace_path)
+                if retry.workspace_path
+                else self._runtime._workspaces.path_for(subject, slot_index=retry.slot_index)
+            )
+            workspace = Workspace(
+                path=path,
+                key=workspace_key(subject.identifier),
+                created_now=False,
+                issue=subject,
+                slot_index=retry.slot_index,
+            )
+            await self._runtime._workspaces.after_run(workspace, attempt=retry.attempt)
 
     def grace_keys(self, issue_id: str) -> set[SlotKey]:
         grace = self._runtime._graces.get(issue_id)

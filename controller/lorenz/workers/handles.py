@@ -33,8 +33,13 @@ from lorenz.workers.launch import (
 )
 from lorenz.workers.protocol import LINE_LIMIT_BYTES, SOCKET_NAME
 from lorenz.workers.spec import RunSpec
-from lorenz.workers.states import Probe, ProbeState, default_state_root, probe_local
-from lorenz.workers.worker import HANDLE_ENV
+from lorenz.workers.states import (
+    HANDLE_ENV,
+    Probe,
+    ProbeState,
+    default_state_root,
+    probe_local,
+)
 
 logger = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ from typing import Final
 
 import psutil
 
-from lorenz.workers.worker import HANDLE_ENV
+from lorenz.workers.states import HANDLE_ENV
 
 logger = logging.getLogger(__name__)
 

@@ -4,8 +4,8 @@ The orchestrator decides *where* (a host of ``worker.ssh_hosts`` under its per-h
 this machine); this module turns that decision into a process on that machine. A run placed on
 an SSH host is always a worker there — its workspace, hooks and agent live on the host, and only
 its journal, tool calls and cancel travel over ssh — so the controller never touches the remote
-filesystem itself. A run on this machine stays what the workflow asks for: an in-process runner,
-or (``worker.detached``) a local worker.
+filesystem itself. A run on this machine is a local worker (or, in the operator and in tests
+that ask for it, an in-process runner).
 
 :class:`PlacingRunner` is the one :class:`~lorenz.agents.AgentRunner` the runtime is given; it
 looks at each request's :class:`~lorenz.agents.RunPlacement` and hands the request on. The SSH
@@ -24,10 +24,12 @@ from pathlib import PurePosixPath
 from typing import Final
 
 from lorenz.agents import (
+    AdoptionCanceller,
     AgentRunError,
     AgentRunner,
     AgentRunRequest,
     AgentRunResult,
+    DroppedAdoption,
     RunPlacement,
 )
 from lorenz.config import AgentProtocol, WorkerKind, WorkerSettings, WorkflowSettings
@@ -164,6 +166,13 @@ class SshWorkerRunner(WorkerRunner):
             if self.last_handle is not None:
                 await self.ssh.close_forward(self.last_handle.handle)
 
+    async def cancel_adoption(self, dropped: DroppedAdoption) -> bool:
+        try:
+            return await super().cancel_adoption(dropped)
+        finally:
+            if self.last_handle is not None:
+                await self.ssh.close_forward(self.last_handle.handle)
+
 
 class PlacingRunner:
     """Hands each request to the runner for where it is placed."""
@@ -187,23 +196,31 @@ class PlacingRunner:
         self.last_runner: AgentRunner | None = None
 
     async def run(self, request: AgentRunRequest) -> AgentRunResult:
-        placement = request.placement
-        runner: AgentRunner
+        runner = self._runner_for(request.placement)
+        self.last_runner = runner
+        return await runner.run(request)
+
+    async def cancel_adoption(self, dropped: DroppedAdoption) -> bool:
+        """Cancel a dropped adoption's worker where it runs (``False``: an in-process runner
+        has no workers to cancel)."""
+        runner = self._runner_for(dropped.placement)
+        if not isinstance(runner, AdoptionCanceller):
+            return False
+        return await runner.cancel_adoption(dropped)
+
+    def _runner_for(self, placement: RunPlacement | None) -> AgentRunner:
         if placement is None:
-            runner = self.local(self.protocol)
-        elif placement.worker.kind is WorkerKind.POD:
+            return self.local(self.protocol)
+        if placement.worker.kind is WorkerKind.POD:
             if self.pods is None:
                 raise PodRunnerUnavailable(
                     "worker.kind: pod places runs in Pods, which only the Kubernetes operator "
                     "does; use worker.kind: local here"
                 )
-            runner = self.pods(placement)
-        else:
-            runner = SshWorkerRunner(
-                workflow=self.workflow,
-                transport=self.transports.transport(placement.host, worker=placement.worker),
-                placement=placement,
-            )
-        self.last_runner = runner
-        return await runner.run(request)
+            return self.pods(placement)
+        return SshWorkerRunner(
+            workflow=self.workflow,
+            transport=self.transports.transport(placement.host, worker=placement.worker),
+            placement=placement,
+        )
 

@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from lorenz.agents import AgentRunError, AgentRunRequest, AgentRunResult
+from lorenz.agents import AgentRunError, AgentRunRequest, AgentRunResult, DroppedAdoption
 from lorenz.model import (
     AgentUpdate,
     SlotKey,
@@ -59,6 +59,9 @@ from lorenz.workers.launch import WorkerLaunchError
 from lorenz.workers.leftovers import kill_leftovers
 from lorenz.workers.spec import HookSpec, IssueSpec, RunSpec, is_handle
 from lorenz.workers.states import (
+    COLLECTED_NAME as COLLECTED_NAME,  # NB: re-exported: tests and tools import it from here
+)
+from lorenz.workers.states import (
     DEFAULT_RETENTION_S,
     SPEC_NAME,
     ProbeState,
@@ -68,9 +71,6 @@ from lorenz.workers.states import (
 
 logger = logging.getLogger(__name__)
 
-COLLECTED_NAME: Final = "collected"
-"""Marker written into a state directory once a controller collected the final record."""
-
 CANCEL_WAIT_S: Final = 60.0
 
 MAX_RUNS_PER_ATTEMPT: Final = 10_000
@@ -78,6 +78,9 @@ MAX_RUNS_PER_ATTEMPT: Final = 10_000
 QUARANTINE_PROBE_S: Final = 5.0
 
 _leaving: str | None = None
+
+_pruned_roots: set[Path] = set()
+"""State roots whose old state directories this process has removed already."""
 
 
 def leave_workers_running(*, reason: str) -> None:
@@ -214,7 +217,8 @@ class WorkerRunner:
         self.last_handle: WorkerHandle | None = None
         """The handle of the newest run (for tests and diagnostics)."""
         self.retention_s = retention_s
-        """Finished runs' state directories older than this are removed (once per runner)."""
+        """Finished runs' state directories older than this are removed (by the first run of
+        this process on the state root)."""
         self.intents = intents
         """Where the slot's spawn intent is recorded (the claim store), if anywhere."""
         self.placement = placement
@@ -229,7 +233,10 @@ class WorkerRunner:
         """Why this controller's runs leave their workers running when cancelled (``None``:
         they cancel them) — the per-runtime form of :func:`leave_workers_running`, for a
         process that leads several workflows and hands over one of them (the operator)."""
-        self._pruned = False
+
+    def _leaves_workers(self) -> bool:
+        """Whether a cancelled run leaves its worker running (for the next controller)."""
+        return _leaving is not None or (self.leaving is not None and self.leaving() is not None)
 
     def spec_for(self, request: AgentRunRequest, *, run: int = 0) -> RunSpec:
         tools = request.tools.tool_specs() if request.tools is not None else []
@@ -257,9 +264,11 @@ class WorkerRunner:
     async def run(self, request: AgentRunRequest) -> AgentRunResult:
         handlers = CallHandlers(tools=request.tools, issue_active=request.issue_is_active)
         root = getattr(self.transport, "state_root", None)
-        if not self._pruned and isinstance(root, Path):
-            self._pruned = True
-            prune_state_dirs(root, older_than_s=self.retention_s)
+        if isinstance(root, Path) and root not in _pruned_roots:
+            # NB: once per state root and process, not per runner: the runtime builds a runner
+            # for every dispatch, and a week of runs is a long directory to walk each time.
+            _pruned_roots.add(root)
+            await asyncio.to_thread(prune_state_dirs, root, older_than_s=self.retention_s)
         recorder = (
             IntentRecorder(
                 store=self.intents,
@@ -270,7 +279,9 @@ class WorkerRunner:
             if self.intents is not None
             else None
         )
-        adopted = self._adoptable(request)
+        adopted = self._adoptable(
+            request.resume, issue_id=request.issue.id, slot=request.slot_index
+        )
         last_seq = 0
         if adopted is not None:
             assert request.resume is not None
@@ -285,7 +296,11 @@ class WorkerRunner:
             if recorder is not None:
                 await recorder.require(self.spec_for(request).handle, SpawnPhase.PROVISIONING)
             found = await self._predecessor(request)
-            name = found if found is not None else await self._start(request, recorder=recorder)
+            name = (
+                found
+                if found is not None
+                else await self._start_or_cancel(request, recorder=recorder, handlers=handlers)
+            )
         handle = WorkerHandle(
             transport=self.transport,
             handle=name,
@@ -309,7 +324,7 @@ class WorkerRunner:
                 final = await asyncio.shield(follow)
                 break
             except asyncio.CancelledError:
-                if _leaving is not None or (self.leaving is not None and self.leaving()):
+                if self._leaves_workers():
                     follow.cancel()  # NB: the worker goes on; the next controller adopts it
                 else:
                     await self._cancel(handle, follow)
@@ -342,6 +357,34 @@ class WorkerRunner:
             await recorder.flush()
         self._mark_collected(name)
         return _result_of(final)
+
+    async def _start_or_cancel(
+        self, request: AgentRunRequest, *, recorder: IntentRecorder | None, handlers: CallHandlers
+    ) -> str:
+        """:meth:`_start`; a run cancelled meanwhile cancels the worker the launch started.
+
+        NB: the worker serves (and its agent may have started) before the launch command
+        returns; a cancellation in between must not leave that worker running unwatched.
+        """
+        start = asyncio.ensure_future(self._start(request, recorder=recorder))
+        try:
+            return await asyncio.shield(start)
+        except asyncio.CancelledError:
+            if self._leaves_workers():
+                raise  # NB: the worker goes on; the next controller adopts it
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(start, timeout=CANCEL_WAIT_S)
+            if start.done() and not start.cancelled() and start.exception() is None:
+                handle = WorkerHandle(
+                    transport=self.transport,
+                    handle=start.result(),
+                    handlers=handlers,
+                    unknown_patience_s=self.unknown_patience_s,
+                    heartbeat_s=self.heartbeat_s,
+                )
+                self.last_handle = handle
+                await self._cancel(handle, asyncio.ensure_future(handle.follow(_ignore)))
+            raise
 
     async def _start(
         self, request: AgentRunRequest, *, recorder: IntentRecorder | None = None
@@ -395,14 +438,62 @@ class WorkerRunner:
         else:
             follow.cancel()
 
-    def _adoptable(self, request: AgentRunRequest) -> str | None:
-        """The handle of ``request.resume`` if it may be adopted for this request's slot.
+    async def cancel_adoption(self, dropped: DroppedAdoption) -> bool:
+        """Cancel the worker a dropped adoption would have followed; see
+        :class:`~lorenz.agents.AdoptionCanceller`.
+
+        The worker is followed after the intent's ``last_seq`` (nothing is relayed: no slot
+        waits for it), asked to cancel with ``dropped.reason``, and waited for — bounded — until
+        its final record; the worker then runs its own cleanup (``after_run`` when the spec
+        carries it) as for any cancellation. A worker that already ended is only collected.
+        """
+        name = self._adoptable(dropped.resume, issue_id=dropped.issue.id, slot=dropped.slot_index)
+        if name is None:
+            return False
+        handle = WorkerHandle(
+            transport=self.transport,
+            handle=name,
+            handlers=CallHandlers(issue_active=_never_active),
+            last_seq=dropped.resume.last_seq,
+            unknown_patience_s=self.unknown_patience_s,
+            heartbeat_s=self.heartbeat_s,
+        )
+        self.last_handle = handle
+        follow = asyncio.ensure_future(handle.follow(_ignore))
+        try:
+            # NB: sent before the follow attached is fine (the cancel opens its own
+            # connection); a worker that already ended answers nothing and is only collected.
+            await handle.cancel(dropped.reason)
+            final = await asyncio.wait_for(asyncio.shield(follow), timeout=CANCEL_WAIT_S)
+        except WorkerGone:
+            await self._kill_leftovers(name)  # NB: its agent may outlive it, working on
+            logger.info("dropped adoption: the worker is gone handle=%s", name)
+            return True
+        except (WorkerUnknown, TimeoutError) as exc:
+            follow.cancel()
+            logger.warning(
+                "dropped adoption: the worker could not be cancelled handle=%s: %s", name, exc
+            )
+            return False
+        except BaseException:
+            follow.cancel()
+            raise
+        self._mark_collected(name)
+        logger.info(
+            "dropped adoption: the worker ended handle=%s outcome=%s reason=%s",
+            name,
+            final.data.get("outcome"),
+            dropped.reason,
+        )
+        return True
+
+    def _adoptable(self, resume: SpawnIntent | None, *, issue_id: str, slot: int) -> str | None:
+        """The handle of ``resume`` if it may be adopted (or cancelled) for this slot.
 
         NB: the intent comes from the claim store; a handle that is malformed, or whose local
         run spec names another workflow, issue or slot, is never attached to (the run then
         starts as usual, beside nothing: such a worker is not this slot's).
         """
-        resume = request.resume
         if resume is None:
             return None
         if not is_handle(resume.handle):
@@ -411,18 +502,18 @@ class WorkerRunner:
         root = getattr(self.transport, "state_root", None)
         if isinstance(root, Path):
             spec = _read_spec(root / resume.handle)
-            if spec is not None and not self._spec_matches(spec, request):
+            if spec is not None and not self._spec_matches(spec, issue_id=issue_id, slot=slot):
                 logger.warning(
                     "not adopting worker handle=%s: it runs another slot", resume.handle
                 )
                 return None
         return resume.handle
 
-    def _spec_matches(self, spec: dict[str, Any], request: AgentRunRequest) -> bool:
+    def _spec_matches(self, spec: dict[str, Any], *, issue_id: str, slot: int) -> bool:
         return (
             spec.get("workflow") == self.workflow
-            and (spec.get("issue") or {}).get("id") == request.issue.id
-            and spec.get("slot_index") == request.slot_index
+            and (spec.get("issue") or {}).get("id") == issue_id
+            and spec.get("slot_index") == slot
         )
 
     async def _predecessor(self, request: AgentRunRequest) -> str | None:
@@ -430,14 +521,21 @@ class WorkerRunner:
         root = getattr(self.transport, "state_root", None)
         if not isinstance(root, Path):
             return None
-        candidates = []
-        for name in list_handles(root):
-            if (root / name / COLLECTED_NAME).exists():
-                continue
-            spec = _read_spec(root / name)
-            if spec is not None and self._spec_matches(spec, request):
-                candidates.append(name)
-        for name in candidates:
+
+        def uncollected_of_this_slot() -> list[str]:
+            found = []
+            for name in list_handles(root):
+                if (root / name / COLLECTED_NAME).exists():
+                    continue
+                spec = _read_spec(root / name)
+                if spec is not None and self._spec_matches(
+                    spec, issue_id=request.issue.id, slot=request.slot_index
+                ):
+                    found.append(name)
+            return found
+
+        # NB: off the event loop: the state root holds every run of the retention window.
+        for name in await asyncio.to_thread(uncollected_of_this_slot):
             probe = await self.transport.probe(name)
             if probe.state in (ProbeState.ALIVE, ProbeState.FINAL):
                 logger.info("adopting the worker of an earlier controller handle=%s", name)
@@ -458,6 +556,15 @@ class WorkerRunner:
             with contextlib.suppress(OSError):
                 fd = os.open(root / name / COLLECTED_NAME, os.O_WRONLY | os.O_CREAT, 0o600)
                 os.close(fd)
+
+
+async def _never_active() -> bool:
+    # NB: a run being cancelled starts no new turn, whatever its worker asks meanwhile.
+    return False
+
+
+def _ignore(record: Record) -> None:
+    del record  # nobody waits for a dropped adoption's records: they stay in its journal
 
 
 def _read_spec(state_dir: Path) -> dict[str, Any] | None:

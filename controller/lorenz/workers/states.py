@@ -26,6 +26,7 @@ import os
 import shutil
 import stat
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
@@ -45,8 +46,18 @@ from lorenz.workers.spec import RunSpec, is_handle
 SPEC_NAME: Final = "spec.json"
 STATUS_NAME: Final = "worker.json"
 LOG_NAME: Final = "worker.log"
+COLLECTED_NAME: Final = "collected"
+"""Marker written into a state directory once a controller collected the final record."""
 
 PROBE_TIMEOUT_S: Final = 5.0
+
+STATE_ROOT_ENV: Final = "LORENZ_WORKER_STATE"
+"""Names the state root (default ``~/.lorenz/workers``)."""
+
+HANDLE_ENV: Final = "LORENZ_WORKER_HANDLE"
+"""Set in the environment of the worker itself, its agent and its hooks: the run's handle. A
+process carrying it belongs to a worker — adopt or cancel it through the handle, never kill it
+as an orphan."""
 
 
 class WorkerStateError(LorenzError):
@@ -98,10 +109,17 @@ class Probe:
 
 def default_state_root() -> Path:
     """``$LORENZ_WORKER_STATE`` or ``~/.lorenz/workers``: short, so socket paths fit."""
-    configured = os.environ.get("LORENZ_WORKER_STATE")
+    return state_root_of(os.environ)
+
+
+def state_root_of(environ: Mapping[str, str]) -> Path:
+    """The state root ``environ`` names: its ``LORENZ_WORKER_STATE``, else
+    ``$HOME/.lorenz/workers`` (this user's home when ``environ`` has no ``HOME``)."""
+    configured = environ.get(STATE_ROOT_ENV)
     if configured:
         return Path(configured)
-    return Path.home() / ".lorenz" / "workers"
+    home = environ.get("HOME")
+    return (Path(home) if home else Path.home()) / ".lorenz" / "workers"
 
 
 def create_state_dir(root: Path, handle: str) -> Path:

@@ -56,14 +56,10 @@ from lorenz.workers.protocol import (
     read_message,
 )
 from lorenz.workers.spec import RunSpec
-from lorenz.workers.states import SPEC_NAME, STATUS_NAME, WorkerStateError
+from lorenz.workers.states import HANDLE_ENV, SPEC_NAME, STATUS_NAME, WorkerStateError
 from lorenz.workspaces import HookName, run_hook
 
 logger = logging.getLogger(__name__)
-
-HANDLE_ENV: Final = "LORENZ_WORKER_HANDLE"
-"""Set in the environment of the agent and the hooks: the run's handle. A process carrying it
-belongs to a worker — adopt or cancel it through the handle, never kill it as an orphan."""
 
 QUEUE_LIMIT: Final = 100_000
 """Live messages queued for one client before it is dropped (it re-attaches from its seq)."""
