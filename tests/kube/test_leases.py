@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import logging
 import re
 
 import pytest
@@ -207,3 +208,31 @@ def test_inconsistent_timings_are_refused(duration: int, deadline: float, period
     with pytest.raises(InvalidOperatorSettings) as caught:
         LeaseTiming(lease_duration_s=duration, renew_deadline_s=deadline, retry_period_s=period)
     assert caught.value.code == "invalid_operator_settings"
+
+
+async def test_a_renewal_that_times_out_names_the_timeout_in_its_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import socket
+
+    import kubernetes.client
+
+    # An API server that accepts the connection and never answers.
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    configuration = kubernetes.client.Configuration()
+    configuration.host = f"http://127.0.0.1:{silent.getsockname()[1]}"
+    api = KubeApi(configuration)
+    try:
+        lease = KubernetesLeaseProvider(api=api, namespace="ops", name="lorenz-shard-0",
+                                        identity="op-a")
+        with caplog.at_level(logging.WARNING, logger="lorenz.kube.leases"):
+            assert not await lease.renew()
+    finally:
+        await api.close()
+        silent.close()
+    warnings = [r.getMessage() for r in caplog.records if "renew failed" in r.getMessage()]
+    assert warnings, caplog.text
+    # It once said "error=" and nothing more (a TimeoutError has no message).
+    assert all(w.endswith("error=TimeoutError()") for w in warnings), warnings
