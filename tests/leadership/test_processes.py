@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from lorenz.leadership import FileLeaseProvider, LeaseRecord, lease_path, read_lease_file
 
 REPO = Path(__file__).resolve().parents[2]
 RACERS = 20
+PARENT_EXIT_S = 120.0
+"""Hang protection only: the racers' parent exits once it reaped its killed winner."""
 
 
 def spawn(*args: str) -> subprocess.Popen[str]:
@@ -44,44 +49,56 @@ def tell(child: subprocess.Popen[str], line: str) -> None:
     child.stdin.flush()
 
 
-def race_once(workflow: Path) -> tuple[subprocess.Popen[str], list[Any]]:
-    """Start RACERS processes, release them together; return the winner and all reports."""
-    children = [spawn("race", str(workflow)) for _ in range(RACERS)]
+def race_once(workflow: Path) -> tuple[subprocess.Popen[str], int, list[Any]]:
+    """Fork RACERS processes, release them together.
+
+    Returns the racers' parent, the winner's pid (it holds the lease until killed) and every
+    racer's report.
+    """
+    parent = spawn("race", str(workflow), "--count", str(RACERS))
     try:
-        for child in children:
-            assert expect_line(child) == "ready"
-        for child in children:
-            tell(child, "go")
-        reports = [expect_line(child) for child in children]
+        pids = expect_line(parent)
+        assert len(pids) == RACERS
+        tell(parent, "go")
+        reports = [expect_line(parent) for _ in range(RACERS)]
+        assert sorted(r["pid"] for r in reports) == sorted(pids)
+        winners = [r["pid"] for r in reports if r["won"]]
+        assert len(winners) == 1, reports
+        tell(parent, "exit")  # the losers go; the winner holds the lease
     except BaseException:
-        for child in children:
-            child.kill()
-            child.wait()
+        for pid in pids_of(parent):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        parent.kill()
+        parent.wait()
         raise
-    winners = [c for c, r in zip(children, reports, strict=True) if r["won"]]
-    losers = [c for c, r in zip(children, reports, strict=True) if not r["won"]]
-    for child in losers:
-        tell(child, "exit")
-        child.wait()
-    assert len(winners) == 1, reports
-    return winners[0], reports
+    return parent, winners[0], reports
+
+
+def pids_of(parent: subprocess.Popen[str]) -> list[int]:
+    """The racers the parent forked (still running or not yet reaped)."""
+    with contextlib.suppress(psutil.Error):
+        return [child.pid for child in psutil.Process(parent.pid).children()]
+    return []
 
 
 def run_rounds(workflow: Path, rounds: int) -> None:
     """Race, then SIGKILL the winner (its lock stays behind), and race again over its corpse."""
     for round_ in range(rounds):
-        winner, reports = race_once(workflow)
-        (won,) = [r for r in reports if r["won"]]
-        assert won["transitions"] == round_  # round 0 found no lock; later ones replaced one
-        lost = [r for r in reports if not r["won"]]
-        assert {r["code"] for r in lost} == {"daemon_already_running"}
-        assert {r["owner_pid"] for r in lost} == {winner.pid}
-        record = read_lease_file(lease_path(workflow))
-        assert record is not None
-        assert record.pid == winner.pid
-        winner.send_signal(signal.SIGKILL)
-        winner.wait()
-
+        parent, winner, reports = race_once(workflow)
+        try:
+            (won,) = [r for r in reports if r["won"]]
+            assert won["transitions"] == round_  # round 0 found no lock; later ones replaced
+            lost = [r for r in reports if not r["won"]]
+            assert {r["code"] for r in lost} == {"daemon_already_running"}
+            assert {r["owner_pid"] for r in lost} == {winner}
+            record = read_lease_file(lease_path(workflow))
+            assert record is not None
+            assert record.pid == winner
+        finally:
+            os.kill(winner, signal.SIGKILL)
+        # NB: the racers' parent reaps them all, the winner last, then exits.
+        assert parent.wait(timeout=PARENT_EXIT_S) == 0, parent.communicate()
 
 @pytest.fixture
 def workflow(tmp_path: Path) -> Path:
