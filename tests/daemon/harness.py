@@ -309,6 +309,34 @@ def read_agent_log(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in complete.splitlines() if line]
 
 
+class AgentLogTail:
+    """The agents' marks so far, read incrementally: each :meth:`read` parses only new lines.
+
+    NB: a loop that waits on the log re-reads it often; over a soak the log grows to thousands
+    of lines, and parsing all of them at every check turns the waiting test into a busy loop
+    that starves the daemons it waits for on a loaded 2-core machine.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._offset = 0
+        self._entries: list[dict[str, Any]] = []
+
+    def read(self) -> list[dict[str, Any]]:
+        if not self._path.exists():
+            return self._entries
+        with self._path.open("rb") as stream:
+            stream.seek(self._offset)
+            chunk = stream.read()
+        complete, newline, _partial = chunk.rpartition(b"\n")
+        if newline:
+            self._offset += len(complete) + 1
+            self._entries.extend(
+                json.loads(line) for line in complete.decode("utf-8").splitlines() if line
+            )
+        return self._entries
+
+
 def paired_runs(
     entries: list[dict[str, Any]],
 ) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
