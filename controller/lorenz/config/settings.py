@@ -800,7 +800,8 @@ class WorkerSettings(Section):
     )
     """Cap on running slots per SSH host; unset means no per-host cap."""
     worker_pool: WorkerPoolSettings = Field(default_factory=WorkerPoolSettings)
-    """Pool-governed dispatch."""
+    """Pool-governed dispatch. No shipped runner builds a pool yet, so these keys change
+    nothing today; the reservation step of Pod placement is meant to use them."""
     ssh_config: str | None = Field(
         default=None, json_schema_extra=_reload("hot", **{ENV_KEY: "path"})
     )
