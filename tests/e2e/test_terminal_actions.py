@@ -138,3 +138,57 @@ async def test_a_slot_that_fails_its_budget_with_cancel_moves_the_issue_once(
         "cancel",
         True,
     )
+
+
+async def test_an_escalation_that_failed_halfway_is_finished_by_the_next_poll_without_repeats(
+    tmp_path: Path, linear_server: FakeLinearServer
+) -> None:
+    linear = linear_server
+    issue = linear.add_issue("ENG-1", title="Always fails", state="Todo")
+    install_scenarios(tmp_path, {"ENG-1": {"exit": 1}})
+    # The label lands, then Linear refuses the comment: the action has no receipt, and the
+    # next poll replays it with the same key.
+    linear.fail_next("graphql_errors", operations=["LorenzEscalationComment"])
+    command = f"{python_command(E2E / 'command_agent.py')} {per_issue_scenario_arg(tmp_path)}"
+    workflow = write_workflow(
+        tmp_path,
+        tracker=linear_tracker(linear),
+        agent_kind="e2e",
+        agent={"protocol": "command", "command": command},
+        extra={
+            "polling": {"interval_ms": 200},
+            "retry": {
+                "max_attempts": 1,
+                "terminal_action": "escalate",
+                "escalate": {"comment": True, "label": "needs-human"},
+            },
+        },
+    )
+
+    def stop_once_applied(runtime: LorenzRuntime, event: dict[str, Any]) -> None:
+        if event["type"] == "terminal_action" and event.get("outcome") == "applied":
+            runtime.stop()
+
+    run = await run_host_once(
+        workflow,
+        environ=agent_environ(tmp_path, LINEAR_API_KEY=linear.api_key),
+        once=False,
+        on_event=stop_once_applied,
+        timeout_s=90.0,
+    )
+
+    assert [e["outcome"] for e in run.of_type("terminal_action")] == ["failed", "applied"]
+    assert len(read_jsonl(tmp_path / "workspaces" / "ENG-1" / "runs.jsonl")) == 1
+    [comment] = linear.comments_on(issue.id)
+    assert comment.startswith("<!-- lorenz-escalation: lz-")
+    assert linear.labels_on(issue.id) == ["needs-human"]
+    assert len(linear.requests_for("LorenzAddLabel")) == 1
+    # Both tries carried the same idempotency key.
+    keys = {
+        r.variables["body"].split(" -->", 1)[0]
+        for r in linear.requests_for("LorenzEscalationComment")
+    }
+    assert len(linear.requests_for("LorenzEscalationComment")) == 2
+    assert len(keys) == 1
+    [row] = run.snapshot["blocked"]
+    assert (row["action_done"], row["action_error"]) == (True, None)
