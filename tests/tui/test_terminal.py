@@ -119,6 +119,9 @@ def _start_lorenz(tmux: Tmux, tmp_path: Path, *args: str) -> Path:
         "HOME": str(tmp_path),
         "TERM": "xterm-256color",
         "PYTHONPATH": str(REPO_ROOT / "controller"),
+        # NB: the suite's short private worker state root (tests/conftest.py): under HOME (a
+        # long pytest path) the workers' socket paths pass 107 bytes (worker_socket_path_too_long).
+        "LORENZ_WORKER_STATE": os.environ["LORENZ_WORKER_STATE"],
     }
     assignments = [f"{key}={value}" for key, value in env.items()]
     # NB: SIGTERM here means "stop now" with the run still in flight: no drain window.
