@@ -6,9 +6,19 @@ import datetime
 
 import pytest
 
-from lorenz.model import AgentUpdate, ClaimPhase, ClaimRecord, RetryKind, SlotKey, TokenUsage
+from lorenz.model import (
+    AgentUpdate,
+    ClaimPhase,
+    ClaimRecord,
+    ManualClock,
+    RetryKind,
+    SlotKey,
+    SpawnIntent,
+    SpawnPhase,
+    TokenUsage,
+)
 from lorenz.orchestrator import AlreadyStarted, Orchestrator
-from tests.core.claims_helpers import run
+from tests.core.claims_helpers import retry_of, run
 from tests.core.factories import PoolProbe, SharedClaims, issue, make
 
 K1, K2, K3 = SlotKey("i1#0"), SlotKey("i2#0"), SlotKey("i3#0")
@@ -173,3 +183,56 @@ async def test_hydrating_an_empty_memory_store_changes_nothing() -> None:
         "problems": [],
     }
     await orchestrator.heartbeat()
+
+
+async def _a_run_left_mid_turn(
+    shared: SharedClaims, owner: str, *, failures_before: int
+) -> tuple[Orchestrator, ManualClock]:
+    """``owner`` runs i1 after ``failures_before`` failed runs; its worker is mid-turn."""
+    clock = ManualClock()
+    orchestrator, _, _ = make(store=shared.store(owner), clock=clock)
+    for _ in range(failures_before):
+        await run(orchestrator, issue(1))
+        await orchestrator.finish(K1, normal=False, error="boom")
+        clock.advance(3_600_000)
+    await run(orchestrator, issue(1))
+    return orchestrator, clock
+
+
+@pytest.mark.parametrize("failures_before", [0, 1])
+async def test_an_adopted_run_that_fails_is_numbered_as_without_the_restart(
+    failures_before: int,
+) -> None:
+    """The attempt and the failure count carried across an adoption are those the run had: a
+    first run stays a first run (``None``), so its failure retry is attempt 1 — as for the same
+    run failing under the controller that started it."""
+    twin, twin_clock = await _a_run_left_mid_turn(
+        SharedClaims(), "twin", failures_before=failures_before
+    )
+    without_restart = retry_of(await twin.finish(K1, normal=False, error="boom"))
+    assert without_restart is not None
+
+    shared = SharedClaims()
+    dead, _ = await _a_run_left_mid_turn(shared, "dead", failures_before=failures_before)
+    started_attempt = dead.state.running[K1].attempt
+    shared.rows[K1].intent = SpawnIntent(
+        handle="lzw-I1-s0-a0-g1-0123456789ab", phase=SpawnPhase.RUNNING, generation=1,
+        last_seq=4,
+    )
+    shared.stale.add("dead")
+    ours, _, clock = make(store=shared.store("ours"))
+    report = await ours.hydrate()
+    assert report.adopting == (K1,)
+    retry = ours.state.retry_attempts[K1]
+    assert retry.kind is RetryKind.ADOPTION
+    entry = await run(ours, issue(1))
+    assert entry.attempt == started_attempt, "the adopted run keeps the attempt it started as"
+    assert shared.rows[K1].attempt == started_attempt
+    adopted_failure = retry_of(await ours.finish(K1, normal=False, error="boom"))
+    assert adopted_failure is not None
+    assert (adopted_failure.attempt, adopted_failure.due_at_ms - clock.monotonic_ms()) == (
+        without_restart.attempt,
+        without_restart.due_at_ms - twin_clock.monotonic_ms(),
+    )
+    assert ours.state.failure_streaks.get(K1) == twin.state.failure_streaks.get(K1)
+

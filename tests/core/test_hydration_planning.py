@@ -313,7 +313,8 @@ def test_every_unsettled_spawn_phase_is_probed_and_a_compensated_one_is_a_failur
             assert (retry.kind, retry.attempt, retry.resume) == (RetryKind.FAILURE, 1, None)
             assert retry.due_at_ms == NOW_MS + 10_000
         else:
-            assert (retry.kind, retry.attempt) == (RetryKind.ADOPTION, 1), phase
+            assert (retry.kind, retry.attempt) == (RetryKind.ADOPTION, 0), phase
+            assert retry.run_attempt is None, "a first run is adopted as a first run"
             assert retry.resume is not None
             assert retry.resume.phase is phase
 

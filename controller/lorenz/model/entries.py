@@ -179,6 +179,9 @@ class RetryEntry:
     identifier: str
     slot_index: int
     attempt: int
+    """The attempt number of the run this retry dispatches; ``0`` when that run is the slot's
+    first run again (an ``adoption`` of a first run, or a first run retried without counting
+    because it never started), whose attempt is ``None`` (see :attr:`run_attempt`)."""
     kind: RetryKind
     due_at_ms: float
     """Monotonic deadline in this process."""
@@ -201,6 +204,16 @@ class RetryEntry:
         from lorenz.model.slots import slot_key
 
         return slot_key(self.issue_id, self.slot_index)
+
+    @property
+    def run_attempt(self) -> int | None:
+        """The attempt the dispatched run carries: :attr:`attempt`, ``None`` for ``0``.
+
+        NB: a first run's attempt is ``None`` (the prompt's ``attempt``, the handle, the next
+        failure's number all start from it); a run adopted across a restart keeps it, so its
+        failure retry is numbered as it would have been without the restart.
+        """
+        return self.attempt or None
 
 
 @dataclasses.dataclass(slots=True)

@@ -260,7 +260,9 @@ def retry_of_recovered(
             issue_id=record.issue_id,
             identifier=record.identifier,
             slot_index=record.slot_index,
-            attempt=record.attempt or 1,
+            # NB: the attempt of the run it adopts, as is: ``0`` for a first run (dispatched
+            # as ``None``), so a failure after the adoption is numbered as without the restart.
+            attempt=record.attempt or 0,
             kind=RetryKind.ADOPTION,
             due_at_ms=now_ms,
             due_at=wall,

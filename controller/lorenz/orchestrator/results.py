@@ -41,7 +41,7 @@ class DispatchCandidate(NamedTuple):
     @property
     def attempt(self) -> int | None:
         """The attempt the run would carry: the retry's, or ``None`` for a first run."""
-        return self.retry.attempt if self.retry is not None else None
+        return self.retry.run_attempt if self.retry is not None else None
 
     @property
     def preferred_host(self) -> str | None:

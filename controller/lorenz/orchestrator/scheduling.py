@@ -658,7 +658,7 @@ class Orchestrator:
 
             wall = self._clock.now()
             owner = self._store.owner
-            attempt = current.attempt if current is not None else None
+            attempt = current.run_attempt if current is not None else None
             reservation: ReservationRecord | None = None
             entry: RunningEntry | None = None
             if governed:

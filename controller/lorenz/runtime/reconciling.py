@@ -369,7 +369,7 @@ class Reconciling:
             EventType.RUN_CANCELED,
             issue=subject,
             slot=retry.slot_index,
-            attempt=retry.attempt,
+            attempt=retry.run_attempt,
             message=f"the worker of a lost controller was {'' if over else 'not '}cancelled "
             f"({reason}): its run is not adopted",
             reason=reason,
@@ -387,7 +387,7 @@ class Reconciling:
                 issue=subject,
                 slot_index=retry.slot_index,
             )
-            await self._runtime._workspaces.after_run(workspace, attempt=retry.attempt)
+            await self._runtime._workspaces.after_run(workspace, attempt=retry.run_attempt)
 
     def grace_keys(self, issue_id: str) -> set[SlotKey]:
         grace = self._runtime._graces.get(issue_id)
