@@ -4,8 +4,9 @@
 # kube-controller-manager and kubectl from k8s.io/kubernetes, etcd from go.etcd.io/etcd/server/v3,
 # and the helm CLI (the control plane); kubelet and kube-scheduler from k8s.io/kubernetes,
 # containerd v2 with its runc shim and ctr, runc, the bridge/host-local/loopback CNI plugins and
-# a tiny sandbox ("pause") command (the test node, tests/cluster/node.py). Pins live in
-# tests/cluster/versions.env.
+# a tiny sandbox ("pause") command (the test node, tests/cluster/node.py); the kwok controller
+# from sigs.k8s.io/kwok, with the Stage files of its module (fake nodes: tests/cluster/kwok.py).
+# Pins live in tests/cluster/versions.env.
 #
 # Output: ${LORENZ_K8S_CACHE:-$HOME/.cache/lorenz/k8s}/<K8S_VERSION>/bin/, outside the checkout.
 # Each binary has a stamp (its pin plus a hash of its tools module); when every stamp matches,
@@ -38,7 +39,7 @@ fi
 # they are what most cluster tests need; the node's binaries last).
 names=(etcd kube-apiserver kube-controller-manager kubectl helm
   kube-scheduler kubelet containerd containerd-shim-runc-v2 ctr runc pause
-  bridge host-local loopback)
+  bridge host-local loopback kwok)
 module_of() {
   case "$1" in
     etcd) echo etcd ;;
@@ -49,6 +50,7 @@ module_of() {
     runc) echo runc ;;
     pause) echo pause ;;
     bridge | host-local | loopback) echo cni ;;
+    kwok) echo kwok ;;
   esac
 }
 pin_of() {
@@ -60,6 +62,7 @@ pin_of() {
     runc) echo "runc=$RUNC_VERSION" ;;
     pause) echo "pause=local" ;;
     cni) echo "cni-plugins=$CNI_PLUGINS_VERSION" ;;
+    kwok) echo "kwok=$KWOK_VERSION" ;;
   esac
 }
 # What a binary's stamp must say: its pin and a hash of the sources that produce it (hashed once
@@ -73,7 +76,8 @@ want_stamp() {
   printf '%s %s\n' "$(pin_of "$1")" "${module_hash[$(module_of "$1")]}"
 }
 is_fresh() {
-  [ -x "$bin/$1" ] && [ -f "$stamps/$1" ] && [ "$(cat "$stamps/$1")" = "$(want_stamp "$1")" ]
+  [ -x "$bin/$1" ] && [ -f "$stamps/$1" ] && [ "$(cat "$stamps/$1")" = "$(want_stamp "$1")" ] &&
+    { [ "$1" != kwok ] || [ -f "$bin/kwok-stages/pod-ready.yaml" ]; }
 }
 all_fresh() {
   local n
@@ -183,6 +187,7 @@ prepared_dir() { # module; sets $dir (not printed: a subshell would lose the cac
           "$p/main/bridge" "$p/ipam/host-local" "$p/main/loopback")
         ;;
       pause) prepared[$mod]=$(scratch_copy pause) ;;
+      kwok) prepared[$mod]=$(prepare_tool kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok) ;;
     esac
   fi
   dir=${prepared[$mod]}
@@ -202,6 +207,21 @@ kube_ldflags() {
     flags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$date"
   done
   echo "$flags"
+}
+
+# The kwok controller has no Stages built in (only kwokctl embeds them): copy the ones the fake
+# nodes need from the pinned module (node-initialize; the "fast" Pod Stages: Running at once,
+# deleted at once) next to the binary, where tests/cluster/kwok.py reads them.
+kwok_stages() {
+  local src
+  src=$("$go" mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+  rm -rf "$bin/kwok-stages"
+  mkdir -p "$bin/kwok-stages"
+  cp "$src/kustomize/stage/node/fast/node-initialize.yaml" \
+    "$src/kustomize/stage/pod/fast/pod-ready.yaml" \
+    "$src/kustomize/stage/pod/fast/pod-delete.yaml" "$bin/kwok-stages/"
+  chmod 0644 "$bin/kwok-stages/"*.yaml
 }
 
 build_one() { # name
@@ -246,6 +266,10 @@ build_one() { # name
       prepared_dir pause
       target=.
       ;;
+    kwok)
+      prepared_dir kwok
+      target=sigs.k8s.io/kwok/cmd/kwok
+      ;;
     cni)
       prepared_dir cni
       case "$name" in
@@ -254,6 +278,7 @@ build_one() { # name
       esac
       ;;
   esac
+  if [ "$mod" = kwok ]; then kwok_stages; fi
   (cd "$dir" && CGO_ENABLED=$cgo "$go" build -trimpath -tags="$tags" -ldflags="$ldflags" \
     -o "$bin/.$name.tmp" "$target") >>"$log" 2>&1
   mv -f "$bin/.$name.tmp" "$bin/$name"

@@ -12,6 +12,8 @@ the same `tests.cluster.cluster.Cluster`.
 its own (tests/cluster/node.py) plus kube-scheduler — so Pods run; on kind the cluster's own
 node stands in (images loaded with `kind load image-archive`). `node_images` builds the
 project's image without Docker (tests/cluster/images.py) and loads it into the node.
+`kwok_nodes` (module) adds 100 fake nodes kept by the kwok controller (tests/cluster/kwok.py):
+Pods that tolerate and select them are scheduled there and Running at once, running nothing.
 
 Missing binaries or a control plane that does not come up make every test that uses the
 fixture fail (an error at setup), never skip: a skipped cluster suite looks green.
@@ -39,11 +41,12 @@ from tests.cluster.controlplane import (
     ControlPlaneError,
     runs_root,
 )
+from tests.cluster.kwok import FakeNodes
 from tests.cluster.node import KindNode, Node, NodeError
 
 BACKENDS = ("envtest", "kind")
 _ENV_BACKEND = "LORENZ_TEST_CLUSTER"
-_CLUSTER_FIXTURES = frozenset({"kube_control_plane", "kube_namespace", "kube_node"})
+_CLUSTER_FIXTURES = frozenset({"kube_control_plane", "kube_namespace", "kube_node", "kwok_nodes"})
 
 
 @dataclass
@@ -262,3 +265,53 @@ def node_images(kube_node: Node | KindNode) -> NodeImages:
     if failure is not None:
         pytest.fail(failure, pytrace=False)
     return NodeImages(project=project.ref)
+
+
+@pytest.fixture(scope="module")
+def kwok_nodes(
+    request: pytest.FixtureRequest,
+    kube_control_plane: Cluster,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[FakeNodes]:
+    """100 fake nodes, Ready (see tests.cluster.kwok.FakeNodes); deleted after the module.
+
+    Pods land there only with `FAKE_TOLERATION` and `FAKE_NODE_SELECTOR`. On envtest the
+    control plane's kube-scheduler is started if the test node has not started it yet.
+    """
+    from tests.cluster.scheduler import ensure_scheduler
+
+    state = request.config.stash[_STATE]
+    binaries = Binaries.locate()
+    if state.backend == "kind":
+        work = tmp_path_factory.mktemp("kwok")
+        nodes = FakeNodes(
+            cluster=kube_control_plane, binaries=binaries, directory=work, log_dir=work
+        )
+    else:
+        control_plane = state.control_plane
+        assert control_plane is not None
+        assert control_plane.pki is not None
+        nodes = FakeNodes(
+            cluster=kube_control_plane,
+            binaries=binaries,
+            directory=control_plane.run_dir / "kwok",
+            log_dir=control_plane.log_dir,
+            tls=(control_plane.pki.serving.cert, control_plane.pki.serving.key),
+        )
+    atexit.register(nodes.stop)
+    try:
+        with _terminate_means_interrupt():
+            failure: str | None = None
+            try:
+                if state.backend != "kind":
+                    assert state.control_plane is not None
+                    ensure_scheduler(state.control_plane, binaries)
+                nodes.start()
+            except ControlPlaneError as err:
+                failure = f"kwok fake nodes did not start: {err}"
+            if failure is not None:
+                pytest.fail(failure, pytrace=False)
+            yield nodes
+    finally:
+        nodes.stop()
+        atexit.unregister(nodes.stop)

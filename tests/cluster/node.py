@@ -17,7 +17,8 @@ module adds one, built by tests/cluster/build.sh like the rest:
   and pods reach the API server through forwarders on NODE_IP:6443 and on the `kubernetes`
   Service IP (10.0.0.1:443 — there is no kube-proxy), and the API server reaches the kubelet
   through its egress-selector CONNECT proxy;
-- kube-scheduler runs on the host, next to the API server.
+- kube-scheduler runs on the host, next to the API server (one per control plane, shared with
+  the kwok fake nodes: tests/cluster/scheduler.py).
 
 Logs (containerd, kubelet, kube-scheduler, the namespace set-up) go to the control plane's log
 directory, which the pytest summary prints.
@@ -47,11 +48,11 @@ from tests.cluster.controlplane import (
     ControlPlane,
     ControlPlaneError,
     _die_with_parent,
-    _free_port,
     _Process,
     runs_root,
 )
 from tests.cluster.portforward import Forwarder
+from tests.cluster.scheduler import ensure_scheduler
 
 NODE_NAME = "lorenz-node"
 POD_SUBNET = "10.77.1.0/24"
@@ -475,23 +476,9 @@ state = "{self.dir / "containerd-state"}"
         )
 
     def _start_scheduler(self) -> None:
-        kubeconfig = self._client_kubeconfig(
-            stem="scheduler", user="system:kube-scheduler", groups=(), server=self.cluster.server
-        )
-        self._spawn(
-            "kube-scheduler",
-            [
-                str(self.binaries.path("kube-scheduler")),
-                f"--kubeconfig={kubeconfig}",
-                f"--authentication-kubeconfig={kubeconfig}",
-                f"--authorization-kubeconfig={kubeconfig}",
-                "--authentication-skip-lookup=true",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={_free_port()}",
-                "--leader-elect=false",
-                "--profiling=false",
-            ],
-        )
+        # NB: shared with the kwok fake nodes (tests/cluster/scheduler.py): one per control
+        # plane, stopped with it.
+        ensure_scheduler(self.control_plane, self.binaries)
 
     def _kubelet_config(self) -> str:
         pki = self.control_plane.pki
