@@ -22,14 +22,22 @@ from lorenz.kube.clients import KubeApi
 from lorenz.kube.errors import KubeApiError
 from lorenz.kube.execs import PodExec
 from lorenz.kube.pods import (
+    AGENT_SERVICE_ACCOUNT,
     ANNOTATION_HANDLE,
     LABEL_HANDLE,
     LABEL_ISSUE,
     LABEL_WORKFLOW,
+    AgentAccounts,
     PodTransport,
+    delete_issue_workspaces,
+    delete_workflow_runs,
+    operator_service_account,
     pod_manifest,
     pod_name,
+    spec_claim_name,
     why_not_running,
+    workspace_claim_manifest,
+    workspace_claim_name,
 )
 from lorenz.kube.resources import WorkflowRef
 from lorenz.workers.launch import WorkerLaunchError
@@ -114,6 +122,190 @@ def test_the_pod_is_restricted_tokenless_and_named_after_the_handle() -> None:
     assert container["env"] == [{"name": "HOME", "value": "/home/lorenz"}]
 
 
+def test_the_default_identity_is_lorenz_agent_and_the_workspace_an_empty_dir() -> None:
+    pod = pod_manifest(spec=run_spec(), workflow=WORKFLOW, worker=pod_worker(), image="a:1")
+    assert pod["spec"]["serviceAccountName"] == AGENT_SERVICE_ACCOUNT
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["workspace"] == {"name": "workspace", "emptyDir": {}}
+    assert workspace_claim_manifest(spec=run_spec(), workflow=WORKFLOW, worker=pod_worker()) is None
+
+
+def test_a_claim_template_gives_each_issue_slot_a_claim_of_its_own() -> None:
+    worker = pod_worker(
+        workspace={"volume_claim_template": {"storage": "2Gi", "storage_class_name": "fast"}}
+    )
+    spec = run_spec()
+    claim = workspace_claim_manifest(spec=spec, workflow=WORKFLOW, worker=worker)
+    assert claim is not None
+    name = claim["metadata"]["name"]
+    assert name == spec_claim_name(spec, workflow=WORKFLOW)
+    assert DNS_LABEL.match(name), name
+    assert name.startswith("ws-pods-abc-12-"), name
+    assert claim["spec"] == {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": "2Gi"}},
+        "storageClassName": "fast",
+        "volumeMode": "Filesystem",
+    }
+    assert claim["metadata"]["annotations"]["lorenz.dev/issue-id"] == "id-12"
+    assert claim["metadata"]["ownerReferences"][0]["uid"] == WORKFLOW.uid
+    # Every attempt of the issue mounts that claim; its Pod is still the attempt's own.
+    later = run_spec(attempt=3)
+    pod = pod_manifest(spec=later, workflow=WORKFLOW, worker=worker, image="a:1")
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["workspace"]["persistentVolumeClaim"] == {"claimName": name}
+    assert spec_claim_name(later, workflow=WORKFLOW) == name
+    # Another issue, slot, Workflow or a case-twin of the identifier: another claim.
+    names = {
+        workspace_claim_name(workflow=w, issue_id=i, identifier=k, slot_index=n)
+        for w, i, k, n in [
+            ("pods", "id-12", "ABC-12", 0), ("pods", "id-12", "ABC-12", 1),
+            ("pods", "id-13", "ABC-13", 0), ("other", "id-12", "ABC-12", 0),
+            ("pods", "id-12b", "abc-12", 0),
+        ]
+    }
+    assert len(names) == 5
+    long = workspace_claim_name(
+        workflow="w" * 200, issue_id="x", identifier="I" * 200, slot_index=2
+    )
+    assert len(long) <= 63
+    assert DNS_LABEL.match(long)
+
+
+def test_extra_volumes_are_mounted_and_only_safe_kinds_exist() -> None:
+    worker = pod_worker(
+        pod_template={
+            "volumes": [
+                {"name": "agent-config", "mount_path": "/home/lorenz/.config/agent",
+                 "config_map": "agent", "read_only": True},
+                {"name": "cache", "mount_path": "/var/cache/tools",
+                 "persistent_volume_claim": "tool-cache"},
+                {"name": "scratch", "mount_path": "/scratch", "empty_dir": {"medium": "Memory"}},
+            ]
+        }
+    )
+    pod = pod_manifest(spec=run_spec(), workflow=WORKFLOW, worker=worker, image="a:1")
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["agent-config"] == {"name": "agent-config", "configMap": {"name": "agent"}}
+    assert volumes["cache"]["persistentVolumeClaim"] == {
+        "claimName": "tool-cache", "readOnly": False,
+    }
+    assert volumes["scratch"]["emptyDir"] == {"medium": "Memory"}
+    mounts = {m["name"]: m for m in pod["spec"]["containers"][0]["volumeMounts"]}
+    assert mounts["agent-config"] == {
+        "name": "agent-config", "mountPath": "/home/lorenz/.config/agent", "readOnly": True,
+    }
+    assert mounts["workspace"]["mountPath"] == "/var/lib/lorenz/workspaces"
+
+
+@pytest.mark.parametrize(
+    ("volume", "needle"),
+    [
+        ({"name": "x", "mount_path": "/home", "secret": "s"}, "overlaps '/home/lorenz'"),
+        ({"name": "x", "mount_path": "/var/lib/lorenz/workspaces/ABC-1", "secret": "s"},
+         "overlaps"),
+        ({"name": "x", "mount_path": "/var/run/lorenz/spec/more", "secret": "s"}, "overlaps"),
+        ({"name": "x", "mount_path": "/", "secret": "s"}, "overlaps"),
+        ({"name": "workspace", "mount_path": "/w", "secret": "s"}, "volume name of its own"),
+        ({"name": "x", "mount_path": "relative", "secret": "s"}, "absolute"),
+        ({"name": "x", "mount_path": "/w"}, "exactly one"),
+        ({"name": "x", "mount_path": "/w", "secret": "s", "config_map": "c"}, "exactly one"),
+        ({"name": "x", "mount_path": "/w", "host_path": "/etc"}, "host_path"),
+    ],
+)
+def test_extra_volumes_that_would_reach_lorenz_paths_or_the_node_are_refused(
+    volume: dict[str, Any], needle: str
+) -> None:
+    with pytest.raises(ValueError, match="validation error") as caught:
+        pod_worker(pod_template={"volumes": [volume]})
+    assert needle in str(caught.value)
+
+
+def test_a_workspace_is_an_empty_dir_or_a_claim_not_both() -> None:
+    with pytest.raises(ValueError, match="not both"):
+        pod_worker(workspace={"empty_dir": {}, "volume_claim_template": {"storage": "1Gi"}})
+    with pytest.raises(ValueError, match="not a Kubernetes quantity"):
+        pod_worker(workspace={"volume_claim_template": {"storage": "lots"}})
+
+
+def test_the_operators_own_account_is_read_from_its_token(tmp_path: Path) -> None:
+    import base64
+    import json
+
+    claims = {"sub": "system:serviceaccount:lorenz-system:lorenz"}
+    payload = base64.urlsafe_b64encode(json.dumps(claims).encode()).decode().rstrip("=")
+    token = tmp_path / "token"
+    token.write_text(f"e30.{payload}.sig")
+    assert operator_service_account(token) == ("lorenz-system", "lorenz")
+    assert operator_service_account(tmp_path / "absent") is None
+    token.write_text("not a token")
+    assert operator_service_account(token) is None
+
+
+@pytest.mark.cluster
+async def test_run_pods_never_use_the_operators_service_account(
+    kube_control_plane: Cluster, kube_api: KubeApi, restricted_namespace: str
+) -> None:
+    transport = PodTransport(
+        api=kube_api,
+        execs=PodExec(kube_api.configuration),
+        workflow=WorkflowRef(namespace=restricted_namespace, name="pods", uid=None),
+        worker=pod_worker(service_account_name="lorenz"),
+        image="localhost/lorenz:absent",
+        operator_account=(restricted_namespace, "lorenz"),
+    )
+    with pytest.raises(WorkerLaunchError) as caught:
+        await transport.launch(run_spec())
+    assert caught.value.code == "pod_service_account_refused"
+    assert transport.created == []
+
+
+@pytest.mark.cluster
+async def test_claims_and_the_agent_account_are_made_and_cleaned_up(
+    kube_control_plane: Cluster, kube_api: KubeApi, restricted_namespace: str
+) -> None:
+    ns = restricted_namespace
+    ref = WorkflowRef(namespace=ns, name="pods", uid=None)
+    accounts = AgentAccounts()
+    worker = pod_worker(
+        start_timeout_ms=1500,
+        pod_template={"node_selector": {"no-such": "node"}},
+        workspace={"volume_claim_template": {"storage": "1Gi", "storage_class_name": ""}},
+    )
+    transport = PodTransport(
+        api=kube_api, execs=PodExec(kube_api.configuration), workflow=ref, worker=worker,
+        image="localhost/lorenz:absent", poll_s=0.2, accounts=accounts,
+    )
+    spec = run_spec()
+    claim = spec_claim_name(spec, workflow=ref)
+    claim_path = f"/api/v1/namespaces/{ns}/persistentvolumeclaims/{claim}"
+    with pytest.raises(WorkerLaunchError) as caught:
+        await transport.launch(spec)
+    assert caught.value.code == "pod_start_timeout"
+    account = await kube_api.get(f"/api/v1/namespaces/{ns}/serviceaccounts/{AGENT_SERVICE_ACCOUNT}")
+    assert account["automountServiceAccountToken"] is False
+    # The claim outlives the attempt's Pod; the next attempt finds it.
+    assert await _exists(kube_api, claim_path)
+    with pytest.raises(WorkerLaunchError) as again:
+        await transport.launch(run_spec(attempt=1))
+    assert again.value.code == "pod_start_timeout"
+    # Another issue's claim is not touched by this one's terminal cleanup.
+    other = run_spec("ABC-13").model_copy(
+        update={"issue": IssueSpec(id="id-13", identifier="ABC-13")}
+    )
+    with pytest.raises(WorkerLaunchError):
+        await transport.launch(other)
+    other_claim = spec_claim_name(other, workflow=ref)
+    other_path = f"/api/v1/namespaces/{ns}/persistentvolumeclaims/{other_claim}"
+    assert await delete_issue_workspaces(kube_api, workflow=ref, issue_id="id-12") == [claim]
+    assert await _gone(kube_api, claim_path)
+    assert await _exists(kube_api, other_path)
+    # A Workflow's deletion takes the rest along.
+    deleted = await delete_workflow_runs(kube_api, workflow=ref)
+    assert spec_claim_name(other, workflow=ref) in deleted["claims"]
+    assert await _gone(kube_api, other_path)
+
+
 def test_toleration_keys_in_a_spec_map_back_to_the_settings() -> None:
     from lorenz.kube.casing import front_matter_from_spec, spec_from_front_matter
 
@@ -174,6 +366,17 @@ async def _exists(api: KubeApi, path: str) -> bool:
             return False
         raise
     return True
+
+
+async def _gone(api: KubeApi, path: str) -> bool:
+    """Gone, or on its way (a claim waits for the pvc-protection finalizer)."""
+    try:
+        body = await api.get(path)
+    except KubeApiError as exc:
+        if exc.not_found:
+            return True
+        raise
+    return bool(body["metadata"].get("deletionTimestamp"))
 
 
 @pytest.mark.cluster

@@ -591,6 +591,8 @@ class ImagePullPolicy(enum.StrEnum):
 # Kubernetes' own grammars: a DNS-1123 subdomain (Secret and ServiceAccount names), a label key
 # (prefix/name) and value, and a resource quantity (``500m``, ``1Gi``, ``2e3``).
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_RESERVED_VOLUMES = frozenset({"spec", "state", "workspace", "home", "tmp"})
 _LABEL_NAME = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?)$")
 _QUANTITY = re.compile(
@@ -709,6 +711,137 @@ class TolerationSettings(Section):
         return out
 
 
+ClaimAccessMode = Literal["ReadWriteOnce", "ReadWriteOncePod", "ReadWriteMany"]
+
+POD_RESERVED_PATHS: tuple[str, ...] = (
+    "/var/run/lorenz/spec",
+    "/var/lib/lorenz/run",
+    "/var/lib/lorenz/workspaces",
+    "/home/lorenz",
+    "/tmp",
+)
+"""The mount paths of a run's Pod that Lorenz owns (the spec, the worker's state, the
+workspace, ``HOME`` and ``/tmp``); ``lorenz.kube.pods`` mounts exactly these."""
+
+
+def _reserved_overlap(path: str) -> str | None:
+    """The reserved path ``path`` would hide or enter, if any."""
+    clean = path.rstrip("/") or "/"
+    for reserved in POD_RESERVED_PATHS:
+        if clean == reserved or reserved.startswith(clean.rstrip("/") + "/"):
+            return reserved
+        if reserved in POD_RESERVED_PATHS[:3] and clean.startswith(reserved + "/"):
+            return reserved
+    return None
+
+
+class PodVolumeSettings(Section):
+    """One extra volume of the run's Pod, and where its container mounts it (exactly one of
+    ``secret``, ``config_map``, ``persistent_volume_claim``, ``empty_dir``)."""
+
+    name: str = Field(min_length=1, max_length=63, json_schema_extra=_reload("new-runs"))
+    """The volume's name in the Pod (a DNS label; not ``spec``, ``state``, ``workspace``,
+    ``home`` or ``tmp``)."""
+    mount_path: str = Field(min_length=1, json_schema_extra=_reload("new-runs"))
+    """An absolute path in the container; never one of Lorenz's own (``/tmp``,
+    ``/home/lorenz``, the workspace, state and spec folders), a folder above them, or one
+    inside the workspace, state or spec folder (``/home/lorenz/.config`` is fine)."""
+    read_only: bool = Field(default=False, json_schema_extra=_reload("new-runs"))
+    """Mount it read-only."""
+    secret: str | None = Field(default=None, json_schema_extra=_reload("new-runs"))
+    """A Secret of the Workflow's namespace, one file per key."""
+    config_map: str | None = Field(default=None, json_schema_extra=_reload("new-runs"))
+    """A ConfigMap of the Workflow's namespace, one file per key."""
+    persistent_volume_claim: str | None = Field(
+        default=None, json_schema_extra=_reload("new-runs")
+    )
+    """A PersistentVolumeClaim of the Workflow's namespace (every run of the Workflow mounts
+    it: a shared cache, never a workspace)."""
+    empty_dir: EmptyDirSettings | None = Field(default=None, json_schema_extra=_reload("new-runs"))
+    """A fresh ``emptyDir`` per run."""
+
+    @pydantic.model_validator(mode="after")
+    def _valid(self) -> PodVolumeSettings:
+        where = f"worker.pod_template.volumes.{self.name}"
+        if not _DNS_LABEL.match(self.name) or self.name in _RESERVED_VOLUMES:
+            raise _pod_value_error(
+                where, "{name!r} is not a volume name of its own (a DNS label, not one of "
+                "spec, state, workspace, home, tmp)", name=self.name,
+            )
+        if not self.mount_path.startswith("/") or "/../" in f"{self.mount_path}/":
+            raise _pod_value_error(
+                f"{where}.mount_path", "{path!r} is not an absolute path", path=self.mount_path
+            )
+        reserved = _reserved_overlap(self.mount_path)
+        if reserved is not None:
+            raise _pod_value_error(
+                f"{where}.mount_path", "{path!r} overlaps {reserved!r}, which Lorenz mounts; "
+                "choose another path", path=self.mount_path, reserved=reserved,
+            )
+        sources = [
+            value for value in (self.secret, self.config_map, self.persistent_volume_claim,
+                                self.empty_dir) if value is not None
+        ]
+        if len(sources) != 1:
+            raise _pod_value_error(
+                where, "name exactly one of secret, config_map, persistent_volume_claim, "
+                "empty_dir",
+            )
+        for key in ("secret", "config_map", "persistent_volume_claim"):
+            value = getattr(self, key)
+            if isinstance(value, str):
+                _dns_subdomain(value, key_path=f"{where}.{key}")
+        return self
+
+    def manifest(self) -> dict[str, Any]:
+        """The volume as a Pod spec writes it."""
+        source: dict[str, Any]
+        if self.secret is not None:
+            source = {"secret": {"secretName": self.secret}}
+        elif self.config_map is not None:
+            source = {"configMap": {"name": self.config_map}}
+        elif self.persistent_volume_claim is not None:
+            source = {"persistentVolumeClaim": {"claimName": self.persistent_volume_claim,
+                                                "readOnly": self.read_only}}
+        else:
+            assert self.empty_dir is not None
+            source = {"emptyDir": self.empty_dir.manifest()}
+        return {"name": self.name, **source}
+
+    def mount(self) -> dict[str, Any]:
+        """The container's volumeMount of it."""
+        return {"name": self.name, "mountPath": self.mount_path, "readOnly": self.read_only}
+
+
+class EmptyDirSettings(Section):
+    """A fresh volume per attempt, removed with the Pod."""
+
+    size_limit: str | None = Field(default=None, json_schema_extra=_reload("new-runs"))
+    """The most the workspace may hold (a quantity, ``10Gi``); over it the Pod is evicted."""
+    medium: Literal["", "Memory"] = Field(default="", json_schema_extra=_reload("new-runs"))
+    """``""`` (the node's disk) or ``Memory`` (tmpfs, counted against the memory limit)."""
+
+    @pydantic.field_validator("size_limit")
+    @classmethod
+    def _quantity(cls, value: str | None) -> str | None:
+        if value is not None and not _QUANTITY.match(value.strip()):
+            raise _pod_value_error(
+                "worker.workspace.empty_dir.size_limit",
+                "{quantity!r} is not a Kubernetes quantity (e.g. 10Gi)",
+                quantity=value,
+            )
+        return value
+
+    def manifest(self) -> dict[str, Any]:
+        """The ``emptyDir`` source as a Pod spec writes it."""
+        out: dict[str, Any] = {}
+        if self.size_limit:
+            out["sizeLimit"] = self.size_limit
+        if self.medium:
+            out["medium"] = self.medium
+        return out
+
+
 class PodTemplateSettings(Section):
     """What the run's Pod is made of (``worker.kind: pod``)."""
 
@@ -743,10 +876,24 @@ class PodTemplateSettings(Section):
     model provider's key, say). Never the tracker's Secret: the tracker token stays in the
     operator."""
 
+    volumes: tuple[PodVolumeSettings, ...] = Field(
+        default=(), max_length=16, json_schema_extra=_reload("new-runs")
+    )
+    """Extra volumes mounted in the run's container: a Secret, a ConfigMap, a claim of the
+    Workflow's namespace or an ``emptyDir`` (an agent's configuration, a shared cache). No
+    other kind: a run's Pod never mounts the node's disk or a ServiceAccount token."""
+
     @pydantic.model_validator(mode="after")
     def _names(self) -> PodTemplateSettings:
         if self.image is not None and not self.image.strip():
             raise _pod_value_error("worker.pod_template.image", "must not be blank")
+        names = [volume.name for volume in self.volumes]
+        for name in names:
+            if names.count(name) > 1:
+                raise _pod_value_error(
+                    "worker.pod_template.volumes", "the volume name {name!r} is used twice",
+                    name=name,
+                )
         for name in self.env_from_secrets:
             _dns_subdomain(name, key_path="worker.pod_template.env_from_secrets")
         for key, value in self.node_selector.items():
@@ -760,31 +907,59 @@ class PodTemplateSettings(Section):
         return self
 
 
-class EmptyDirSettings(Section):
-    """A fresh volume per attempt, removed with the Pod."""
+class VolumeClaimTemplateSettings(Section):
+    """The PersistentVolumeClaim made for each issue's workspace."""
 
-    size_limit: str | None = Field(default=None, json_schema_extra=_reload("new-runs"))
-    """The most the workspace may hold (a quantity, ``10Gi``); over it the Pod is evicted."""
-    medium: Literal["", "Memory"] = Field(default="", json_schema_extra=_reload("new-runs"))
-    """``""`` (the node's disk) or ``Memory`` (tmpfs, counted against the memory limit)."""
+    storage: str = Field(default="10Gi", json_schema_extra=_reload("new-runs"))
+    """The size the claim requests (a quantity, ``10Gi``)."""
+    storage_class_name: str | None = Field(default=None, json_schema_extra=_reload("new-runs"))
+    """The claim's StorageClass; unset: the cluster's default class, ``""``: none (it binds
+    only to a PersistentVolume made beforehand)."""
+    access_modes: tuple[ClaimAccessMode, ...] = Field(
+        default=("ReadWriteOnce",), min_length=1, json_schema_extra=_reload("new-runs")
+    )
+    """The claim's access modes (``ReadWriteOnce``: the attempts of one issue run one at a
+    time, so the node of the newest one mounts it)."""
 
-    @pydantic.field_validator("size_limit")
-    @classmethod
-    def _quantity(cls, value: str | None) -> str | None:
-        if value is not None and not _QUANTITY.match(value.strip()):
+    @pydantic.model_validator(mode="after")
+    def _valid(self) -> VolumeClaimTemplateSettings:
+        if not _QUANTITY.match(self.storage.strip()):
             raise _pod_value_error(
-                "worker.workspace.empty_dir.size_limit",
+                "worker.workspace.volume_claim_template.storage",
                 "{quantity!r} is not a Kubernetes quantity (e.g. 10Gi)",
-                quantity=value,
+                quantity=self.storage,
             )
-        return value
+        if self.storage_class_name:
+            _dns_subdomain(
+                self.storage_class_name,
+                key_path="worker.workspace.volume_claim_template.storage_class_name",
+            )
+        return self
 
 
 class PodWorkspaceSettings(Section):
-    """Where the workspace of a run in a Pod lives."""
+    """Where the workspace of a run in a Pod lives: a fresh ``emptyDir`` per attempt (the
+    default), or one PersistentVolumeClaim per issue, kept across its attempts."""
 
     empty_dir: EmptyDirSettings = Field(default_factory=EmptyDirSettings)
     """An ``emptyDir`` volume: fresh per attempt, never shared with another run."""
+    volume_claim_template: VolumeClaimTemplateSettings | None = Field(
+        default=None, json_schema_extra=_reload("new-runs")
+    )
+    """Set: each issue's workspace is a claim of its own (one per slot with
+    ``agent.ensemble_size`` > 1), made from this template by the operator, named after the
+    Workflow and the issue, kept across the issue's attempts and deleted when the issue is
+    terminal or the Workflow is deleted. It is never shared with another issue, Workflow or
+    namespace."""
+
+    @pydantic.model_validator(mode="after")
+    def _one_kind(self) -> PodWorkspaceSettings:
+        if self.volume_claim_template is not None and "empty_dir" in self.model_fields_set:
+            raise _pod_value_error(
+                "worker.workspace",
+                "set either empty_dir or volume_claim_template, not both",
+            )
+        return self
 
 
 class WorkerSettings(Section):
@@ -828,7 +1003,9 @@ class WorkerSettings(Section):
         default=None, json_schema_extra=_reload("new-runs")
     )
     """The ServiceAccount of the run's Pod (``kind: pod``); its token is never mounted
-    (``automountServiceAccountToken: false``). Unset: the namespace's ``default``."""
+    (``automountServiceAccountToken: false``). Unset: ``lorenz-agent``, which the operator
+    creates in the Workflow's namespace when it is missing (no RBAC binding, no token
+    mounted). Never the operator's own."""
     workspace: PodWorkspaceSettings = Field(default_factory=PodWorkspaceSettings)
     """The run's workspace volume (``kind: pod``)."""
     start_timeout_ms: PositiveInt = Field(default=120000, json_schema_extra=_reload("new-runs"))

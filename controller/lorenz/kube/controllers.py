@@ -52,7 +52,7 @@ from typing import Any, Protocol, TypeVar
 
 from lorenz.agents import AgentRunError, AgentRunner, RunPlacement
 from lorenz.assembly import assemble_runtime, tracker_factory
-from lorenz.config import WorkflowSettings
+from lorenz.config import WorkerKind, WorkflowSettings
 from lorenz.kube import resources
 from lorenz.kube.candidates import SpecCandidates
 from lorenz.kube.claims import ClaimResourceStore
@@ -61,7 +61,14 @@ from lorenz.kube.errors import KubeApiError, LeaseLost, OperatorError
 from lorenz.kube.execs import PodExec
 from lorenz.kube.finalizers import delete_claims, edit_finalizer, remove_workspaces
 from lorenz.kube.leading import Term, WorkflowLeadership
-from lorenz.kube.pods import PodTransport, PodWorkerRunner
+from lorenz.kube.pods import (
+    AgentAccounts,
+    PodTransport,
+    PodWorkerRunner,
+    delete_issue_workspaces,
+    delete_workflow_runs,
+    operator_service_account,
+)
 from lorenz.kube.posting import EventKind, EventPoster, Post, kopf_post
 from lorenz.kube.settings import OperatorSettings
 from lorenz.kube.sharding import ShardCoordinator
@@ -193,6 +200,9 @@ class WorkflowController:
         lost."""
         self._execs: PodExec | None = None
         """The exec channels of runs in Pods (made at the first such run)."""
+        self._agent_accounts = AgentAccounts()
+        """The ``lorenz-agent`` ServiceAccount of the namespace, made sure of once."""
+        self._operator_account = operator_service_account()
         self._runtime_task: asyncio.Task[None] | None = None
         self._unsubscribe: Callable[[], None] | None = None
         self._applied_generation: int | None = None
@@ -572,7 +582,13 @@ class WorkflowController:
         if self._execs is None:
             self._execs = PodExec(self._api.configuration)
         transport = PodTransport(
-            api=self._api, execs=self._execs, workflow=self.ref, worker=worker, image=image
+            api=self._api,
+            execs=self._execs,
+            workflow=self.ref,
+            worker=worker,
+            image=image,
+            accounts=self._agent_accounts,
+            operator_account=self._operator_account,
         )
         return PodWorkerRunner(workflow=workflow, transport=transport, placement=placement)
 
@@ -713,9 +729,33 @@ class WorkflowController:
                 generation=self.candidates.generation,
             )
             self._dirty()
+        elif (
+            kind is EventType.WORKSPACE_CLEANUP
+            and event.reason == "terminal"
+            and event.issue_id
+            and self.runtime is not None
+            and self.runtime.settings.worker.kind is WorkerKind.POD
+        ):
+            # The issue is terminal: its workspace claims go too (an emptyDir went with its Pod).
+            self._spawn(self._delete_issue_claims(event.issue_id))
         if kind is not EventType.LEADERSHIP_LOST:
             self.events.runtime_event(event)
         self._count_continuations(event)
+
+    async def _delete_issue_claims(self, issue_id: str) -> None:
+        try:
+            deleted = await delete_issue_workspaces(self._api, workflow=self.ref, issue_id=issue_id)
+        except KubeApiError as exc:
+            logger.warning(
+                "Workspace claims not deleted workflow=%s issue=%s error=%s",
+                self.ref.display, issue_id, exc,
+            )
+            return
+        if deleted:
+            logger.info(
+                "Workspace claims deleted workflow=%s issue=%s claims=%s",
+                self.ref.display, issue_id, ",".join(deleted),
+            )
 
     def _count_continuations(self, event: RuntimeEvent) -> None:
         """Hold a slot whose agent keeps ending cleanly without moving its issue."""
@@ -882,6 +922,19 @@ class WorkflowController:
         """The Workflow is being deleted: delete its Claims and its workspaces, let go of the
         shard, unblock the deletion."""
         deleted = await delete_claims(api=self._api, workflow=self.ref)
+        try:
+            runs = await delete_workflow_runs(self._api, workflow=self.ref)
+        except KubeApiError as exc:
+            # NB: the owner references to the Workflow take them along anyway; a deletion
+            # must not wait on this.
+            logger.warning("Run objects not deleted workflow=%s error=%s", self.ref.display, exc)
+        else:
+            if any(runs.values()):
+                logger.info(
+                    "Run objects deleted workflow=%s pods=%d secrets=%d claims=%d",
+                    self.ref.display, len(runs["pods"]), len(runs["secrets"]),
+                    len(runs["claims"]),
+                )
         await self.lease.release()
         # NB: before the finalizer goes: only then can a Workflow of the same name be created,
         # and it must not find (or lose) this one's workspaces.

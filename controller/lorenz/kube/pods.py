@@ -10,8 +10,15 @@ agent). What the operator adds is where it runs and how it is reached:
   node selector, tolerations, affinity, ``envFrom`` the Secrets the user names. It runs as a
   non-root user with a read-only root filesystem, no capabilities and the runtime's seccomp
   profile (the ``restricted`` Pod Security Standard), ``automountServiceAccountToken: false``
-  and no service links. The workspace, the worker's state, ``HOME`` and ``/tmp`` are
-  ``emptyDir`` volumes of that Pod only.
+  and no service links. The worker's state, ``HOME`` and ``/tmp`` are ``emptyDir`` volumes of
+  that Pod only; so is the workspace, unless ``worker.workspace.volume_claim_template`` makes
+  it a PersistentVolumeClaim of the issue's own (:func:`workspace_claim_manifest`: named after
+  the Workflow and the issue, kept across the issue's attempts, deleted when the issue is
+  terminal or the Workflow is deleted). Extra volumes (``pod_template.volumes``) are Secrets,
+  ConfigMaps, claims or ``emptyDir`` only, never the node's disk or a token.
+* **Identity.** The Pod runs as the ServiceAccount ``worker.service_account_name`` names, else
+  ``lorenz-agent``, which the operator creates in the namespace when it is missing
+  (:class:`AgentAccounts`: no RBAC binding, no token mounted); never as the operator's own.
 * **The spec** travels in a per-run Secret (``<pod>-spec``) mounted only in that Pod (0440,
   group-readable by the Pod's ``fsGroup``), created before the Pod, owned by the Workflow and
   deleted with the Pod. It holds no tracker credential: host-side tools run in the operator.
@@ -38,14 +45,16 @@ import logging
 import re
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Final
 
 from lorenz.agents import AgentRunRequest, AgentRunResult, RunPlacement
 from lorenz.config import WorkerSettings
+from lorenz.kube import resources
 from lorenz.kube.clients import KubeApi
 from lorenz.kube.errors import KubeApiError
 from lorenz.kube.execs import PodExec, PodExecError
-from lorenz.kube.resources import WorkflowRef
+from lorenz.kube.resources import WorkflowRef, digest
 from lorenz.workers.journal import Record
 from lorenz.workers.launch import LaunchResult, WorkerLaunchError
 from lorenz.workers.placement import HOOK_VARIABLE_PREFIX, POD_WORKSPACE_ROOT
@@ -69,7 +78,13 @@ LABEL_MANAGED: Final = "app.kubernetes.io/managed-by"
 LABEL_WORKFLOW: Final = "lorenz.dev/workflow"
 LABEL_ISSUE: Final = "lorenz.dev/issue"
 LABEL_HANDLE: Final = "lorenz.dev/handle"
+LABEL_ISSUE_ID: Final = "lorenz.dev/issue-id"
 ANNOTATION_HANDLE: Final = "lorenz.dev/handle"
+ANNOTATION_ISSUE_ID: Final = "lorenz.dev/issue-id"
+
+AGENT_SERVICE_ACCOUNT: Final = "lorenz-agent"
+"""The ServiceAccount of run Pods when ``worker.service_account_name`` is unset."""
+SERVICE_ACCOUNT_TOKEN: Final = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
 
 _NOT_DNS = re.compile(r"[^a-z0-9-]+")
 _NOT_LABEL = re.compile(r"[^A-Za-z0-9._-]+")
@@ -92,6 +107,62 @@ def pod_name(handle: str) -> str:
 def label_value(text: str) -> str:
     value = _NOT_LABEL.sub("_", text)[:63]
     return value.strip("._-") or "x"
+
+
+def workspace_claim_name(*, workflow: str, issue_id: str, identifier: str, slot_index: int) -> str:
+    """The PersistentVolumeClaim of one issue slot's workspace: ``ws-<workflow>-<issue>-<hash>``
+    (deterministic, so every attempt of the issue finds it; the hash covers the exact Workflow
+    name, issue id and slot, so sanitized forms that collide still get different names)."""
+    suffix = digest(workflow, issue_id, str(slot_index))
+    wf = _NOT_DNS.sub("-", workflow.lower()).strip("-")[:20].strip("-")
+    issue = _NOT_DNS.sub("-", identifier.lower()).strip("-")[:20].strip("-")
+    slot = f"s{slot_index}" if slot_index else ""
+    return "-".join(part for part in ("ws", wf, issue, slot, suffix) if part)
+
+
+def spec_claim_name(spec: RunSpec, *, workflow: WorkflowRef) -> str:
+    return workspace_claim_name(
+        workflow=workflow.name,
+        issue_id=spec.issue.id,
+        identifier=spec.issue.identifier,
+        slot_index=spec.slot_index,
+    )
+
+
+def workspace_claim_manifest(
+    *, spec: RunSpec, workflow: WorkflowRef, worker: WorkerSettings
+) -> dict[str, Any] | None:
+    """The issue slot's workspace claim (``None``: the workspace is an ``emptyDir``)."""
+    template = worker.workspace.volume_claim_template
+    if template is None:
+        return None
+    claim_spec: dict[str, Any] = {
+        "accessModes": list(template.access_modes),
+        "resources": {"requests": {"storage": template.storage}},
+        "volumeMode": "Filesystem",
+    }
+    if template.storage_class_name is not None:
+        claim_spec["storageClassName"] = template.storage_class_name
+    labels = {
+        LABEL_MANAGED: "lorenz",
+        LABEL_WORKFLOW: label_value(workflow.name),
+        LABEL_ISSUE: label_value(spec.issue.identifier),
+        LABEL_ISSUE_ID: resources.label_value(spec.issue.id),
+    }
+    metadata: dict[str, Any] = {
+        "name": spec_claim_name(spec, workflow=workflow),
+        "namespace": workflow.namespace,
+        "labels": labels,
+        "annotations": {ANNOTATION_ISSUE_ID: spec.issue.id},
+    }
+    if workflow.uid:
+        metadata["ownerReferences"] = [workflow_owner(workflow)]
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": metadata,
+        "spec": claim_spec,
+    }
 
 
 def pod_manifest(
@@ -122,6 +193,7 @@ def pod_manifest(
             {"name": "workspace", "mountPath": POD_WORKSPACE_ROOT},
             {"name": "home", "mountPath": "/home/lorenz"},
             {"name": "tmp", "mountPath": "/tmp"},
+            *(volume.mount() for volume in template.volumes),
         ],
     }
     if template.image_pull_policy is not None:
@@ -138,11 +210,13 @@ def pod_manifest(
         container["resources"] = resources
     if template.env_from_secrets:
         container["envFrom"] = [{"secretRef": {"name": s}} for s in template.env_from_secrets]
-    empty_dir: dict[str, Any] = {}
-    if worker.workspace.empty_dir.size_limit:
-        empty_dir["sizeLimit"] = worker.workspace.empty_dir.size_limit
-    if worker.workspace.empty_dir.medium:
-        empty_dir["medium"] = worker.workspace.empty_dir.medium
+    workspace: dict[str, Any]
+    if worker.workspace.volume_claim_template is not None:
+        workspace = {
+            "persistentVolumeClaim": {"claimName": spec_claim_name(spec, workflow=workflow)}
+        }
+    else:
+        workspace = {"emptyDir": worker.workspace.empty_dir.manifest()}
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
@@ -162,13 +236,13 @@ def pod_manifest(
                 "secret": {"secretName": f"{name}-spec", "defaultMode": 0o440},
             },
             {"name": "state", "emptyDir": {}},
-            {"name": "workspace", "emptyDir": empty_dir},
+            {"name": "workspace", **workspace},
             {"name": "home", "emptyDir": {}},
             {"name": "tmp", "emptyDir": {}},
+            *(volume.manifest() for volume in template.volumes),
         ],
+        "serviceAccountName": worker.service_account_name or AGENT_SERVICE_ACCOUNT,
     }
-    if worker.service_account_name:
-        pod_spec["serviceAccountName"] = worker.service_account_name
     if template.node_selector:
         pod_spec["nodeSelector"] = dict(template.node_selector)
     if template.tolerations:
@@ -203,6 +277,151 @@ def run_labels(*, spec: RunSpec, workflow: WorkflowRef) -> dict[str, str]:
         LABEL_ISSUE: label_value(spec.issue.identifier),
         LABEL_HANDLE: label_value(spec.handle),
     }
+
+
+def _claims_path(namespace: str, name: str | None = None) -> str:
+    base = f"/api/v1/namespaces/{namespace}/persistentvolumeclaims"
+    return base if name is None else f"{base}/{name}"
+
+
+def _service_accounts_path(namespace: str, name: str | None = None) -> str:
+    base = f"/api/v1/namespaces/{namespace}/serviceaccounts"
+    return base if name is None else f"{base}/{name}"
+
+
+def agent_service_account_manifest(namespace: str) -> dict[str, Any]:
+    """``lorenz-agent``: an identity for run Pods that holds nothing (no RBAC binding refers
+    to it, and its token is never mounted)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {
+            "name": AGENT_SERVICE_ACCOUNT,
+            "namespace": namespace,
+            "labels": {LABEL_MANAGED: "lorenz"},
+        },
+        "automountServiceAccountToken": False,
+    }
+
+
+def operator_service_account(token: Path = SERVICE_ACCOUNT_TOKEN) -> tuple[str, str] | None:
+    """The operator's own ServiceAccount (namespace, name), read from the claims of its
+    mounted token (never verified: it only keeps run Pods off this identity); ``None``
+    outside a Pod."""
+    try:
+        payload = token.read_text(encoding="ascii").split(".")[1]
+        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    except (OSError, IndexError, ValueError):
+        return None
+    subject = str(claims.get("sub") or "")
+    parts = subject.split(":")
+    if len(parts) != 4 or parts[:2] != ["system", "serviceaccount"]:
+        return None
+    return parts[2], parts[3]
+
+
+class AgentAccounts:
+    """The ``lorenz-agent`` ServiceAccounts this operator has made sure of, per namespace.
+
+    A namespace is checked once per process (a ``get``, and a ``create`` when it is missing);
+    :meth:`forget` makes the next launch check again (the Pod's create said it is gone)."""
+
+    def __init__(self) -> None:
+        self._ensured: set[str] = set()
+        self._lock = asyncio.Lock()
+
+    async def ensure(self, api: KubeApi, *, namespace: str) -> None:
+        if namespace in self._ensured:
+            return
+        async with self._lock:
+            if namespace in self._ensured:
+                return
+            path = _service_accounts_path(namespace, AGENT_SERVICE_ACCOUNT)
+            try:
+                await api.get(path)
+            except KubeApiError as exc:
+                if not exc.not_found:
+                    raise _account_error(namespace, exc) from exc
+                try:
+                    await api.create(
+                        _service_accounts_path(namespace),
+                        agent_service_account_manifest(namespace),
+                    )
+                except KubeApiError as created:
+                    if created.status != 409:
+                        raise _account_error(namespace, created) from created
+            self._ensured.add(namespace)
+
+    def forget(self, namespace: str) -> None:
+        self._ensured.discard(namespace)
+
+
+def _account_error(namespace: str, exc: KubeApiError) -> WorkerLaunchError:
+    return WorkerLaunchError(
+        f"the ServiceAccount {namespace}/{AGENT_SERVICE_ACCOUNT} for run Pods could not be "
+        f"made: {exc.status} {exc.detail or exc.reason}; create it (no RBAC, "
+        "automountServiceAccountToken: false) or set worker.service_account_name",
+        code="pod_service_account_failed",
+    )
+
+
+async def delete_issue_workspaces(
+    api: KubeApi, *, workflow: WorkflowRef, issue_id: str
+) -> list[str]:
+    """Delete the workspace claims of one issue (all its slots); the names deleted.
+
+    NB: a claim still mounted by a Pod that is going away is kept by the API server's
+    ``kubernetes.io/pvc-protection`` finalizer until that Pod is gone."""
+    selector = (
+        f"{LABEL_MANAGED}=lorenz,{LABEL_WORKFLOW}={label_value(workflow.name)},"
+        f"{LABEL_ISSUE_ID}={resources.label_value(issue_id)}"
+    )
+    items = await api.list_items(_claims_path(workflow.namespace), label_selector=selector)
+    deleted: list[str] = []
+    for item in items:
+        metadata = item.get("metadata") or {}
+        if (metadata.get("annotations") or {}).get(ANNOTATION_ISSUE_ID) != issue_id:
+            continue  # NB: a label value is hashed when long; the annotation is exact
+        name = str(metadata.get("name"))
+        try:
+            await api.delete(_claims_path(workflow.namespace, name))
+        except KubeApiError as exc:
+            if not exc.not_found:
+                raise
+        deleted.append(name)
+    return deleted
+
+
+async def delete_workflow_runs(api: KubeApi, *, workflow: WorkflowRef) -> dict[str, list[str]]:
+    """Delete every run Pod, spec Secret and workspace claim of a Workflow (its deletion);
+    the names deleted, by kind. The owner references to the Workflow back this up."""
+    selector = f"{LABEL_MANAGED}=lorenz,{LABEL_WORKFLOW}={label_value(workflow.name)}"
+    namespace = workflow.namespace
+    deleted: dict[str, list[str]] = {"pods": [], "secrets": [], "claims": []}
+    pods = await api.list_items(_pods_path(namespace), label_selector=selector)
+    claims = await api.list_items(_claims_path(namespace), label_selector=selector)
+    targets: list[tuple[str, str]] = []
+    for pod in pods:
+        if (pod.get("metadata") or {}).get("deletionTimestamp"):
+            continue
+        name = str((pod.get("metadata") or {}).get("name"))
+        targets.append(("pods", name))
+        targets.append(("secrets", f"{name}-spec"))
+    for claim in claims:
+        if (claim.get("metadata") or {}).get("deletionTimestamp"):
+            continue
+        targets.append(("claims", str((claim.get("metadata") or {}).get("name"))))
+    paths = {"pods": _pods_path, "secrets": _secrets_path, "claims": _claims_path}
+    for kind, name in targets:
+        try:
+            await api.delete(paths[kind](namespace, name))
+        except KubeApiError as exc:
+            if not exc.not_found:
+                raise
+            if kind == "secrets":
+                continue
+        deleted[kind].append(name)
+    return deleted
 
 
 def _pods_path(namespace: str, name: str | None = None) -> str:
@@ -266,8 +485,14 @@ class PodTransport:
         worker: WorkerSettings,
         image: str,
         poll_s: float = 1.0,
+        accounts: AgentAccounts | None = None,
+        operator_account: tuple[str, str] | None = None,
     ) -> None:
         self.api = api
+        self.accounts = accounts if accounts is not None else AgentAccounts()
+        """The ``lorenz-agent`` ServiceAccounts made sure of (the operator shares one)."""
+        self.operator_account = operator_account
+        """The operator's own ServiceAccount (namespace, name), which no run Pod may use."""
         self.execs = execs
         self.workflow = workflow
         self.worker = worker
@@ -295,6 +520,8 @@ class PodTransport:
         manifest = pod_manifest(
             spec=spec, workflow=self.workflow, worker=self.worker, image=self.image
         )
+        await self._ensure_identity()
+        await self._ensure_workspace_claim(spec)
         # NB: the Secret first: a Pod whose Secret volume is missing waits in the kubelet's
         # mount backoff, which would add seconds to every start.
         await self._create_spec_secret(spec, name=name, payload=payload)
@@ -306,6 +533,8 @@ class PodTransport:
         except KubeApiError as exc:
             if exc.status != 409:
                 await self.delete(spec.handle)
+                if "service account" in (exc.detail or "").lower():
+                    self.accounts.forget(self.namespace)
                 raise WorkerLaunchError(
                     f"the API refused the run's Pod {self.namespace}/{name}: {exc.status} "
                     f"{exc.detail or exc.reason}",
@@ -368,6 +597,51 @@ class PodTransport:
                     code="pod_start_timeout",
                 )
             await asyncio.sleep(self.poll_s)
+
+    async def _ensure_identity(self) -> None:
+        """The run Pod's ServiceAccount exists and is not the operator's own."""
+        named = self.worker.service_account_name
+        if named is None:
+            await self.accounts.ensure(self.api, namespace=self.namespace)
+            return
+        if self.operator_account == (self.namespace, named):
+            raise WorkerLaunchError(
+                f"worker.service_account_name {named!r} is the operator's own ServiceAccount; "
+                "run Pods never use it: name another or unset it (lorenz-agent)",
+                code="pod_service_account_refused",
+            )
+
+    async def _ensure_workspace_claim(self, spec: RunSpec) -> None:
+        """Create the issue slot's workspace claim, or find the one an earlier attempt made."""
+        claim = workspace_claim_manifest(spec=spec, workflow=self.workflow, worker=self.worker)
+        if claim is None:
+            return
+        name = claim["metadata"]["name"]
+        try:
+            await self.api.create(_claims_path(self.namespace), claim)
+            return
+        except KubeApiError as exc:
+            if exc.status != 409:
+                raise WorkerLaunchError(
+                    f"the API refused the workspace claim {self.namespace}/{name}: {exc.status} "
+                    f"{exc.detail or exc.reason}",
+                    code="pod_refused",
+                ) from exc
+        found = await self.api.get(_claims_path(self.namespace, name))
+        metadata = found.get("metadata") or {}
+        if (metadata.get("annotations") or {}).get(ANNOTATION_ISSUE_ID) != spec.issue.id:
+            raise WorkerLaunchError(
+                f"a PersistentVolumeClaim {self.namespace}/{name} exists that is not the "
+                f"workspace of {spec.issue.identifier}; delete it",
+                code="pod_name_taken",
+            )
+        if metadata.get("deletionTimestamp"):
+            # NB: the issue was terminal a moment ago; its claim goes once its last Pod has.
+            raise WorkerLaunchError(
+                f"the workspace claim {self.namespace}/{name} of {spec.issue.identifier} is "
+                "still being deleted; the retry makes a new one",
+                code="pod_workspace_terminating",
+            )
 
     async def _create_spec_secret(self, spec: RunSpec, *, name: str, payload: str) -> None:
         """The run's spec as a Secret that only its Pod mounts; owned by the Workflow (so its

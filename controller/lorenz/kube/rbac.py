@@ -45,7 +45,17 @@ RULE_REASONS: Final[dict[tuple[str, str], str]] = {
     ),
     ("", "pods"): (
         "runs in Pods (worker.kind: pod): create the run's Pod, read its phase while it "
-        "starts and is probed, delete it when the run is settled"
+        "starts and is probed, delete it when the run is settled; list a deleted Workflow's "
+        "run Pods (by label) to delete them"
+    ),
+    ("", "persistentvolumeclaims"): (
+        "workspaces on claims (worker.workspace.volumeClaimTemplate): create an issue's claim, "
+        "read it on the next attempt, list an issue's or a deleted Workflow's claims (by "
+        "label) and delete them"
+    ),
+    ("", "serviceaccounts"): (
+        "run Pods' identity: read the namespace's lorenz-agent ServiceAccount and create it "
+        "when missing (no token mounted, bound to no role)"
     ),
     ("", "pods/exec"): (
         "reach the worker in a run's Pod: `lorenz worker --bridge/--probe` through the exec "
@@ -84,7 +94,17 @@ OPERATOR_RULES: Final[list[PolicyRule]] = [
     {
         "apiGroups": [""],
         "resources": ["pods"],
-        "verbs": ["get", "create", "delete"],
+        "verbs": ["get", "list", "create", "delete"],
+    },
+    {
+        "apiGroups": [""],
+        "resources": ["persistentvolumeclaims"],
+        "verbs": ["get", "list", "create", "delete"],
+    },
+    {
+        "apiGroups": [""],
+        "resources": ["serviceaccounts"],
+        "verbs": ["get", "create"],
     },
     {
         "apiGroups": [""],
