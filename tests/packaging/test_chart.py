@@ -109,8 +109,10 @@ def test_packaged_chart_has_the_crds_and_not_the_generator(tmp_path: Path) -> No
         {"workspaces": {"persistence": {"enabled": True, "storageClass": "fast"}}},
         {"metrics": {"serviceMonitor": {"enabled": True}}, "replicaCount": 3},
         {"serviceAccount": {"create": False, "name": "mine"}, "rbac": {"create": False}},
+        {"runPods": {"networkPolicy": {"enabled": True, "egress": [{"ports": [{"port": 443}]}]}}},
     ],
-    ids=["defaults", "namespaced", "persistence", "service-monitor", "own-account"],
+    ids=["defaults", "namespaced", "persistence", "service-monitor", "own-account",
+         "run-pod-policy"],
 )
 def test_lint_strict_is_clean(values: dict[str, Any] | None, tmp_path: Path) -> None:
     args = ["lint", "--strict", str(CHART)]
@@ -473,6 +475,56 @@ def test_a_network_policy_admits_only_the_api_and_probe_ports(tmp_path: Path) ->
     assert probes["ports"] == [{"port": "probes", "protocol": "TCP"}]
     assert policy["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "lorenz"
     assert not by_kind(render(tmp=tmp_path), "NetworkPolicy")
+
+
+def test_run_pods_get_a_network_policy_on_request(tmp_path: Path) -> None:
+    from lorenz.kube.pods import LABEL_HANDLE, LABEL_MANAGED, pod_manifest
+    from tests.kube.test_pods import WORKFLOW, pod_worker, run_spec
+
+    assert not [
+        o for o in by_kind(render(tmp=tmp_path), "NetworkPolicy")
+        if o["metadata"]["name"].endswith("-run-pods")
+    ]
+    egress = {"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": ["10.0.0.0/8"]}}],
+              "ports": [{"port": 443, "protocol": "TCP"}]}
+    objects = render(
+        tmp=tmp_path,
+        values={
+            "watchNamespace": "team-a",
+            "runPods": {"networkPolicy": {"enabled": True, "egress": [egress]}},
+        },
+    )
+    (policy,) = [o for o in by_kind(objects, "NetworkPolicy")
+                 if o["metadata"]["name"].endswith("-run-pods")]
+    assert policy["metadata"]["namespace"] == "team-a"
+    spec = policy["spec"]
+    assert spec["policyTypes"] == ["Ingress", "Egress"]
+    assert spec["ingress"] == []
+    dns, extra = spec["egress"]
+    assert dns == {"ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]}
+    assert extra == egress
+    # It selects what a run Pod carries, and not the operator's own Pods.
+    selector = spec["podSelector"]
+    pod = pod_manifest(spec=run_spec(), workflow=WORKFLOW, worker=pod_worker(), image="a:1")
+    labels = pod["metadata"]["labels"]
+    for key, value in selector["matchLabels"].items():
+        assert labels[key] == value
+    assert selector["matchLabels"] == {LABEL_MANAGED: "lorenz"}
+    assert selector["matchExpressions"] == [{"key": LABEL_HANDLE, "operator": "Exists"}]
+    (deployment,) = by_kind(objects, "Deployment")
+    operator_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert LABEL_HANDLE not in operator_labels
+    # Several namespaces, no DNS.
+    many = render(
+        tmp=tmp_path,
+        values={"runPods": {"networkPolicy": {
+            "enabled": True, "namespaces": ["a", "b"], "allowDNS": False,
+        }}},
+    )
+    policies = [o for o in by_kind(many, "NetworkPolicy")
+                if o["metadata"]["name"].endswith("-run-pods")]
+    assert sorted(o["metadata"]["namespace"] for o in policies) == ["a", "b"]
+    assert all(o["spec"]["egress"] == [] for o in policies)
 
 
 def test_namespaced_rbac_is_a_role_in_the_watched_namespace(tmp_path: Path) -> None:

@@ -186,3 +186,18 @@ def test_dockerignore_matcher_semantics() -> None:
     assert not dockerfiles.is_ignored("keep/a/b.txt", patterns)
     assert dockerfiles.is_ignored("keep/a/drop/c.txt", patterns)
     assert dockerfiles.is_ignored("keep/drop", patterns)
+
+
+def test_the_example_agent_image_builds_on_lorenz_and_runs_as_its_user() -> None:
+    """examples/agent-image/Dockerfile, the image docs/install.md tells run Pods to use: one
+    stage FROM the Lorenz image (a build ARG), back to uid 10001 after every RUN, and no
+    ENTRYPOINT or CMD of its own (the run Pod's command is `lorenz worker`)."""
+    example = dockerfiles.read(REPO / "examples" / "agent-image" / "Dockerfile")
+    (stage,) = example.stages
+    assert stage.base == "lorenz:latest"
+    user = stage.last("USER")
+    assert user is not None
+    assert user.text == "10001:10001"
+    assert user.line > max(i.line for i in stage.all("RUN"))
+    assert stage.all("ENTRYPOINT") == []
+    assert stage.all("CMD") == []
