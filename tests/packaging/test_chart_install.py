@@ -37,13 +37,13 @@ VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "deletec
 
 # Resources the operator must never touch, beyond the verbs it lacks on its own resources.
 FOREIGN_RESOURCES = (
-    # NB: pods and pods/exec are the operator's own now (runs in Pods): their other verbs
-    # (list, watch, update, patch, …) stay denied through the matrix of OPERATOR_RULES.
+    # NB: pods, pods/exec, persistentvolumeclaims and serviceaccounts are the operator's own
+    # now (runs in Pods): their other verbs (watch, update, patch, …) stay denied through the
+    # matrix of OPERATOR_RULES. Minting a token for any ServiceAccount stays denied here.
     ("", "pods", "log"),
     ("", "pods", "portforward"),
     ("", "pods", "attach"),
     ("", "configmaps", ""),
-    ("", "serviceaccounts", ""),
     ("", "serviceaccounts", "token"),
     ("", "namespaces", ""),
     ("", "nodes", ""),
@@ -193,8 +193,9 @@ def test_cluster_wide_install_grants_exactly_the_operator_rules(
             for verb, resource in (
                 ("update", "secrets"),
                 ("list", "secrets"),
-                ("list", "pods"),
+                ("watch", "pods"),
                 ("patch", "pods"),
+                ("update", "serviceaccounts"),
                 ("create", "deployments.apps"),
                 ("delete", "leases.coordination.k8s.io"),
                 ("update", "leases.coordination.k8s.io"),
@@ -306,12 +307,21 @@ def _real_requests(
     # Denied: everything else.
     refused = {
         "list secrets": lambda: core.list_namespaced_secret(namespace),
-        # NB: creating and deleting Secrets and Pods is granted (runs in Pods); changing a
-        # Secret, listing Pods or reading their logs is not.
+        # NB: creating and deleting Secrets and Pods, and listing Pods, is granted (runs in
+        # Pods); changing a Secret or a Pod, or reading a Pod's logs, is not.
         "update secret": lambda: core.patch_namespaced_secret(
             "tracker-token", namespace, {"stringData": {"token": "stolen"}}
         ),
-        "list pods": lambda: core.list_namespaced_pod(namespace),
+        "patch pod": lambda: core.patch_namespaced_pod(
+            "escape", namespace, {"metadata": {"labels": {"lorenz.dev/handle": "x"}}}
+        ),
+        "mint a token": lambda: core.create_namespaced_service_account_token(
+            "default",
+            namespace,
+            kubernetes.client.AuthenticationV1TokenRequest(
+                spec=kubernetes.client.V1TokenRequestSpec(audiences=["x"])
+            ),
+        ),
         "read pod logs": lambda: core.read_namespaced_pod_log("escape", namespace),
         "list deployments": lambda: apps.list_namespaced_deployment(namespace),
         "delete lease": lambda: leases.delete_namespaced_lease(
