@@ -69,10 +69,12 @@ def test_a_hundred_fake_nodes_are_ready_and_take_a_run_pod(
         },
         namespace=kube_namespace,
     )
-    cluster.apply(
-        pod_manifest(spec=spec, workflow=workflow, worker=worker, image="localhost/lorenz:kwok"),
-        namespace=kube_namespace,
-    )
+    pod = pod_manifest(spec=spec, workflow=workflow, worker=worker, image="localhost/lorenz:kwok")
+    # The run's ServiceAccount (the operator makes the per-namespace one before a run).
+    account = pod["spec"].get("serviceAccountName")
+    if account and account != "default":
+        cluster.create_service_account(namespace=kube_namespace, name=account)
+    cluster.apply(pod, namespace=kube_namespace)
 
     def running() -> dict[str, str] | None:
         pod = cluster.kubectl_json("get", "pod", name, "-n", kube_namespace)
