@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from lorenz.agents import AgentRunner, RunPlacement, build_runner
 from lorenz.agents.environment import TRACKER_SECRET_ENV
@@ -26,6 +26,18 @@ from lorenz.workspaces import WorkspaceManager
 
 if TYPE_CHECKING:
     from lorenz.workers.placement import SshTransports
+
+IN_PROCESS_RUNS_ENV: Final = "LORENZ_TEST_IN_PROCESS_RUNS"
+"""Test-only: ``1`` in the controller's process environment runs agents inside the controller
+instead of in detached workers, for the suite's tests that are about something else (no worker
+start per run). Read by both composition roots. Not a setting and not supported: agents then
+die with their controller, and a restart or failover runs their issues again."""
+
+
+def runs_in_workers(environ: Mapping[str, str]) -> bool:
+    """Whether this controller's local runs execute in detached workers: always, unless the
+    test-only :data:`IN_PROCESS_RUNS_ENV` says otherwise."""
+    return environ.get(IN_PROCESS_RUNS_ENV) != "1"
 
 
 def tracker_factory(
@@ -67,9 +79,9 @@ def assemble_runtime(
     only the operator has one, so elsewhere such a workflow is refused here
     (``worker_kind_unavailable``), and a reload to it fails its runs with the same code.
 
-    ``workers``: every run on this machine executes in a detached ``lorenz worker`` (the
-    single host always; the operator with ``worker.detached: true``); ``False`` keeps agents in
-    this process (the operator's default, and the single host's test-only switch).
+    ``workers``: every run on this machine executes in a detached ``lorenz worker`` (on a
+    single host and in the operator alike); ``False`` keeps agents in this process (only the
+    test-only switch, :func:`runs_in_workers`).
     ``claim_store`` (when it records spawn intents) and ``generation`` (the controller's
     current leadership generation) go to detached runs: each records its worker's intent on its
     claim, under the generation that started it, before the worker starts. ``worker_env`` is

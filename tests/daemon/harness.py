@@ -25,9 +25,9 @@ from typing import Any
 import psutil
 import yaml
 
+from lorenz.assembly import IN_PROCESS_RUNS_ENV
 from lorenz.daemon.client import Reply, Unreachable, request
 from lorenz.daemon.discovery import lease_file_for, parse_endpoint, read_lease
-from lorenz.daemon.host import IN_PROCESS_RUNS_ENV
 
 READY_TIMEOUT_S = 60.0
 """Hang protection only (a loaded 2-core machine can be slow to start Python); never asserted."""

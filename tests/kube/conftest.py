@@ -8,12 +8,30 @@ from typing import Any
 
 import pytest
 
+from lorenz.assembly import IN_PROCESS_RUNS_ENV
 from lorenz.kube.clients import KubeApi
 from tests.cluster.cluster import Cluster
 from tests.kube.operators import Kube, OperatorProcess, Rig
 
 REPO = Path(__file__).resolve().parents[2]
 CRDS = REPO / "crds"
+
+
+@pytest.fixture(autouse=True)
+def _runs_in_process_unless_about_workers(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The operators of these tests (in this process, or started with its environment) run
+    their agents in process (the suite's test-only switch), except in the modules about
+    workers (``RUNS_IN_WORKERS = True``), which run the default: a detached worker per run.
+
+    NB: the tests about leadership, failover and Claims count interrupted runs as failure
+    retries; with workers (left running by a replica that goes) they would be adoptions.
+    """
+    if getattr(request.module, "RUNS_IN_WORKERS", False):
+        monkeypatch.delenv(IN_PROCESS_RUNS_ENV, raising=False)
+    else:
+        monkeypatch.setenv(IN_PROCESS_RUNS_ENV, "1")
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,9 @@
-"""Operator failover with ``worker.detached``: the new leader adopts the live worker, 0 re-runs.
+"""Operator failover with workers: the new leader adopts the live worker, 0 re-runs.
 
 Two real ``lorenz operator`` processes share one workspace volume and one worker state root
 (``LORENZ_WORKER_STATE``), as replicas on one host would. The Workflow's agent is the logging
-script of :mod:`tests.kube.operators`, here in a detached ``lorenz worker``. The leader is
+script of :mod:`tests.kube.operators`, in a detached ``lorenz worker`` as every run of the
+operator is by default (the Workflow says nothing about workers). The leader is
 killed mid-turn — ``kill -9`` of its whole process group, as a crash would — or stopped with
 SIGTERM (a graceful handover); the other replica takes the shard Lease, finds the Claim's spawn
 intent, and re-attaches to the same worker after the collected ``lastSeq``. From the agent's
@@ -13,7 +14,9 @@ and the run is an ``adoption`` retry of the same attempt).
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
 import signal
 import tempfile
 import time
@@ -23,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from lorenz.workers.states import STATE_ROOT_ENV
 from tests.cluster.cluster import wait_until
 from tests.kube.operators import (
     Kube,
@@ -36,8 +40,10 @@ from tests.workers.conftest import kill_workers_under
 
 pytestmark = pytest.mark.cluster
 
+RUNS_IN_WORKERS = True
+"""The default path: no in-process switch for these operators (tests/kube/conftest.py)."""
+
 LEASE = (3, 2.0, 0.5)
-DETACHED = {"worker": {"detached": True}}
 
 
 @pytest.fixture
@@ -95,7 +101,7 @@ def test_the_new_leader_adopts_the_live_worker_and_runs_nothing_again(
     write_issue(rig.issues_of("adopt"), "TASK-1")
     # NB: the first attempt works long enough to be mid-turn when A goes, however slow the
     # machine; had anything run it again, the retry (attempt 1) would finish in a second.
-    kube.apply(rig.workflow("adopt", seconds=1.0, first_seconds=45.0, extra=DETACHED))
+    kube.apply(rig.workflow("adopt", seconds=1.0, first_seconds=45.0))
     claim = wait_until(lambda: running_claim(kube, owner="adopt-a"), timeout=120,
                        message="A's run in a worker, its intent on the Claim")
     handle = claim["status"]["intent"]["handle"]
@@ -158,7 +164,7 @@ def test_a_paused_leader_leaves_its_worker_to_the_new_leader_and_writes_nothing(
 
     a = replica("frozen-a")
     write_issue(rig.issues_of("frozen"), "TASK-1")
-    kube.apply(rig.workflow("frozen", seconds=1.0, first_seconds=45.0, extra=DETACHED))
+    kube.apply(rig.workflow("frozen", seconds=1.0, first_seconds=45.0))
     claim = wait_until(lambda: running_claim(kube, owner="frozen-a"), timeout=120,
                        message="A's run in a worker, its intent on the Claim")
     handle = claim["status"]["intent"]["handle"]
@@ -191,3 +197,49 @@ def test_a_paused_leader_leaves_its_worker_to_the_new_leader_and_writes_nothing(
     assert run.ended
     assert completed_by(issues, "TASK-1") == run.pid
     assert b.leads(kube.namespace, "frozen")
+
+
+def test_with_its_private_default_state_root_a_replica_that_lets_go_cancels_its_workers(
+    kube: Kube,
+    rig: Rig,
+    operators: Callable[..., OperatorProcess],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No ``LORENZ_WORKER_STATE``: the state root is the replica's own (``~/.lorenz/workers``,
+    in a cluster its Pod's), where no other replica could adopt a worker. So a replica stopped
+    with SIGTERM cancels its run's worker (a continuation retry, as for a clean shutdown)
+    instead of leaving it to go on beside the new leader's run of the same issue."""
+    kube.shards = 1
+    monkeypatch.delenv(STATE_ROOT_ENV, raising=False)
+    home = Path(tempfile.mkdtemp(prefix="lzh", dir="/tmp"))  # NB: short: sockets live there
+    root = home / ".lorenz" / "workers"
+    try:
+        a = operators("own-a", namespaces=(kube.namespace,), lease=LEASE, shards=kube.shards,
+                      env={"HOME": str(home)})
+        assert STATE_ROOT_ENV not in a.env
+        write_issue(rig.issues_of("own"), "TASK-1")
+        kube.apply(rig.workflow("own", seconds=1.0, first_seconds=45.0))
+        claim = wait_until(lambda: running_claim(kube, owner="own-a"), timeout=120,
+                           message="A's run in a worker, its intent on the Claim")
+        handle = claim["status"]["intent"]["handle"]
+        assert (root / handle / "journal.jsonl").exists(), "the worker keeps its state in HOME"
+        wait_until(lambda: rig.runs() or None, timeout=60, message="A's agent started")
+        a.kill(signal.SIGTERM)
+        assert a.wait(timeout=60) == 0
+        final = json.loads((root / handle / "journal.jsonl").read_text().splitlines()[-1])
+        assert (final["kind"], final["data"]["outcome"]) == ("final", "canceled")
+        (first,) = rig.runs()
+        assert not first.ended, "the agent was stopped with its worker"
+
+        b = operators("own-b", namespaces=(kube.namespace,), lease=LEASE, shards=kube.shards,
+                      env={"HOME": str(home)})
+        issues = rig.issues_of("own")
+        wait_until(lambda: issue_state(issues, "TASK-1") == "Done" or None, timeout=180,
+                   message="the next leader runs the issue again")
+        assert "adopting the worker" not in b.log()
+        earlier, later = rig.runs()
+        assert later.started >= earlier.last_seen, "two agents of one issue at once"
+        assert completed_by(issues, "TASK-1") == later.pid
+    finally:
+        kill_workers_under(root)
+        shutil.rmtree(home, ignore_errors=True)

@@ -108,6 +108,12 @@ def test_a_complete_pod_worker_is_accepted() -> None:
             "does not apply with worker.kind: pod",
         ),
         (
+            {"detached": False},
+            "worker_detached_false",
+            "worker.detached",
+            "delete worker.detached or set it to true",
+        ),
+        (
             {"kind": "pod", "detached": True},
             "worker_kind_conflict",
             "worker.detached",

@@ -43,6 +43,8 @@ WORKER_KIND_CONFLICT = "worker_kind_conflict"
 """The code of ``worker.kind: pod`` next to settings only local or SSH workers use."""
 WORKER_POD_VALUE_INVALID = "worker_pod_value_invalid"
 """The code of a Pod setting Kubernetes would refuse (a name, a quantity, a toleration)."""
+WORKER_DETACHED_FALSE = "worker_detached_false"
+"""The code of ``worker.detached: false``: runs always execute in detached workers."""
 
 CODED_CONFIG_ERRORS: frozenset[str] = frozenset(
     {
@@ -55,6 +57,7 @@ CODED_CONFIG_ERRORS: frozenset[str] = frozenset(
         WORKER_POD_SETTINGS_UNUSED,
         WORKER_KIND_CONFLICT,
         WORKER_POD_VALUE_INVALID,
+        WORKER_DETACHED_FALSE,
     }
 )
 """Validation error types raised here whose type is also the stable code the loader reports
@@ -1012,12 +1015,11 @@ class WorkerSettings(Section):
     """How long a run's Pod may take to be scheduled, pull its image and serve the worker
     (``kind: pod``); past it the Pod is deleted and the run fails with the reason."""
     detached: bool | None = Field(default=None, json_schema_extra=_reload("restart"))
-    """Whether each run on this machine executes in a detached ``lorenz worker`` (its own
-    session, journal and socket) that outlives this process: after a crash, ``kill -9`` or
-    upgrade the next start adopts it instead of starting the agent again. Unset: the mode's
-    default. A single host (plain ``lorenz``, ``--once``, the daemon) always uses workers and
-    refuses ``false`` (``worker_detached_false``); the operator keeps runs in its process
-    unless ``true`` (see docs/runs.md)."""
+    """Each run on this machine executes in a detached ``lorenz worker`` (its own session,
+    journal and socket) that outlives this process: after a crash, ``kill -9``, upgrade or
+    leadership change the next controller adopts it instead of starting the agent again. Always
+    so, on a single host and in the operator: unset and ``true`` mean workers, ``false`` is
+    refused (``worker_detached_false``; see docs/runs.md)."""
 
     @pydantic.field_validator("service_account_name")
     @classmethod
@@ -1028,6 +1030,15 @@ class WorkerSettings(Section):
 
     @pydantic.model_validator(mode="after")
     def _kind_agrees(self) -> WorkerSettings:
+        if self.detached is False:
+            # NB: an in-process agent dies with its controller, so a restart, a crash or a
+            # leadership change would cost its run: the failure mode workers remove.
+            raise PydanticCustomError(
+                WORKER_DETACHED_FALSE,
+                "{key_path}: false is refused: runs always execute in detached workers "
+                "(docs/runs.md); delete worker.detached or set it to true",
+                {"key_path": "worker.detached"},
+            )
         pod_only = [
             name
             for name in ("pod_template", "service_account_name", "workspace", "start_timeout_ms")

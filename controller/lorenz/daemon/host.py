@@ -16,9 +16,13 @@ import os
 import signal
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Final, Protocol
+from typing import Protocol
 
-from lorenz.assembly import assemble_runtime, tracker_factory
+from lorenz.assembly import (
+    assemble_runtime,
+    runs_in_workers,
+    tracker_factory,
+)
 from lorenz.claims import SqlClaimStore, open_claim_store, workflow_digest
 from lorenz.claims.owners import default_owner_id
 from lorenz.config import ClaimStoreBackend
@@ -32,21 +36,9 @@ from lorenz.runtime import LorenzRuntime
 from lorenz.tasks import install_child_watcher, start_up_objects_frozen
 from lorenz.trackers import TrackerClient
 from lorenz.workers.states import state_root_of
-from lorenz.workflow import LoadedWorkflow, WorkflowError, load_workflow, validate_dispatch
+from lorenz.workflow import LoadedWorkflow, load_workflow, validate_dispatch
 
 logger = logging.getLogger("lorenz.daemon")
-
-IN_PROCESS_RUNS_ENV: Final = "LORENZ_TEST_IN_PROCESS_RUNS"
-"""Test-only: ``1`` runs agents inside this process instead of in detached workers, for the
-suite's tests that are about something else (no worker start per run). Not a setting and not
-supported: agents then die with ``lorenz``, and a restart runs their issues again."""
-
-
-class InProcessRunsRefused(WorkflowError):
-    """``worker.detached: false`` on a single host, where runs always execute in workers."""
-
-    code = "worker_detached_false"
-
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class HostOptions:
@@ -116,11 +108,6 @@ def load(options: HostOptions) -> LoadedWorkflow:
         environ=options.environ,
     )
     validate_dispatch(loaded.settings)
-    if loaded.settings.worker.detached is False:
-        raise InProcessRunsRefused(
-            "worker.detached: false is refused: runs on a single host always execute in "
-            "detached workers (docs/runs.md); delete worker.detached or set it to true"
-        )
     for warning in loaded.warnings:
         logger.warning("%s", warning)
     return loaded
@@ -168,7 +155,7 @@ async def run_host(
         workflow_key = workflow_digest(loaded.canonical_path)
         await asyncio.to_thread(lambda: kill_orphans(dead_owners_of(workflow_key)))
         environ = options.environ if options.environ is not None else os.environ
-        workers = environ.get(IN_PROCESS_RUNS_ENV) != "1"
+        workers = runs_in_workers(environ)
         if workers and not store.durable and not options.dry_run:
             await _inherit_workers(
                 store, workflow=str(loaded.path), root=state_root_of(environ)

@@ -20,11 +20,12 @@ It stops in one of four ways, each in its own order:
 * **Shard lost** (a renewal saw another holder, or none succeeded within the renew
   deadline), or **fenced** (a Claim showed a newer leader generation): the claim store is
   already fenced, so nothing is written; local runs are aborted without recording anything
-  (their Claims are the new leader's to recover) — runs in detached workers are left running
-  for the new leader to adopt; the runtime stops.
+  (their Claims are the new leader's to recover) — runs in detached workers (every run, but
+  for the suite's in-process switch) are left running for the new leader to adopt; the
+  runtime stops.
 * **Shard handed over** (another replica is below its fair share): the runtime stops and
-  drains (runs end as clean shutdowns, kept as continuation retries in their Claims; with
-  ``worker.detached`` a run under way is left to its worker instead, its Claim still running
+  drains (runs not started yet end as clean shutdowns, kept as continuation retries in their
+  Claims; a run under way is left to its detached worker instead, its Claim still running
   with its spawn intent, for the new leader to adopt), a last status says nobody leads, the
   Workflow lets go of the shard — which is released once all its Workflows have — and
   campaigns again.
@@ -45,13 +46,14 @@ import dataclasses
 import datetime
 import functools
 import logging
+import os
 import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from lorenz.agents import AgentRunError, AgentRunner, RunPlacement
-from lorenz.assembly import assemble_runtime, tracker_factory
+from lorenz.assembly import assemble_runtime, runs_in_workers, tracker_factory
 from lorenz.config import WorkerKind, WorkflowSettings
 from lorenz.kube import resources
 from lorenz.kube.candidates import SpecCandidates
@@ -100,6 +102,7 @@ from lorenz.orchestrator import Orchestrator
 from lorenz.runtime import LorenzRuntime
 from lorenz.secrets import tracker_secrets
 from lorenz.tasks import BackgroundTasks, first_of
+from lorenz.workers.states import STATE_ROOT_ENV
 from lorenz.workflow import LoadedWorkflow, validate_dispatch
 
 logger = logging.getLogger("lorenz.kube.controllers")
@@ -194,7 +197,8 @@ class WorkflowController:
         self.runtime: LorenzRuntime | None = None
         self.store: ClaimResourceStore | None = None
         self._departure: Departure | None = None
-        """Set while the runtime runs its agents in detached workers (``worker.detached``)."""
+        """Set while the runtime runs its agents in detached workers (always, but for the
+        suite's in-process switch)."""
         self._fenced = asyncio.Event()
         """The term's claim store saw a newer leader generation: stop as if the Lease was
         lost."""
@@ -535,9 +539,14 @@ class WorkflowController:
         await asyncio.to_thread(write_workflow_file, loaded)
         self._applied_generation = generation
         self._degraded = None
-        # NB: decided at the start, like on a single host (a reload does not move running
-        # runs in or out of workers).
-        departure = Departure() if settings.worker.detached else None
+        # NB: runs execute in detached workers (worker.detached: false is refused when the
+        # spec loads); only the suite's test-only switch keeps them in this process.
+        workers = runs_in_workers(os.environ)
+        # NB: runs are left to their workers for the next leader only where it can adopt them:
+        # with a state root the replicas share (named by LORENZ_WORKER_STATE). The default one
+        # is private to this replica (its Pod): a worker left there would go on beside the new
+        # leader's retry of its issue, so a replica that lets go cancels its workers instead.
+        departure = Departure() if workers and STATE_ROOT_ENV in os.environ else None
         runtime = assemble_runtime(
             workflow=loaded,
             orchestrator=orchestrator,
@@ -553,9 +562,7 @@ class WorkflowController:
             worker_env=self._base_env,
             leave_workers=(lambda: departure.reason) if departure is not None else None,
             pods=functools.partial(self._pod_runner, workflow=str(loaded.path)),
-            # NB: in process unless the Workflow asks for workers (worker.detached: true);
-            # unset keeps the operator's runs in its process (docs/operator.md).
-            workers=settings.worker.detached is True,
+            workers=workers,
         )
         self._departure = departure
         # NB: Kubernetes Events and the continuation count read the event's wire form.
