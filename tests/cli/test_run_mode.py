@@ -63,10 +63,13 @@ def files_workflow(tmp_path: Path, *, extra: str = "") -> Path:
     return path
 
 
-def run_lorenz(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+def run_lorenz(
+    *args: str, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(LORENZ), *args],
         cwd=cwd,
+        env=env,
         capture_output=True,
         text=True,
         timeout=HANG_GUARD_S,
@@ -108,6 +111,33 @@ def test_once_runs_the_issue_in_a_detached_worker_by_default(tmp_path: Path) -> 
     specs = [json.loads(p.read_text()) for p in root.glob("lzw-*/spec.json")]
     mine = [s for s in specs if s["workflow"] == str(workflow)]
     assert [s["issue"]["identifier"] for s in mine] == ["RUN-1"]
+
+
+def test_a_home_too_long_for_worker_sockets_still_runs_through_a_short_link(
+    tmp_path: Path,
+) -> None:
+    """The default state root ``~/.lorenz/workers`` under a long HOME made every run fail with
+    ``worker_socket_path_too_long``; it is now reached through ``/tmp/lorenz-<uid>/<hash>``."""
+    from lorenz.workers.states import STATE_ROOT_ENV, reachable_state_root
+    from tests.workers.conftest import kill_workers_under
+
+    home = tmp_path / ("h" * 90)
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != STATE_ROOT_ENV}
+    env["HOME"] = str(home)
+    root = home / ".lorenz" / "workers"
+    workflow = files_workflow(tmp_path)
+    try:
+        result = run_lorenz(str(workflow), "--once", "--no-tui", cwd=tmp_path, env=env)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "worker_socket_path_too_long" not in result.stdout + result.stderr
+        assert (tmp_path / "agent-ran").exists()
+        specs = [json.loads(p.read_text()) for p in root.glob("lzw-*/spec.json")]
+        assert [s["issue"]["identifier"] for s in specs] == ["RUN-1"]
+    finally:
+        kill_workers_under(root)
+        link = reachable_state_root(root)
+        link.unlink()
 
 
 def test_worker_detached_false_is_refused_on_a_single_host(tmp_path: Path) -> None:

@@ -5,8 +5,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import stat
 import subprocess
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pydantic
@@ -16,8 +19,34 @@ from lorenz.workers.handles import LocalTransport, WorkerHandle, launch
 from lorenz.workers.journal import read_journal
 from lorenz.workers.launch import LOCAL_WORKER_COMMAND
 from lorenz.workers.spec import HookSpec, RunSpec
-from lorenz.workers.states import ProbeState, probe_local, worker_pid
-from tests.workers.conftest import Collected, SpecFactory, base_env, process_gone, wait_until
+from lorenz.workers.states import (
+    HANDLE_BUDGET_BYTES,
+    ROOT_BUDGET_BYTES,
+    ProbeState,
+    StateRootUnreachable,
+    probe_local,
+    reachable_state_root,
+    state_root_of,
+    worker_pid,
+)
+from tests.workers.conftest import (
+    Collected,
+    SpecFactory,
+    base_env,
+    kill_workers_under,
+    process_gone,
+    wait_until,
+)
+
+
+@pytest.fixture
+def links() -> Iterator[Path]:
+    """A private stand-in for ``/tmp/lorenz-<uid>`` (not yet created, as on a fresh boot)."""
+    parent = Path(tempfile.mkdtemp(prefix="lzl", dir="/tmp"))
+    try:
+        yield parent / "links"
+    finally:
+        shutil.rmtree(parent, ignore_errors=True)
 
 
 async def test_a_run_executes_hooks_and_agent_and_ends_with_a_final_record(
@@ -215,6 +244,60 @@ async def test_a_state_root_too_deep_for_a_socket_is_refused_with_a_code(
         await LocalTransport(state_root=deep, env=base_env()).launch(spec)
     assert caught.value.code == "worker_socket_path_too_long"
     assert not deep.exists(), "nothing is created for a spec that cannot run"
+
+
+async def test_a_state_root_too_long_for_its_sockets_is_reached_through_a_short_private_link(
+    tmp_path: Path, make_spec: SpecFactory, links: Path
+) -> None:
+    """A long HOME (or ``LORENZ_WORKER_STATE``) used to fail every run with
+    ``worker_socket_path_too_long``; the root is now reached through a short link, and a real
+    run goes through it while its files stay under the long root."""
+    long_root = tmp_path / ("d" * 80) / "workers"
+    root = reachable_state_root(long_root, link_parent=links)
+    assert root.parent == links
+    assert len(str(root)) <= ROOT_BUDGET_BYTES
+    assert os.readlink(root) == str(long_root)
+    assert stat.S_IMODE(os.stat(links).st_mode) == 0o700
+    assert reachable_state_root(long_root, link_parent=links) == root, "stable across starts"
+    other = reachable_state_root(tmp_path / ("e" * 80), link_parent=links)
+    assert other != root, "two roots never share a link"
+    short = tmp_path.parent / "w"
+    if len(str(short)) <= ROOT_BUDGET_BYTES:
+        assert reachable_state_root(short, link_parent=links) == short
+
+    spec, _ = make_spec(turns=[{"steps": [{"message": "one"}]}])
+    try:
+        handle, _ = await launch(spec, transport=LocalTransport(state_root=root, env=base_env()))
+        final = await handle.follow(Collected())
+        assert final.data["outcome"] == "success"
+        assert (long_root / spec.handle / "journal.jsonl").exists()
+        assert (await probe_local(root / spec.handle)).state is ProbeState.FINAL
+    finally:
+        kill_workers_under(long_root)
+
+
+def test_a_link_parent_others_may_write_is_refused_with_a_code(
+    tmp_path: Path, links: Path
+) -> None:
+    links.mkdir()
+    links.chmod(0o755)
+    long_root = tmp_path / ("d" * 80)
+    with pytest.raises(StateRootUnreachable) as caught:
+        reachable_state_root(long_root, link_parent=links)
+    assert caught.value.code == "worker_state_root_too_long"
+    assert str(links) in caught.value.message
+    assert "set LORENZ_WORKER_STATE to a directory of at most 32 bytes" in caught.value.message
+    assert list(links.iterdir()) == [], "no link in a directory others may write"
+
+
+def test_the_default_state_root_of_a_long_home_is_reachable(tmp_path: Path) -> None:
+    home = tmp_path / ("h" * 80)
+    root = state_root_of({"HOME": str(home)})
+    try:
+        assert len(str(root / ("h" * HANDLE_BUDGET_BYTES) / "control.sock")) <= 107
+        assert root.resolve() == (home / ".lorenz" / "workers").resolve()
+    finally:
+        root.unlink()
 
 
 async def test_a_worker_exiting_at_once_still_delivers_its_final_record_live(

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import dataclasses
 import enum
+import hashlib
 import json
 import os
 import shutil
@@ -107,19 +108,95 @@ class Probe:
         )
 
 
+HANDLE_BUDGET_BYTES: Final = 61
+"""The longest handle a state root is sized for: a 24-character identifier, a two-digit slot,
+a three-digit attempt, a six-digit generation and a run ordinal (``lzw-…-s12-a123-g123456-r1-
+<12 hex>``)."""
+
+ROOT_BUDGET_BYTES: Final = SOCKET_PATH_LIMIT - len(f"/{'h' * HANDLE_BUDGET_BYTES}/{SOCKET_NAME}")
+"""The longest state root whose sockets fit in ``SOCKET_PATH_LIMIT`` for every such handle
+(32 bytes). A longer one is reached through a short link (:func:`reachable_state_root`)."""
+
+LINK_PARENT_PREFIX: Final = "/tmp/lorenz-"
+"""``/tmp/lorenz-<uid>/`` (0700, this user's) holds the short links to long state roots."""
+
+
+class StateRootUnreachable(WorkerStateError):
+    """A state root too long for its sockets, and no safe short link to it."""
+
+    code = "worker_state_root_too_long"
+
+
 def default_state_root() -> Path:
-    """``$LORENZ_WORKER_STATE`` or ``~/.lorenz/workers``: short, so socket paths fit."""
+    """``$LORENZ_WORKER_STATE`` or ``~/.lorenz/workers`` (see :func:`state_root_of`)."""
     return state_root_of(os.environ)
 
 
 def state_root_of(environ: Mapping[str, str]) -> Path:
-    """The state root ``environ`` names: its ``LORENZ_WORKER_STATE``, else
-    ``$HOME/.lorenz/workers`` (this user's home when ``environ`` has no ``HOME``)."""
+    """The state root ``environ`` names — its ``LORENZ_WORKER_STATE``, else
+    ``$HOME/.lorenz/workers`` (this user's home when ``environ`` has no ``HOME``) — as the
+    path workers and controllers use: itself, or a short link to it when it is too long for
+    its sockets (:func:`reachable_state_root`)."""
     configured = environ.get(STATE_ROOT_ENV)
     if configured:
-        return Path(configured)
+        return reachable_state_root(Path(configured))
     home = environ.get("HOME")
-    return (Path(home) if home else Path.home()) / ".lorenz" / "workers"
+    return reachable_state_root((Path(home) if home else Path.home()) / ".lorenz" / "workers")
+
+
+def reachable_state_root(root: Path, *, link_parent: Path | None = None) -> Path:
+    """``root`` when its sockets fit, else ``/tmp/lorenz-<uid>/<8 hex of root>``, a symbolic
+    link to it (made or mended here; the directory 0700 and this user's). ``link_parent``
+    replaces ``/tmp/lorenz-<uid>`` (tests).
+
+    Why a link and not a shorter home for the state: a unix socket's path (``sun_path``) is
+    limited to 107 bytes, but the kernel follows links inside it, so every path through the
+    link is short while the journals, specs and logs stay where the user put them. The link's
+    name is a hash of the root, so every controller and worker of one root, before and after a
+    restart, reaches it by the same path (adoption finds its workers there), and two roots never
+    share a link. NB: ``/tmp`` is emptied at boot; the link is made again at the next start (the
+    workers did not survive the boot either).
+    """
+    absolute = root.absolute()
+    if len(os.fsencode(str(absolute))) <= ROOT_BUDGET_BYTES:
+        return root
+    parent = link_parent or Path(f"{LINK_PARENT_PREFIX}{os.getuid()}")
+    what_to_do = (
+        f"set {STATE_ROOT_ENV} to a directory of at most {ROOT_BUDGET_BYTES} bytes (the worker "
+        f"state root {absolute} is too long for unix socket paths)"
+    )
+    try:
+        absolute.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            parent.mkdir(mode=0o700)
+        info = parent.lstat()
+        if (
+            not stat.S_ISDIR(info.st_mode)
+            or info.st_uid != os.getuid()
+            or info.st_mode & 0o077
+        ):
+            # NB: anyone may create /tmp/lorenz-<uid> first; a link in a directory of another
+            # user (or one others may write) could be turned to their directory.
+            raise StateRootUnreachable(
+                f"{parent} is not a private directory of this user; remove it, or {what_to_do}"
+            )
+        link = parent / hashlib.sha256(os.fsencode(str(absolute))).hexdigest()[:8]
+        try:
+            current = os.readlink(link)
+        except OSError:
+            current = None
+        if current != str(absolute):
+            staging = parent / f".{link.name}.{os.getpid()}"
+            with contextlib.suppress(FileNotFoundError):
+                staging.unlink()
+            os.symlink(absolute, staging)
+            os.replace(staging, link)  # NB: atomic: a reader sees the old link or the new one
+    except OSError as exc:
+        raise StateRootUnreachable(
+            f"no short link to the worker state root can be made in {parent} "
+            f"({exc.strerror or exc}): {what_to_do}"
+        ) from exc
+    return link
 
 
 def create_state_dir(root: Path, handle: str) -> Path:
