@@ -135,7 +135,9 @@ def test_a_stored_failure_comes_back_with_its_code_so_an_unreachable_host_is_avo
     assert restore.blocked[slot_key("i3", 0)].error_code == "worker_host_unreachable"
 
 
-def test_a_pending_retry_without_a_due_time_is_due_now_as_attempt_one() -> None:
+def test_a_pending_retry_without_a_due_time_or_attempt_is_due_now_as_a_first_run() -> None:
+    """No attempt (``0`` on a Claim) is a first run retried without counting (its worker never
+    started): it comes back as that first run, not as attempt 1."""
     retry = retry_of_recovered(
         row("i1", ClaimPhase.RETRY_PENDING),
         previous_owner="x",
@@ -143,7 +145,8 @@ def test_a_pending_retry_without_a_due_time_is_due_now_as_attempt_one() -> None:
         wall=WALL,
         backoff=BACKOFF,
     )
-    assert (retry.attempt, retry.kind, retry.due_at_ms) == (1, RetryKind.FAILURE, NOW_MS)
+    assert (retry.attempt, retry.kind, retry.due_at_ms) == (0, RetryKind.FAILURE, NOW_MS)
+    assert retry.run_attempt is None
 
 
 def test_a_run_lost_with_its_owner_is_a_failure_retry_with_the_next_attempt_and_backoff() -> None:

@@ -274,3 +274,31 @@ async def test_run_helper_claims_in_one_step() -> None:
     entry = await run(orchestrator, issue(7))
     assert isinstance(orchestrator, Orchestrator)
     assert entry.key == SlotKey("i7#0")
+
+
+@pytest.mark.parametrize("failures_before", [0, 1])
+async def test_a_run_whose_worker_never_started_is_retried_as_the_same_attempt_uncounted(
+    failures_before: int,
+) -> None:
+    """``worker_never_started`` (a controller killed mid-launch) is not the agent's failure:
+    the retry is the same attempt after the short delay, the failure count unchanged — even
+    with one failure left in the budget, nothing is blocked."""
+    orchestrator, _, clock = make(config=settings(retry={"max_attempts": 2}))
+    for _ in range(failures_before):
+        await run(orchestrator, issue(1))
+        await orchestrator.finish(K1, normal=False, error="boom")
+        clock.advance(3_600_000)
+    entry = await run(orchestrator, issue(1))
+    finished = await orchestrator.finish(
+        K1, normal=False, error="never started", failure_code="worker_never_started"
+    )
+    assert finished is not None
+    assert finished.blocked is None
+    retry = retry_of(finished)
+    assert retry is not None
+    assert (retry.kind, retry.run_attempt) == (RetryKind.FAILURE, entry.attempt)
+    assert retry.due_at_ms == clock.monotonic_ms() + 1000
+    assert orchestrator.state.failure_streaks.get(K1, 0) == failures_before
+    clock.advance(1000)
+    again = await run(orchestrator, issue(1))
+    assert again.attempt == entry.attempt

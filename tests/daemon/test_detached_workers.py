@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from lorenz.workers.runner import PAUSE_AT_SPAWN_PHASE_ENV
 from tests.daemon.harness import (
     DaemonProcess,
     kill_marked,
@@ -300,7 +301,8 @@ def test_a_controller_killed_in_each_spawn_phase_is_followed_as_the_phase_table_
     phase: str,
     worker: str,
 ) -> None:
-    """docs/runs.md's table, end to end: alive → adopt, final → settle, gone → failure retry."""
+    """docs/runs.md's table, end to end: alive → adopt, final → settle, gone → failure retry,
+    never started (no journal, the launch never answered) → the same attempt again."""
     run = _a_daemon_with_a_running_worker(
         root, daemon_env, daemons, worker_state, agent_s=4, extra_args=()
     )
@@ -332,9 +334,17 @@ def test_a_controller_killed_in_each_spawn_phase_is_followed_as_the_phase_table_
     def failure_retries() -> list[dict[str, object]]:
         return [b for b in _event_bodies(store) if b.get("retry_kind") == "failure"]
 
+    if worker == "gone" and phase == "provisioning":
+        # Nothing to find (the launch never answered, no journal): it never started, so the
+        # same attempt runs again, not counted as a failure (compensated).
+        _wait(lambda: bool(failure_retries()), "the retry of a worker that never started")
+        assert "worker_never_started" in json.dumps(failure_retries()[0])
+        assert failure_retries()[0].get("attempt") == 0, "the first run again, not attempt 1"
+        return
     if worker == "gone":
         _wait(lambda: bool(failure_retries()), "the failure retry of a gone worker")
         assert "worker_gone" in json.dumps(failure_retries()[0])
+        assert failure_retries()[0].get("attempt") == 1
         assert [r for r in read_agent_log(log) if r["event"] == "start"] == [started], (
             "nothing may start before the failure retry is due"
         )
@@ -355,6 +365,56 @@ def test_a_controller_killed_in_each_spawn_phase_is_followed_as_the_phase_table_
     assert later_start is None or later_start > ended["t"]
     assert not any(r.get("dup") for r in records)
     assert not failure_retries(), "an adoptable or finished run was failed over"
+
+
+@pytest.mark.parametrize("phase", ["provisioning", "spawn_requested"])
+def test_a_controller_killed_before_its_worker_started_costs_the_run_no_attempt(
+    root: Path,
+    daemon_env: dict[str, str],
+    daemons: list[DaemonProcess],
+    worker_state: Path,
+    phase: str,
+) -> None:
+    """``kill -9`` of the daemon in a spawn phase before the launch (held there by the
+    test-only pause): the successor finds the intent with no worker — it never started — and
+    runs the same attempt again, the failure not counted (compensated). With
+    ``retry.max_attempts: 1`` a counted failure would block the issue instead."""
+    store = root / "claims.db"
+    workflow = write_daemon_workflow(
+        root,
+        issues=("A-1",),
+        agent_env={**SLOW, "AGENT_MIN_S": "1", "AGENT_MAX_S": "1"},
+        front_matter={
+            "flags": {"claim_store.path": str(store), "daemon.heartbeat_ms": 200},
+            "retry": {"max_attempts": 1},
+        },
+    )
+    env = {**daemon_env, "LORENZ_WORKER_STATE": str(worker_state)}
+    args = ["--feature", "daemon", "--feature", "durable_claims"]
+    log = root / "agent.log"
+    first = DaemonProcess(
+        workflow, env={**env, PAUSE_AT_SPAWN_PHASE_ENV: phase}, args=args,
+        output=root / "daemon-0.log",
+    )
+    daemons.append(first.start())
+    first.wait_ready()
+    _wait(lambda: f"test pause at spawn phase={phase}" in first.log(), f"the pause at {phase}")
+    [(_, recorded, handle, _)] = _claim_rows(store)
+    assert (recorded, handle is not None) == (phase, True)
+    first.kill9()
+    assert read_agent_log(log) == []
+    assert not (worker_state / str(handle) / "journal.jsonl").exists(), "no worker ever ran"
+
+    second = DaemonProcess(workflow, env=env, args=args, output=root / "daemon-1.log")
+    daemons.append(second.start())
+    second.wait_ready()
+    _wait(lambda: any(r["event"] == "end" for r in read_agent_log(log)), "the run to end")
+    assert "interrupted=0 adopting=1" in second.log()
+    [start] = [r for r in read_agent_log(log) if r["event"] == "start"][:1]
+    assert start["attempt"] is None, "the run is still the first attempt"
+    retries = [b for b in _event_bodies(store) if b.get("retry_kind") == "failure"]
+    assert "worker_never_started" in json.dumps(retries[0])
+    assert "blocked" not in json.dumps(_event_bodies(store)), "the budget of 1 was not used"
 
 
 def _journal(worker_state: Path, handle: str) -> list[dict[str, Any]]:

@@ -245,7 +245,9 @@ def retry_of_recovered(
             issue_id=record.issue_id,
             identifier=record.identifier,
             slot_index=record.slot_index,
-            attempt=record.attempt or 1,
+            # NB: ``0`` (``None`` on a Claim) is the slot's first run retried without counting
+            # (its worker never started); no other retry has attempt 0.
+            attempt=record.attempt or 0,
             kind=record.retry_kind or RetryKind.FAILURE,
             due_at_ms=now_ms + (due_at - wall).total_seconds() * 1000.0,
             due_at=due_at,

@@ -6,6 +6,11 @@ uses up the budget the slot is not retried; it goes to the ``blocked`` lane and
 ``retry.terminal_action`` decides what else happens (``block``: nothing; ``escalate``: one
 comment and/or label on the issue; ``cancel``: the issue moves to ``retry.cancel_state``).
 
+A run whose worker never started (failure code ``worker_never_started``: its controller was
+killed while launching it, and the successor found no trace of a worker) is not a failure of
+the agent: it is *compensated* — retried as the same attempt after the continuation delay,
+without counting against the budget (seed 004's ``compensated`` spawn phase).
+
 An agent that asks for input or approval (failure codes ``input_required`` and
 ``approval_required``) is blocked at once, whatever the budget: retrying would only ask again.
 Its question is what the lane shows. ``cancel`` does not apply to it (an agent with a question
@@ -25,7 +30,7 @@ import hashlib
 
 from lorenz.config import RetrySettings, TerminalAction
 from lorenz.model import Issue, RetryKind
-from lorenz.policies.backoff import retry_plan
+from lorenz.policies.backoff import CONTINUATION_DELAY_MS, retry_plan
 
 
 class BlockReason(enum.StrEnum):
@@ -44,6 +49,9 @@ QUESTION_CODES: dict[str, BlockReason] = {
     "approval_required": BlockReason.APPROVAL_REQUIRED,
 }
 """Run failure codes that mean "the agent is waiting for a person", not "the run is broken"."""
+
+NEVER_STARTED_CODE = "worker_never_started"
+"""The failure code of a run whose worker never started (a controller killed mid-launch)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -78,6 +86,16 @@ def settle_decision(
         )
         return RetryDecision(failures=0, kind=RetryKind.CONTINUATION, attempt=attempt,
                              delay_ms=delay)
+    if failure_code == NEVER_STARTED_CODE:
+        # NB: nothing ran, so nothing failed: the same attempt again (``0`` for a first run),
+        # the failure count unchanged. The short delay keeps a controller that crashes at every
+        # launch from spinning; each crash costs a restart anyway.
+        return RetryDecision(
+            failures=max(previous_failures, 0),
+            kind=RetryKind.FAILURE,
+            attempt=previous_attempt or 0,
+            delay_ms=CONTINUATION_DELAY_MS,
+        )
     backoff = retry.backoff
     attempt, delay = retry_plan(
         kind=RetryKind.FAILURE,

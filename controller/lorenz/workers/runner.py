@@ -46,6 +46,7 @@ from lorenz.model import (
     TokenUsage,
     slot_key,
 )
+from lorenz.policies.retries import NEVER_STARTED_CODE
 from lorenz.workers.client import CallHandlers
 from lorenz.workers.handles import (
     LocalTransport,
@@ -124,6 +125,12 @@ def agent_update_from(record: Record) -> AgentUpdate:
     )
 
 
+PAUSE_AT_SPAWN_PHASE_ENV: Final = "LORENZ_TEST_PAUSE_AT_SPAWN_PHASE"
+"""Test-only: a spawn phase (``provisioning``, ``spawn_requested``) at which this controller's
+runs stop for ever right after the claim recorded it, so that a test can ``kill -9`` the
+controller in exactly that phase. Not a setting and not supported."""
+
+
 class IntentRecorder:
     """Writes one slot's spawn intent through the claim store, newest state last.
 
@@ -165,6 +172,9 @@ class IntentRecorder:
                 code=getattr(exc, "code", "spawn_intent_failed"),
             ) from exc
         self._written = intent
+        if os.environ.get(PAUSE_AT_SPAWN_PHASE_ENV) == phase.value:
+            logger.warning("test pause at spawn phase=%s handle=%s", phase.value, handle)
+            await asyncio.Event().wait()
 
     def update(self, intent: SpawnIntent) -> None:
         """Ask for ``intent`` to be written soon (coalesced with later updates)."""
@@ -329,7 +339,7 @@ class WorkerRunner:
                 else:
                     await self._cancel(handle, follow)
                 raise
-            except WorkerGone:
+            except WorkerGone as exc:
                 # NB: before the claim says so: a successor that reads ``compensated`` retries
                 # at once, and the dead worker's agent must not work beside that retry.
                 await self._kill_leftovers(name)
@@ -338,6 +348,13 @@ class WorkerRunner:
                         recorder.intent(name, SpawnPhase.COMPENSATED, handle.last_seq)
                     )
                     await recorder.flush()
+                if await self._never_started(request.resume, name=name, handle=handle):
+                    raise AgentRunError(
+                        f"the worker {name} never started: its controller was lost while "
+                        "launching it; the run is retried as the same attempt, not counted as "
+                        "a failure",
+                        code=NEVER_STARTED_CODE,
+                    ) from exc
                 raise
             except WorkerUnknown as exc:
                 # Quarantine: the worker may still run, so neither a retry (a second agent
@@ -486,6 +503,26 @@ class WorkerRunner:
             dropped.reason,
         )
         return True
+
+    async def _never_started(
+        self, resume: SpawnIntent | None, *, name: str, handle: WorkerHandle
+    ) -> bool:
+        """Whether the gone worker ``name`` of an adopted intent never started: its lost
+        controller recorded no answer of the launch (``provisioning``, ``spawn_requested``) and
+        no journal record exists — no hook, no agent ran.
+
+        NB: only from those phases. Past them the launch answered, so a worker ran; and a
+        journal this controller cannot see (another host's state root) proves nothing.
+        """
+        if resume is None or resume.handle != name or handle.last_seq:
+            return False
+        if resume.phase not in (SpawnPhase.PROVISIONING, SpawnPhase.SPAWN_REQUESTED):
+            return False
+        try:
+            records = await self.transport.read_journal(name, after_seq=0)
+        except Exception:  # noqa: BLE001 - unreadable is not proof of nothing: a failure
+            return False
+        return not records
 
     def _adoptable(self, resume: SpawnIntent | None, *, issue_id: str, slot: int) -> str | None:
         """The handle of ``resume`` if it may be adopted (or cancelled) for this slot.
