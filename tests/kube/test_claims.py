@@ -15,6 +15,7 @@ import pytest
 from lorenz.config import WorkflowSettings
 from lorenz.kube.claims import ClaimResourceStore
 from lorenz.kube.clients import KubeApi, claims_path, workflows_path
+from lorenz.kube.finalizers import edit_finalizer
 from lorenz.kube.resources import WorkflowRef, claim_name
 from lorenz.model import (
     ClaimPhase,
@@ -241,6 +242,31 @@ async def test_checkpoint_lives_in_the_workflow_status(
     checkpoint = {"schema": 1, "usage_totals": {"input_tokens": 5, "seconds_running": 1.5}}
     await store.save_checkpoint(checkpoint)
     assert (await store.load()).checkpoint == checkpoint
+
+
+async def test_a_terms_first_load_takes_the_checkpoint_from_its_finalizer_edits_answer(
+    kube_api: KubeApi, workflow: WorkflowRef
+) -> None:
+    checkpoint = {"schema": 1, "usage_totals": {"input_tokens": 5, "seconds_running": 1.5}}
+    await store_for(kube_api, workflow, "old", Leadership("old")).save_checkpoint(checkpoint)
+    # The new term's first request: the finalizer edit, whose answer is the whole Workflow.
+    answers: list[Any] = []
+    assert await edit_finalizer(
+        api=kube_api, workflow=workflow, add=True, on_answer=answers.append
+    )
+    assert answers[-1]["metadata"]["finalizers"] == ["lorenz.dev/cleanup"]
+    store = ClaimResourceStore(
+        api=kube_api, workflow=workflow, owner="new", holder=lambda: "new",
+        may_write=lambda: True, workflow_object=answers[-1],
+    )
+    reads = kube_api.requests[("get", "workflows")]
+    assert (await store.load()).checkpoint == checkpoint
+    assert kube_api.requests[("get", "workflows")] == reads  # no read of the Workflow
+    # Once only: a later load of the term (a restarted runtime) reads what the term wrote.
+    newer = {"schema": 1, "usage_totals": {"input_tokens": 9, "seconds_running": 2.5}}
+    await store.save_checkpoint(newer)
+    assert (await store.load()).checkpoint == newer
+    assert kube_api.requests[("get", "workflows")] == reads + 1
 
 
 async def test_a_deleted_claim_is_reported_once_and_only_for_its_uid(

@@ -17,8 +17,9 @@ takes a Workflow over rebuilds the scheduling state from them (``load``), and so
                     ``seq_interval_s`` per Claim (the newest one; the API is not a journal).
 ``release``         delete, with the uid as precondition (a successor of the same name lives).
 ``load``            list the Workflow's Claims (label ``lorenz.dev/workflow``) and read the
-                    checkpoint from the Workflow's status; every owner that is not the current
-                    Lease holder is stale.
+                    checkpoint from the Workflow's status (the first load of a term takes it
+                    from the Workflow the term's finalizer edit got back, when there was one);
+                    every owner that is not the current Lease holder is stale.
 ``take_over``       status writes (CAS) that set the owner to us.
 ``save_checkpoint`` merge-patch ``status.checkpoint`` of the Workflow.
 ``heartbeat``       nothing: the Lease renewal *is* the heartbeat.
@@ -109,8 +110,13 @@ class ClaimResourceStore:
         generation: int | None = None,
         on_fenced: Callable[[LorenzError], None] | None = None,
         seq_interval_s: float = SEQ_INTERVAL_S,
+        workflow_object: Mapping[str, Any] | None = None,
     ) -> None:
         self._api = api
+        self._workflow_object = workflow_object
+        """The Workflow as the API server returned it after this term began (used once, by the
+        first ``load``): its checkpoint is as fresh as a read's, since only this term writes
+        it from then on."""
         self._workflow = workflow
         self._owner = owner
         self._holder = holder
@@ -543,14 +549,18 @@ class ClaimResourceStore:
             del self._held[key]
 
     async def _read_checkpoint(self) -> Mapping[str, Any] | None:
-        try:
-            workflow = await self._api.get(
-                workflows_path(self._workflow.namespace, self._workflow.name)
-            )
-        except KubeApiError as exc:
-            if exc.not_found:
-                return None
-            raise
+        workflow, self._workflow_object = self._workflow_object, None
+        # NB: never the watched object: a previous leader's last checkpoint may not have
+        # reached this replica's watch yet when it takes over.
+        if workflow is None:
+            try:
+                workflow = await self._api.get(
+                    workflows_path(self._workflow.namespace, self._workflow.name)
+                )
+            except KubeApiError as exc:
+                if exc.not_found:
+                    return None
+                raise
         checkpoint = (workflow.get("status") or {}).get("checkpoint")
         return snake_keys(dict(checkpoint)) if isinstance(checkpoint, Mapping) else None
 

@@ -216,6 +216,9 @@ class WorkflowController:
         self._start_failures = 0
         """Failed starts in a row (the backoff doubles with each; a good poll resets it)."""
         self._snapshot: RuntimeSnapshot | None = None
+        self._term_object: Mapping[str, Any] | None = None
+        """The Workflow as read after the current term began (see :meth:`_lead`), for the
+        term's first claim store; taken once."""
         self._last_status: dict[str, Any] | None = None
         self._last_write_at = 0.0
         self._deferred: asyncio.TimerHandle | None = None
@@ -358,7 +361,14 @@ class WorkflowController:
                 return
             # NB: computed from the watched object, before this term's first status patch
             # (which would move the resourceVersion that adding the first finalizer tests).
-            await edit_finalizer(api=self._api, workflow=self.ref, add=True, seen=self._body)
+            # The object the API answers with is read after the term began: the first claim
+            # store of the term takes the checkpoint from it instead of reading the Workflow.
+            answers: list[Mapping[str, Any]] = []
+            await edit_finalizer(
+                api=self._api, workflow=self.ref, add=True, seen=self._body,
+                on_answer=answers.append,
+            )
+            self._term_object = answers[-1] if answers else None
             self._dirty()
             while True:
                 if not await self._start_runtime(term):
@@ -413,6 +423,7 @@ class WorkflowController:
                 await self._stop_runtime(hand_over=True)
                 await self._release()
         finally:
+            self._term_object = None
             publisher.cancel()
             if self._deferred is not None:
                 self._deferred.cancel()
@@ -516,7 +527,9 @@ class WorkflowController:
             may_write=term.holds_lease,
             generation=term.generation,
             on_fenced=self._on_fenced,
+            workflow_object=self._term_object,
         )
+        self._term_object = None
         orchestrator = Orchestrator(settings=settings, store=store, clock=SystemClock())
         report = await orchestrator.hydrate()
         if report.interrupted or report.restored_retries:

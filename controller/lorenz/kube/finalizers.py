@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +61,12 @@ def finalizer_ops(metadata: Mapping[str, Any], *, add: bool) -> list[dict[str, A
 
 
 async def edit_finalizer(
-    *, api: KubeApi, workflow: WorkflowRef, add: bool, seen: Mapping[str, Any] | None = None
+    *,
+    api: KubeApi,
+    workflow: WorkflowRef,
+    add: bool,
+    seen: Mapping[str, Any] | None = None,
+    on_answer: Callable[[Mapping[str, Any]], None] | None = None,
 ) -> bool:
     """Add or remove the cleanup finalizer; ``True`` when the object ends in that state.
 
@@ -69,6 +74,10 @@ async def edit_finalizer(
     (no read), and only an edit it makes fail (the list or the resourceVersion moved on) reads
     the object again. With 1,000 Workflows starting or being deleted at once, that read was a
     third of the requests the start (and the cleanup) queued behind.
+
+    ``on_answer`` gets each object the API server answered with (a read, the patched object:
+    the whole Workflow, status included, as of that request) — never the watched ``seen``, so
+    nothing when the edit needed no request.
     """
     path = workflows_path(workflow.namespace, workflow.name)
     for _ in range(MAX_PATCH_RETRIES):
@@ -82,6 +91,8 @@ async def edit_finalizer(
                 if exc.not_found:
                     return not add
                 raise
+            if on_answer is not None:
+                on_answer(current)
         metadata = current.get("metadata") or {}
         if workflow.uid is not None and metadata.get("uid") != workflow.uid:
             return not add  # a re-created Workflow of the same name: not ours to edit
@@ -89,13 +100,16 @@ async def edit_finalizer(
         if ops is None:
             return True
         try:
-            await api.json_patch(path, ops)
-            return True
+            answer = await api.json_patch(path, ops)
         except KubeApiError as exc:
             if exc.not_found:
                 return not add
             if not (exc.conflict or exc.status == 422):
                 raise
+        else:
+            if on_answer is not None and answer:
+                on_answer(answer)
+            return True
     logger.warning("Finalizer edit kept conflicting workflow=%s", workflow.display)
     return False
 
