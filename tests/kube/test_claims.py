@@ -7,12 +7,14 @@ callables here; in the operator they are the Lease provider's view.
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 from typing import Any
 
 import pytest
 
 from lorenz.config import WorkflowSettings
+from lorenz.kube.claim_lists import ClaimLister
 from lorenz.kube.claims import ClaimResourceStore
 from lorenz.kube.clients import KubeApi, claims_path, workflows_path
 from lorenz.kube.finalizers import edit_finalizer
@@ -316,3 +318,48 @@ async def test_an_idle_store_makes_no_requests(kube_api: KubeApi, workflow: Work
     for _ in range(10):
         await store.heartbeat()
     assert kube_api.total_requests == before
+
+
+async def test_workflows_listing_their_claims_at_once_share_one_list(
+    kube_api: KubeApi, kube_namespace: str, lorenz_crds: list[str]
+) -> None:
+    refs = []
+    for i in range(5):
+        body = {
+            "apiVersion": "lorenz.dev/v1alpha1",
+            "kind": "Workflow",
+            "metadata": {"name": f"wf-{i}", "namespace": kube_namespace},
+            "spec": {"tracker": {"kind": "files", "path": "issues"}},
+        }
+        created = await kube_api.create(workflows_path(kube_namespace), body)
+        ref = WorkflowRef(namespace=kube_namespace, name=f"wf-{i}", uid=created["metadata"]["uid"])
+        refs.append(ref)
+        for issue in range(i):  # wf-i has i Claims
+            store = store_for(kube_api, ref, "leader", Leadership("leader"))
+            assert await store.acquire(record(f"ISSUE-{issue}"))
+    lister = ClaimLister(api=kube_api)
+    lists = kube_api.requests[("list", "claims")]
+    found = await asyncio.gather(*(lister.claims_of(ref) for ref in refs))
+    assert kube_api.requests[("list", "claims")] == lists + 1  # one list for the five
+    for i, items in enumerate(found):
+        assert sorted(item["spec"]["issueId"] for item in items) == [
+            f"ISSUE-{n}" for n in range(i)
+        ]
+    # A caller that asks while a list is in flight is answered by a later one: it sees a Claim
+    # written after that list started.
+    first = asyncio.ensure_future(lister.claims_of(refs[0]))
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    late = store_for(kube_api, refs[0], "leader", Leadership("leader"))
+    assert await late.acquire(record("ISSUE-LATE"))
+    second = await lister.claims_of(refs[0])
+    assert "ISSUE-LATE" in [item["spec"]["issueId"] for item in second]
+    await first
+    # The claim store's load goes through the lister when it has one.
+    store = ClaimResourceStore(
+        api=kube_api, workflow=refs[4], owner="next", holder=lambda: "next",
+        may_write=lambda: True, lister=lister,
+    )
+    before = lister.lists
+    assert len((await store.load()).claims) == 4
+    assert lister.lists == before + 1

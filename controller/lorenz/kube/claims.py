@@ -64,6 +64,7 @@ from typing import Any, Final
 from lorenz.claims import ClaimGenerationStale
 from lorenz.kube import resources
 from lorenz.kube.casing import camel_keys, snake_keys
+from lorenz.kube.claim_lists import ClaimLister
 from lorenz.kube.clients import KubeApi, claims_path, workflows_path
 from lorenz.kube.errors import KubeApiError, LeaseLost
 from lorenz.kube.resources import WorkflowRef
@@ -111,8 +112,11 @@ class ClaimResourceStore:
         on_fenced: Callable[[LorenzError], None] | None = None,
         seq_interval_s: float = SEQ_INTERVAL_S,
         workflow_object: Mapping[str, Any] | None = None,
+        lister: ClaimLister | None = None,
     ) -> None:
         self._api = api
+        self._lister = lister
+        """Shares ``load``'s list with other Workflows of the namespace loading at once."""
         self._workflow_object = workflow_object
         """The Workflow as the API server returned it after this term began (used once, by the
         first ``load``): its checkpoint is as fresh as a read's, since only this term writes
@@ -155,10 +159,13 @@ class ClaimResourceStore:
         return self._held
 
     async def load(self) -> StoredState:
-        items = await self._api.list_items(
-            claims_path(self._workflow.namespace),
-            label_selector=resources.workflow_selector(self._workflow.name),
-        )
+        if self._lister is not None:
+            items = await self._lister.claims_of(self._workflow)
+        else:
+            items = await self._api.list_items(
+                claims_path(self._workflow.namespace),
+                label_selector=resources.workflow_selector(self._workflow.name),
+            )
         self._drop_all_pending()
         self._held.clear()
         records: list[ClaimRecord] = []

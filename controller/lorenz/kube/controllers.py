@@ -57,6 +57,7 @@ from lorenz.assembly import assemble_runtime, runs_in_workers, tracker_factory
 from lorenz.config import WorkerKind, WorkflowSettings
 from lorenz.kube import resources
 from lorenz.kube.candidates import SpecCandidates
+from lorenz.kube.claim_lists import ClaimLister
 from lorenz.kube.claims import ClaimResourceStore
 from lorenz.kube.clients import KubeApi, claims_path, workflows_path
 from lorenz.kube.errors import KubeApiError, LeaseLost, OperatorError
@@ -152,8 +153,11 @@ class WorkflowController:
         post: Post = kopf_post,
         metrics: RuntimeAttacher | None = None,
         log_secrets: Callable[[Iterable[str]], None] | None = None,
+        claim_lister: ClaimLister | None = None,
     ) -> None:
         self._body: Mapping[str, Any] = body
+        self._claim_lister = claim_lister
+        """The replica's shared Claim lists (see :mod:`lorenz.kube.claim_lists`)."""
         self.ref = workflow_ref(body)
         self._api = api
         self._settings = settings
@@ -528,6 +532,7 @@ class WorkflowController:
             generation=term.generation,
             on_fenced=self._on_fenced,
             workflow_object=self._term_object,
+            lister=self._claim_lister,
         )
         self._term_object = None
         orchestrator = Orchestrator(settings=settings, store=store, clock=SystemClock())
@@ -941,7 +946,9 @@ class WorkflowController:
     async def _cleanup_deleted(self) -> None:
         """The Workflow is being deleted: delete its Claims and its workspaces, let go of the
         shard, unblock the deletion."""
-        deleted = await delete_claims(api=self._api, workflow=self.ref)
+        deleted = await delete_claims(
+            api=self._api, workflow=self.ref, lister=self._claim_lister
+        )
         try:
             runs = await delete_workflow_runs(self._api, workflow=self.ref)
         except KubeApiError as exc:

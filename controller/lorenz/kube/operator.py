@@ -32,6 +32,7 @@ from typing import Any
 
 from lorenz.kube import resources
 from lorenz.kube.api_auth import KubernetesAuth
+from lorenz.kube.claim_lists import ClaimLister
 from lorenz.kube.clients import KubeApi, load_configuration
 from lorenz.kube.controllers import RuntimeAttacher, WorkflowController
 from lorenz.kube.posting import Post, kopf_post
@@ -76,6 +77,8 @@ class Supervisor:
         self._post = post
         self.metrics = metrics
         self._log_secrets = log_secrets
+        self.claim_lister = ClaimLister(api=api)
+        """Claim lists shared by the Workflows that start or are deleted together."""
         self.controllers: dict[tuple[str, str], WorkflowController] = {}
         self._retired: set[WorkflowController] = set()
         self._closing = False
@@ -106,6 +109,7 @@ class Supervisor:
                 post=self._post,
                 metrics=self.metrics,
                 log_secrets=self._log_secrets,
+                claim_lister=self.claim_lister,
             )
             self.controllers[key] = current
             current.start()
