@@ -177,7 +177,7 @@ def test_an_issue_runs_in_a_pod_of_its_own_to_done(pod_install: Install) -> None
     spec = pod["spec"]
     assert spec["nodeName"] == rig.node_name
     assert spec["automountServiceAccountToken"] is False
-    assert spec["serviceAccountName"] == "default"
+    assert spec["serviceAccountName"] == "lorenz-agent"
     assert all(
         "serviceAccountToken" not in json.dumps(v) and "hostPath" not in v
         for v in spec["volumes"]
