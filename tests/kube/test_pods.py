@@ -35,6 +35,7 @@ from lorenz.kube.pods import (
     pod_manifest,
     pod_name,
     spec_claim_name,
+    sweep_run_pods,
     why_not_running,
     workspace_claim_manifest,
     workspace_claim_name,
@@ -438,3 +439,66 @@ async def test_a_pod_the_api_refuses_fails_the_launch_at_once(
     # The spec Secret made before the Pod is removed again.
     name = pod_name(run_spec().handle)
     assert not await _exists(kube_api, f"/api/v1/namespaces/{ns}/secrets/{name}-spec")
+
+
+async def _place(api: KubeApi, *, spec: RunSpec, workflow: WorkflowRef) -> str:
+    """A run's Pod and spec Secret as the transport creates them (no node: they stay
+    Pending, which is all the sweep looks at)."""
+    name = pod_name(spec.handle)
+    manifest = pod_manifest(
+        spec=spec, workflow=workflow, worker=pod_worker(), image="localhost/lorenz:absent"
+    )
+    await api.create(
+        f"/api/v1/namespaces/{workflow.namespace}/secrets",
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": f"{name}-spec", "labels": manifest["metadata"]["labels"]},
+            "stringData": {"spec.json": "{}"},
+        },
+    )
+    await api.create(f"/api/v1/namespaces/{workflow.namespace}/pods", manifest)
+    return name
+
+
+@pytest.mark.cluster
+async def test_the_orphan_sweep_deletes_only_the_pods_no_claim_names(
+    kube_control_plane: Cluster, kube_api: KubeApi, restricted_namespace: str
+) -> None:
+    """A new leader keeps the Pods its Claims' intents name (it adopts them) and deletes the
+    rest with their spec Secrets; a Pod of another Workflow is never touched; a leader on its
+    way out deletes nothing."""
+    ns = restricted_namespace
+    ours = WorkflowRef(namespace=ns, name="pods", uid=None)
+    other = WorkflowRef(namespace=ns, name="others", uid=None)
+    adopted = run_spec("ABC-1")
+    orphan = run_spec("ABC-2")
+    stale = run_spec("ABC-1", attempt=1)  # an older attempt of a slot the Claim moved past
+    theirs = run_spec("ABC-3")
+    names = {
+        spec.handle: await _place(kube_api, spec=spec, workflow=workflow)
+        for spec, workflow in ((adopted, ours), (orphan, ours), (stale, ours), (theirs, other))
+    }
+    pods = f"/api/v1/namespaces/{ns}/pods"
+    secrets = f"/api/v1/namespaces/{ns}/secrets"
+
+    # Leadership already gone: nothing is deleted, whatever the Claims say.
+    assert await sweep_run_pods(
+        api=kube_api, workflow=ours, keep=frozenset, may_delete=lambda: False
+    ) == []
+    assert all([await _exists(kube_api, f"{pods}/{n}") for n in names.values()])
+
+    deleted = await sweep_run_pods(api=kube_api, workflow=ours, keep=lambda: {adopted.handle})
+    assert sorted(deleted) == sorted([orphan.handle, stale.handle])
+    for spec in (orphan, stale):
+        name = names[spec.handle]
+        # NB: without a node, a Pod being deleted may linger with a deletionTimestamp.
+        if await _exists(kube_api, f"{pods}/{name}"):
+            body = await kube_api.get(f"{pods}/{name}")
+            assert body["metadata"].get("deletionTimestamp")
+        assert not await _exists(kube_api, f"{secrets}/{name}-spec")
+    for spec in (adopted, theirs):
+        name = names[spec.handle]
+        body = await kube_api.get(f"{pods}/{name}")
+        assert not body["metadata"].get("deletionTimestamp")
+        assert await _exists(kube_api, f"{secrets}/{name}-spec")

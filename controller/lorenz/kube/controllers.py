@@ -21,16 +21,17 @@ It stops in one of four ways, each in its own order:
   deadline), or **fenced** (a Claim showed a newer leader generation): the claim store is
   already fenced, so nothing is written; local runs are aborted without recording anything
   (their Claims are the new leader's to recover) — runs in detached workers (every run, but
-  for the suite's in-process switch) are left running for the new leader to adopt; the
-  runtime stops.
+  for the suite's in-process switch) and in Pods of their own are left running for the new
+  leader to adopt; the runtime stops.
 * **Shard handed over** (another replica is below its fair share): the runtime stops and
   drains (runs not started yet end as clean shutdowns, kept as continuation retries in their
-  Claims; a run under way is left to its detached worker instead, its Claim still running
-  with its spawn intent, for the new leader to adopt), a last status says nobody leads, the
-  Workflow lets go of the shard — which is released once all its Workflows have — and
-  campaigns again.
-* **Workflow deleted**: the runtime stops and drains, its Claims and workspaces are deleted,
-  the finalizer is removed.
+  Claims; a run under way is left to its detached worker (or its Pod) instead, its Claim
+  still running with its spawn intent, for the new leader to adopt), a last status says
+  nobody leads, the Workflow lets go of the shard — which is released once all its
+  Workflows have — and campaigns again.
+* **Workflow deleted**: the runtime stops and drains (its runs cancelled, their Pods
+  deleted); the run Pods nobody followed, its Claims and workspaces are deleted; the
+  finalizer is removed.
 * **Operator shutdown**: as a handover, then the process's shards are released so the other
   replicas take over at once.
 
@@ -71,6 +72,7 @@ from lorenz.kube.pods import (
     delete_issue_workspaces,
     delete_workflow_runs,
     operator_service_account,
+    sweep_run_pods,
 )
 from lorenz.kube.posting import EventKind, EventPoster, Post, kopf_post
 from lorenz.kube.settings import OperatorSettings
@@ -137,6 +139,12 @@ class Departure:
 
     reason: str | None = None
     """Why the runs are left to their workers (``None``: cancelling a run cancels its worker)."""
+
+
+def runs_in_pods(settings: WorkflowSettings) -> bool:
+    """Whether the runs of ``settings`` go to Pods of their own (``worker.kind: pod``): they
+    outlive the runtime wherever the replica runs."""
+    return settings.worker.kind is WorkerKind.POD
 
 
 class WorkflowController:
@@ -564,7 +572,12 @@ class WorkflowController:
         # with a state root the replicas share (named by LORENZ_WORKER_STATE). The default one
         # is private to this replica (its Pod): a worker left there would go on beside the new
         # leader's retry of its issue, so a replica that lets go cancels its workers instead.
-        departure = Departure() if workers and STATE_ROOT_ENV in os.environ else None
+        # Runs in Pods of their own always outlive this replica: the next leader adopts them.
+        departure = (
+            Departure()
+            if (workers and STATE_ROOT_ENV in os.environ) or runs_in_pods(settings)
+            else None
+        )
         runtime = assemble_runtime(
             workflow=loaded,
             orchestrator=orchestrator,
@@ -579,7 +592,9 @@ class WorkflowController:
             generation=lambda: store.generation,
             worker_env=self._base_env,
             leave_workers=(lambda: departure.reason) if departure is not None else None,
-            pods=functools.partial(self._pod_runner, workflow=str(loaded.path)),
+            pods=functools.partial(
+                self._pod_runner, workflow=str(loaded.path), store=store, departure=departure
+            ),
             workers=workers,
         )
         self._departure = departure
@@ -593,9 +608,43 @@ class WorkflowController:
         self._runtime_task = asyncio.get_running_loop().create_task(
             runtime.start(), name=f"lorenz-runtime:{self.ref.display}"
         )
+        self._spawn(self._sweep_orphans(store, term=term))
 
-    def _pod_runner(self, placement: RunPlacement, *, workflow: str) -> AgentRunner:
-        """The runner of one run in a Pod of its own (``worker.kind: pod``)."""
+    async def _sweep_orphans(self, store: ClaimResourceStore, *, term: Term) -> None:
+        """Delete the run Pods of this Workflow that no Claim names (see
+        :func:`~lorenz.kube.pods.sweep_run_pods`): a Pod the previous leader started whose
+        Claim is gone, or whose Claim names a newer run; never one a Claim's intent names."""
+
+        def named() -> set[str]:
+            return {
+                held.record.intent.handle
+                for held in store.held.values()
+                if held.record.intent is not None
+            }
+
+        try:
+            await sweep_run_pods(
+                api=self._api,
+                workflow=self.ref,
+                keep=named,
+                # NB: the store forgets its Claims when the term ends: from then on it names
+                # nothing, and every Pod is the next leader's to judge.
+                may_delete=lambda: term.holds_lease() and self.store is store,
+            )
+        except KubeApiError as exc:
+            logger.warning("Orphan sweep failed workflow=%s error=%s", self.ref.display, exc)
+
+    def _pod_runner(
+        self,
+        placement: RunPlacement,
+        *,
+        workflow: str,
+        store: ClaimResourceStore,
+        departure: Departure | None,
+    ) -> AgentRunner:
+        """The runner of one run in a Pod of its own (``worker.kind: pod``): its spawn intent
+        and phases go on the Claim under this term's generation (the handle, and so the Pod's
+        name, carries it), and a replica that leaves leaves the Pod to the next leader."""
         worker = placement.worker
         image = worker.pod_template.image or self._settings.worker_image
         if image is None:
@@ -615,7 +664,14 @@ class WorkflowController:
             accounts=self._agent_accounts,
             operator_account=self._operator_account,
         )
-        return PodWorkerRunner(workflow=workflow, transport=transport, placement=placement)
+        return PodWorkerRunner(
+            workflow=workflow,
+            transport=transport,
+            placement=placement,
+            generation=store.generation or 0,
+            intents=store,
+            leaving=(lambda: departure.reason) if departure is not None else None,
+        )
 
     async def _stop_runtime(self, *, hand_over: bool = False) -> None:
         """Graceful: runs end as clean shutdowns (kept as continuation retries).
@@ -944,8 +1000,9 @@ class WorkflowController:
         )
 
     async def _cleanup_deleted(self) -> None:
-        """The Workflow is being deleted: delete its Claims and its workspaces, let go of the
-        shard, unblock the deletion."""
+        """The Workflow is being deleted: delete its Claims, the run Pods nobody followed (a
+        previous leader's, not adopted yet) and workspaces, let go of the shard, unblock the
+        deletion."""
         deleted = await delete_claims(
             api=self._api, workflow=self.ref, lister=self._claim_lister
         )

@@ -32,7 +32,16 @@ agent). What the operator adds is where it runs and how it is reached:
   keeps its 0600 mode and ``SO_PEERCRED`` check, the Pod opens no port and holds no token, and
   the operator needs only ``pods/exec``. Probes and journal catch-ups are short execs.
 * **The end.** When the run is settled the Pod and its Secret are deleted; a controller that
-  is leaving its workers for the next one (leadership lost) leaves the Pod too.
+  is leaving its workers for the next one (leadership lost, handed over, shut down) leaves the
+  Pod running, never deletes it.
+* **Adoption.** A run records its spawn intent on its Claim like a local worker (the handle,
+  which names the Pod, is built from the leader generation of the term that started it), so a
+  newly elected leader finds each Pod through its Claim, re-attaches after the collected
+  ``lastSeq`` through the exec channel and runs nothing again. A finished worker in a Pod
+  lingers (:data:`POD_LINGER_MS`) for a controller to collect its final record, so a run that
+  ended while no leader watched is settled from it instead of retried. What no Claim names —
+  a Pod or spec Secret of a run no Claim holds any more — is the orphan sweep's
+  (:func:`sweep_run_pods`): deleted at the start of every term.
 """
 
 from __future__ import annotations
@@ -44,22 +53,23 @@ import json
 import logging
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from lorenz.agents import AgentRunRequest, AgentRunResult, RunPlacement
+from lorenz.agents import AgentRunRequest, AgentRunResult, DroppedAdoption, RunPlacement
 from lorenz.config import WorkerSettings
 from lorenz.kube import resources
 from lorenz.kube.clients import KubeApi
 from lorenz.kube.errors import KubeApiError
 from lorenz.kube.execs import PodExec, PodExecError
 from lorenz.kube.resources import WorkflowRef, digest
+from lorenz.model import SpawnIntents
 from lorenz.workers.journal import Record
 from lorenz.workers.launch import LaunchResult, WorkerLaunchError
 from lorenz.workers.placement import HOOK_VARIABLE_PREFIX, POD_WORKSPACE_ROOT
 from lorenz.workers.protocol import SOCKET_NAME
-from lorenz.workers.runner import WorkerRunner, leaving_workers
+from lorenz.workers.runner import WorkerRunner
 from lorenz.workers.spec import HookSpec, RunSpec
 from lorenz.workers.states import Probe, ProbeState
 
@@ -73,6 +83,13 @@ RUN_UID: Final = 10001
 """The Lorenz image's user; a run's image is built ``FROM`` it (docs/install.md)."""
 SPEC_SECRET_LIMIT: Final = 900 * 1024
 """A Secret holds at most 1 MiB; the spec must fit with room to spare."""
+POD_LINGER_MS: Final = 15 * 60 * 1000
+"""How long a run's worker keeps its final record for a controller to collect.
+
+NB: the journal lives in the Pod's ``emptyDir``: once the worker exits, the Pod ends and the
+record is gone with it. A leader elected after a failover must find the record still served,
+so the wait is far longer than a local worker's; a controller that collects acks at once, and
+the worker exits then."""
 
 LABEL_MANAGED: Final = "app.kubernetes.io/managed-by"
 LABEL_WORKFLOW: Final = "lorenz.dev/workflow"
@@ -471,6 +488,61 @@ def _ended(pod: Mapping[str, Any]) -> bool:
     return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
 
 
+def run_pods_selector(workflow: WorkflowRef) -> str:
+    """The label selector of a Workflow's run Pods."""
+    return f"{LABEL_MANAGED}=lorenz,{LABEL_WORKFLOW}={label_value(workflow.name)}"
+
+
+async def sweep_run_pods(
+    *,
+    api: KubeApi,
+    workflow: WorkflowRef,
+    keep: Callable[[], Collection[str]],
+    may_delete: Callable[[], bool] = lambda: True,
+) -> list[str]:
+    """Delete the run Pods of ``workflow`` (and their spec Secrets) that ``keep()`` does not
+    name, while ``may_delete()`` says so; the handles deleted.
+
+    The orphan sweep of a new term (``keep``: the handles the Workflow's Claims name in their
+    spawn intents — every Pod a leader may adopt) and of a Workflow's deletion (``keep``:
+    nothing). Deleting a Pod stops its worker gracefully: the kubelet's SIGTERM cancels the
+    run, and ``after_run`` runs within the Pod's grace period.
+
+    NB: ``keep`` is read *after* the Pods are listed: a run records its intent before it
+    creates its Pod, so every Pod listed that a live run owns is named by then — a run that
+    starts while the sweep lists is never taken for an orphan.
+    """
+    pods = await api.list_items(
+        _pods_path(workflow.namespace), label_selector=run_pods_selector(workflow)
+    )
+    kept = set(keep())
+    deleted: list[str] = []
+    for pod in pods:
+        if not may_delete():
+            break  # NB: a leader on its way out leaves every Pod to the next one
+        metadata = pod.get("metadata") or {}
+        handle = (metadata.get("annotations") or {}).get(ANNOTATION_HANDLE)
+        if not isinstance(handle, str) or handle in kept or metadata.get("deletionTimestamp"):
+            continue
+        owners = {ref.get("uid") for ref in metadata.get("ownerReferences") or ()}
+        if workflow.uid and owners and workflow.uid not in owners:
+            continue  # NB: a namesake Workflow's (a label value is cut to 63 characters)
+        name = str(metadata.get("name"))
+        for path in (_pods_path(workflow.namespace, name),
+                     _secrets_path(workflow.namespace, f"{name}-spec")):
+            try:
+                await api.delete(path)
+            except KubeApiError as exc:
+                if not exc.not_found:
+                    logger.warning("orphan sweep could not delete %s: %s", path, exc)
+        deleted.append(handle)
+    if deleted:
+        logger.info(
+            "orphan run Pods deleted workflow=%s handles=%s", workflow.display, sorted(deleted)
+        )
+    return deleted
+
+
 class PodTransport:
     """Workers in Pods of one Workflow's namespace (one transport per run's settings)."""
 
@@ -547,8 +619,12 @@ class PodTransport:
                     f"a Pod {self.namespace}/{name} exists that is not this run's; delete it",
                     code="pod_name_taken",
                 ) from exc
-            if _ended(pod):
-                # NB: an earlier run of this handle ended; the runner moves to the next one.
+            if _ended(pod) or (pod.get("metadata") or {}).get("deletionTimestamp"):
+                # NB: an earlier run of this handle ended (or was stopped: a deleted Claim,
+                # then the same attempt dispatched again); the runner moves to the next one.
+                # The spec Secret made for this launch is not that run's any more.
+                with contextlib.suppress(KubeApiError):
+                    await self.api.delete(_secrets_path(self.namespace, f"{name}-spec"))
                 raise WorkerLaunchError(
                     f"the Pod of {spec.handle} already ran", code="worker_handle_used"
                 ) from exc
@@ -706,6 +782,8 @@ class PodTransport:
             return Probe(state=ProbeState.UNKNOWN, detail=f"unreadable probe answer ({exc})")
 
     async def read_journal(self, handle: str, *, after_seq: int) -> list[Record]:
+        """The journal's records after ``after_seq``; none when the Pod is gone or ended
+        (its journal went with its ``emptyDir``: the run is followed to ``worker_gone``)."""
         try:
             result = await self.execs.run(
                 namespace=self.namespace,
@@ -715,6 +793,8 @@ class PodTransport:
                          "--state-dir", self._state_dir(handle)],
             )
         except PodExecError as exc:
+            if (await self.probe(handle)).state is ProbeState.GONE:
+                return []
             raise OSError(str(exc)) from exc
         if result.exit_code != 0:
             raise OSError(f"reading the journal of {handle} failed: {result.stderr[-300:]!r}")
@@ -762,9 +842,16 @@ class PodWorkerRunner(WorkerRunner):
         transport: PodTransport,
         placement: RunPlacement,
         generation: int = 0,
+        intents: SpawnIntents | None = None,
+        leaving: Callable[[], str | None] | None = None,
     ) -> None:
         super().__init__(
-            workflow=workflow, transport=transport, placement=placement.host, generation=generation
+            workflow=workflow,
+            transport=transport,
+            placement=placement.host,
+            generation=generation,
+            intents=intents,
+            leaving=leaving,
         )
         self.pods = transport
         self.run_placement = placement
@@ -790,6 +877,7 @@ class PodWorkerRunner(WorkerRunner):
                     timeout_ms=hooks.timeout_ms,
                     env=variables,
                 ),
+                "linger_ms": max(spec.linger_ms, POD_LINGER_MS),
             }
         )
 
@@ -797,12 +885,33 @@ class PodWorkerRunner(WorkerRunner):
         try:
             return await super().run(request)
         finally:
-            handles = set(self.pods.created)
-            if self.last_handle is not None:
-                handles.add(self.last_handle.handle)
-            if leaving_workers() is None:
-                for handle in sorted(handles):
-                    # NB: shielded: a cancelled run still removes its Pod (the worker has
-                    # written its final record or is gone by now); a failed delete is logged.
-                    with contextlib.suppress(Exception):
-                        await asyncio.shield(self.pods.delete(handle))
+            await self._delete_pods()
+
+    async def cancel_adoption(self, dropped: DroppedAdoption) -> bool:
+        """Cancel a lost controller's run that is not adopted, then delete its Pod."""
+        try:
+            return await super().cancel_adoption(dropped)
+        finally:
+            await self._delete_pods()
+
+    async def _delete_pods(self) -> None:
+        """Delete the Pods (and spec Secrets) of this runner's runs, unless this controller
+        leaves its workers to the next one.
+
+        NB: only ever after the run was followed to its end, cancelled, or found gone: a
+        controller that may not write any more (leadership lost, fenced, handed over) leaves
+        the Pod running for the leader that adopts it, whatever failed.
+        """
+        handles = set(self.pods.created)
+        if self.last_handle is not None:
+            handles.add(self.last_handle.handle)
+        if self._leaves_workers():
+            if handles:
+                logger.info("run Pod left for the next controller handles=%s", sorted(handles))
+            return
+        for handle in sorted(handles):
+            # NB: shielded: a cancelled run still removes its Pod (the worker has written its
+            # final record or is gone by now); a failed delete is logged, and the next term's
+            # orphan sweep removes what is left.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.pods.delete(handle))

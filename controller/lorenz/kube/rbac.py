@@ -45,8 +45,9 @@ RULE_REASONS: Final[dict[tuple[str, str], str]] = {
     ),
     ("", "pods"): (
         "runs in Pods (worker.kind: pod): create the run's Pod, read its phase while it "
-        "starts and is probed, delete it when the run is settled; list a deleted Workflow's "
-        "run Pods (by label) to delete them"
+        "starts and is probed, delete it when the run is settled; list a Workflow's run Pods "
+        "(by label) to delete those no Claim names (a new leader's orphan sweep) and all of "
+        "them when the Workflow is deleted"
     ),
     ("", "persistentvolumeclaims"): (
         "workspaces on claims (worker.workspace.volumeClaimTemplate): create an issue's claim, "
