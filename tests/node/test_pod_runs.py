@@ -262,3 +262,50 @@ def test_an_issue_runs_in_a_pod_of_its_own_to_done(pod_install: Install) -> None
     cluster.kubectl("delete", "workflow", WORKFLOW, "-n", rig.namespace, "--wait=true",
                     "--timeout=120s")
     wait_until(lambda: run_pods(rig) == [] or None, timeout=120, message="no run Pods left")
+
+
+def test_helm_upgrade_mid_run_leaves_the_run_pod_to_the_new_operator(pod_install: Install) -> None:
+    """`helm upgrade` replaces the operator Pod while a run's agent works in its own Pod: the
+    old operator leaves the run Pod running, the new one adopts it, and the run completes
+    with one agent start (the agent's own marks), its Pod deleted afterwards."""
+    rig = pod_install
+    cluster = rig.cluster
+    (old,) = rig.wait_ready_pods(1)
+    # NB: long enough to be mid-run across the upgrade, however slow the machine.
+    cluster.apply(pod_workflow(rig, seconds=60.0), namespace=rig.namespace)
+    issue = rig.linear.add_issue(title="across an upgrade")
+    try:
+        wait_until(
+            lambda: any(r.started for r in rig.recorder.runs_of(issue.id)) or None,
+            timeout=240, interval=0.5, message="the agent in the run Pod started",
+        )
+    except TimeoutError as err:
+        raise AssertionError(f"{err}\n{diagnose(rig)}") from err
+    (agent,) = rig.recorder.runs_of(issue.id)
+    (pod,) = [p for p in run_pods(rig) if p["metadata"]["name"] == agent.pod]
+    uid = pod["metadata"]["uid"]
+
+    rig.helm("upgrade", RELEASE, str(CHART), "-f", str(rig.values), "--reuse-values",
+             "--set", "operator.logLevel=debug")
+    (new,) = rig.wait_ready_pods(1, exclude={old})
+    assert new != old
+    assert not any(r.ended for r in rig.recorder.runs_of(issue.id)), (
+        "the run ended before the upgrade: nothing was left to adopt"
+    )
+    try:
+        rig.wait_done(issue.id, timeout=300)
+    except AssertionError as err:
+        raise AssertionError(f"{err}\n{diagnose(rig)}") from err
+    runs = rig.recorder.runs_of(issue.id)
+    assert [(r.run, r.pod, r.ended, r.stopped_at) for r in runs] == [
+        (agent.run, agent.pod, True, None)
+    ]
+    logs = cluster.kubectl("logs", new, "-n", rig.namespace, check=False).stdout
+    assert "adopting the worker of a lost controller" in logs, logs[-3000:]
+
+    def pod_gone() -> bool:
+        return all(p["metadata"]["uid"] != uid for p in run_pods(rig))
+
+    wait_until(lambda: pod_gone() or None, timeout=120, message="the adopted run's Pod deleted")
+    cluster.kubectl("delete", "workflow", WORKFLOW, "-n", rig.namespace, "--wait=true",
+                    "--timeout=120s")
