@@ -457,6 +457,8 @@ async def _place(api: KubeApi, *, spec: RunSpec, workflow: WorkflowRef) -> str:
             "stringData": {"spec.json": "{}"},
         },
     )
+    # NB: the namespace's default ServiceAccount (the operator makes lorenz-agent; none here).
+    manifest["spec"]["serviceAccountName"] = "default"
     await api.create(f"/api/v1/namespaces/{workflow.namespace}/pods", manifest)
     return name
 
