@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 
-from lorenz.model import ClaimPhase, SlotKey
+from lorenz.model import ClaimPhase, RetryKind, SlotKey
 from lorenz.orchestrator import (
     DispatchCandidate,
     Orchestrator,
@@ -13,6 +13,7 @@ from lorenz.orchestrator import (
     SkipReason,
     Started,
 )
+from lorenz.policies import placement_wait_ms
 from tests.core.claims_helpers import retry_of
 from tests.core.factories import PoolProbe, SharedClaims, issue, make, settings
 
@@ -303,3 +304,89 @@ async def test_foreign_slots_of_issues_no_longer_eligible_are_forgotten() -> Non
     assert key(1) in ours.state.foreign
     await ours.eligible_issues([issue(1, state="Done")])
     assert ours.state.foreign == {}
+
+
+# -- runs in Pods: two-phase placement and the give-back of a run that was not placed ----------
+
+POD_WORKER = {"kind": "pod", "start_timeout_ms": 200000}
+
+
+async def test_a_run_in_a_pod_is_reserved_for_as_long_as_its_pod_may_take_to_start() -> None:
+    orchestrator, store, clock = make(config=settings(worker=POD_WORKER))
+    [candidate] = await orchestrator.eligible_issues([issue(1)])
+    reservation = (await reserve(orchestrator, candidate)).reservation
+    assert store.claims[key(1)].phase is ClaimPhase.RESERVED
+    # swept only well after the Pod's start timeout, not after the pool's acquire timeout
+    assert reservation.expires_at_ms == clock.monotonic_ms() + 200000 * 2 + 60000
+    entry = await orchestrator.bind_reservation(reservation, host="lzw-pod")
+    assert entry is not None
+    assert entry.host == "lzw-pod"
+    assert store.claims[key(1)].phase is ClaimPhase.RUNNING
+    assert store.claims[key(1)].host == "lzw-pod"
+
+
+async def test_a_first_run_that_was_not_placed_waits_and_comes_back_as_a_first_run() -> None:
+    orchestrator, store, clock = make(config=settings(worker=POD_WORKER))
+    [candidate] = await orchestrator.eligible_issues([issue(1)])
+    reservation = (await reserve(orchestrator, candidate)).reservation
+    retry = await orchestrator.give_back(
+        reservation, error="pod_start_timeout: Unschedulable", code="pod_start_timeout"
+    )
+    assert retry is not None
+    assert retry.kind is RetryKind.PLACEMENT
+    assert retry.attempt == 0
+    assert retry.due_at_ms == clock.monotonic_ms() + placement_wait_ms()
+    assert orchestrator.state.claimed == set()
+    assert orchestrator.state.failure_streaks == {}
+    row = store.claims[key(1)]
+    assert row.phase is ClaimPhase.RETRY_PENDING
+    assert row.retry_kind is RetryKind.PLACEMENT
+    assert row.last_error == "pod_start_timeout: Unschedulable"
+    # a placement wait, not a retry due at once...
+    assert await orchestrator.eligible_issues([issue(1)]) == []
+    clock.advance(placement_wait_ms())
+    [again] = await orchestrator.eligible_issues([issue(1)])
+    # ...after which it is the same first run: no attempt counted
+    second = (await reserve(orchestrator, again)).reservation
+    assert second.attempt is None
+    entry = await orchestrator.bind_reservation(second, host="lzw-pod")
+    assert entry is not None
+    assert entry.attempt is None
+    assert entry.retry_kind is None
+    # and a stale token changes nothing
+    assert await orchestrator.give_back(reservation, error="late", code="x") is None
+
+
+async def test_a_retry_that_was_not_placed_keeps_its_attempt_and_failure_count() -> None:
+    orchestrator, store, clock = make(
+        config=settings(worker=POD_WORKER, retry={"max_attempts": 2})
+    )
+    [candidate] = await orchestrator.eligible_issues([issue(1)])
+    first = (await reserve(orchestrator, candidate)).reservation
+    assert await orchestrator.bind_reservation(first, host="lzw-a") is not None
+    failed = retry_of(await orchestrator.finish(key(1), normal=False, error="boom"))
+    assert failed is not None
+    assert failed.attempt == 1
+    assert orchestrator.state.failure_streaks == {key(1): 1}
+    for _ in range(3):  # however often the cluster has no room for it
+        clock.advance(failed.due_at_ms - clock.monotonic_ms() + placement_wait_ms())
+        [candidate] = await orchestrator.eligible_issues([issue(1)])
+        reservation = (await reserve(orchestrator, candidate)).reservation
+        assert reservation.attempt == 1
+        back = await orchestrator.give_back(reservation, error="quota", code="pod_refused")
+        assert back is not None
+        assert (back.kind, back.attempt) == (RetryKind.FAILURE, 1)
+        assert back.error == "quota"
+        assert back.due_at_ms == clock.monotonic_ms() + placement_wait_ms()
+        assert orchestrator.state.failure_streaks == {key(1): 1}
+        assert store.claims[key(1)].attempt == 1
+        failed = back
+    # the run that is finally placed and fails is the second failure, not the fifth
+    clock.advance(placement_wait_ms())
+    [candidate] = await orchestrator.eligible_issues([issue(1)])
+    reservation = (await reserve(orchestrator, candidate)).reservation
+    assert await orchestrator.bind_reservation(reservation, host="lzw-b") is not None
+    finished = await orchestrator.finish(key(1), normal=False, error="boom again")
+    assert finished is not None
+    assert finished.blocked is not None
+    assert finished.blocked.failures == 2

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from lorenz.agents import PlacementFailed
 from lorenz.config import AgentKindSettings, AgentProtocol, WorkerSettings
 from lorenz.kube.clients import KubeApi
 from lorenz.kube.errors import KubeApiError
@@ -32,8 +33,10 @@ from lorenz.kube.pods import (
     delete_issue_workspaces,
     delete_workflow_runs,
     operator_service_account,
+    placement_reason,
     pod_manifest,
     pod_name,
+    refusal_reason,
     spec_claim_name,
     sweep_run_pods,
     why_not_running,
@@ -280,21 +283,21 @@ async def test_claims_and_the_agent_account_are_made_and_cleaned_up(
     spec = run_spec()
     claim = spec_claim_name(spec, workflow=ref)
     claim_path = f"/api/v1/namespaces/{ns}/persistentvolumeclaims/{claim}"
-    with pytest.raises(WorkerLaunchError) as caught:
+    with pytest.raises(PlacementFailed) as caught:
         await transport.launch(spec)
     assert caught.value.code == "pod_start_timeout"
     account = await kube_api.get(f"/api/v1/namespaces/{ns}/serviceaccounts/{AGENT_SERVICE_ACCOUNT}")
     assert account["automountServiceAccountToken"] is False
     # The claim outlives the attempt's Pod; the next attempt finds it.
     assert await _exists(kube_api, claim_path)
-    with pytest.raises(WorkerLaunchError) as again:
+    with pytest.raises(PlacementFailed) as again:
         await transport.launch(run_spec(attempt=1))
     assert again.value.code == "pod_start_timeout"
     # Another issue's claim is not touched by this one's terminal cleanup.
     other = run_spec("ABC-13").model_copy(
         update={"issue": IssueSpec(id="id-13", identifier="ABC-13")}
     )
-    with pytest.raises(WorkerLaunchError):
+    with pytest.raises(PlacementFailed):
         await transport.launch(other)
     other_claim = spec_claim_name(other, workflow=ref)
     other_path = f"/api/v1/namespaces/{ns}/persistentvolumeclaims/{other_claim}"
@@ -330,6 +333,35 @@ def test_pod_names_are_dns_labels_unique_per_handle(identifier: str) -> None:
         assert len(name) <= 63
         assert pod_name(spec.handle) == name  # deterministic
     assert pod_name(first.handle) != pod_name(retry.handle)
+
+
+def test_what_kept_a_pod_from_being_placed_is_labelled_and_a_running_worker_is_not() -> None:
+    unschedulable = {"status": {"phase": "Pending", "conditions": [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}}
+    assert placement_reason(unschedulable) == "unschedulable"
+    for waiting, label in (("ImagePullBackOff", "image_pull"), ("ErrImagePull", "image_pull"),
+                           ("CreateContainerConfigError", "container_config"),
+                           ("ContainerCreating", "start_timeout")):
+        pod = {"status": {"phase": "Pending", "containerStatuses": [
+            {"name": "worker", "state": {"waiting": {"reason": waiting}}}]}}
+        assert placement_reason(pod) == label, waiting
+    assert placement_reason({}) == "start_timeout"
+    # The worker's container runs but its worker did not serve: a failure of the run.
+    running = {"status": {"phase": "Running", "containerStatuses": [
+        {"name": "worker", "state": {"running": {"startedAt": "2026-12-04T00:00:00Z"}}}]}}
+    assert placement_reason(running) is None
+
+
+def test_only_a_quota_refusal_is_a_placement_failure() -> None:
+    def refused(status: int, reason: str, detail: str) -> KubeApiError:
+        return KubeApiError(method="POST", path="/api/v1/namespaces/a/pods", status=status,
+                            reason=reason, detail=detail)
+
+    quota = refused(403, "Forbidden", 'pods "lzw-x" is forbidden: exceeded quota: one, '
+                    "requested: pods=1, used: pods=1, limited: pods=1")
+    assert refusal_reason(quota) == "quota"
+    assert refusal_reason(refused(403, "Forbidden", "User cannot create pods")) is None
+    assert refusal_reason(refused(422, "Invalid", "spec.affinity: Invalid value")) is None
 
 
 def test_why_a_pod_does_not_run_is_said_in_kubernetes_words() -> None:
@@ -398,10 +430,13 @@ async def test_a_pod_that_never_serves_is_removed_with_the_reason_after_the_star
     )
     spec = run_spec()
     name = pod_name(spec.handle)
-    with pytest.raises(WorkerLaunchError) as caught:
+    with pytest.raises(PlacementFailed) as caught:
         await transport.launch(spec)
     assert caught.value.code == "pod_start_timeout"
     assert "worker.start_timeout_ms" in caught.value.message
+    # Never placed (no scheduler here, so no PodScheduled condition either): the runtime gives
+    # the reservation back instead of failing the run.
+    assert caught.value.reason == "start_timeout"
     # The restricted admission accepted the Pod (else: pod_refused), and it is gone now, with
     # its spec Secret.
     assert transport.created == [spec.handle]
@@ -431,10 +466,12 @@ async def test_a_pod_the_api_refuses_fails_the_launch_at_once(
         worker=pod_worker(start_timeout_ms=60000),
         image="localhost/lorenz:absent",
     )
-    with pytest.raises(WorkerLaunchError) as caught:
+    with pytest.raises(PlacementFailed) as caught:
         await transport.launch(run_spec())
     assert caught.value.code == "pod_refused"
+    assert caught.value.reason == "quota"
     assert "403" in caught.value.message
+    assert "exceeded quota" in caught.value.message
     assert transport.created == []
     # The spec Secret made before the Pod is removed again.
     name = pod_name(run_spec().handle)

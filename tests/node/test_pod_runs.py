@@ -7,11 +7,14 @@ named after the run's handle, labelled, restricted, without a ServiceAccount tok
 inside it reports to a recorder on the host (its run id and its Pod's name, which is its host
 name) and has the issue moved to Done; the Pod is deleted afterwards. Then the run's Pod is
 deleted mid-run (a failure retry with the reason, the retry in a new Pod) and a Pod that
-cannot be scheduled is given up after `startTimeoutMs` with a `RunFailed` Event naming why.
+cannot be scheduled is given up after `startTimeoutMs`: its reservation is given back with a
+`PlacementFailed` Event naming why, no attempt counted. With a ResourceQuota of one run Pod and
+three issues, one run Pod runs at a time, the others wait, none fails, all end Done.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections.abc import Iterator
@@ -245,18 +248,44 @@ def test_an_issue_runs_in_a_pod_of_its_own_to_done(pod_install: Install) -> None
     )
     three = rig.linear.add_issue(title="unschedulable")
 
-    def refused() -> list[str] | None:
+    def given_back() -> list[str] | None:
         found = [
-            m for m in events_of(rig, "RunFailed")
+            m for m in events_of(rig, "PlacementFailed")
             if three.identifier in m and "worker.start_timeout_ms" in m
         ]
         return found or None
 
     try:
-        messages = wait_until(refused, timeout=180, interval=1.0, message="RunFailed Event")
+        messages = wait_until(given_back, timeout=180, interval=1.0,
+                              message="PlacementFailed Event")
     except TimeoutError as err:
-        raise AssertionError(f"{err}\n{events_of(rig, 'RunFailed')}\n{diagnose(rig)}") from err
+        raise AssertionError(
+            f"{err}\n{events_of(rig, 'PlacementFailed')}\n{diagnose(rig)}"
+        ) from err
     assert any("Unschedulable" in m or "node affinity/selector" in m for m in messages), messages
+    # Given back, not failed: no RunFailed, and the Claim waits for placement as a first run
+    # with the reason, its attempt not counted — however often the Pod is tried again.
+    def claim_of_three() -> dict[str, Any] | None:
+        claims = cluster.kubectl_json("get", "claims", "-n", rig.namespace)["items"]
+        status = next(
+            (c.get("status") or {} for c in claims
+             if c["spec"]["identifier"] == three.identifier),
+            {},
+        )
+        return status if status.get("phase") == "RetryPending" else None
+
+    status = wait_until(claim_of_three, timeout=60, interval=0.5, message="Claim RetryPending")
+    assert status["retryKind"] == "placement", status
+    assert not status.get("attempt"), status
+    assert "Unschedulable" in status["lastError"] or "selector" in status["lastError"], status
+    # Tried again after the placement wait (Reserved, a new Pod), still not counted.
+    wait_until(lambda: any(p["metadata"]["labels"].get("lorenz.dev/issue") == three.identifier
+                           for p in run_pods(rig)) or None,
+               timeout=120, interval=0.5, message="the unschedulable run's Pod tried again")
+    status = wait_until(claim_of_three, timeout=120, interval=0.5, message="RetryPending again")
+    assert status["retryKind"] == "placement", status
+    assert not status.get("attempt"), status
+    assert [m for m in events_of(rig, "RunFailed") if three.identifier in m] == []
     assert rig.recorder.runs_of(three.id) == []
     # -- deleting the Workflow leaves no run Pod behind (the retry's Pending one included).
     cluster.kubectl("delete", "workflow", WORKFLOW, "-n", rig.namespace, "--wait=true",
@@ -309,3 +338,60 @@ def test_helm_upgrade_mid_run_leaves_the_run_pod_to_the_new_operator(pod_install
     wait_until(lambda: pod_gone() or None, timeout=120, message="the adopted run's Pod deleted")
     cluster.kubectl("delete", "workflow", WORKFLOW, "-n", rig.namespace, "--wait=true",
                     "--timeout=120s")
+
+
+def test_a_quota_of_one_pod_runs_one_issue_at_a_time_and_fails_none(
+    pod_install: Install,
+) -> None:
+    rig = pod_install
+    cluster = rig.cluster
+    wait_until(lambda: run_pods(rig) == [] or None, timeout=120, message="no run Pods left")
+    # NB: a quota counts every Pod of the namespace: the operator's own plus one run Pod.
+    others = cluster.kubectl_json("get", "pods", "-n", rig.namespace)["items"]
+    cluster.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "ResourceQuota",
+            "metadata": {"name": "one-run-pod"},
+            "spec": {"hard": {"pods": str(len(others) + 1)}},
+        },
+        namespace=rig.namespace,
+    )
+    body = pod_workflow(rig, seconds=2.0)
+    body["spec"]["agent"]["maxConcurrentAgents"] = 3
+    cluster.apply(body, namespace=rig.namespace)
+    issues = [rig.linear.add_issue(title=f"quota {n}") for n in range(3)]
+    most = 0
+
+    def all_done() -> bool | None:
+        nonlocal most
+        live = [p for p in run_pods(rig) if not p["metadata"].get("deletionTimestamp")
+                and p["status"].get("phase") in ("Pending", "Running")]
+        most = max(most, len(live))
+        return all(rig.linear.state_of(i.id) == "Done" and any(
+            r.ended for r in rig.recorder.runs_of(i.id)) for i in issues) or None
+
+    try:
+        wait_until(all_done, timeout=600, interval=0.5, message="three issues Done")
+    except TimeoutError as err:
+        raise AssertionError(
+            f"{err}\n{events_of(rig, 'PlacementFailed')}\n{diagnose(rig)}"
+        ) from err
+    assert most <= 1, most
+    # Each issue ran exactly once, and the runs did not overlap.
+    spans = []
+    for one in issues:
+        runs = rig.recorder.runs_of(one.id)
+        assert len(runs) == 1, runs
+        assert runs[0].ended
+        marks = [m for m in rig.recorder.marks if m["issue"] == one.id]
+        spans.append((min(m["at"] for m in marks if m["what"] == "start"),
+                      max(m["at"] for m in marks if m["what"] == "end")))
+    spans.sort()
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans)), spans
+    # The others waited: given back with the quota's reason, never failed.
+    refused = events_of(rig, "PlacementFailed")
+    assert any("exceeded quota" in m for m in refused), refused
+    identifiers = {one.identifier for one in issues}
+    assert [m for m in events_of(rig, "RunFailed") if any(i in m for i in identifiers)] == []
+    cluster.kubectl("delete", "resourcequota", "one-run-pod", "-n", rig.namespace)

@@ -102,6 +102,7 @@ def build_rig(
     reload: bool = True,
     pool: Any = None,
     capacity: Any = None,
+    runner_factory: Any = None,
 ) -> RuntimeRig:
     workflow = load_workflow(workflow_path, environ={})
     settings = workflow.settings
@@ -116,7 +117,7 @@ def build_rig(
         orchestrator=orchestrator,
         tracker=tracker,
         workspaces=workspaces,
-        runner_factory=build_runner,
+        runner_factory=runner_factory or build_runner,
         tracker_factory=lambda s: tracker.with_settings(s) if hasattr(tracker, "with_settings")
         else tracker,
         reload_workflow=(lambda: load_workflow(workflow_path, environ={})) if reload else None,

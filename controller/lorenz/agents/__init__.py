@@ -15,6 +15,7 @@ from lorenz.agents.base import (
     AgentRunRequest,
     AgentRunResult,
     DroppedAdoption,
+    PlacementFailed,
     RunPlacement,
     ToolHandler,
 )
@@ -65,6 +66,7 @@ __all__ = [
     "AgentRunResult",
     "AgentRunner",
     "DroppedAdoption",
+    "PlacementFailed",
     "RunPlacement",
     "ToolHandler",
     "agent_environment",

@@ -23,6 +23,24 @@ class AgentRunError(LorenzError):
     code = "agent_run_failed"
 
 
+class PlacementFailed(LorenzError):
+    """The run could not be *placed* (its Pod was not scheduled, its image not pulled, a quota
+    refused it): nothing of the run started, so the runtime gives its reservation back with
+    the reason instead of counting a failed attempt. ``reason`` is a short label for metrics
+    (``unschedulable``, ``image_pull``, ``quota``, ``container_config``, ``start_timeout``);
+    the message says what Kubernetes said.
+
+    NB: raised only before the request's ``on_placed`` was called; once a run is placed, what
+    goes wrong is a failure like any other.
+    """
+
+    code = "placement_failed"
+
+    def __init__(self, message: str, *, code: str | None = None, reason: str) -> None:
+        super().__init__(message, code=code)
+        self.reason = reason
+
+
 class ToolHandler(Protocol):
     """Executes host-side tools an agent may call (``linear_graphql``)."""
 
@@ -76,6 +94,11 @@ honours it (the assembly's runner factory picks one for such requests)."""
     """The worker of a lost controller to adopt instead of starting the agent: probe its
     handle, re-attach after ``last_seq`` (no record twice), settle from its final record, or
     fail the run with ``worker_gone``. Only a runner that places runs in workers honours it."""
+    on_placed: Callable[[str | None], Awaitable[bool]] | None = None
+    """Two-phase placement (runs in Pods): the runner calls it once the run's worker serves,
+    with where it runs (the Pod's name); the runtime binds the slot's reservation then.
+    ``False``: the reservation is gone (swept, cancelled) and the runner stops the worker.
+    Until it was called, a :class:`PlacementFailed` gives the reservation back."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

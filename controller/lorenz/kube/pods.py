@@ -24,9 +24,13 @@ agent). What the operator adds is where it runs and how it is reached:
   deleted with the Pod. It holds no tracker credential: host-side tools run in the operator.
 * **Start.** The transport waits — up to ``worker.start_timeout_ms`` — until the Pod runs and
   its worker answers a probe. A Pod that cannot be scheduled, whose image cannot be pulled or
-  whose container cannot be created is deleted when the time is up and the launch fails with
-  the last reason Kubernetes gave (``pod_start_timeout``); a create the API refuses (a
-  ResourceQuota, an invalid affinity) fails at once (``pod_refused``).
+  whose container cannot be created is deleted when the time is up, and a create a
+  ResourceQuota refuses fails at once (``pod_refused``): both raise
+  :class:`~lorenz.agents.PlacementFailed` with the last reason Kubernetes gave, and the runtime
+  gives the slot's reservation back (a placement wait, no attempt counted). Only once the
+  worker serves is the reservation bound (``on_placed``: the Pod's name becomes the slot's
+  host). A create refused for any other reason (an invalid affinity), or a worker whose
+  container runs but does not serve in time, is a failure of the run.
 * **The channel** is the API's exec subresource (:mod:`lorenz.kube.execs`): ``lorenz worker
   --bridge`` inside the Pod splices the exec stream onto the worker's unix socket, so the socket
   keeps its 0600 mode and ``SO_PEERCRED`` check, the Pod opens no port and holds no token, and
@@ -57,7 +61,13 @@ from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from lorenz.agents import AgentRunRequest, AgentRunResult, DroppedAdoption, RunPlacement
+from lorenz.agents import (
+    AgentRunRequest,
+    AgentRunResult,
+    DroppedAdoption,
+    PlacementFailed,
+    RunPlacement,
+)
 from lorenz.config import WorkerSettings
 from lorenz.kube import resources
 from lorenz.kube.clients import KubeApi
@@ -111,6 +121,9 @@ WAITING_FAILURES: Final = frozenset(
      "CreateContainerError", "ErrImageNeverPull"}
 )
 """Container waiting reasons worth reporting when a Pod does not start in time."""
+IMAGE_PULL_FAILURES: Final = frozenset(
+    {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
+)
 
 
 def pod_name(handle: str) -> str:
@@ -473,6 +486,31 @@ def why_not_running(pod: Mapping[str, Any]) -> str:
     return f"phase {status.get('phase') or 'Pending'}"
 
 
+def placement_reason(pod: Mapping[str, Any]) -> str | None:
+    """Why a Pod that did not start in time was not *placed* (a label for metrics), or
+    ``None`` when its worker's container runs: then the worker itself failed to serve."""
+    if _worker_running(pod):
+        return None
+    status = pod.get("status") or {}
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+            return "unschedulable"
+    for container in status.get("containerStatuses") or []:
+        reason = ((container.get("state") or {}).get("waiting") or {}).get("reason")
+        if reason in IMAGE_PULL_FAILURES:
+            return "image_pull"
+        if reason in WAITING_FAILURES:
+            return "container_config"
+    return "start_timeout"
+
+
+def refusal_reason(exc: KubeApiError) -> str | None:
+    """``quota`` when the API refused a create because a ResourceQuota is used up (the run
+    may be placed once it frees up), else ``None`` (a refusal no wait cures)."""
+    text = f"{exc.reason} {exc.detail or ''}"
+    return "quota" if exc.status == 403 and "exceeded quota" in text else None
+
+
 def _worker_running(pod: Mapping[str, Any]) -> bool:
     status = pod.get("status") or {}
     if status.get("phase") != "Running":
@@ -607,11 +645,14 @@ class PodTransport:
                 await self.delete(spec.handle)
                 if "service account" in (exc.detail or "").lower():
                     self.accounts.forget(self.namespace)
-                raise WorkerLaunchError(
+                message = (
                     f"the API refused the run's Pod {self.namespace}/{name}: {exc.status} "
-                    f"{exc.detail or exc.reason}",
-                    code="pod_refused",
-                ) from exc
+                    f"{exc.detail or exc.reason}"
+                )
+                refusal = refusal_reason(exc)
+                if refusal is not None:
+                    raise PlacementFailed(message, code="pod_refused", reason=refusal) from exc
+                raise WorkerLaunchError(message, code="pod_refused") from exc
             pod = await self.api.get(_pods_path(self.namespace, name))
             annotations = (pod.get("metadata") or {}).get("annotations") or {}
             if annotations.get(ANNOTATION_HANDLE) != spec.handle:
@@ -630,6 +671,7 @@ class PodTransport:
                 ) from exc
         deadline = began + self.worker.start_timeout_ms / 1000
         last = "the Pod was created"
+        last_pod: Mapping[str, Any] = {}
         while True:
             try:
                 pod = await self.api.get(_pods_path(self.namespace, name))
@@ -641,6 +683,8 @@ class PodTransport:
                     ) from exc
                 last = f"{exc.status} {exc.reason}"
                 pod = {}
+            if pod:
+                last_pod = pod
             if pod and _ended(pod):
                 reason = why_not_running(pod)
                 await self.delete(spec.handle)
@@ -667,11 +711,17 @@ class PodTransport:
                 last = why_not_running(pod)
             if time.monotonic() >= deadline:
                 await self.delete(spec.handle)
-                raise WorkerLaunchError(
+                message = (
                     f"the run's Pod {self.namespace}/{name} did not serve its worker within "
-                    f"{self.worker.start_timeout_ms} ms (worker.start_timeout_ms): {last}",
-                    code="pod_start_timeout",
+                    f"{self.worker.start_timeout_ms} ms (worker.start_timeout_ms): {last}"
                 )
+                unplaced = placement_reason(last_pod)
+                if unplaced is not None:
+                    # NB: never placed (not scheduled, no image, not created): nothing ran,
+                    # so the reservation goes back; a worker that ran and did not serve is a
+                    # failure of the run.
+                    raise PlacementFailed(message, code="pod_start_timeout", reason=unplaced)
+                raise WorkerLaunchError(message, code="pod_start_timeout")
             await asyncio.sleep(self.poll_s)
 
     async def _ensure_identity(self) -> None:
@@ -741,11 +791,14 @@ class PodTransport:
             await self.api.create(_secrets_path(self.namespace), secret)
         except KubeApiError as exc:
             if exc.status != 409:
-                raise WorkerLaunchError(
+                message = (
                     f"the API refused the run's spec Secret {self.namespace}/{name}-spec: "
-                    f"{exc.status} {exc.detail or exc.reason}",
-                    code="pod_refused",
-                ) from exc
+                    f"{exc.status} {exc.detail or exc.reason}"
+                )
+                refusal = refusal_reason(exc)
+                if refusal is not None:
+                    raise PlacementFailed(message, code="pod_refused", reason=refusal) from exc
+                raise WorkerLaunchError(message, code="pod_refused") from exc
 
     async def probe(self, handle: str) -> Probe:
         name = pod_name(handle)
@@ -855,6 +908,10 @@ class PodWorkerRunner(WorkerRunner):
         )
         self.pods = transport
         self.run_placement = placement
+
+    def placed_at(self, handle: str) -> str | None:
+        """The run's Pod: where the slot's binding (and ``kubectl get claims``) says it runs."""
+        return pod_name(handle)
 
     def spec_for(self, request: AgentRunRequest, *, run: int = 0) -> RunSpec:
         spec = super().spec_for(request, run=run)

@@ -35,6 +35,7 @@ RUNTIME_EVENTS: Mapping[str, tuple[EventKind, str]] = {
     EventType.RUN_FAILED.value: ("Warning", "RunFailed"),
     EventType.RUN_STALLED.value: ("Warning", "RunStalled"),
     EventType.RETRY_SCHEDULED.value: ("Normal", "RetryScheduled"),
+    EventType.PLACEMENT_FAILED.value: ("Warning", "PlacementFailed"),
     EventType.RUN_CANCELED.value: ("Normal", "RunCanceled"),
     EventType.RUN_RECONCILED.value: ("Normal", "ReconcileStopped"),
     EventType.WORKSPACE_CLEANUP.value: ("Normal", "ReconcileStopped"),

@@ -292,8 +292,9 @@ class ClaimStatus(WireModel):
     attempt: int | None = None
     """Retry attempt number (``None`` for a first run)."""
     retry_kind: RetryKind | None = None
-    """``continuation`` (after a clean exit), ``failure`` (after a fault) or ``adoption`` (a
-    lost controller's worker is re-attached)."""
+    """``continuation`` (after a clean exit), ``failure`` (after a fault), ``adoption`` (a
+    lost controller's worker is re-attached) or ``placement`` (a first run whose Pod could not
+    be placed waits to be placed again; no attempt counted)."""
     due_at: datetime.datetime | None = None
     """When a pending retry is due (wall clock)."""
     retry_in: str | None = None
@@ -302,7 +303,8 @@ class ClaimStatus(WireModel):
     reservation_token: str | None = None
     """ABA guard of a reservation."""
     host: str | None = None
-    """The worker host (``None`` = the operator pod)."""
+    """Where the run is placed: the run's Pod (``worker.kind: pod``), the ``worker.ssh_hosts``
+    entry, or blank for the operator's own Pod."""
     workspace_path: str | None = None
     """The slot's workspace on the operator's volume."""
     started_at: datetime.datetime | None = None
@@ -314,7 +316,7 @@ class ClaimStatus(WireModel):
     usage: ClaimUsage = Field(default_factory=ClaimUsage)
     """Tokens used by the current run."""
     last_error: str | None = None
-    """Why the last run failed."""
+    """Why the last run failed, or why it could not be placed (a ``placement`` wait)."""
     session_id: str | None = None
     """The agent session id."""
     updated_at: datetime.datetime | None = None

@@ -27,6 +27,11 @@ class RetryKind(enum.StrEnum):
     ADOPTION = "adoption"
     """The last run's controller was lost but its worker may live on: due at once, the run
     re-attaches to that worker (see :attr:`RetryEntry.resume`); no failure is counted."""
+    PLACEMENT = "placement"
+    """A first run could not be placed (no node fits its Pod, its image cannot be pulled, a
+    quota refused it): the reservation was given back. Due after a short wait, as a first run
+    again (attempt 0 stands for none); no attempt and no failure is counted. A run that was
+    already a retry gets its own retry back instead, with the placement's reason."""
 
 
 class ClaimPhase(enum.StrEnum):

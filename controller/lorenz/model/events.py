@@ -39,6 +39,9 @@ class EventType(enum.StrEnum):
     """A pending retry was dropped: its issue stopped, left the candidates, or its slot is gone."""
     RESERVATION_EXPIRED = "reservation_expired"
     """A reservation outlived its worker acquire and was swept (a consumed retry is restored)."""
+    PLACEMENT_FAILED = "placement_failed"
+    """A run could not be placed (unschedulable, image pull, quota): its reservation was given
+    back with the reason, and the slot waits for placement (no attempt counted)."""
     WORKSPACE_CLEANUP = "workspace_cleanup"
     WORKSPACE_PRESERVED = "workspace_preserved"
     """A terminal issue's worktree was kept on purpose (uncommitted work, or not ours)."""

@@ -10,6 +10,7 @@ Slot lifecycle::
 
     unclaimed ──claim──▶ reserved ──bind──▶ running ──finish──▶ retry pending ──due──▶ unclaimed
          │                  │ cancel/expire (no backoff, retry restored)  ▲
+         │                  │ give back (not placed: a placement wait) ───┤
          └──claim (static)──┴──────────────────▶ running                 │
                                                   └── cleanup (reconciliation) ──▶ released
 
@@ -22,12 +23,13 @@ acquire leaves everything as it was (apart from remembering the slot as foreign)
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import secrets
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, cast
 
-from lorenz.config import TerminalAction, WorkflowSettings
+from lorenz.config import TerminalAction, WorkerKind, WorkflowSettings
 from lorenz.model import (
     AgentUpdate,
     CapacityProbe,
@@ -79,6 +81,7 @@ from lorenz.policies import (
     capacity_shortage,
     dispatchable_issues,
     kind_limit,
+    placement_wait_ms,
     reconciliation_decision,
     reservation_lifetime_ms,
     retry_host,
@@ -629,10 +632,14 @@ class Orchestrator:
             if shortage is not None:
                 return Skipped(SkipReason(shortage.value))
 
-            governed = self._capacity.governs()
+            # NB: a run in a Pod of its own is placed in two phases like a pool's: the slot is
+            # reserved while its Pod is created and starts, and bound once its worker serves;
+            # a Pod that cannot be placed gives the reservation back (see give_back).
+            in_pod = settings.worker.kind is WorkerKind.POD
+            governed = in_pod or self._capacity.governs()
             host: str | None = None
             if governed:
-                if not self._capacity.has_capacity():
+                if not in_pod and not self._capacity.has_capacity():
                     return Skipped(SkipReason.WORKER_HOST_CAPACITY)
             elif (
                 current is not None
@@ -662,7 +669,10 @@ class Orchestrator:
             reservation: ReservationRecord | None = None
             entry: RunningEntry | None = None
             if governed:
-                lifetime = reservation_lifetime_ms(settings.worker.worker_pool.acquire_timeout_ms)
+                acquire_ms = settings.worker.worker_pool.acquire_timeout_ms
+                if in_pod:
+                    acquire_ms = max(acquire_ms, settings.worker.start_timeout_ms)
+                lifetime = reservation_lifetime_ms(acquire_ms)
                 reservation = ReservationRecord(
                     issue=issue,
                     slot_index=candidate.slot_index,
@@ -684,7 +694,11 @@ class Orchestrator:
                     started_at=wall,
                     host=host,
                     workspace_path=current.workspace_path if current is not None else None,
-                    retry_kind=current.kind if current is not None else None,
+                    retry_kind=(
+                        current.kind
+                        if current is not None and current.kind is not RetryKind.PLACEMENT
+                        else None
+                    ),
                     agent_kind=kind,
                     resume=current.resume if current is not None else None,
                 )
@@ -731,7 +745,11 @@ class Orchestrator:
                 started_at=self._clock.now(),
                 host=host,
                 workspace_path=retry.workspace_path if retry is not None else None,
-                retry_kind=retry.kind if retry is not None else None,
+                retry_kind=(
+                    retry.kind
+                    if retry is not None and retry.kind is not RetryKind.PLACEMENT
+                    else None
+                ),
                 agent_kind=current.agent_kind,
                 resume=retry.resume if retry is not None else None,
             )
@@ -754,6 +772,54 @@ class Orchestrator:
                 return False
             await self._cancel_locked(current)
             return True
+
+    async def give_back(
+        self, reservation: ReservationRecord, *, error: str, code: str
+    ) -> RetryEntry | None:
+        """A reservation whose run could not be placed: release it without counting anything.
+
+        The slot waits for placement (``placement_wait_ms``) and is then claimed again: a retry
+        it had consumed comes back with its attempt and kind, due no sooner than that, carrying
+        ``error``; a first run comes back as a ``placement`` retry (still a first run). Neither
+        the attempt nor the failure streak moves, so ``retry.max_attempts`` and the backoff
+        only ever count runs that ran. ``None`` (and nothing changes) for a stale token.
+        """
+        async with self._lock:
+            state = self._state
+            key = reservation.key
+            current = state.reserved.get(key)
+            if current is None or current.token != reservation.token:
+                return None
+            del state.reserved[key]
+            state.claimed.discard(key)
+            now_ms = self._clock.monotonic_ms()
+            wall = self._clock.now()
+            wait = placement_wait_ms()
+            consumed = current.consumed_retry
+            if consumed is not None:
+                due_ms = max(consumed.due_at_ms, now_ms + wait)
+                retry = dataclasses.replace(
+                    consumed,
+                    due_at_ms=due_ms,
+                    due_at=wall + datetime.timedelta(milliseconds=due_ms - now_ms),
+                    error=error,
+                    error_code=code,
+                )
+            else:
+                retry = RetryEntry(
+                    issue_id=current.issue.id,
+                    identifier=current.issue.identifier,
+                    slot_index=current.slot_index,
+                    attempt=0,
+                    kind=RetryKind.PLACEMENT,
+                    due_at_ms=now_ms + wait,
+                    due_at=wall + datetime.timedelta(milliseconds=wait),
+                    error=error,
+                    error_code=code,
+                )
+            state.retry_attempts[key] = retry
+            await self._store.save(retry_record(retry, owner=self._store.owner, now=wall))
+            return retry
 
     async def _cancel_locked(self, reservation: ReservationRecord) -> None:
         state = self._state

@@ -11,6 +11,7 @@ from lorenz.policies.backoff import (
     RESERVATION_EXPIRY_MARGIN_MS,
     failure_backoff_ms,
     next_failure_attempt,
+    placement_wait_ms,
     reservation_lifetime_ms,
     retry_plan,
 )
@@ -78,6 +79,7 @@ __all__ = [
     "kind_limit",
     "last_activity_ms",
     "next_failure_attempt",
+    "placement_wait_ms",
     "priority_rank",
     "reconciliation_decision",
     "reservation_lifetime_ms",

@@ -73,3 +73,14 @@ def retry_plan(
 def reservation_lifetime_ms(acquire_timeout_ms: int) -> int:
     """``acquire_timeout_ms * 2 + 60000``: after this a reservation is swept (cancelled)."""
     return acquire_timeout_ms * 2 + RESERVATION_EXPIRY_MARGIN_MS
+
+
+PLACEMENT_WAIT_MS = 5000
+"""How long a slot whose run could not be placed (its Pod unschedulable, its image not pulled,
+a quota full) waits before it is claimed again: long enough not to hammer the API server, short
+enough that a freed node or quota is used soon."""
+
+
+def placement_wait_ms() -> int:
+    """The wait after a placement failure (no backoff: nothing ran, nothing failed)."""
+    return PLACEMENT_WAIT_MS

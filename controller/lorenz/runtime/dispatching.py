@@ -15,7 +15,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from lorenz.agents import AgentRunRequest, RunPlacement
+from lorenz.agents import AgentRunRequest, PlacementFailed, RunPlacement
 from lorenz.agents.environment import agent_environment
 from lorenz.config import AgentKindSettings, TrackerKind, WorkerKind, WorkflowSettings
 from lorenz.model import (
@@ -24,6 +24,7 @@ from lorenz.model import (
     Issue,
     LorenzError,
     ReservationRecord,
+    RetryKind,
     RunFailure,
     RunningEntry,
     RunOutcome,
@@ -276,7 +277,11 @@ class Dispatching:
         return True
 
     async def run_reserved(self, run: ActiveRun, *, reservation: ReservationRecord) -> None:
-        assert self._runtime._pool is not None
+        if self._runtime._pool is None:
+            # No pool: the reservation is a run placed in a Pod of its own. The runner creates
+            # the Pod and binds the reservation once its worker serves (see run_slot).
+            await self.run_slot(run, entry=_unbound(reservation), reservation=reservation)
+            return
         timeout_ms = self._runtime.settings.worker.worker_pool.acquire_timeout_ms
         try:
             slot = await self._runtime._pool.acquire(key=run.key, timeout_ms=timeout_ms)
@@ -336,16 +341,56 @@ class Dispatching:
             )
 
     async def run_slot(
-        self, run: ActiveRun, *, entry: RunningEntry, worker_slot: WorkerSlot | None = None
+        self,
+        run: ActiveRun,
+        *,
+        entry: RunningEntry,
+        worker_slot: WorkerSlot | None = None,
+        reservation: ReservationRecord | None = None,
     ) -> None:
+        """Run a bound slot; or, with ``reservation``, place it first (a run in a Pod).
+
+        Placement is two-phase there: ``entry`` is what the binding will be, the runner
+        creates the run's Pod and calls ``on_placed`` once its worker serves, and only then is
+        the reservation bound (``run_started``). A :class:`PlacementFailed` before that gives
+        the reservation back with its reason (see :meth:`unplaced`): nothing ran, so nothing
+        counts as a failed attempt.
+        """
         key = entry.key
         settings = self._runtime.settings
         workflow = self._runtime._workflow
         issue = entry.issue
         workspace: Workspace | None = None
         error: RunFailure | None = None
+        not_placed: PlacementFailed | None = None
         normal = False
         cancelled_from_outside = False
+        bound = reservation is None
+        workspace_path: str | None = None
+
+        async def placed(where: str | None) -> bool:
+            nonlocal entry, bound
+            if reservation is None or bound:
+                return bound
+            if not run.is_active:
+                return False
+            binding = await self._runtime._orchestrator.bind_reservation(reservation, host=where)
+            if binding is None:
+                return False
+            entry, bound, run.started = binding, True, True
+            if workspace_path is not None:
+                await self._runtime._orchestrator.set_workspace(key, workspace_path)
+            self._runtime._reporting.event(
+                EventType.RUN_STARTED,
+                issue=binding.issue,
+                slot=binding.slot_index,
+                attempt=binding.attempt,
+                host=binding.host,
+                message="run started",
+            )
+            self._runtime._reporting.emit_snapshot()
+            return True
+
         try:
             kind_name = entry.agent_kind or agent_kind_for(issue, agent=settings.agent)
             kind = _agent_kind(settings, kind_name)
@@ -359,6 +404,7 @@ class Dispatching:
                 placement = RunPlacement(
                     host=POD_PLACEMENT, hooks=settings.hooks, worker=settings.worker
                 )
+                workspace_path = str(path)
                 await self._runtime._orchestrator.set_workspace(key, str(path))
             elif entry.host is not None and worker_slot is None:
                 # SSH placement (a static-path host is a worker.ssh_hosts entry; a pool's hosts
@@ -383,6 +429,10 @@ class Dispatching:
                 if entry.resume is None:
                     # NB: an adopted run's before_run ran when its worker was started.
                     await self._runtime._workspaces.before_run(workspace, attempt=entry.attempt)
+            if not bound and placement is None:
+                # NB: a reload moved the workflow off Pods since the claim: nothing places
+                # this run in two phases any more, so it is bound as it starts.
+                await placed(None)
             prompt = render_prompt(workflow, issue=issue, attempt=entry.attempt)
             runner = self._runtime._runner_factory(kind.protocol)
             request = AgentRunRequest(
@@ -407,6 +457,7 @@ class Dispatching:
                 tools=tracker_tools(self._runtime._tracker),
                 placement=placement,
                 resume=entry.resume,
+                on_placed=placed if not bound else None,
             )
             await runner.run(request)
             normal = True
@@ -418,6 +469,8 @@ class Dispatching:
                 cancelled_from_outside = True
             error = _aborted(run.reason)
         except LorenzError as exc:
+            if isinstance(exc, PlacementFailed) and not bound:
+                not_placed = exc
             error = RunFailure.from_error(exc)
         except Exception as exc:  # noqa: BLE001 - an uncoded runner crash is a failed run
             error = RunFailure(code="agent_exited", text=f"agent exited: {describe_error(exc)}")
@@ -433,9 +486,63 @@ class Dispatching:
                     )
             if error is not None:
                 error = RunFailure(code=error.code, text=self._runtime._reporting.scrub(error.text))
-            await self.settle(run, key=key, normal=normal, error=error, worker_slot=worker_slot)
+            if reservation is not None and not bound:
+                await self.unplaced(run, reservation, error=error, not_placed=not_placed)
+            else:
+                await self.settle(
+                    run, key=key, normal=normal, error=error, worker_slot=worker_slot
+                )
         if cancelled_from_outside:
             raise asyncio.CancelledError
+
+    async def unplaced(
+        self,
+        run: ActiveRun,
+        reservation: ReservationRecord,
+        *,
+        error: RunFailure | None,
+        not_placed: PlacementFailed | None,
+    ) -> None:
+        """Settle a run that ended before it was placed (its reservation never bound).
+
+        Not placed (unschedulable, image pull, quota): the reservation is given back with the
+        reason and the slot waits for placement — no attempt, no backoff, no failure streak
+        (``placement_failed``). Stopped or cancelled meanwhile: given back as any reservation.
+        Anything else (the run's own settings are wrong: no image, a spec too large) is a
+        failure of the run like after a bind, so that it counts and ends up blocked.
+        """
+        orchestrator = self._runtime._orchestrator
+        try:
+            if not run.is_active or (error is not None and error.code == "run_aborted"):
+                await orchestrator.cancel_reservation(reservation)
+            elif not_placed is not None and error is not None:
+                retry = await orchestrator.give_back(reservation, error=error.text, code=error.code)
+                if retry is not None:
+                    self._runtime._reporting.event(
+                        EventType.PLACEMENT_FAILED,
+                        issue=reservation.issue,
+                        slot=reservation.slot_index,
+                        attempt=reservation.attempt,
+                        message=f"not placed, given back: {error.text}",
+                        reason=not_placed.reason,
+                        code=error.code,
+                    )
+                    if not self._runtime._stopped:
+                        self._runtime._timers.sync(orchestrator.retry_deadlines())
+            else:
+                binding = await orchestrator.bind_reservation(reservation, host=None)
+                if binding is not None:
+                    await self.settle(
+                        run,
+                        key=binding.key,
+                        normal=error is None,
+                        error=error,
+                        worker_slot=None,
+                    )
+                    return
+        finally:
+            self._runtime._runs.discard(run)
+            self._runtime._reporting.emit_snapshot()
 
     async def settle(
         self,
@@ -688,6 +795,25 @@ def _agent_kind(settings: WorkflowSettings, name: str) -> AgentKindSettings:
             "agents; the run is retried with the kind the workflow chooses now",
             code="unknown_agent_kind",
         ) from None
+
+
+def _unbound(reservation: ReservationRecord) -> RunningEntry:
+    """What a reservation's binding will be (as ``bind_reservation`` makes it): the run is
+    prepared from it while it is being placed."""
+    retry = reservation.consumed_retry
+    return RunningEntry(
+        issue=reservation.issue,
+        slot_index=reservation.slot_index,
+        attempt=reservation.attempt,
+        started_at_ms=reservation.reserved_at_ms,
+        started_at=reservation.reserved_at,
+        workspace_path=retry.workspace_path if retry is not None else None,
+        retry_kind=(
+            retry.kind if retry is not None and retry.kind is not RetryKind.PLACEMENT else None
+        ),
+        agent_kind=reservation.agent_kind,
+        resume=retry.resume if retry is not None else None,
+    )
 
 
 def _aborted(reason: AbortReason | None) -> RunFailure:

@@ -248,6 +248,11 @@ class WorkerRunner:
         """Whether a cancelled run leaves its worker running (for the next controller)."""
         return _leaving is not None or (self.leaving is not None and self.leaving() is not None)
 
+    def placed_at(self, handle: str) -> str | None:
+        """Where the worker of ``handle`` runs, as the slot's binding records it (its host)."""
+        del handle
+        return self.placement
+
     def spec_for(self, request: AgentRunRequest, *, run: int = 0) -> RunSpec:
         tools = request.tools.tool_specs() if request.tools is not None else []
         return RunSpec(
@@ -320,6 +325,15 @@ class WorkerRunner:
             heartbeat_s=self.heartbeat_s,
         )
         self.last_handle = handle
+        if request.on_placed is not None and not await request.on_placed(self.placed_at(name)):
+            # NB: the slot's reservation is gone (swept, cancelled): this worker is nobody's
+            # run; it is stopped rather than followed.
+            await self._cancel(handle, asyncio.ensure_future(handle.follow(_ignore)))
+            raise AgentRunError(
+                f"the reservation of {request.issue.identifier} slot {request.slot_index} was "
+                "given up while its worker started; the slot is dispatched again",
+                code="reservation_lost",
+            )
 
         def relay(record: Record) -> None:
             if recorder is not None:
