@@ -313,17 +313,19 @@ async def test_a_new_leader_hydrates_a_running_claim_with_an_intent_into_an_adop
     assert status["intent"]["lastSeq"] == 12
 
 
-async def test_kubectl_get_claims_shows_the_workers_phase_and_handle(
+async def test_kubectl_get_claims_shows_the_workers_phase_handle_and_host(
     kube_api: KubeApi, workflow: WorkflowRef, kube_control_plane: Cluster
 ) -> None:
     store = store_of(kube_api, workflow, "a", Leadership("a"), generation=1)
-    assert await store.acquire(record())
+    # a run in a Pod: the Claim's host is the Pod's name
+    assert await store.acquire(record(host="lzw-issue-1-s0-a0-g1-0123456789ab"))
     handle = "lzw-ISSUE-1-s0-a0-g1-0123456789ab"
     assert await store.record_intent(KEY, intent(handle, SpawnPhase.PROBING, generation=1))
     kube = Kube(kube_control_plane, workflow.namespace)
     (row,) = kube.table("claims")
     assert row["WORKER"] == "probing"
     assert "HANDLE" not in row
+    assert row["HOST"] == handle.lower()
     (wide,) = kube.table("claims", "-o", "wide")
     assert wide["HANDLE"] == handle
     assert wide["WORKER"] == "probing"

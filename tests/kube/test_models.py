@@ -23,6 +23,7 @@ from lorenz.kube.settings import OperatorSettings, load_settings
 from lorenz.kube.specs import failed_stamp, workflow_from_spec
 from lorenz.kube.statuses import (
     CLAIM_SPEC_FIELDS,
+    PLACEMENTS_SHOWN,
     ClaimSpec,
     ClaimStatus,
     condition,
@@ -33,7 +34,7 @@ from lorenz.workflow import TemplateParseError, load_workflow
 from lorenz.workflow.documents import parse_front_matter, split_front_matter
 from lorenz.workflow.schema import iter_fields
 from tests.kube.conftest import ManualMonotonic
-from tests.kube.snapshots import runtime_snapshot
+from tests.kube.snapshots import AT, runtime_snapshot
 
 REPO = Path(__file__).resolve().parents[2]
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
@@ -442,6 +443,31 @@ def test_status_from_a_snapshot() -> None:
     assert status["poll"]["lastPollAt"] == "2026-01-01T00:00:00Z"
     assert status["poll"]["count"] == 7
     assert status["usage"]["secondsRunning"] == 1.2
+    assert status["placements"] == []  # a run in the operator's own Pod is not listed
+
+
+def test_the_status_says_where_each_run_is_placed() -> None:
+    snapshot = runtime_snapshot(running=3)
+    early, late = AT - datetime.timedelta(minutes=1), AT + datetime.timedelta(minutes=1)
+    rows = snapshot.lanes.running
+    placed = (
+        dataclasses.replace(rows[0], host="lzw-t-0-s0-pod", started_at=late),
+        dataclasses.replace(rows[1], host=None),
+        dataclasses.replace(rows[2], host="lzw-t-2-s0-pod", slot_index=1, started_at=early),
+    )
+    snapshot = dataclasses.replace(
+        snapshot, lanes=dataclasses.replace(snapshot.lanes, running=placed)
+    )
+    status = status_from_snapshot(snapshot)
+    assert status["placements"] == [
+        {"identifier": "T-2", "slot": 1, "host": "lzw-t-2-s0-pod"},
+        {"identifier": "T-0", "slot": 0, "host": "lzw-t-0-s0-pod"},
+    ]
+    many = runtime_snapshot(running=PLACEMENTS_SHOWN + 5)
+    many = dataclasses.replace(many, lanes=dataclasses.replace(many.lanes, running=tuple(
+        dataclasses.replace(row, host=f"pod-{n}") for n, row in enumerate(many.lanes.running)
+    )))
+    assert len(status_from_snapshot(many)["placements"]) == PLACEMENTS_SHOWN
 
 
 # -- commands -----------------------------------------------------------------------------

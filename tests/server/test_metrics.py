@@ -11,9 +11,11 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from lorenz.agents import PlacementFailed
 from lorenz.model import slot_key
 from lorenz.server import LorenzMetrics, MetricsLabelInUse
 from tests.runtime.harness import build_rig, write_agent, write_workflow
+from tests.runtime.test_placement import POD, PodRunnerStandIn
 from tests.server.helpers import (
     GatedPool,
     PoolGoverns,
@@ -337,3 +339,32 @@ def test_the_compact_series_expose_exactly_what_prometheus_client_would() -> Non
     created = [line for line in generate_latest(ours).decode().splitlines()
                if line.startswith("x_runs_created")]
     assert len(created) == 2
+
+
+async def test_a_pod_run_times_its_placement_and_counts_a_placement_failure_by_reason(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    runner = PodRunnerStandIn([
+        PlacementFailed("exceeded quota: one-run-pod", code="pod_refused", reason="quota")
+    ])
+    rig = make_rig(tmp_path, issues=[issue(1)], front_matter=POD, runner_factory=runner)
+    served = await serve(rig)
+    wf = str(rig.workflow.path)
+    fresh = await scrape(http, served.url)
+    for reason in ("unschedulable", "image_pull", "container_config", "start_timeout", "quota"):
+        assert value(fresh, "lorenz_placement_failures_total", workflow=wf, reason=reason) == 0
+    assert value(fresh, "lorenz_placement_duration_seconds_count", workflow=wf) == 0
+
+    await rig.runtime.poll_once()
+    await wait_until(lambda: bool(rig.of_type("placement_failed")))
+    refused = await scrape(http, served.url)
+    assert value(refused, "lorenz_placement_failures_total", workflow=wf, reason="quota") == 1
+    assert value(refused, "lorenz_placement_duration_seconds_count", workflow=wf) == 0
+    assert value(refused, "lorenz_run_outcomes_total", workflow=wf, outcome="failed") == 0
+
+    # placed after the placement wait: timed from its reservation to its binding
+    await wait_until(lambda: bool(rig.of_type("run_started")), timeout=30)
+    placed = await scrape(http, served.url)
+    assert value(placed, "lorenz_placement_duration_seconds_count", workflow=wf) == 1
+    assert value(placed, "lorenz_placement_failures_total", workflow=wf, reason="quota") == 1
+    assert value(placed, "lorenz_dispatches_total", workflow=wf) == 1

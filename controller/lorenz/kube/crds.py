@@ -311,6 +311,12 @@ def claim_crd() -> dict[str, Any]:
                 description="the spawn phase of the slot's worker (docs/runs.md)",
             ),
             _column("Attempt", ".status.attempt", type_="integer"),
+            _column(
+                "Host",
+                ".status.host",
+                description="where the run is placed: its Pod (worker.kind: pod), else the "
+                "worker.sshHosts entry; blank for the operator's own Pod",
+            ),
             _column("Owner", ".status.owner"),
             _column(
                 "Due",

@@ -110,6 +110,21 @@ class LaneCounts(WireModel):
     """Slots waiting for operator input."""
 
 
+PLACEMENTS_SHOWN = 50
+"""At most this many runs are listed in ``status.placements`` (the Claims hold every one)."""
+
+
+class RunPlacement(WireModel):
+    """Where one running slot's run is placed."""
+
+    identifier: str
+    """The issue (``ABC-123``)."""
+    slot: int = Field(ge=0)
+    """The slot of the issue's ensemble."""
+    host: str
+    """The run's Pod (``worker.kind: pod``) or its ``worker.sshHosts`` entry."""
+
+
 class UsageStatus(WireModel):
     """Token and time totals across every run of this Workflow (ended and running)."""
 
@@ -158,6 +173,9 @@ class WorkflowStatus(WireModel):
     """Slots per lane."""
     usage: UsageStatus = Field(default_factory=UsageStatus)
     """Usage totals."""
+    placements: list[RunPlacement] = Field(default_factory=list, max_length=PLACEMENTS_SHOWN)
+    """Where the running slots' runs are placed (their Pods), oldest first; runs in the
+    operator's own Pod are not listed, and at most 50 are (``kubectl get claims`` has all)."""
     leader: LeaderStatus = Field(default_factory=LeaderStatus)
     """The current leader."""
     checkpoint: dict[str, Any] | None = Field(
@@ -229,6 +247,11 @@ def status_from_snapshot(snapshot: RuntimeSnapshot) -> dict[str, Any]:
             seconds_running=round(usage.seconds_running, 1),
             cost_usd=round(usage.cost_usd, 6),
         ).wire(),
+        "placements": [
+            RunPlacement(identifier=row.identifier, slot=row.slot_index, host=row.host).wire()
+            for row in sorted(lanes.running, key=lambda row: (row.started_at, row.slot_key))
+            if row.host
+        ][:PLACEMENTS_SHOWN],
     }
 
 

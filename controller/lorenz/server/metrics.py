@@ -57,6 +57,9 @@ RUN_DURATION_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0,
                         7200.0, 14400.0)
 DISPATCH_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
                             5.0, 10.0, 30.0, 60.0)
+PLACEMENT_BUCKETS = (0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+PLACEMENT_REASONS = ("unschedulable", "image_pull", "container_config", "start_timeout", "quota")
+"""``lorenz_placement_failures_total`` reasons (``PlacementFailed.reason`` of the Pod runner)."""
 
 STALLED_REASON = "stalled"
 """``lorenz_reconcile_stops_total`` reason for a run stopped by stall reconciliation."""
@@ -183,6 +186,10 @@ class _Feed:
     reserved_in_tick: collections.OrderedDict[SlotKey, datetime.datetime] = dataclasses.field(
         default_factory=collections.OrderedDict
     )
+    reserved_at: collections.OrderedDict[SlotKey, datetime.datetime] = dataclasses.field(
+        default_factory=collections.OrderedDict
+    )
+    """When each slot now being placed was reserved (its placement time ends at the bind)."""
     series: set[tuple[str, tuple[str, ...]]] = dataclasses.field(default_factory=set)
     """Every (metric, label values) this workflow touched, to remove them on detach."""
 
@@ -227,6 +234,18 @@ class LorenzMetrics:
             "lorenz_dispatch_latency_seconds",
             "Start of the poll tick that selected a slot to the start of its run.",
             wf, registry=self.registry, buckets=DISPATCH_LATENCY_BUCKETS,
+        )
+        self._placement = _Family(
+            "lorenz_placement_duration_seconds",
+            "A reservation to its binding: for a run in a Pod, creating the Pod until its worker "
+            "serves (the Pod's start).",
+            wf, registry=self.registry, buckets=PLACEMENT_BUCKETS,
+        )
+        self._placement_failures = _Family(
+            "lorenz_placement_failures",
+            "Runs not placed, their reservation given back, by reason (unschedulable, "
+            "image_pull, container_config, start_timeout, quota).",
+            (*wf, "reason"), registry=self.registry,
         )
         self.registry.register(_StateCollector(self._feeds))
 
@@ -285,6 +304,8 @@ class LorenzMetrics:
             "poll_duration": self._poll_duration,
             "run_duration": self._run_duration,
             "dispatch_latency": self._dispatch_latency,
+            "placement": self._placement,
+            "placement_failures": self._placement_failures,
         }
 
     def _child(self, feed: _Feed, name: str, *extra: str) -> _Series:
@@ -294,8 +315,11 @@ class LorenzMetrics:
 
     def _zero_series(self, feed: _Feed) -> None:
         """Create every known series at zero, so rates and absent-alerts work from the start."""
-        for name in ("dispatches", "poll_errors", "poll_duration", "dispatch_latency"):
+        for name in ("dispatches", "poll_errors", "poll_duration", "dispatch_latency",
+                     "placement"):
             self._child(feed, name)
+        for reason in PLACEMENT_REASONS:
+            self._child(feed, "placement_failures", reason)
         for outcome in RunOutcome:
             self._child(feed, "outcomes", outcome.value)
             self._child(feed, "run_duration", outcome.value)
@@ -315,6 +339,9 @@ class LorenzMetrics:
             if key is None:
                 return
             feed.run_started_at[key] = at
+            reserved = feed.reserved_at.pop(key, None)
+            if reserved is not None:
+                self._child(feed, "placement").observe(max((at - reserved).total_seconds(), 0.0))
             feed.tick_reservations.discard(key)
             tick_start = feed.reserved_in_tick.pop(key, None)
             if tick_start is not None:
@@ -322,10 +349,17 @@ class LorenzMetrics:
             elif len(feed.tick_starts) < _PENDING_CAP:
                 feed.tick_starts.append((key, at))
         elif kind is EventType.RUN_RESERVING:
+            if key is not None:
+                feed.reserved_at[key] = at
+                while len(feed.reserved_at) > _PENDING_CAP:
+                    feed.reserved_at.popitem(last=False)
             if key is not None and len(feed.tick_reservations) < _PENDING_CAP:
                 feed.tick_reservations.add(key)
-        elif kind is EventType.DISPATCH_SKIPPED:
+        elif kind in (EventType.DISPATCH_SKIPPED, EventType.PLACEMENT_FAILED):
+            if kind is EventType.PLACEMENT_FAILED:
+                self._child(feed, "placement_failures", event.reason or "unknown").inc()
             if key is not None:
+                feed.reserved_at.pop(key, None)
                 feed.reserved_in_tick.pop(key, None)
                 feed.tick_reservations.discard(key)
         elif kind in (EventType.POLL_COMPLETED, EventType.POLL_ERROR):
@@ -344,6 +378,7 @@ class LorenzMetrics:
         elif kind is EventType.RETRY_SCHEDULED:
             self._child(feed, "retries", event.retry_kind or "unknown").inc()
         elif kind is EventType.STOPPING:
+            feed.reserved_at.clear()
             feed.tick_starts.clear()
             feed.tick_reservations.clear()
             feed.reserved_in_tick.clear()
