@@ -360,6 +360,9 @@ def test_only_a_quota_refusal_is_a_placement_failure() -> None:
     quota = refused(403, "Forbidden", 'pods "lzw-x" is forbidden: exceeded quota: one, '
                     "requested: pods=1, used: pods=1, limited: pods=1")
     assert refusal_reason(quota) == "quota"
+    uncounted = refused(403, "Forbidden", 'pods "lzw-x" is forbidden: status unknown for quota: '
+                        "one, resources: pods")
+    assert refusal_reason(uncounted) == "quota"
     assert refusal_reason(refused(403, "Forbidden", "User cannot create pods")) is None
     assert refusal_reason(refused(422, "Invalid", "spec.affinity: Invalid value")) is None
 

@@ -347,7 +347,10 @@ def test_a_quota_of_one_pod_runs_one_issue_at_a_time_and_fails_none(
     cluster = rig.cluster
     wait_until(lambda: run_pods(rig) == [] or None, timeout=120, message="no run Pods left")
     # NB: a quota counts every Pod of the namespace: the operator's own plus one run Pod.
-    others = cluster.kubectl_json("get", "pods", "-n", rig.namespace)["items"]
+    others = [
+        p for p in cluster.kubectl_json("get", "pods", "-n", rig.namespace)["items"]
+        if p["status"].get("phase") not in ("Succeeded", "Failed")
+    ]
     cluster.apply(
         {
             "apiVersion": "v1",
@@ -356,6 +359,11 @@ def test_a_quota_of_one_pod_runs_one_issue_at_a_time_and_fails_none(
             "spec": {"hard": {"pods": str(len(others) + 1)}},
         },
         namespace=rig.namespace,
+    )
+    wait_until(
+        lambda: cluster.kubectl_json("get", "resourcequota", "one-run-pod", "-n", rig.namespace)
+        .get("status", {}).get("hard") or None,
+        timeout=60, interval=0.5, message="the quota counted",
     )
     body = pod_workflow(rig, seconds=2.0)
     body["spec"]["agent"]["maxConcurrentAgents"] = 3

@@ -506,9 +506,13 @@ def placement_reason(pod: Mapping[str, Any]) -> str | None:
 
 def refusal_reason(exc: KubeApiError) -> str | None:
     """``quota`` when the API refused a create because a ResourceQuota is used up (the run
-    may be placed once it frees up), else ``None`` (a refusal no wait cures)."""
+    may be placed once it frees up), else ``None`` (a refusal no wait cures).
+
+    NB: a quota the controller-manager has not counted yet refuses every create with ``status
+    unknown for quota``: a wait cures that too."""
     text = f"{exc.reason} {exc.detail or ''}"
-    return "quota" if exc.status == 403 and "exceeded quota" in text else None
+    quota = "exceeded quota" in text or "status unknown for quota" in text
+    return "quota" if exc.status == 403 and quota else None
 
 
 def _worker_running(pod: Mapping[str, Any]) -> bool:
