@@ -308,13 +308,17 @@ class WorkerRunner:
                 "adopting the worker of a lost controller handle=%s after_seq=%s", name, last_seq
             )
         else:
+            # NB: built once: the intent names its handle, and the first launch sends it.
+            first = self.spec_for(request)
             if recorder is not None:
-                await recorder.require(self.spec_for(request).handle, SpawnPhase.PROVISIONING)
+                await recorder.require(first.handle, SpawnPhase.PROVISIONING)
             found = await self._predecessor(request)
             name = (
                 found
                 if found is not None
-                else await self._start_or_cancel(request, recorder=recorder, handlers=handlers)
+                else await self._start_or_cancel(
+                    request, recorder=recorder, handlers=handlers, first=first
+                )
             )
         handle = WorkerHandle(
             transport=self.transport,
@@ -390,14 +394,19 @@ class WorkerRunner:
         return _result_of(final)
 
     async def _start_or_cancel(
-        self, request: AgentRunRequest, *, recorder: IntentRecorder | None, handlers: CallHandlers
+        self,
+        request: AgentRunRequest,
+        *,
+        recorder: IntentRecorder | None,
+        handlers: CallHandlers,
+        first: RunSpec | None = None,
     ) -> str:
         """:meth:`_start`; a run cancelled meanwhile cancels the worker the launch started.
 
         NB: the worker serves (and its agent may have started) before the launch command
         returns; a cancellation in between must not leave that worker running unwatched.
         """
-        start = asyncio.ensure_future(self._start(request, recorder=recorder))
+        start = asyncio.ensure_future(self._start(request, recorder=recorder, first=first))
         try:
             return await asyncio.shield(start)
         except asyncio.CancelledError:
@@ -418,16 +427,24 @@ class WorkerRunner:
             raise
 
     async def _start(
-        self, request: AgentRunRequest, *, recorder: IntentRecorder | None = None
+        self,
+        request: AgentRunRequest,
+        *,
+        recorder: IntentRecorder | None = None,
+        first: RunSpec | None = None,
     ) -> str:
         """Start a worker under the first handle no earlier run of this attempt used.
 
         With a recorder, the claim says ``spawn_requested`` (with the handle) before the
-        launch and ``probing`` once it answered.
+        launch and ``probing`` once it answered. ``first``: the spec of run 0, if built already.
         """
         root = getattr(self.transport, "state_root", None)
         for ordinal in range(MAX_RUNS_PER_ATTEMPT):
-            spec = self.spec_for(request, run=ordinal)
+            spec = (
+                first
+                if ordinal == 0 and first is not None
+                else self.spec_for(request, run=ordinal)
+            )
             if isinstance(root, Path) and (root / spec.handle / COLLECTED_NAME).exists():
                 continue  # NB: known locally to be an earlier run; no process needed to ask
             if recorder is not None:
