@@ -164,7 +164,12 @@ def _runner_factory(
             LocalTransport(env=worker_env)
             if worker_env is not None
             else LocalTransport(
-                state_root=state_root_of(base_env), env=base_env, secret_values=secret_values
+                state_root=state_root_of(base_env),
+                env=base_env,
+                secret_values=secret_values,
+                # NB: one warm launcher forks the single host's workers (a Python start-up
+                # per run was most of a run's CPU); the operator keeps the launch command.
+                forkserver=True,
             )
         )
 

@@ -6,6 +6,7 @@ so a protocol's dependencies are only needed when it is used.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 
 from lorenz.agents.base import (
@@ -28,6 +29,13 @@ _RUNNERS: dict[AgentProtocol, tuple[str, str]] = {
     AgentProtocol.ACP: ("lorenz.agents.acp", "AcpRunner"),
     AgentProtocol.CLAUDE_STREAM_JSON: ("lorenz.agents.claude", "ClaudeStreamRunner"),
 }
+
+
+def preload_runners() -> None:
+    """Import every protocol's runner module that this build has (a process that forks runs)."""
+    for module_name, _ in _RUNNERS.values():
+        with contextlib.suppress(ImportError):
+            importlib.import_module(module_name)
 
 
 def build_runner(protocol: AgentProtocol | str) -> AgentRunner:

@@ -7,6 +7,7 @@ Shapes::
     lorenz worker --state-dir DIR --probe                     # print what DIR proves (JSON)
     lorenz worker --state-dir DIR --journal-after N           # print records after seq N
     lorenz worker --state-dir DIR --bridge                    # stdio <-> the control socket
+    lorenz worker --launcher --state-root DIR --parent PID    # fork workers per request line
 
 With ``--detach`` the command returns as soon as the worker (in a session of its own) serves
 its control socket, printing one JSON line; that is how controllers start workers, locally and
@@ -34,6 +35,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--bridge", action="store_true", help="connect stdin/stdout to the control socket"
     )
+    parser.add_argument(
+        "--launcher",
+        action="store_true",
+        help="fork a worker per launch request on stdin (started by a controller)",
+    )
+    parser.add_argument("--parent", type=int, metavar="PID", help="the controller (--launcher)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -47,6 +54,15 @@ def run(args: argparse.Namespace) -> int:
     from lorenz.workers.states import default_state_root, probe_local
 
     try:
+        if args.launcher:
+            from lorenz.workers.forkserver import serve_launches
+
+            if args.state_root is None or args.parent is None:
+                print("lorenz worker: --launcher needs --state-root and --parent", file=sys.stderr)
+                return 2
+            return serve_launches(
+                state_root=Path(args.state_root).expanduser(), parent=args.parent
+            )
         if args.spec is not None:
             if args.spec == "-":
                 spec = read_spec(sys.stdin.buffer)

@@ -14,6 +14,7 @@ import dataclasses
 import logging
 import os
 import signal
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
@@ -249,6 +250,11 @@ async def run_host(
                         await attachment.stop()
             shutdown.shutdown_step(shutdown.DRAIN_WORKER_POOL)
             await runtime.drain_worker_pool()
+            forkserver = sys.modules.get("lorenz.workers.forkserver")
+            if forkserver is not None:
+                # NB: no run is in flight any more; the workers go on without their launcher.
+                with contextlib.suppress(Exception):
+                    await forkserver.close_launchers()
             shutdown.shutdown_step(shutdown.STOP_SERVER)
             for attachment in attachments:
                 if shutdown.stops_with_server(attachment):

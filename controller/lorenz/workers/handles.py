@@ -23,6 +23,7 @@ from typing import Protocol
 
 from lorenz.model import LorenzError
 from lorenz.workers.client import CallHandlers, ConnectionLost, WorkerConnection
+from lorenz.workers.forkserver import Launcher, parent_death_signal_supported
 from lorenz.workers.journal import JOURNAL_NAME, Record, read_journal
 from lorenz.workers.launch import (
     LOCAL_WORKER_COMMAND,
@@ -93,17 +94,27 @@ class LocalTransport:
         env: Mapping[str, str] | None = None,
         secret_values: Sequence[str] = (),
         launch_timeout_s: float = 60.0,
+        forkserver: bool = False,
     ) -> None:
         self.state_root = state_root or default_state_root()
         self.command = tuple(command)
         self.env = worker_process_env(base=env, secret_values=secret_values)
         """The worker processes' environment (tracker secrets stripped by name and value)."""
         self.launch_timeout_s = launch_timeout_s
+        self.launcher: Launcher | None = (
+            Launcher(command=self.command, state_root=self.state_root, env=self.env)
+            if forkserver and parent_death_signal_supported()
+            else None
+        )
+        """With ``forkserver`` (on Linux): workers are forked by one warm launcher process
+        instead of a launch command per run (:mod:`lorenz.workers.forkserver`)."""
 
     def state_dir(self, handle: str) -> Path:
         return self.state_root / handle
 
     async def launch(self, spec: RunSpec) -> LaunchResult:
+        if self.launcher is not None:
+            return await self.launcher.launch(spec, timeout_s=self.launch_timeout_s)
         return await run_launch_command(
             [*self.command, *launch_arguments(str(self.state_root))],
             spec=spec,
@@ -126,7 +137,8 @@ class LocalTransport:
         )
 
     async def close(self) -> None:
-        return None
+        if self.launcher is not None:
+            await self.launcher.close()
 
 
 class WorkerHandle:

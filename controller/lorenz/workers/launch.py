@@ -24,6 +24,7 @@ import dataclasses
 import json
 import logging
 import os
+import signal
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -192,8 +193,14 @@ def read_spec(stream: Any) -> RunSpec:
         ) from None
 
 
-def start_from_spec(spec: RunSpec, *, state_root: Path, detach: bool) -> int:
-    """Create the state directory for ``spec`` and start (or find) its worker."""
+def start_from_spec(
+    spec: RunSpec, *, state_root: Path, detach: bool, die_with_parent: bool = False
+) -> int:
+    """Create the state directory for ``spec`` and start (or find) its worker.
+
+    ``die_with_parent``: the worker dies with this process until it serves (see
+    :mod:`lorenz.workers.forkserver`, whose launch children call this).
+    """
     state_dir = create_state_dir(state_root, spec.handle)
     probe = asyncio.run(probe_local(state_dir, timeout_s=2.0))
     journal = read_journal(state_dir / JOURNAL_NAME) if probe.state is ProbeState.GONE else []
@@ -216,18 +223,23 @@ def start_from_spec(spec: RunSpec, *, state_root: Path, detach: bool) -> int:
             code="worker_handle_used",
         )
     write_spec(state_dir, spec)
-    return serve(state_dir, detach=detach)
+    return serve(state_dir, detach=detach, die_with_parent=die_with_parent)
 
 
-def serve(state_dir: Path, *, detach: bool) -> int:
+def serve(state_dir: Path, *, detach: bool, die_with_parent: bool = False) -> int:
     """Run the worker of ``state_dir``; with ``detach``, in a new session, answering once
-    its socket is bound (the answer is one JSON line on stdout)."""
+    its socket is bound (the answer is one JSON line on stdout).
+
+    ``die_with_parent`` (with ``detach``): the forked worker is killed if this process ends
+    before the worker's socket is bound and its status written.
+    """
     spec = load_spec(state_dir)
     if not detach:
         return asyncio.run(_serve(spec, state_dir, ready_fd=None))
     read_fd, write_fd = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
+    parent = os.getpid()
     pid = os.fork()
     if pid > 0:
         os.close(write_fd)
@@ -246,12 +258,20 @@ def serve(state_dir: Path, *, detach: bool) -> int:
     os.close(read_fd)
     status = int(ExitStatus.FAILED)
     try:
+        if die_with_parent:
+            from lorenz.workers.forkserver import set_parent_death_signal
+
+            set_parent_death_signal(signal.SIGKILL)
+            if os.getppid() != parent:
+                os._exit(status)  # NB: the launch died before we could follow it
         os.setsid()
         _redirect_stdio(state_dir / LOG_NAME)
         logging.basicConfig(
             level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
         )
-        status = asyncio.run(_serve(spec, state_dir, ready_fd=write_fd))
+        status = asyncio.run(
+            _serve(spec, state_dir, ready_fd=write_fd, die_with_parent=die_with_parent)
+        )
     except BaseException:
         logger.exception("the worker failed")
     finally:
@@ -269,7 +289,9 @@ def _redirect_stdio(log_path: Path) -> None:
     os.close(log)
 
 
-async def _serve(spec: RunSpec, state_dir: Path, *, ready_fd: int | None) -> int:
+async def _serve(
+    spec: RunSpec, state_dir: Path, *, ready_fd: int | None, die_with_parent: bool = False
+) -> int:
     install_child_watcher()
     worker = Worker(spec=spec, state_dir=state_dir)
     try:
@@ -279,6 +301,11 @@ async def _serve(spec: RunSpec, state_dir: Path, *, ready_fd: int | None) -> int
         if ready_fd is None:
             print(f"lorenz worker: {exc}", file=sys.stderr)
         return int(ExitStatus.SPEC_INVALID)
+    if die_with_parent:
+        from lorenz.workers.forkserver import set_parent_death_signal
+
+        # NB: serving, with its status written: a successor's probe finds it from now on.
+        set_parent_death_signal(0)
     _ready(
         ready_fd,
         {

@@ -1,0 +1,435 @@
+"""A launcher that forks local workers from one warm interpreter instead of starting Python per run.
+
+Starting a worker with ``lorenz worker --spec - --detach`` costs a fresh interpreter and every
+import a worker needs — about 0.25 to 0.3 CPU-s per run on a 2-core machine, most of the CPU a
+run of a small agent costs, and the wall time before its agent starts (issue #11: with 10
+slots the launches alone kept both cores busy, a drain of 100 issues took twice as long as with
+in-process agents, and the controller polled and reconciled through all of it). The single host
+therefore keeps one *launcher* (``lorenz worker --launcher``): it imports the worker's code
+once, reads launch requests (one JSON line each) on its stdin, and for each forks a child that
+does exactly what the launch command does — create the state directory, probe it, write the
+spec, fork the worker into a session of its own, wait until it serves — and answers with the
+launch command's JSON line, tagged with the request's id, on the launcher's stdout.
+
+What the launch command's exec gave for free, the launcher keeps:
+
+* the worker is detached as before (a session of its own, not the controller's child);
+* NB: a forked process keeps the environment block of the interpreter it was forked from, so
+  the run's handle cannot be *in* ``/proc/<pid>/environ`` of the launch child or of the worker
+  (``lorenz.workers.leftovers`` finds the launch command and a just-forked worker by it). The
+  chain dies with its parent instead (``PR_SET_PDEATHSIG``): the launcher with the controller,
+  a launch child with the launcher, a worker with its launch child until its socket is bound and
+  its status written — from then on a successor's probe finds it and adopts it. So a controller
+  killed mid-launch leaves no unmarked worker behind that a retry could run beside. The agent
+  and hooks a worker starts are exec'd and carry the handle as before;
+* the launcher's own environment carries ``LORENZ_WORKER_HANDLE=launcher`` (never a handle),
+  so the orphan sweep of in-process agents passes it and its workers by, as it passes workers.
+
+Only on Linux (the parent-death signal); elsewhere, and for any custom worker command, the
+launch command is run per launch as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import gc
+import itertools
+import json
+import logging
+import os
+import selectors
+import signal
+import sys
+import weakref
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+from lorenz.workers.launch import LaunchResult, WorkerLaunchError
+from lorenz.workers.spec import RunSpec
+from lorenz.workers.states import HANDLE_ENV
+
+logger = logging.getLogger(__name__)
+
+LAUNCHER_MARK: Final = "launcher"
+"""``LORENZ_WORKER_HANDLE`` of the launcher (and so of every worker it forks): not a handle."""
+
+_PR_SET_PDEATHSIG: Final = 1
+_READ_CHUNK: Final = 1 << 16
+
+
+def parent_death_signal_supported() -> bool:
+    return sys.platform.startswith("linux")
+
+
+def set_parent_death_signal(signum: int) -> bool:
+    """Have the kernel send ``signum`` to this process when its parent thread ends (0: never).
+
+    ``False`` when it cannot be set (not Linux, no libc).
+    """
+    if not parent_death_signal_supported():
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+# -- the launcher process (``lorenz worker --launcher``) ---------------------------------------
+
+
+class _Child:
+    __slots__ = ("fd", "ident", "output", "pid")
+
+    def __init__(self, *, ident: object, pid: int, fd: int) -> None:
+        self.ident = ident
+        self.pid = pid
+        self.fd = fd
+        self.output = b""
+
+
+def serve_launches(*, state_root: Path, parent: int) -> int:
+    """Fork a launch child per request line on stdin until stdin ends; answers on stdout.
+
+    A request is ``{"id": ID, "spec": {...}}`` (start a worker) or ``{"kill": ID}`` (give up on
+    one: its launch child is killed, and so the worker it forked if that did not serve yet). An
+    answer is ``{"id": ID, "answer": {...}}`` with the launch command's answer.
+    """
+    if not set_parent_death_signal(signal.SIGKILL) or os.getppid() != parent:
+        return 1  # NB: the controller is gone already (or cannot take us along): no launches
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _preload()
+    selector = selectors.DefaultSelector()
+    selector.register(0, selectors.EVENT_READ, None)
+    children: dict[int, _Child] = {}
+    pending = b""
+    try:
+        while True:
+            for key, _ in selector.select(timeout=1.0):
+                if key.data is None:
+                    chunk = os.read(0, _READ_CHUNK)
+                    if not chunk:
+                        return 0  # the controller closed its end (or died): nothing to answer
+                    pending += chunk
+                    while b"\n" in pending:
+                        line, pending = pending.split(b"\n", 1)
+                        if line.strip():
+                            _request(line, state_root=state_root, children=children,
+                                     selector=selector)
+                    continue
+                child: _Child = key.data
+                data = os.read(child.fd, _READ_CHUNK)
+                if data:
+                    child.output += data
+                    continue
+                selector.unregister(child.fd)
+                os.close(child.fd)
+                del children[child.fd]
+                _answer(child.ident, _child_answer(child))
+            _reap()
+    finally:
+        for child in children.values():
+            with contextlib.suppress(OSError):
+                os.kill(child.pid, signal.SIGKILL)
+
+
+def _preload() -> None:
+    """Import what a launch child and its worker run, once, before any fork."""
+    import lorenz.workers.worker  # noqa: F401
+    from lorenz.agents import preload_runners
+
+    preload_runners()
+    # NB: the imported modules are never freed: keep the collector (in every forked child too)
+    # from walking them, and from touching their pages (copy-on-write stays shared).
+    gc.freeze()
+
+
+def _request(
+    line: bytes, *, state_root: Path, children: dict[int, _Child], selector: selectors.BaseSelector
+) -> None:
+    try:
+        request = json.loads(line)
+    except ValueError:
+        return
+    if not isinstance(request, dict):
+        return
+    if "kill" in request:
+        for child in children.values():
+            if child.ident == request["kill"]:
+                with contextlib.suppress(OSError):
+                    os.kill(child.pid, signal.SIGKILL)
+        return
+    ident = request.get("id")
+    read_fd, write_fd = os.pipe()
+    launcher = os.getpid()
+    pid = os.fork()
+    if pid == 0:  # the launch child
+        status = 1
+        try:
+            set_parent_death_signal(signal.SIGKILL)
+            if os.getppid() != launcher:
+                os._exit(1)
+            os.close(read_fd)
+            for fd in children:
+                os.close(fd)
+            selector.close()
+            null = os.open(os.devnull, os.O_RDWR)
+            os.dup2(null, 0)
+            os.dup2(write_fd, 1)
+            os.close(null)
+            os.close(write_fd)
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            status = _launch_one(request.get("spec"), state_root=state_root)
+        except BaseException as exc:  # noqa: BLE001 - reported as the answer, then _exit
+            _write_line(1, {"ok": False, "code": "worker_launch_failed",
+                            "message": f"the launcher failed: {type(exc).__name__}: {exc}"})
+        finally:
+            os._exit(status)
+    os.close(write_fd)
+    children[read_fd] = _Child(ident=ident, pid=pid, fd=read_fd)
+    selector.register(read_fd, selectors.EVENT_READ, children[read_fd])
+
+
+def _launch_one(raw: object, *, state_root: Path) -> int:
+    """In the launch child: what ``lorenz worker --spec - --detach`` does (same answers)."""
+    from lorenz.model import LorenzError
+    from lorenz.workers.launch import answer, read_spec, start_from_spec
+
+    try:
+        spec = read_spec(_Bytes(json.dumps(raw).encode()))
+        os.environ[HANDLE_ENV] = spec.handle
+        return start_from_spec(spec, state_root=state_root, detach=True, die_with_parent=True)
+    except LorenzError as exc:
+        answer({"ok": False, "code": exc.code, "message": exc.message})
+        return 2
+
+
+class _Bytes:
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+
+    def read(self, limit: int) -> bytes:
+        return self._data[:limit]
+
+
+def _child_answer(child: _Child) -> dict[str, Any]:
+    for line in reversed(child.output.splitlines()):
+        with contextlib.suppress(ValueError):
+            value = json.loads(line)
+            if isinstance(value, dict):
+                return value
+    return {"ok": False, "code": "worker_launch_failed",
+            "message": "the launch child ended without an answer (killed?)"}
+
+
+def _answer(ident: object, answer: Mapping[str, Any]) -> None:
+    _write_line(1, {"id": ident, "answer": dict(answer)})
+
+
+def _write_line(fd: int, payload: Mapping[str, Any]) -> None:
+    data = (json.dumps(dict(payload)) + "\n").encode()
+    while data:
+        written = os.write(fd, data)
+        data = data[written:]
+
+
+def _reap() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+# -- the controller's side ---------------------------------------------------------------------
+
+
+class Launcher:
+    """The controller's launcher process: started at the first launch, one per event loop.
+
+    NB: it dies with the thread that started it (the loop's); a launcher found dead is started
+    again at the next launch, and the launches it had in flight fail (``worker_launch_failed``)
+    like a launch command that died.
+    """
+
+    def __init__(self, *, command: Sequence[str], state_root: Path, env: Mapping[str, str]):
+        self.command = tuple(command)
+        self.state_root = state_root
+        self.env = {**env, HANDLE_ENV: LAUNCHER_MARK}
+        self._process: asyncio.subprocess.Process | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._starting: asyncio.Task[asyncio.subprocess.Process] | None = None
+        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._ids = itertools.count(1)
+        self.starts = 0
+        """How many launcher processes this object started (for tests and diagnostics)."""
+        _launchers.add(self)
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    async def launch(self, spec: RunSpec, *, timeout_s: float) -> LaunchResult:
+        process = await self._running()
+        assert process.stdin is not None
+        ident = next(self._ids)
+        answer: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pending[ident] = answer
+        try:
+            line = json.dumps({"id": ident, "spec": spec.model_dump(mode="json")})
+            process.stdin.write(line.encode() + b"\n")
+            await process.stdin.drain()
+            async with asyncio.timeout(timeout_s):
+                result = await answer
+        except TimeoutError:
+            self._send({"kill": ident})
+            raise WorkerLaunchError(
+                f"starting the worker {spec.handle} took longer than {timeout_s:.0f} s",
+                code="worker_launch_timeout",
+            ) from None
+        except (ConnectionError, BrokenPipeError) as exc:
+            raise WorkerLaunchError(
+                f"the worker launcher is gone ({exc}); the run is retried",
+                code="worker_launch_failed",
+            ) from None
+        finally:
+            self._pending.pop(ident, None)
+        if result.get("ok") is True:
+            return LaunchResult.from_json(result)
+        raise WorkerLaunchError(
+            str(result.get("message") or "the worker could not be started"),
+            code=str(result.get("code") or "worker_launch_failed"),
+        )
+
+    def _send(self, payload: Mapping[str, Any]) -> None:
+        process = self._process
+        if process is not None and process.stdin is not None:
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                process.stdin.write(json.dumps(dict(payload)).encode() + b"\n")
+
+    async def _running(self) -> asyncio.subprocess.Process:
+        """The launcher of the running loop, started (once, for concurrent launches) if need be."""
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            await self.close()
+            self._loop = loop
+        start = self._starting
+        if start is not None and start.done() and (
+            start.cancelled() or start.exception() is not None or not self._alive()
+        ):
+            start = None
+        if start is None:
+            await self.close()
+            self._loop = loop
+            start = self._starting = loop.create_task(self._start())
+        return await asyncio.shield(start)
+
+    def _alive(self) -> bool:
+        process, reader = self._process, self._reader
+        return (
+            process is not None
+            and process.returncode is None
+            and reader is not None
+            and not reader.done()
+        )
+
+    async def _start(self) -> asyncio.subprocess.Process:
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *self.command,
+                "--launcher",
+                "--state-root",
+                str(self.state_root),
+                "--parent",
+                str(os.getpid()),
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.DEVNULL,
+                env=self.env,
+                # NB: a session of its own, like the launch command it replaces: a terminal's
+                # ^C to the controller's group does not reach launches in flight.
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise WorkerLaunchError(
+                f"could not run {self.command[0]}: {exc.strerror or exc}; check the worker "
+                "command",
+                code="worker_launch_failed",
+            ) from exc
+        self._process = process
+        self.starts += 1
+        self._reader = asyncio.get_running_loop().create_task(self._read_answers(process))
+        return process
+
+    async def _read_answers(self, process: asyncio.subprocess.Process) -> None:
+        assert process.stdout is not None
+        try:
+            while True:
+                try:
+                    line = await process.stdout.readline()
+                except (ValueError, ConnectionError):
+                    break  # NB: an over-long line: the launcher is not ours to trust
+                if not line:
+                    break
+                with contextlib.suppress(ValueError):
+                    message = json.loads(line)
+                    ident = message.get("id") if isinstance(message, dict) else None
+                    future = self._pending.get(ident) if isinstance(ident, int) else None
+                    answer = message.get("answer") if future is not None else None
+                    if future is not None and not future.done() and isinstance(answer, dict):
+                        future.set_result(answer)
+        finally:
+            gone = {"ok": False, "code": "worker_launch_failed",
+                    "message": "the worker launcher exited during the launch; the run is retried"}
+            for future in self._pending.values():
+                if not future.done():
+                    future.set_result(gone)
+
+    async def close(self) -> None:
+        """End the launcher (its launches in flight are killed with it)."""
+        process, self._process = self._process, None
+        reader, self._reader = self._reader, None
+        starting, self._starting = self._starting, None
+        if starting is not None and not starting.done():
+            starting.cancel()
+        if process is None:
+            return
+        same_loop = self._loop is asyncio.get_running_loop()
+        if not same_loop or process.stdin is None:
+            # NB: its pipes belong to another (closed) loop: only the signal reaches it.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGKILL)
+            return
+        process.stdin.close()
+        try:
+            async with asyncio.timeout(5.0):
+                await process.wait()
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            await process.wait()
+        if reader is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+
+
+_launchers: weakref.WeakSet[Launcher] = weakref.WeakSet()
+
+
+async def close_launchers() -> None:
+    """Close every launcher this process started on the running loop (a host shutting down).
+
+    NB: a launcher also ends by itself when its controller exits (its stdin ends, and the
+    parent-death signal covers ``kill -9``); closing it here keeps a process that goes on
+    (a test process, a host run twice in one process) from keeping one per host run.
+    """
+    loop = asyncio.get_running_loop()
+    for launcher in list(_launchers):
+        if launcher._loop is loop:
+            await launcher.close()

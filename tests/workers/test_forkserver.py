@@ -1,0 +1,177 @@
+"""Workers forked by the launcher (``LocalTransport(forkserver=True)``, the single host's
+transport): real ``lorenz worker --launcher`` processes, the scripted Codex agent."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import psutil
+import pytest
+
+from lorenz.model import LorenzError
+from lorenz.workers.forkserver import LAUNCHER_MARK, close_launchers
+from lorenz.workers.handles import LocalTransport, WorkerHandle
+from lorenz.workers.states import HANDLE_ENV, LOG_NAME, STATUS_NAME, create_state_dir, worker_pid
+from tests.workers.conftest import Collected, SpecFactory, base_env, process_gone, wait_until
+
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="the launcher needs PR_SET_PDEATHSIG (Linux)"
+)
+
+
+async def test_concurrent_launches_fork_their_workers_from_one_launcher(
+    state_root: Path, make_spec: SpecFactory
+) -> None:
+    transport = LocalTransport(state_root=state_root, env=base_env(), forkserver=True)
+    assert transport.launcher is not None
+    specs = [make_spec()[0] for _ in range(3)]
+    try:
+        results = await asyncio.gather(*(transport.launch(spec) for spec in specs))
+        finals = []
+        for spec, result in zip(specs, results, strict=True):
+            assert result.existing is None
+            assert result.handle == spec.handle
+            assert result.pid is not None
+            worker = psutil.Process(result.pid)
+            # Forked, not exec'd: the launcher's command line, no interpreter start per run.
+            assert "--launcher" in worker.cmdline()
+            assert "--spec" not in worker.cmdline()
+            assert os.getsid(result.pid) == result.pid, "a session of its own"
+            assert worker.ppid() != os.getpid(), "not the controller's child"
+            # The orphan sweep passes it by; the leftovers scan never takes it for a run's.
+            assert worker.environ().get(HANDLE_ENV) == LAUNCHER_MARK
+            handle = WorkerHandle(transport=transport, handle=result.handle)
+            finals.append(await handle.follow(Collected()))
+        assert [f.data["outcome"] for f in finals] == ["success"] * 3
+        assert transport.launcher.starts == 1
+        launcher_pid = transport.launcher.pid
+        assert launcher_pid is not None
+    finally:
+        await close_launchers()
+    await wait_until(lambda: process_gone(launcher_pid))
+
+
+async def test_a_launch_error_comes_back_with_its_code(
+    state_root: Path, make_spec: SpecFactory
+) -> None:
+    spec, _ = make_spec()
+    deep = state_root / ("d" * 90)
+    transport = LocalTransport(state_root=deep, env=base_env(), forkserver=True)
+    try:
+        with pytest.raises(LorenzError) as caught:
+            await transport.launch(spec)
+        assert caught.value.code == "worker_socket_path_too_long"
+        # The launcher stays up for the next launch.
+        assert transport.launcher is not None
+        assert transport.launcher.starts == 1
+        assert transport.launcher.pid is not None
+        assert not process_gone(transport.launcher.pid)
+    finally:
+        await transport.close()
+
+
+async def test_a_launcher_that_died_is_started_again_at_the_next_launch(
+    state_root: Path, make_spec: SpecFactory
+) -> None:
+    transport = LocalTransport(state_root=state_root, env=base_env(), forkserver=True)
+    assert transport.launcher is not None
+    try:
+        first = await transport.launch(make_spec()[0])
+        dead = transport.launcher.pid
+        assert dead is not None
+        os.kill(dead, signal.SIGKILL)
+        await wait_until(lambda: process_gone(dead))
+        second = await transport.launch(make_spec()[0])
+        assert transport.launcher.starts == 2
+        for result in (first, second):
+            handle = WorkerHandle(transport=transport, handle=result.handle)
+            assert (await handle.follow(Collected())).data["outcome"] == "success"
+    finally:
+        await transport.close()
+
+
+CONTROLLER = textwrap.dedent(
+    """
+    import asyncio, sys
+    from pathlib import Path
+    from lorenz.workers.handles import LocalTransport
+    from lorenz.workers.spec import RunSpec
+
+    async def main():
+        spec = RunSpec.model_validate_json(Path(sys.argv[2]).read_text())
+        env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"}
+        transport = LocalTransport(state_root=Path(sys.argv[1]), env=env, forkserver=True)
+        await transport.launch(spec)
+        await asyncio.sleep(3600)
+
+    asyncio.run(main())
+    """
+)
+
+
+async def test_a_controller_killed_mid_launch_takes_the_unserving_worker_along(
+    state_root: Path, make_spec: SpecFactory, tmp_path: Path
+) -> None:
+    """NB: a forked worker cannot carry its handle in ``/proc/<pid>/environ``, so the
+    leftovers scan of a successor would not find it: it must die with its launch instead, as
+    long as it does not serve. Here it is held before it binds its socket: its log is a FIFO
+    nobody reads yet, and opening it for writing blocks."""
+    spec, scenario = make_spec()
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(spec.model_dump_json())
+    script = tmp_path / "controller.py"
+    script.write_text(CONTROLLER)
+    state_dir = create_state_dir(state_root, spec.handle)
+    os.mkfifo(state_dir / LOG_NAME, 0o600)
+    controller = subprocess.Popen(  # noqa: ASYNC220 - killed with -9 below, never awaited
+        [sys.executable, str(script), str(state_root), str(spec_file)],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    reader: int | None = None
+    try:
+        chain: list[psutil.Process] = []
+
+        def worker_forked() -> bool:
+            with contextlib.suppress(psutil.Error):
+                # controller -> launcher -> launch child -> worker
+                chain[:] = psutil.Process(controller.pid).children(recursive=True)
+                return len(chain) >= 3
+            return False
+
+        await wait_until(worker_forked, timeout_s=120)
+        controller.kill()
+        controller.wait(timeout=60)
+        for pid in [process.pid for process in chain]:
+            await wait_until(functools.partial(process_gone, pid), timeout_s=30)
+        # A worker still alive would now get through its log and bind its socket.
+        reader = os.open(state_dir / LOG_NAME, os.O_RDONLY | os.O_NONBLOCK)
+        await asyncio.sleep(3.0)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            controller.kill()
+        controller.wait(timeout=60)
+        if reader is not None:
+            os.close(reader)
+    assert not (state_dir / STATUS_NAME).exists(), "a worker served after its launch died"
+    assert worker_pid(state_dir) is None
+    assert not scenario.marks.exists(), "the agent started"
+
+
+def test_the_launcher_refuses_to_run_for_a_parent_that_is_not_its_own(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "lorenz.cli.worker", "--launcher", "--state-root",
+         str(tmp_path), "--parent", "1"],
+        input=json.dumps({"id": 1, "spec": {}}) + "\n",
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert result.returncode == 1
+    assert result.stdout == ""
