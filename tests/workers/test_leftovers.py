@@ -117,8 +117,10 @@ async def test_a_launch_in_flight_when_its_controller_died_is_killed_when_found_
 ) -> None:
     """The dead controller's ``lorenz worker --detach`` is still starting (here: stopped).
 
-    The successor probes the handle: no worker yet, so ``gone`` and a failure retry. The launch
-    command must not go on to start the old attempt's worker beside that retry.
+    The successor probes the handle: no worker and no journal while the intent says
+    ``spawn_requested``, so ``worker_never_started`` (a retry of the same attempt, no failure
+    counted). The launch command must not go on to start the old attempt's worker beside that
+    retry.
     """
     kit = silent_kit(tmp_path)
     spec = runner(state_root, tmp_path, generation=1).spec_for(kit.request())
@@ -144,7 +146,7 @@ async def test_a_launch_in_flight_when_its_controller_died_is_killed_when_found_
         )
         with pytest.raises(LorenzError) as caught:
             await runner(state_root, tmp_path, generation=2).run(kit.request(resume=resume))
-        assert caught.value.code == "worker_gone"
+        assert caught.value.code == "worker_never_started"
         assert process_gone(found.pid), "the launch goes on and starts a second agent"
     finally:
         with contextlib.suppress(psutil.Error):
