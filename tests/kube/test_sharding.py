@@ -332,12 +332,15 @@ def test_a_paused_replica_whose_shard_moved_stops_before_any_write(
     assert fenced_writes(x.log()[:paused_at])
     # Its Event names the replica that took the shard, never X itself as the new holder
     # (issue #15 saw "opA lost the Lease (now held by opA)").
+    # NB: under load X may wake with its renew deadline long past before its Lease view has
+    # caught up with the new holder: then the Event says so instead of naming a holder.
     lost = wait_until(
         lambda: [e["message"] for e in kube.events("paused") if e["reason"] == "LeadershipLost"]
         or None,
         timeout=WAIT, message="a LeadershipLost Event",
     )
-    assert any(f"{x.identity} lost the shard Lease" in m and f"to {y.identity}" in m
+    assert any(f"{x.identity} lost the shard Lease" in m
+               and (f"to {y.identity}" in m or "no renewal succeeded" in m)
                for m in lost), lost
     assert not [m for m in lost if f"to {x.identity}" in m], lost
     runs = rig.runs()
