@@ -260,19 +260,6 @@ class Install:
 
 
 @pytest.fixture(scope="module")
-def linear() -> Iterator[FakeLinearServer]:
-    with FakeLinearServer().running_in_thread() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def recorder(linear: FakeLinearServer) -> Iterator[Recorder]:
-    server = Recorder(linear)
-    yield server
-    server.close()
-
-
-@pytest.fixture(scope="module")
 def install(
     kube_control_plane: Cluster,
     kube_node: Node,

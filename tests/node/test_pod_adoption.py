@@ -51,39 +51,26 @@ class HostRig:
 
 
 @pytest.fixture(scope="module")
-def host_linear() -> Iterator[FakeLinearServer]:
-    with FakeLinearServer().running_in_thread() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def host_recorder(host_linear: FakeLinearServer) -> Iterator[Recorder]:
-    server = Recorder(host_linear)
-    yield server
-    server.close()
-
-
-@pytest.fixture(scope="module")
 def host_rig(
     kube_control_plane: Cluster,
     kube_node: Node,
-    host_linear: FakeLinearServer,
-    host_recorder: Recorder,
+    linear: FakeLinearServer,
+    recorder: Recorder,
 ) -> Iterator[HostRig]:
     image = agent_image(AGENT)
     kube_node.import_image(image.archive)
     kube_control_plane.install_crds(REPO / "crds")
     namespace = kube_control_plane.create_namespace(labels=RESTRICTED_LABELS)
-    recorder_host, recorder_port = kube_node.forward_to_host(port=host_recorder.port)
+    recorder_host, recorder_port = kube_node.forward_to_host(port=recorder.port)
     kube_control_plane.kubectl(
         "create", "secret", "generic", "linear", "-n", namespace,
-        f"--from-literal=token={host_linear.api_key}",
+        f"--from-literal=token={linear.api_key}",
     )
     yield HostRig(
         cluster=kube_control_plane,
         namespace=namespace,
-        linear=host_linear,
-        recorder=host_recorder,
+        linear=linear,
+        recorder=recorder,
         recorder_url=f"http://{recorder_host}:{recorder_port}/",
         image=image.ref,
     )

@@ -45,33 +45,20 @@ RUN_POD_LABEL = f"lorenz.dev/workflow={WORKFLOW}"
 
 
 @pytest.fixture(scope="module")
-def pod_linear() -> Iterator[FakeLinearServer]:
-    with FakeLinearServer().running_in_thread() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def pod_recorder(pod_linear: FakeLinearServer) -> Iterator[Recorder]:
-    server = Recorder(pod_linear)
-    yield server
-    server.close()
-
-
-@pytest.fixture(scope="module")
 def pod_install(
     kube_control_plane: Cluster,
     kube_node: Node,
-    pod_linear: FakeLinearServer,
-    pod_recorder: Recorder,
+    linear: FakeLinearServer,
+    recorder: Recorder,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Install]:
     image = agent_image(AGENT)
     kube_node.import_image(image.archive)
     kube_control_plane.install_crds(REPO / "crds")
     namespace = kube_control_plane.create_namespace(labels=RESTRICTED_LABELS)
-    port = int(pod_linear.url.rsplit(":", 1)[1].split("/", 1)[0])
+    port = int(linear.url.rsplit(":", 1)[1].split("/", 1)[0])
     host, node_port = kube_node.forward_to_host(port=port)
-    recorder_host, recorder_port = kube_node.forward_to_host(port=pod_recorder.port)
+    recorder_host, recorder_port = kube_node.forward_to_host(port=recorder.port)
     repository, tag = image.ref.rsplit(":", 1)
     values = tmp_path_factory.mktemp("helm") / "values.yaml"
     values.write_text(
@@ -93,13 +80,13 @@ def pod_install(
     )
     kube_control_plane.kubectl(
         "create", "secret", "generic", "linear", "-n", namespace,
-        f"--from-literal=token={pod_linear.api_key}",
+        f"--from-literal=token={linear.api_key}",
     )
     rig = Install(
         cluster=kube_control_plane,
         namespace=namespace,
-        linear=pod_linear,
-        recorder=pod_recorder,
+        linear=linear,
+        recorder=recorder,
         recorder_url=f"http://{recorder_host}:{recorder_port}/",
         image=image.ref,
         values=values,

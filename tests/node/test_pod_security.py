@@ -36,8 +36,6 @@ from tests.cluster.node import Node
 from tests.node.test_helm_operator import WORKFLOW, Install
 from tests.node.test_pod_runs import diagnose, pod_workflow, run_pods
 from tests.node.test_pod_runs import pod_install as pod_install
-from tests.node.test_pod_runs import pod_linear as pod_linear
-from tests.node.test_pod_runs import pod_recorder as pod_recorder
 
 pytestmark = [pytest.mark.node, pytest.mark.cluster, pytest.mark.timeout(1800)]
 
