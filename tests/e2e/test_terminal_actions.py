@@ -13,6 +13,7 @@ from typing import Any
 
 from lorenz.runtime import LorenzRuntime
 from tests.e2e.rig import (
+    HostRun,
     agent_environ,
     install_scenarios,
     linear_tracker,
@@ -25,6 +26,24 @@ from tests.e2e.rig import (
 from tests.fakes.linear_server import FakeLinearServer
 
 E2E = Path(__file__).resolve().parent
+
+
+async def run_until_terminal_action(
+    workflow: Path, tmp_path: Path, linear: FakeLinearServer, outcome: str | None = None
+) -> HostRun:
+    """Run the host on the Linear fake until a terminal action (with ``outcome``, if given)."""
+
+    def stop_at_the_action(runtime: LorenzRuntime, event: dict[str, Any]) -> None:
+        if event["type"] == "terminal_action" and outcome in (None, event.get("outcome")):
+            runtime.stop()
+
+    return await run_host_once(
+        workflow,
+        environ=agent_environ(tmp_path, LINEAR_API_KEY=linear.api_key),
+        once=False,
+        on_event=stop_at_the_action,
+        timeout_s=90.0,
+    )
 
 
 async def test_a_slot_that_fails_its_budget_is_blocked_and_escalated_once(
@@ -49,17 +68,7 @@ async def test_a_slot_that_fails_its_budget_is_blocked_and_escalated_once(
         },
     )
 
-    def stop_once_escalated(runtime: LorenzRuntime, event: dict[str, Any]) -> None:
-        if event["type"] == "terminal_action":
-            runtime.stop()
-
-    run = await run_host_once(
-        workflow,
-        environ=agent_environ(tmp_path, LINEAR_API_KEY=linear.api_key),
-        once=False,
-        on_event=stop_once_escalated,
-        timeout_s=90.0,
-    )
+    run = await run_until_terminal_action(workflow, tmp_path, linear)
 
     runs = read_jsonl(tmp_path / "workspaces" / "ENG-1" / "runs.jsonl")
     assert len(runs) == 2  # the budget: two runs, no third
@@ -114,17 +123,7 @@ async def test_a_slot_that_fails_its_budget_with_cancel_moves_the_issue_once(
         },
     )
 
-    def stop_once_canceled(runtime: LorenzRuntime, event: dict[str, Any]) -> None:
-        if event["type"] == "terminal_action":
-            runtime.stop()
-
-    run = await run_host_once(
-        workflow,
-        environ=agent_environ(tmp_path, LINEAR_API_KEY=linear.api_key),
-        once=False,
-        on_event=stop_once_canceled,
-        timeout_s=90.0,
-    )
+    run = await run_until_terminal_action(workflow, tmp_path, linear)
 
     assert len(read_jsonl(tmp_path / "workspaces" / "ENG-1" / "runs.jsonl")) == 1
     [action] = run.of_type("terminal_action")
@@ -165,17 +164,7 @@ async def test_an_escalation_that_failed_halfway_is_finished_by_the_next_poll_wi
         },
     )
 
-    def stop_once_applied(runtime: LorenzRuntime, event: dict[str, Any]) -> None:
-        if event["type"] == "terminal_action" and event.get("outcome") == "applied":
-            runtime.stop()
-
-    run = await run_host_once(
-        workflow,
-        environ=agent_environ(tmp_path, LINEAR_API_KEY=linear.api_key),
-        once=False,
-        on_event=stop_once_applied,
-        timeout_s=90.0,
-    )
+    run = await run_until_terminal_action(workflow, tmp_path, linear, outcome="applied")
 
     assert [e["outcome"] for e in run.of_type("terminal_action")] == ["failed", "applied"]
     assert len(read_jsonl(tmp_path / "workspaces" / "ENG-1" / "runs.jsonl")) == 1
