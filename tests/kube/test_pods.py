@@ -437,9 +437,9 @@ async def test_a_pod_that_never_serves_is_removed_with_the_reason_after_the_star
         await transport.launch(spec)
     assert caught.value.code == "pod_start_timeout"
     assert "worker.start_timeout_ms" in caught.value.message
-    # Never placed (no scheduler here, so no PodScheduled condition either): the runtime gives
-    # the reservation back instead of failing the run.
-    assert caught.value.reason == "start_timeout"
+    # Never placed: the control plane's kube-scheduler finds no node for the selector
+    # (PodScheduled False), so the runtime gives the reservation back instead of failing the run.
+    assert caught.value.reason == "unschedulable"
     # The restricted admission accepted the Pod (else: pod_refused), and it is gone now, with
     # its spec Secret.
     assert transport.created == [spec.handle]

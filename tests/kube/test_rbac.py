@@ -120,9 +120,11 @@ def test_the_operator_works_with_only_the_declared_verbs(
     wait_until(lambda: len(claims_by_issue()) == 2 or None, timeout=60, message="two claims")
     account = kube.get("serviceaccount", "lorenz-agent")
     assert account["automountServiceAccountToken"] is False
-    # Attempts come and go; the claims stay (a second failure retry of TASK-2 is under way).
+    # Placements come and go (a Pod never placed gives its reservation back: PlacementFailed,
+    # not RunFailed, since 5e398aa); the claims stay.
     wait_until(
-        lambda: "RunFailed" in kube.reasons("podsec") or None, timeout=60, message="RunFailed"
+        lambda: "PlacementFailed" in kube.reasons("podsec") or None, timeout=60,
+        message="PlacementFailed",
     )
     first = claims_by_issue()["TASK-2"]["metadata"]["uid"]
     write_issue(issues, "TASK-2", state="Done")
