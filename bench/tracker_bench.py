@@ -34,6 +34,7 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import cProfile
 import json
 import os
 import shlex
@@ -153,13 +154,23 @@ async def drain(tmp: Path, linear: FakeLinearServer, *, issues: int, slots: int,
         # NB: measured from here, so imports and start-up (bench/startup_bench.py) stay out.
         started.extend((time.thread_time(), time.perf_counter(), time.process_time(),
                         time.clock_gettime(server_clock)))
+        if profiler is not None:
+            profiler.enable()
         holder.append(runtime)
         runtime.add_event_listener(listen)
 
+    # NB: LORENZ_BENCH_PROFILE=<file> profiles the loop's thread over the window
+    # (``cProfile`` on ``time.thread_time``) into <file> for ``pstats``; the figures then
+    # include the profiler's own overhead, so never compare them with unprofiled runs.
+    profile_path = os.environ.get("LORENZ_BENCH_PROFILE")
+    profiler = cProfile.Profile(time.thread_time) if profile_path else None
     options = HostOptions(workflow_path=str(workflow), tui=False, environ=environ)
     try:
         await asyncio.wait_for(run_host(options, ready=ready), timeout=timeout_s)
     finally:
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(profile_path)
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(Exception):
