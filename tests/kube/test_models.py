@@ -407,12 +407,14 @@ def test_a_broken_prompt_is_a_coded_error(tmp_path: Path) -> None:
 
 
 def test_claim_spec_and_status_partition_the_claim_record() -> None:
-    from lorenz.kube.statuses import CLAIM_DISPLAY_FIELDS
+    from lorenz.kube.statuses import CLAIM_DISPLAY_FIELDS, CLAIM_POD_FIELDS
 
     record_fields = {f.name for f in dataclasses.fields(ClaimRecord)}
     spec_fields = set(ClaimSpec.model_fields) - {"workflow"}
     assert spec_fields == set(CLAIM_SPEC_FIELDS)
-    status_fields = set(ClaimStatus.model_fields) - set(CLAIM_DISPLAY_FIELDS)
+    status_fields = (
+        set(ClaimStatus.model_fields) - set(CLAIM_DISPLAY_FIELDS) - set(CLAIM_POD_FIELDS)
+    )
     assert spec_fields | status_fields == record_fields
     assert not spec_fields & status_fields
 
@@ -458,10 +460,10 @@ def test_the_status_says_where_each_run_is_placed() -> None:
     snapshot = dataclasses.replace(
         snapshot, lanes=dataclasses.replace(snapshot.lanes, running=placed)
     )
-    status = status_from_snapshot(snapshot)
+    status = status_from_snapshot(snapshot, nodes={SlotKey(placed[2].slot_key): "node-3"})
     assert status["placements"] == [
-        {"identifier": "T-2", "slot": 1, "host": "lzw-t-2-s0-pod"},
-        {"identifier": "T-0", "slot": 0, "host": "lzw-t-0-s0-pod"},
+        {"identifier": "T-2", "slot": 1, "host": "lzw-t-2-s0-pod", "node": "node-3"},
+        {"identifier": "T-0", "slot": 0, "host": "lzw-t-0-s0-pod", "node": None},
     ]
     many = runtime_snapshot(running=PLACEMENTS_SHOWN + 5)
     many = dataclasses.replace(many, lanes=dataclasses.replace(many.lanes, running=tuple(

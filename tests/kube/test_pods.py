@@ -43,6 +43,7 @@ from lorenz.kube.pods import (
     workspace_claim_manifest,
     workspace_claim_name,
 )
+from lorenz.kube.podwatch import RunPodWatches
 from lorenz.kube.resources import WorkflowRef
 from lorenz.workers.launch import WorkerLaunchError
 from lorenz.workers.spec import IssueSpec, RunSpec
@@ -544,3 +545,215 @@ async def test_the_orphan_sweep_deletes_only_the_pods_no_claim_names(
         body = await kube_api.get(f"{pods}/{name}")
         assert not body["metadata"].get("deletionTimestamp")
         assert await _exists(kube_api, f"{secrets}/{name}-spec")
+
+
+@pytest.mark.cluster
+async def test_launches_waiting_share_one_watch_and_read_no_pod(
+    kube_control_plane: Cluster, kube_api: KubeApi, restricted_namespace: str
+) -> None:
+    """Twenty launches waiting for Pods that never start cost one list and one watch of the
+    namespace's run Pods, not a GET per launch per second (counted by the API client's request
+    counter, the figures' source)."""
+    import asyncio
+
+    ref = WorkflowRef(namespace=restricted_namespace, name="pods", uid=None)
+    watches = RunPodWatches(linger_s=0.1)
+    execs = PodExec(kube_api.configuration)
+    worker = pod_worker(
+        start_timeout_ms=4000, pod_template={"node_selector": {"no-such": "node"}}
+    )
+    transports = [
+        PodTransport(
+            api=kube_api, execs=execs, workflow=ref, worker=worker,
+            image="localhost/lorenz:absent", poll_s=0.1, watches=watches,
+        )
+        for _ in range(20)
+    ]
+    before = dict(kube_api.requests)
+    launches = [
+        transport.launch(run_spec(f"ABC-{index}"))
+        for index, transport in enumerate(transports)
+    ]
+    results = await asyncio.gather(*launches, return_exceptions=True)
+    assert all(isinstance(result, PlacementFailed) for result in results), results
+    made = {key: count - before.get(key, 0) for key, count in kube_api.requests.items()}
+    assert made.get(("get", "pods"), 0) == 0, made
+    assert made.get(("list", "pods"), 0) == 1, made
+    assert made.get(("watch", "pods"), 0) == 1, made
+    assert made.get(("create", "pods"), 0) == 20, made
+    assert execs.opened == 0  # never running: never probed
+    # Each launch saw its own Pod through the watch: its reason is the Pod's, not "never seen".
+    assert all("phase Pending" in str(result) or "Unschedulable" in str(result)
+               for result in results), results
+    watch = transports[0].watch()
+    for transport in transports:
+        await transport.close()
+    await asyncio.wait_for(_until(lambda: not watch.running), timeout=30)
+    await watches.close()
+
+
+@pytest.mark.cluster
+async def test_a_probe_cancelled_while_it_connects_closes_its_session(
+    kube_control_plane: Cluster, kube_api: KubeApi, restricted_namespace: str
+) -> None:
+    """The exec client's sessions are closed on every path: a probe cancelled mid-connect (a
+    runtime abandoned), and a transport closed with channels still open."""
+    import asyncio
+
+    execs = PodExec(kube_api.configuration)
+    scoped = execs.scoped()
+    task = asyncio.ensure_future(
+        scoped.run(namespace=restricted_namespace, pod="absent", container="worker",
+                   command=["true"])
+    )
+    await asyncio.sleep(0)
+    assert scoped.open_channels == 1
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert scoped.open_channels == 0
+    transport = PodTransport(
+        api=kube_api, execs=execs,
+        workflow=WorkflowRef(namespace=restricted_namespace, name="pods", uid=None),
+        worker=pod_worker(), image="localhost/lorenz:absent",
+    )
+    pending = asyncio.ensure_future(transport.probe(run_spec().handle))
+    await asyncio.sleep(0)
+    await transport.close()
+    await pending
+    assert transport.execs.open_channels == 0
+
+
+async def _until(check: Any, *, every_s: float = 0.05) -> None:
+    import asyncio
+
+    while not check():
+        await asyncio.sleep(every_s)
+
+
+@pytest.mark.cluster
+async def test_the_spec_secret_is_owned_by_its_pod_and_never_outlives_a_launch_that_dies(
+    kube_control_plane: Cluster,
+    kube_api: KubeApi,
+    restricted_namespace: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The Pod is created first, then its spec Secret owned by it (by uid): a launch that dies
+    between the two steps leaves no Secret, and a Secret of an earlier Pod of the same name is
+    replaced rather than taken (the garbage collector would delete it with that Pod)."""
+    ns = restricted_namespace
+    ref = WorkflowRef(namespace=ns, name="pods", uid=None)
+    watches = RunPodWatches(linger_s=0.1)
+
+    def transport() -> PodTransport:
+        return PodTransport(
+            api=kube_api, execs=PodExec(kube_api.configuration), workflow=ref,
+            worker=pod_worker(start_timeout_ms=1000), image="localhost/lorenz:absent",
+            poll_s=0.1, watches=watches,
+        )
+
+    # The launch dies right after the Pod's create (the process is killed, the task cancelled).
+    dying = transport()
+    spec = run_spec("ABC-1")
+    name = pod_name(spec.handle)
+
+    async def killed(*args: Any, **kwargs: Any) -> None:
+        raise KeyboardInterrupt  # NB: a BaseException, as a cancellation or a kill is
+
+    monkeypatch.setattr(dying, "_create_spec_secret", killed)
+    with pytest.raises(KeyboardInterrupt):
+        await dying.launch(spec)
+    assert not await _exists(kube_api, f"/api/v1/namespaces/{ns}/secrets/{name}-spec")
+    assert await _gone(kube_api, f"/api/v1/namespaces/{ns}/pods/{name}")
+    monkeypatch.undo()
+
+    # A launch that ends any way after both steps: the Secret is the Pod's, by uid.
+    other = run_spec("ABC-2")
+    name = pod_name(other.handle)
+    stale = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": f"{name}-spec"},
+             "stringData": {"spec.json": "{}"}}
+    await kube_api.create(f"/api/v1/namespaces/{ns}/secrets", stale)
+    with pytest.raises(PlacementFailed):
+        await transport().launch(other)
+    # (the launch deleted its Pod at the start timeout; the Secret went with it, explicitly
+    # here — the envtest control plane may run no garbage collector)
+    assert not await _exists(kube_api, f"/api/v1/namespaces/{ns}/secrets/{name}-spec")
+    seen: dict[str, Any] = {}
+    original = PodTransport._create_spec_secret
+
+    async def recorded(self: PodTransport, spec: RunSpec, **kwargs: Any) -> None:
+        await original(self, spec, **kwargs)
+        seen.update(await kube_api.get(f"/api/v1/namespaces/{ns}/secrets/{name}-spec"))
+        seen["pod"] = kwargs["pod"]
+
+    monkeypatch.setattr(PodTransport, "_create_spec_secret", recorded)
+    await kube_api.create(f"/api/v1/namespaces/{ns}/secrets", stale)
+    with pytest.raises(PlacementFailed):
+        await transport().launch(other.model_copy(update={"run": 0}))
+    owners = seen["metadata"]["ownerReferences"]
+    assert owners == [{"apiVersion": "v1", "kind": "Pod", "name": name,
+                       "uid": seen["pod"]["metadata"]["uid"]}]
+    await watches.close()
+
+
+@pytest.mark.cluster
+async def test_kubectl_get_claims_shows_the_pod_its_phase_and_node(
+    kube_control_plane: Cluster, kube_api: KubeApi, kube_namespace: str, lorenz_crds: list[str]
+) -> None:
+    """The Pod watch's phase and node go on the run's Claim: a phase change is one status
+    write of its own (Pending, Failed), a node alone and a Running Pod ride along with the
+    next write (the binding's), and ``kubectl get claims`` prints them."""
+    import datetime
+
+    from lorenz.kube.claims import ClaimResourceStore
+    from lorenz.model import ClaimPhase, ClaimRecord, SlotKey
+
+    ns = kube_namespace
+    store = ClaimResourceStore(
+        api=kube_api, workflow=WorkflowRef(namespace=ns, name="pods", uid=None),
+        owner="me", holder=lambda: "me", may_write=lambda: True,
+    )
+    key = SlotKey("id-12#0")
+    reserved = ClaimRecord(
+        slot_key=key, issue_id="id-12", identifier="ABC-12", slot_index=0,
+        phase=ClaimPhase.RESERVED, owner="me",
+        started_at=datetime.datetime.now(datetime.UTC),
+    )
+    assert await store.acquire(reserved)
+
+    def patches() -> int:
+        return kube_api.requests[("patch", "claims/status")]
+
+    before = patches()
+    assert await store.note_pod(key, phase="Pending", node=None)
+    assert not await store.note_pod(key, phase="Pending", node="fake-7")  # a node alone
+    assert not await store.note_pod(key, phase="Pending", node="fake-7")
+    assert patches() == before + 1
+    store.remember_pod(key, phase="Running", node="fake-7")  # the binding carries it
+    pod = pod_name(run_spec().handle)
+    await store.save(
+        ClaimRecord(
+            slot_key=key, issue_id="id-12", identifier="ABC-12", slot_index=0,
+            phase=ClaimPhase.RUNNING, owner="me", host=pod,
+            started_at=reserved.started_at,
+        )
+    )
+    assert patches() == before + 2
+    listed = kube_control_plane.kubectl("get", "claims", "-n", ns).stdout
+    header, row = listed.splitlines()[:2]
+    names = re.findall(r"\S+(?: \S+)*", header)  # NB: "POD PHASE" is one column
+    starts = [header.index(name) for name in names]
+    ends = [*starts[1:], None]
+    columns = {
+        name: row[start:end].strip() for name, start, end in zip(names, starts, ends, strict=True)
+    }
+    assert columns["HOST"] == pod
+    assert columns["POD PHASE"] == "Running"
+    assert columns["NODE"] == "fake-7"
+    claim = (await kube_api.get(
+        f"/apis/lorenz.dev/v1alpha1/namespaces/{ns}/claims"
+    ))["items"][0]
+    assert claim["status"]["podPhase"] == "Running"
+    assert claim["status"]["node"] == "fake-7"
+    assert await store.note_pod(key, phase="Failed", node="fake-7")
+    assert patches() == before + 3

@@ -133,6 +133,9 @@ class ClaimResourceStore:
         """Intents that only moved ``lastSeq``, waiting for their Claim's next write slot."""
         self._seq_flushes: dict[SlotKey, asyncio.Task[None]] = {}
         self._intent_written_at: dict[SlotKey, float] = {}
+        self._pods: dict[SlotKey, tuple[str | None, str | None]] = {}
+        """The phase and node of each slot's run Pod, as the Pod watch last told
+        (:meth:`note_pod`); every status write of the slot carries them."""
         self.fenced_writes = 0
         """Mutations refused because this replica may not write (lost or expiring lease)."""
         self.fenced_out: ClaimGenerationStale | None = None
@@ -284,6 +287,7 @@ class ClaimResourceStore:
             return
         self._drop_pending(key)
         del self._held[key]
+        self._pods.pop(key, None)
         try:
             await self._api.delete(
                 claims_path(self._workflow.namespace, held.name), uid=held.uid
@@ -329,6 +333,38 @@ class ClaimResourceStore:
     async def close(self) -> None:
         self._drop_all_pending()
         self._held.clear()
+        self._pods.clear()
+
+    async def note_pod(
+        self, key: SlotKey, *, phase: str | None, node: str | None, write: bool = True
+    ) -> bool:
+        """Show the phase and node of the run Pod of our Claim of ``key`` (``kubectl get
+        claims``); ``True`` when a status write was made.
+
+        NB: rate-limited to one write per phase change: a node alone (the scheduler bound a
+        Pending Pod) rides along with the next write, and so does any change noted with
+        ``write=False`` (a ``Running`` Pod whose run is about to be bound, a write anyway)."""
+        before = self._pods.get(key, (None, None))
+        if not self.remember_pod(key, phase=phase, node=node):
+            return False
+        held = self._held.get(key)
+        if not write or phase == before[0] or held is None or held.record.owner != self._owner:
+            return False
+        if self.fenced_out is not None or not self._may_write():
+            return False
+        return await self._write_status(held, held.record)
+
+    def remember_pod(self, key: SlotKey, *, phase: str | None, node: str | None) -> bool:
+        """Note the phase and node of the slot's run Pod for the slot's next status write (no
+        write of its own); ``True`` when they changed."""
+        if self._pods.get(key, (None, None)) == (phase, node):
+            return False
+        self._pods[key] = (phase, node)
+        return True
+
+    def pod_nodes(self) -> dict[SlotKey, str]:
+        """The node of each slot's run Pod, where known (``status.placements``)."""
+        return {key: node for key, (_, node) in self._pods.items() if node}
 
     # -- the operator's side ---------------------------------------------------------------
 
@@ -515,10 +551,9 @@ class ClaimResourceStore:
             self._check_fence(held.record, key=record.slot_key)
             if not self._writable("status", record.slot_key):
                 return False
-            patch = {
-                "metadata": {"resourceVersion": held.resource_version},
-                "status": claim_status(record),
-            }
+            status = claim_status(record)
+            status["podPhase"], status["node"] = self._pods.get(record.slot_key, (None, None))
+            patch = {"metadata": {"resourceVersion": held.resource_version}, "status": status}
             path = claims_path(self._workflow.namespace, held.name, status=True)
             try:
                 written = await self._api.merge_patch(path, patch)

@@ -937,6 +937,7 @@ class WorkflowController:
             degraded=self._degraded,
             running=self.runtime is not None,
             snapshot=self._snapshot,
+            nodes=self.store.pod_nodes() if self.store is not None else {},
             releasing=self._releasing,
             identity=self.lease.identity,
             lease_name=self.lease.name,

@@ -317,6 +317,16 @@ def claim_crd() -> dict[str, Any]:
                 description="where the run is placed: its Pod (worker.kind: pod), else the "
                 "worker.sshHosts entry; blank for the operator's own Pod",
             ),
+            _column(
+                "Pod Phase",
+                ".status.podPhase",
+                description="the phase of the run's Pod (worker.kind: pod)",
+            ),
+            _column(
+                "Node",
+                ".status.node",
+                description="the node the run's Pod is scheduled on (worker.kind: pod)",
+            ),
             _column("Owner", ".status.owner"),
             _column(
                 "Due",

@@ -32,7 +32,7 @@ import logging
 import socket
 import ssl
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import aiohttp
@@ -78,12 +78,56 @@ def _exit_code(status: dict[str, Any]) -> tuple[int, str]:
 class PodExec:
     """Opens exec channels with the credentials of one API client configuration."""
 
-    def __init__(self, configuration: Any, *, connect_timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        configuration: Any,
+        *,
+        connect_timeout_s: float = 30.0,
+        parent: PodExec | None = None,
+    ) -> None:
         self._configuration = configuration
         self.connect_timeout_s = connect_timeout_s
         self._ssl: ssl.SSLContext | bool | None = None
+        self._parent = parent
         self.opened = 0
-        """Channels opened so far (for figures)."""
+        """Channels opened so far (for figures; a scope's count its parent's too)."""
+        self._sessions: set[aiohttp.ClientSession] = set()
+        """The sessions of channels still open (each closes its own when it ends)."""
+
+    def scoped(self) -> PodExec:
+        """A PodExec with the same credentials whose :meth:`close` closes only the channels
+        opened through it (one run's transport: its streams end with the run)."""
+        return PodExec(self._configuration, connect_timeout_s=self.connect_timeout_s, parent=self)
+
+    @property
+    def open_channels(self) -> int:
+        """Channels opened through this PodExec that are not closed yet."""
+        return len(self._sessions)
+
+    async def close(self) -> None:
+        """Close every channel still open (a bridge's pump ends; its reader sees EOF).
+
+        NB: an abandoned runtime leaves its followers cancelled mid-read; without this their
+        sessions were only found by the garbage collector ("Unclosed client session")."""
+        sessions = list(self._sessions)
+        self._sessions.clear()
+        for session in sessions:
+            with contextlib.suppress(Exception):
+                await session.close()
+
+    def http_base(self) -> str:
+        """The API server's base URL (``https://host:port``)."""
+        return str(self._configuration.host).rstrip("/")
+
+    def auth_headers(self) -> dict[str, str]:
+        """The credentials' headers, read anew (a rotated token is the one sent)."""
+        return self._headers()
+
+    def ssl_context(self) -> ssl.SSLContext | bool:
+        """The TLS context of the credentials (client certificate, CA bundle)."""
+        if self._parent is not None:
+            return self._parent.ssl_context()
+        return self._ssl_context()
 
     def _ssl_context(self) -> ssl.SSLContext | bool:
         if self._ssl is None:
@@ -132,6 +176,7 @@ class PodExec:
         session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s)
         )
+        self._sessions.add(session)
         try:
             socket_ = await asyncio.wait_for(
                 session.ws_connect(
@@ -144,7 +189,7 @@ class PodExec:
                     ),
                     protocols=PROTOCOLS,
                     headers=self._headers(),
-                    ssl=self._ssl_context(),
+                    ssl=self.ssl_context(),
                     max_msg_size=LINE_LIMIT_BYTES + 1024,
                     autoping=True,
                     heartbeat=30.0,
@@ -152,16 +197,26 @@ class PodExec:
                 timeout=self.connect_timeout_s,
             )
         except aiohttp.WSServerHandshakeError as exc:
-            await session.close()
+            await self._end(session)
             raise PodExecError(
                 f"exec into {namespace}/{pod} refused: {exc.status} {exc.message}",
                 status=exc.status,
             ) from None
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            await session.close()
+            await self._end(session)
             raise PodExecError(f"exec into {namespace}/{pod} failed: {exc}") from None
+        except BaseException:
+            # NB: a cancelled connect (a run abandoned mid-probe) closes its session too.
+            await asyncio.shield(self._end(session))
+            raise
         self.opened += 1
+        if self._parent is not None:
+            self._parent.opened += 1
         return session, socket_
+
+    async def _end(self, session: aiohttp.ClientSession) -> None:
+        self._sessions.discard(session)
+        await session.close()
 
     async def run(
         self,
@@ -197,8 +252,8 @@ class PodExec:
             what = " ".join(command[:3])
             raise PodExecError(f"{what} in {pod} took over {timeout_s} s") from None
         finally:
-            await ws.close()
-            await session.close()
+            # NB: shielded: a cancelled probe still closes its channel and session.
+            await asyncio.shield(self._close_channel(ws, session))
         if status is None:
             raise PodExecError(f"exec into {namespace}/{pod} ended without a status")
         code, text = _exit_code(status)
@@ -219,16 +274,23 @@ class PodExec:
         except BaseException:
             ours.close()
             theirs.close()
-            await ws.close()
-            await session.close()
+            await asyncio.shield(self._close_channel(ws, session))
             raise
         pump = asyncio.get_running_loop().create_task(
-            _pump(ws, session, ours, label=f"{namespace}/{pod}"), name=f"lorenz-exec:{pod}"
+            _pump(ws, session, ours, label=f"{namespace}/{pod}", ended=self._sessions.discard),
+            name=f"lorenz-exec:{pod}",
         )
         # NB: a strong reference until the pump ends (the loop keeps only weak ones).
         _PUMPS.add(pump)
         pump.add_done_callback(_PUMPS.discard)
         return reader, writer
+
+    async def _close_channel(
+        self, ws: aiohttp.ClientWebSocketResponse, session: aiohttp.ClientSession
+    ) -> None:
+        with contextlib.suppress(Exception):
+            await ws.close()
+        await self._end(session)
 
 
 _PUMPS: set[asyncio.Task[None]] = set()
@@ -240,6 +302,7 @@ async def _pump(
     local: socket.socket,
     *,
     label: str,
+    ended: Callable[[aiohttp.ClientSession], None],
 ) -> None:
     loop = asyncio.get_running_loop()
 
@@ -279,4 +342,5 @@ async def _pump(
         local.close()
         with contextlib.suppress(Exception):
             await ws.close()
+        ended(session)
         await session.close()

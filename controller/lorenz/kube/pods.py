@@ -20,12 +20,15 @@ agent). What the operator adds is where it runs and how it is reached:
   ``lorenz-agent``, which the operator creates in the namespace when it is missing
   (:class:`AgentAccounts`: no RBAC binding, no token mounted); never as the operator's own.
 * **The spec** travels in a per-run Secret (``<pod>-spec``) mounted only in that Pod (0440,
-  group-readable by the Pod's ``fsGroup``), created before the Pod, owned by the Workflow and
-  deleted with the Pod. It holds no tracker credential: host-side tools run in the operator.
+  group-readable by the Pod's ``fsGroup``), created right after the Pod and owned by it (by
+  uid), so it goes with the Pod however the Pod goes; a launch that dies between the two
+  leaves no Secret behind. It holds no tracker credential: host-side tools run in the operator.
 * **Start.** The transport waits — up to ``worker.start_timeout_ms`` — until the Pod runs and
-  its worker answers a probe. A Pod that cannot be scheduled, whose image cannot be pulled or
-  whose container cannot be created is deleted when the time is up, and a create a
-  ResourceQuota refuses fails at once (``pod_refused``): both raise
+  its worker answers a probe. It reads no Pod to find out: every launch of the namespace waits
+  on one shared list+watch of the run Pods (:mod:`lorenz.kube.podwatch`), and the exec probe
+  runs only once the watch says the worker's container runs. A Pod that cannot be scheduled,
+  whose image cannot be pulled or whose container cannot be created is deleted when the time
+  is up, and a create a ResourceQuota refuses fails at once (``pod_refused``): both raise
   :class:`~lorenz.agents.PlacementFailed` with the last reason Kubernetes gave, and the runtime
   gives the slot's reservation back (a placement wait, no attempt counted). Only once the
   worker serves is the reservation bound (``on_placed``: the Pod's name becomes the slot's
@@ -70,11 +73,13 @@ from lorenz.agents import (
 )
 from lorenz.config import WorkerSettings
 from lorenz.kube import resources
+from lorenz.kube.claims import ClaimResourceStore
 from lorenz.kube.clients import KubeApi
 from lorenz.kube.errors import KubeApiError
 from lorenz.kube.execs import PodExec, PodExecError
+from lorenz.kube.podwatch import WATCHES, RunPodWatch, RunPodWatches
 from lorenz.kube.resources import WorkflowRef, digest
-from lorenz.model import SpawnIntents
+from lorenz.model import SlotKey, SpawnIntents, slot_key
 from lorenz.workers.journal import Record
 from lorenz.workers.launch import LaunchResult, WorkerLaunchError
 from lorenz.workers.placement import HOOK_VARIABLE_PREFIX, POD_WORKSPACE_ROOT
@@ -121,6 +126,8 @@ WAITING_FAILURES: Final = frozenset(
      "CreateContainerError", "ErrImageNeverPull"}
 )
 """Container waiting reasons worth reporting when a Pod does not start in time."""
+PROBE_BACKOFF_MAX_S: Final = 8.0
+"""The longest pause between exec probes of a launch whose container runs but does not serve."""
 IMAGE_PULL_FAILURES: Final = frozenset(
     {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
 )
@@ -288,6 +295,11 @@ def pod_manifest(
     if workflow.uid:
         metadata["ownerReferences"] = [workflow_owner(workflow)]
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+def pod_owner(*, name: str, uid: str) -> dict[str, Any]:
+    """An owner reference to a run's Pod (its spec Secret's): gone with the Pod."""
+    return {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid}
 
 
 def workflow_owner(workflow: WorkflowRef) -> dict[str, Any]:
@@ -601,13 +613,20 @@ class PodTransport:
         poll_s: float = 1.0,
         accounts: AgentAccounts | None = None,
         operator_account: tuple[str, str] | None = None,
+        watches: RunPodWatches | None = None,
     ) -> None:
         self.api = api
+        self.watches = watches if watches is not None else WATCHES
+        """Where this transport's namespace watch is shared (the process's, by default)."""
+        self._watch: RunPodWatch | None = None
+        """The namespace's run Pod watch, held from the first launch until :meth:`close`."""
         self.accounts = accounts if accounts is not None else AgentAccounts()
         """The ``lorenz-agent`` ServiceAccounts made sure of (the operator shares one)."""
         self.operator_account = operator_account
         """The operator's own ServiceAccount (namespace, name), which no run Pod may use."""
-        self.execs = execs
+        self.execs = execs.scoped()
+        """This run's exec channels (closed with the transport; counted in ``execs`` too)."""
+        self._credentials = execs
         self.workflow = workflow
         self.worker = worker
         self.image = image
@@ -620,6 +639,15 @@ class PodTransport:
 
     def _state_dir(self, handle: str) -> str:
         return f"{STATE_ROOT}/{handle}"
+
+    def watch(self) -> RunPodWatch:
+        """The namespace's shared run Pod watch, held by this transport until it is closed."""
+        if self._watch is None:
+            self._watch = self.watches.of(
+                api=self.api, execs=self._credentials, namespace=self.namespace
+            )
+            self._watch.hold()
+        return self._watch
 
     async def launch(self, spec: RunSpec) -> LaunchResult:
         name = pod_name(spec.handle)
@@ -636,17 +664,18 @@ class PodTransport:
         )
         await self._ensure_identity()
         await self._ensure_workspace_claim(spec)
-        # NB: the Secret first: a Pod whose Secret volume is missing waits in the kubelet's
-        # mount backoff, which would add seconds to every start.
-        await self._create_spec_secret(spec, name=name, payload=payload)
+        # NB: the Pod first, then its spec Secret owned by it (uid and all): a launch that
+        # dies between the two leaves a Pod (which its Claim's intent names: adopted or swept),
+        # never a Secret nothing deletes, and the Secret goes with its Pod however the Pod goes.
+        # The kubelet waits for a Secret volume that is not there yet; the Secret is made
+        # within milliseconds of the Pod, before the Pod is even scheduled.
         fresh = False
         try:
-            await self.api.create(_pods_path(self.namespace), manifest)
+            created = await self.api.create(_pods_path(self.namespace), manifest)
             self.created.append(spec.handle)
             fresh = True
         except KubeApiError as exc:
             if exc.status != 409:
-                await self.delete(spec.handle)
                 if "service account" in (exc.detail or "").lower():
                     self.accounts.forget(self.namespace)
                 message = (
@@ -657,48 +686,59 @@ class PodTransport:
                 if refusal is not None:
                     raise PlacementFailed(message, code="pod_refused", reason=refusal) from exc
                 raise WorkerLaunchError(message, code="pod_refused") from exc
-            pod = await self.api.get(_pods_path(self.namespace, name))
-            annotations = (pod.get("metadata") or {}).get("annotations") or {}
+            created = await self.api.get(_pods_path(self.namespace, name))
+            annotations = (created.get("metadata") or {}).get("annotations") or {}
             if annotations.get(ANNOTATION_HANDLE) != spec.handle:
                 raise WorkerLaunchError(
                     f"a Pod {self.namespace}/{name} exists that is not this run's; delete it",
                     code="pod_name_taken",
                 ) from exc
-            if _ended(pod) or (pod.get("metadata") or {}).get("deletionTimestamp"):
+            if _ended(created) or (created.get("metadata") or {}).get("deletionTimestamp"):
                 # NB: an earlier run of this handle ended (or was stopped: a deleted Claim,
                 # then the same attempt dispatched again); the runner moves to the next one.
-                # The spec Secret made for this launch is not that run's any more.
-                with contextlib.suppress(KubeApiError):
-                    await self.api.delete(_secrets_path(self.namespace, f"{name}-spec"))
                 raise WorkerLaunchError(
                     f"the Pod of {spec.handle} already ran", code="worker_handle_used"
                 ) from exc
+        try:
+            await self._create_spec_secret(spec, pod=created, payload=payload)
+        except BaseException:
+            if fresh:
+                # NB: shielded: a launch cancelled here still removes the Pod that would
+                # wait for its Secret forever.
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self.delete(spec.handle))
+            raise
         deadline = began + self.worker.start_timeout_ms / 1000
         last = "the Pod was created"
         last_pod: Mapping[str, Any] = {}
+        watch = self.watch()
+        seen = False
+        probe_wait = self.poll_s
+        # NB: no GET per launch: every launch of the namespace waits on the one watch's copy
+        # of its Pod, and the exec probe runs only once that copy says the worker's container
+        # runs (a thousand launches waiting for image pulls cost one stream, not a thousand
+        # polls a second; bench/README.md, kwok_bench.py).
         while True:
-            try:
-                pod = await self.api.get(_pods_path(self.namespace, name))
-            except KubeApiError as exc:
-                if exc.not_found:
-                    raise WorkerLaunchError(
-                        f"the run's Pod {self.namespace}/{name} was deleted while starting",
-                        code="worker_start_failed",
-                    ) from exc
-                last = f"{exc.status} {exc.reason}"
-                pod = {}
-            if pod:
-                last_pod = pod
-            if pod and _ended(pod):
-                reason = why_not_running(pod)
+            found = watch.get(name)
+            if found is not None:
+                seen = True
+                last_pod = found
+            elif seen and watch.synced.is_set():
+                raise WorkerLaunchError(
+                    f"the run's Pod {self.namespace}/{name} was deleted while starting",
+                    code="worker_start_failed",
+                )
+            wait = deadline - time.monotonic()
+            if found is not None and _ended(found):
+                reason = why_not_running(found)
                 await self.delete(spec.handle)
                 raise WorkerLaunchError(
                     f"the run's Pod {self.namespace}/{name} ended before its worker served: "
                     f"{reason}",
                     code="worker_start_failed",
                 )
-            if pod and _worker_running(pod):
-                probe = await self.probe(spec.handle)
+            if found is not None and _worker_running(found):
+                probe = await self._probe_running(spec.handle, found)
                 if probe.state is ProbeState.ALIVE or probe.state is ProbeState.FINAL:
                     self.started_in_s = time.monotonic() - began
                     return LaunchResult(
@@ -711,8 +751,12 @@ class PodTransport:
                         existing=None if fresh or probe.state is ProbeState.ALIVE else "final",
                     )
                 last = f"the worker does not serve yet ({probe.detail or probe.state.value})"
-            elif pod:
-                last = why_not_running(pod)
+                # NB: a container that runs serves within a second or two; one that does not
+                # (kwok runs none) is asked less and less often.
+                wait = min(wait, probe_wait)
+                probe_wait = min(probe_wait * 2, PROBE_BACKOFF_MAX_S)
+            elif found is not None:
+                last = why_not_running(found)
             if time.monotonic() >= deadline:
                 await self.delete(spec.handle)
                 message = (
@@ -726,7 +770,7 @@ class PodTransport:
                     # failure of the run.
                     raise PlacementFailed(message, code="pod_start_timeout", reason=unplaced)
                 raise WorkerLaunchError(message, code="pod_start_timeout")
-            await asyncio.sleep(self.poll_s)
+            await watch.changed(name, timeout_s=max(0.0, wait))
 
     async def _ensure_identity(self) -> None:
         """The run Pod's ServiceAccount exists and is not the operator's own."""
@@ -773,17 +817,22 @@ class PodTransport:
                 code="pod_workspace_terminating",
             )
 
-    async def _create_spec_secret(self, spec: RunSpec, *, name: str, payload: str) -> None:
-        """The run's spec as a Secret that only its Pod mounts; owned by the Workflow (so its
-        deletion takes it along) and deleted with the Pod."""
+    async def _create_spec_secret(
+        self, spec: RunSpec, *, pod: Mapping[str, Any], payload: str
+    ) -> None:
+        """The run's spec as a Secret that only its Pod mounts, owned by that Pod (by uid: the
+        garbage collector deletes it with the Pod, and a namesake Pod's Secret is not it)."""
+        pod_metadata = pod.get("metadata") or {}
+        name = str(pod_metadata.get("name"))
+        uid = str(pod_metadata.get("uid"))
+        secret_name = f"{name}-spec"
         metadata: dict[str, Any] = {
-            "name": f"{name}-spec",
+            "name": secret_name,
             "namespace": self.namespace,
             "labels": run_labels(spec=spec, workflow=self.workflow),
             "annotations": {ANNOTATION_HANDLE: spec.handle},
+            "ownerReferences": [pod_owner(name=name, uid=uid)],
         }
-        if self.workflow.uid:
-            metadata["ownerReferences"] = [workflow_owner(self.workflow)]
         secret = {
             "apiVersion": "v1",
             "kind": "Secret",
@@ -791,27 +840,58 @@ class PodTransport:
             "metadata": metadata,
             "data": {SPEC_KEY: base64.b64encode(payload.encode()).decode()},
         }
-        try:
-            await self.api.create(_secrets_path(self.namespace), secret)
-        except KubeApiError as exc:
-            if exc.status != 409:
-                message = (
-                    f"the API refused the run's spec Secret {self.namespace}/{name}-spec: "
-                    f"{exc.status} {exc.detail or exc.reason}"
-                )
-                refusal = refusal_reason(exc)
-                if refusal is not None:
-                    raise PlacementFailed(message, code="pod_refused", reason=refusal) from exc
-                raise WorkerLaunchError(message, code="pod_refused") from exc
+        for _ in range(3):
+            try:
+                await self.api.create(_secrets_path(self.namespace), secret)
+                return
+            except KubeApiError as exc:
+                if exc.status != 409:
+                    message = (
+                        f"the API refused the run's spec Secret {self.namespace}/{secret_name}: "
+                        f"{exc.status} {exc.detail or exc.reason}"
+                    )
+                    refusal = refusal_reason(exc)
+                    if refusal is not None:
+                        raise PlacementFailed(message, code="pod_refused", reason=refusal) from exc
+                    raise WorkerLaunchError(message, code="pod_refused") from exc
+            path = _secrets_path(self.namespace, secret_name)
+            try:
+                found = await self.api.get(path)
+            except KubeApiError as exc:
+                if exc.not_found:
+                    continue
+                raise
+            found_metadata = found.get("metadata") or {}
+            owners = {ref.get("uid") for ref in found_metadata.get("ownerReferences") or ()}
+            if uid in owners:
+                return  # NB: this Pod's (a launch of an adopted Pod, or one that crashed)
+            # NB: an earlier Pod's of the same name (the garbage collector has not got to it):
+            # it would take this Pod's Secret along; replaced, uid-checked.
+            with contextlib.suppress(KubeApiError):
+                await self.api.delete(path, uid=str(found_metadata.get("uid")))
+        raise WorkerLaunchError(
+            f"the spec Secret {self.namespace}/{secret_name} of an earlier Pod kept coming "
+            "back; delete it",
+            code="pod_name_taken",
+        )
 
     async def probe(self, handle: str) -> Probe:
         name = pod_name(handle)
-        try:
-            pod = await self.api.get(_pods_path(self.namespace, name))
-        except KubeApiError as exc:
-            if exc.not_found:
-                return Probe(state=ProbeState.GONE, detail=f"the Pod {name} is gone")
-            return Probe(state=ProbeState.UNKNOWN, detail=f"{exc.status} {exc.reason}")
+        # NB: the watch's copy when it has one (a launch of this namespace holds it); a Pod
+        # it has not seen is read, never taken for gone.
+        pod = self._watch.get(name) if self._watch is not None else None
+        if pod is None:
+            try:
+                pod = await self.api.get(_pods_path(self.namespace, name))
+            except KubeApiError as exc:
+                if exc.not_found:
+                    return Probe(state=ProbeState.GONE, detail=f"the Pod {name} is gone")
+                return Probe(state=ProbeState.UNKNOWN, detail=f"{exc.status} {exc.reason}")
+        return await self._probe_running(handle, pod)
+
+    async def _probe_running(self, handle: str, pod: Mapping[str, Any]) -> Probe:
+        """Probe the worker of ``pod`` (as last seen): through an exec when it runs."""
+        name = pod_name(handle)
         if _ended(pod):
             # NB: the journal was in the Pod's emptyDir; a Pod that ended has taken it along.
             return Probe(state=ProbeState.GONE, detail=why_not_running(pod))
@@ -884,7 +964,12 @@ class PodTransport:
                     logger.warning("could not delete %s: %s", path, exc)
 
     async def close(self) -> None:
-        return None
+        """Close this transport's exec channels and let go of the namespace's watch (it
+        lingers for the next run); idempotent."""
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            watch.release()
+        await self.execs.close()
 
 
 class PodWorkerRunner(WorkerRunner):
@@ -912,10 +997,9 @@ class PodWorkerRunner(WorkerRunner):
         )
         self.pods = transport
         self.run_placement = placement
+        self._placed_key: SlotKey | None = None
+        """The slot of the run (whose Claim shows its Pod's phase and node)."""
 
-    def placed_at(self, handle: str) -> str | None:
-        """The run's Pod: where the slot's binding (and ``kubectl get claims``) says it runs."""
-        return pod_name(handle)
 
     def spec_for(self, request: AgentRunRequest, *, run: int = 0) -> RunSpec:
         spec = super().spec_for(request, run=run)
@@ -943,17 +1027,85 @@ class PodWorkerRunner(WorkerRunner):
         )
 
     async def run(self, request: AgentRunRequest) -> AgentRunResult:
+        stop = self._show_pods(slot_key(request.issue.id, request.slot_index))
         try:
             return await super().run(request)
         finally:
-            await self._delete_pods()
+            stop()
+            try:
+                await self._delete_pods()
+            finally:
+                await self._close()
+
+    def _show_pods(self, key: SlotKey) -> Callable[[], None]:
+        """Show the phase and node of this run's Pod on its Claim (``kubectl get claims``),
+        from the namespace's Pod watch; the function that stops it."""
+        store = self.intents
+        if not isinstance(store, ClaimResourceStore):
+            return lambda: None
+        writes: set[asyncio.Task[bool]] = set()
+
+        def ours(name: str) -> bool:
+            handles = set(self.pods.created)
+            if self.last_handle is not None:
+                handles.add(self.last_handle.handle)
+            return any(pod_name(handle) == name for handle in handles)
+
+        def changed(name: str, pod: Mapping[str, Any] | None) -> None:
+            if pod is None or not ours(name):
+                return
+            phase = (pod.get("status") or {}).get("phase")
+            node = (pod.get("spec") or {}).get("nodeName")
+            if phase not in ("Pending", "Failed"):
+                # NB: a Running or Succeeded Pod's run is bound or settled in a moment (a
+                # status write anyway): the phase rides along with it.
+                store.remember_pod(key, phase=phase, node=node)
+                return
+            task = asyncio.ensure_future(store.note_pod(key, phase=phase, node=node))
+            writes.add(task)
+            task.add_done_callback(_settled(writes))
+
+        unlisten = self.pods.watch().listen(changed)
+        self._placed_key = key
+
+        def stop() -> None:
+            unlisten()
+            for task in writes:
+                task.cancel()
+
+        return stop
+
+    def placed_at(self, handle: str) -> str | None:
+        """The run's Pod: where the slot's binding (and ``kubectl get claims``) says it runs.
+
+        NB: the Pod's phase and node as the watch sees them now ride along with the binding's
+        status write (no write of their own)."""
+        name = pod_name(handle)
+        store, key = self.intents, self._placed_key
+        pod = self.pods.watch().get(name)
+        if isinstance(store, ClaimResourceStore) and key is not None and pod is not None:
+            store.remember_pod(
+                key,
+                phase=(pod.get("status") or {}).get("phase"),
+                node=(pod.get("spec") or {}).get("nodeName"),
+            )
+        return name
 
     async def cancel_adoption(self, dropped: DroppedAdoption) -> bool:
         """Cancel a lost controller's run that is not adopted, then delete its Pod."""
         try:
             return await super().cancel_adoption(dropped)
         finally:
-            await self._delete_pods()
+            try:
+                await self._delete_pods()
+            finally:
+                await self._close()
+
+    async def _close(self) -> None:
+        """The run is over for this controller (ended, cancelled or left to the next one):
+        its exec channels close on every path (shielded: a cancelled run still closes them)."""
+        with contextlib.suppress(Exception):
+            await asyncio.shield(self.pods.close())
 
     async def _delete_pods(self) -> None:
         """Delete the Pods (and spec Secrets) of this runner's runs, unless this controller
@@ -976,3 +1128,14 @@ class PodWorkerRunner(WorkerRunner):
             # orphan sweep removes what is left.
             with contextlib.suppress(Exception):
                 await asyncio.shield(self.pods.delete(handle))
+
+
+def _settled(tasks: set[asyncio.Task[bool]]) -> Callable[[asyncio.Task[bool]], None]:
+    """A done-callback: forget the task, and log a failed Claim write (never raised)."""
+
+    def done(task: asyncio.Task[bool]) -> None:
+        tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.warning("Claim Pod status write failed: %s", task.exception())
+
+    return done

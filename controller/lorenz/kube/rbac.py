@@ -44,8 +44,10 @@ RULE_REASONS: Final[dict[tuple[str, str], str]] = {
         "the per-run spec Secret of a run's Pod (worker.kind: pod)"
     ),
     ("", "pods"): (
-        "runs in Pods (worker.kind: pod): create the run's Pod, read its phase while it "
-        "starts and is probed, delete it when the run is settled; list a Workflow's run Pods "
+        "runs in Pods (worker.kind: pod): create the run's Pod, watch the namespace's run "
+        "Pods (one list+watch shared by every launch waiting for its worker, and the Claims' "
+        "Pod phase), read one when probed, delete it when the run is settled; list a "
+        "Workflow's run Pods "
         "(by label) to delete those no Claim names (a new leader's orphan sweep) and all of "
         "them when the Workflow is deleted"
     ),
@@ -95,7 +97,7 @@ OPERATOR_RULES: Final[list[PolicyRule]] = [
     {
         "apiGroups": [""],
         "resources": ["pods"],
-        "verbs": ["get", "list", "create", "delete"],
+        "verbs": ["get", "list", "watch", "create", "delete"],
     },
     {
         "apiGroups": [""],

@@ -123,6 +123,8 @@ class RunPlacement(WireModel):
     """The slot of the issue's ensemble."""
     host: str
     """The run's Pod (``worker.kind: pod``) or its ``worker.sshHosts`` entry."""
+    node: str | None = None
+    """The node the run's Pod is scheduled on (``worker.kind: pod``)."""
 
 
 class UsageStatus(WireModel):
@@ -214,8 +216,11 @@ def reason_from_code(code: str) -> str:
     return code if re.fullmatch(REASON_PATTERN, code) else "Error"
 
 
-def status_from_snapshot(snapshot: RuntimeSnapshot) -> dict[str, Any]:
-    """The poll block, lanes and usage totals of a runtime snapshot, in wire form.
+def status_from_snapshot(
+    snapshot: RuntimeSnapshot, *, nodes: Mapping[SlotKey, str] | None = None
+) -> dict[str, Any]:
+    """The poll block, lanes and usage totals of a runtime snapshot, in wire form (``nodes``:
+    the node of each slot's run Pod, for ``placements``).
 
     The snapshot is read typed; only the status body it becomes is a dict (the Kubernetes
     edge)."""
@@ -248,7 +253,12 @@ def status_from_snapshot(snapshot: RuntimeSnapshot) -> dict[str, Any]:
             cost_usd=round(usage.cost_usd, 6),
         ).wire(),
         "placements": [
-            RunPlacement(identifier=row.identifier, slot=row.slot_index, host=row.host).wire()
+            RunPlacement(
+                identifier=row.identifier,
+                slot=row.slot_index,
+                host=row.host,
+                node=(nodes or {}).get(SlotKey(row.slot_key)),
+            ).wire()
             for row in sorted(lanes.running, key=lambda row: (row.started_at, row.slot_key))
             if row.host
         ][:PLACEMENTS_SHOWN],
@@ -349,10 +359,19 @@ class ClaimStatus(WireModel):
     term). A replica of an older generation may not write this Claim any more."""
     intent: ClaimIntent | None = None
     """The spawn intent of the slot's worker, while one is recorded."""
+    pod_phase: str | None = None
+    """The phase of the run's Pod (``worker.kind: pod``) as the operator's watch of its run
+    Pods last saw it: ``Pending``, ``Running``, ``Succeeded`` or ``Failed``; blank for other
+    workers."""
+    node: str | None = None
+    """The node the run's Pod is scheduled on (``worker.kind: pod``)."""
 
 
 CLAIM_SPEC_FIELDS = ("slot_key", "issue_id", "identifier", "slot_index")
 """The ClaimRecord fields that live in a Claim's spec; all others live in its status."""
+
+CLAIM_POD_FIELDS = ("pod_phase", "node")
+"""Claim status fields the operator's Pod watch fills in (not part of the claim record)."""
 
 CLAIM_DISPLAY_FIELDS = ("retry_in",)
 """Claim status fields derived for people (printer columns), never read back."""

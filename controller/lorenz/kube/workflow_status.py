@@ -25,7 +25,7 @@ from lorenz.kube.statuses import (
     reason_from_code,
     status_from_snapshot,
 )
-from lorenz.model import RuntimeSnapshot
+from lorenz.model import RuntimeSnapshot, SlotKey
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,6 +57,8 @@ class StatusInputs:
     """A runtime exists (it may still be starting)."""
     snapshot: RuntimeSnapshot | None = None
     """The runtime's last snapshot."""
+    nodes: Mapping[SlotKey, str] = dataclasses.field(default_factory=dict)
+    """The node of each slot's run Pod, where the Pod watch saw one (``status.placements``)."""
     releasing: bool = False
     """The leader is handing the Workflow over (shutdown)."""
     identity: str
@@ -148,7 +150,7 @@ def workflow_status(
         ).wire(),
     }
     if inputs.snapshot is not None:
-        status.update(status_from_snapshot(inputs.snapshot))
+        status.update(status_from_snapshot(inputs.snapshot, nodes=inputs.nodes))
     return status
 
 
