@@ -26,9 +26,10 @@ under the absolute paths the Pod's command names — not a simulation any more, 
 * **the operator's cost** while the runs are placed and then while all ``--runs`` Pods are
   Running and every launch is still waiting for its worker (``--steady-seconds``): CPU seconds
   (psutil), RSS, and its own API requests (``lorenz_operator_api_requests_total`` from its
-  ``/metrics``), per run. The steady window is the launch's start wait (a Pod GET and an exec
-  probe per run per ``poll_s``), the most a launch costs; it ends when ``startTimeoutMs`` is
-  reached, which the bench sets past the measurement.
+  ``/metrics``), per run. The steady window is the launch's start wait (since the shared Pod
+  watch of lorenz.kube.podwatch: no Pod GET, and an exec probe per run backing off to one per
+  8 s while the Running Pod does not serve), the most a launch costs; it ends when
+  ``startTimeoutMs`` is reached, which the bench sets past the measurement.
 
 Figures go in bench/README.md with the load average printed here; nothing is asserted.
 """
