@@ -569,6 +569,9 @@ async def test_launches_waiting_share_one_watch_and_read_no_pod(
         )
         for _ in range(20)
     ]
+    heard: list[str] = []
+    first = pod_name(run_spec("ABC-0").handle)
+    transports[0].watch().listen(lambda name, pod: heard.append(name), name=first)
     before = dict(kube_api.requests)
     launches = [
         transport.launch(run_spec(f"ABC-{index}"))
@@ -582,6 +585,8 @@ async def test_launches_waiting_share_one_watch_and_read_no_pod(
     assert made.get(("watch", "pods"), 0) == 1, made
     assert made.get(("create", "pods"), 0) == 20, made
     assert execs.opened == 0  # never running: never probed
+    assert heard  # a listener of one Pod hears that Pod only
+    assert set(heard) == {first}
     # Each launch saw its own Pod through the watch: its reason is the Pod's, not "never seen".
     assert all("phase Pending" in str(result) or "Unschedulable" in str(result)
                for result in results), results

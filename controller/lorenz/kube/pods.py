@@ -636,6 +636,8 @@ class PodTransport:
         """How long the newest launch took, create to serving (for metrics and figures)."""
         self.created: list[str] = []
         """Handles whose Pod this transport created (the runner deletes them at the end)."""
+        self.on_pod: Callable[[str], None] | None = None
+        """Told the name of each Pod a launch created or found (the runner shows its phase)."""
 
     def _state_dir(self, handle: str) -> str:
         return f"{STATE_ROOT}/{handle}"
@@ -699,6 +701,8 @@ class PodTransport:
                 raise WorkerLaunchError(
                     f"the Pod of {spec.handle} already ran", code="worker_handle_used"
                 ) from exc
+        if self.on_pod is not None:
+            self.on_pod(name)
         try:
             await self._create_spec_secret(spec, pod=created, payload=payload)
         except BaseException:
@@ -999,6 +1003,7 @@ class PodWorkerRunner(WorkerRunner):
         self.run_placement = placement
         self._placed_key: SlotKey | None = None
         """The slot of the run (whose Claim shows its Pod's phase and node)."""
+        self._follow_pod: Callable[[str], None] | None = None
 
 
     def spec_for(self, request: AgentRunRequest, *, run: int = 0) -> RunSpec:
@@ -1038,21 +1043,17 @@ class PodWorkerRunner(WorkerRunner):
                 await self._close()
 
     def _show_pods(self, key: SlotKey) -> Callable[[], None]:
-        """Show the phase and node of this run's Pod on its Claim (``kubectl get claims``),
+        """Show the phase and node of this run's Pods on its Claim (``kubectl get claims``),
         from the namespace's Pod watch; the function that stops it."""
         store = self.intents
         if not isinstance(store, ClaimResourceStore):
             return lambda: None
         writes: set[asyncio.Task[bool]] = set()
-
-        def ours(name: str) -> bool:
-            handles = set(self.pods.created)
-            if self.last_handle is not None:
-                handles.add(self.last_handle.handle)
-            return any(pod_name(handle) == name for handle in handles)
+        stops: dict[str, Callable[[], None]] = {}
+        watch = self.pods.watch()
 
         def changed(name: str, pod: Mapping[str, Any] | None) -> None:
-            if pod is None or not ours(name):
+            if pod is None:
                 return
             phase = (pod.get("status") or {}).get("phase")
             node = (pod.get("spec") or {}).get("nodeName")
@@ -1065,11 +1066,20 @@ class PodWorkerRunner(WorkerRunner):
             writes.add(task)
             task.add_done_callback(_settled(writes))
 
-        unlisten = self.pods.watch().listen(changed)
+        def follow(name: str) -> None:
+            if name not in stops:
+                stops[name] = watch.listen(changed, name=name)
+                changed(name, watch.get(name))
+
+        self.pods.on_pod = follow
         self._placed_key = key
+        self._follow_pod = follow
 
         def stop() -> None:
-            unlisten()
+            self.pods.on_pod = None
+            self._follow_pod = None
+            for unlisten in stops.values():
+                unlisten()
             for task in writes:
                 task.cancel()
 
@@ -1082,6 +1092,8 @@ class PodWorkerRunner(WorkerRunner):
         status write (no write of their own)."""
         name = pod_name(handle)
         store, key = self.intents, self._placed_key
+        if self._follow_pod is not None:
+            self._follow_pod(name)  # NB: an adopted run's Pod, which no launch of ours found
         pod = self.pods.watch().get(name)
         if isinstance(store, ClaimResourceStore) and key is not None and pod is not None:
             store.remember_pod(

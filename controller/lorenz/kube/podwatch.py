@@ -93,6 +93,9 @@ class RunPodWatch:
         """Watch requests made so far."""
         self._changed: dict[str, set[asyncio.Event]] = {}
         self._listeners: list[PodListener] = []
+        self._named: dict[str, list[PodListener]] = {}
+        """Listeners of one Pod each (a thousand runs' listeners are not all called for every
+        event)."""
         self._holders = 0
         self._task: asyncio.Task[None] | None = None
         self._idle: asyncio.TimerHandle | None = None
@@ -178,13 +181,17 @@ class RunPodWatch:
                 if not waiting:
                     del self._changed[name]
 
-    def listen(self, listener: PodListener) -> Callable[[], None]:
-        """Call ``listener`` on every change; returns the function that stops it."""
-        self._listeners.append(listener)
+    def listen(self, listener: PodListener, *, name: str | None = None) -> Callable[[], None]:
+        """Call ``listener`` on every change (of Pod ``name`` only, when given); returns the
+        function that stops it."""
+        listeners = self._listeners if name is None else self._named.setdefault(name, [])
+        listeners.append(listener)
 
         def stop() -> None:
             with contextlib.suppress(ValueError):
-                self._listeners.remove(listener)
+                listeners.remove(listener)
+            if name is not None and not listeners and self._named.get(name) is listeners:
+                del self._named[name]
 
         return stop
 
@@ -196,7 +203,7 @@ class RunPodWatch:
     def _notify(self, name: str, pod: Mapping[str, Any] | None) -> None:
         for event in self._changed.get(name, ()):
             event.set()
-        for listener in list(self._listeners):
+        for listener in [*self._listeners, *self._named.get(name, ())]:
             try:
                 listener(name, pod)
             except Exception:
