@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Protocol
 
 from lorenz.model import LorenzError
-from lorenz.workers.client import CallHandlers, ConnectionLost, WorkerConnection
+from lorenz.workers.client import CallHandlers, ConnectionLost, RecordSink, WorkerConnection
 from lorenz.workers.forkserver import Launcher, parent_death_signal_supported
 from lorenz.workers.journal import JOURNAL_NAME, Record, read_journal
 from lorenz.workers.launch import (
@@ -74,9 +74,7 @@ class Transport(Protocol):
 
     async def read_journal(self, handle: str, *, after_seq: int) -> list[Record]: ...
 
-    async def connect(
-        self, handle: str
-    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]: ...
+    async def connect(self, handle: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]: ...
 
     async def close(self) -> None: ...
 
@@ -174,9 +172,11 @@ class WorkerHandle:
     async def probe(self) -> Probe:
         return await self.transport.probe(self.handle)
 
-    async def connect(self) -> WorkerConnection:
+    async def connect(self, *, on_record: RecordSink | None = None) -> WorkerConnection:
         reader, writer = await self.transport.connect(self.handle)
-        return await WorkerConnection.open(reader, writer, handlers=self.handlers)
+        return await WorkerConnection.open(
+            reader, writer, handlers=self.handlers, on_record=on_record
+        )
 
     async def follow(self, on_record: Callable[[Record], None]) -> Record:
         """Deliver every record after :attr:`last_seq` to ``on_record``; return the final one.
@@ -186,9 +186,28 @@ class WorkerHandle:
         """
         unknown_since: float | None = None
         loop = asyncio.get_running_loop()
+        me = asyncio.current_task()
         while self.final is None:
+            ended: asyncio.Future[None] = loop.create_future()
+
+            def take(record: Record | None, ended: asyncio.Future[None] = ended) -> None:
+                # NB: runs in the connection's reading task. A follow that is being cancelled
+                # takes nothing more: the records stay in the journal for the next attach.
+                if ended.done() or (me is not None and me.cancelling()):
+                    return
+                if record is None:
+                    ended.set_exception(ConnectionLost("the worker closed the connection"))
+                    return
+                try:
+                    self._deliver(record, on_record)
+                except SequenceGap as exc:
+                    ended.set_exception(exc)
+                    return
+                if record.is_final:
+                    ended.set_result(None)
+
             try:
-                connection = await self.connect()
+                connection = await self.connect(on_record=take)
             except (OSError, ConnectionLost) as exc:
                 probe = await self.probe()
                 if probe.state is ProbeState.FINAL:
@@ -218,11 +237,9 @@ class WorkerHandle:
             heartbeat = asyncio.create_task(self._heartbeat(connection))
             try:
                 await connection.attach(after_seq=self._resume_after)
-                async for record in connection.records():
-                    self._deliver(record, on_record)
-                    if record.is_final:
-                        await connection.ack(record.seq)
-                        break
+                await ended
+                assert self.final is not None
+                await connection.ack(self.final.seq)
             except ConnectionLost:
                 # The worker or the socket went away mid-stream: probe and re-attach from the
                 # last delivered record on the next turn of the loop.
@@ -231,6 +248,8 @@ class WorkerHandle:
                 heartbeat.cancel()
                 self.connection = None
                 await connection.close()
+                if ended.done() and not ended.cancelled():
+                    ended.exception()  # NB: marks it retrieved when attach failed first
         assert self.final is not None
         return self.final
 
@@ -265,9 +284,7 @@ class WorkerHandle:
 
     async def _catch_up(self, on_record: Callable[[Record], None]) -> None:
         self.journal_reads += 1
-        for record in await self.transport.read_journal(
-            self.handle, after_seq=self._resume_after
-        ):
+        for record in await self.transport.read_journal(self.handle, after_seq=self._resume_after):
             self._deliver(record, on_record)
 
     @property
