@@ -347,7 +347,8 @@ class AgentProcess:
         # group made only of zombies as gone.
         with contextlib.suppress(psutil.Error):
             for proc in psutil.process_iter(["pid"]):
-                with contextlib.suppress(psutil.Error):
+                # NB: any process of the machine may exit between the listing and getpgid.
+                with contextlib.suppress(psutil.Error, ProcessLookupError):
                     if os.getpgid(proc.pid) == self._pgid and proc.status() != psutil.STATUS_ZOMBIE:
                         return True
             return False
