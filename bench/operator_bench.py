@@ -37,6 +37,9 @@ as the chart's release namespace), never beside the Workflows.
 0b. **Where an idle Workflow's memory goes** (``profile``): one replica under tracemalloc (8
    frames), a snapshot with 0 and with ``--profile-workflows`` idle Workflows; prints the growth
    by file and the top allocation tracebacks (RSS there includes tracemalloc's own overhead).
+0c. **Where a replica's CPU goes while Workflows start** (``cpu``): one replica under cProfile
+   while ``--profile-workflows`` Workflows are created at once until all poll; prints its CPU
+   per Workflow and the top functions by own and cumulative time.
 1. **API requests per idle tick per Workflow** (``idle``, target O(1)): ``--workflows`` idle
    Workflows (``polling.intervalMs`` 1000) under one operator with the default Lease timings.
    Over ``--idle-seconds`` the operator's own request counter and the API server's
@@ -86,7 +89,7 @@ from lorenz.kube import resources  # noqa: E402
 from lorenz.kube.resources import WorkflowRef  # noqa: E402
 from lorenz.kube.settings import OperatorSettings  # noqa: E402
 
-SECTIONS = ("scale", "profile", "idle", "latency", "failover", "handover", "nsdel")
+SECTIONS = ("scale", "profile", "cpu", "idle", "latency", "failover", "handover", "nsdel")
 WRITE_VERBS = ("create", "update", "patch", "delete", "deletecollection", "post", "put", "apply")
 """Write verbs: the operator's counter says create/update, apiserver_request_total POST/PUT."""
 _FIELDS = OperatorSettings.model_fields
@@ -601,10 +604,19 @@ frames, prefix = int(sys.argv[1]), sys.argv[2]
 del sys.argv[1:3]
 tracemalloc.start(frames)
 count = 0
+def rss():
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 def dump(signum, frame):
+    import gc
     global count
     count += 1
     path = f"{prefix}.{count}"
+    before, traced = rss(), tracemalloc.get_traced_memory()[0]
+    found = gc.collect()
+    with open(path + ".gc", "w") as note:
+        note.write(f"{found} {before:.1f} {rss():.1f} {traced / 2**20:.1f} "
+                   f"{tracemalloc.get_traced_memory()[0] / 2**20:.1f}")
     tracemalloc.take_snapshot().dump(path + ".tmp")
     os.replace(path + ".tmp", path)
 signal.signal(signal.SIGUSR1, dump)
@@ -614,6 +626,78 @@ sys.exit(main())
 """``lorenz operator`` under tracemalloc: SIGUSR1 writes a snapshot to ``<prefix>.<n>``."""
 
 
+CPU_PROFILED = """\
+import cProfile, os, signal, sys
+prefix = sys.argv[1]
+del sys.argv[1:2]
+profiler = cProfile.Profile()
+count = 0
+def dump(signum, frame):
+    global count
+    count += 1
+    profiler.disable()
+    if count > 1:
+        path = f"{prefix}.{count}"
+        profiler.dump_stats(path + ".tmp")
+        os.replace(path + ".tmp", path)
+    profiler.clear()
+    profiler.enable()
+signal.signal(signal.SIGUSR1, dump)
+from lorenz.cli import main
+sys.exit(main())
+"""
+"""``lorenz operator`` under cProfile (its event loop's thread): the first SIGUSR1 starts
+afresh, each later one writes the stats since the previous to ``<prefix>.<n>``."""
+
+
+def cpu_profile(bench: Bench, *, workflows: int) -> None:
+    """One replica under cProfile while ``workflows`` Workflows are created at once and start
+    (``--cpu-profile``): where its event loop's CPU goes per started Workflow."""
+    import pstats
+
+    namespace, kube, rig = bench.setup("cpu")
+    prefix = bench.work / "cpu-profile"
+    operator = OperatorProcess(
+        bench.cluster, identity="cpu", workdir=bench.work / "cpu-ops",
+        namespaces=(namespace,), lease=DEFAULT_LEASE, lease_namespace=kube.lease_namespace,
+        shards=bench.shards, extra_args=("--log-level", "info"),
+    )
+    operator.argv[2:3] = [CPU_PROFILED, str(prefix)]
+    operator.start()
+    try:
+        wait_until(lambda: len([h for h in shard_holders(kube).values() if h == "cpu"])
+                   == bench.shards or None, timeout=300, interval=1.0, message="all shards held")
+        time.sleep(5.0)
+        operator.kill(signal.SIGUSR1)
+        time.sleep(1.0)
+        assert operator.process is not None
+        cpu_before = psutil.Process(operator.process.pid).cpu_times()
+        ready = ReadyWatch(bench.cluster, namespace)
+        started = time.monotonic()
+        try:
+            create_all(bench.cluster, [rig.workflow(f"cpu-{i}", interval_ms=30000)
+                                       for i in range(workflows)], namespace)
+            wait_until(lambda: ready.count() >= workflows or None, timeout=1800, interval=0.5,
+                       message="every Workflow polling")
+        finally:
+            ready.stop()
+        took = time.monotonic() - started
+        cpu_after = psutil.Process(operator.process.pid).cpu_times()
+        operator.kill(signal.SIGUSR1)
+        path = Path(f"{prefix}.2")
+        wait_until(lambda: path.exists() or None, timeout=300, interval=0.5,
+                   message="cProfile stats")
+    finally:
+        operator.stop()
+    cpu = (cpu_after.user + cpu_after.system) - (cpu_before.user + cpu_before.system)
+    print(f"\n0c. where a replica's CPU goes while {workflows} Workflows start (one replica, all "
+          f"{bench.shards} shards, cProfile): all polling after {took:.1f} s, {cpu:.1f} CPU s "
+          f"({cpu / workflows * 1000:.1f} ms per Workflow, cProfile's overhead included)")
+    stats = pstats.Stats(str(path))
+    stats.sort_stats("tottime").print_stats(30)
+    stats.sort_stats("cumulative").print_stats(60)
+
+
 def snapshot(operator: OperatorProcess, prefix: Path, serial: int) -> Any:
     import tracemalloc
 
@@ -621,6 +705,10 @@ def snapshot(operator: OperatorProcess, prefix: Path, serial: int) -> Any:
     path = Path(f"{prefix}.{serial}")
     wait_until(lambda: path.exists() or None, timeout=300, interval=0.5,
                message="tracemalloc snapshot")
+    found, rss_before, rss_after, traced_before, traced_after = Path(
+        f"{path}.gc").read_text().split()
+    print(f"   snapshot {serial}: gc.collect() found {found} unreachable objects; traced "
+          f"{traced_before} → {traced_after} MiB, RSS {rss_before} → {rss_after} MiB")
     return tracemalloc.Snapshot.load(str(path))
 
 
@@ -633,7 +721,7 @@ def profile(bench: Bench, *, workflows: int) -> None:
         namespaces=(namespace,), lease=DEFAULT_LEASE, lease_namespace=kube.lease_namespace,
         shards=bench.shards, extra_args=("--log-level", "info"),
     )
-    operator.argv[2:3] = [PROFILED, "8", str(prefix)]
+    operator.argv[2:3] = [PROFILED, "12", str(prefix)]
     operator.start()
     try:
         wait_until(lambda: len([h for h in shard_holders(kube).values() if h == "profile"])
@@ -657,7 +745,7 @@ def profile(bench: Bench, *, workflows: int) -> None:
     traced = sum(s.size for s in full.statistics("filename")) - sum(
         s.size for s in empty.statistics("filename"))
     print(f"\n0b. where the memory of {workflows} idle Workflows goes (one replica, all "
-          f"{bench.shards} shards, tracemalloc 8 frames): RSS {rss_empty:.0f} → {rss_full:.0f} "
+          f"{bench.shards} shards, tracemalloc 12 frames): RSS {rss_empty:.0f} → {rss_full:.0f} "
           f"MiB ({(rss_full - rss_empty) / workflows:.3f} MiB per Workflow, tracemalloc's own "
           f"overhead included); Python allocations +{traced / 2**20:.1f} MiB "
           f"({traced / workflows / 1024:.1f} KiB per Workflow)")
@@ -668,11 +756,11 @@ def profile(bench: Bench, *, workflows: int) -> None:
         name = name.split("site-packages/")[-1]
         print(f"     {stat.size_diff / 2**20:7.2f} MiB {stat.count_diff:+8d} blocks  {name}")
     print("   top tracebacks (the innermost frames of lorenz code):")
-    for stat in full.compare_to(empty, "traceback")[:8]:
-        frames = [f for f in stat.traceback if root in f.filename and ".venv" not in f.filename]
+    for stat in full.compare_to(empty, "traceback")[:20]:
         where = " <- ".join(
-            f"{f.filename.replace(root + '/', '')}:{f.lineno}" for f in reversed(frames[-3:])
-        ) or stat.traceback[0].filename.split("site-packages/")[-1]
+            f"{f.filename.replace(root + '/', '').split('site-packages/')[-1]}:{f.lineno}"
+            for f in reversed(stat.traceback)
+        )
         print(f"     {stat.size_diff / 2**20:7.2f} MiB {stat.count_diff:+8d} blocks  {where}")
 
 
@@ -895,6 +983,8 @@ def main() -> int:
                       claims=not args.no_claims)
             if "profile" in sections:
                 profile(bench, workflows=args.profile_workflows)
+            if "cpu" in sections:
+                cpu_profile(bench, workflows=args.profile_workflows)
             if "idle" in sections:
                 idle_cost(bench, workflows=args.workflows, seconds=args.idle_seconds)
             if "latency" in sections:
