@@ -46,6 +46,7 @@ import contextlib
 import dataclasses
 import datetime
 import functools
+import json
 import logging
 import os
 import time
@@ -93,6 +94,7 @@ from lorenz.kube.workflow_status import (
     workflow_status,
 )
 from lorenz.model import (
+    ClaimRecord,
     EventType,
     LorenzError,
     RuntimeEvent,
@@ -115,6 +117,42 @@ T = TypeVar("T")
 STATUS_SETTLE_S = 0.05
 """How long a burst of snapshots may settle before the status is computed and patched."""
 
+HOLD_ATTEMPTS = 5
+"""Tries of the hold annotation's patch (a continuation limit) before the slot is let go."""
+
+
+class HoldingClaimStore(ClaimResourceStore):
+    """The term's claim store, which also refuses the slots this replica is holding itself.
+
+    NB: the continuation limit holds a slot with an annotation on its Claim, and the watch
+    that sees it stops the slot; under load that round trip took longer than the next
+    continuation retry, so runs slipped through (and each reset the count). A slot in
+    ``holding`` is refused at once, as a held Claim would be, until the watch has seen the
+    annotation (then the Claim itself refuses it) or the patch gave up.
+    """
+
+    def __init__(self, *, holding: set[SlotKey], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._holding = holding
+
+    async def acquire(self, record: ClaimRecord) -> bool:
+        if record.slot_key in self._holding:
+            return False
+        return await super().acquire(record)
+
+
+
+class Flag(asyncio.Event):
+    """An :class:`asyncio.Event` without the waiter deque it allocates up front.
+
+    NB: every replica has a controller for every Workflow, each with five events that are
+    nearly always waited on by nobody or one or two tasks; the deque (a 64-slot block) was
+    ~0.6 KiB each, 3 KiB per Workflow per replica. A list does the same job here.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._waiters: list[asyncio.Future[Any]] = []  # type: ignore[assignment]
 
 
 class RuntimeAttacher(Protocol):
@@ -163,7 +201,9 @@ class WorkflowController:
         log_secrets: Callable[[Iterable[str]], None] | None = None,
         claim_lister: ClaimLister | None = None,
     ) -> None:
-        self._body: Mapping[str, Any] = body
+        self._body_text = _compact(body)
+        """The newest watched object as compact JSON (see :attr:`_body`)."""
+        self._generation = generation_of(body)
         self._claim_lister = claim_lister
         """The replica's shared Claim lists (see :mod:`lorenz.kube.claim_lists`)."""
         self.ref = workflow_ref(body)
@@ -194,13 +234,13 @@ class WorkflowController:
             per_minute=settings.events_per_minute,
             post=post,
         )
-        self._stop = asyncio.Event()
+        self._stop = Flag()
         """Operator shutdown, or the Workflow is gone: leave."""
-        self._deleting = asyncio.Event()
+        self._deleting = Flag()
         """The Workflow has a deletionTimestamp (or vanished): clean up when leading."""
-        self._changed = asyncio.Event()
+        self._changed = Flag()
         """A spec or refresh change was observed (wakes a leader waiting for a valid spec)."""
-        self._status_dirty = asyncio.Event()
+        self._status_dirty = Flag()
         self._refresh_value = self._annotation(body)
         if (body.get("metadata") or {}).get("deletionTimestamp"):
             self._deleting.set()  # NB: first seen already being deleted (operator restart)
@@ -211,7 +251,7 @@ class WorkflowController:
         self._departure: Departure | None = None
         """Set while the runtime runs its agents in detached workers (always, but for the
         suite's in-process switch)."""
-        self._fenced = asyncio.Event()
+        self._fenced = Flag()
         """The term's claim store saw a newer leader generation: stop as if the Lease was
         lost."""
         self._execs: PodExec | None = None
@@ -225,6 +265,9 @@ class WorkflowController:
         self._degraded: Degradation | None = None
         self._continuations: dict[SlotKey, int] = {}
         """Continuation retries in a row per slot (see ``max_continuation_runs``)."""
+        self._holding: set[SlotKey] = set()
+        """Slots held by the continuation limit whose hold the watch has not shown yet (see
+        :class:`HoldingClaimStore`)."""
         self._start_failures = 0
         """Failed starts in a row (the backoff doubles with each; a good poll resets it)."""
         self._snapshot: RuntimeSnapshot | None = None
@@ -251,6 +294,18 @@ class WorkflowController:
         return self.ref.uid
 
     @property
+    def _body(self) -> dict[str, Any]:
+        """The newest watched object (a fresh copy, decoded on each use).
+
+        NB: every replica keeps the newest object of every Workflow it watches, and a
+        follower only needs it the moment it leads. As decoded JSON it was ~15 KiB of small
+        Python objects per Workflow per replica (its strings, dicts and lists); as one string
+        it is the size of its JSON. It is read once per start, spec change and deletion.
+        """
+        body: dict[str, Any] = json.loads(self._body_text)
+        return body
+
+    @property
     def leading(self) -> bool:
         return self.lease.holds_lease()
 
@@ -266,8 +321,9 @@ class WorkflowController:
 
     def observe(self, body: Mapping[str, Any]) -> None:
         """The newest version of the Workflow object (from the watch)."""
-        previous = self._body
-        self._body = body
+        previous_generation = self._generation
+        self._body_text = _compact(body)
+        self._generation = generation_of(body)
         ref = workflow_ref(body)
         if ref.uid is not None and self.ref.uid is None:
             self.ref = ref
@@ -278,7 +334,7 @@ class WorkflowController:
             self._changed.set()
             return
         refresh = self._annotation(body)
-        spec_changed = generation_of(body) != generation_of(previous)
+        spec_changed = self._generation != previous_generation
         refreshed = refresh != self._refresh_value
         self._refresh_value = refresh
         if spec_changed or refreshed:
@@ -307,6 +363,7 @@ class WorkflowController:
 
     def claim_held(self, *, uid: str, slot_key: SlotKey, name: str, note: str) -> None:
         """A Claim of this Workflow got the hold annotation: stop its run, keep the Claim."""
+        self._holding.discard(slot_key)  # NB: from now on the Claim's annotation refuses it
         store, runtime = self.store, self.runtime
         if store is None or runtime is None or not self.lease.holds_lease():
             return
@@ -357,7 +414,7 @@ class WorkflowController:
 
     async def _lead(self) -> None:
         term = self._term = self.lease.begin_term()
-        self._fenced = asyncio.Event()
+        self._fenced = Flag()
         publisher = self._spawn(self._publish_loop())
         self._releasing = False
         record = self.lease.observed
@@ -381,6 +438,9 @@ class WorkflowController:
                 on_answer=answers.append,
             )
             self._term_object = answers[-1] if answers else None
+            # NB: this frame lives as long as the term: the whole answered object (its
+            # managedFields, its status) must not.
+            del answers
             self._dirty()
             while True:
                 if not await self._start_runtime(term):
@@ -401,7 +461,7 @@ class WorkflowController:
                     term.lost,
                     self._start_failed(
                         failure or RuntimeError("the runtime stopped by itself"),
-                        generation=self._applied_generation or generation_of(self._body),
+                        generation=self._applied_generation or self._generation,
                     ),
                 )
             if term.lost.is_set() or self._fenced.is_set():
@@ -531,7 +591,9 @@ class WorkflowController:
                 "check the operator's workspace volume",
                 code="workflow_dir_unusable",
             ) from exc
-        store = ClaimResourceStore(
+        self._holding.clear()  # NB: a new term judges the Claims as they are
+        store = HoldingClaimStore(
+            holding=self._holding,
             api=self._api,
             workflow=self.ref,
             owner=self.lease.identity,
@@ -859,6 +921,8 @@ class WorkflowController:
         limit = self._settings.max_continuation_runs
         if limit and count > limit:
             self._continuations.pop(key, None)
+            # NB: at once, before the retry's timer fires: the patch below lands later.
+            self._holding.add(key)
             self.post(
                 "Warning",
                 "ContinuationLimit",
@@ -870,16 +934,28 @@ class WorkflowController:
             self._spawn(self._hold(key, note=f"{limit + 1} clean runs without progress"))
 
     async def _hold(self, key: SlotKey, *, note: str) -> None:
-        if not self.lease.holds_lease():
-            return
+        """Annotate the slot's Claim as held (the slot is refused locally meanwhile); a patch
+        that keeps failing lets the slot go again, its count started afresh."""
         path = claims_path(self.ref.namespace, resources.claim_name(self.ref.name, key))
-        try:
-            await self._api.merge_patch(
-                path, {"metadata": {"annotations": {resources.HOLD_ANNOTATION: note}}}
-            )
-        except KubeApiError as exc:
-            logger.warning("Holding the issue failed workflow=%s slot=%s error=%s",
-                           self.ref.display, key, exc)
+        delay = self._settings.retry_period_seconds
+        for attempt in range(1, HOLD_ATTEMPTS + 1):
+            if not self.lease.holds_lease():
+                break
+            try:
+                await self._api.merge_patch(
+                    path, {"metadata": {"annotations": {resources.HOLD_ANNOTATION: note}}}
+                )
+            except KubeApiError as exc:
+                logger.warning(
+                    "Holding the issue failed workflow=%s slot=%s attempt=%d error=%s",
+                    self.ref.display, key, attempt, exc,
+                )
+                if exc.not_found:
+                    break
+                await asyncio.sleep(delay * attempt)
+            else:
+                return  # NB: the local hold ends when the watch shows the annotation
+        self._holding.discard(key)
 
     def _on_snapshot(self, snapshot: RuntimeSnapshot) -> None:
         self._snapshot = snapshot
@@ -931,7 +1007,7 @@ class WorkflowController:
         """The facts the status depends on, now."""
         record = self.lease.observed
         return StatusInputs(
-            generation=generation_of(self._body),
+            generation=self._generation,
             applied_generation=self._applied_generation,
             candidate_generation=self.candidates.generation,
             degraded=self._degraded,
@@ -1008,7 +1084,9 @@ class WorkflowController:
             api=self._api, workflow=self.ref, lister=self._claim_lister
         )
         try:
-            runs = await delete_workflow_runs(self._api, workflow=self.ref)
+            runs = await delete_workflow_runs(
+                self._api, workflow=self.ref, lists=self._claim_lister
+            )
         except KubeApiError as exc:
             # NB: the owner references to the Workflow take them along anyway; a deletion
             # must not wait on this.
@@ -1046,6 +1124,10 @@ class WorkflowController:
     ) -> None:
         waits = [lost.wait(), self._deleting.wait(), self._stop.wait(), *(e.wait() for e in events)]
         await first_of(*waits, timeout_s=seconds)
+
+
+def _compact(body: Mapping[str, Any]) -> str:
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False)
 
 
 def _conditions_of(body: Mapping[str, Any]) -> list[Condition]:

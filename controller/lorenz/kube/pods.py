@@ -73,6 +73,7 @@ from lorenz.agents import (
 )
 from lorenz.config import WorkerSettings
 from lorenz.kube import resources
+from lorenz.kube.claim_lists import SharedLists
 from lorenz.kube.claims import ClaimResourceStore
 from lorenz.kube.clients import KubeApi
 from lorenz.kube.errors import KubeApiError
@@ -434,14 +435,28 @@ async def delete_issue_workspaces(
     return deleted
 
 
-async def delete_workflow_runs(api: KubeApi, *, workflow: WorkflowRef) -> dict[str, list[str]]:
+async def delete_workflow_runs(
+    api: KubeApi, *, workflow: WorkflowRef, lists: SharedLists | None = None
+) -> dict[str, list[str]]:
     """Delete every run Pod, spec Secret and workspace claim of a Workflow (its deletion);
-    the names deleted, by kind. The owner references to the Workflow back this up."""
-    selector = f"{LABEL_MANAGED}=lorenz,{LABEL_WORKFLOW}={label_value(workflow.name)}"
+    the names deleted, by kind. The owner references to the Workflow back this up. With
+    ``lists``, the Workflows deleted together share one list of each kind per namespace."""
     namespace = workflow.namespace
     deleted: dict[str, list[str]] = {"pods": [], "secrets": [], "claims": []}
-    pods = await api.list_items(_pods_path(namespace), label_selector=selector)
-    claims = await api.list_items(_claims_path(namespace), label_selector=selector)
+    if lists is None:
+        selector = f"{LABEL_MANAGED}=lorenz,{LABEL_WORKFLOW}={label_value(workflow.name)}"
+        pods = await api.list_items(_pods_path(namespace), label_selector=selector)
+        claims = await api.list_items(_claims_path(namespace), label_selector=selector)
+    else:
+        value = label_value(workflow.name)
+        pods = await lists.labelled(
+            _pods_path(namespace), selector=f"{LABEL_MANAGED}=lorenz", label=LABEL_WORKFLOW,
+            value=value,
+        )
+        claims = await lists.labelled(
+            _claims_path(namespace), selector=f"{LABEL_MANAGED}=lorenz", label=LABEL_WORKFLOW,
+            value=value,
+        )
     targets: list[tuple[str, str]] = []
     for pod in pods:
         if (pod.get("metadata") or {}).get("deletionTimestamp"):
