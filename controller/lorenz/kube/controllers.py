@@ -200,6 +200,7 @@ class WorkflowController:
         metrics: RuntimeAttacher | None = None,
         log_secrets: Callable[[Iterable[str]], None] | None = None,
         claim_lister: ClaimLister | None = None,
+        agent_accounts: AgentAccounts | None = None,
     ) -> None:
         self._body_text = _compact(body)
         """The newest watched object as compact JSON (see :attr:`_body`)."""
@@ -256,9 +257,9 @@ class WorkflowController:
         lost."""
         self._execs: PodExec | None = None
         """The exec channels of runs in Pods (made at the first such run)."""
-        self._agent_accounts = AgentAccounts()
-        """The ``lorenz-agent`` ServiceAccount of the namespace, made sure of once."""
-        self._operator_account = operator_service_account()
+        self._agent_accounts = agent_accounts
+        """The ``lorenz-agent`` ServiceAccounts made sure of (the process's, shared; made at
+        the first run in a Pod when none is given)."""
         self._runtime_task: asyncio.Task[None] | None = None
         self._unsubscribe: Callable[[], None] | None = None
         self._applied_generation: int | None = None
@@ -717,6 +718,8 @@ class WorkflowController:
             )
         if self._execs is None:
             self._execs = PodExec(self._api.configuration)
+        if self._agent_accounts is None:
+            self._agent_accounts = AgentAccounts()
         transport = PodTransport(
             api=self._api,
             execs=self._execs,
@@ -724,7 +727,7 @@ class WorkflowController:
             worker=worker,
             image=image,
             accounts=self._agent_accounts,
-            operator_account=self._operator_account,
+            operator_account=_operator_account(),
         )
         return PodWorkerRunner(
             workflow=workflow,
@@ -1124,6 +1127,16 @@ class WorkflowController:
     ) -> None:
         waits = [lost.wait(), self._deleting.wait(), self._stop.wait(), *(e.wait() for e in events)]
         await first_of(*waits, timeout_s=seconds)
+
+
+@functools.cache
+def _operator_account() -> tuple[str, str] | None:
+    """The operator's own ServiceAccount, read once per process.
+
+    NB: it was read (a file) by every controller as it was made, on the event loop: 1,000
+    reads per replica while 1,000 Workflows were created, for runs in Pods only.
+    """
+    return operator_service_account()
 
 
 def _compact(body: Mapping[str, Any]) -> str:

@@ -35,6 +35,7 @@ from lorenz.kube.api_auth import KubernetesAuth
 from lorenz.kube.claim_lists import ClaimLister
 from lorenz.kube.clients import KubeApi, load_configuration
 from lorenz.kube.controllers import RuntimeAttacher, WorkflowController
+from lorenz.kube.pods import AgentAccounts
 from lorenz.kube.posting import Post, kopf_post
 from lorenz.kube.settings import OperatorSettings
 from lorenz.kube.sharding import ShardCoordinator
@@ -79,6 +80,9 @@ class Supervisor:
         self._log_secrets = log_secrets
         self.claim_lister = ClaimLister(api=api)
         """Claim lists shared by the Workflows that start or are deleted together."""
+        self.agent_accounts = AgentAccounts()
+        """The ``lorenz-agent`` ServiceAccounts this process made sure of (per namespace, for
+        every Workflow's runs in Pods)."""
         self.controllers: dict[tuple[str, str], WorkflowController] = {}
         self._retired: set[WorkflowController] = set()
         self._closing = False
@@ -110,6 +114,7 @@ class Supervisor:
                 metrics=self.metrics,
                 log_secrets=self._log_secrets,
                 claim_lister=self.claim_lister,
+                agent_accounts=self.agent_accounts,
             )
             self.controllers[key] = current
             current.start()
