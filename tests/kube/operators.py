@@ -153,6 +153,10 @@ class Rig:
     ) -> dict[str, Any]:
         """A Workflow manifest: files tracker on its :meth:`issues_of`, the logging agent.
 
+        Its runs are ``worker: {kind: local}`` (the operator's default is ``pod``): the agent
+        script is on this machine, and the operators under test are processes here too.
+        ``extra`` replaces whole sections, ``worker`` included.
+
         ``first_seconds`` is how long a first attempt (attempt 0) works instead of
         ``seconds``: a long first attempt is still running whenever a test interrupts it,
         however slow the machine, and the retries after it finish quickly.
@@ -161,6 +165,7 @@ class Rig:
         spec: dict[str, Any] = {
             "tracker": {"kind": "files", "path": "issues"},
             "polling": {"intervalMs": interval_ms},
+            "worker": {"kind": "local"},
             "agent": {
                 "kind": "script",
                 "maxConcurrentAgents": concurrency,

@@ -180,7 +180,7 @@ def test_unknown_fields_fail_strict_validation_and_are_pruned_otherwise(
             "agent.kind must name an entry of agents",
         ),
         (
-            {"worker": {"podTemplate": {"image": "agents:1"}}},
+            {"worker": {"kind": "local", "podTemplate": {"image": "agents:1"}}},
             "spec.worker.kind",
             "only apply when worker.kind is pod",
         ),
@@ -188,6 +188,22 @@ def test_unknown_fields_fail_strict_validation_and_are_pruned_otherwise(
             {"worker": {"kind": "pod", "sshHosts": ["build1"]}},
             "spec.worker.sshHosts",
             "does not apply with worker.kind pod",
+        ),
+        # An unset worker.kind is the operator's default, pod.
+        (
+            {"worker": {"sshHosts": ["build1"]}},
+            "spec.worker.sshHosts",
+            "worker.kind pod, the default",
+        ),
+        (
+            {"worker": {"detached": True}},
+            "spec.worker.detached",
+            "worker.kind pod, the default",
+        ),
+        (
+            {"workspace": {"kind": "worktree", "repo": "/src/repo"}},
+            "spec.workspace.kind",
+            "or set worker.kind: local",
         ),
         (
             {
@@ -229,6 +245,7 @@ def test_cel_rules_accept_the_complete_forms(
             "apiKeySecretRef": {"name": "linear", "key": "token"},
         },
         workspace={"kind": "worktree", "repo": "/src/repo"},
+        worker={"kind": "local"},
     )
     linear["spec"]["tracker"].pop("path")
     proc = apply(kube_control_plane, kube_namespace, linear)
@@ -236,6 +253,14 @@ def test_cel_rules_accept_the_complete_forms(
     codex = with_spec("codex", agent={"kind": "codex"}, agents=None)
     proc = apply(kube_control_plane, kube_namespace, codex)
     assert proc.returncode == 0, proc.stderr
+    # Pod settings need no kind (pod is the default); SSH hosts and workers that say so
+    # need local, written out.
+    for name, worker in (
+        ("pod-default", {"startTimeoutMs": 5000, "podTemplate": {"image": "agents:1"}}),
+        ("ssh", {"kind": "local", "sshHosts": ["build1"], "detached": True}),
+    ):
+        proc = apply(kube_control_plane, kube_namespace, with_spec(name, worker=worker))
+        assert proc.returncode == 0, proc.stderr
 
 
 POD_WORKER: dict[str, Any] = {
@@ -300,7 +325,11 @@ def test_a_pod_worker_is_accepted_whole_and_kubectl_explain_shows_it(
         "explain", "workflows.spec.worker.kind", "--api-version=lorenz.dev/v1alpha1"
     ).stdout
     assert "unisolated" in kind, kind
-    assert 'Default: "local"' in kind, kind
+    # The operator's default (the schema sets none: the stored object keeps what was written).
+    assert 'Default: "pod"' in kind, kind
+    assert "default" not in crds.workflow_spec_schema()["properties"]["worker"]["properties"][
+        "kind"
+    ]
 
 
 @pytest.mark.cluster

@@ -13,7 +13,7 @@ import pydantic
 import pytest
 import yaml
 
-from lorenz.config import WorkflowSettings
+from lorenz.config import WorkerKind, WorkflowSettings
 from lorenz.kube import crds, resources
 from lorenz.kube.casing import camel, field_names, front_matter_from_spec, spec_from_front_matter
 from lorenz.kube.errors import InvalidOperatorSettings
@@ -30,7 +30,7 @@ from lorenz.kube.statuses import (
     status_from_snapshot,
 )
 from lorenz.model import ClaimPhase, ClaimRecord, EventType, RuntimeEvent, SlotKey, UsageTotals
-from lorenz.workflow import TemplateParseError, load_workflow
+from lorenz.workflow import InvalidWorkflowConfig, TemplateParseError, load_workflow
 from lorenz.workflow.documents import parse_front_matter, split_front_matter
 from lorenz.workflow.schema import iter_fields
 from tests.kube.conftest import ManualMonotonic
@@ -343,6 +343,8 @@ def test_a_spec_and_a_file_with_the_same_content_load_the_same_settings(tmp_path
         "agent": {"kind": "sh", "max_concurrent_agents": 2},
         "agents": {"sh": {"command": "true", "protocol": "command", "env": {"A_B": "1"}}},
         "hooks": {"before_run": "echo hi"},
+        # NB: written out: the operator's default kind (pod) is not a single host's (local).
+        "worker": {"kind": "local"},
     }
     prompt = "Do {{ issue.identifier }}"
     workflow_dir = tmp_path / "ns" / "wf"
@@ -359,6 +361,51 @@ def test_a_spec_and_a_file_with_the_same_content_load_the_same_settings(tmp_path
     assert from_spec.settings == from_file.settings
     assert from_spec.prompt_template == from_file.prompt_template
     assert from_spec.path == workflow_dir / "WORKFLOW.md"
+
+
+def test_a_workflow_without_worker_kind_runs_in_pods_and_local_is_chosen_explicitly(
+    tmp_path: Path,
+) -> None:
+    tracker = {"kind": "files", "path": "issues"}
+    unset = workflow_from_spec(body({"tracker": tracker}), workflow_dir=tmp_path, api_key=None)
+    assert unset.settings.worker.kind is WorkerKind.POD
+    assert "worker" not in unset.raw  # the rendered WORKFLOW.md shows what the spec says
+    for worker in ({"kind": None}, {"startTimeoutMs": 5000, "podTemplate": {"image": "a:1"}}):
+        loaded = workflow_from_spec(
+            body({"tracker": tracker, "worker": worker}), workflow_dir=tmp_path, api_key=None
+        )
+        assert loaded.settings.worker.kind is WorkerKind.POD
+    local = workflow_from_spec(
+        body({"tracker": tracker, "worker": {"kind": "local", "sshHosts": ["build1"]}}),
+        workflow_dir=tmp_path,
+        api_key=None,
+    )
+    assert local.settings.worker.kind is WorkerKind.LOCAL
+    assert local.settings.worker.ssh_hosts == ("build1",)
+    # The settings model's own default stays local: a single host has nothing else.
+    assert WorkflowSettings().worker.kind is WorkerKind.LOCAL
+
+
+@pytest.mark.parametrize(
+    ("spec", "key_path"),
+    [
+        ({"worker": {"sshHosts": ["build1"]}}, "worker.ssh_hosts"),
+        ({"worker": {"detached": True}}, "worker.detached"),
+        ({"workspace": {"kind": "worktree", "repo": "/src/repo"}}, "workspace.kind"),
+    ],
+)
+def test_local_only_settings_without_worker_kind_are_a_coded_error(
+    tmp_path: Path, spec: dict[str, Any], key_path: str
+) -> None:
+    with pytest.raises(InvalidWorkflowConfig) as caught:
+        workflow_from_spec(
+            body({"tracker": {"kind": "files", "path": "issues"}, **spec}),
+            workflow_dir=tmp_path,
+            api_key=None,
+        )
+    (problem,) = caught.value.problems()
+    assert (problem.code, problem.key_path) == ("worker_kind_conflict", key_path)
+    assert "the operator's default" in problem.reason
 
 
 def test_the_environment_never_reaches_a_spec(

@@ -103,8 +103,7 @@ def test_the_operator_works_with_only_the_declared_verbs(
     write_issue(issues, "TASK-2")
     write_issue(issues, "TASK-3")
     body = rig.workflow("podsec", seconds=1.0, max_backoff_ms=2000)
-    body["spec"]["worker"] = {
-        "kind": "pod",
+    body["spec"]["worker"] = {  # no kind: pod is the operator's default
         "startTimeoutMs": 2000,
         "workspace": {"volumeClaimTemplate": {"storage": "1Gi", "storageClassName": ""}},
     }

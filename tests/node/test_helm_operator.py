@@ -4,9 +4,10 @@
 non-root, with a read-only root filesystem, in a namespace that enforces the `restricted` Pod
 Security Standard. A Workflow (Linear tracker: the fake Linear server on the host, reached from
 the Pod through a forwarder into the node's network namespace) gets its issue worked to Done by
-a command agent inside the operator Pod. `helm upgrade` rolls the Deployment and the new Pod
-takes the Workflow over; with two replicas, deleting the leader's Pod hands the Workflow over
-with no double run; `helm uninstall` leaves only what docs/install.md says stays (the CRDs).
+a command agent inside the operator Pod (`worker.kind: local`, chosen explicitly). `helm
+upgrade` rolls the Deployment and the new Pod takes the Workflow over; with two replicas,
+deleting the leader's Pod hands the Workflow over with no double run; `helm uninstall` leaves
+only what docs/install.md says stays (the CRDs).
 
 The agent reports each run to a recorder on the host (`start`, `done` — which moves the issue
 to Done in the fake — and `end`, with its own run id and Pod name), so runs are told apart by
@@ -338,6 +339,9 @@ def workflow(rig: Install, *, seconds: float) -> dict[str, Any]:
                 "apiKeySecretRef": {"name": "linear", "key": "token"},
             },
             "polling": {"intervalMs": 500},
+            # NB: the agent inside the operator Pod (unisolated), chosen explicitly: the
+            # operator's default is a Pod per run (tests/node/test_pod_runs.py).
+            "worker": {"kind": "local"},
             "agent": {"kind": "script", "maxConcurrentAgents": 2},
             "agents": {
                 "script": {

@@ -1,9 +1,10 @@
 """Runs in Pods outlive their operator: adoption on failover, and stops that remove the Pod.
 
 Two real ``lorenz operator`` processes on the host (as two replicas would be) lead one
-Workflow with ``worker.kind: pod`` against the test cluster; its runs are Pods on the real
-node, their agent the recorder-reporting script of :mod:`tests.node.test_helm_operator`, so
-every agent start is a mark of its own (counted, never timed).
+Workflow that names no ``worker.kind`` (``pod``, the operator's default) against the test
+cluster; its runs are Pods on the real node, their agent the recorder-reporting script of
+:mod:`tests.node.test_helm_operator`, so every agent start is a mark of its own (counted,
+never timed).
 
 * ``kill -9`` of the leader's whole process group mid-turn: the other replica takes the shard
   Lease, finds the run's Pod through its Claim's spawn intent (the handle, which names the Pod,
@@ -132,8 +133,7 @@ def pod_workflow(rig: HostRig, *, name: str, seconds: float) -> dict[str, Any]:
                 }
             },
             "retry": {"backoff": {"initialMs": 1000}},
-            "worker": {
-                "kind": "pod",
+            "worker": {  # no kind: pod is the operator's default
                 "podTemplate": {
                     "image": rig.image,
                     "imagePullPolicy": "Never",

@@ -1,15 +1,16 @@
 """Runs in Pods on the real node, end to end from `helm install` and `kubectl apply`.
 
 The chart's operator runs in a namespace that enforces the `restricted` Pod Security Standard.
-A Workflow with `worker.kind: pod` (the agent image: `FROM` the project image plus a scripted
-command agent, as docs/install.md says to build one) gets its issue's run as a Pod of its own:
-named after the run's handle, labelled, restricted, without a ServiceAccount token. The agent
-inside it reports to a recorder on the host (its run id and its Pod's name, which is its host
-name) and has the issue moved to Done; the Pod is deleted afterwards. Then the run's Pod is
-deleted mid-run (a failure retry with the reason, the retry in a new Pod) and a Pod that
-cannot be scheduled is given up after `startTimeoutMs`: its reservation is given back with a
-`PlacementFailed` Event naming why, no attempt counted. With a ResourceQuota of one run Pod and
-three issues, one run Pod runs at a time, the others wait, none fails, all end Done.
+A Workflow that names no `worker.kind` (`pod`, the operator's default; the agent image: `FROM`
+the project image plus a scripted command agent, as docs/install.md says to build one) gets its
+issue's run as a Pod of its own: named after the run's handle, labelled, restricted, without a
+ServiceAccount token. The agent inside it reports to a recorder on the host (its run id and its
+Pod's name, which is its host name) and has the issue moved to Done; the Pod is deleted
+afterwards. Then the run's Pod is deleted mid-run (a failure retry with the reason, the retry
+in a new Pod) and a Pod that cannot be scheduled is given up after `startTimeoutMs`: its
+reservation is given back with a `PlacementFailed` Event naming why, no attempt counted. With a
+ResourceQuota of one run Pod and three issues, one run Pod runs at a time, the others wait,
+none fails, all end Done.
 """
 
 from __future__ import annotations
@@ -103,8 +104,7 @@ def pod_install(
 def pod_workflow(rig: Install, *, seconds: float, **worker: Any) -> dict[str, Any]:
     body = workflow(rig, seconds=seconds)
     body["spec"]["retry"] = {"backoff": {"initialMs": 1000}}
-    body["spec"]["worker"] = {
-        "kind": "pod",
+    body["spec"]["worker"] = {  # no kind: pod is the operator's default
         "podTemplate": {
             "image": rig.image,
             "imagePullPolicy": "Never",

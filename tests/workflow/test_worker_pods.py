@@ -43,6 +43,16 @@ def test_local_is_the_default_and_pod_settings_have_safe_defaults() -> None:
     assert pod.workspace.empty_dir.size_limit is None
 
 
+def test_a_workflow_file_runs_local_workers_unless_it_says_otherwise(tmp_path: Path) -> None:
+    """Single host (``lorenz WORKFLOW.md``): ``local`` is the default, and the only kind there;
+    only the operator defaults a Workflow to ``pod`` (tests/kube/test_models.py)."""
+    from lorenz.workflow import load_workflow
+
+    path = tmp_path / "WORKFLOW.md"
+    path.write_text("---\ntracker: {kind: files, path: issues}\n---\nWork.\n")
+    assert load_workflow(path, environ={}).settings.worker.kind is WorkerKind.LOCAL
+
+
 def test_a_complete_pod_worker_is_accepted() -> None:
     worker = _load(
         {

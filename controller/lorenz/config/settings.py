@@ -996,10 +996,12 @@ class WorkerSettings(Section):
     """Where workers keep their state directories on SSH hosts (``~`` is the remote user's
     home); keep it short: it holds unix sockets, whose paths are limited to 107 bytes."""
     kind: WorkerKind = Field(default=WorkerKind.LOCAL, json_schema_extra=_reload("new-runs"))
-    """Where the operator runs each run: ``local`` (a worker inside the operator's Pod:
-    unisolated, it shares the operator's filesystem and ServiceAccount) or ``pod`` (a Pod of
-    its own in the Workflow's namespace, built from ``pod_template``; see docs/operator.md).
-    Outside the operator only ``local`` exists."""
+    """Where each run executes: ``local`` (a worker on this machine, or on ``ssh_hosts``;
+    in the operator, inside the operator's Pod: unisolated, it shares the operator's filesystem
+    and ServiceAccount with every Workflow's agents) or ``pod`` (a Pod of its own in the
+    Workflow's namespace, built from ``pod_template``; see docs/operator.md). Outside the
+    operator only ``local`` exists and is the default; in the operator a Workflow that names
+    no kind gets ``pod``, and ``local`` must be chosen explicitly."""
     pod_template: PodTemplateSettings = Field(default_factory=PodTemplateSettings)
     """The run's Pod (``kind: pod``)."""
     service_account_name: str | None = Field(
@@ -1055,8 +1057,9 @@ class WorkerSettings(Section):
                 if name in self.model_fields_set and getattr(self, name):
                     raise PydanticCustomError(
                         WORKER_KIND_CONFLICT,
-                        "{key_path} does not apply with worker.kind: pod (every run is a "
-                        "worker in its own Pod); remove it or use worker.kind: local",
+                        "{key_path} does not apply with worker.kind: pod, the operator's "
+                        "default (every run is a worker in its own Pod); remove it or set "
+                        "worker.kind: local",
                         {"key_path": f"worker.{name}"},
                     )
         return self
@@ -1244,8 +1247,8 @@ class WorkflowSettings(DocumentedModel):
             raise PydanticCustomError(
                 WORKER_KIND_CONFLICT,
                 "{key_path} worktree needs workspace.repo on the controller's disk, which a "
-                "run's Pod does not have; use workspace.kind: directory and clone in "
-                "hooks.after_create",
+                "run's Pod (worker.kind: pod, the operator's default) does not have; use "
+                "workspace.kind: directory and clone in hooks.after_create",
                 {"key_path": "workspace.kind"},
             )
         return self

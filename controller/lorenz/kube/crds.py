@@ -9,6 +9,7 @@ schemas and the Claim spec are the wire models of :mod:`lorenz.kube.statuses`.
 What *is* written here is what only the Kubernetes shape has:
 
 * the keys the operator owns and a Workflow therefore cannot set (:data:`OPERATOR_OWNED`),
+* the keys whose default differs in a Workflow (:data:`OPERATOR_DEFAULTS`: runs in Pods),
 * ``spec.prompt`` (the body of WORKFLOW.md) and ``spec.tracker.apiKeySecretRef``,
 * the CEL rules for checks that span fields — the same checks WORKFLOW.md gets at dispatch
   preflight, moved to admission so ``kubectl apply`` names the field at once,
@@ -24,7 +25,7 @@ from typing import Any, Final
 
 import yaml
 
-from lorenz.config import WorkflowSettings
+from lorenz.config import WorkerKind, WorkflowSettings
 from lorenz.kube import resources
 from lorenz.kube.casing import camel
 from lorenz.kube.schemas import structural_schema
@@ -39,6 +40,17 @@ OPERATOR_OWNED: Final[Mapping[str, str]] = {
     "tracker.api_key": "use tracker.apiKeySecretRef",
 }
 """WORKFLOW.md keys a Workflow spec leaves out, and why (docs/operator.md lists them)."""
+
+OPERATOR_DEFAULTS: Final[Mapping[str, str]] = {"worker.kind": WorkerKind.POD.value}
+"""WORKFLOW.md keys (dotted field paths) whose default in a Workflow is not the settings
+model's, and that default: each run in a Pod of its own, since in a cluster a worker inside the
+operator's Pod (``local``, the model's default and the only kind on a single host) shares the
+operator's filesystem and ServiceAccount with every other Workflow's agents.
+
+The operator fills them in when it loads a spec (:func:`lorenz.kube.specs.workflow_from_spec`),
+and ``kubectl explain`` names them as the default. NB: the schema carries no ``default:`` for
+them, so the stored object keeps only what its author wrote; the CEL rules below treat an
+unset ``worker.kind`` as ``pod``."""
 
 PROMPT_FIELD: Final = "prompt"
 SECRET_REF_FIELD: Final = "apiKeySecretRef"
@@ -66,7 +78,11 @@ def _nonempty(field: str) -> str:
 def workflow_spec_schema() -> dict[str, Any]:
     """The ``spec`` schema of a Workflow: the settings model plus the Kubernetes-only keys."""
     spec = structural_schema(
-        WorkflowSettings, rename=camel, omit=OPERATOR_OWNED, nullable=False
+        WorkflowSettings,
+        rename=camel,
+        omit=OPERATOR_OWNED,
+        nullable=False,
+        defaults=OPERATOR_DEFAULTS,
     )
     spec["description"] = (
         "The workflow configuration: the keys of WORKFLOW.md front matter in camelCase, "
@@ -149,23 +165,40 @@ def workflow_spec_schema() -> dict[str, Any]:
         ),
     ]
     worker = properties["worker"]
-    pod_kind = "(has(self.kind) && self.kind == 'pod')"
+    # NB: an unset kind is the operator's default, pod (OPERATOR_DEFAULTS).
+    pod_kind = "(!has(self.kind) || self.kind == 'pod')"
     worker["x-kubernetes-validations"] = [
         _rule(
             f"{pod_kind} || !(has(self.podTemplate) || has(self.serviceAccountName) || "
             "has(self.workspace) || has(self.startTimeoutMs))",
             "worker.podTemplate, serviceAccountName, workspace and startTimeoutMs only apply "
-            "when worker.kind is pod",
+            "when worker.kind is pod (the default); remove them or remove worker.kind: local",
             field_path=".kind",
         ),
         _rule(
             f"!{pod_kind} || !has(self.sshHosts) || size(self.sshHosts) == 0",
-            "worker.sshHosts does not apply with worker.kind pod (every run has its own Pod)",
+            "worker.sshHosts does not apply with worker.kind pod, the default (every run has "
+            "its own Pod): set worker.kind: local or remove worker.sshHosts",
             field_path=".sshHosts",
+        ),
+        _rule(
+            f"!{pod_kind} || !has(self.detached) || !self.detached",
+            "worker.detached does not apply with worker.kind pod, the default (every run is a "
+            "worker in its own Pod): set worker.kind: local or remove worker.detached",
+            field_path=".detached",
         ),
     ]
     spec["required"] = ["tracker"]
     spec["x-kubernetes-validations"] = [
+        _rule(
+            "!has(self.workspace) || !has(self.workspace.kind) || "
+            "self.workspace.kind != 'worktree' || "
+            "(has(self.worker) && has(self.worker.kind) && self.worker.kind == 'local')",
+            "workspace.kind worktree needs workspace.repo on the operator's disk, which a run's "
+            "Pod (worker.kind pod, the default) does not have: use workspace.kind directory "
+            "and clone in hooks.afterCreate, or set worker.kind: local",
+            field_path=".workspace.kind",
+        ),
         _rule(
             "!has(self.agent) || !has(self.agent.kind) || self.agent.kind == 'codex' || "
             "(has(self.agents) && self.agent.kind in self.agents)",

@@ -13,7 +13,9 @@ JSON Schema as pydantic emits it (draft 2020-12) is not what the API server acce
   unknown fields instead, and ``kubectl --validate=strict`` reports them);
 * ``title`` and pydantic's ``default`` are dropped: the model applies defaults, so a stored
   object keeps only what the user wrote, and a new Lorenz version's defaults apply to old
-  objects. The default is appended to the description instead (``kubectl explain`` shows it).
+  objects. The default is appended to the description instead (``kubectl explain`` shows it);
+  where the object's reader applies a default of its own (``defaults``: the operator's
+  ``worker.kind``), that one is shown.
 
 Untyped or open-ended values (``Any``, ``dict[str, Any]``) are accepted only where the model
 marks the field ``x-lorenz-passthrough``: those, and only those, get
@@ -82,6 +84,7 @@ def structural_schema(
     omit: Collection[str] = (),
     by_alias: bool = False,
     nullable: bool = True,
+    defaults: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The structural schema of ``model``.
 
@@ -90,11 +93,17 @@ def structural_schema(
     of a map of sections) that the CRD leaves out. With ``nullable=False``, ``X | None`` is
     just ``X``: the API server then prunes an explicit ``null``, so the model's default applies
     (what ``key: null`` means in WORKFLOW.md). Pass-through values keep their nulls either way.
+    ``defaults`` maps dotted field paths to the default the description names instead of the
+    model's (the reader of the object fills them in; the schema still sets no ``default``).
     """
     raw = model.model_json_schema(by_alias=by_alias)
     defs = raw.pop("$defs", {})
     converter = _Converter(
-        defs=defs, rename=rename, omit=frozenset(omit), keep_nullable=nullable
+        defs=defs,
+        rename=rename,
+        omit=frozenset(omit),
+        keep_nullable=nullable,
+        defaults=dict(defaults or {}),
     )
     return converter.convert(raw, path="")
 
@@ -107,11 +116,13 @@ class _Converter:
         rename: Callable[[str], str],
         omit: frozenset[str],
         keep_nullable: bool,
+        defaults: Mapping[str, Any],
     ) -> None:
         self._defs = defs
         self._rename = rename
         self._omit = omit
         self._keep_nullable = keep_nullable
+        self._defaults = defaults
 
     def convert(self, node: Mapping[str, Any], *, path: str) -> dict[str, Any]:
         node = self._resolved(node, path=path)
@@ -131,14 +142,14 @@ class _Converter:
                     f"{path or '<root>'}: an untyped value must be marked {PASSTHROUGH_KEY}"
                 )
             out[PRESERVE] = True
-            self._describe(out, node)
+            self._describe(out, node, path=path)
             if nullable:
                 out["nullable"] = True
             return out
         if isinstance(kind, list):
             raise SchemaConversionError(f"{path or '<root>'}: a union of types {kind}")
         out["type"] = kind
-        self._describe(out, node)
+        self._describe(out, node, path=path)
         for key, value in node.items():
             if key in ("type", "description", "properties", "required", "items"):
                 continue
@@ -200,9 +211,9 @@ class _Converter:
             return rest, nullable
         raise SchemaConversionError(f"{path or '<root>'}: a union of {len(typed)} schemas")
 
-    def _describe(self, out: dict[str, Any], node: Mapping[str, Any]) -> None:
+    def _describe(self, out: dict[str, Any], node: Mapping[str, Any], *, path: str) -> None:
         text = plain_text(str(node.get("description") or "").strip())
-        default = node.get("default")
+        default = self._defaults.get(path, node.get("default"))
         if default is not None and default != {} and default != []:
             shown = json.dumps(default)
             text = f"{text} Default: {shown}." if text else f"Default: {shown}."

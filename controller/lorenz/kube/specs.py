@@ -12,7 +12,11 @@ file with the same content behave identically. What differs is decided here:
   operator pod's environment through it;
 * ``workspace.root`` is the Workflow's folder on the operator's volume, and ``tracker.path``
   must stay inside that folder (no absolute path, no ``..``, no symlink out of it): one team's
-  Workflow must never read another team's issues.
+  Workflow must never read another team's issues;
+* a key the spec leaves unset gets the operator's default where it has one
+  (:data:`~lorenz.kube.crds.OPERATOR_DEFAULTS`): ``worker.kind`` is ``pod``, each run in a Pod
+  of its own; ``local`` (a worker inside the operator's Pod, unisolated) only when the spec
+  says so.
 
 The :class:`~lorenz.workflow.WorkflowStamp` of the result is derived from the spec and the
 Secret's content, so the runtime's transactional reload runs exactly when either changed.
@@ -32,7 +36,7 @@ import yaml
 
 from lorenz.kube.casing import front_matter_from_spec
 from lorenz.kube.clients import KubeApi, secret_path
-from lorenz.kube.crds import PROMPT_FIELD, SECRET_REF_FIELD
+from lorenz.kube.crds import OPERATOR_DEFAULTS, PROMPT_FIELD, SECRET_REF_FIELD
 from lorenz.kube.errors import KubeApiError, TrackerPathOutsideWorkflow, TrackerSecretMissing
 from lorenz.kube.resources import WorkflowRef
 from lorenz.workflow import (
@@ -118,6 +122,24 @@ def confine_tracker_path(tracker: object, *, workflow_dir: Path) -> None:
         )
 
 
+def apply_operator_defaults(front_matter: dict[str, Any]) -> None:
+    """Fill in :data:`~lorenz.kube.crds.OPERATOR_DEFAULTS` where ``front_matter`` leaves them
+    unset (missing or ``null``); a value the spec gives always wins, ``worker.kind: local``
+    included. A section that is not a mapping is left to the loader's error."""
+    for dotted, value in OPERATOR_DEFAULTS.items():
+        *sections, key = dotted.split(".")
+        node: Any = front_matter
+        for section in sections:
+            if node.get(section) is None:
+                node[section] = {}
+            node = node[section]
+            if not isinstance(node, dict):
+                break
+        else:
+            if node.get(key) is None:
+                node[key] = value
+
+
 def workflow_from_spec(
     body: Mapping[str, Any],
     *,
@@ -144,6 +166,9 @@ def workflow_from_spec(
         workspace["root"] = str(workflow_dir / WORKSPACES_DIR)
     if api_key is not None and isinstance(front_matter.get("tracker"), dict):
         front_matter["tracker"]["api_key"] = api_key
+    # NB: after ``raw`` (the rendered WORKFLOW.md shows what the spec says), before validation:
+    # the model's own default is local, the single-host kind.
+    apply_operator_defaults(front_matter)
     resolved = settings_from_mapping(
         front_matter,
         base_dir=workflow_dir,
