@@ -267,6 +267,23 @@ def node_images(kube_node: Node | KindNode) -> NodeImages:
     return NodeImages(project=project.ref)
 
 
+@pytest.fixture(scope="session")
+def kube_scheduler(request: pytest.FixtureRequest, kube_control_plane: Cluster) -> None:
+    """The control plane's kube-scheduler runs (on envtest it is started if the test node or
+    the fake nodes have not started it yet; kind has its own), so a Pod that fits no node gets
+    ``PodScheduled=False`` instead of waiting unscheduled with no condition at all."""
+    from tests.cluster.scheduler import ensure_scheduler
+
+    state = request.config.stash[_STATE]
+    if state.backend == "kind":
+        return
+    assert state.control_plane is not None
+    try:
+        ensure_scheduler(state.control_plane, Binaries.locate())
+    except ControlPlaneError as err:
+        pytest.fail(f"kube-scheduler did not start: {err}", pytrace=False)
+
+
 @pytest.fixture(scope="module")
 def kwok_nodes(
     request: pytest.FixtureRequest,

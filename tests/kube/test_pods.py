@@ -418,7 +418,10 @@ async def _gone(api: KubeApi, path: str) -> bool:
 
 @pytest.mark.cluster
 async def test_a_pod_that_never_serves_is_removed_with_the_reason_after_the_start_timeout(
-    kube_control_plane: Cluster, kube_api: KubeApi, restricted_namespace: str
+    kube_control_plane: Cluster,
+    kube_scheduler: None,
+    kube_api: KubeApi,
+    restricted_namespace: str,
 ) -> None:
     ns = restricted_namespace
     ref = WorkflowRef(namespace=ns, name="pods", uid=None)
@@ -427,7 +430,9 @@ async def test_a_pod_that_never_serves_is_removed_with_the_reason_after_the_star
         execs=PodExec(kube_api.configuration),
         workflow=ref,
         worker=pod_worker(
-            start_timeout_ms=3000, pod_template={"node_selector": {"no-such": "node"}}
+            # NB: long enough for the scheduler to have tried the Pod on a loaded machine (it
+            # sets PodScheduled False); the launch cannot end before its deadline anyway.
+            start_timeout_ms=15000, pod_template={"node_selector": {"no-such": "node"}}
         ),
         image="localhost/lorenz:absent",
         poll_s=0.2,
