@@ -18,6 +18,30 @@ import psutil
 START_TIME_TOLERANCE_S = 0.05
 """psutil start times on Linux have 10 ms resolution; differences below this are the same."""
 
+BOOT_TIME_STEP_LIMIT_S = 2
+"""How many whole seconds the kernel's boot time may have moved between two readings of one
+process's start time (see :func:`same_start_time`)."""
+
+
+def same_start_time(observed: float, recorded: float) -> bool:
+    """Whether a start time read now (``observed``) is the one ``recorded`` earlier.
+
+    NB: Linux keeps a process's start in clock ticks since boot; psutil turns it into epoch
+    seconds by adding the boot time of ``/proc/stat`` (``btime``), which is whole seconds and
+    is re-derived from the wall clock: when the wall clock is stepped or slewed across a second
+    (a VM paused and resynced, NTP), ``btime`` moves by a whole second, and the *same* process
+    then reads one second off. Seen: two live Lorenz processes declared each other dead at
+    once and took each other's claims. So a difference of a whole number of seconds (up to
+    :data:`BOOT_TIME_STEP_LIMIT_S`, within the 10 ms resolution) is the same process; a reused
+    pid's start differs by an arbitrary fraction, and pids do not wrap within two seconds.
+    """
+    difference = observed - recorded
+    steps = round(difference)
+    return (
+        abs(steps) <= BOOT_TIME_STEP_LIMIT_S
+        and abs(difference - steps) <= START_TIME_TOLERANCE_S
+    )
+
 
 class Liveness(enum.Enum):
     ALIVE = "alive"
@@ -61,6 +85,6 @@ def local_liveness(pid: int | None, started_at: float | None) -> Liveness:
         return Liveness.UNKNOWN
     if started_at is None:
         return Liveness.UNKNOWN
-    if abs(created - started_at) > START_TIME_TOLERANCE_S:
+    if not same_start_time(created, started_at):
         return Liveness.DEAD  # the pid was reused by another process
     return Liveness.ALIVE

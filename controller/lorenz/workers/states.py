@@ -33,6 +33,7 @@ from typing import Final
 
 import psutil
 
+from lorenz.leadership.processes import same_start_time
 from lorenz.model import LorenzError
 from lorenz.workers.journal import (
     JOURNAL_NAME,
@@ -246,7 +247,7 @@ def worker_pid(state_dir: Path) -> int | None:
         return None
     try:
         process = psutil.Process(pid)
-        if abs(process.create_time() - created) > 0.01:
+        if not same_start_time(process.create_time(), created):
             return None
         if process.status() == psutil.STATUS_ZOMBIE:
             return None
