@@ -94,11 +94,18 @@ def with_suppressed_kill(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
+ROUNDS = 20
+
+
+# NB: the default 300 s is 15 s a round; a full CI-like run at load 28 took longer (the winner's
+# graceful stop alone can take seconds there). Hang protection, not a speed check.
+@pytest.mark.timeout(int(ROUNDS * ROUND_BUDGET_S))
 def test_the_second_daemon_refuses_every_time(
     root: Path, daemon_env: dict[str, str], tmp_path: Path
 ) -> None:
     workflow = write_daemon_workflow(root, issues=())
-    assert race_rounds(workflow, daemon_env, tmp_path / "races", rounds=20, racers=3) >= 20
+    refusals = race_rounds(workflow, daemon_env, tmp_path / "races", rounds=ROUNDS, racers=3)
+    assert refusals >= ROUNDS * 2
 
 
 @pytest.mark.soak
