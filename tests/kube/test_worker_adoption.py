@@ -147,6 +147,7 @@ def test_the_new_leader_adopts_the_live_worker_and_runs_nothing_again(
 
 
 
+@pytest.mark.timeout(900)  # NB: a two-minute run plus a takeover on a loaded machine
 def test_a_paused_leader_leaves_its_worker_to_the_new_leader_and_writes_nothing(
     kube: Kube,
     rig: Rig,
@@ -164,7 +165,9 @@ def test_a_paused_leader_leaves_its_worker_to_the_new_leader_and_writes_nothing(
 
     a = replica("frozen-a")
     write_issue(rig.issues_of("frozen"), "TASK-1")
-    kube.apply(rig.workflow("frozen", seconds=1.0, first_seconds=45.0))
+    # NB: the run must outlast the takeover (a lease duration) and B's adoption: at load 28 a
+    # 45 s run ended before a Claim showed B re-attached (B settled it from its final record).
+    kube.apply(rig.workflow("frozen", seconds=1.0, first_seconds=120.0))
     claim = wait_until(lambda: running_claim(kube, owner="frozen-a"), timeout=120,
                        message="A's run in a worker, its intent on the Claim")
     handle = claim["status"]["intent"]["handle"]
@@ -186,7 +189,7 @@ def test_a_paused_leader_leaves_its_worker_to_the_new_leader_and_writes_nothing(
     wait_until(lambda: not a.leads(kube.namespace, "frozen") or None, timeout=60,
                message="A stopped its runtime")
     issues = rig.issues_of("frozen")
-    wait_until(lambda: issue_state(issues, "TASK-1") == "Done" or None, timeout=180,
+    wait_until(lambda: issue_state(issues, "TASK-1") == "Done" or None, timeout=300,
                message="the adopted run finishes the issue")
     # Whatever A's runtime did on waking (records relayed, intents to write, a run ending),
     # it sent no Claim request: every write is logged before it is sent.
