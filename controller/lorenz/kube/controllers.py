@@ -74,6 +74,7 @@ from lorenz.kube.pods import (
     delete_workflow_runs,
     operator_service_account,
     sweep_run_pods,
+    workspace_claims_by_issue,
 )
 from lorenz.kube.posting import EventKind, EventPoster, Post, kopf_post
 from lorenz.kube.settings import OperatorSettings
@@ -672,6 +673,7 @@ class WorkflowController:
             runtime.start(), name=f"lorenz-runtime:{self.ref.display}"
         )
         self._spawn(self._sweep_orphans(store, term=term))
+        self._spawn(self._sweep_terminal_workspaces(runtime, store, term=term))
 
     async def _sweep_orphans(self, store: ClaimResourceStore, *, term: Term) -> None:
         """Delete the run Pods of this Workflow that no Claim names (see
@@ -696,6 +698,40 @@ class WorkflowController:
             )
         except KubeApiError as exc:
             logger.warning("Orphan sweep failed workflow=%s error=%s", self.ref.display, exc)
+
+    async def _sweep_terminal_workspaces(
+        self, runtime: LorenzRuntime, store: ClaimResourceStore, *, term: Term
+    ) -> None:
+        """Delete the workspace claims (PVCs) of issues that turned terminal while no replica
+        tracked them (given up, then closed; or closed while the operator was away): the Pod
+        runs' counterpart of the start-up workspace cleanup. Once per term; an issue this term
+        holds a Claim for or tracks is left to reconciliation."""
+        try:
+            by_issue = await workspace_claims_by_issue(self._api, workflow=self.ref)
+            held = {h.record.issue_id for h in store.held.values()}
+            ids = sorted(set(by_issue) - held - runtime.orchestrator.tracked_issue_ids())
+            if not ids:
+                return
+            issues = await runtime.tracker.fetch_issues_by_ids(ids)
+            terminal = {state.strip().lower() for state in runtime.settings.tracker.terminal_states}
+            for issue in issues:
+                if issue.state_key not in terminal:
+                    continue
+                if not (term.holds_lease() and self.store is store):
+                    return  # NB: the term ended: the next leader sweeps again
+                deleted = await delete_issue_workspaces(
+                    self._api, workflow=self.ref, issue_id=issue.id
+                )
+                if deleted:
+                    logger.info(
+                        "Workspace claims of a terminal issue deleted workflow=%s issue=%s "
+                        "claims=%s",
+                        self.ref.display, issue.identifier, ",".join(deleted),
+                    )
+        except Exception as exc:  # noqa: BLE001 - reported; the next term sweeps again
+            logger.warning(
+                "Terminal workspace sweep failed workflow=%s error=%s", self.ref.display, exc
+            )
 
     def _pod_runner(
         self,

@@ -408,6 +408,20 @@ def _account_error(namespace: str, exc: KubeApiError) -> WorkerLaunchError:
     )
 
 
+async def workspace_claims_by_issue(api: KubeApi, *, workflow: WorkflowRef) -> dict[str, int]:
+    """The issues that have workspace claims of ``workflow``: issue id → how many claims (the
+    raw id from each claim's annotation; the label holds only a sanitized form)."""
+    selector = f"{LABEL_MANAGED}=lorenz,{LABEL_WORKFLOW}={label_value(workflow.name)}"
+    items = await api.list_items(_claims_path(workflow.namespace), label_selector=selector)
+    counts: dict[str, int] = {}
+    for item in items:
+        metadata = item.get("metadata") or {}
+        issue_id = (metadata.get("annotations") or {}).get(ANNOTATION_ISSUE_ID)
+        if isinstance(issue_id, str) and issue_id and not metadata.get("deletionTimestamp"):
+            counts[issue_id] = counts.get(issue_id, 0) + 1
+    return counts
+
+
 async def delete_issue_workspaces(
     api: KubeApi, *, workflow: WorkflowRef, issue_id: str
 ) -> list[str]:
