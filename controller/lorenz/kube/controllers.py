@@ -695,6 +695,7 @@ class WorkflowController:
                 # NB: the store forgets its Claims when the term ends: from then on it names
                 # nothing, and every Pod is the next leader's to judge.
                 may_delete=lambda: term.holds_lease() and self.store is store,
+                lists=self._claim_lister,
             )
         except KubeApiError as exc:
             logger.warning("Orphan sweep failed workflow=%s error=%s", self.ref.display, exc)
@@ -707,7 +708,9 @@ class WorkflowController:
         runs' counterpart of the start-up workspace cleanup. Once per term; an issue this term
         holds a Claim for or tracks is left to reconciliation."""
         try:
-            by_issue = await workspace_claims_by_issue(self._api, workflow=self.ref)
+            by_issue = await workspace_claims_by_issue(
+                self._api, workflow=self.ref, lists=self._claim_lister
+            )
             held = {h.record.issue_id for h in store.held.values()}
             ids = sorted(set(by_issue) - held - runtime.orchestrator.tracked_issue_ids())
             if not ids:

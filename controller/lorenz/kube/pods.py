@@ -408,11 +408,28 @@ def _account_error(namespace: str, exc: KubeApiError) -> WorkerLaunchError:
     )
 
 
-async def workspace_claims_by_issue(api: KubeApi, *, workflow: WorkflowRef) -> dict[str, int]:
+async def _workflow_objects(
+    api: KubeApi, path: str, *, workflow: WorkflowRef, lists: SharedLists | None
+) -> list[dict[str, Any]]:
+    """The objects under ``path`` labelled for ``workflow``; with ``lists``, from one list per
+    namespace shared by the Workflows asking at the same time (a thousand leaders starting
+    at once make one list, not a thousand)."""
+    if lists is None:
+        return await api.list_items(path, label_selector=run_pods_selector(workflow))
+    return await lists.labelled(
+        path, selector=f"{LABEL_MANAGED}=lorenz", label=LABEL_WORKFLOW,
+        value=label_value(workflow.name),
+    )
+
+
+async def workspace_claims_by_issue(
+    api: KubeApi, *, workflow: WorkflowRef, lists: SharedLists | None = None
+) -> dict[str, int]:
     """The issues that have workspace claims of ``workflow``: issue id → how many claims (the
     raw id from each claim's annotation; the label holds only a sanitized form)."""
-    selector = f"{LABEL_MANAGED}=lorenz,{LABEL_WORKFLOW}={label_value(workflow.name)}"
-    items = await api.list_items(_claims_path(workflow.namespace), label_selector=selector)
+    items = await _workflow_objects(
+        api, _claims_path(workflow.namespace), workflow=workflow, lists=lists
+    )
     counts: dict[str, int] = {}
     for item in items:
         metadata = item.get("metadata") or {}
@@ -582,6 +599,7 @@ async def sweep_run_pods(
     workflow: WorkflowRef,
     keep: Callable[[], Collection[str]],
     may_delete: Callable[[], bool] = lambda: True,
+    lists: SharedLists | None = None,
 ) -> list[str]:
     """Delete the run Pods of ``workflow`` (and their spec Secrets) that ``keep()`` does not
     name, while ``may_delete()`` says so; the handles deleted.
@@ -595,8 +613,8 @@ async def sweep_run_pods(
     creates its Pod, so every Pod listed that a live run owns is named by then — a run that
     starts while the sweep lists is never taken for an orphan.
     """
-    pods = await api.list_items(
-        _pods_path(workflow.namespace), label_selector=run_pods_selector(workflow)
+    pods = await _workflow_objects(
+        api, _pods_path(workflow.namespace), workflow=workflow, lists=lists
     )
     kept = set(keep())
     deleted: list[str] = []
