@@ -399,6 +399,21 @@ def _busy() -> float:
     return float(times.user + times.nice + times.system + times.irq + times.softirq)
 
 
+def create_until_polling(
+    bench: Bench, rig: Rig, namespace: str, *, prefix: str, workflows: int
+) -> None:
+    """Create ``workflows`` idle Workflows (30 s polls) at once and wait until every one is
+    polling (``Ready=True``)."""
+    ready = ReadyWatch(bench.cluster, namespace)
+    try:
+        create_all(bench.cluster, [rig.workflow(f"{prefix}-{i}", interval_ms=30000)
+                                   for i in range(workflows)], namespace)
+        wait_until(lambda: ready.count() >= workflows or None, timeout=1800, interval=0.5,
+                   message="every Workflow polling")
+    finally:
+        ready.stop()
+
+
 def create_all(
     cluster: Cluster, manifests: list[dict[str, Any]], namespace: str, *,
     plural: str = "workflows",
@@ -672,15 +687,8 @@ def cpu_profile(bench: Bench, *, workflows: int) -> None:
         time.sleep(1.0)
         assert operator.process is not None
         cpu_before = psutil.Process(operator.process.pid).cpu_times()
-        ready = ReadyWatch(bench.cluster, namespace)
         started = time.monotonic()
-        try:
-            create_all(bench.cluster, [rig.workflow(f"cpu-{i}", interval_ms=30000)
-                                       for i in range(workflows)], namespace)
-            wait_until(lambda: ready.count() >= workflows or None, timeout=1800, interval=0.5,
-                       message="every Workflow polling")
-        finally:
-            ready.stop()
+        create_until_polling(bench, rig, namespace, prefix="cpu", workflows=workflows)
         took = time.monotonic() - started
         cpu_after = psutil.Process(operator.process.pid).cpu_times()
         operator.kill(signal.SIGUSR1)
@@ -729,14 +737,7 @@ def profile(bench: Bench, *, workflows: int) -> None:
         time.sleep(5.0)
         rss_empty = rss_mib([operator])
         empty = snapshot(operator, prefix, 1)
-        ready = ReadyWatch(bench.cluster, namespace)
-        try:
-            create_all(bench.cluster, [rig.workflow(f"prof-{i}", interval_ms=30000)
-                                       for i in range(workflows)], namespace)
-            wait_until(lambda: ready.count() >= workflows or None, timeout=1800, interval=1.0,
-                       message="every Workflow polling")
-        finally:
-            ready.stop()
+        create_until_polling(bench, rig, namespace, prefix="prof", workflows=workflows)
         time.sleep(30.0)
         rss_full = rss_mib([operator])
         full = snapshot(operator, prefix, 2)

@@ -573,6 +573,17 @@ def refusal_reason(exc: KubeApiError) -> str | None:
     return "quota" if exc.status == 403 and quota else None
 
 
+def refused(exc: KubeApiError, *, what: str) -> PlacementFailed | WorkerLaunchError:
+    """The launch error of a create the API refused (``pod_refused``): a placement failure
+    (the reservation goes back) when a wait may cure it (a full ResourceQuota), else a failed
+    launch."""
+    message = f"{what}: {exc.status} {exc.detail or exc.reason}"
+    refusal = refusal_reason(exc)
+    if refusal is not None:
+        return PlacementFailed(message, code="pod_refused", reason=refusal)
+    return WorkerLaunchError(message, code="pod_refused")
+
+
 def _worker_running(pod: Mapping[str, Any]) -> bool:
     status = pod.get("status") or {}
     if status.get("phase") != "Running":
@@ -727,14 +738,9 @@ class PodTransport:
             if exc.status != 409:
                 if "service account" in (exc.detail or "").lower():
                     self.accounts.forget(self.namespace)
-                message = (
-                    f"the API refused the run's Pod {self.namespace}/{name}: {exc.status} "
-                    f"{exc.detail or exc.reason}"
-                )
-                refusal = refusal_reason(exc)
-                if refusal is not None:
-                    raise PlacementFailed(message, code="pod_refused", reason=refusal) from exc
-                raise WorkerLaunchError(message, code="pod_refused") from exc
+                raise refused(
+                    exc, what=f"the API refused the run's Pod {self.namespace}/{name}"
+                ) from exc
             created = await self.api.get(_pods_path(self.namespace, name))
             annotations = (created.get("metadata") or {}).get("annotations") or {}
             if annotations.get(ANNOTATION_HANDLE) != spec.handle:
@@ -897,14 +903,13 @@ class PodTransport:
                 return
             except KubeApiError as exc:
                 if exc.status != 409:
-                    message = (
-                        f"the API refused the run's spec Secret {self.namespace}/{secret_name}: "
-                        f"{exc.status} {exc.detail or exc.reason}"
-                    )
-                    refusal = refusal_reason(exc)
-                    if refusal is not None:
-                        raise PlacementFailed(message, code="pod_refused", reason=refusal) from exc
-                    raise WorkerLaunchError(message, code="pod_refused") from exc
+                    raise refused(
+                        exc,
+                        what=(
+                            "the API refused the run's spec Secret "
+                            f"{self.namespace}/{secret_name}"
+                        ),
+                    ) from exc
             path = _secrets_path(self.namespace, secret_name)
             try:
                 found = await self.api.get(path)
