@@ -399,6 +399,15 @@ def _busy() -> float:
     return float(times.user + times.nice + times.system + times.irq + times.softirq)
 
 
+def single_replica(bench: Bench, kube: Kube, namespace: str, *, identity: str) -> OperatorProcess:
+    """One replica (not started) that will hold every shard, for the profiling sections."""
+    return OperatorProcess(
+        bench.cluster, identity=identity, workdir=bench.work / f"{identity}-ops",
+        namespaces=(namespace,), lease=DEFAULT_LEASE, lease_namespace=kube.lease_namespace,
+        shards=bench.shards, extra_args=("--log-level", "info"),
+    )
+
+
 def create_until_polling(
     bench: Bench, rig: Rig, namespace: str, *, prefix: str, workflows: int
 ) -> None:
@@ -672,11 +681,7 @@ def cpu_profile(bench: Bench, *, workflows: int) -> None:
 
     namespace, kube, rig = bench.setup("cpu")
     prefix = bench.work / "cpu-profile"
-    operator = OperatorProcess(
-        bench.cluster, identity="cpu", workdir=bench.work / "cpu-ops",
-        namespaces=(namespace,), lease=DEFAULT_LEASE, lease_namespace=kube.lease_namespace,
-        shards=bench.shards, extra_args=("--log-level", "info"),
-    )
+    operator = single_replica(bench, kube, namespace, identity="cpu")
     operator.argv[2:3] = [CPU_PROFILED, str(prefix)]
     operator.start()
     try:
@@ -724,11 +729,7 @@ def profile(bench: Bench, *, workflows: int) -> None:
     """One replica under tracemalloc: the Python allocations ``workflows`` idle Workflows add."""
     namespace, kube, rig = bench.setup("profile")
     prefix = bench.work / "profile-snapshot"
-    operator = OperatorProcess(
-        bench.cluster, identity="profile", workdir=bench.work / "profile-ops",
-        namespaces=(namespace,), lease=DEFAULT_LEASE, lease_namespace=kube.lease_namespace,
-        shards=bench.shards, extra_args=("--log-level", "info"),
-    )
+    operator = single_replica(bench, kube, namespace, identity="profile")
     operator.argv[2:3] = [PROFILED, "12", str(prefix)]
     operator.start()
     try:

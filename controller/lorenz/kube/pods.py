@@ -415,6 +415,7 @@ async def _workflow_objects(
     namespace shared by the Workflows asking at the same time (a thousand leaders starting
     at once make one list, not a thousand)."""
     if lists is None:
+        # NB: run Pods and workspace claims carry the same two labels.
         return await api.list_items(path, label_selector=run_pods_selector(workflow))
     return await lists.labelled(
         path, selector=f"{LABEL_MANAGED}=lorenz", label=LABEL_WORKFLOW,
@@ -474,20 +475,10 @@ async def delete_workflow_runs(
     ``lists``, the Workflows deleted together share one list of each kind per namespace."""
     namespace = workflow.namespace
     deleted: dict[str, list[str]] = {"pods": [], "secrets": [], "claims": []}
-    if lists is None:
-        selector = f"{LABEL_MANAGED}=lorenz,{LABEL_WORKFLOW}={label_value(workflow.name)}"
-        pods = await api.list_items(_pods_path(namespace), label_selector=selector)
-        claims = await api.list_items(_claims_path(namespace), label_selector=selector)
-    else:
-        value = label_value(workflow.name)
-        pods = await lists.labelled(
-            _pods_path(namespace), selector=f"{LABEL_MANAGED}=lorenz", label=LABEL_WORKFLOW,
-            value=value,
-        )
-        claims = await lists.labelled(
-            _claims_path(namespace), selector=f"{LABEL_MANAGED}=lorenz", label=LABEL_WORKFLOW,
-            value=value,
-        )
+    pods = await _workflow_objects(api, _pods_path(namespace), workflow=workflow, lists=lists)
+    claims = await _workflow_objects(
+        api, _claims_path(namespace), workflow=workflow, lists=lists
+    )
     targets: list[tuple[str, str]] = []
     for pod in pods:
         if (pod.get("metadata") or {}).get("deletionTimestamp"):
