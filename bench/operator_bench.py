@@ -220,11 +220,15 @@ def writes(counts: dict[tuple[str, str], float]) -> float:
 
 
 def rss_mib(operators: list[OperatorProcess]) -> float:
-    total = 0
+    return sum(replica_rss_mib(operators))
+
+
+def replica_rss_mib(operators: list[OperatorProcess]) -> list[float]:
+    rss = []
     for operator in operators:
         assert operator.process is not None
-        total += psutil.Process(operator.process.pid).memory_info().rss
-    return total / 2**20
+        rss.append(psutil.Process(operator.process.pid).memory_info().rss / 2**20)
+    return rss
 
 
 def machine() -> str:
@@ -491,7 +495,8 @@ def scale(
 
         wait_until(balanced, timeout=300, interval=1.0, message="shards balanced")
         time.sleep(5.0)
-        rss_empty = rss_mib(operators)
+        each_empty = replica_rss_mib(operators)
+        rss_empty = sum(each_empty)
         print(f"\n0. sharded scale: {workflows} idle Workflows (poll every 30 s), {replicas} "
               f"replicas, {bench.shards} shards, Lease {DEFAULT_LEASE[0]} s / "
               f"{DEFAULT_LEASE[1]:.0f} s / {DEFAULT_LEASE[2]:.0f} s; machine: {machine()}")
@@ -535,7 +540,8 @@ def scale(
         own_after = [operator_requests(o) for o in operators]
         server_after = apiserver_requests(bench.cluster, kinds=None)
         holders_end = shard_holders(kube)
-        rss_full = rss_mib(operators)
+        each_full = replica_rss_mib(operators)
+        rss_full = sum(each_full)
         seconds = window_end - window_start
         own = [delta(a, b) for a, b in zip(own_after, own_before, strict=True)]
         own_writes = sum(writes(o) for o in own)
@@ -567,6 +573,10 @@ def scale(
         per_wf = (rss_full - rss_empty) / workflows
         print(f"   RSS, all replicas: {rss_empty:.0f} MiB with 0 Workflows, {rss_full:.0f} MiB "
               f"with {workflows}: {per_wf:.3f} MiB per idle Workflow")
+        for operator, empty, full in zip(operators, each_empty, each_full, strict=True):
+            leading = led_count([operator], namespace)
+            print(f"     {operator.identity}: {empty:.0f} → {full:.0f} MiB, leading {leading} "
+                  f"of {workflows}")
 
         holding = collections.Counter(shard_holders(kube).values())
         victim = max(operators, key=lambda o: holding[o.identity])
