@@ -140,6 +140,26 @@ async def test_symlinked_root_is_canonicalized(tmp_path: Path) -> None:
     assert workspace.path == real / "ABC-1"
 
 
+async def test_root_link_swapped_after_first_use_sends_nothing_through_the_new_link(
+        tmp_path: Path) -> None:
+    # The canonical root is walked once per settings; a later swap of the root's symlink must
+    # not put workspaces under the new target, and the old root keeps working.
+    real, other = tmp_path / "real-root", tmp_path / "other-root"
+    real.mkdir()
+    other.mkdir()
+    link = tmp_path / "root-link"
+    link.symlink_to(real)
+    manager = manager_for(link)
+    first = await manager.prepare(make_issue("ABC-1"), slot_index=0, attempt=None)
+    link.unlink()
+    link.symlink_to(other)
+    second = await manager.prepare(make_issue("ABC-2"), slot_index=0, attempt=None)
+    assert (first.path, second.path) == (real / "ABC-1", real / "ABC-2")
+    assert list(other.iterdir()) == []
+    manager.update_settings(make_settings(link))
+    assert manager.root == other
+
+
 async def test_root_that_is_a_file_is_a_coded_error(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
     with pytest.raises(WorkspaceError) as info:
