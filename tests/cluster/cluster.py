@@ -16,6 +16,7 @@ import base64
 import json
 import os
 import re
+import signal
 import subprocess
 import time
 import uuid
@@ -67,6 +68,17 @@ def wait_until(
             detail = f" (last error: {last_error!r})" if last_error is not None else ""
             raise TimeoutError(f"timed out after {timeout:.0f}s: {message}{detail}")
         time.sleep(interval)
+
+
+def sigint_as_at_a_terminal() -> None:
+    """`preexec_fn` for a child pytest that a test interrupts with SIGINT, as Ctrl-C would.
+
+    NB: a shell without job control starts `cmd &` with SIGINT ignored, that survives exec, and
+    Python then leaves it ignored: a suite started in the background (or by a CI runner that
+    does so) would see its child sessions sleep through SIGINT. A terminal's pytest has it at
+    the default, which Python turns into KeyboardInterrupt.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def write_kubeconfig(

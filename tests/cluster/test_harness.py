@@ -18,7 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.cluster import Cluster, cluster_from_kubeconfig, wait_until
+from tests.cluster.cluster import (
+    Cluster,
+    cluster_from_kubeconfig,
+    sigint_as_at_a_terminal,
+    wait_until,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -60,6 +65,7 @@ def _child_pytest(
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=start_new_session,
+        preexec_fn=sigint_as_at_a_terminal,
     )
 
 

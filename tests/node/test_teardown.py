@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.cluster import wait_until
+from tests.cluster.cluster import sigint_as_at_a_terminal, wait_until
 from tests.cluster.node import node_processes, stale_node_dirs, sweep_stale_nodes
 
 # NB: the first run builds the images (minutes on 2 busy cores) inside a fixture, which the
@@ -92,6 +92,7 @@ def _run_inner(tmp_path: Path) -> tuple[subprocess.Popen[bytes], dict[str, Any]]
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
+        preexec_fn=sigint_as_at_a_terminal,
     )
 
     def reported() -> dict[str, Any] | None:
