@@ -368,3 +368,87 @@ async def test_a_pod_run_times_its_placement_and_counts_a_placement_failure_by_r
     assert value(placed, "lorenz_placement_duration_seconds_count", workflow=wf) == 1
     assert value(placed, "lorenz_placement_failures_total", workflow=wf, reason="quota") == 1
     assert value(placed, "lorenz_dispatches_total", workflow=wf) == 1
+
+
+def test_zero_series_are_drawn_as_prometheus_client_would_show_them_made_at_attach() -> None:
+    from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+    from prometheus_client.openmetrics.exposition import generate_latest as openmetrics
+
+    from lorenz.server.metrics import RUN_DURATION_BUCKETS, _Family
+
+    ours, theirs = CollectorRegistry(), CollectorRegistry()
+    labels = ("workflow", "outcome")
+    zeros = (("success",), ("failed",))
+    roster = {"a/b": 1000.0, "c/d": 2000.0}
+    counters = (_Family("x_runs", "Runs.", labels, registry=ours, zeros=zeros, roster=roster),
+                Counter("x_runs", "Runs.", labels, registry=theirs))
+    histograms = (
+        _Family("x_seconds", "Time.", labels, registry=ours, buckets=RUN_DURATION_BUCKETS,
+                zeros=zeros, roster=roster),
+        Histogram("x_seconds", "Time.", labels, registry=theirs, buckets=RUN_DURATION_BUCKETS),
+    )
+    # prometheus-client's children made eagerly, in the order ours are drawn: every zero of
+    # each attached workflow, then the series beyond the zeros.
+    for family in (counters[1], histograms[1]):
+        for workflow in roster:
+            for (outcome,) in zeros:
+                family.labels(workflow, outcome)
+        family.labels("a/b", "stalled")
+    counters[0].labels("a/b", "failed", created=1000.0).inc(2)
+    counters[1].labels("a/b", "failed").inc(2)
+    counters[0].labels("a/b", "stalled", created=1000.0).inc()
+    counters[1].labels("a/b", "stalled").inc()
+    histograms[0].labels("c/d", "success", created=2000.0).observe(7.0)
+    histograms[1].labels("c/d", "success").observe(7.0)
+    histograms[0].labels("a/b", "stalled", created=1000.0)
+
+    def without_created(text: bytes) -> list[str]:
+        return [line for line in text.decode().splitlines() if "_created" not in line]
+
+    assert without_created(generate_latest(ours)) == without_created(generate_latest(theirs))
+    assert without_created(openmetrics(ours)) == without_created(openmetrics(theirs))  # type: ignore[no-untyped-call]
+    created = [line for line in generate_latest(ours).decode().splitlines()
+               if line.startswith("x_runs_created")]
+    # Drawn or touched, a series is created when its workflow was attached.
+    assert created == [
+        'x_runs_created{outcome="success",workflow="a/b"} 1000.0',
+        'x_runs_created{outcome="failed",workflow="a/b"} 1000.0',
+        'x_runs_created{outcome="success",workflow="c/d"} 2000.0',
+        'x_runs_created{outcome="failed",workflow="c/d"} 2000.0',
+        'x_runs_created{outcome="stalled",workflow="a/b"} 1000.0',
+    ]
+    del roster["c/d"]  # detached: its zeros are no longer drawn (its touched series are removed)
+    histograms[0].remove("c/d", "success")
+    assert "c/d" not in generate_latest(ours).decode()
+
+
+async def test_an_attached_runtime_shows_every_known_series_at_zero_until_touched(
+    tmp_path: Path,
+) -> None:
+    rig = make_rig(tmp_path, issues=[])
+    metrics = LorenzMetrics()
+    metrics.attach(rig.runtime, workflow="team/a")
+    samples = parse(metrics.exposition()[0].decode())
+    label = {"workflow": "team/a"}
+    assert value(samples, "lorenz_dispatches_total", **label) == 0
+    assert value(samples, "lorenz_poll_errors_total", **label) == 0
+    for outcome in ("success", "failed", "stalled", "canceled"):
+        assert value(samples, "lorenz_run_outcomes_total", outcome=outcome, **label) == 0
+        assert value(samples, "lorenz_run_duration_seconds_count", outcome=outcome, **label) == 0
+    for kind in ("continuation", "failure"):
+        assert value(samples, "lorenz_retries_total", kind=kind, **label) == 0
+    for reason in ("terminal", "stalled", "claim_deleted"):
+        assert value(samples, "lorenz_reconcile_stops_total", reason=reason, **label) == 0
+    for reason in ("unschedulable", "quota"):
+        assert value(samples, "lorenz_placement_failures_total", reason=reason, **label) == 0
+    assert value(samples, "lorenz_poll_duration_seconds_count", **label) == 0
+    assert value(samples, "lorenz_dispatch_latency_seconds_count", **label) == 0
+    assert value(samples, "lorenz_placement_duration_seconds_count", **label) == 0
+    created = value(samples, "lorenz_poll_duration_seconds_created", **label)
+
+    await rig.runtime.poll_once(wait_for_runs=True)
+    after = parse(metrics.exposition()[0].decode())
+    assert value(after, "lorenz_poll_duration_seconds_count", **label) == 1
+    assert value(after, "lorenz_poll_duration_seconds_created", **label) == created
+    assert value(after, "lorenz_run_outcomes_total", outcome="success", **label) == 0
+    assert len(after) == len(samples)
