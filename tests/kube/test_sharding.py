@@ -345,3 +345,58 @@ def test_a_paused_replica_whose_shard_moved_stops_before_any_write(
     assert not [m for m in lost if f"to {x.identity}" in m], lost
     runs = rig.runs()
     assert not runs[0].ended  # aborted by X when it woke up, never completed
+
+
+def test_a_replica_that_only_watched_a_workflow_starts_it_with_its_latest_spec(
+    sharded: Kube, rig: Rig, operators: Callable[..., OperatorProcess]
+) -> None:
+    """A follower keeps only the newest object of a Workflow led elsewhere (no controller):
+    the spec changes it saw while watching are what it starts from when the shard comes."""
+    kube = sharded
+    a, b = (operators(f"watch-{x}", namespaces=(kube.namespace,), lease=LEASE, shards=SHARDS)
+            for x in "ab")
+    shards = wait_balanced(kube, [a, b], why="two started")
+    name = next(
+        n for n in (f"wf-{i}" for i in range(1000))
+        if shards[kube.shard_of(n)][0] == a.identity
+    )
+    kube.apply(rig.workflow(name, interval_ms=5000))
+    wait_until(lambda: leaders([a, b], kube.namespace).get(name) == [a.identity] or None,
+               timeout=WAIT, interval=0.5, message="A leads the Workflow")
+    listed = {r["name"]: r for r in b.get("/api/v1/workflows")["workflows"]}
+    assert listed[name]["leading"] is False
+    assert listed[name]["leader"] == a.identity  # B watches it, and knows who leads it
+
+    # Two spec changes while B only watches: B must start from the newest.
+    kube.apply(rig.workflow(name, interval_ms=6000))
+    kube.apply(rig.workflow(name, interval_ms=7000))
+
+    def applied() -> int | None:
+        status = kube.get("workflows", name).get("status") or {}
+        return status.get("observedGeneration") if status.get("observedGeneration") == 3 else None
+
+    wait_until(applied, timeout=WAIT, interval=0.5, message="A applied generation 3")
+    assert runtime_starts([b], kube.namespace)[name] == 0
+
+    a.kill(signal.SIGTERM)
+    assert a.wait(timeout=WAIT) == 0
+
+    def started_by_b() -> dict[str, Any] | None:
+        if not b.leads(kube.namespace, name):
+            return None
+        state: dict[str, Any] = b.get(f"/api/v1/workflows/{kube.namespace}/{name}/state")
+        return state if state["poll"]["last_poll_at"] else None
+
+    state = wait_until(started_by_b, timeout=WAIT, interval=0.5,
+                       message="B leads the Workflow and polled")
+    assert state["poll"]["interval_ms"] == 7000
+    assert runtime_starts([b], kube.namespace)[name] == 1
+
+    def led_by_b() -> dict[str, Any] | None:
+        status: dict[str, Any] = kube.get("workflows", name).get("status") or {}
+        return status if (status.get("leader") or {}).get("identity") == b.identity else None
+
+    status = wait_until(led_by_b, timeout=WAIT, interval=0.5, message="B's status")
+    assert status["observedGeneration"] == 3
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert degraded["status"] == "False", degraded

@@ -1,8 +1,11 @@
 """One controller per Workflow: run its runtime while this replica holds the Workflow's shard.
 
-Every replica has a :class:`WorkflowController` for every Workflow it watches; the Workflow
-belongs to one shard (:mod:`lorenz.kube.sharding`) and exactly one replica holds that shard's
-Lease. The controller of the holder:
+Every Workflow belongs to one shard (:mod:`lorenz.kube.sharding`) and exactly one replica
+holds that shard's Lease. A replica watches every Workflow but makes a
+:class:`WorkflowController` only for those whose shard it holds (the supervisor,
+:mod:`lorenz.kube.operator`, keeps just the newest object of the others, and makes their
+controllers the moment their shard comes); the controller lets go — its loop ends — once the
+shard is no longer offered here. The controller of the holder:
 
 1. adds the ``lorenz.dev/cleanup`` finalizer (so a deletion waits for its cleanup);
 2. builds the runtime from the latest spec (a spec that does not load sets ``Degraded`` and
@@ -146,9 +149,9 @@ class HoldingClaimStore(ClaimResourceStore):
 class Flag(asyncio.Event):
     """An :class:`asyncio.Event` without the waiter deque it allocates up front.
 
-    NB: every replica has a controller for every Workflow, each with five events that are
-    nearly always waited on by nobody or one or two tasks; the deque (a 64-slot block) was
-    ~0.6 KiB each, 3 KiB per Workflow per replica. A list does the same job here.
+    NB: a replica has a controller for every Workflow it leads, each with five events that
+    are nearly always waited on by nobody or one or two tasks; the deque (a 64-slot block) was
+    ~0.6 KiB each, 3 KiB per Workflow. A list does the same job here.
     """
 
     def __init__(self) -> None:
@@ -187,12 +190,12 @@ def runs_in_pods(settings: WorkflowSettings) -> bool:
 
 
 class WorkflowController:
-    """The lifecycle of one Workflow in one operator process."""
+    """The lifecycle of one Workflow in one operator process, while its shard is offered here."""
 
     def __init__(
         self,
         *,
-        body: Mapping[str, Any],
+        body_text: str,
         api: KubeApi,
         settings: OperatorSettings,
         coordinator: ShardCoordinator,
@@ -203,8 +206,9 @@ class WorkflowController:
         claim_lister: ClaimLister | None = None,
         agent_accounts: AgentAccounts | None = None,
     ) -> None:
-        self._body_text = _compact(body)
+        self._body_text = body_text
         """The newest watched object as compact JSON (see :attr:`_body`)."""
+        body = self._body
         self._generation = generation_of(body)
         self._claim_lister = claim_lister
         """The replica's shared Claim lists (see :mod:`lorenz.kube.claim_lists`)."""
@@ -280,7 +284,6 @@ class WorkflowController:
         self._last_write_at = 0.0
         self._deferred: asyncio.TimerHandle | None = None
         """A status write postponed by the idle rate limit."""
-        self._conditions: list[Condition] = []
         self._releasing = False
         self._background = BackgroundTasks(name=f"workflow {self.ref.display}", log=logger)
         self.task: asyncio.Task[None] | None = None
@@ -321,10 +324,11 @@ class WorkflowController:
             self.run(), name=f"lorenz-workflow:{self.ref.display}"
         )
 
-    def observe(self, body: Mapping[str, Any]) -> None:
-        """The newest version of the Workflow object (from the watch)."""
+    def observe(self, body: Mapping[str, Any], *, text: str | None = None) -> None:
+        """The newest version of the Workflow object (from the watch; ``text``: its compact
+        JSON, if already made)."""
         previous_generation = self._generation
-        self._body_text = _compact(body)
+        self._body_text = text if text is not None else _compact(body)
         self._generation = generation_of(body)
         ref = workflow_ref(body)
         if ref.uid is not None and self.ref.uid is None:
@@ -394,6 +398,9 @@ class WorkflowController:
     # -- the loop --------------------------------------------------------------------------
 
     async def run(self) -> None:
+        """Lead the Workflow while its shard is offered here; return once it is not (the
+        supervisor keeps only the newest object until the shard comes back), the Workflow is
+        cleaned up, or the operator stops."""
         try:
             while not self._stop.is_set() and not self.finished:
                 if not await self.lease.win(stop=self._stop):
@@ -1066,7 +1073,12 @@ class WorkflowController:
 
     def status_body(self) -> dict[str, Any]:
         """The status this leader would write now (conditions keep their transition times)."""
-        previous = self._conditions or _conditions_of(self._body)
+        # NB: the conditions last written are read back from that status (its wire form is
+        # kept anyway) instead of being kept a second time as models: ~3 KiB per led Workflow.
+        written = self._last_status
+        previous = _conditions_of(
+            written if written is not None else self._body.get("status") or {}
+        )
         return workflow_status(self.status_inputs(), previous, _utc_now())
 
     async def publish_status(self, *, force: bool = False) -> bool:
@@ -1104,7 +1116,6 @@ class WorkflowController:
             raise
         self._last_status = status
         self._last_write_at = time.monotonic()
-        self._conditions = [Condition.model_validate(c) for c in status["conditions"]]
         return True
 
     # -- cluster objects -------------------------------------------------------------------
@@ -1182,9 +1193,9 @@ def _compact(body: Mapping[str, Any]) -> str:
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False)
 
 
-def _conditions_of(body: Mapping[str, Any]) -> list[Condition]:
+def _conditions_of(status: Mapping[str, Any]) -> list[Condition]:
     found = []
-    for raw in (body.get("status") or {}).get("conditions") or ():
+    for raw in status.get("conditions") or ():
         with contextlib.suppress(ValueError):
             found.append(Condition.model_validate(raw))
     return found

@@ -125,22 +125,21 @@ class WorkflowLeadership:
     # -- the campaign ----------------------------------------------------------------------
 
     async def win(self, *, stop: asyncio.Event) -> bool:
-        """Wait until this replica holds the shard (``True``) or ``stop`` is set (``False``)."""
+        """Wait until this replica holds the shard (``True``); ``False`` once the shard is not
+        offered here (not held, or being handed over) or ``stop`` is set.
+
+        NB: a Workflow whose shard is elsewhere has no controller waiting here (the supervisor
+        makes one when the shard comes, :meth:`ShardCoordinator.when_available`). Only a term
+        that is offered but does not hold (its renewal is late, the coordinator has not ended
+        it yet) is polled, once per retry period.
+        """
         while not stop.is_set():
             term = self.shard.term
-            available = self.shard.available.is_set()
-            if term is not None and available and term.holds():
+            if not self.shard.available.is_set():
+                return False
+            if term is not None and term.holds():
                 return True
-            # NB: a shard held by another replica is waited for without a timeout: every
-            # replica has a controller for every Workflow, and waking each of them every retry
-            # period (two tasks, a wait, two cancellations) was the largest steady cost of a
-            # follower, and a tenth of a replica's loop while 1,000 Workflows started. Only a
-            # term that is available but does not hold (its renewal is late, the coordinator
-            # has not ended it yet) is polled, once per retry period.
-            if available:
-                await first_of(stop.wait(), timeout_s=self._coordinator.timing.retry_period_s)
-            else:
-                await first_of(self.shard.available.wait(), stop.wait())
+            await first_of(stop.wait(), timeout_s=self._coordinator.timing.retry_period_s)
         return False
 
     def begin_term(self) -> Term:

@@ -8,8 +8,10 @@ annotations, no kopf finalizer. The decisions live in :class:`Supervisor` and
 :class:`~lorenz.kube.controllers.WorkflowController`, level-based: an event only hands over the
 newest object.
 
-* Workflow events create, update or retire controllers (a re-created Workflow of the same name
-  is a new uid, so a new controller).
+* Workflow events are recorded per Workflow (:class:`Watched`: its newest object as compact
+  JSON); a Workflow gets a controller only while its shard is offered here (held, not being
+  handed over), and goes back to its record once the controller let go (a re-created Workflow
+  of the same name is a new uid, so a new record).
 * Claim deletions are passed to the Workflow's controller, which cancels the run if the Claim
   was live and not deleted by the store itself.
 * On shutdown (SIGTERM/SIGINT; kopf turns them into its stop sequence) the cleanup handler
@@ -24,6 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import json
 import logging
 import os
 import sys
@@ -37,10 +41,13 @@ from lorenz.kube.clients import KubeApi, load_configuration
 from lorenz.kube.controllers import RuntimeAttacher, WorkflowController
 from lorenz.kube.pods import AgentAccounts
 from lorenz.kube.posting import Post, kopf_post
+from lorenz.kube.resources import WorkflowRef
 from lorenz.kube.settings import OperatorSettings
-from lorenz.kube.sharding import ShardCoordinator
+from lorenz.kube.sharding import Shard, ShardCoordinator
 from lorenz.kube.specs import workflow_ref
+from lorenz.leadership import LeaseRecord
 from lorenz.model import SlotKey
+from lorenz.runtime import LorenzRuntime
 from lorenz.secrets import SecretRedactor, tracker_secrets
 from lorenz.tasks import install_child_watcher
 
@@ -50,8 +57,59 @@ STRIPPED_AGENT_ENV = ("KUBECONFIG",)
 """Variables agents and hooks never inherit, even when listed in ``agent_env_passthrough``."""
 
 
+@dataclasses.dataclass(slots=True, eq=False)
+class Watched:
+    """What this replica keeps of one Workflow it watches: the newest object, and a controller
+    only while the Workflow's shard is offered here.
+
+    NB: every replica watches every Workflow but leads about a third of them (a shard of each
+    3); a full :class:`WorkflowController` per watched Workflow (its flags, Event poster, spec
+    candidates, background set and a task waiting for the shard) was ~10 KiB per Workflow per
+    replica, twice over for each Workflow led elsewhere. A follower needs only the newest
+    object, to start from the moment its shard comes here.
+    """
+
+    ref: WorkflowRef
+    shard: Shard
+    body_text: str
+    """The newest watched object as compact JSON (the controller's, while there is one)."""
+    controller: WorkflowController | None = None
+    posted: int = 0
+    """Events posted by this Workflow's earlier controllers in this process."""
+    dropped: int = 0
+    """Events dropped by those (rate limit, silenced)."""
+
+    @property
+    def leading(self) -> bool:
+        controller = self.controller
+        return controller is not None and controller.leading
+
+    @property
+    def runtime(self) -> LorenzRuntime | None:
+        controller = self.controller
+        return controller.runtime if controller is not None else None
+
+    @property
+    def observed(self) -> LeaseRecord | None:
+        """The shard Lease as last observed, naming this Workflow."""
+        record = self.shard.lease.observed
+        if record is None:
+            return None
+        return dataclasses.replace(record, workflow_path=self.ref.display)
+
+    @property
+    def events_posted(self) -> int:
+        controller = self.controller
+        return self.posted + (controller.events.posted if controller is not None else 0)
+
+    @property
+    def events_dropped(self) -> int:
+        controller = self.controller
+        return self.dropped + (controller.events.dropped if controller is not None else 0)
+
+
 class Supervisor:
-    """Every Workflow this process watches, and its controller."""
+    """Every Workflow this process watches, and the controllers of those its shards hold."""
 
     def __init__(
         self,
@@ -83,9 +141,13 @@ class Supervisor:
         self.agent_accounts = AgentAccounts()
         """The ``lorenz-agent`` ServiceAccounts this process made sure of (per namespace, for
         every Workflow's runs in Pods)."""
+        self.workflows: dict[tuple[str, str], Watched] = {}
+        """Every Workflow this process watches."""
         self.controllers: dict[tuple[str, str], WorkflowController] = {}
+        """The controllers of those whose shard is offered here (or that still let go)."""
         self._retired: set[WorkflowController] = set()
         self._closing = False
+        coordinator.when_available(self._shard_available)
 
     # -- kopf's handlers call these --------------------------------------------------------
 
@@ -93,36 +155,37 @@ class Supervisor:
         """One watch event of a Workflow (``kind`` None = the initial listing)."""
         ref = workflow_ref(body)
         key = (ref.namespace, ref.name)
-        current = self.controllers.get(key)
+        watched = self.workflows.get(key)
         if kind == "DELETED":
-            if current is not None and current.uid in (None, ref.uid):
-                self._retire(key, current)
+            if watched is not None and watched.ref.uid in (None, ref.uid):
+                self._forget(key, watched)
             return
         if self._closing:
             return
-        if current is not None and ref.uid is not None and current.uid not in (None, ref.uid):
-            self._retire(key, current)
-            current = None
-        if current is None:
-            current = WorkflowController(
-                body=body,
-                api=self.api,
-                settings=self.settings,
-                coordinator=self.coordinator,
-                base_env=self._base_env,
-                post=self._post,
-                metrics=self.metrics,
-                log_secrets=self._log_secrets,
-                claim_lister=self.claim_lister,
-                agent_accounts=self.agent_accounts,
-            )
-            self.controllers[key] = current
-            current.start()
+        if watched is not None and ref.uid is not None and watched.ref.uid not in (None, ref.uid):
+            self._forget(key, watched)
+            watched = None
+        text = _compact(body)
+        if watched is None:
+            watched = Watched(ref=ref, shard=self.coordinator.shard_for(ref), body_text=text)
+            self.workflows[key] = watched
             logger.info("Workflow watched workflow=%s uid=%s", ref.display, ref.uid)
+            if watched.shard.available.is_set():
+                self._promote(key, watched)
             return
-        current.observe(body)
+        watched.body_text = text
+        if ref.uid is not None and watched.ref.uid is None:
+            watched.ref = ref
+        current = watched.controller
+        if current is None:
+            # NB: level-based: a controller that ended on its own (a failure) while its shard
+            # is still offered here comes back with the next event.
+            if watched.shard.available.is_set():
+                self._promote(key, watched)
+            return
+        current.observe(body, text=text)
         if current.finished:
-            self._retire(key, current)
+            self._forget(key, watched)
 
     def claim_event(self, kind: str | None, body: Mapping[str, Any]) -> None:
         """One watch event of a Claim: deletions and holds matter."""
@@ -150,7 +213,7 @@ class Supervisor:
     def probe(self) -> dict[str, Any]:
         """What the liveness endpoint reports."""
         leading = sum(1 for c in self.controllers.values() if c.leading)
-        return {"workflows": len(self.controllers), "leading": leading}
+        return {"workflows": len(self.workflows), "leading": leading}
 
     async def shutdown(self) -> None:
         """Stop every controller (drain), concurrently, then release the shards; idempotent."""
@@ -165,6 +228,69 @@ class Supervisor:
 
     # -- pieces ----------------------------------------------------------------------------
 
+    def _shard_available(self, shard: Shard) -> None:
+        """``shard`` is offered here now: its Workflows get their controllers at once."""
+        if self._closing:
+            return
+        for key, watched in list(self.workflows.items()):
+            if watched.shard is shard and watched.controller is None:
+                self._promote(key, watched)
+
+    def _promote(self, key: tuple[str, str], watched: Watched) -> None:
+        controller = WorkflowController(
+            body_text=watched.body_text,
+            api=self.api,
+            settings=self.settings,
+            coordinator=self.coordinator,
+            base_env=self._base_env,
+            post=self._post,
+            metrics=self.metrics,
+            log_secrets=self._log_secrets,
+            claim_lister=self.claim_lister,
+            agent_accounts=self.agent_accounts,
+        )
+        watched.controller = controller
+        self.controllers[key] = controller
+        controller.start()
+        assert controller.task is not None
+        controller.task.add_done_callback(
+            lambda task: self._controller_ended(key, watched, controller, task)
+        )
+
+    def _controller_ended(
+        self,
+        key: tuple[str, str],
+        watched: Watched,
+        controller: WorkflowController,
+        task: asyncio.Task[None],
+    ) -> None:
+        """A controller's loop ended: its shard left (a follower again), or it finished."""
+        if watched.controller is not controller:
+            return  # NB: retired (deleted, replaced): _forget took care of it
+        watched.controller = None
+        watched.posted += controller.events.posted
+        watched.dropped += controller.events.dropped
+        if self.controllers.get(key) is controller:
+            del self.controllers[key]
+        if controller.finished:
+            if self.workflows.get(key) is watched:
+                del self.workflows[key]
+            return
+        if task.cancelled() or task.exception() is not None:
+            # NB: logged by the task's own handler; the next event or shard brings it back.
+            return
+        if not self._closing and watched.shard.available.is_set():
+            self._promote(key, watched)  # NB: the shard came back while it let go
+
+    def _forget(self, key: tuple[str, str], watched: Watched) -> None:
+        if self.workflows.get(key) is watched:
+            del self.workflows[key]
+        controller = watched.controller
+        watched.controller = None
+        if controller is not None:
+            self._retire(key, controller)
+        logger.info("Workflow retired workflow=%s uid=%s", watched.ref.display, watched.ref.uid)
+
     def _retire(self, key: tuple[str, str], controller: WorkflowController) -> None:
         if self.controllers.get(key) is controller:
             del self.controllers[key]
@@ -172,7 +298,10 @@ class Supervisor:
         self._retired.add(controller)
         if controller.task is not None:
             controller.task.add_done_callback(lambda _: self._retired.discard(controller))
-        logger.info("Workflow retired workflow=%s uid=%s", controller.ref.display, controller.uid)
+
+
+def _compact(body: Mapping[str, Any]) -> str:
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False)
 
 
 def build_registry(supervisor: Supervisor) -> Any:

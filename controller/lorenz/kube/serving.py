@@ -81,13 +81,13 @@ class _OperatorCollector(Collector):
             "Kubernetes Events on the Workflow, posted or dropped by the rate limit.",
             labels=["workflow", "result"],
         )
-        for controller in list(self._supervisor.controllers.values()):
-            name = controller.ref.display
-            leading.add_metric([name], 1.0 if controller.leading else 0.0)
-            record = controller.lease.observed
+        for watched in list(self._supervisor.workflows.values()):
+            name = watched.ref.display
+            leading.add_metric([name], 1.0 if watched.leading else 0.0)
+            record = watched.observed
             transitions.add_metric([name], float(record.transitions if record else 0))
-            events.add_metric([name, "posted"], float(controller.events.posted))
-            events.add_metric([name, "dropped"], float(controller.events.dropped))
+            events.add_metric([name, "posted"], float(watched.events_posted))
+            events.add_metric([name, "dropped"], float(watched.events_dropped))
         requests = CounterMetricFamily(
             "lorenz_operator_api_requests",
             "Kubernetes API requests this process made itself (kopf's watches excluded).",
@@ -188,18 +188,18 @@ class OperatorServer:
         rows = []
         caller = request.get("lorenz_caller")
         visible: dict[str, bool] = {}
-        for (namespace, name), controller in sorted(self._supervisor.controllers.items()):
+        for (namespace, name), watched in sorted(self._supervisor.workflows.items()):
             if self._auth is not None and caller is not None:
                 if namespace not in visible:
                     visible[namespace] = await self._auth.may_list_workflows(caller, namespace)
                 if not visible[namespace]:
                     continue
-            record = controller.lease.observed
+            record = watched.observed
             rows.append(
                 {
                     "namespace": namespace,
                     "name": name,
-                    "leading": controller.leading,
+                    "leading": watched.leading,
                     "leader": record.holder if record is not None and record.holder else None,
                     "leader_endpoint": record.endpoint if record is not None else None,
                 }
@@ -210,17 +210,17 @@ class OperatorServer:
         """The runtime of the Workflow the request names, if this replica leads it."""
         namespace = request.match_info["namespace"]
         name = request.match_info["name"]
-        controller = self._supervisor.controllers.get((namespace, name))
-        if controller is None:
+        watched = self._supervisor.workflows.get((namespace, name))
+        if watched is None:
             raise ApiError(
                 f"this operator does not watch a Workflow {namespace}/{name}; "
                 "GET /api/v1/workflows lists the ones it does",
                 code=WORKFLOW_NOT_FOUND,
                 status=404,
             )
-        runtime = controller.runtime
+        runtime = watched.runtime
         if runtime is None:
-            record = controller.lease.observed
+            record = watched.observed
             leader = record.holder if record is not None and record.holder else "nobody"
             where = record.endpoint if record is not None and record.endpoint else "unknown"
             raise ApiError(

@@ -232,11 +232,17 @@ class ShardCoordinator:
             period_s=self.timing.retry_period_s, name=f"lorenz-lease-renewer:{identity}"
         )
         """Renews the membership and the held shards on its own thread and loop."""
+        self._available_listeners: list[Callable[[Shard], None]] = []
 
     # -- facts -----------------------------------------------------------------------------
 
     def shard_for(self, workflow: WorkflowRef) -> Shard:
         return self.shards[shard_of(workflow.namespace, workflow.name, shards=len(self.shards))]
+
+    def when_available(self, listener: Callable[[Shard], None]) -> None:
+        """Call ``listener`` (on the main loop) each time a shard is offered here: a term
+        began, so the shard's Workflows may start."""
+        self._available_listeners.append(listener)
 
     def held(self) -> list[int]:
         """Indexes of the shards this replica holds now."""
@@ -441,6 +447,7 @@ class ShardCoordinator:
             shard.lease.name, shard.lease.renew, on_lost=lambda: self._lost(shard, term)
         )
         shard.available.set()
+        self._offered(shard)
         logger.info(
             "Shard acquired shard=%d identity=%s generation=%d fair_share=%d live_replicas=%d",
             shard.index, self.identity, shard.term.generation, self.fair_share,
@@ -478,6 +485,14 @@ class ShardCoordinator:
             term.lost.set()  # NB: stragglers past the bound abandon their runs
         finally:
             self._handover = None
+
+    def _offered(self, shard: Shard) -> None:
+        """Tell the listeners that ``shard`` is offered here (see :meth:`when_available`)."""
+        for listener in self._available_listeners:
+            try:
+                listener(shard)
+            except Exception:
+                logger.exception("Shard listener failed shard=%d", shard.index)
 
     def _end_term(self, shard: Shard, *, lost: bool) -> None:
         term = shard.term
