@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import dataclasses
 import datetime
 import functools
@@ -319,9 +320,10 @@ class WorkflowController:
         runtime = self.runtime
         return runtime.snapshot().to_dict() if runtime is not None else None
 
-    def start(self) -> None:
+    def start(self, *, context: contextvars.Context | None = None) -> None:
+        """Run :meth:`run` as a task (in ``context``: kopf's, where its Events are posted)."""
         self.task = asyncio.get_running_loop().create_task(
-            self.run(), name=f"lorenz-workflow:{self.ref.display}"
+            self.run(), name=f"lorenz-workflow:{self.ref.display}", context=context
         )
 
     def observe(self, body: Mapping[str, Any], *, text: str | None = None) -> None:

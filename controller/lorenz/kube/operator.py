@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import dataclasses
 import json
 import logging
@@ -147,12 +148,19 @@ class Supervisor:
         """The controllers of those whose shard is offered here (or that still let go)."""
         self._retired: set[WorkflowController] = set()
         self._closing = False
+        self._context: contextvars.Context | None = None
+        """The context of kopf's handlers (its Event queue), for controllers made elsewhere."""
         coordinator.when_available(self._shard_available)
 
     # -- kopf's handlers call these --------------------------------------------------------
 
     def workflow_event(self, kind: str | None, body: Mapping[str, Any]) -> None:
         """One watch event of a Workflow (``kind`` None = the initial listing)."""
+        if self._context is None:
+            # NB: kopf posts Events through a queue its handlers' context names; a controller
+            # made when a shard comes (the coordinator's task, not a handler's) runs in this
+            # copy, or its Events would go nowhere.
+            self._context = contextvars.copy_context()
         ref = workflow_ref(body)
         key = (ref.namespace, ref.name)
         watched = self.workflows.get(key)
@@ -251,7 +259,7 @@ class Supervisor:
         )
         watched.controller = controller
         self.controllers[key] = controller
-        controller.start()
+        controller.start(context=self._context)
         assert controller.task is not None
         controller.task.add_done_callback(
             lambda task: self._controller_ended(key, watched, controller, task)
