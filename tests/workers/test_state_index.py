@@ -1,0 +1,50 @@
+"""The per-process index of a state root finds a slot's uncollected runs as a full walk would.
+
+It remembers only what never changes (a collected mark, the slot a spec names), so a run that
+appears after the index first read the root, or one that is collected later, is seen.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from lorenz.workers.runner import COLLECTED_NAME, _StateRootIndex
+from lorenz.workers.spec import HANDLE_PREFIX
+from lorenz.workers.states import SPEC_NAME
+
+
+def _run(root: Path, name: str, *, issue_id: str, slot: int = 0, workflow: str = "wf") -> str:
+    handle = f"{HANDLE_PREFIX}-{name}"
+    (root / handle).mkdir()
+    spec = {"workflow": workflow, "issue": {"id": issue_id}, "slot_index": slot}
+    (root / handle / SPEC_NAME).write_text(json.dumps(spec), encoding="utf-8")
+    return handle
+
+
+def test_index_sees_new_runs_and_later_collected_marks(tmp_path: Path) -> None:
+    index = _StateRootIndex(tmp_path)
+    assert index.uncollected(workflow="wf", issue_id="i1", slot=0) == []
+    first = _run(tmp_path, "a", issue_id="i1")
+    _run(tmp_path, "b", issue_id="i1", slot=1)
+    _run(tmp_path, "c", issue_id="i1", workflow="other")
+    (tmp_path / "not-a-handle").mkdir()
+    assert index.uncollected(workflow="wf", issue_id="i1", slot=0) == [first]
+    # A run that appears after the index read the root (a predecessor's late worker).
+    second = _run(tmp_path, "d", issue_id="i1")
+    assert index.uncollected(workflow="wf", issue_id="i1", slot=0) == [first, second]
+    (tmp_path / first / COLLECTED_NAME).touch()
+    assert index.uncollected(workflow="wf", issue_id="i1", slot=0) == [second]
+    # A run directory whose spec is not written yet is looked at again next time.
+    late = f"{HANDLE_PREFIX}-e"
+    (tmp_path / late).mkdir()
+    assert index.uncollected(workflow="wf", issue_id="i1", slot=0) == [second]
+    (tmp_path / late / SPEC_NAME).write_text(
+        json.dumps({"workflow": "wf", "issue": {"id": "i1"}, "slot_index": 0}), encoding="utf-8"
+    )
+    assert index.uncollected(workflow="wf", issue_id="i1", slot=0) == [second, late]
+
+
+def test_index_of_a_missing_root_is_empty(tmp_path: Path) -> None:
+    assert _StateRootIndex(tmp_path / "missing").uncollected(
+        workflow="wf", issue_id="i1", slot=0) == []
