@@ -210,6 +210,9 @@ class FakeLinearServer(LoopbackFake):
         self.project_slug = project_slug
         self.viewer_id = viewer_id
         self.requests: list[RecordedRequest] = []
+        self.after_answer: Callable[[RecordedRequest], None] | None = None
+        """Called with each request once it is answered (under the server's lock): a test's
+        way to change the board between two requests of one client call."""
         self._lock = threading.RLock()
         self._failures: list[_Failure] = []
         self._teams: dict[str, FakeTeam] = {}
@@ -477,6 +480,8 @@ class FakeLinearServer(LoopbackFake):
         with self._lock:
             self.requests.append(record)
             response = self._answer(request, record)
+            if self.after_answer is not None:
+                self.after_answer(record)
         if response is None:  # an injected disconnect
             assert request.transport is not None
             request.transport.close()

@@ -169,6 +169,49 @@ async def test_pagination_keeps_order_across_pages(
     assert {r.variables["first"] for r in requests} == {10}
 
 
+async def test_an_issue_leaving_the_states_between_pages_restarts_the_scan(
+    linear_server: FakeLinearServer, make_tracker: MakeTracker
+) -> None:
+    # The fake refuses a cursor whose issue is no longer in the filtered list, as a server
+    # may; an agent moving its issue to Done between two pages of a scan must not fail the poll.
+    seeded = [linear_server.add_issue(title=f"Issue {n}") for n in range(5)]
+
+    def move_the_first_page_end(record: Any) -> None:
+        if record.operation_name == "LorenzIssuesByStates" and record.variables["after"] is None:
+            linear_server.after_answer = None
+            linear_server.set_state(seeded[1].id, "Done")
+
+    linear_server.after_answer = move_the_first_page_end
+    got = await make_tracker(provider={"page_size": 2}).fetch_issues_by_states(["Todo"])
+    assert [i.id for i in got] == [s.id for n, s in enumerate(seeded) if n != 1]
+    afters = [r.variables["after"] for r in linear_server.requests_for("LorenzIssuesByStates")]
+    assert afters == [None, f"cursor:{seeded[1].id}", None, f"cursor:{seeded[2].id}"]
+
+
+async def test_cursor_restarts_are_bounded(
+    linear_server: FakeLinearServer, make_tracker: MakeTracker
+) -> None:
+    seeded = [linear_server.add_issue(title=f"Issue {n}") for n in range(8)]
+    moved: list[str] = []
+
+    def move_every_first_page_end(record: Any) -> None:
+        if record.operation_name == "LorenzIssuesByStates" and record.variables["after"] is None:
+            # The second issue still in Todo ends the page of 2 just answered.
+            page_end = [s.id for s in seeded if s.id not in moved][1]
+            moved.append(page_end)
+            linear_server.set_state(page_end, "Done")
+
+    linear_server.after_answer = move_every_first_page_end
+    tracker = make_tracker(provider={"page_size": 2})
+    with pytest.raises(TrackerError) as err:
+        await tracker.fetch_issues_by_states(["Todo"])
+    assert err.value.code == "linear_graphql_errors"
+    assert "cursor" in str(err.value).lower()
+    # The first scan and CURSOR_RESTARTS (2) more, each a first page and a refused second.
+    assert len(linear_server.requests_for("LorenzIssuesByStates")) == 2 * 3
+    assert len(moved) == 3
+
+
 async def test_state_names_are_sent_unchanged_and_deduplicated(
     linear_server: FakeLinearServer, make_tracker: MakeTracker
 ) -> None:

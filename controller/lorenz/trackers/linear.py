@@ -51,6 +51,8 @@ DEFAULT_LINEAR_ENDPOINT = "https://api.linear.app/graphql"
 LINEAR_API_KEY_ENV = "LINEAR_API_KEY"
 RATELIMITED = "RATELIMITED"
 BODY_SNIPPET_BYTES = 1000
+CURSOR_RESTARTS = 2
+"""How often one state scan starts again from its first page after Linear refused a cursor."""
 
 
 class LinearOptions(ProviderOptions):
@@ -296,6 +298,11 @@ def _snippet(text: str) -> str:
     return raw[:BODY_SNIPPET_BYTES].decode("utf-8", errors="ignore") + "…"
 
 
+def _refused_cursor(err: TrackerError) -> bool:
+    """Whether a failed page read is Linear refusing its ``after`` cursor."""
+    return err.code == "linear_graphql_errors" and "cursor" in str(err).lower()
+
+
 def _graphql_errors(body: Any) -> list[Mapping[str, Any]]:
     if not isinstance(body, Mapping):
         return []
@@ -401,19 +408,38 @@ class LinearTracker:
         issues: list[Issue] = []
         dropped = 0
         after: str | None = None
+        restarts = 0
         while True:
-            data = await self._query(
-                ISSUES_BY_STATES_QUERY,
-                {
-                    "projectSlug": self._project_slug,
-                    "stateNames": names,
-                    "first": self.options.page_size,
-                    "relationFirst": self.options.relation_page_size,
-                    "labelFirst": self.options.label_page_size,
-                    "after": after,
-                },
-                operation_name="LorenzIssuesByStates",
-            )
+            try:
+                data = await self._query(
+                    ISSUES_BY_STATES_QUERY,
+                    {
+                        "projectSlug": self._project_slug,
+                        "stateNames": names,
+                        "first": self.options.page_size,
+                        "relationFirst": self.options.relation_page_size,
+                        "labelFirst": self.options.label_page_size,
+                        "after": after,
+                    },
+                    operation_name="LorenzIssuesByStates",
+                )
+            except TrackerError as err:
+                # NB: a cursor names the last issue of the page before; when that issue leaves
+                # the filter between two pages (an agent moved it to Done), the cursor may be
+                # refused. The scan starts again from its first page, a bounded number of
+                # times, rather than failing the whole poll.
+                if after is None or restarts >= CURSOR_RESTARTS or not _refused_cursor(err):
+                    raise
+                restarts += 1
+                logger.debug(
+                    "Linear refused a page cursor; scanning again project=%s states=%s",
+                    self._project_slug,
+                    names,
+                )
+                issues.clear()
+                dropped = 0
+                after = None
+                continue
             connection = self._issues_connection(data, operation="LorenzIssuesByStates")
             for node in connection["nodes"]:
                 issue = normalize_issue(node)
