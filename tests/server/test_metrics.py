@@ -9,6 +9,8 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.openmetrics.exposition import generate_latest as openmetrics
 from prometheus_client.parser import text_string_to_metric_families
 
 from lorenz.agents import PlacementFailed
@@ -303,10 +305,25 @@ async def test_each_app_has_its_own_registry(tmp_path: Path, http: aiohttp.Clien
     assert not any(("workflow", str(rig_a.workflow.path)) in labels for _, labels in samples_b)
 
 
-def test_the_compact_series_expose_exactly_what_prometheus_client_would() -> None:
-    from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-    from prometheus_client.openmetrics.exposition import generate_latest as openmetrics
+def _same_but_created(
+    ours: CollectorRegistry, theirs: CollectorRegistry, *, created_prefix: str
+) -> list[str]:
+    """Assert both registries expose the same samples (text and OpenMetrics) but for their
+    ``_created`` lines; return our ``created_prefix`` lines."""
 
+    def without_created(text: bytes) -> list[str]:
+        return [line for line in text.decode().splitlines() if "_created" not in line]
+
+    assert without_created(generate_latest(ours)) == without_created(generate_latest(theirs))
+    assert without_created(openmetrics(ours)) == without_created(openmetrics(theirs))  # type: ignore[no-untyped-call]
+    return [
+        line
+        for line in generate_latest(ours).decode().splitlines()
+        if line.startswith(created_prefix)
+    ]
+
+
+def test_the_compact_series_expose_exactly_what_prometheus_client_would() -> None:
     from lorenz.server.metrics import RUN_DURATION_BUCKETS, _Family
 
     ours, theirs = CollectorRegistry(), CollectorRegistry()
@@ -331,13 +348,7 @@ def test_the_compact_series_expose_exactly_what_prometheus_client_would() -> Non
             histogram.labels("a/b", "success").observe(seconds)
         histogram.labels("a/b", "failed").observe(2.0)
 
-    def without_created(text: bytes) -> list[str]:
-        return [line for line in text.decode().splitlines() if "_created" not in line]
-
-    assert without_created(generate_latest(ours)) == without_created(generate_latest(theirs))
-    assert without_created(openmetrics(ours)) == without_created(openmetrics(theirs))  # type: ignore[no-untyped-call]
-    created = [line for line in generate_latest(ours).decode().splitlines()
-               if line.startswith("x_runs_created")]
+    created = _same_but_created(ours, theirs, created_prefix="x_runs_created")
     assert len(created) == 2
 
 
@@ -371,9 +382,6 @@ async def test_a_pod_run_times_its_placement_and_counts_a_placement_failure_by_r
 
 
 def test_zero_series_are_drawn_as_prometheus_client_would_show_them_made_at_attach() -> None:
-    from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-    from prometheus_client.openmetrics.exposition import generate_latest as openmetrics
-
     from lorenz.server.metrics import RUN_DURATION_BUCKETS, _Family
 
     ours, theirs = CollectorRegistry(), CollectorRegistry()
@@ -402,13 +410,7 @@ def test_zero_series_are_drawn_as_prometheus_client_would_show_them_made_at_atta
     histograms[1].labels("c/d", "success").observe(7.0)
     histograms[0].labels("a/b", "stalled", created=1000.0)
 
-    def without_created(text: bytes) -> list[str]:
-        return [line for line in text.decode().splitlines() if "_created" not in line]
-
-    assert without_created(generate_latest(ours)) == without_created(generate_latest(theirs))
-    assert without_created(openmetrics(ours)) == without_created(openmetrics(theirs))  # type: ignore[no-untyped-call]
-    created = [line for line in generate_latest(ours).decode().splitlines()
-               if line.startswith("x_runs_created")]
+    created = _same_but_created(ours, theirs, created_prefix="x_runs_created")
     # Drawn or touched, a series is created when its workflow was attached.
     assert created == [
         'x_runs_created{outcome="success",workflow="a/b"} 1000.0',
