@@ -535,3 +535,37 @@ async def test_marker_is_outside_the_workspace(root: Path) -> None:
 
 def test_list_workspaces_of_a_missing_root_is_empty(root: Path) -> None:
     assert manager_for(root).list_workspaces() == []
+
+
+async def test_markers_come_back_when_their_directory_was_removed(root: Path) -> None:
+    # NB: the markers' directory is made only when a write finds it missing.
+    manager = manager_for(root)
+    await manager.prepare(make_issue("ABC-1", issue_id="u-1"), slot_index=0, attempt=None)
+    shutil.rmtree(root / ".lorenz")
+    await manager.prepare(make_issue("ABC-2", issue_id="u-2"), slot_index=0, attempt=None)
+    marker = json.loads((root / ".lorenz" / "workspaces" / "ABC-2.json").read_text())
+    assert marker["issue_id"] == "u-2"
+    listed = {info.key: info.issue_id for info in manager.list_workspaces()}
+    assert listed == {"ABC-1": None, "ABC-2": "u-2"}  # the lost marker reads as none
+    assert await manager.remove_issue("ABC-1") == [root / "ABC-1"]
+    assert await manager.remove_issue("ABC-2") == [root / "ABC-2"]
+    assert manager.list_workspaces() == []
+    assert list((root / ".lorenz" / "workspaces").iterdir()) == []
+
+
+async def test_a_flat_workspace_swapped_for_an_escaping_symlink_is_unlinked_not_followed(
+    root: Path, tmp_path: Path
+) -> None:
+    # The one containment check of a flat removal sees the swap: the link goes, its target
+    # outside the root stays.
+    manager = manager_for(root)
+    workspace = await manager.prepare(make_issue("ABC-1"), slot_index=0, attempt=None)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("keep")
+    workspace.path.rmdir()
+    workspace.path.symlink_to(outside)
+    with pytest.raises(WorkspaceError) as caught:
+        await manager.remove_issue("ABC-1")
+    assert caught.value.code == "workspace_symlink_escape"
+    assert (outside / "keep.txt").read_text() == "keep"

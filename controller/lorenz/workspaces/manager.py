@@ -569,8 +569,10 @@ class WorkspaceManager:
         failures: list[WorkspaceError] = []
         for path, slot_index in targets:
             try:
+                # NB: the holder itself (a flat workspace) was checked just above, and nothing
+                # ran since (no hook, no await): its check stands.
                 if await self._remove_one(path, root=root, identity=identity,
-                                          slot_index=slot_index):
+                                          slot_index=slot_index, checked=path == container):
                     removed.append(path)
             except WorkspaceError as exc:
                 failures.append(exc)
@@ -656,9 +658,12 @@ class WorkspaceManager:
         return removed
 
     async def _remove_one(
-        self, path: Path, *, root: Path, identity: _Identity, slot_index: int
+        self, path: Path, *, root: Path, identity: _Identity, slot_index: int,
+        checked: bool = False,
     ) -> bool:
-        check_inside_root(path, root=root, root_resolved=True)
+        """``checked``: ``path`` was proven inside ``root`` right before, with nothing between."""
+        if not checked:
+            check_inside_root(path, root=root, root_resolved=True)
         manifest_file = manifest_path(root, path)
         if (_exists(manifest_file)
                 or self._settings.workspace.kind is WorkspaceKind.WORKTREE):
