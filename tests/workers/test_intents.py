@@ -18,7 +18,8 @@ import pytest
 
 from lorenz.agents import AgentRunError
 from lorenz.claims import SqliteClaimStore
-from lorenz.model import SlotKey, SpawnPhase
+from lorenz.claims.memory import MemoryClaimStore, MemoryClaimTable
+from lorenz.model import AgentUpdate, SlotKey, SpawnPhase
 from lorenz.workers.handles import LocalTransport
 from lorenz.workers.runner import WorkerRunner
 from lorenz.workers.states import list_handles
@@ -119,3 +120,76 @@ async def test_a_deposed_runner_leaves_its_worker_running(
     assert not process_gone(pid), "the deposed runner killed its live worker's agent"
     gate.write_text("go")
     await wait_until(lambda: process_gone(pid), timeout_s=60)
+
+
+async def test_a_memory_store_holds_each_records_seq_before_the_record_is_relayed(
+    state_root: Path, tmp_path: Path
+) -> None:
+    # NB: the memory store never suspends, so the runner writes its intent at once, without
+    # a writer task: the claim names a record's seq before the runtime sees that record.
+    store = MemoryClaimStore(owner="ctl-1")
+    await store.fence(1)
+    await store.acquire(claim("issue-1"))
+    kit = Kit(tmp_path, [{"message": "one"}, {"message": "two"}])
+    held: list[tuple[str, int]] = []
+
+    def on_update(update: AgentUpdate) -> None:
+        intent = store.claims[KEY].intent
+        assert intent is not None
+        held.append((intent.phase.value, intent.last_seq))
+        kit.updates.append(update)
+
+    runner = WorkerRunner(
+        workflow=str(tmp_path / "WORKFLOW.md"),
+        transport=LocalTransport(state_root=state_root, env=base_env()),
+        generation=1,
+        intents=store,
+    )
+    await runner.run(kit.request(on_update=on_update))
+    (name,) = list_handles(state_root)
+    records = [
+        json.loads(line) for line in (state_root / name / "journal.jsonl").read_text().splitlines()
+    ]
+    relayed = [r["seq"] for r in records if r["kind"] == "agent_update"]
+    assert held == [("running", seq) for seq in relayed]
+    intent = store.claims[KEY].intent
+    assert intent is not None
+    assert (intent.phase, intent.handle, intent.last_seq) == (
+        SpawnPhase.RUNNING,
+        name,
+        records[-1]["seq"],
+    )
+
+
+async def test_a_memory_store_that_refuses_an_update_leaves_the_worker_running_to_its_end(
+    state_root: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    table = MemoryClaimTable()
+    ours = MemoryClaimStore(owner="ctl-1", table=table)
+    await ours.fence(1)
+    await ours.acquire(claim("issue-1"))
+    gate = tmp_path / "gate"
+    kit = Kit(tmp_path, [{"message": "one"}, {"gate": str(gate)}, {"message": "two"}])
+    fenced: list[int] = []
+
+    async def depose() -> None:
+        try:
+            await wait_until(lambda: any(u.event == "session_started" for u in kit.updates))
+            await MemoryClaimStore(owner="ctl-2", table=table).fence(2)  # a newer leader
+            fenced.append(len(kit.updates))
+        finally:
+            gate.write_text("go")
+
+    runner = WorkerRunner(
+        workflow=str(tmp_path / "WORKFLOW.md"),
+        transport=LocalTransport(state_root=state_root, env=base_env()),
+        generation=1,
+        intents=ours,
+    )
+    deposing = asyncio.create_task(depose())
+    result = await runner.run(kit.request())
+    await deposing
+    assert fenced
+    assert result.turns == 1
+    assert len(kit.updates) > fenced[0]  # relayed although no longer recorded
+    assert "spawn intent not recorded" in caplog.text

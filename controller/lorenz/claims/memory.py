@@ -125,6 +125,10 @@ class MemoryClaimStore:
         self._table.claims[record.slot_key] = self._stored(record, held)
 
     async def record_intent(self, key: SlotKey, intent: SpawnIntent | None) -> bool:
+        return self.record_intent_now(key, intent)
+
+    def record_intent_now(self, key: SlotKey, intent: SpawnIntent | None) -> bool:
+        """:meth:`record_intent` without a coroutine (see ``ImmediateSpawnIntents``)."""
         self._check_fence()
         held = self._table.claims.get(key)
         if held is None or held.owner != self._owner:

@@ -122,6 +122,20 @@ class SpawnIntents(Protocol):
         ...
 
 
+@runtime_checkable
+class ImmediateSpawnIntents(SpawnIntents, Protocol):
+    """A spawn-intent store whose write never suspends (it keeps the claims in this process).
+
+    The runner writes a running slot's intent updates (its phase, the collected ``last_seq``)
+    through :meth:`record_intent_now` at once, instead of coalescing them in a writer task: a
+    task per journal record cost more on the controller's loop than the write itself.
+    """
+
+    def record_intent_now(self, key: SlotKey, intent: SpawnIntent | None) -> bool:
+        """:meth:`record_intent`, done before it returns (the same result and errors)."""
+        ...
+
+
 class CapacityProbe(Protocol):
     """The orchestrator's view of a worker pool: whether it governs dispatch, and if it has room.
 
