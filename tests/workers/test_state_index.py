@@ -11,7 +11,7 @@ from pathlib import Path
 
 from lorenz.workers.runner import COLLECTED_NAME, _StateRootIndex
 from lorenz.workers.spec import HANDLE_PREFIX
-from lorenz.workers.states import SPEC_NAME
+from lorenz.workers.states import SPEC_NAME, mark_collected
 
 
 def _run(root: Path, name: str, *, issue_id: str, slot: int = 0, workflow: str = "wf") -> str:
@@ -48,3 +48,17 @@ def test_index_sees_new_runs_and_later_collected_marks(tmp_path: Path) -> None:
 def test_index_of_a_missing_root_is_empty(tmp_path: Path) -> None:
     assert _StateRootIndex(tmp_path / "missing").uncollected(
         workflow="wf", issue_id="i1", slot=0) == []
+
+
+def test_the_collected_mark_links_the_spec_and_is_seen_by_the_index(tmp_path: Path) -> None:
+    index = _StateRootIndex(tmp_path)
+    linked = _run(tmp_path, "a", issue_id="i1")
+    bare = f"{HANDLE_PREFIX}-b"
+    (tmp_path / bare).mkdir()  # no spec to link: the mark is an empty file
+    for handle in (linked, bare, linked):  # twice: idempotent
+        mark_collected(tmp_path / handle)
+    spec, mark = tmp_path / linked / SPEC_NAME, tmp_path / linked / COLLECTED_NAME
+    assert mark.stat().st_ino == spec.stat().st_ino  # a link, no new inode
+    assert json.loads(mark.read_text())["issue"] == {"id": "i1"}  # the spec stays as it was
+    assert (tmp_path / bare / COLLECTED_NAME).read_bytes() == b""
+    assert index.uncollected(workflow="wf", issue_id="i1", slot=0) == []

@@ -68,6 +68,7 @@ from lorenz.workers.states import (
     DEFAULT_RETENTION_S,
     SPEC_NAME,
     ProbeState,
+    mark_collected,
     prune_state_dirs,
 )
 
@@ -704,9 +705,7 @@ class WorkerRunner:
     def _mark_collected(self, name: str) -> None:
         root = getattr(self.transport, "state_root", None)
         if isinstance(root, Path):
-            with contextlib.suppress(OSError):
-                fd = os.open(root / name / COLLECTED_NAME, os.O_WRONLY | os.O_CREAT, 0o600)
-                os.close(fd)
+            mark_collected(root / name)
 
 
 async def _never_active() -> bool:
