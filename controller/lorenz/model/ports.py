@@ -122,13 +122,15 @@ class SpawnIntents(Protocol):
         ...
 
 
-@runtime_checkable
 class ImmediateSpawnIntents(SpawnIntents, Protocol):
     """A spawn-intent store whose write never suspends (it keeps the claims in this process).
 
     The runner writes a running slot's intent updates (its phase, the collected ``last_seq``)
     through :meth:`record_intent_now` at once, instead of coalescing them in a writer task: a
     task per journal record cost more on the controller's loop than the write itself.
+
+    NB: not runtime-checkable on purpose: the runner tests for ``record_intent_now`` itself,
+    an ``isinstance()`` against a protocol walks its members on every call.
     """
 
     def record_intent_now(self, key: SlotKey, intent: SpawnIntent | None) -> bool:
