@@ -30,6 +30,7 @@ from pydantic import Field
 from lorenz.config import TrackerSettings, WorkflowSettings
 from lorenz.model import BlockerRef, Issue
 from lorenz.model.issues import normalize_state
+from lorenz.trackers import httpstack as _httpstack  # noqa: F401 - see its docstring
 from lorenz.trackers.base import TrackerError, tracker_settings_of
 from lorenz.trackers.options import ProviderOptions, parse_provider_options
 from lorenz.trackers.throttling import (
