@@ -533,6 +533,36 @@ async def test_marker_is_outside_the_workspace(root: Path) -> None:
     assert manager.list_workspaces() == []
 
 
+async def test_a_marker_that_already_says_it_all_is_not_written_again(root: Path) -> None:
+    # Every continuation and retry prepares its workspace again: the marker stays as it was
+    # (same file, same content); a changed identity is written over it (a new file).
+    manager = manager_for(root)
+    marker_file = root / ".lorenz" / "workspaces" / "ABC-1.json"
+    await manager.prepare(make_issue("ABC-1", issue_id="u-1"), slot_index=0, attempt=None)
+    first = marker_file.stat()
+    await manager.prepare(make_issue("ABC-1", issue_id="u-1"), slot_index=0, attempt=1)
+    again = marker_file.stat()
+    assert (again.st_ino, again.st_mtime_ns) == (first.st_ino, first.st_mtime_ns)
+    created = json.loads(marker_file.read_text())["created_at"]
+    await manager.prepare(make_issue("ABC-1", issue_id="u-9"), slot_index=0, attempt=None)
+    moved = json.loads(marker_file.read_text())
+    assert (moved["issue_id"], moved["created_at"]) == ("u-9", created)
+    assert marker_file.stat().st_ino != first.st_ino
+
+
+async def test_a_marker_left_half_written_is_replaced(root: Path) -> None:
+    # A crash in the middle of a new marker's write leaves a file that is not JSON: it reads as
+    # no marker, and the next prepare writes a whole one over it.
+    manager = manager_for(root)
+    marker_file = root / ".lorenz" / "workspaces" / "ABC-1.json"
+    marker_file.parent.mkdir(parents=True)
+    marker_file.write_text('{"version": 1, "key": "AB')
+    await manager.prepare(make_issue("ABC-1", issue_id="u-1"), slot_index=0, attempt=None)
+    marker = json.loads(marker_file.read_text())
+    assert (marker["key"], marker["issue_id"], marker["layout"]) == ("ABC-1", "u-1", "flat")
+    assert [p.name for p in marker_file.parent.iterdir()] == ["ABC-1.json"]  # no temporaries
+
+
 def test_list_workspaces_of_a_missing_root_is_empty(root: Path) -> None:
     assert manager_for(root).list_workspaces() == []
 

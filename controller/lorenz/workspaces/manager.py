@@ -336,10 +336,15 @@ class WorkspaceManager:
 
         previous = read_marker(root, key)
         layout: Layout = "slots" if nested else "flat"
-        write_marker(root, WorkspaceMarker(
-            key=key, issue_id=issue.id, identifier=issue.identifier, layout=layout,
-            created_at=previous.created_at if previous else now_iso(),
-        ))
+        if previous is None or (previous.issue_id, previous.identifier, previous.layout) != (
+            issue.id, issue.identifier, layout
+        ):
+            # NB: a marker that already says all this is left as it is (every continuation
+            # and retry of an issue prepares its workspace again).
+            write_marker(root, WorkspaceMarker(
+                key=key, issue_id=issue.id, identifier=issue.identifier, layout=layout,
+                created_at=previous.created_at if previous else now_iso(),
+            ), new=previous is None)
         workspace = Workspace(path=path, key=key, created_now=created_now, issue=issue,
                               slot_index=slot_index, branch=branch)
         logger.info(

@@ -95,6 +95,38 @@ def write_json_atomically(path: Path, data: dict[str, Any]) -> None:
         raise
 
 
+def write_json_exclusively(path: Path, data: dict[str, Any]) -> None:
+    """Write a file that does not exist yet; atomically replace it when it does after all.
+
+    NB: a new file needs no temporary name and rename (~120 us of the loop per new workspace
+    against ~75 us): until it is complete its content is not JSON, which every reader takes as
+    "no record" (:func:`read_json`) — the same answer as before it existed. A crash mid-write
+    leaves such a file; the next write finds it (``FileExistsError``) and replaces it
+    atomically.
+    """
+    payload = (json.dumps(data, sort_keys=True) + "\n").encode("utf-8")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+    try:
+        try:
+            fd = os.open(path, flags, 0o644)
+        except FileNotFoundError:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, flags, 0o644)
+    except FileExistsError:
+        write_json_atomically(path, data)
+        return
+    try:
+        view = memoryview(payload)
+        while view:
+            view = view[os.write(fd, view):]
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        raise
+    os.close(fd)
+
+
 def read_json(path: Path) -> Any:
     """Parsed JSON, or ``None`` when the file is missing or not JSON."""
     try:
@@ -111,8 +143,13 @@ def read_marker(root: Path, key: str) -> WorkspaceMarker | None:
     return WorkspaceMarker.from_json(read_json(marker_path(root, key)))
 
 
-def write_marker(root: Path, marker: WorkspaceMarker) -> None:
-    write_json_atomically(marker_path(root, marker.key), marker.to_json())
+def write_marker(root: Path, marker: WorkspaceMarker, *, new: bool = False) -> None:
+    """Record ``marker``; ``new``: no marker was readable for its key just before."""
+    path = marker_path(root, marker.key)
+    if new:
+        write_json_exclusively(path, marker.to_json())
+    else:
+        write_json_atomically(path, marker.to_json())
 
 
 def delete_marker(root: Path, key: str) -> None:
