@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime
+import itertools
 import json
 from pathlib import Path
 
@@ -358,6 +359,72 @@ async def test_snapshot_subscribers_get_the_current_snapshot_first(tmp_path: Pat
     await rig.runtime.poll_once()
     assert len(seen) == count
     assert seen[-1]["app_status"] == "stopped"
+
+
+PROGRESS_AGENT = """
+for n in range(5):
+    print("step", n, flush=True)
+"""
+
+
+async def test_a_progress_blind_subscriber_gets_runs_and_sessions_but_no_agent_chatter(
+    tmp_path: Path,
+) -> None:
+    # The log's run context follows which runs exist and their sessions: it subscribes with
+    # agent_progress=False and is not handed (nor made to build) a snapshot per agent line.
+    agent = write_agent(tmp_path, "agent", PROGRESS_AGENT)
+    wf = write_workflow(tmp_path, agent_script=agent)
+    rig = build_rig(wf, issues=[issue(1)])
+    everything: list[dict[str, object]] = []
+    structure: list[dict[str, object]] = []
+    rig.runtime.subscribe(lambda snap: everything.append(snap.to_dict()))
+    rig.runtime.subscribe(lambda snap: structure.append(snap.to_dict()), agent_progress=False)
+    await rig.runtime.start(once=True)
+    await rig.runtime.wait_for_runs()
+
+    def sessions(seen: list[dict[str, object]]) -> set[object]:
+        return {row["session_id"] for snap in seen for row in snap["running"]  # type: ignore[attr-defined]
+                if row.get("session_id")}
+
+    def messages(seen: list[dict[str, object]]) -> set[object]:
+        return {row.get("last_agent_message") for snap in seen
+                for row in snap["running"]}  # type: ignore[attr-defined]
+
+    assert sessions(structure)
+    assert sessions(structure) == sessions(everything)
+    assert {"step 4"} <= {str(m) for m in messages(everything)}
+    assert not {f"step {n}" for n in range(5)} & {str(m) for m in messages(structure)}
+    assert len(structure) < len(everything)
+
+
+@pytest.mark.parametrize("agent_progress", [True, False])
+async def test_only_progress_blind_subscribers_build_no_snapshot_for_agent_progress(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, agent_progress: bool
+) -> None:
+    agent = write_agent(tmp_path, "agent", PROGRESS_AGENT)
+    wf = write_workflow(tmp_path, agent_script=agent)
+    rig = build_rig(wf, issues=[issue(1)])
+    timeline: list[str] = []
+    rig.runtime.add_event_listener(
+        lambda event: timeline.append(f"{event.type}:{event.agent_event or ''}")
+    )
+    rig.runtime.subscribe(lambda snap: None, agent_progress=agent_progress)
+    real = rig.runtime.snapshot
+
+    def counted() -> object:
+        timeline.append("snapshot built")
+        return real()
+
+    monkeypatch.setattr(rig.runtime, "snapshot", counted)
+    await rig.runtime.start(once=True)
+    await rig.runtime.wait_for_runs()
+    assert timeline.count("run_update:output") >= 5
+    # NB: an agent update is reported to the event listeners, then its snapshot is emitted.
+    for_output = sum(
+        1 for before, after in itertools.pairwise(timeline)
+        if (before, after) == ("run_update:output", "snapshot built")
+    )
+    assert for_output == (timeline.count("run_update:output") if agent_progress else 0)
 
 
 async def test_lost_claims_abort_local_runs_without_recording_a_result(tmp_path: Path) -> None:

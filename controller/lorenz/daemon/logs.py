@@ -426,7 +426,9 @@ class RunContextAttachment:
 
         sink = LogFileSink(settings=lambda: runtime.settings)
         self._detach.append(runtime.add_event_listener(sink))
-        self._detach.append(runtime.subscribe(on_snapshot))
+        # NB: the run context needs which runs exist and their sessions, not each agent
+        # message: a snapshot per agent update was built for this listener alone.
+        self._detach.append(runtime.subscribe(on_snapshot, agent_progress=False))
 
     async def stop(self) -> None:
         while self._detach:

@@ -778,7 +778,8 @@ class Dispatching:
             logger.exception("applying an agent update failed slot=%s", key)
             return
         self._runtime._reporting.agent_update(key, update, progress)
-        self._runtime._reporting.emit_snapshot()
+        # NB: a new session (a turn began) is more than progress: the log lines carry it.
+        self._runtime._reporting.emit_snapshot(progress_only=update.session_id is None)
 
 
 _PASSED_FIELDS = ("id", "identifier", "title", "state")

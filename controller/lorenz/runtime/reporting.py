@@ -251,25 +251,47 @@ class Reporting:
             self._runtime._redactor_key = api_key
         return self._runtime._redactor
 
-    def emit_snapshot(self) -> None:
-        if not self._runtime._snapshot_listeners:
+    def emit_snapshot(self, *, progress_only: bool = False) -> None:
+        """Hand the listeners a new snapshot; built only when some listener wants it.
+
+        ``progress_only``: what changed is a running slot's progress (its agent's last event,
+        message, tokens) and nothing else — the bulk of the traffic with a chatty agent. The
+        listeners that asked to skip those (``subscribe(agent_progress=False)``) are not called,
+        and with none other no snapshot is built.
+        """
+        listeners = self._runtime._snapshot_listeners
+        if progress_only and listeners:
+            blind = self._runtime._progress_blind_listeners
+            listeners = [listener for listener in listeners if listener not in blind]
+        if not listeners:
             return
         snapshot = self._runtime.snapshot()
-        for listener in list(self._runtime._snapshot_listeners):
+        for listener in list(listeners):
             try:
                 listener(snapshot)
             except Exception:
                 # NB: a failing listener must not cost the others their snapshot.
                 logger.exception("snapshot listener failed")
 
-    def subscribe(self, listener: SnapshotListener) -> Callable[[], None]:
-        """Call ``listener`` with every new snapshot, starting with the current one."""
+    def subscribe(
+        self, listener: SnapshotListener, *, agent_progress: bool = True
+    ) -> Callable[[], None]:
+        """Call ``listener`` with every new snapshot, starting with the current one.
+
+        ``agent_progress=False``: not after an agent update that only moved its run's progress
+        (see :meth:`emit_snapshot`); for listeners that follow which runs exist and their
+        sessions, not what the agents say.
+        """
         self._runtime._snapshot_listeners.append(listener)
+        if not agent_progress:
+            self._runtime._progress_blind_listeners.append(listener)
         listener(self._runtime.snapshot())
 
         def unsubscribe() -> None:
             with contextlib.suppress(ValueError):
                 self._runtime._snapshot_listeners.remove(listener)
+            with contextlib.suppress(ValueError):
+                self._runtime._progress_blind_listeners.remove(listener)
 
         return unsubscribe
 

@@ -126,6 +126,8 @@ class LorenzRuntime:
         self._projection = Projection()
         self._timers = RetryTimers(clock=self._clock, on_fire=self._dispatching.on_retry_due)
         self._snapshot_listeners: list[SnapshotListener] = []
+        self._progress_blind_listeners: list[SnapshotListener] = []
+        """Listeners (also in ``_snapshot_listeners``) not called for agent progress alone."""
         self._event_listeners: list[EventListener] = []
 
         self._stopped = False
@@ -188,9 +190,15 @@ class LorenzRuntime:
         """Queue an immediate poll and reconcile pass (coalesced with one already under way)."""
         return self._polling.request_refresh()
 
-    def subscribe(self, listener: SnapshotListener) -> Callable[[], None]:
-        """Call ``listener`` with every new snapshot, starting with the current one."""
-        return self._reporting.subscribe(listener)
+    def subscribe(
+        self, listener: SnapshotListener, *, agent_progress: bool = True
+    ) -> Callable[[], None]:
+        """Call ``listener`` with every new snapshot, starting with the current one.
+
+        ``agent_progress=False``: skip the snapshots after an agent update that only moved its
+        run's progress (last event, message, tokens), the bulk of a chatty agent's traffic.
+        """
+        return self._reporting.subscribe(listener, agent_progress=agent_progress)
 
     def add_event_listener(self, listener: EventListener) -> Callable[[], None]:
         """Call ``listener`` with every runtime event (metrics, Kubernetes Events, logs)."""
