@@ -165,6 +165,9 @@ async def test_reconciliation_stops_a_run_whose_issue_left_the_active_states(
     assert canceled[0]["reason"] == reason
     assert ws.exists() is workspace_kept
     assert bool(rig.of_type("workspace_cleanup")) is (not workspace_kept)
+    if not workspace_kept:
+        # The one line about it names what went (the manager's own line is DEBUG).
+        assert [e["removed"] for e in rig.of_type("workspace_cleanup")] == [[str(ws)]]
     assert not rig.orchestrator.state.running
     assert not rig.orchestrator.state.retry_attempts
     assert [h["outcome"] for h in rig.runtime.snapshot().to_dict()["run_history"]] == ["canceled"]

@@ -262,6 +262,7 @@ class Reconciling:
                     identifier=identifier,
                     message=f"removed {len(removed)} workspace(s)",
                     reason=reason,
+                    removed=[str(path) for path in removed],
                 )
         else:
             self._runtime._reporting.event(

@@ -722,8 +722,10 @@ class WorkspaceManager:
                 os.unlink(path)
                 return True
         await self._rmtree(path)
-        logger.info("workspace removed issue_identifier=%s workspace=%s",
-                    identity.identifier, path)
+        # NB: DEBUG: the runtime's workspace_cleanup event names what was removed, one line
+        # per issue instead of two (every finished run removes its workspace).
+        logger.debug("workspace removed issue_identifier=%s workspace=%s",
+                     identity.identifier, path)
         return True
 
     async def _remove_worktree(
