@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import psutil
@@ -95,6 +96,31 @@ async def test_a_launcher_that_died_is_started_again_at_the_next_launch(
         for result in (first, second):
             handle = WorkerHandle(transport=transport, handle=result.handle)
             assert (await handle.follow(Collected())).data["outcome"] == "success"
+    finally:
+        await transport.close()
+
+
+async def test_a_launcher_killed_before_the_loop_saw_it_is_replaced_by_the_next_launch(
+    state_root: Path, make_spec: SpecFactory
+) -> None:
+    # The loop has not yet processed the launcher's exit (nothing yielded to it since the
+    # kill), so the launcher still looks alive: the launch finds it gone when it writes, and
+    # starts a new one instead of failing the run.
+    transport = LocalTransport(state_root=state_root, env=base_env(), forkserver=True)
+    assert transport.launcher is not None
+    try:
+        await transport.launch(make_spec()[0])
+        dead = transport.launcher.pid
+        assert dead is not None
+        os.kill(dead, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while not process_gone(dead) and time.monotonic() < deadline:
+            time.sleep(0.01)  # NB: blocking on purpose: the loop must not see the exit
+        assert process_gone(dead)
+        second = await transport.launch(make_spec()[0])
+        assert transport.launcher.starts == 2
+        handle = WorkerHandle(transport=transport, handle=second.handle)
+        assert (await handle.follow(Collected())).data["outcome"] == "success"
     finally:
         await transport.close()
 

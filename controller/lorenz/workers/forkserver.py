@@ -57,6 +57,12 @@ LAUNCHER_MARK: Final = "launcher"
 """``LORENZ_WORKER_HANDLE`` of the launcher (and so of every worker it forks): not a handle."""
 
 _PR_SET_PDEATHSIG: Final = 1
+_GONE: Final[Mapping[str, Any]] = {
+    "ok": False,
+    "code": "worker_launch_failed",
+    "message": "the worker launcher exited during the launch; the run is retried",
+}
+"""The answer of a launcher that is gone (identity-compared: one retry with a new launcher)."""
 _READ_CHUNK: Final = 1 << 16
 
 
@@ -265,7 +271,7 @@ class Launcher:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reader: asyncio.Task[None] | None = None
         self._starting: asyncio.Task[asyncio.subprocess.Process] | None = None
-        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._pending: dict[int, asyncio.Future[Mapping[str, Any]]] = {}
         self._ids = itertools.count(1)
         self.starts = 0
         """How many launcher processes this object started (for tests and diagnostics)."""
@@ -276,38 +282,50 @@ class Launcher:
         return self._process.pid if self._process is not None else None
 
     async def launch(self, spec: RunSpec, *, timeout_s: float) -> LaunchResult:
-        process = await self._running()
-        assert process.stdin is not None
-        ident = next(self._ids)
-        answer: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self._pending[ident] = answer
-        try:
-            # NB: the spec serialised by pydantic itself (~20 us), spliced into the request:
-            # model_dump() and json.dumps() of its dict cost ~70 us a run on the loop.
-            line = b'{"id": %d, "spec": %s}\n' % (ident, spec.model_dump_json().encode())
-            process.stdin.write(line)
-            await process.stdin.drain()
-            async with asyncio.timeout(timeout_s):
-                result = await answer
-        except TimeoutError:
-            self._send({"kill": ident})
-            raise WorkerLaunchError(
-                f"starting the worker {spec.handle} took longer than {timeout_s:.0f} s",
-                code="worker_launch_timeout",
-            ) from None
-        except (ConnectionError, BrokenPipeError) as exc:
-            raise WorkerLaunchError(
-                f"the worker launcher is gone ({exc}); the run is retried",
-                code="worker_launch_failed",
-            ) from None
-        finally:
-            self._pending.pop(ident, None)
+        # NB: the spec serialised by pydantic itself (~20 us), spliced into the request:
+        # model_dump() and json.dumps() of its dict cost ~70 us a run on the loop.
+        spec_json = spec.model_dump_json().encode()
+        result = await self._launch_once(spec, spec_json, timeout_s=timeout_s)
+        if result is _GONE:
+            # NB: a launcher that died before the loop saw its exit (a kill -9 a moment ago)
+            # still looked alive: the request went nowhere. A new launcher gets it, once. Safe
+            # even if the dead one had started the worker: the handle is the same, so that
+            # worker is found by the new launch (and followed), never started twice.
+            logger.info("the worker launcher was gone; starting a new one handle=%s",
+                        spec.handle)
+            await self.close()
+            result = await self._launch_once(spec, spec_json, timeout_s=timeout_s)
         if result.get("ok") is True:
             return LaunchResult.from_json(result)
         raise WorkerLaunchError(
             str(result.get("message") or "the worker could not be started"),
             code=str(result.get("code") or "worker_launch_failed"),
         )
+
+    async def _launch_once(
+        self, spec: RunSpec, spec_json: bytes, *, timeout_s: float
+    ) -> Mapping[str, Any]:
+        """The launcher's answer to one request; :data:`_GONE` when the launcher was gone."""
+        process = await self._running()
+        assert process.stdin is not None
+        ident = next(self._ids)
+        answer: asyncio.Future[Mapping[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pending[ident] = answer
+        try:
+            process.stdin.write(b'{"id": %d, "spec": %s}\n' % (ident, spec_json))
+            await process.stdin.drain()
+            async with asyncio.timeout(timeout_s):
+                return await answer
+        except TimeoutError:
+            self._send({"kill": ident})
+            raise WorkerLaunchError(
+                f"starting the worker {spec.handle} took longer than {timeout_s:.0f} s",
+                code="worker_launch_timeout",
+            ) from None
+        except (ConnectionError, BrokenPipeError):
+            return _GONE
+        finally:
+            self._pending.pop(ident, None)
 
     def _send(self, payload: Mapping[str, Any]) -> None:
         process = self._process
@@ -387,11 +405,9 @@ class Launcher:
                     if future is not None and not future.done() and isinstance(answer, dict):
                         future.set_result(answer)
         finally:
-            gone = {"ok": False, "code": "worker_launch_failed",
-                    "message": "the worker launcher exited during the launch; the run is retried"}
             for future in self._pending.values():
                 if not future.done():
-                    future.set_result(gone)
+                    future.set_result(_GONE)
 
     async def close(self) -> None:
         """End the launcher (its launches in flight are killed with it)."""
