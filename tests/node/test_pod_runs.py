@@ -131,13 +131,36 @@ def events_of(rig: Install, reason: str) -> list[str]:
     return [str(item.get("message") or "") for item in body["items"]]
 
 
+def applied(rig: Install, body: dict[str, Any]) -> None:
+    """``kubectl apply`` the Workflow and wait until the operator runs with that spec.
+
+    NB: an issue added right after an apply can be polled before the operator saw the new
+    spec (a watch event behind a 500 ms poll on a loaded machine): it then runs with the old
+    one, and a test of the new one waits for what never comes.
+    """
+    rig.cluster.apply(body, namespace=rig.namespace)
+
+    def in_effect() -> bool | None:
+        found = rig.cluster.kubectl_json("get", "workflow", WORKFLOW, "-n", rig.namespace)
+        observed = (found.get("status") or {}).get("observedGeneration")
+        return observed == found["metadata"]["generation"] or None
+
+    wait_until(in_effect, timeout=120, interval=0.25, message="the new spec in effect")
+
+
 def diagnose(rig: Install) -> str:
+    # NB: the operator's log without its poll lines (one every 500 ms here, they hid the rest).
     logs = rig.cluster.kubectl(
         "logs", "-n", rig.namespace, "-l", f"app.kubernetes.io/instance={RELEASE}",
-        "--tail=120", check=False,
+        "--tail=5000", check=False,
     )
+    kept = [line for line in logs.stdout.splitlines() if "poll_completed" not in line]
+    claims = rig.cluster.kubectl("get", "claims", "-n", rig.namespace, "-o", "yaml", check=False)
     pods = rig.cluster.kubectl("describe", "pods", "-n", rig.namespace, check=False)
-    return f"{logs.stdout}{logs.stderr}\n{pods.stdout[-5000:]}"
+    return (
+        "\n".join(kept[-150:]) + f"\n{logs.stderr}\n{claims.stdout[-4000:]}\n"
+        + pods.stdout[-5000:]
+    )
 
 
 def test_an_issue_runs_in_a_pod_of_its_own_to_done(pod_install: Install) -> None:
@@ -194,16 +217,17 @@ def test_an_issue_runs_in_a_pod_of_its_own_to_done(pod_install: Install) -> None
     assert "NotFound" in secret.stderr, secret.stderr
 
     # -- the run's Pod deleted mid-run: a failure retry with the reason, in a new Pod.
-    cluster.apply(pod_workflow(rig, seconds=600.0), namespace=rig.namespace)
+    applied(rig, pod_workflow(rig, seconds=600.0))
     two = rig.linear.add_issue(title="pod deleted")
     wait_until(
         lambda: any(r.started for r in rig.recorder.runs_of(two.id)) or None,
         timeout=240, interval=0.5, message="the second issue's agent started",
     )
     (first_run,) = rig.recorder.runs_of(two.id)
+    # The retry should finish quickly: the spec change reaches new runs only, and it is in
+    # effect before the Pod goes (the retry must not start with the old one).
+    applied(rig, pod_workflow(rig, seconds=1.0))
     cluster.kubectl("delete", "pod", first_run.pod, "-n", rig.namespace, "--wait=false")
-    # The retry should finish quickly: the spec change reaches new runs only.
-    cluster.apply(pod_workflow(rig, seconds=1.0), namespace=rig.namespace)
     try:
         rig.wait_done(two.id, timeout=300)
     except AssertionError as err:
@@ -219,7 +243,8 @@ def test_an_issue_runs_in_a_pod_of_its_own_to_done(pod_install: Install) -> None
     wait_until(lambda: run_pods(rig) == [] or None, timeout=120, message="run Pods deleted")
 
     # -- a Pod that cannot be scheduled: given up after startTimeoutMs, with the reason.
-    cluster.apply(
+    applied(
+        rig,
         pod_workflow(
             rig,
             seconds=1.0,
@@ -231,7 +256,6 @@ def test_an_issue_runs_in_a_pod_of_its_own_to_done(pod_install: Install) -> None
             },
             startTimeoutMs=8000,
         ),
-        namespace=rig.namespace,
     )
     three = rig.linear.add_issue(title="unschedulable")
 
