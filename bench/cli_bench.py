@@ -27,12 +27,10 @@ from __future__ import annotations
 import argparse
 import collections
 import ctypes
-import json
 import os
 import re
 import resource
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -44,7 +42,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psutil
-from bench.tracker_bench import AGENT_OPERATION, write_workflow
+from bench.tracker_bench import AGENT_OPERATION, alternate, board_main, write_workflow
 from tests.fakes.linear_server import FakeLinearServer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -180,7 +178,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     return figures
 
 
-def report(figures: dict[str, Any]) -> None:
+def report(args: argparse.Namespace, figures: dict[str, Any]) -> None:
     print(f"code: {figures['code']}; load average {figures['load'][0]:.2f} -> "
           f"{figures['load'][1]:.2f} ({os.cpu_count()} CPUs)")
     print(f"drained in {figures['wall_s']:.1f} s wall (from the process's start)")
@@ -202,57 +200,21 @@ FIGURES = (("lorenz_cpu_s", "lorenz CPU"),
            ("requests", "tracker requests"), ("log_lines", "log lines"))
 
 
+def _round_line(figures: dict[str, Any]) -> str:
+    return (f"{figures['code']}: lorenz CPU {figures['lorenz_cpu_s']:5.2f} s (after 1st request "
+            f"{figures['lorenz_cpu_after_first_request_s']:5.2f} s)  others "
+            f"{figures['others_cpu_s']:5.2f} s  requests {figures['requests']:3d}  log lines "
+            f"{figures['log_lines']:5d}  wall {figures['wall_s']:5.1f} s  ends "
+            f"{figures['outcomes']}  load {figures['load'][0]:.2f}->{figures['load'][1]:.2f}")
+
+
 def compare(args: argparse.Namespace) -> None:
     """Alternate fresh runs of this checkout and ``args.compare``; medians and ratios."""
-    checkouts = {"this": ROOT / "controller", "other": Path(args.compare).resolve() / "controller"}
-    passed = ["--issues", str(args.issues), "--slots", str(args.slots), "--linger",
-              str(args.linger), "--interval-ms", str(args.interval_ms), "--timeout",
-              str(args.timeout), "--json"]
-    samples: dict[str, list[dict[str, Any]]] = {name: [] for name in checkouts}
-    for round_number in range(1, args.rounds + 1):
-        for name, controller in checkouts.items():
-            environ = {**os.environ, "PYTHONPATH": str(controller)}
-            result = subprocess.run([sys.executable, __file__, *passed], env=environ,
-                                    capture_output=True, text=True, check=False)
-            if result.returncode != 0:
-                raise SystemExit(f"{name} run failed:\n{result.stderr[-2000:]}")
-            figures = json.loads(result.stdout.strip().splitlines()[-1])
-            samples[name].append(figures)
-            print(f"round {round_number} {name:5} {controller}: lorenz CPU "
-                  f"{figures['lorenz_cpu_s']:5.2f} s (after 1st request "
-                  f"{figures['lorenz_cpu_after_first_request_s']:5.2f} s)  others "
-                  f"{figures['others_cpu_s']:5.2f} s  requests {figures['requests']:3d}  log "
-                  f"lines {figures['log_lines']:5d}  wall {figures['wall_s']:5.1f} s  ends "
-                  f"{figures['outcomes']}  load {figures['load'][0]:.2f}->"
-                  f"{figures['load'][1]:.2f}", flush=True)
-    for key, label in FIGURES:
-        this = statistics.median(s[key] for s in samples["this"])
-        old = statistics.median(s[key] for s in samples["other"])
-        print(f"median {label:29} this {this:8.2f}   other {old:8.2f}   ratio "
-              f"{this / old:5.2f}x")
+    alternate(args, script=__file__, round_line=_round_line, figures=FIGURES)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--issues", type=int, default=100)
-    parser.add_argument("--slots", type=int, default=10)
-    parser.add_argument("--linger", type=float, default=0.3,
-                        help="seconds an agent keeps working after moving its issue to Done")
-    parser.add_argument("--interval-ms", type=int, default=5000)
-    parser.add_argument("--timeout", type=float, default=600.0)
-    parser.add_argument("--json", action="store_true", help="print the figures as one JSON line")
-    parser.add_argument("--compare", metavar="CHECKOUT",
-                        help="alternate runs of this code and CHECKOUT/controller")
-    parser.add_argument("--rounds", type=int, default=3, help="runs of each side (--compare)")
-    args = parser.parse_args()
-    if args.compare:
-        compare(args)
-        return
-    figures = measure(args)
-    if args.json:
-        print(json.dumps(figures))
-    else:
-        report(figures)
+    board_main((__doc__ or "").splitlines()[0], measure=measure, report=report, compare=compare)
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -264,40 +265,57 @@ def report(args: argparse.Namespace, figures: dict[str, Any]) -> None:
           "(retry_scheduled continuation)")
 
 
+def _round_line(figures: dict[str, Any]) -> str:
+    return (f"{figures['code']}: requests {figures['requests']:3d}  scans "
+            f"{figures['candidate_scans']:3d}  loop CPU {figures['cpu_s']:5.2f} s  process CPU "
+            f"{figures['process_cpu_s']:5.2f} s  wall {figures['wall_s']:5.1f} s  canceled "
+            f"{figures['outcomes'].get('canceled', 0):3d}  continuation retries "
+            f"{figures['continuation_retries']:3d}  load "
+            f"{figures['load'][0]:.2f}->{figures['load'][1]:.2f}")
+
+
 def compare(args: argparse.Namespace) -> None:
     """Alternate fresh runs of this checkout and ``args.compare``; medians and ratios."""
-    other = Path(args.compare).resolve()
-    checkouts = {"this": ROOT / "controller", "other": other / "controller"}
-    passed = ["--issues", str(args.issues), "--slots", str(args.slots), "--linger",
-              str(args.linger), "--interval-ms", str(args.interval_ms), "--timeout",
-              str(args.timeout), "--json"]
+    alternate(args, script=__file__, round_line=_round_line,
+              figures=(("requests", "tracker requests"), ("cpu_s", "loop thread CPU"),
+                       ("process_cpu_s", "process CPU")))
+
+
+def alternate(
+    args: argparse.Namespace,
+    *,
+    script: str,
+    round_line: Callable[[dict[str, Any]], str],
+    figures: Sequence[tuple[str, str]],
+) -> None:
+    """``--compare``: ``script --json`` in fresh processes, alternating this checkout and
+    ``args.compare`` (``PYTHONPATH`` at each one's ``controller``); each run's line, then the
+    medians of ``figures`` (key, label) and their ratios."""
+    checkouts = {"this": ROOT / "controller",
+                 "other": Path(args.compare).resolve() / "controller"}
+    passed = board_argv(args)
     samples: dict[str, list[dict[str, Any]]] = {name: [] for name in checkouts}
     for round_number in range(1, args.rounds + 1):
         for name, controller in checkouts.items():
             environ = {**os.environ, "PYTHONPATH": str(controller)}
-            result = subprocess.run([sys.executable, __file__, *passed], env=environ,
+            result = subprocess.run([sys.executable, script, *passed], env=environ,
                                     capture_output=True, text=True, check=False)
             if result.returncode != 0:
                 raise SystemExit(f"{name} run failed:\n{result.stderr[-2000:]}")
-            figures = json.loads(result.stdout.strip().splitlines()[-1])
-            samples[name].append(figures)
-            print(f"round {round_number} {name:5} {figures['code']}: requests "
-                  f"{figures['requests']:3d}  scans {figures['candidate_scans']:3d}  loop CPU "
-                  f"{figures['cpu_s']:5.2f} s  process CPU {figures['process_cpu_s']:5.2f} s  "
-                  f"wall {figures['wall_s']:5.1f} s  "
-                  f"canceled {figures['outcomes'].get('canceled', 0):3d}  continuation "
-                  f"retries {figures['continuation_retries']:3d}  load "
-                  f"{figures['load'][0]:.2f}->{figures['load'][1]:.2f}", flush=True)
-    for key, label in (("requests", "tracker requests"), ("cpu_s", "loop thread CPU"),
-                       ("process_cpu_s", "process CPU")):
+            measured = json.loads(result.stdout.strip().splitlines()[-1])
+            samples[name].append(measured)
+            print(f"round {round_number} {name:5} {round_line(measured)}", flush=True)
+    width = max(len(label) for _, label in figures)
+    for key, label in figures:
         this = statistics.median(s[key] for s in samples["this"])
         old = statistics.median(s[key] for s in samples["other"])
-        print(f"median {label:17} this {this:8.2f}   other {old:8.2f}   ratio "
+        print(f"median {label:{width}} this {this:8.2f}   other {old:8.2f}   ratio "
               f"{this / old:5.2f}x")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+def board_parser(description: str) -> argparse.ArgumentParser:
+    """The board's options (shared with ``cli_bench.py``, which drains the same board)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--issues", type=int, default=100)
     parser.add_argument("--slots", type=int, default=10)
     parser.add_argument("--linger", type=float, default=0.3,
@@ -308,7 +326,25 @@ def main() -> None:
     parser.add_argument("--compare", metavar="CHECKOUT",
                         help="alternate runs of this code and CHECKOUT/controller")
     parser.add_argument("--rounds", type=int, default=3, help="runs of each side (--compare)")
-    args = parser.parse_args()
+    return parser
+
+
+def board_argv(args: argparse.Namespace) -> list[str]:
+    """The options a ``--compare`` round passes on to each side's run (with ``--json``)."""
+    return ["--issues", str(args.issues), "--slots", str(args.slots), "--linger",
+            str(args.linger), "--interval-ms", str(args.interval_ms), "--timeout",
+            str(args.timeout), "--json"]
+
+
+def board_main(
+    description: str,
+    *,
+    measure: Callable[[argparse.Namespace], dict[str, Any]],
+    report: Callable[[argparse.Namespace, dict[str, Any]], None],
+    compare: Callable[[argparse.Namespace], None],
+) -> None:
+    """Parse the board's options; compare, or measure once and print (``--json``: one line)."""
+    args = board_parser(description).parse_args()
     if args.compare:
         compare(args)
         return
@@ -317,6 +353,10 @@ def main() -> None:
         print(json.dumps(figures))
     else:
         report(args, figures)
+
+
+def main() -> None:
+    board_main((__doc__ or "").splitlines()[0], measure=measure, report=report, compare=compare)
 
 
 if __name__ == "__main__":
