@@ -115,7 +115,7 @@ async def test_a_launcher_killed_before_the_loop_saw_it_is_replaced_by_the_next_
         os.kill(dead, signal.SIGKILL)
         deadline = time.monotonic() + 60
         while not process_gone(dead) and time.monotonic() < deadline:
-            time.sleep(0.01)  # NB: blocking on purpose: the loop must not see the exit
+            time.sleep(0.01)  # noqa: ASYNC251 - blocking on purpose: the loop must not see the exit
         assert process_gone(dead)
         second = await transport.launch(make_spec()[0])
         assert transport.launcher.starts == 2
