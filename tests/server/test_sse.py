@@ -7,7 +7,9 @@ import json
 from pathlib import Path
 
 import aiohttp
+import pytest
 
+from lorenz.model import RuntimeSnapshot
 from lorenz.server import HUB_KEY, SnapshotHub, encode_event
 from tests.server.helpers import SseReader, issue, make_rig, release, serve, wait_until
 
@@ -78,6 +80,36 @@ async def test_a_burst_of_changes_is_coalesced_into_one_frame_of_the_latest_stat
     assert frame["event"] == "snapshot"
     assert int(frame["id"]) == hub._version  # skipped straight to the latest of the burst
     assert hub.frames_encoded == 1
+
+
+async def test_a_burst_of_changes_builds_one_snapshot_per_frame_not_per_change(
+    tmp_path: Path, http: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A full snapshot is O(entries); a chatty agent is hundreds of changes a second. The hub
+    # is told "changed" and builds the snapshot when it sends a frame.
+    rig = make_rig(tmp_path, issues=[])
+    served = await serve(rig)
+    hub = _hub(served.server.app)
+    built: list[int] = []
+    real = rig.runtime.snapshot
+
+    def counted() -> RuntimeSnapshot:
+        built.append(1)
+        return real()
+
+    async with http.get(f"{served.url}/api/v1/events") as response:
+        reader = SseReader(response)
+        await reader.next_snapshot()
+        frames_before = hub.frames_encoded
+        monkeypatch.setattr(rig.runtime, "snapshot", counted)
+        for _ in range(100):
+            rig.runtime._emit_snapshot()
+        frame = await reader.next_frame()
+    assert frame["event"] == "snapshot"
+    assert int(frame["id"]) == hub._version
+    frames = hub.frames_encoded - frames_before
+    assert 1 <= frames <= 2
+    assert len(built) == frames  # one per frame sent; none for the 100 changes themselves
 
 
 async def test_changes_keep_flowing_to_a_watching_client_while_runs_start_and_end(
@@ -155,7 +187,7 @@ async def test_disconnect_unsubscribes_and_the_last_client_drops_the_runtime_sub
     rig = make_rig(tmp_path, issues=[])
     served = await serve(rig)
     hub = _hub(served.server.app)
-    listeners = rig.runtime._snapshot_listeners  # the runtime's own list: nothing may leak there
+    listeners = rig.runtime._change_listeners  # the runtime's own list: nothing may leak there
 
     first = await http.get(f"{served.url}/api/v1/events")
     second = await http.get(f"{served.url}/api/v1/events")
@@ -197,4 +229,4 @@ async def test_server_stop_ends_open_streams_promptly(
         ended = True
     response.close()
     assert ended
-    assert rig.runtime._snapshot_listeners == []
+    assert rig.runtime._change_listeners == []

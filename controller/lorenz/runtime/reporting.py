@@ -259,6 +259,11 @@ class Reporting:
         listeners that asked to skip those (``subscribe(agent_progress=False)``) are not called,
         and with none other no snapshot is built.
         """
+        for notify in list(self._runtime._change_listeners):
+            try:
+                notify()
+            except Exception:
+                logger.exception("change listener failed")
         listeners = self._runtime._snapshot_listeners
         if progress_only and listeners:
             blind = self._runtime._progress_blind_listeners
@@ -292,6 +297,16 @@ class Reporting:
                 self._runtime._snapshot_listeners.remove(listener)
             with contextlib.suppress(ValueError):
                 self._runtime._progress_blind_listeners.remove(listener)
+
+        return unsubscribe
+
+    def on_change(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """Call ``listener`` (no arguments, no snapshot built) whenever the state changes."""
+        self._runtime._change_listeners.append(listener)
+
+        def unsubscribe() -> None:
+            with contextlib.suppress(ValueError):
+                self._runtime._change_listeners.remove(listener)
 
         return unsubscribe
 

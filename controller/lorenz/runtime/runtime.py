@@ -127,6 +127,8 @@ class LorenzRuntime:
         self._timers = RetryTimers(clock=self._clock, on_fire=self._dispatching.on_retry_due)
         self._snapshot_listeners: list[SnapshotListener] = []
         self._progress_blind_listeners: list[SnapshotListener] = []
+        self._change_listeners: list[Callable[[], None]] = []
+        """Told that the state changed, without a snapshot (they build one when they need it)."""
         """Listeners (also in ``_snapshot_listeners``) not called for agent progress alone."""
         self._event_listeners: list[EventListener] = []
 
@@ -199,6 +201,14 @@ class LorenzRuntime:
         run's progress (last event, message, tokens), the bulk of a chatty agent's traffic.
         """
         return self._reporting.subscribe(listener, agent_progress=agent_progress)
+
+    def on_change(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """Call ``listener`` whenever the state changes, without building a snapshot.
+
+        For listeners that coalesce changes and read :meth:`snapshot` at their own pace (the
+        dashboard's event stream): the snapshot is built per frame, not per change.
+        """
+        return self._reporting.on_change(listener)
 
     def add_event_listener(self, listener: EventListener) -> Callable[[], None]:
         """Call ``listener`` with every runtime event (metrics, Kubernetes Events, logs)."""
