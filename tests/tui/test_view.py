@@ -10,10 +10,11 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 from rich.file_proxy import FileProxy
 
-from lorenz.model import Issue
+from lorenz.model import Issue, RuntimeSnapshot
 from lorenz.tui import TerminalView, attachment_factory
 from tests.runtime.harness import build_rig, write_agent, write_workflow
 
@@ -102,6 +103,35 @@ async def test_a_burst_of_snapshots_costs_a_few_frames(tmp_path: Path) -> None:
         assert view.frames - frames <= 2
     finally:
         await view.stop()
+
+
+async def test_a_burst_of_changes_builds_a_snapshot_per_frame_not_per_change(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A full snapshot is O(entries): the view is told "changed" and builds one per frame.
+    agent = write_agent(tmp_path, "noop", "pass\n")
+    workflow = write_workflow(tmp_path, agent_script=agent)
+    rig = build_rig(workflow, issues=[])
+    console, _ = _terminal()
+    view = TerminalView(console=console)
+    built: list[int] = []
+    real = rig.runtime.snapshot
+
+    def counted() -> RuntimeSnapshot:
+        built.append(1)
+        return real()
+
+    monkeypatch.setattr(rig.runtime, "snapshot", counted)
+    await view.start(rig.runtime)
+    try:
+        await _wait_for(lambda: view.frames >= 1)  # the first frame comes at once
+        for _ in range(200):
+            rig.runtime._emit_snapshot()
+        await asyncio.sleep(0.3)
+    finally:
+        await view.stop()
+    assert view.frames >= 2
+    assert len(built) == view.frames  # one per frame drawn, the last one's included
 
 
 async def test_stop_is_safe_before_start_and_twice(tmp_path: Path) -> None:

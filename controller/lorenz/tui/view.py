@@ -25,7 +25,6 @@ from typing import Any, Protocol, TextIO
 from rich.console import Console
 from rich.live import Live
 
-from lorenz.model import RuntimeSnapshot
 from lorenz.runtime import LorenzRuntime
 from lorenz.tui.rendering import render_snapshot
 from lorenz.workflow import LoadedWorkflow
@@ -53,7 +52,7 @@ class TerminalView:
         self._live: Live | None = None
         self._task: asyncio.Task[None] | None = None
         self._unsubscribe: Callable[[], None] | None = None
-        self._snapshot: RuntimeSnapshot | None = None
+        self._runtime: LorenzRuntime | None = None
         self._dirty = asyncio.Event()
         self._closing = False
         self._rerouted: list[tuple[logging.StreamHandler[Any], Any]] = []
@@ -80,7 +79,11 @@ class TerminalView:
         self._live.start()
         self._closing = False
         self._reroute_log_handlers()
-        self._unsubscribe = runtime.subscribe(self._on_snapshot)
+        # NB: told "changed" only; the snapshot is built per frame drawn (at most MAX_FPS),
+        # not per change (a chatty agent is hundreds a second).
+        self._runtime = runtime
+        self._unsubscribe = runtime.on_change(self._dirty.set)
+        self._dirty.set()  # the first frame at once, as the state is now
         self._task = asyncio.get_running_loop().create_task(
             self._draw_loop(), name="lorenz-terminal-view"
         )
@@ -109,10 +112,7 @@ class TerminalView:
                 self._draw(live)
             self._restore_log_handlers()
             live.stop()
-
-    def _on_snapshot(self, snapshot: RuntimeSnapshot) -> None:
-        self._snapshot = snapshot
-        self._dirty.set()
+        self._runtime = None
 
     async def _draw_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -149,13 +149,14 @@ class TerminalView:
         self._rerouted = []
 
     def _draw(self, live: Live) -> None:
-        if self._snapshot is None:
+        if self._runtime is None:
             return
+        snapshot = self._runtime.snapshot()
         height = self._console.size.height
         # Roughly: header, totals and lane chrome take ~16 lines; the rest goes to rows.
         rows = max(2, min(8, (height - 16) // 4))
         live.update(
-            render_snapshot(self._snapshot, now=self._clock(), max_rows_per_lane=rows),
+            render_snapshot(snapshot, now=self._clock(), max_rows_per_lane=rows),
             refresh=True,
         )
         self.frames += 1
