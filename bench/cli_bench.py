@@ -73,6 +73,17 @@ def _reap_all(*, until_s: float) -> None:
             time.sleep(0.05)
 
 
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (a graceful stop, as a user's ^C), SIGKILL after 120 s; its launcher goes with it."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=30)
+
+
 def _cpu_s(process: psutil.Process) -> float:
     times = process.cpu_times()
     return float(times.user + times.system)
@@ -131,21 +142,23 @@ def drain(args: argparse.Namespace, tmp: Path, linear: FakeLinearServer) -> dict
     first_request_cpu: float | None = None
     deadline = time.monotonic() + args.timeout
     stop_cpu = 0.0
-    while time.monotonic() < deadline and process.poll() is None:
-        if first_request_cpu is None and linear.requests:
-            first_request_cpu = _cpu_s(watched)
-        all_done = all(i.state_id == done_id for i in linear._issues.values())
-        running = counts["run_started"] - sum(counts[e] for e in RUN_ENDS)
-        if all_done and len(ended) >= args.issues and running <= 0:
-            stop_cpu = _cpu_s(watched)
-            break
-        time.sleep(0.02)
-    else:
-        raise SystemExit(f"not drained in {args.timeout} s (or lorenz exited "
-                         f"{process.poll()}); events {dict(counts)}")
-    wall_s = time.perf_counter() - started
-    process.send_signal(signal.SIGTERM)
-    process.wait(timeout=120)
+    try:
+        while time.monotonic() < deadline and process.poll() is None:
+            if first_request_cpu is None and linear.requests:
+                first_request_cpu = _cpu_s(watched)
+            all_done = all(i.state_id == done_id for i in linear._issues.values())
+            running = counts["run_started"] - sum(counts[e] for e in RUN_ENDS)
+            if all_done and len(ended) >= args.issues and running <= 0:
+                stop_cpu = _cpu_s(watched)
+                break
+            time.sleep(0.02)
+        else:
+            raise SystemExit(f"not drained in {args.timeout} s (or lorenz exited "
+                             f"{process.poll()}); events {dict(counts)}")
+        wall_s = time.perf_counter() - started
+    finally:
+        # NB: on every way out, a timeout included: a lorenz left running outlives the bench.
+        _stop(process)
     finished.wait(timeout=30)
     _reap_all(until_s=60)
     tree_s = _children_cpu_s() - children_before
