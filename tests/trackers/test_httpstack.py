@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 
@@ -11,7 +10,7 @@ import pytest
 from lorenz.trackers.httpstack import record_absent_modules
 
 PROBE = """
-import importlib.abc, importlib.util, sys, asyncio
+import importlib.abc, sys, asyncio
 
 class Watcher(importlib.abc.MetaPathFinder):
     searches = 0
@@ -28,34 +27,24 @@ async def main():
     assert current_async_library() == "asyncio"
     for _ in range(5):
         async with AsyncLock():
-            pass
+            await asyncio.sleep(0)
 
 asyncio.run(main())
-try:
-    import sniffio
-except ImportError:
-    pass
-else:
-    raise SystemExit("sniffio imported")
-assert importlib.util.find_spec("sniffio") is None
 print(Watcher.searches)
 """
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("sniffio") is not None
-    and sys.modules.get("sniffio", True) is not None,
-    reason="sniffio is installed here: httpcore uses it and nothing is recorded",
-)
 @pytest.mark.parametrize("module", ["linear", "github"])
-def test_httpcore_locks_do_not_search_for_a_missing_sniffio(module: str) -> None:
-    # NB: a fresh interpreter that imports only the tracker, as a daemon does.
+def test_httpcore_locks_do_not_search_for_sniffio_again_and_again(module: str) -> None:
+    # NB: a fresh interpreter that imports only the tracker, as a daemon does. sniffio is no
+    # dependency of ours: absent, it is recorded as such (no search at all); installed, its
+    # first import is cached (one search). Six probes searched six times before.
     done = subprocess.run(
         [sys.executable, "-c", PROBE.format(module=module)],
         capture_output=True, text=True, timeout=120, check=False,
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "0"
+    assert int(done.stdout.strip()) <= 1
 
 
 def test_an_installed_module_is_left_alone() -> None:
