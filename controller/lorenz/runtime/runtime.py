@@ -127,9 +127,9 @@ class LorenzRuntime:
         self._timers = RetryTimers(clock=self._clock, on_fire=self._dispatching.on_retry_due)
         self._snapshot_listeners: list[SnapshotListener] = []
         self._progress_blind_listeners: list[SnapshotListener] = []
+        """Listeners (also in ``_snapshot_listeners``) not called for agent progress alone."""
         self._change_listeners: list[Callable[[], None]] = []
         """Told that the state changed, without a snapshot (they build one when they need it)."""
-        """Listeners (also in ``_snapshot_listeners``) not called for agent progress alone."""
         self._event_listeners: list[EventListener] = []
 
         self._stopped = False
