@@ -59,3 +59,31 @@ def test_a_missing_module_is_recorded_once(monkeypatch: pytest.MonkeyPatch) -> N
     assert sys.modules[name] is None
     assert record_absent_modules((name,)) == []
     monkeypatch.delitem(sys.modules, name)
+
+
+def test_httpx_command_line_client_is_not_imported_with_the_trackers() -> None:
+    # NB: a fresh interpreter, as at start-up. click, rich and pygments are installed here (the
+    # terminal view, kopf), so httpx imported its command-line client with them before.
+    probe = (
+        "import sys, lorenz.trackers, httpx\n"
+        "print(sys.modules['httpx._main'] is None, *(m in sys.modules for m in "
+        "('click', 'rich', 'pygments')))\n"
+        "print(httpx.Client().build_request('GET', 'http://127.0.0.1/x').url)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["True False False False", "http://127.0.0.1/x"]
+
+
+def test_a_module_imported_already_is_not_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lorenz.trackers.httpstack import skip_unused_modules
+
+    assert skip_unused_modules(("json",)) == []
+    assert sys.modules["json"] is not None
+    name = "lorenz_never_imported_here"
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    assert skip_unused_modules((name,)) == [name]
+    assert sys.modules[name] is None
+    monkeypatch.delitem(sys.modules, name)

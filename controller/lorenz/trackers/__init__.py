@@ -4,6 +4,11 @@
 ``github`` (Issues REST, labels as states); :func:`build_tracker` picks one from the settings.
 """
 
+# NB: first, before any module of this package imports httpx (see its docstring).
+from lorenz.trackers import httpstack as _httpstack  # noqa: F401
+
+# isort: split
+
 from lorenz.trackers.base import GraphQLTool, TrackerClient, TrackerError, tracker_settings_of
 from lorenz.trackers.factory import DEFAULT_SECRET_ENV, build_tracker
 from lorenz.trackers.files import FilesTracker, set_issue_state
