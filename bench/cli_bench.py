@@ -10,6 +10,8 @@ and then linger) with ``python -c 'lorenz.cli.main()' WORKFLOW.md`` and prints:
 
 * the ``lorenz`` process's CPU seconds (user + system, from ``/proc``), in all and from its
   first tracker request on (start-up excluded), read just before it is stopped;
+* its wake-ups over that window: voluntary context switches, i.e. waits that blocked (mostly
+  the event loop's ``epoll_wait``) — a count, so far less noisy than CPU seconds;
 * the CPU seconds of everything else the run started (launcher, workers, agents), which the
   process's own figure leaves out: the bench makes itself the child subreaper of the tree, so
   every process of it is reaped here and counted in this process's ``RUSAGE_CHILDREN``;
@@ -89,6 +91,12 @@ def _cpu_s(process: psutil.Process) -> float:
     return float(times.user + times.system)
 
 
+def _wakeups(process: psutil.Process) -> int:
+    """Voluntary context switches of every thread: each is a wait that blocked (mostly the
+    loop's ``epoll_wait``), so it counts the process's wake-ups."""
+    return int(process.num_ctx_switches().voluntary)
+
+
 def _children_cpu_s() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
@@ -140,16 +148,20 @@ def drain(args: argparse.Namespace, tmp: Path, linear: FakeLinearServer) -> dict
     reader = threading.Thread(target=read_log, name="bench-log", daemon=True)
     reader.start()
     first_request_cpu: float | None = None
+    first_request_wakeups = 0
+    stop_wakeups = 0
     deadline = time.monotonic() + args.timeout
     stop_cpu = 0.0
     try:
         while time.monotonic() < deadline and process.poll() is None:
             if first_request_cpu is None and linear.requests:
                 first_request_cpu = _cpu_s(watched)
+                first_request_wakeups = _wakeups(watched)
             all_done = all(i.state_id == done_id for i in linear._issues.values())
             running = counts["run_started"] - sum(counts[e] for e in RUN_ENDS)
             if all_done and len(ended) >= args.issues and running <= 0:
                 stop_cpu = _cpu_s(watched)
+                stop_wakeups = _wakeups(watched)
                 break
             time.sleep(0.02)
         else:
@@ -171,6 +183,7 @@ def drain(args: argparse.Namespace, tmp: Path, linear: FakeLinearServer) -> dict
         "wall_s": wall_s,
         "lorenz_cpu_s": stop_cpu,
         "lorenz_cpu_after_first_request_s": stop_cpu - (first_request_cpu or 0.0),
+        "wakeups_after_first_request": stop_wakeups - first_request_wakeups,
         "tree_cpu_s": tree_s,
         "others_cpu_s": tree_s - stop_cpu,
         "requests": len(requests),
@@ -197,6 +210,8 @@ def report(args: argparse.Namespace, figures: dict[str, Any]) -> None:
     print(f"drained in {figures['wall_s']:.1f} s wall (from the process's start)")
     print(f"lorenz process CPU          {figures['lorenz_cpu_s']:6.2f} s   "
           f"({figures['lorenz_cpu_after_first_request_s']:.2f} s from its first tracker request)")
+    print(f"lorenz wake-ups             {figures['wakeups_after_first_request']:6d}   "
+          "(voluntary context switches from its first tracker request)")
     print(f"launcher, workers, agents   {figures['others_cpu_s']:6.2f} s   "
           f"(the whole tree: {figures['tree_cpu_s']:.2f} s)")
     print(f"tracker requests            {figures['requests']:6d}   "
@@ -209,6 +224,7 @@ def report(args: argparse.Namespace, figures: dict[str, Any]) -> None:
 
 FIGURES = (("lorenz_cpu_s", "lorenz CPU"),
            ("lorenz_cpu_after_first_request_s", "lorenz CPU after 1st request"),
+           ("wakeups_after_first_request", "lorenz wake-ups after 1st request"),
            ("others_cpu_s", "launcher+workers+agents CPU"), ("tree_cpu_s", "whole tree CPU"),
            ("requests", "tracker requests"), ("log_lines", "log lines"))
 
