@@ -286,6 +286,51 @@ async def test_run_lines_carry_issue_slot_and_session(tmp_path: Path) -> None:
     assert "issue_id" not in poll
 
 
+async def test_the_run_context_builds_no_snapshot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The run context reads the runtime's run identities on each change that is not agent
+    # progress alone; it built a whole snapshot (rows, totals, recent events, history) per
+    # change before, about two a run, for this listener only.
+    agent = write_agent(
+        tmp_path, "chatty", "for n in range(5):\n    print('step', n, flush=True)\n"
+    )
+    workflow = write_workflow(
+        tmp_path, agent_script=agent, front_matter={"polling": {"interval_ms": 60000}}
+    )
+    rig = build_rig(workflow, issues=[_issue(1), _issue(2)])
+    built: list[str] = []
+    real_snapshot, real_identities = rig.runtime.snapshot, rig.runtime.run_identities
+
+    def snapshot() -> object:
+        built.append("snapshot")
+        return real_snapshot()
+
+    def run_identities() -> object:
+        built.append("identities")
+        return real_identities()
+
+    monkeypatch.setattr(rig.runtime, "snapshot", snapshot)
+    monkeypatch.setattr(rig.runtime, "run_identities", run_identities)
+    stream = io.StringIO()
+    setup = configure_logging(LoggingSettings(format=LogFormat.JSON), stream=stream)
+    attachment = RunContextAttachment(setup=setup, environ={})
+    await attachment.start(rig.runtime)
+    try:
+        await rig.runtime.poll_once(wait_for_runs=True)
+    finally:
+        await attachment.stop()
+    assert "snapshot" not in built
+    updates = len(rig.of_type("run_update"))
+    assert updates >= 10  # five output lines per run, at least
+    # Runs, sessions and ends are followed, the agents' output lines are not.
+    assert 2 <= built.count("identities") < updates
+    finished = [line for line in _json_lines(stream.getvalue())
+                if line.get("type") == "run_finished"]
+    assert {line["identifier"] for line in finished} == {"LOR-1", "LOR-2"}
+    assert all(line.get("session_id") for line in finished)
+
+
 async def test_a_reloaded_tracker_key_is_scrubbed_from_then_on(tmp_path: Path) -> None:
     agent = write_agent(tmp_path, "noop", "pass\n")
     front_matter: dict[str, Any] = {

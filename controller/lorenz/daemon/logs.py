@@ -5,8 +5,8 @@ Lorenz logs like a Kubernetes component: a short message and the objects it conc
 json``, for log shippers). The runtime passes its event dict as ``extra={"lorenz": {...}}``;
 every key of it becomes a field. Lines logged while a run is in flight also carry the run's
 ``issue_id``, ``identifier``, ``slot`` and ``session_id``, filled in by :class:`RunContext`
-from the run's asyncio task and the latest snapshot, so that even a line from deep inside an
-agent runner can be traced to its issue.
+from the run's asyncio task and the runtime's latest state of its slots, so that even a line
+from deep inside an agent runner can be traced to its issue.
 
 The event log file (``logging.log_file``, JSON lines) is written here too, by
 :class:`LogFileSink`, a listener of the runtime's events: the runtime emits events and leaves
@@ -35,14 +35,7 @@ from pathlib import Path
 from typing import Any, Protocol, TextIO
 
 from lorenz.config import LogFormat, LoggingSettings, WorkflowSettings
-from lorenz.model import (
-    EventType,
-    ReservingRow,
-    RetryRow,
-    RunningRow,
-    RuntimeEvent,
-    RuntimeSnapshot,
-)
+from lorenz.model import EventType, RunIdentity, RuntimeEvent, RuntimeSnapshot
 from lorenz.runtime import LorenzRuntime
 from lorenz.secrets import MIN_SECRET_CHARS, REDACTED, SecretRedactor
 from lorenz.secrets import tracker_secrets as secret_values
@@ -104,19 +97,31 @@ class RunContext:
         self._slots: dict[str, dict[str, Any]] = {}
 
     def observe(self, snapshot: RuntimeSnapshot) -> None:
-        known: dict[str, dict[str, Any]] = {}
+        """Follow the slots of ``snapshot`` (see :meth:`observe_identities`)."""
         lanes = snapshot.lanes
-        rows: list[RunningRow | ReservingRow | RetryRow] = [
-            *lanes.running, *lanes.reserving, *lanes.retrying
+        identities = [
+            RunIdentity(row.slot_key, row.issue_id, row.identifier, row.slot_index,
+                        row.session_id)
+            for row in lanes.running
         ]
-        for row in rows:
-            key = row.slot_key
+        for waiting in (lanes.reserving, lanes.retrying):
+            identities.extend(
+                RunIdentity(row.slot_key, row.issue_id, row.identifier, row.slot_index)
+                for row in waiting
+            )
+        self.observe_identities(identities)
+
+    def observe_identities(self, identities: Iterable[RunIdentity]) -> None:
+        """Know exactly these slots from now on; a session seen once stays with its slot."""
+        known: dict[str, dict[str, Any]] = {}
+        for identity in identities:
+            key = identity.slot_key
             fields = dict(self._slots.get(key, {}))
-            fields["issue_id"] = row.issue_id
-            fields["identifier"] = row.identifier
-            fields["slot"] = row.slot_index
-            if isinstance(row, RunningRow) and row.session_id:
-                fields["session_id"] = row.session_id
+            fields["issue_id"] = identity.issue_id
+            fields["identifier"] = identity.identifier
+            fields["slot"] = identity.slot_index
+            if identity.session_id:
+                fields["session_id"] = identity.session_id
             known[key] = {k: v for k, v in fields.items() if v is not None}
         self._slots = known
 
@@ -417,8 +422,8 @@ class RunContextAttachment:
         self._api_key: str | None = None
 
     async def start(self, runtime: LorenzRuntime) -> None:
-        def on_snapshot(snapshot: RuntimeSnapshot) -> None:
-            self._setup.run_context.observe(snapshot)
+        def on_change() -> None:
+            self._setup.run_context.observe_identities(runtime.run_identities())
             api_key = runtime.settings.tracker.api_key
             if api_key != self._api_key:
                 self._api_key = api_key
@@ -427,8 +432,10 @@ class RunContextAttachment:
         sink = LogFileSink(settings=lambda: runtime.settings)
         self._detach.append(runtime.add_event_listener(sink))
         # NB: the run context needs which runs exist and their sessions, not each agent
-        # message: a snapshot per agent update was built for this listener alone.
-        self._detach.append(runtime.subscribe(on_snapshot, agent_progress=False))
+        # message (agent_progress=False), and not a whole snapshot either: one was built per
+        # change for this listener alone, ~2 a run, with the recent events and history copied.
+        on_change()
+        self._detach.append(runtime.on_change(on_change, agent_progress=False))
 
     async def stop(self) -> None:
         while self._detach:

@@ -187,6 +187,22 @@ class BlockedRow:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class RunIdentity:
+    """Which issue, slot and session one in-flight slot key belongs to — nothing else.
+
+    What the log's run context follows (a slot running, reserved or waiting for its retry),
+    read without building a whole snapshot: see ``LorenzRuntime.run_identities()``.
+    """
+
+    slot_key: str
+    issue_id: str
+    identifier: str
+    slot_index: int
+    session_id: str | None = None
+    """The agent session of a running slot (``None`` before it has one, and when not running)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class OrchestratorSnapshot:
     """The scheduling lanes at one instant, plus usage and rate limits."""
 

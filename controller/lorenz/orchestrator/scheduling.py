@@ -72,7 +72,12 @@ from lorenz.orchestrator.results import (
     StalledRun,
     Started,
 )
-from lorenz.orchestrator.snapshots import OrchestratorSnapshot, orchestrator_snapshot
+from lorenz.orchestrator.snapshots import (
+    OrchestratorSnapshot,
+    RunIdentity,
+    orchestrator_snapshot,
+    run_identities,
+)
 from lorenz.orchestrator.state import BlockedEntry, ForeignClaim, OrchestratorState
 from lorenz.policies import (
     IssueRules,
@@ -1215,3 +1220,7 @@ class Orchestrator:
         return orchestrator_snapshot(
             self._state, now_ms=self._clock.monotonic_ms(), wall=self._clock.now()
         )
+
+    def run_identities(self) -> tuple[RunIdentity, ...]:
+        """Each slot running, reserved or waiting for a retry: its issue and session only."""
+        return run_identities(self._state)

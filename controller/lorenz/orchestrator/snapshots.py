@@ -19,6 +19,7 @@ from lorenz.model.snapshots import (
     OrchestratorSnapshot,
     ReservingRow,
     RetryRow,
+    RunIdentity,
     RunningRow,
 )
 from lorenz.orchestrator.state import BlockedEntry, OrchestratorState
@@ -28,11 +29,13 @@ __all__ = [
     "OrchestratorSnapshot",
     "ReservingRow",
     "RetryRow",
+    "RunIdentity",
     "RunningRow",
     "blocked_row",
     "orchestrator_snapshot",
     "reserving_row",
     "retry_row",
+    "run_identities",
     "running_row",
     "totals_with_running",
 ]
@@ -139,6 +142,25 @@ def totals_with_running(totals: UsageTotals, running: tuple[RunningRow, ...]) ->
         seconds_running=seconds,
         cost_usd=cost,
     )
+
+
+def run_identities(state: OrchestratorState) -> tuple[RunIdentity, ...]:
+    """The slots running, reserved and waiting for a retry (in that order), each with its issue
+    and (running) its session: the part of a snapshot the log's run context reads, at the cost
+    of one small object per slot instead of a snapshot's rows, totals and projections."""
+    running = [
+        RunIdentity(key, entry.issue.id, entry.issue.identifier, entry.slot_index, entry.session_id)
+        for key, entry in state.running.items()
+    ]
+    reserved = [
+        RunIdentity(key, held.issue.id, held.issue.identifier, held.slot_index)
+        for key, held in state.reserved.items()
+    ]
+    retrying = [
+        RunIdentity(key, retry.issue_id, retry.identifier, retry.slot_index)
+        for key, retry in state.retry_attempts.items()
+    ]
+    return (*running, *reserved, *retrying)
 
 
 def orchestrator_snapshot(

@@ -260,6 +260,8 @@ class Reporting:
         and with none other no snapshot is built.
         """
         for notify in list(self._runtime._change_listeners):
+            if progress_only and notify in self._runtime._progress_blind_change_listeners:
+                continue
             try:
                 notify()
             except Exception:
@@ -300,13 +302,22 @@ class Reporting:
 
         return unsubscribe
 
-    def on_change(self, listener: Callable[[], None]) -> Callable[[], None]:
-        """Call ``listener`` (no arguments, no snapshot built) whenever the state changes."""
+    def on_change(
+        self, listener: Callable[[], None], *, agent_progress: bool = True
+    ) -> Callable[[], None]:
+        """Call ``listener`` (no arguments, no snapshot built) whenever the state changes.
+
+        ``agent_progress=False``: not when only a run's progress moved (as :meth:`subscribe`).
+        """
         self._runtime._change_listeners.append(listener)
+        if not agent_progress:
+            self._runtime._progress_blind_change_listeners.append(listener)
 
         def unsubscribe() -> None:
             with contextlib.suppress(ValueError):
                 self._runtime._change_listeners.remove(listener)
+            with contextlib.suppress(ValueError):
+                self._runtime._progress_blind_change_listeners.remove(listener)
 
         return unsubscribe
 

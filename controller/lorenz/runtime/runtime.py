@@ -37,6 +37,7 @@ from lorenz.model import (
     LorenzError,
     PollStatus,
     RefreshReceipt,
+    RunIdentity,
     RuntimeSnapshot,
     SlotKey,
     SystemClock,
@@ -130,6 +131,8 @@ class LorenzRuntime:
         """Listeners (also in ``_snapshot_listeners``) not called for agent progress alone."""
         self._change_listeners: list[Callable[[], None]] = []
         """Told that the state changed, without a snapshot (they build one when they need it)."""
+        self._progress_blind_change_listeners: list[Callable[[], None]] = []
+        """Change listeners (also in ``_change_listeners``) not told of agent progress alone."""
         self._event_listeners: list[EventListener] = []
 
         self._stopped = False
@@ -202,13 +205,22 @@ class LorenzRuntime:
         """
         return self._reporting.subscribe(listener, agent_progress=agent_progress)
 
-    def on_change(self, listener: Callable[[], None]) -> Callable[[], None]:
+    def on_change(
+        self, listener: Callable[[], None], *, agent_progress: bool = True
+    ) -> Callable[[], None]:
         """Call ``listener`` whenever the state changes, without building a snapshot.
 
         For listeners that coalesce changes and read :meth:`snapshot` at their own pace (the
-        dashboard's event stream): the snapshot is built per frame, not per change.
+        dashboard's event stream): the snapshot is built per frame, not per change; and for
+        those that read less than a snapshot (:meth:`run_identities`). ``agent_progress=False``
+        as for :meth:`subscribe`.
         """
-        return self._reporting.on_change(listener)
+        return self._reporting.on_change(listener, agent_progress=agent_progress)
+
+    def run_identities(self) -> tuple[RunIdentity, ...]:
+        """Each slot running, reserved or waiting for a retry, with its issue and session:
+        the part of :meth:`snapshot` the log's run context reads, without building one."""
+        return self._orchestrator.run_identities()
 
     def add_event_listener(self, listener: EventListener) -> Callable[[], None]:
         """Call ``listener`` with every runtime event (metrics, Kubernetes Events, logs)."""
