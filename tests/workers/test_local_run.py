@@ -165,6 +165,60 @@ async def test_a_remote_style_spec_creates_its_workspace_and_runs_after_create(
     assert (workspace / "created.txt").read_text() == "created\n"
 
 
+async def test_each_hook_the_worker_runs_is_named_in_lorenz_hook(
+    state_root: Path, make_spec: SpecFactory, tmp_path: Path
+) -> None:
+    workspace = tmp_path / "remote" / "ABC-8"
+    hooks = HookSpec(
+        after_create=f'echo "$LORENZ_HOOK" >> {tmp_path}/hooks.txt',
+        before_run=f'echo "$LORENZ_HOOK" >> {tmp_path}/hooks.txt',
+        after_run=f'echo "$LORENZ_HOOK" >> {tmp_path}/hooks.txt',
+        env=base_env(),
+    )
+    spec, _ = make_spec(workspace=workspace, create_workspace=True, hooks=hooks)
+    handle, _ = await launch(spec, transport=LocalTransport(state_root=state_root, env=base_env()))
+    final = await handle.follow(Collected())
+    assert final.data["outcome"] == "success"
+    assert (tmp_path / "hooks.txt").read_text().split() == [
+        "after_create", "before_run", "after_run"
+    ]
+
+
+@pytest.mark.parametrize("failure", ["exit 7", "sleep 30"], ids=["fails", "times-out"])
+async def test_a_workspace_whose_after_create_failed_is_removed_and_made_again_next_time(
+    state_root: Path, make_spec: SpecFactory, tmp_path: Path, failure: str
+) -> None:
+    workspace = tmp_path / "remote" / "ABC-7"
+    runs = tmp_path / "after_create_runs"
+    transport = LocalTransport(state_root=state_root, env=base_env())
+    failing = HookSpec(
+        after_create=f"echo x >> {runs}; echo half-made > clone.txt; {failure}",
+        after_run=f"touch {tmp_path}/after_run",
+        timeout_ms=1000,
+        env=base_env(),
+    )
+    spec, scenario = make_spec(workspace=workspace, create_workspace=True, hooks=failing)
+    handle, _ = await launch(spec, transport=transport)
+    sink = Collected()
+    final = await handle.follow(sink)
+    assert final.data["outcome"] == "failed"
+    assert final.data["error_code"] in {"workspace_hook_failed", "workspace_hook_timeout"}
+    assert not workspace.exists(), "the half-made workspace is gone"
+    assert workspace.parent.is_dir(), "only the workspace itself is removed"
+    assert "workspace_discarded" in sink.kinds()
+    assert not scenario.marks.exists(), "the agent never started"
+    assert not (tmp_path / "after_run").exists(), "no after_run for a workspace never made"
+
+    succeeding = HookSpec(after_create=f"echo x >> {runs}; echo whole > clone.txt",
+                          env=base_env())
+    spec, _ = make_spec(workspace=workspace, create_workspace=True, hooks=succeeding)
+    handle, _ = await launch(spec, transport=transport)
+    final = await handle.follow(Collected())
+    assert final.data["outcome"] == "success"
+    assert runs.read_text().split() == ["x", "x"], "the next attempt ran after_create again"
+    assert (workspace / "clone.txt").read_text() == "whole\n"
+
+
 async def test_a_missing_workspace_fails_the_run_with_a_code(
     state_root: Path, make_spec: SpecFactory, tmp_path: Path
 ) -> None:

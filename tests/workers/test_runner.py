@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import shlex
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ from lorenz.config import AgentKindSettings
 from lorenz.model import AgentUpdate, Issue
 from lorenz.workers.handles import LocalTransport
 from lorenz.workers.runner import WorkerRunner
+from lorenz.workers.spec import HookSpec, RunSpec
 from lorenz.workers.states import COLLECTED_NAME, list_handles
 from tests.workers.conftest import GATED_CODEX, base_env, process_gone, wait_until
 
@@ -105,6 +107,40 @@ async def test_a_failed_run_raises_the_agents_code(state_root: Path, tmp_path: P
     with pytest.raises(AgentRunError) as caught:
         await runner(state_root, tmp_path).run(kit.request())
     assert caught.value.code == "turn_failed"
+
+
+class HookedRunner(WorkerRunner):
+    """A runner whose worker runs hooks itself, as the remote placements' runners do."""
+
+    def __init__(self, *, hooks: HookSpec, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.hooks = hooks
+
+    def spec_for(self, request: AgentRunRequest, *, run: int = 0) -> RunSpec:
+        return super().spec_for(request, run=run).model_copy(update={"hooks": self.hooks})
+
+
+async def test_hooks_the_worker_ran_are_in_the_controllers_log_and_a_failed_after_run_warns(
+    state_root: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    kit = Kit(tmp_path, [{"message": "done"}])
+    hooked = HookedRunner(
+        hooks=HookSpec(before_run="true", after_run="echo disk full >&2; exit 4", env=base_env()),
+        workflow=str(tmp_path / "WORKFLOW.md"),
+        transport=LocalTransport(state_root=state_root, env=base_env()),
+    )
+    with caplog.at_level(logging.INFO, logger="lorenz.workers.runner"):
+        result = await hooked.run(kit.request())
+    assert result.turns == 1, "a failed after_run does not fail the run"
+    lines = [r for r in caplog.records if r.name == "lorenz.workers.runner"]
+    finished = [r for r in lines if "workspace hook finished hook=before_run" in r.getMessage()]
+    failed = [r for r in lines if "workspace hook failed hook=after_run" in r.getMessage()]
+    assert len(finished) == 1
+    assert finished[0].levelno == logging.INFO
+    assert len(failed) == 1
+    assert failed[0].levelno == logging.WARNING
+    assert "code=workspace_hook_failed" in failed[0].getMessage()
+    assert "disk full" in failed[0].getMessage()
 
 
 async def test_cancelling_the_runner_cancels_the_worker_and_waits_for_its_end(

@@ -436,6 +436,8 @@ class WorkerRunner:
                 recorder.update(recorder.intent(name, SpawnPhase.RUNNING, record.seq))
             if record.kind == "agent_update":
                 request.on_update(agent_update_from(record))
+            elif record.kind == "hook_finished":
+                _log_hook(record, handle=name)
 
         while True:
             follow = asyncio.ensure_future(handle.follow(relay))
@@ -741,3 +743,19 @@ def _result_of(final: Record) -> AgentRunResult:
         str(data.get("error") or data.get("reason") or "the run failed"),
         code=code if isinstance(code, str) else "agent_run_failed",
     )
+
+
+def _log_hook(record: Record, *, handle: str) -> None:
+    """A hook the worker ran, in the controller's log as a locally run hook would be.
+
+    NB: a failed ``after_run`` never reaches the run's result (cleanup goes on), so without
+    this line it would be seen only in the worker's journal on the worker's host.
+    """
+    hook = record.data.get("hook")
+    if record.data.get("ok"):
+        logger.info("workspace hook finished hook=%s handle=%s", hook, handle)
+    else:
+        logger.warning(
+            "workspace hook failed hook=%s handle=%s code=%s: %s",
+            hook, handle, record.data.get("code"), record.data.get("error"),
+        )

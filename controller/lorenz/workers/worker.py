@@ -27,6 +27,7 @@ import itertools
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import struct
@@ -44,7 +45,7 @@ from lorenz.agents import (
     build_runner,
 )
 from lorenz.model import AgentUpdate, LorenzError
-from lorenz.tasks import BackgroundTasks
+from lorenz.tasks import BackgroundTasks, run_to_completion
 from lorenz.workers.journal import FINAL, JournalWriter, Record, read_journal
 from lorenz.workers.protocol import (
     LINE_LIMIT_BYTES,
@@ -331,7 +332,14 @@ class Worker:
         self.phase = Phase.PREPARING
         if spec.create_workspace and not _is_dir(workspace):
             _make_dir(workspace)
-            await self._hook("after_create", workspace)
+            try:
+                await self._hook("after_create", workspace)
+            except BaseException:
+                # NB: as the workspace manager does locally: a workspace whose after_create
+                # failed, timed out or was cancelled is removed, so the next attempt creates
+                # it again and runs the hook again (a half-made clone is never reused).
+                await run_to_completion(self._discard_new(workspace))
+                raise
         if not _is_dir(workspace):
             raise WorkerStateError(
                 f"workspace {workspace} does not exist on this host; the controller prepares "
@@ -381,6 +389,12 @@ class Worker:
             return False
         return answer is True
 
+    async def _discard_new(self, workspace: Path) -> None:
+        logger.warning("removing new workspace after failed after_create workspace=%s",
+                       workspace)
+        await asyncio.to_thread(shutil.rmtree, workspace, True)
+        self.journal("workspace_discarded", {"workspace": str(workspace)})
+
     async def _hook(self, name: HookName, workspace: Path) -> None:
         script: str | None = getattr(self.spec.hooks, name)
         if not script:
@@ -391,7 +405,8 @@ class Worker:
                 name=name,
                 script=script,
                 cwd=workspace,
-                env=self._environment(self.spec.hooks.env),
+                # NB: LORENZ_HOOK names the hook, as for hooks the workspace manager runs.
+                env=self._environment({**self.spec.hooks.env, "LORENZ_HOOK": name}),
                 timeout_ms=self.spec.hooks.timeout_ms,
                 log_context={"handle": self.spec.handle},
             )
