@@ -269,7 +269,10 @@ class OperatorProcess:
         lease_namespace: str | None = None,
         shards: int | None = None,
         new_session: bool = False,
+        prelude: str = "",
     ) -> None:
+        """``prelude``: Python run in the operator process before lorenz starts (a test's
+        instrumentation, e.g. a counter around a method)."""
         self.cluster = cluster
         self.new_session = new_session
         """Start the operator as a process group (and session) of its own, so a test can kill
@@ -283,7 +286,7 @@ class OperatorProcess:
         self.argv = [
             sys.executable,
             "-c",
-            "import sys; from lorenz.cli import main; sys.exit(main())",
+            prelude + "\nimport sys; from lorenz.cli import main; sys.exit(main())",
             "operator",
             "--identity", identity,
             "--workspace-root", str(self.volume),

@@ -121,6 +121,47 @@ def test_a_workflow_runs_to_completion(
     assert f'lorenz_operator_leading{{workflow="{kube.namespace}/demo"}} 1.0' in metrics
 
 
+# NB: counts in the operator process every snapshot its runtimes build (any caller).
+COUNT_SNAPSHOTS = """
+import os, pathlib
+from lorenz.runtime.runtime import LorenzRuntime
+_built = [0]
+_snapshot = LorenzRuntime.snapshot
+def _counted(self):
+    _built[0] += 1
+    pathlib.Path(os.environ["SNAPSHOT_COUNT"]).write_text(str(_built[0]))
+    return _snapshot(self)
+LorenzRuntime.snapshot = _counted
+"""
+
+
+def test_the_status_builds_a_snapshot_per_publish_not_per_agent_update(
+    kube: Kube, rig: Rig, operators: Callable[..., OperatorProcess], tmp_path: Path
+) -> None:
+    count = tmp_path / "snapshots-built"
+    # NB: a status interval of 2 s against an agent that prints every 0.2 s: published at
+    # most once per interval, the status must not cost a snapshot per printed line.
+    operators(
+        "solo", namespaces=(kube.namespace,), prelude=COUNT_SNAPSHOTS,
+        env={"SNAPSHOT_COUNT": str(count)}, extra_args=("--status-interval-seconds", "2"),
+    )
+    write_issue(rig.issues_of("chatty"), "TASK-1")
+    kube.apply(rig.workflow("chatty", seconds=6.0))
+    (run,) = wait_until(lambda: [r for r in rig.runs() if r.ended] or None, timeout=60,
+                        message="the agent run ended")
+    workflow = wait_until(
+        lambda: (w := kube.get("workflow", "chatty"))["status"]["lanes"]["running"] == 0
+        and w.get("status", {}).get("usage", {}).get("secondsRunning", 0) >= 6.0 and w,
+        timeout=30, message="the status shows the run ended",
+    )
+    assert condition(workflow, "Ready")["status"] == "True"  # type: ignore[index]
+    beats = sum(1 for line in rig.agent_log.read_text().splitlines()
+                if line.startswith(f"beat {run.slot} "))
+    assert beats >= 25, "the agent printed a line every 0.2 s for 6 s"
+    built = int(count.read_text())
+    assert built < beats // 2, f"{built} snapshots for {beats} agent updates"
+
+
 def test_a_failing_agent_leaves_a_retry_pending_claim_with_the_exact_backoff(
     kube: Kube, rig: Rig, operators: Callable[..., OperatorProcess]
 ) -> None:

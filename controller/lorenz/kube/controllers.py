@@ -11,7 +11,8 @@ shard is no longer offered here. The controller of the holder:
 2. builds the runtime from the latest spec (a spec that does not load sets ``Degraded`` and
    waits for the next change), hydrates the orchestrator from the Workflow's Claims — the runs
    of a previous leader become failure retries, its pending retries come back — and starts it;
-3. keeps the Workflow's status in step with the runtime's snapshots (at most one patch per
+3. keeps the Workflow's status in step with the runtime: told of each change, it builds the
+   runtime's snapshot only when it computes the status (at most one patch per
    ``status_interval_seconds``, and only when something changed);
 4. turns spec updates into the runtime's transactional reload (a spec that fails keeps the
    last known good workflow and sets ``Degraded`` with the error's code), the
@@ -103,7 +104,6 @@ from lorenz.model import (
     EventType,
     LorenzError,
     RuntimeEvent,
-    RuntimeSnapshot,
     SlotKey,
     SystemClock,
 )
@@ -277,7 +277,6 @@ class WorkflowController:
         :class:`HoldingClaimStore`)."""
         self._start_failures = 0
         """Failed starts in a row (the backoff doubles with each; a good poll resets it)."""
-        self._snapshot: RuntimeSnapshot | None = None
         self._term_object: Mapping[str, Any] | None = None
         """The Workflow as read after the current term began (see :meth:`_lead`), for the
         term's first claim store; taken once."""
@@ -675,7 +674,11 @@ class WorkflowController:
         runtime.add_event_listener(self._on_runtime_event)
         self.store = store
         self.runtime = runtime
-        self._unsubscribe = runtime.subscribe(self._on_snapshot)
+        # NB: told of changes, not handed a snapshot per change: a chatty agent changes its
+        # run's progress many times a second, and the status is published at most once per
+        # status interval; the snapshot is built when the status is (:meth:`status_inputs`).
+        self._unsubscribe = runtime.on_change(self._on_runtime_change)
+        self._dirty()
         if self._metrics is not None:
             self._detach_metrics = self._metrics.attach(runtime, workflow=self.ref.display)
         self._runtime_task = asyncio.get_running_loop().create_task(
@@ -860,7 +863,6 @@ class WorkflowController:
         self.runtime = None
         self.store = None
         self._runtime_task = None
-        self._snapshot = None
         if runtime is not None:
             # NB: closing the tracker's connections is best effort.
             with contextlib.suppress(Exception):
@@ -1008,10 +1010,12 @@ class WorkflowController:
                 return  # NB: the local hold ends when the watch shows the annotation
         self._holding.discard(key)
 
-    def _on_snapshot(self, snapshot: RuntimeSnapshot) -> None:
-        self._snapshot = snapshot
-        if snapshot.poll.last_poll_at is not None and not snapshot.poll.last_error:
-            self._start_failures = 0
+    def _on_runtime_change(self) -> None:
+        runtime = self.runtime
+        if runtime is not None:
+            poll = runtime.poll_status()
+            if poll.last_poll_at is not None and not poll.last_error:
+                self._start_failures = 0
         self._dirty()
 
     # -- status ----------------------------------------------------------------------------
@@ -1057,13 +1061,14 @@ class WorkflowController:
     def status_inputs(self) -> StatusInputs:
         """The facts the status depends on, now."""
         record = self.lease.observed
+        runtime = self.runtime
         return StatusInputs(
             generation=self._generation,
             applied_generation=self._applied_generation,
             candidate_generation=self.candidates.generation,
             degraded=self._degraded,
             running=self.runtime is not None,
-            snapshot=self._snapshot,
+            snapshot=runtime.snapshot() if runtime is not None else None,
             nodes=self.store.pod_nodes() if self.store is not None else {},
             releasing=self._releasing,
             identity=self.lease.identity,

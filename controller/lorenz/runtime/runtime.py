@@ -347,21 +347,25 @@ class LorenzRuntime:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._pool.drain(deadline_ms=deadline), deadline / 1000.0)
 
+    def poll_status(self) -> PollStatus:
+        """The poll block of :meth:`snapshot` alone (cheap: no lanes, events or history)."""
+        return PollStatus(
+            status="polling" if self._poll_in_progress else "idle",
+            interval_ms=self.settings.polling.interval_ms,
+            candidates=self._last_candidates,
+            eligible=self._last_eligible,
+            last_poll_at=self._last_poll_at,
+            next_poll_at=self._next_poll_at,
+            last_error=self._last_poll_error,
+            count=self.poll_count,
+        )
+
     def snapshot(self) -> RuntimeSnapshot:
         """The full picture, in three layers: orchestrator, runtime live fields, projections."""
         return RuntimeSnapshot(
             app_status=self._app_status,
             workflow_path=str(self._workflow.path),
-            poll=PollStatus(
-                status="polling" if self._poll_in_progress else "idle",
-                interval_ms=self.settings.polling.interval_ms,
-                candidates=self._last_candidates,
-                eligible=self._last_eligible,
-                last_poll_at=self._last_poll_at,
-                next_poll_at=self._next_poll_at,
-                last_error=self._last_poll_error,
-                count=self.poll_count,
-            ),
+            poll=self.poll_status(),
             lanes=self._orchestrator.snapshot(),
             recent_events=self._projection.recent_events(),
             run_history=self._projection.run_history(),
