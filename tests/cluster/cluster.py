@@ -46,6 +46,11 @@ class CommandError(subprocess.CalledProcessError):
         )
 
 
+class WaitAborted(AssertionError):
+    """Raised by a :func:`wait_until` check when waiting longer cannot help (the process it
+    waits for has exited): :func:`wait_until` lets it through at once instead of retrying."""
+
+
 def wait_until(
     check: Callable[[], T | None],
     *,
@@ -53,12 +58,18 @@ def wait_until(
     interval: float = 0.2,
     message: str,
 ) -> T:
-    """Call `check` until it returns something other than None/False; fail after `timeout`."""
+    """Call `check` until it returns something other than None/False; fail after `timeout`.
+
+    An exception from `check` is retried (the condition may not hold *yet*), except
+    :class:`WaitAborted`, which ends the wait at once.
+    """
     deadline = time.monotonic() + timeout
     last_error: Exception | None = None
     while True:
         try:
             result = check()
+        except WaitAborted:
+            raise
         except Exception as exc:  # NB: retried: the condition may not hold *yet*
             last_error = exc
         else:

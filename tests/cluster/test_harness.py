@@ -20,6 +20,7 @@ import pytest
 
 from tests.cluster.cluster import (
     Cluster,
+    WaitAborted,
     cluster_from_kubeconfig,
     sigint_as_at_a_terminal,
     wait_until,
@@ -162,3 +163,26 @@ def test_kubeconfig_adapter_wraps_an_existing_cluster(
         )
     finally:
         wrapped.delete_namespace(namespace)
+
+
+def test_wait_until_retries_a_failing_check_but_not_an_aborted_one() -> None:
+    calls = []
+
+    def flaky() -> str | None:
+        calls.append(1)
+        if len(calls) < 3:
+            raise ConnectionError("not yet")
+        return "up"
+
+    assert wait_until(flaky, timeout=60, interval=0.01, message="flaky") == "up"
+    assert len(calls) == 3
+
+    aborted = []
+
+    def exited() -> None:
+        aborted.append(1)
+        raise WaitAborted("the process exited early")
+
+    with pytest.raises(WaitAborted, match="exited early"):
+        wait_until(exited, timeout=30, interval=0.01, message="never")
+    assert len(aborted) == 1, "given up at the first abort, not retried until the timeout"

@@ -30,7 +30,7 @@ from typing import Any
 import yaml
 
 from lorenz.kube.sharding import shard_lease_name, shard_of
-from tests.cluster.cluster import Cluster, wait_until
+from tests.cluster.cluster import Cluster, WaitAborted, wait_until
 
 AGENT = textwrap.dedent(
     """\
@@ -333,7 +333,7 @@ class OperatorProcess:
         def ready() -> str | None:
             assert self.process is not None
             if self.process.poll() is not None:
-                raise AssertionError(f"operator exited early:\n{self.log()}")
+                raise WaitAborted(f"operator exited early:\n{self.log()}")
             pattern = r"Operator running identity=\S+ namespaces=\S+ api=(\S+)"
             found = re.findall(pattern, self.log())
             return found[-1] if found else None
