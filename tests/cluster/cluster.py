@@ -81,6 +81,36 @@ def wait_until(
         time.sleep(interval)
 
 
+def wait_while_progressing(
+    progress: Callable[[], int],
+    *,
+    goal: int,
+    stall_timeout: float,
+    interval: float = 0.5,
+    message: str,
+    describe: Callable[[], str] | None = None,
+) -> None:
+    """Wait until ``progress()`` reaches ``goal``; fail only when it stops moving.
+
+    For a wait whose length is the amount of work times the machine's speed (90 issues worked
+    through after 30 failovers): a fixed bound either fails on a loaded machine or hides a
+    stall for many minutes. Each step forward restarts the ``stall_timeout`` clock; ``describe``
+    says what was left when it ran out.
+    """
+    best = progress()
+    moved_at = time.monotonic()
+    while best < goal:
+        time.sleep(interval)
+        now = progress()
+        if now > best:
+            best, moved_at = now, time.monotonic()
+        elif time.monotonic() - moved_at >= stall_timeout:
+            detail = f"; {describe()}" if describe is not None else ""
+            raise TimeoutError(
+                f"no progress for {stall_timeout:.0f}s at {best}/{goal}: {message}{detail}"
+            )
+
+
 def sigint_as_at_a_terminal() -> None:
     """`preexec_fn` for a child pytest that a test interrupts with SIGINT, as Ctrl-C would.
 

@@ -24,6 +24,7 @@ from tests.cluster.cluster import (
     cluster_from_kubeconfig,
     sigint_as_at_a_terminal,
     wait_until,
+    wait_while_progressing,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -186,3 +187,20 @@ def test_wait_until_retries_a_failing_check_but_not_an_aborted_one() -> None:
     with pytest.raises(WaitAborted, match="exited early"):
         wait_until(exited, timeout=30, interval=0.01, message="never")
     assert len(aborted) == 1, "given up at the first abort, not retried until the timeout"
+
+
+def test_wait_while_progressing_outwaits_slow_work_and_fails_on_a_stall() -> None:
+    # Slow but steady: each step takes 30 ms, the whole 300 ms; the stall bound is 200 ms.
+    steps = iter(range(11))
+    count = [0]
+
+    def steady() -> int:
+        count[0] = next(steps, 10)
+        return count[0]
+
+    wait_while_progressing(steady, goal=10, stall_timeout=0.2, interval=0.03, message="steady")
+    assert count[0] == 10
+
+    with pytest.raises(TimeoutError, match=r"no progress for 0s at 3/10: stuck; left: 7"):
+        wait_while_progressing(lambda: 3, goal=10, stall_timeout=0.1, interval=0.01,
+                               message="stuck", describe=lambda: "left: 7")
