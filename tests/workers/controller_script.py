@@ -57,7 +57,7 @@ async def main(spec: RunSpec, out: TextIO, after_seq: int) -> int:
     reporter = asyncio.create_task(report_live())
     final = await handle.follow(collect)
     reporter.cancel()
-    out.write(json.dumps({"done": final.data["outcome"]}) + "\n")
+    out.write(json.dumps({"done": final.data["outcome"], "final": final.data}) + "\n")
     return 0
 
 

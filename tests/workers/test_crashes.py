@@ -102,7 +102,7 @@ async def test_kill_9_of_the_controllers_process_group_mid_turn_then_reattach_wi
     assert collected_before + collected_after == list(range(1, collected_after[-1] + 1)), (
         "every record exactly once, in order"
     )
-    assert read_lines(out2)[-1] == {"done": "success"}
+    assert read_lines(out2)[-1]["done"] == "success"
     marks = scenario.marks.read_text().split("\n")
     assert marks.count("start 1") == 1, "the turn was never re-run"
 
@@ -317,11 +317,13 @@ async def kill_controllers_at_random_points(
                 controller.wait()
         lines = read_lines(out)
         collected += [r["seq"] for r in lines if "seq" in r]
-        if any("done" in r for r in lines):
+        done = [r for r in lines if "done" in r]
+        if done:
             break
     else:
         # The last controller was never killed: it must have seen the end.
         pytest.fail("the run did not finish")
+    assert done[0]["done"] == "success", done[0]
     assert collected == list(range(1, collected[-1] + 1)), "no gap, no duplicate, in order"
     assert scenario.marks.read_text().split().count("start") == 1, "never re-run"
 
