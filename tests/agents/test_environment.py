@@ -75,7 +75,7 @@ async def test_a_spawned_agent_never_sees_the_tracker_token(tmp_path: Path) -> N
         command=f"{sys.executable} -c {json.dumps(code)}", cwd=tmp_path, env=env
     )
     try:
-        line = await proc.read_line(timeout_s=10)
+        line = await proc.read_line(timeout_s=60)
     finally:
         await proc.terminate()
     assert line is not None

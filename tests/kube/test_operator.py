@@ -72,7 +72,7 @@ def test_a_workflow_runs_to_completion(
         rows = kube.table("workflows")
         return rows[0] if rows and rows[0]["RUNNING"] == "1" else None
 
-    row = wait_until(workflow_row, timeout=15, message="kubectl get wf shows the run")
+    row = wait_until(workflow_row, timeout=60, message="kubectl get wf shows the run")
     wide = kube.table("workflows", "-o", "wide")[0]
     assert wide["DEGRADED"] == "False"
     assert row["TRACKER"] == "files"
@@ -88,7 +88,7 @@ def test_a_workflow_runs_to_completion(
     # The status follows within a status interval.
     workflow = wait_until(
         lambda: (w := kube.get("workflow", "demo"))["status"]["lanes"]["running"] == 0 and w,
-        timeout=15, message="the status shows the run ended",
+        timeout=60, message="the status shows the run ended",
     )
     status = workflow["status"]
     assert status["lanes"] == {"running": 0, "reserving": 0, "retrying": 0, "blocked": 0}
@@ -110,7 +110,7 @@ def test_a_workflow_runs_to_completion(
     reasons = wait_until(
         lambda: (r := kube.reasons("demo")) >= {"LeadershipAcquired", "RunStarted"}
         and r & {"RunFinished", "ReconcileStopped"} and r,
-        timeout=15, message="Events on the Workflow",
+        timeout=60, message="Events on the Workflow",
     )
     assert "RunFailed" not in reasons
     assert operator.leads(kube.namespace, "demo")
@@ -183,7 +183,7 @@ def test_a_failing_agent_leaves_a_retry_pending_claim_with_the_exact_backoff(
     assert row["PHASE"] == "RetryPending"
     assert row["ATTEMPT"] == "1"
     assert row["DUE"] == "10s"  # the backoff as a duration, never <invalid>
-    wait_until(lambda: "RunFailed" in kube.reasons("failing"), timeout=15, message="RunFailed")
+    wait_until(lambda: "RunFailed" in kube.reasons("failing"), timeout=60, message="RunFailed")
 
 
 def wait_condition(
@@ -237,14 +237,14 @@ def test_a_bad_spec_update_keeps_the_last_known_good_and_sets_degraded(
     ready = condition(kube.get("workflow", "reload"), "Ready")
     assert ready is not None
     assert ready["status"] == "True"
-    wait_until(lambda: "SpecRejected" in kube.reasons("reload"), timeout=15, message="event")
+    wait_until(lambda: "SpecRejected" in kube.reasons("reload"), timeout=60, message="event")
 
     patch_spec(kube, "reload", '{"spec": {"prompt": "ok {{ issue.identifier }}", '
                                '"polling": {"intervalMs": 700}}}')
     workflow = wait_condition(kube, "reload", "Degraded", "False", reason="SpecApplied")
     wait_until(
         lambda: kube.get("workflow", "reload")["status"]["poll"]["intervalMs"] == 700,
-        timeout=15, message="the new interval is in force",
+        timeout=60, message="the new interval is in force",
     )
     assert kube.get("workflow", "reload")["status"]["observedGeneration"] == 3
 
@@ -304,7 +304,7 @@ def test_deleting_a_claim_cancels_its_run_and_an_eligible_issue_runs_again(
         lambda: next((c for c in kube.items("claims") if phase(c) == "Running"), None),
         timeout=30, message="a Running Claim",
     )
-    wait_until(lambda: rig.runs() or None, timeout=15, message="the agent started")
+    wait_until(lambda: rig.runs() or None, timeout=60, message="the agent started")
     kube.cluster.kubectl("delete", "claim", first["metadata"]["name"], "-n", kube.namespace)
 
     def replaced() -> dict[str, Any] | None:
@@ -315,12 +315,12 @@ def test_deleting_a_claim_cancels_its_run_and_an_eligible_issue_runs_again(
 
     second = wait_until(replaced, timeout=30, message="the issue is dispatched again")
     assert second["metadata"]["name"] == first["metadata"]["name"]  # the same slot
-    runs = wait_until(lambda: r if len(r := rig.runs()) == 2 else None, timeout=15,
+    runs = wait_until(lambda: r if len(r := rig.runs()) == 2 else None, timeout=60,
                       message="a second agent run")
     assert not runs[0].ended
     assert not _alive(runs[0].pid)
     assert runs[0].last_seen <= runs[1].started
-    wait_until(lambda: "ClaimDeleted" in kube.reasons("cancel"), timeout=15, message="event")
+    wait_until(lambda: "ClaimDeleted" in kube.reasons("cancel"), timeout=60, message="event")
 
 
 def test_deleting_a_workflow_stops_its_runs_and_removes_claims_workspaces_and_finalizer(
@@ -335,7 +335,7 @@ def test_deleting_a_workflow_stops_its_runs_and_removes_claims_workspaces_and_fi
         lambda: len([c for c in kube.items("claims") if phase(c) == "Running"]) == 2 or None,
         timeout=30, message="two Running Claims",
     )
-    wait_until(lambda: len(rig.runs()) == 2 or None, timeout=15, message="two agents")
+    wait_until(lambda: len(rig.runs()) == 2 or None, timeout=60, message="two agents")
     workspaces = sorted(p.name for p in (folder / "workspaces").iterdir() if p.name[0] != ".")
     assert len(workspaces) == 2, workspaces
     before = operator_requests(operator)

@@ -92,7 +92,7 @@ def test_the_operator_works_with_only_the_declared_verbs(
     workflow = kube.get("workflow", "least")
     assert workflow["status"]["leader"]["identity"] == "rbac"
     assert "lorenz.dev/cleanup" in workflow["metadata"]["finalizers"]
-    wait_until(lambda: "RunStarted" in kube.reasons("least") or None, timeout=15,
+    wait_until(lambda: "RunStarted" in kube.reasons("least") or None, timeout=60,
                message="Events posted")
     kube_control_plane.kubectl(
         "delete", "workflow", "least", "-n", namespace, "--wait=true", "--timeout=60s"

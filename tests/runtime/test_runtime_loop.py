@@ -284,7 +284,7 @@ async def test_retry_timer_fires_between_polls(tmp_path: Path) -> None:
     rig = build_rig(wf, issues=[issue(1)])
     task = asyncio.create_task(rig.runtime.start())
     # the continuation retry (1000 ms) re-dispatches long before the 10-minute poll interval
-    await wait_until(lambda: len(rig.of_type("run_started")) >= 2, timeout=15)
+    await wait_until(lambda: len(rig.of_type("run_started")) >= 2, timeout=60)
     second = rig.of_type("run_started")[1]
     assert second["attempt"] == 1
     rig.runtime.stop()

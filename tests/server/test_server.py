@@ -259,7 +259,7 @@ async def test_the_single_host_run_serves_the_api_and_stops_it_on_shutdown(
 
     run = asyncio.create_task(host.run_host(options, ready=on_ready))
     try:
-        await asyncio.wait_for(ready.wait(), timeout=15)
+        await asyncio.wait_for(ready.wait(), timeout=60)
         (server,) = started
         assert server.url is not None
         url = server.url
@@ -268,7 +268,7 @@ async def test_the_single_host_run_serves_the_api_and_stops_it_on_shutdown(
     finally:
         for runtime in runtimes:
             runtime.stop()
-        exit_code = await asyncio.wait_for(run, timeout=15)
+        exit_code = await asyncio.wait_for(run, timeout=60)
 
     assert exit_code == 0
     assert server.url is None

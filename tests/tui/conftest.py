@@ -16,4 +16,4 @@ async def _stop_runtimes() -> AsyncIterator[None]:
     while LIVE_RUNTIMES:
         runtime = LIVE_RUNTIMES.pop()
         runtime.stop()
-        await asyncio.wait_for(runtime.wait_for_runs(), timeout=15)
+        await asyncio.wait_for(runtime.wait_for_runs(), timeout=60)
