@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import shlex
 import shutil
+import signal
 import stat
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -383,3 +387,68 @@ async def test_a_controller_that_had_collected_the_final_record_gets_it_again_on
     again = await successor.follow(collected)
     assert again.to_json() == final.to_json()
     assert collected.records == [], "nothing delivered twice"
+
+
+PROMPT_FILE_AGENT = """\
+import os, pathlib, sys, time
+path = os.environ["LORENZ_PROMPT_FILE"]
+print("prompt-file " + path, flush=True)
+print("prompt " + pathlib.Path(path).read_text(), flush=True)
+gate = pathlib.Path(sys.argv[1])
+while not gate.exists():
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.parametrize("ending", ["exits", "killed"])
+async def test_a_command_agents_prompt_file_is_in_the_workers_state_directory(
+    state_root: Path, make_spec: SpecFactory, tmp_path: Path, ending: str
+) -> None:
+    from lorenz.config import AgentKindSettings, AgentProtocol
+
+    agent = tmp_path / "prompt_agent.py"
+    agent.write_text(PROMPT_FILE_AGENT)
+    gate = tmp_path / "gate"
+    spec, _ = make_spec()
+    spec = spec.model_copy(update={"agent": AgentKindSettings(
+        command=f"{shlex.quote(sys.executable)} {agent} {gate}", protocol=AgentProtocol.COMMAND
+    )})
+    # The worker's temporary directory is private to this test: a prompt file left in it
+    # by a killed worker would show.
+    private_tmp = tmp_path / "tmp"
+    private_tmp.mkdir()
+    transport = LocalTransport(
+        state_root=state_root, env={**base_env(), "TMPDIR": str(private_tmp)}
+    )
+    handle, result = await launch(spec, transport=transport)
+    collected = Collected()
+    follow = asyncio.create_task(handle.follow(collected))
+
+    def said(prefix: str) -> str | None:
+        for record in collected.records:
+            message = str(record.data.get("message", ""))
+            if record.kind == "agent_update" and message.startswith(prefix):
+                return message.removeprefix(prefix)
+        return None
+
+    await collected.wait_for(lambda _: said("prompt ") is not None)
+    state_dir = state_root / spec.handle
+    prompt_file = said("prompt-file ") or ""
+    assert os.path.dirname(prompt_file) == str(state_dir)
+    assert said("prompt ") == spec.prompt
+    assert stat.S_IMODE(os.stat(prompt_file).st_mode) == 0o600
+    if ending == "exits":
+        gate.write_text("open")
+        final = await asyncio.wait_for(follow, timeout=60)
+        assert final.data["outcome"] == "success"
+        assert os.path.basename(prompt_file) not in os.listdir(state_dir), "removed at the end"
+    else:
+        assert result.pid is not None
+        os.killpg(os.getpgid(result.pid), signal.SIGKILL)
+        await wait_until(lambda: worker_pid(state_dir) is None)
+        gate.write_text("open")  # the agent, in a process group of its own, ends too
+        follow.cancel()
+        with contextlib.suppress(BaseException):
+            await follow
+        assert os.path.basename(prompt_file) in os.listdir(state_dir), "kept as evidence"
+    assert list(private_tmp.iterdir()) == [], "nothing left in the temporary directory"

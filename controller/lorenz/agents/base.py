@@ -99,6 +99,10 @@ honours it (the assembly's runner factory picks one for such requests)."""
     with where it runs (the Pod's name); the runtime binds the slot's reservation then.
     ``False``: the reservation is gone (swept, cancelled) and the runner stops the worker.
     Until it was called, a :class:`PlacementFailed` gives the reservation back."""
+    scratch_dir: Path | None = None
+    """A private directory for the run's own files (the command runner's prompt file): the
+    worker's state directory, which outlives a worker killed mid-run as its evidence. ``None``:
+    the system's temporary directory, where a killed process's files are left behind."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

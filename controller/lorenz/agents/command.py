@@ -10,7 +10,8 @@ so itself; continuation across runs comes from the orchestrator's 1 s continuati
 ``turn_timeout_ms`` bounds the whole run.
 
 The prompt file is a private (0600) temporary file *outside* the workspace, so it can never be
-committed by accident, and is removed when the run ends.
+committed by accident, and is removed when the run ends; in a worker it lives in the worker's
+state directory (``AgentRunRequest.scratch_dir``).
 """
 
 from __future__ import annotations
@@ -44,7 +45,11 @@ class CommandRunner:
         # NB: one private file (mkstemp: 0600, a name nobody can guess), not a directory per
         # run: making and removing a directory costs the event loop's thread about four times
         # as much as one file (rmdir is slow on overlay file systems).
-        fd, prompt_name = tempfile.mkstemp(prefix="lorenz-prompt-", suffix=".md")
+        # NB: in the worker's state directory when there is one: a worker killed mid-run (a
+        # recovery sweep, kill -9) cannot remove it, and a file in /tmp would be left there.
+        fd, prompt_name = tempfile.mkstemp(
+            prefix="lorenz-prompt-", suffix=".md", dir=request.scratch_dir
+        )
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
                 handle.write(request.prompt)

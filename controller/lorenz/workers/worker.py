@@ -365,6 +365,7 @@ class Worker:
             issue_is_active=self._issue_is_active,
             continuation_prompt=spec.continuation_prompt,
             tools=ForwardedTools(self, spec.tools) if spec.tools else None,
+            scratch_dir=self.state_dir,
         )
 
     def _environment(self, given: Mapping[str, str]) -> dict[str, str]:
