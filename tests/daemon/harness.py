@@ -161,6 +161,10 @@ def write_daemon_workflow(
 
 
 def daemon_environ(runtime_dir: Path, home: Path) -> dict[str, str]:
+    # NB: the test's own temporary directory: a lorenz killed -9 with a command agent in
+    # process leaves its prompt file there (hundreds a run in /tmp otherwise).
+    scratch = runtime_dir / "tmp"
+    scratch.mkdir(parents=True, exist_ok=True)
     env = {
         key: value
         for key, value in os.environ.items()
@@ -171,6 +175,7 @@ def daemon_environ(runtime_dir: Path, home: Path) -> dict[str, str]:
             "XDG_RUNTIME_DIR": str(runtime_dir),
             "HOME": str(home),
             "PYTHONUNBUFFERED": "1",
+            "TMPDIR": str(scratch),
             # NB: runs execute in workers, whose sockets live under the state root: a short one.
             "LORENZ_WORKER_STATE": str(runtime_dir / "w"),
         }
