@@ -15,8 +15,10 @@ none fails, all end Done.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
+import subprocess
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -325,9 +327,28 @@ def test_helm_upgrade_mid_run_leaves_the_run_pod_to_the_new_operator(pod_install
     (pod,) = [p for p in run_pods(rig) if p["metadata"]["name"] == agent.pod]
     uid = pod["metadata"]["uid"]
 
-    rig.helm("upgrade", RELEASE, str(CHART), "-f", str(rig.values), "--reuse-values",
-             "--set", "operator.logLevel=debug")
-    (new,) = rig.wait_ready_pods(1, exclude={old})
+    # NB: the old operator's log goes with its Pod: followed to a file, for a failure to show.
+    old_log = rig.values.parent / f"{old}.log"
+    with old_log.open("w") as sink:
+        follower = subprocess.Popen(
+            [str(cluster.kubectl_bin), f"--kubeconfig={cluster.kubeconfig}", "logs", "-f",
+             old, "-n", rig.namespace], stdout=sink, stderr=subprocess.STDOUT,
+        )
+    try:
+        rig.helm("upgrade", RELEASE, str(CHART), "-f", str(rig.values), "--reuse-values",
+                 "--set", "operator.logLevel=debug")
+        (new,) = rig.wait_ready_pods(1, exclude={old})
+    finally:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            follower.wait(timeout=30)  # NB: ends when the old Pod's container does
+        if follower.poll() is None:
+            follower.kill()
+            follower.wait()
+
+    def both_logs() -> str:
+        kept = [line for line in old_log.read_text().splitlines() if "poll_completed" not in line]
+        return "--- the old operator\n" + "\n".join(kept[-150:]) + "\n" + diagnose(rig)
+
     assert new != old
     assert not any(r.ended for r in rig.recorder.runs_of(issue.id)), (
         "the run ended before the upgrade: nothing was left to adopt"
@@ -335,11 +356,11 @@ def test_helm_upgrade_mid_run_leaves_the_run_pod_to_the_new_operator(pod_install
     try:
         rig.wait_done(issue.id, timeout=300)
     except AssertionError as err:
-        raise AssertionError(f"{err}\n{diagnose(rig)}") from err
+        raise AssertionError(f"{err}\n{both_logs()}") from err
     runs = rig.recorder.runs_of(issue.id)
     assert [(r.run, r.pod, r.ended, r.stopped_at) for r in runs] == [
         (agent.run, agent.pod, True, None)
-    ]
+    ], both_logs()
     logs = cluster.kubectl("logs", new, "-n", rig.namespace, check=False).stdout
     assert "adopting the worker of a lost controller" in logs, logs[-3000:]
 
