@@ -10,6 +10,7 @@ admission (a ResourceQuota) fails at once. The worker inside a real Pod is teste
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -550,6 +551,60 @@ async def test_the_orphan_sweep_deletes_only_the_pods_no_claim_names(
         body = await kube_api.get(f"{pods}/{name}")
         assert not body["metadata"].get("deletionTimestamp")
         assert await _exists(kube_api, f"{secrets}/{name}-spec")
+
+
+@pytest.mark.cluster
+async def test_a_new_terms_orphan_sweep_waits_for_its_claims_before_judging_a_pod(
+    kube_control_plane: Cluster,
+    kube_api: KubeApi,
+    restricted_namespace: str,
+    lorenz_crds: list[str],
+) -> None:
+    """The sweep starts beside the runtime whose start-up loads the Claims: it judges no Pod
+    before they are loaded, so the Pod of the previous leader's run (named by a Claim's
+    intent) is kept for adoption. It was deleted when the sweep won that race (a ``helm
+    upgrade`` mid-run on a loaded machine: the run stopped and started again)."""
+    from lorenz.kube.claims import ClaimResourceStore
+    from lorenz.kube.controllers import sweep_orphans_of_term
+    from lorenz.model import SlotKey, SpawnIntent, SpawnPhase
+    from tests.kube.test_claims import Leadership, record
+
+    ns = restricted_namespace
+    ours = WorkflowRef(namespace=ns, name="pods", uid=None)
+    adopted, orphan = run_spec("ABC-1"), run_spec("ABC-2")
+    names = {spec.handle: await _place(kube_api, spec=spec, workflow=ours)
+             for spec in (adopted, orphan)}
+    pods = f"/api/v1/namespaces/{ns}/pods"
+
+    def store(owner: str) -> ClaimResourceStore:
+        leadership = Leadership(owner)
+        return ClaimResourceStore(
+            api=kube_api, workflow=ours, owner=owner, holder=leadership.current_holder,
+            may_write=leadership.may_write,
+        )
+
+    previous = store("a")  # the leader that started the run, then went
+    assert await previous.acquire(record("ABC-1", owner="a"))
+    assert await previous.record_intent(
+        SlotKey("ABC-1#0"), SpawnIntent(handle=adopted.handle, phase=SpawnPhase.RUNNING)
+    )
+
+    successor = store("b")
+    sweep = asyncio.create_task(sweep_orphans_of_term(
+        api=kube_api, workflow=ours, store=successor, may_delete=lambda: True
+    ))
+    # Unloaded, the successor's store names no Pod: the sweep must not judge any yet. (A
+    # sweep that did not wait lists and deletes both Pods well within this.)
+    done, _ = await asyncio.wait({sweep}, timeout=5.0)
+    assert not done, f"the sweep ran before the Claims were loaded: {sweep.result()}"
+    for name in names.values():
+        assert not (await kube_api.get(f"{pods}/{name}"))["metadata"].get("deletionTimestamp")
+
+    await successor.load()  # what the runtime's start-up does
+    deleted = await asyncio.wait_for(sweep, timeout=60)
+    assert deleted == [orphan.handle]
+    kept = await kube_api.get(f"{pods}/{names[adopted.handle]}")
+    assert not kept["metadata"].get("deletionTimestamp")
 
 
 @pytest.mark.cluster

@@ -140,6 +140,9 @@ class ClaimResourceStore:
         """Mutations refused because this replica may not write (lost or expiring lease)."""
         self.fenced_out: ClaimGenerationStale | None = None
         """Why every write is refused, once a Claim showed a newer leader generation."""
+        self.loaded = asyncio.Event()
+        """Set once :meth:`load` has read the Workflow's Claims: until then :attr:`held` names
+        none of them, and nothing may be judged by it (the orphan sweep of a new term)."""
 
     # -- ClaimStore ------------------------------------------------------------------------
 
@@ -191,6 +194,7 @@ class ClaimResourceStore:
                 continue
             records.append(record)
             self._held[record.slot_key] = self._entry(item, record)
+        self.loaded.set()
         holder = self._holder()
         stale = frozenset(r.owner for r in records if r.owner != holder)
         checkpoint = await self._read_checkpoint()

@@ -82,6 +82,7 @@ from lorenz.kube.pods import (
     workspace_claims_by_issue,
 )
 from lorenz.kube.posting import EventKind, EventPoster, Post, kopf_post
+from lorenz.kube.resources import WorkflowRef
 from lorenz.kube.settings import OperatorSettings
 from lorenz.kube.sharding import ShardCoordinator
 from lorenz.kube.specs import (
@@ -692,18 +693,11 @@ class WorkflowController:
         :func:`~lorenz.kube.pods.sweep_run_pods`): a Pod the previous leader started whose
         Claim is gone, or whose Claim names a newer run; never one a Claim's intent names."""
 
-        def named() -> set[str]:
-            return {
-                held.record.intent.handle
-                for held in store.held.values()
-                if held.record.intent is not None
-            }
-
         try:
-            await sweep_run_pods(
+            await sweep_orphans_of_term(
                 api=self._api,
                 workflow=self.ref,
-                keep=named,
+                store=store,
                 # NB: the store forgets its Claims when the term ends: from then on it names
                 # nothing, and every Pod is the next leader's to judge.
                 may_delete=lambda: term.holds_lease() and self.store is store,
@@ -1206,3 +1200,34 @@ def _conditions_of(status: Mapping[str, Any]) -> list[Condition]:
         with contextlib.suppress(ValueError):
             found.append(Condition.model_validate(raw))
     return found
+
+
+async def sweep_orphans_of_term(
+    *,
+    api: KubeApi,
+    workflow: WorkflowRef,
+    store: ClaimResourceStore,
+    may_delete: Callable[[], bool],
+    lists: ClaimLister | None = None,
+) -> list[str]:
+    """The orphan sweep of a new term: delete the run Pods of ``workflow`` that no Claim's
+    spawn intent names, once ``store`` has loaded the Claims; the handles deleted.
+
+    NB: the sweep starts beside the runtime, whose start-up loads the store: a sweep that read
+    :attr:`ClaimResourceStore.held` before that load named nothing, and deleted every Pod of
+    the previous leader that this term was about to adopt (a loaded machine, a ``helm
+    upgrade`` mid-run: the run was stopped and started again instead of adopted).
+    """
+    await store.loaded.wait()
+
+    def named() -> set[str]:
+        return {
+            held.record.intent.handle
+            for held in store.held.values()
+            if held.record.intent is not None
+        }
+
+    return await sweep_run_pods(
+        api=api, workflow=workflow, keep=named, may_delete=may_delete, lists=lists
+    )
+
