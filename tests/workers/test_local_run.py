@@ -395,7 +395,8 @@ path = os.environ["LORENZ_PROMPT_FILE"]
 print("prompt-file " + path, flush=True)
 print("prompt " + pathlib.Path(path).read_text(), flush=True)
 gate = pathlib.Path(sys.argv[1])
-while not gate.exists():
+deadline = time.monotonic() + 120  # never outlives a test that failed before opening it
+while not gate.exists() and time.monotonic() < deadline:
     time.sleep(0.05)
 """
 
