@@ -80,8 +80,8 @@ def _pyenv_lock() -> Path | None:
     return shims / ".pyenv-shim" if shims.is_dir() else None
 
 
-def remove_a_stale_pyenv_lock(lock: Path, *, stale_after_s: float = STALE_PYENV_LOCK_S) -> bool:
-    """Remove ``lock`` if it is older than ``stale_after_s``; whether it did.
+def remove_a_stale_pyenv_lock(lock: Path) -> bool:
+    """Remove ``lock`` if it is older than :data:`STALE_PYENV_LOCK_S`; whether it did.
 
     NB: by age alone. A rehash that waits for the lock is a ``pyenv-rehash`` process too, so
     "no rehash alive" never holds while a stale lock stalls anyone: a check for it left the
@@ -93,7 +93,7 @@ def remove_a_stale_pyenv_lock(lock: Path, *, stale_after_s: float = STALE_PYENV_
         age = time.time() - lock.stat().st_mtime
     except OSError:
         return False
-    if age <= stale_after_s:
+    if age <= STALE_PYENV_LOCK_S:
         return False
     lock.unlink(missing_ok=True)
     return True

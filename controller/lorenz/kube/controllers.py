@@ -1230,4 +1230,3 @@ async def sweep_orphans_of_term(
     return await sweep_run_pods(
         api=api, workflow=workflow, keep=named, may_delete=may_delete, lists=lists
     )
-

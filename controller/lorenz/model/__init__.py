@@ -4,9 +4,9 @@ Nothing here does I/O or knows about any backend; every layer above may import i
 
 NB: the names are loaded on first use (PEP 562), each from its own module: a command that
 needs one error class (``lorenz validate``, ``lorenz status``) does not pay for building the
-snapshot and entry dataclasses (~20 ms of a 300 ms budget). Type checkers read the imports
-under ``TYPE_CHECKING``; ``_EXPORTS`` says where each name lives at run time, and
-tests/model/test_package.py checks that the two agree with ``__all__``.
+snapshot, event and entry dataclasses (~40 ms of a ~300 ms budget, bench/README.md). Type
+checkers read the imports under ``TYPE_CHECKING``; ``_EXPORTS`` says where each name lives at
+run time, and tests/model/test_package.py checks that the two agree with ``__all__``.
 """
 
 from __future__ import annotations
