@@ -1,4 +1,4 @@
-"""Faithful local fakes of remote services (Linear, GitHub) and scripted agents.
+"""Faithful local fakes of remote services (Linear, GitHub, GitLab) and scripted agents.
 
 The tracker fakes are real HTTP servers on 127.0.0.1. Use them as pytest fixtures — in a test
 module or conftest, ``from tests.fakes import linear_server, github_server  # noqa: F401`` —
@@ -18,6 +18,7 @@ import pytest
 
 if TYPE_CHECKING:
     from tests.fakes.github_server import FakeGitHubServer
+    from tests.fakes.gitlab_server import FakeGitLabServer
     from tests.fakes.linear_server import FakeLinearServer
 
 
@@ -36,4 +37,13 @@ async def github_server() -> AsyncIterator[FakeGitHubServer]:
     from tests.fakes.github_server import FakeGitHubServer
 
     async with FakeGitHubServer() as server:
+        yield server
+
+
+@pytest.fixture
+async def gitlab_server() -> AsyncIterator[FakeGitLabServer]:
+    """A running fake GitLab REST v4 API (``.url``, ``.token``, ``.project``)."""
+    from tests.fakes.gitlab_server import FakeGitLabServer
+
+    async with FakeGitLabServer() as server:
         yield server

@@ -12,12 +12,14 @@ from lorenz.model import Issue
 from lorenz.trackers import (
     FilesTracker,
     GitHubTracker,
+    GitLabTracker,
     LinearTracker,
     MemoryTracker,
     TrackerError,
     build_tracker,
 )
 from tests.fakes.github_server import FakeGitHubServer
+from tests.fakes.gitlab_server import FakeGitLabServer
 from tests.fakes.linear_server import FakeLinearServer
 
 
@@ -134,3 +136,42 @@ def test_the_fakes_also_run_from_synchronous_code() -> None:
             headers={"Authorization": f"Bearer {running.token}"},
         )
         assert [i["title"] for i in response.json()] == ["Threaded"]
+
+
+async def test_gitlab_takes_its_token_from_the_settings_or_the_environment(
+    gitlab_server: FakeGitLabServer,
+) -> None:
+    gitlab_server.add_issue("Seen")
+    settings = dict(
+        kind="gitlab",
+        endpoint=gitlab_server.url,
+        project_slug=gitlab_server.project,
+        active_states=["opened"],
+        provider={"links": False},
+    )
+    built = build_tracker(workflow(**settings), env={"GITLAB_TOKEN": gitlab_server.token})
+    assert isinstance(built, GitLabTracker)
+    assert [i.title for i in await built.fetch_candidate_issues()] == ["Seen"]
+    await built.close()
+    explicit = build_tracker(
+        workflow(**settings, api_key=gitlab_server.token), env={"GITLAB_TOKEN": "stale"}
+    )
+    assert len(await explicit.fetch_candidate_issues()) == 1
+    await explicit.close()
+    with pytest.raises(TrackerError) as err:
+        build_tracker(workflow(**settings), env={})
+    assert err.value.code == "missing_tracker_api_key"
+
+
+def test_the_gitlab_fake_also_runs_from_synchronous_code() -> None:
+    import httpx
+
+    gitlab = FakeGitLabServer()
+    gitlab.add_issue("Threaded")
+    with gitlab.running_in_thread() as running:
+        response = httpx.get(
+            f"{running.url}/api/v4/projects/{running.encoded_project}/issues",
+            headers={"PRIVATE-TOKEN": running.token},
+        )
+        assert [i["title"] for i in response.json()] == ["Threaded"]
+        assert response.headers["X-Total"] == "1"

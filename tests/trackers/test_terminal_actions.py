@@ -4,7 +4,7 @@
 ``retry.cancel_state``. The runtime may replay either after a crash between the write and its
 receipt (with an :class:`~lorenz.model.Issue` read before the first write), so a replay with the
 same idempotency key must post nothing new. Driven against the Linear and GitHub HTTP fakes and
-a real issue folder, and checked in the fake's or the file's own state.
+a real issue folder (and the GitLab fake), and checked in the fake's or the file's own state.
 """
 
 from __future__ import annotations
@@ -18,9 +18,11 @@ from lorenz.config import TrackerSettings
 from lorenz.model import Issue
 from lorenz.trackers.files import FilesTracker
 from lorenz.trackers.github import GitHubTracker
+from lorenz.trackers.gitlab import GitLabTracker
 from lorenz.trackers.linear import LinearTracker
 from lorenz.trackers.writes import escalation_marker
 from tests.fakes.github_server import FakeGitHubServer
+from tests.fakes.gitlab_server import FakeGitLabServer
 from tests.fakes.linear_server import FakeLinearServer
 
 KEY = "lz-0123456789abcdef"
@@ -62,7 +64,9 @@ async def github(github_server: FakeGitHubServer) -> AsyncIterator[GitHubTracker
     await tracker.close()
 
 
-async def _one(tracker: LinearTracker | GitHubTracker | FilesTracker, issue_id: str) -> Issue:
+async def _one(
+    tracker: LinearTracker | GitHubTracker | GitLabTracker | FilesTracker, issue_id: str
+) -> Issue:
     [issue] = await tracker.fetch_issues_by_ids([issue_id])
     return issue
 
@@ -261,3 +265,86 @@ async def test_files_cancel_sets_the_state_and_the_issue_reads_back_in_it(folder
     await tracker.move_issue_to_state(issue, state="Cancelled")  # the replay
     assert path.read_text(encoding="utf-8") == first
     assert "Body." in first
+
+
+# -- GitLab ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def gitlab(gitlab_server: FakeGitLabServer) -> AsyncIterator[GitLabTracker]:
+    tracker = GitLabTracker(
+        settings=TrackerSettings(
+            kind="gitlab",
+            endpoint=gitlab_server.url,
+            project_slug=gitlab_server.project,
+            active_states=("Todo", "In Progress"),
+            terminal_states=("Done", "Cancelled"),
+            provider={"state_label_scope": "status"},
+        ),
+        token=gitlab_server.token,
+        sleep=_no_sleep,
+    )
+    yield tracker
+    await tracker.close()
+
+
+async def test_gitlab_escalation_posts_one_note_and_a_replay_posts_nothing(
+    gitlab_server: FakeGitLabServer, gitlab: GitLabTracker
+) -> None:
+    seeded = gitlab_server.add_issue("Flaky work", labels=["status::todo"])
+    issue = await _one(gitlab, str(seeded.iid))
+
+    assert await gitlab.escalate_issue(issue, key=KEY, comment=COMMENT, label="needs-human")
+    assert gitlab_server.issue(seeded.iid).labels == ["status::todo", "needs-human"]
+    [posted] = gitlab_server.issue(seeded.iid).notes
+    assert posted.startswith(escalation_marker(KEY))
+    assert COMMENT in posted
+
+    # A replay with the issue as read before the first write: adding a present label changes
+    # nothing on GitLab, and the note is found by its marker.
+    await gitlab.escalate_issue(issue, key=KEY, comment=COMMENT, label="needs-human")
+    assert gitlab_server.issue(seeded.iid).labels == ["status::todo", "needs-human"]
+    assert gitlab_server.issue(seeded.iid).notes == [posted]
+    fresh = await _one(gitlab, str(seeded.iid))
+    assert not await gitlab.escalate_issue(fresh, key=KEY, comment=COMMENT, label="Needs-Human")
+    note_posts = [r for r in gitlab_server.requests_to("/notes") if r.method == "POST"]
+    assert len(note_posts) == 1
+
+    assert await gitlab.escalate_issue(fresh, key=OTHER_KEY, comment="again", label=None)
+    assert len(gitlab_server.issue(seeded.iid).notes) == 2
+
+
+async def test_gitlab_escalation_finds_its_note_on_a_later_page(
+    gitlab_server: FakeGitLabServer, gitlab: GitLabTracker
+) -> None:
+    seeded = gitlab_server.add_issue("Chatty", labels=["status::todo"])
+    issue = await _one(gitlab, str(seeded.iid))
+    gitlab_server.issue(seeded.iid).notes.extend(f"note {n}" for n in range(150))
+    assert await gitlab.escalate_issue(issue, key=KEY, comment=COMMENT, label=None)
+    assert not await gitlab.escalate_issue(issue, key=KEY, comment=COMMENT, label=None)
+    assert len(_marked(gitlab_server.issue(seeded.iid).notes, KEY)) == 1
+
+
+async def test_gitlab_cancel_swaps_scoped_labels_and_closes(
+    gitlab_server: FakeGitLabServer, gitlab: GitLabTracker
+) -> None:
+    seeded = gitlab_server.add_issue("Hopeless", labels=["bug", "status::In Progress"])
+    issue = await _one(gitlab, str(seeded.iid))
+
+    await gitlab.move_issue_to_state(issue, state="Cancelled")
+    after = gitlab_server.issue(seeded.iid)
+    assert (after.labels, after.state) == (["bug", "status::Cancelled"], "closed")
+    await gitlab.move_issue_to_state(issue, state="Cancelled")  # the replay
+    assert (after.labels, after.state) == (["bug", "status::Cancelled"], "closed")
+    assert len([r for r in gitlab_server.requests if r.method == "PUT"]) == 1
+    assert (await _one(gitlab, str(seeded.iid))).state == "Cancelled"
+
+
+async def test_gitlab_cancel_to_an_active_state_keeps_the_issue_open(
+    gitlab_server: FakeGitLabServer, gitlab: GitLabTracker
+) -> None:
+    seeded = gitlab_server.add_issue("Park it", labels=["status::In Progress"])
+
+    await gitlab.move_issue_to_state(await _one(gitlab, str(seeded.iid)), state="Todo")
+    after = gitlab_server.issue(seeded.iid)
+    assert (after.labels, after.state) == (["status::Todo"], "opened")

@@ -121,6 +121,7 @@ class TrackerKind(enum.StrEnum):
     GITHUB = "github"
     FILES = "files"
     MEMORY = "memory"
+    GITLAB = "gitlab"
 
 
 DEFAULT_ACTIVE_STATES = ("Todo", "In Progress")
@@ -131,22 +132,24 @@ class TrackerSettings(Section):
     """Where issues come from and which of their states mean "work on it" or "done"."""
 
     kind: TrackerKind | None = Field(default=None, json_schema_extra=_reload("hot"))
-    """The tracker adapter: ``linear``, ``github``, ``files`` (Markdown files in a folder) or
-    ``memory`` (tests). Required before anything is dispatched."""
+    """The tracker adapter: ``linear``, ``github``, ``gitlab``, ``files`` (Markdown files in a
+    folder) or ``memory`` (tests). Required before anything is dispatched."""
 
     endpoint: str | None = Field(default=None, json_schema_extra=_reload("hot"))
     """API endpoint. Defaults per kind: ``https://api.linear.app/graphql`` for linear,
-    ``https://api.github.com`` for github."""
+    ``https://api.github.com`` for github, ``https://gitlab.com`` for gitlab (the instance URL;
+    ``/api/v4`` is appended)."""
 
     api_key: str | None = Field(
         default=None, json_schema_extra=_reload("hot", **{ENV_KEY: "secret"})
     )
-    """API token, literal or ``$VAR``. When omitted, linear reads ``LINEAR_API_KEY`` and github
-    reads ``GITHUB_TOKEN``. A ``$VAR`` that resolves to an empty string counts as missing. In
-    Kubernetes use ``apiKeySecretRef`` on the Workflow instead."""
+    """API token, literal or ``$VAR``. When omitted, linear reads ``LINEAR_API_KEY``, github
+    reads ``GITHUB_TOKEN`` and gitlab ``GITLAB_TOKEN``. A ``$VAR`` that resolves to an empty
+    string counts as missing. In Kubernetes use ``apiKeySecretRef`` on the Workflow instead."""
 
     project_slug: str | None = Field(default=None, json_schema_extra=_reload("hot"))
-    """Linear project ``slugId`` (the last segment of the project URL). Required for linear."""
+    """Linear project ``slugId`` (the last segment of the project URL). Required for linear.
+    For gitlab: the project's full path (``group/app``) or numeric id (required)."""
 
     repository: str | None = Field(default=None, json_schema_extra=_reload("hot"))
     """GitHub ``owner/name``. Required for github."""

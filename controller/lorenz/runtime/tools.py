@@ -1,7 +1,8 @@
 """Host-side tools offered to agents, executed with the tracker's credentials.
 
-The agent never sees the tracker token: it asks for ``linear_graphql`` and the runtime runs the
-operation itself. Only trackers that can execute raw GraphQL offer the tool.
+The agent never sees the tracker token: it asks for ``linear_graphql`` (or ``gitlab_api``) and
+the runtime runs the operation itself. Only trackers that can execute raw GraphQL offer
+``linear_graphql``; the GitLab tracker offers ``gitlab_api``.
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ from collections.abc import Mapping
 from typing import Any, cast
 
 from lorenz.tasks import run_to_completion
-from lorenz.trackers import GraphQLTool, TrackerClient
+from lorenz.trackers import GitLabTracker, GraphQLTool, TrackerClient
 
 LINEAR_GRAPHQL = "linear_graphql"
+GITLAB_API = "gitlab_api"
 
 
 class GraphQLToolHandler:
@@ -63,8 +65,60 @@ class GraphQLToolHandler:
         return {"success": success, "output": json.dumps(body)}
 
 
-def tracker_tools(tracker: TrackerClient) -> GraphQLToolHandler | None:
+class GitLabApiToolHandler:
+    """Offers ``gitlab_api``: one REST call under ``/api/v4`` of the tracker's instance, with the
+    method allow-list and path rules of :meth:`GitLabTracker.call_gitlab_api`."""
+
+    def __init__(self, *, tracker: GitLabTracker) -> None:
+        self._tracker = tracker
+
+    def tool_specs(self) -> list[dict[str, Any]]:
+        methods = list(self._tracker.options.api_methods)
+        return [
+            {
+                "name": GITLAB_API,
+                "description": (
+                    "Make one GitLab REST API v4 call with the orchestrator's credentials. "
+                    f"`path` is relative to /api/v4 (e.g. /projects/"
+                    f"{self._tracker.project.replace('/', '%2F')}/issues/1/notes); "
+                    f"methods: {', '.join(methods)}."
+                ),
+                "inputSchema": {
+                    "type": "object",
+                    "properties": {
+                        "method": {"type": "string", "enum": methods},
+                        "path": {"type": "string", "description": "Path under /api/v4."},
+                        "query": {"type": "object", "description": "Query parameters."},
+                        "body": {"type": "object", "description": "JSON body (POST/PUT)."},
+                    },
+                    "required": ["method", "path"],
+                    "additionalProperties": False,
+                },
+            }
+        ]
+
+    async def call_tool(self, name: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
+        if name != GITLAB_API:
+            return {"success": False, "output": f"unknown tool {name!r}; offered: {GITLAB_API}"}
+        try:
+            # NB: as for linear_graphql, a cancelled run lets the request complete first.
+            answer = await run_to_completion(
+                self._tracker.call_gitlab_api(
+                    method=arguments.get("method", ""),
+                    path=arguments.get("path", ""),
+                    query=arguments.get("query"),
+                    body=arguments.get("body"),
+                )
+            )
+        except Exception as exc:  # noqa: BLE001 - the agent gets the error as the tool's output
+            return {"success": False, "output": str(exc)}
+        return {"success": 200 <= answer["status"] < 300, "output": json.dumps(answer)}
+
+
+def tracker_tools(tracker: TrackerClient) -> GraphQLToolHandler | GitLabApiToolHandler | None:
     """The tool handler for this tracker, or ``None`` when it offers no tools."""
+    if isinstance(tracker, GitLabTracker):
+        return GitLabApiToolHandler(tracker=tracker)
     if callable(getattr(tracker, "execute_graphql", None)):
         # NB: checked structurally just above; the Protocol is not runtime-checkable.
         return GraphQLToolHandler(tracker=cast("GraphQLTool", tracker))

@@ -17,10 +17,15 @@ from lorenz.config import TrackerKind, WorkflowSettings
 from lorenz.trackers.base import TrackerClient, TrackerError
 from lorenz.trackers.files import FilesTracker
 from lorenz.trackers.github import GITHUB_TOKEN_ENV, GitHubTracker
+from lorenz.trackers.gitlab import GITLAB_TOKEN_ENV, GitLabTracker
 from lorenz.trackers.linear import LINEAR_API_KEY_ENV, LinearTracker
 from lorenz.trackers.memory import MemoryTracker
 
-DEFAULT_SECRET_ENV = {TrackerKind.LINEAR: LINEAR_API_KEY_ENV, TrackerKind.GITHUB: GITHUB_TOKEN_ENV}
+DEFAULT_SECRET_ENV = {
+    TrackerKind.LINEAR: LINEAR_API_KEY_ENV,
+    TrackerKind.GITHUB: GITHUB_TOKEN_ENV,
+    TrackerKind.GITLAB: GITLAB_TOKEN_ENV,
+}
 """The variable each remote tracker reads its token from when ``tracker.api_key`` is unset."""
 
 
@@ -80,6 +85,12 @@ def build_tracker(
         return GitHubTracker(
             settings=settings,
             token=tracker.api_key or environment.get(GITHUB_TOKEN_ENV, ""),
+            http_client=http_client,
+        )
+    if kind is TrackerKind.GITLAB:
+        return GitLabTracker(
+            settings=settings,
+            token=tracker.api_key or environment.get(GITLAB_TOKEN_ENV, ""),
             http_client=http_client,
         )
     raise TrackerError(  # pragma: no cover - the settings model admits no other kind

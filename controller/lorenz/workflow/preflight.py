@@ -52,7 +52,8 @@ def dispatch_problems(settings: WorkflowSettings) -> list[WorkflowError]:
                 key_path="tracker.kind",
             )
         )
-    if kind in (TrackerKind.LINEAR, TrackerKind.GITHUB) and not (tracker.api_key or "").strip():
+    remote = (TrackerKind.LINEAR, TrackerKind.GITHUB, TrackerKind.GITLAB)
+    if kind in remote and not (tracker.api_key or "").strip():
         env_name = TRACKER_ENV_FALLBACKS[kind]["api_key"]
         problems.append(
             MissingTrackerApiKey(
@@ -66,6 +67,14 @@ def dispatch_problems(settings: WorkflowSettings) -> list[WorkflowError]:
             MissingTrackerProjectSlug(
                 "tracker.project_slug is required for linear; use the last segment of the "
                 "project URL",
+                key_path="tracker.project_slug",
+            )
+        )
+    if kind is TrackerKind.GITLAB and not (tracker.project_slug or "").strip():
+        problems.append(
+            MissingTrackerProjectSlug(
+                "tracker.project_slug is required for gitlab; write the project's path "
+                "(group/app) or numeric id",
                 key_path="tracker.project_slug",
             )
         )

@@ -1,0 +1,961 @@
+"""The GitLab tracker (``tracker.kind: gitlab``): REST v4 issues of one project.
+
+A GitLab issue is ``opened`` or ``closed``; anything finer is a label. So a workflow either
+lives with those two (``active_states: [opened]``) or names a label scope
+(``tracker.provider.state_label_scope: status``) and keeps its states in scoped labels
+(``status::todo``, ``status::in progress``): an open issue's state is the value of its first
+label in that scope that names a configured state, else ``opened``; a closed issue's state is
+its terminal scoped label, else the first terminal state (closing is authoritative, whatever
+labels were left on it). The same rules as the GitHub tracker, with GitLab's spelling.
+
+The project is ``tracker.project_slug``: its numeric id or its full path (``group/sub/app``,
+URL-encoded on the wire). Ids are issue ``iid`` s as strings (a project addresses its issues by
+them); identifiers are the issue's full reference (``group/app#12``). Blockers come from issue
+links whose ``link_type`` is ``is_blocked_by`` (the other issue blocks this one). Notes are the
+comments. Listings are offset-paged, following ``Link: rel="next"`` or ``X-Next-Page``, with a
+bound on pages and on each response's size.
+
+Rate limits: a 429 waits ``Retry-After`` (else ``RateLimit-Reset``/``RateLimit-ResetTime``) within
+the bounded policy of :mod:`lorenz.trackers.throttling`, else fails as ``gitlab_rate_limited``;
+a success with ``RateLimit-Remaining: 0`` makes the next request wait for the reset first.
+
+The agent's host-side tool ``gitlab_api`` runs here too (:meth:`GitLabTracker.call_gitlab_api`):
+one REST call under ``/api/v4`` of the configured instance with the tracker's token, its method
+on an allow-list and its path confined to the configured project unless the workflow widens it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime
+import json
+import logging
+import re
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Annotated, Any, Literal
+from urllib.parse import quote, unquote
+
+import httpx
+from pydantic import Field
+
+from lorenz.config import TrackerSettings, WorkflowSettings
+from lorenz.model import BlockerRef, Issue
+from lorenz.model.issues import normalize_state
+from lorenz.trackers import httpstack as _httpstack  # noqa: F401 - see its docstring
+from lorenz.trackers.base import TrackerError, tracker_settings_of
+from lorenz.trackers.options import ProviderOptions, parse_provider_options
+from lorenz.trackers.throttling import (
+    RateLimitExhausted,
+    RateLimitHit,
+    Sleep,
+    Throttle,
+    parse_retry_after,
+    seconds_until_epoch,
+)
+from lorenz.trackers.writes import MAX_COMMENT_PAGES, has_marker, with_marker
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_GITLAB_ENDPOINT = "https://gitlab.com"
+GITLAB_TOKEN_ENV = "GITLAB_TOKEN"
+API_PREFIX = "/api/v4"
+OPENED_STATE = "opened"
+BLOCKED_BY_LINK = "is_blocked_by"
+BODY_SNIPPET_CHARS = 500
+MAX_TOOL_PATH_CHARS = 2048
+MAX_TOOL_BODY_BYTES = 1024 * 1024
+"""Largest JSON body the agent may send through ``gitlab_api``."""
+TOOL_HEADERS = ("x-next-page", "x-page", "x-per-page", "x-total", "x-total-pages", "link")
+"""Response headers handed to the agent with a ``gitlab_api`` answer (paging)."""
+_PROJECT_PATH_RE = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.-]*(/[A-Za-z0-9_.][A-Za-z0-9_.-]*)+$")
+_SCOPE_RE = re.compile(r"^[^:,]+(::[^:,]+)*$")
+
+HttpMethod = Literal["GET", "POST", "PUT", "DELETE"]
+DEFAULT_API_METHODS: tuple[HttpMethod, ...] = ("GET", "POST", "PUT")
+
+
+class GitLabOptions(ProviderOptions):
+    """``tracker.provider`` keys of the GitLab tracker."""
+
+    page_size: Annotated[int, Field(ge=1, le=100)] = 100
+    """Items per page (``per_page``; GitLab's maximum is 100)."""
+
+    max_pages: Annotated[int, Field(ge=1, le=1000)] = 50
+    """Pages one listing may take; a longer one fails as ``gitlab_too_many_pages``."""
+
+    max_response_bytes: Annotated[int, Field(ge=1024, le=64 * 1024 * 1024)] = 8 * 1024 * 1024
+    """Largest response body read; a larger one fails as ``gitlab_response_too_large``."""
+
+    state_label_scope: str | None = None
+    """Scope of the labels that carry workflow states (``status`` reads ``status::todo`` as the
+    state ``todo``); unset: states are only ``opened`` and closed."""
+
+    links: bool = True
+    """Read blockers from issue links (one request per issue read)."""
+
+    link_concurrency: Annotated[int, Field(ge=1, le=16)] = 4
+    """Issue-link requests in flight at once."""
+
+    api_methods: list[HttpMethod] = Field(default_factory=lambda: list(DEFAULT_API_METHODS))
+    """HTTP methods the agent's ``gitlab_api`` tool may use."""
+
+    api_scope: Literal["project", "instance"] = "project"
+    """``project``: ``gitlab_api`` paths must stay under ``/projects/<this project>``;
+    ``instance``: any path under ``/api/v4`` of this instance."""
+
+
+# -- normalization --------------------------------------------------------------------------------
+
+
+def _label_names(item: Mapping[str, Any]) -> list[str]:
+    labels = item.get("labels")
+    if not isinstance(labels, list):
+        return []
+    names = []
+    for label in labels:
+        # NB: plain names by default; objects when listed ``with_labels_details=true``.
+        name = label.get("name") if isinstance(label, Mapping) else label
+        if isinstance(name, str) and name.strip():
+            names.append(name)
+    return names
+
+
+def _timestamp(value: Any) -> datetime.datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        moment = datetime.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=datetime.UTC)
+
+
+def _nonblank(value: Any) -> str | None:
+    return value if isinstance(value, str) and value.strip() else None
+
+
+def _positive_int(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        return None
+    return value
+
+
+def _full_reference(item: Mapping[str, Any]) -> str | None:
+    references = item.get("references")
+    if isinstance(references, Mapping):
+        return _nonblank(references.get("full"))
+    return None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LabelStates:
+    """How scoped labels (and opened/closed) map to workflow states for one configuration."""
+
+    active: tuple[str, ...]
+    terminal: tuple[str, ...]
+    scope: str | None
+
+    @classmethod
+    def from_settings(cls, settings: TrackerSettings, *, scope: str | None) -> LabelStates:
+        return cls(active=settings.active_states, terminal=settings.terminal_states, scope=scope)
+
+    @property
+    def closed_fallback(self) -> str:
+        """The state of a closed issue without a terminal label."""
+        return self.terminal[0] if self.terminal else "closed"
+
+    def label_for(self, state: str) -> str:
+        """The scoped label that carries ``state`` (only with a scope)."""
+        return f"{self.scope}::{state.strip()}"
+
+    def state_in_label(self, label: str) -> str | None:
+        """The state a label carries (``status::todo`` → ``todo``), if it is in the scope."""
+        if self.scope is None:
+            return None
+        prefix = f"{normalize_state(self.scope)}::"
+        if not normalize_state(label).startswith(prefix):
+            return None
+        value = label.strip()[len(prefix) :].strip()
+        return value or None
+
+    def state_of(self, item: Mapping[str, Any]) -> str | None:
+        """The issue's workflow state, or ``None`` when its ``state`` is not opened/closed."""
+        native = item.get("state")
+        if native not in ("opened", "closed"):
+            return None
+        labelled = [s for s in map(self.state_in_label, _label_names(item)) if s is not None]
+        terminal = {normalize_state(s) for s in self.terminal}
+        if native == "closed":
+            for state in labelled:
+                if normalize_state(state) in terminal:
+                    return state
+            return self.closed_fallback
+        known = terminal | {normalize_state(s) for s in self.active}
+        for state in labelled:
+            if normalize_state(state) in known:
+                return state
+        return OPENED_STATE
+
+    def is_state_label(self, label: str) -> bool:
+        return self.state_in_label(label) is not None
+
+
+def normalize_issue(item: Any, *, project: str, states: LabelStates) -> Issue | None:
+    """A REST issue object as an :class:`Issue`; ``None`` when malformed."""
+    if not isinstance(item, Mapping):
+        return None
+    iid = _positive_int(item.get("iid"))
+    title = _nonblank(item.get("title"))
+    state = states.state_of(item)
+    if iid is None or title is None or state is None:
+        return None
+    assignees = item.get("assignees")
+    usernames = [
+        a["username"]
+        for a in (assignees if isinstance(assignees, list) else [])
+        if isinstance(a, Mapping) and _nonblank(a.get("username"))
+    ]
+    if not usernames:
+        single = item.get("assignee")
+        if isinstance(single, Mapping) and _nonblank(single.get("username")):
+            usernames = [single["username"]]
+    native_ref: dict[str, Any] = {"project": project, "iid": iid, "state": item["state"]}
+    for key in ("id", "project_id", "moved_to_id"):
+        if _positive_int(item.get(key)) is not None:
+            native_ref[key] = item[key]
+    if len(usernames) > 1:
+        native_ref["assignees"] = usernames
+    description = item.get("description")
+    return Issue(
+        id=str(iid),
+        identifier=_full_reference(item) or f"{project}#{iid}",
+        title=title,
+        state=state,
+        description=description if isinstance(description, str) else None,
+        url=_nonblank(item.get("web_url")),
+        labels=tuple(_label_names(item)),
+        created_at=_timestamp(item.get("created_at")),
+        updated_at=_timestamp(item.get("updated_at")),
+        assignee_id=usernames[0] if usernames else None,
+        native_ref=native_ref,
+    )
+
+
+# -- the client -----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Listing:
+    """One listing request of :meth:`GitLabTracker.fetch_issues_by_states`."""
+
+    state: str | None
+    """``opened``, ``closed``, or ``None`` for both."""
+    labels: str | None = None
+
+
+class GitLabTracker:
+    """Reads (and, for the terminal actions, writes) the issues of one project."""
+
+    def __init__(
+        self,
+        *,
+        settings: WorkflowSettings | TrackerSettings,
+        token: str,
+        endpoint: str | None = None,
+        http_client: httpx.AsyncClient | None = None,
+        sleep: Sleep = asyncio.sleep,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        tracker = tracker_settings_of(settings)
+        if not token or not token.strip():
+            raise TrackerError(
+                f"no GitLab token; set tracker.api_key or {GITLAB_TOKEN_ENV}",
+                code="missing_tracker_api_key",
+                key_path="tracker.api_key",
+            )
+        project = (tracker.project_slug or "").strip().strip("/")
+        if not project:
+            raise TrackerError(
+                "no GitLab project; set tracker.project_slug to its path (group/app) or "
+                "numeric id",
+                code="missing_tracker_project_slug",
+                key_path="tracker.project_slug",
+            )
+        if not (project.isdigit() or _PROJECT_PATH_RE.match(project)) or any(
+            segment in (".", "..") for segment in project.split("/")
+        ):
+            raise TrackerError(
+                f"tracker.project_slug {project!r} is neither a project path nor a numeric "
+                "id; write it like group/app or 4711",
+                code="invalid_tracker_project_slug",
+                key_path="tracker.project_slug",
+            )
+        self.options = parse_provider_options(GitLabOptions, tracker.provider, kind="gitlab")
+        scope = self.options.state_label_scope
+        if scope is not None and (not scope.strip() or not _SCOPE_RE.match(scope.strip())):
+            raise TrackerError(
+                f"tracker.provider.state_label_scope {scope!r} is not a label scope; write "
+                "it like status (for labels status::todo)",
+                code="invalid_tracker_config",
+                key_path="tracker.provider.state_label_scope",
+            )
+        self._settings = tracker
+        self._token = token.strip()
+        self.project = project
+        self._project_ref = project if project.isdigit() else quote(project, safe="")
+        self._api = _api_base(endpoint or tracker.endpoint or DEFAULT_GITLAB_ENDPOINT)
+        self._states = LabelStates.from_settings(
+            tracker, scope=scope.strip() if scope is not None else None
+        )
+        self._own_client = http_client is None
+        self._client = http_client
+        self._wall_clock = wall_clock
+        self._throttle = Throttle(policy=self.options.rate_limit_policy(), sleep=sleep)
+        assignee = (tracker.assignee or "").strip()
+        self._assignee = assignee or None
+        self._viewer_username: str | None = None
+        self._project_identity: tuple[int, str] | None = None
+        self._links_available = self.options.links
+        self._closed = False
+
+    @property
+    def api_base(self) -> str:
+        """``<endpoint>/api/v4``."""
+        return self._api
+
+    @property
+    def links_available(self) -> bool:
+        """False once the server answered 404 for the issue links API (or it is turned off)."""
+        return self._links_available
+
+    # -- TrackerClient ------------------------------------------------------------------------
+
+    async def fetch_candidate_issues(self) -> list[Issue]:
+        return await self.fetch_issues_by_states(self._settings.active_states)
+
+    async def fetch_issues_by_states(self, states: Sequence[str]) -> list[Issue]:
+        wanted = {normalize_state(s): s for s in states if s.strip()}
+        if not wanted:
+            return []
+        route = await self._routing()
+        items: dict[Any, Any] = {}
+        for listing in self._listings(wanted):
+            for item in await self._list_issues(listing):
+                iid = _positive_int(item.get("iid")) if isinstance(item, Mapping) else None
+                # NB: items without an iid cannot be de-duplicated; they are malformed anyway.
+                items.setdefault(iid if iid is not None else object(), item)
+        issues: list[Issue] = []
+        dropped = 0
+        for item in items.values():
+            issue = normalize_issue(item, project=self.project, states=self._states)
+            if issue is None:
+                dropped += 1
+            elif issue.state_key in wanted:
+                issues.append(route(issue))
+        if dropped:
+            logger.warning("dropped malformed GitLab issues project=%s count=%d",
+                           self.project, dropped)
+        return await self._with_blockers(issues)
+
+    async def fetch_issues_by_ids(self, ids: Sequence[str]) -> list[Issue]:
+        # NB: ids this tracker never hands out (not an iid) are simply not visible here.
+        wanted = list(dict.fromkeys(i for i in ids if i and i.isdigit() and int(i) > 0))
+        if not wanted:
+            return []
+        route = await self._routing()
+        found: dict[str, Issue] = {}
+        size = self.options.page_size
+        for start in range(0, len(wanted), size):
+            batch = wanted[start : start + size]
+            params: dict[str, Any] = {"iids[]": batch, "per_page": size}
+            for item in await self._paged(self._project_path("/issues"), params,
+                                          what="issues by iid"):
+                issue = normalize_issue(item, project=self.project, states=self._states)
+                if issue is None:
+                    # NB: leaving it out would read as "gone" and stop its run; fail instead.
+                    raise TrackerError(
+                        f"GitLab returned a malformed issue in {self.project} (no iid, title or "
+                        "opened/closed state); retry later",
+                        code="gitlab_unknown_payload",
+                    )
+                if issue.id in batch:
+                    found[issue.id] = route(issue)
+        return await self._with_blockers([found[i] for i in wanted if i in found])
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._client is not None and self._own_client:
+            await self._client.aclose()
+        self._client = None
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def _listings(self, wanted: Mapping[str, str]) -> list[_Listing]:
+        """The listing requests that together return every issue in the wanted states."""
+        terminal = {normalize_state(s) for s in self._states.terminal}
+        fallback = normalize_state(self._states.closed_fallback)
+        listings: list[_Listing] = []
+        for key, name in wanted.items():
+            if key == OPENED_STATE:
+                listings.append(_Listing(state="opened"))
+                continue
+            if key == fallback:
+                listings.append(_Listing(state="closed"))
+            if self._states.scope is not None:
+                # NB: a non-terminal label on a closed issue never makes it active (closed
+                # issues are terminal), so only terminal states need closed issues listed.
+                listings.append(
+                    _Listing(state=None if key in terminal else "opened",
+                             labels=self._states.label_for(name))
+                )
+        return list(dict.fromkeys(listings))
+
+    async def _list_issues(self, listing: _Listing) -> list[Any]:
+        params: dict[str, Any] = {
+            "per_page": self.options.page_size,
+            "order_by": "created_at",
+            "sort": "asc",
+        }
+        if listing.state is not None:
+            params["state"] = listing.state
+        if listing.labels is not None:
+            params["labels"] = listing.labels
+        return await self._paged(self._project_path("/issues"), params, what="issue listing")
+
+    async def _paged(
+        self,
+        path: str,
+        params: Mapping[str, Any],
+        *,
+        what: str,
+        absent: Collection[int] = (),
+    ) -> list[Any]:
+        """Every item of an offset-paged listing (``Link: rel="next"``, else ``X-Next-Page``),
+        at most ``max_pages`` pages."""
+        url = f"{self._api}{path}"
+        query: Mapping[str, Any] | None = params
+        items: list[Any] = []
+        for _ in range(self.options.max_pages):
+            response = await self._request(url, params=query, what=what, absent=absent)
+            if response.status_code in absent:
+                raise _Absent(response.status_code)
+            page = self._json(response, what=what)
+            if not isinstance(page, list):
+                raise TrackerError(
+                    f"GitLab's {what} is not a JSON list; check tracker.endpoint",
+                    code="gitlab_unknown_payload",
+                )
+            items.extend(page)
+            next_url = response.links.get("next", {}).get("url")
+            if next_url:
+                if not next_url.startswith(f"{self._api}/"):
+                    raise TrackerError(
+                        f"GitLab's next-page link for {what} leaves {self._api}; check "
+                        "tracker.endpoint (it must be the URL clients reach the instance at)",
+                        code="gitlab_unknown_payload",
+                    )
+                url, query = next_url, None  # the next link carries the query
+                continue
+            next_page = response.headers.get("x-next-page", "").strip()
+            if not next_page.isdigit():
+                return items
+            url, query = f"{self._api}{path}", {**params, "page": int(next_page)}
+        raise TrackerError(
+            f"GitLab's {what} has more than {self.options.max_pages} pages; raise "
+            "tracker.provider.max_pages or narrow the states",
+            code="gitlab_too_many_pages",
+        )
+
+    async def _with_blockers(self, issues: list[Issue]) -> list[Issue]:
+        if not issues or not self._links_available:
+            return issues
+        gate = asyncio.Semaphore(self.options.link_concurrency)
+
+        async def one(issue: Issue) -> Issue:
+            async with gate:
+                if not self._links_available:
+                    return issue
+                return await self._blockers_of(issue)
+
+        return list(await asyncio.gather(*(one(issue) for issue in issues)))
+
+    async def _blockers_of(self, issue: Issue) -> Issue:
+        try:
+            items = await self._paged(
+                self._project_path(f"/issues/{issue.id}/links"),
+                {"per_page": self.options.page_size},
+                what=f"links of {issue.identifier}",
+                absent=(404,),
+            )
+        except _Absent:
+            # NB: a deleted issue answers 404 too, but the issue was just read; so it is the API.
+            if self._links_available:
+                self._links_available = False
+                logger.info("GitLab has no issue links API here; blockers are not read "
+                            "project=%s endpoint=%s", self.project, self._api)
+            return issue
+        own_project = issue.native_ref.get("project_id") if issue.native_ref else None
+        blockers = []
+        for item in items:
+            if not isinstance(item, Mapping) or item.get("link_type") != BLOCKED_BY_LINK:
+                continue
+            iid = _positive_int(item.get("iid"))
+            if iid is None:
+                continue
+            project_id = item.get("project_id")
+            same_project = own_project is None or project_id == own_project
+            identifier = _full_reference(item) or (
+                f"{self.project}#{iid}" if same_project else f"project {project_id}#{iid}"
+            )
+            blockers.append(
+                BlockerRef(
+                    id=str(iid) if same_project else identifier,
+                    identifier=identifier,
+                    state=self._states.state_of(item),
+                )
+            )
+        return dataclasses.replace(issue, blocked_by=tuple(blockers))
+
+    async def _routing(self) -> Callable[[Issue], Issue]:
+        if self._assignee is None:
+            return _unchanged
+        target = self._assignee
+        if target.lower() == "me":
+            target = await self._viewer()
+        wanted = target.casefold()
+
+        def route(issue: Issue) -> Issue:
+            usernames = [issue.assignee_id] if issue.assignee_id else []
+            if issue.native_ref and isinstance(issue.native_ref.get("assignees"), list):
+                usernames = list(issue.native_ref["assignees"])
+            if any(name.casefold() == wanted for name in usernames):
+                return issue
+            return dataclasses.replace(issue, dispatchable=False)
+
+        return route
+
+    async def _viewer(self) -> str:
+        # NB: cached per tracker instance; a reload builds a new instance and asks again.
+        if self._viewer_username is None:
+            _, body = await self._get_json("/user", what="the token's user")
+            username = _nonblank(body.get("username")) if isinstance(body, Mapping) else None
+            if username is None:
+                raise TrackerError(
+                    "GitLab did not say who the token belongs to; set tracker.assignee to a "
+                    "username instead of 'me'",
+                    code="missing_gitlab_viewer_identity",
+                    key_path="tracker.assignee",
+                )
+            self._viewer_username = username
+        return self._viewer_username
+
+    # -- terminal actions (retry.terminal_action) ----------------------------------------------
+
+    async def escalate_issue(
+        self, issue: Issue, *, key: str, comment: str | None, label: str | None
+    ) -> bool:
+        """One note (skipped when one already carries ``key``'s marker) and/or one label
+        (``add_labels``, which creates a missing label). See :mod:`lorenz.trackers.writes`."""
+        base = self._project_path(f"/issues/{issue.id}")
+        wrote = False
+        if label is not None and normalize_state(label) not in issue.labels:
+            await self._write("PUT", base, {"add_labels": label.strip()},
+                              what="escalation label")
+            wrote = True
+        if comment is not None and not await self._has_note_marker(base, key=key):
+            await self._write("POST", f"{base}/notes", {"body": with_marker(comment, key=key)},
+                              what="escalation note")
+            wrote = True
+        return wrote
+
+    async def move_issue_to_state(self, issue: Issue, *, state: str) -> None:
+        """Swap the issue's scoped state labels for ``state`` and close (terminal ``state``) or
+        reopen it; without a label scope only ``opened`` and terminal states can be reached."""
+        base = self._project_path(f"/issues/{issue.id}")
+        _, item = await self._get_json(base, what=f"issue {issue.identifier}")
+        if not isinstance(item, Mapping) or item.get("state") not in ("opened", "closed"):
+            raise TrackerError(
+                f"GitLab returned a malformed issue {issue.identifier}; retry later",
+                code="gitlab_unknown_payload",
+            )
+        target = normalize_state(state)
+        terminal = target in {normalize_state(s) for s in self._states.terminal}
+        changes: dict[str, Any] = {}
+        if self._states.scope is not None:
+            names = _label_names(item)
+            stale = [
+                n for n in names
+                if self._states.is_state_label(n)
+                and normalize_state(self._states.state_in_label(n)) != target
+            ]
+            if stale:
+                changes["remove_labels"] = ",".join(stale)
+            has_target = any(
+                normalize_state(self._states.state_in_label(n)) == target for n in names
+            )
+            if target != OPENED_STATE and not has_target:
+                changes["add_labels"] = self._states.label_for(state)
+        elif not terminal and target != OPENED_STATE:
+            raise TrackerError(
+                f"GitLab issues without state labels are only opened or closed, not {state!r}; "
+                "set tracker.provider.state_label_scope or choose a terminal state",
+                code="gitlab_state_unreachable",
+                key_path="tracker.provider.state_label_scope",
+            )
+        if terminal and item["state"] != "closed":
+            changes["state_event"] = "close"
+        elif not terminal and item["state"] == "closed":
+            changes["state_event"] = "reopen"
+        if changes:
+            await self._write("PUT", base, changes, what=f"moving the issue to {state!r}")
+
+    async def _has_note_marker(self, base: str, *, key: str) -> bool:
+        url = f"{self._api}{base}/notes"
+        query: Mapping[str, Any] | None = {"per_page": 100, "sort": "asc"}
+        for _ in range(MAX_COMMENT_PAGES):
+            response = await self._request(url, params=query, what="issue notes", absent=())
+            page = self._json(response, what="issue notes")
+            if not isinstance(page, list):
+                raise TrackerError(
+                    "GitLab's issue notes are not a JSON list; check tracker.endpoint",
+                    code="gitlab_unknown_payload",
+                )
+            if any(isinstance(n, Mapping) and has_marker(n.get("body"), key=key) for n in page):
+                return True
+            next_page = response.headers.get("x-next-page", "").strip()
+            if not next_page.isdigit():
+                return False
+            query = {"per_page": 100, "sort": "asc", "page": int(next_page)}
+        return False
+
+    async def _write(self, method: str, path: str, body: Any, *, what: str) -> None:
+        await self._request(
+            f"{self._api}{path}", params=None, what=what, absent=(), method=method, json=body
+        )
+
+    # -- the agent's tool (gitlab_api) ----------------------------------------------------------
+
+    async def call_gitlab_api(
+        self,
+        *,
+        method: str,
+        path: str,
+        query: Mapping[str, Any] | None = None,
+        body: Any = None,
+    ) -> dict[str, Any]:
+        """One REST call for the agent: ``{"status", "headers", "body"}``. A refused call (method,
+        path, size) raises :class:`TrackerError` with ``gitlab_api_*`` codes and sends nothing."""
+        verb = method.strip().upper() if isinstance(method, str) else ""
+        if verb not in self.options.api_methods:
+            raise TrackerError(
+                f"method {method!r} is not allowed for gitlab_api; allowed: "
+                f"{', '.join(self.options.api_methods)} (tracker.provider.api_methods)",
+                code="gitlab_api_method_refused",
+            )
+        relative = await self._tool_path(path)
+        params = _tool_query(query)
+        if body is not None and verb in ("GET", "DELETE"):
+            raise TrackerError(
+                f"gitlab_api {verb} takes no body; put parameters in `query`",
+                code="gitlab_api_body_refused",
+            )
+        if body is not None and len(json.dumps(body)) > MAX_TOOL_BODY_BYTES:
+            raise TrackerError(
+                f"gitlab_api body is larger than {MAX_TOOL_BODY_BYTES} bytes; send less",
+                code="gitlab_api_body_too_large",
+            )
+        refused = tuple(s for s in range(300, 600) if s != 429)
+        response = await self._request(
+            f"{self._api}{relative}", params=params, what=f"gitlab_api {verb} {relative}",
+            absent=refused, method=verb, json=body,
+        )
+        try:
+            payload: Any = response.json() if response.content else None
+        except ValueError:
+            payload = response.text
+        headers = {h: response.headers[h] for h in TOOL_HEADERS if h in response.headers}
+        return {"status": response.status_code, "headers": headers, "body": payload}
+
+    async def _tool_path(self, path: Any) -> str:
+        """``path`` checked and made relative to ``/api/v4`` (see :func:`tool_path_segments`)."""
+        segments = tool_path_segments(path)
+        if self.options.api_scope == "project":
+            if len(segments) < 2 or segments[0] != "projects":
+                raise TrackerError(
+                    f"gitlab_api path {path!r} is outside /projects/{self._project_ref}; "
+                    "address this project's resources (tracker.provider.api_scope: project)",
+                    code="gitlab_api_path_refused",
+                )
+            if not await self._is_own_project(unquote(segments[1])):
+                raise TrackerError(
+                    f"gitlab_api path {path!r} names another project; only "
+                    f"/projects/{self._project_ref}/... is allowed (tracker.provider.api_scope)",
+                    code="gitlab_api_path_refused",
+                )
+        return "/" + "/".join(segments)
+
+    async def _is_own_project(self, reference: str) -> bool:
+        """Whether ``reference`` (a numeric id or a full path) names the configured project."""
+        if reference.casefold() == self.project.casefold():
+            return True
+        if self._project_identity is None:
+            _, item = await self._get_json(self._project_path(""), what="the project")
+            project_id = _positive_int(item.get("id")) if isinstance(item, Mapping) else None
+            full_path = _nonblank(item.get("path_with_namespace")) if isinstance(
+                item, Mapping) else None
+            if project_id is None or full_path is None:
+                raise TrackerError(
+                    "GitLab returned a malformed project (no id or path_with_namespace); "
+                    "check tracker.endpoint",
+                    code="gitlab_unknown_payload",
+                )
+            self._project_identity = (project_id, full_path)
+        project_id, full_path = self._project_identity
+        return reference == str(project_id) or reference.casefold() == full_path.casefold()
+
+    # -- HTTP ---------------------------------------------------------------------------------
+
+    def _project_path(self, suffix: str) -> str:
+        return f"/projects/{self._project_ref}{suffix}"
+
+    def _http(self) -> httpx.AsyncClient:
+        if self._closed:
+            raise TrackerError(
+                "this GitLab tracker was closed; build a new one from the settings",
+                code="tracker_closed",
+            )
+        if self._client is None:
+            self._client = httpx.AsyncClient(
+                timeout=httpx.Timeout(self.options.timeout_ms / 1000.0),
+                headers={"User-Agent": "lorenz"},
+            )
+        return self._client
+
+    async def _get_json(
+        self, path: str, *, what: str, absent: Collection[int] = ()
+    ) -> tuple[int, Any]:
+        response = await self._request(f"{self._api}{path}", params=None, what=what,
+                                       absent=absent)
+        if response.status_code in absent:
+            return response.status_code, None
+        return response.status_code, self._json(response, what=what)
+
+    def _json(self, response: httpx.Response, *, what: str) -> Any:
+        try:
+            return response.json()
+        except ValueError:
+            raise TrackerError(
+                f"GitLab's answer to {what} is not JSON; check tracker.endpoint",
+                code="gitlab_unknown_payload",
+            ) from None
+
+    async def _request(
+        self,
+        url: str,
+        *,
+        params: Mapping[str, Any] | None,
+        what: str,
+        absent: Collection[int],
+        method: str = "GET",
+        json: Any = None,
+    ) -> httpx.Response:
+        try:
+            return await self._throttle.run(
+                lambda: self._send(
+                    url, params=params, what=what, absent=absent, method=method, json=json
+                )
+            )
+        except RateLimitExhausted as exc:
+            raise TrackerError(
+                f"GitLab rate limit hit for {what}: {exc.detail}; Lorenz retries on a later "
+                "tick (poll less often if this persists)",
+                code="gitlab_rate_limited",
+                retryable=True,
+                retry_after_ms=exc.retry_after_ms,
+            ) from None
+
+    async def _send(
+        self,
+        url: str,
+        *,
+        params: Mapping[str, Any] | None,
+        what: str,
+        absent: Collection[int],
+        method: str = "GET",
+        json: Any = None,
+    ) -> httpx.Response:
+        client = self._http()
+        # NB: the token travels only in this header; it is never logged nor put in a message.
+        headers = {"PRIVATE-TOKEN": self._token, "Accept": "application/json"}
+        try:
+            request = client.build_request(method, url, params=params, headers=headers,
+                                           json=json)
+            response = await self._bounded(client, request, what=what)
+        except httpx.HTTPError as exc:
+            raise TrackerError(
+                f"request to GitLab failed for {what}: {type(exc).__name__}; check the network "
+                "and tracker.endpoint",
+                code="gitlab_api_request",
+                retryable=True,
+            ) from exc
+        status = response.status_code
+        now = self._wall_clock()
+        reset_in = seconds_until_epoch(response.headers.get("ratelimit-reset"), now=now)
+        if reset_in is None:
+            reset_in = parse_retry_after(response.headers.get("ratelimit-resettime"), now=now)
+        if status == 429:
+            retry_after = parse_retry_after(response.headers.get("retry-after"), now=now)
+            delay = retry_after if retry_after is not None else reset_in
+            message = _message(response)
+            logger.warning("GitLab rate limited request=%s status=%d delay_s=%s",
+                           what, status, delay)
+            raise RateLimitHit(f"HTTP 429 {message}", delay_s=delay)
+        if response.headers.get("ratelimit-remaining", "").strip() == "0" and reset_in:
+            self._throttle.budget_spent(delay_s=reset_in, reason="GitLab rate limit spent")
+        if 200 <= status < 300 or status in absent:
+            return response
+        hint = (
+            f"check tracker.api_key or {GITLAB_TOKEN_ENV} (a token with the api scope)"
+            if status in (401, 403)
+            else "check tracker.project_slug"
+            if status == 404
+            else "retry later or check tracker.endpoint"
+        )
+        raise TrackerError(
+            f"GitLab answered HTTP {status} for {what}: {_message(response)}; {hint}",
+            code="gitlab_api_status",
+            retryable=status >= 500,
+        )
+
+    async def _bounded(
+        self, client: httpx.AsyncClient, request: httpx.Request, *, what: str
+    ) -> httpx.Response:
+        """The response with its body read, at most ``max_response_bytes`` of it."""
+        limit = self.options.max_response_bytes
+        response = await client.send(request, stream=True)
+        try:
+            chunks: list[bytes] = []
+            size = 0
+            async for chunk in response.aiter_bytes():
+                size += len(chunk)
+                if size > limit:
+                    raise TrackerError(
+                        f"GitLab's answer to {what} is larger than {limit} bytes; lower "
+                        "tracker.provider.page_size or raise max_response_bytes",
+                        code="gitlab_response_too_large",
+                    )
+                chunks.append(chunk)
+        finally:
+            await response.aclose()
+        # NB: the body is decoded already; the copy must not claim an encoding or length.
+        headers = [
+            (k, v) for k, v in response.headers.multi_items()
+            if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")
+        ]
+        return httpx.Response(
+            response.status_code, headers=headers, content=b"".join(chunks), request=request
+        )
+
+
+class _Absent(Exception):
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+def _api_base(endpoint: str) -> str:
+    """``<instance>/api/v4`` from an instance URL (with or without the ``/api/v4`` suffix)."""
+    base = endpoint.strip().rstrip("/")
+    if base.endswith(API_PREFIX):
+        base = base[: -len(API_PREFIX)]
+    return f"{base}{API_PREFIX}"
+
+
+def tool_path_segments(path: Any) -> list[str]:
+    """The segments of a ``gitlab_api`` path under ``/api/v4`` (still URL-encoded), or a
+    ``gitlab_api_path_refused`` error: only a plain absolute path on this instance passes."""
+
+    def refuse(why: str) -> TrackerError:
+        return TrackerError(
+            f"gitlab_api path {str(path)[:200]!r} refused: {why}; give a path like "
+            "/projects/group%2Fapp/issues/1/notes, parameters in `query`",
+            code="gitlab_api_path_refused",
+        )
+
+    if not isinstance(path, str) or not path.strip():
+        raise refuse("it must be a non-empty string")
+    if len(path) > MAX_TOOL_PATH_CHARS:
+        raise refuse(f"longer than {MAX_TOOL_PATH_CHARS} characters")
+    if not path.startswith("/"):
+        raise refuse("it must start with / (a URL or host is not accepted)")
+    if any(c in path for c in "?#\\") or any(ord(c) <= 32 or ord(c) == 127 for c in path):
+        raise refuse("it must not hold ?, #, backslashes, spaces or control characters")
+    relative: str = path
+    if relative == API_PREFIX or relative.startswith(f"{API_PREFIX}/"):
+        relative = relative[len(API_PREFIX) :]
+    segments = relative.split("/")[1:]
+    if not segments or any(not s for s in segments):
+        raise refuse("empty segments (//) are not accepted")
+    for segment in segments:
+        decoded = unquote(segment)
+        # NB: decoded too, so %2e%2e cannot climb out where a server decodes before routing.
+        if decoded in (".", "..") or any(part in (".", "..") for part in decoded.split("/")):
+            raise refuse("dot segments are not accepted")
+        if "\\" in decoded or any(ord(c) < 32 for c in decoded):
+            raise refuse("encoded backslashes or control characters are not accepted")
+    return segments
+
+
+def _tool_query(query: Any) -> dict[str, str | list[str]] | None:
+    if query is None:
+        return None
+    if not isinstance(query, Mapping):
+        raise TrackerError("gitlab_api `query` must be an object", code="gitlab_api_query_invalid")
+    params: dict[str, str | list[str]] = {}
+    for name, value in query.items():
+        if isinstance(value, list) and all(_scalar(v) for v in value):
+            params[str(name)] = [_text(v) for v in value]
+        elif _scalar(value):
+            params[str(name)] = _text(value)
+        else:
+            raise TrackerError(
+                f"gitlab_api query parameter {name!r} must be a string, number, boolean or a "
+                "list of them",
+                code="gitlab_api_query_invalid",
+            )
+    return params
+
+
+def _scalar(value: Any) -> bool:
+    return isinstance(value, str | int | float | bool)
+
+
+def _text(value: str | int | float | bool) -> str:
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
+
+
+def _message(response: httpx.Response) -> str:
+    """GitLab's error text: ``message`` (a string or a field→errors object), or ``error``."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, Mapping):
+        message = body.get("message")
+        if isinstance(message, str):
+            return message[:BODY_SNIPPET_CHARS]
+        if isinstance(message, Mapping | list):
+            return json.dumps(message)[:BODY_SNIPPET_CHARS]
+        error = body.get("error")
+        if isinstance(error, str):
+            detail = body.get("error_description")
+            text = f"{error}: {detail}" if isinstance(detail, str) else error
+            return text[:BODY_SNIPPET_CHARS]
+    text = " ".join(response.text.split())
+    return text[:BODY_SNIPPET_CHARS] or response.reason_phrase
+
+
+def _unchanged(issue: Issue) -> Issue:
+    return issue
