@@ -38,6 +38,7 @@ def _settings(data: Mapping[str, Any], env: Mapping[str, str] | None = None) -> 
     [
         {"kind": "linear", "api_key": "k", "project_slug": "p"},
         {"kind": "github", "api_key": "k", "repository": "o/r"},
+        {"kind": "gitlab", "api_key": "k", "project_slug": "group/app"},
         {"kind": "files", "path": "issues"},
         {"kind": "memory"},
     ],
@@ -60,6 +61,7 @@ def test_missing_tracker_kind() -> None:
     [
         ({"kind": "linear", "project_slug": "p"}, "LINEAR_API_KEY"),
         ({"kind": "github", "repository": "o/r"}, "GITHUB_TOKEN"),
+        ({"kind": "gitlab", "project_slug": "group/app"}, "GITLAB_TOKEN"),
         ({"kind": "linear", "project_slug": "p", "api_key": "$EMPTY"}, "LINEAR_API_KEY"),
     ],
 )
@@ -85,6 +87,17 @@ def test_missing_tracker_project_slug() -> None:
     with pytest.raises(MissingTrackerProjectSlug) as caught:
         validate_dispatch(_settings({"tracker": {"kind": "linear", "api_key": "k"}}))
     assert caught.value.code == "missing_tracker_project_slug"
+
+
+def test_gitlab_needs_a_project_and_reads_its_token_from_gitlab_token() -> None:
+    with pytest.raises(MissingTrackerProjectSlug) as caught:
+        validate_dispatch(_settings({"tracker": {"kind": "gitlab", "api_key": "k"}}))
+    assert "gitlab" in caught.value.message
+    settings = _settings(
+        {"tracker": {"kind": "gitlab", "project_slug": "4711"}}, {"GITLAB_TOKEN": "x"}
+    )
+    assert dispatch_problems(settings) == []
+    assert settings.tracker.api_key == "x"
 
 
 def test_missing_tracker_repository() -> None:
