@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,12 +13,14 @@ import pytest
 from lorenz.config import TrackerSettings
 from lorenz.model import BlockerRef
 from lorenz.runtime.tools import GITLAB_API, GitLabApiToolHandler, tracker_tools
-from lorenz.trackers import TrackerError
+from lorenz.trackers import TrackerError, build_tracker
 from lorenz.trackers.gitlab import GitLabTracker, LabelStates, normalize_issue, tool_path_segments
+from lorenz.workflow import dispatch_problems, load_workflow
 from tests.fakes.gitlab_server import FakeGitLabServer
 
 MakeTracker = Callable[..., GitLabTracker]
 SCOPED = {"state_label_scope": "status"}
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "gitlab" / "WORKFLOW.md"
 
 
 @pytest.fixture
@@ -708,3 +711,29 @@ async def test_close(make_tracker: MakeTracker) -> None:
     with pytest.raises(TrackerError) as err:
         await tracker.fetch_issues_by_ids(["1"])
     assert err.value.code == "tracker_closed"
+
+
+# -- the shipped example --------------------------------------------------------------------------
+
+
+async def test_the_example_workflow_validates_and_reads_a_project(
+    gitlab_server: FakeGitLabServer,
+) -> None:
+    loaded = load_workflow(EXAMPLE, environ={"GITLAB_TOKEN": gitlab_server.token})
+    assert loaded.warnings == ()
+    assert dispatch_problems(loaded.settings) == []
+    assert loaded.prompt.problems() == []
+    tracker_settings = loaded.settings.tracker.model_copy(
+        update={"endpoint": gitlab_server.url, "project_slug": gitlab_server.project}
+    )
+    settings = loaded.settings.model_copy(update={"tracker": tracker_settings})
+    gitlab_server.add_issue("Ship it", labels=["status::In Progress"])
+    gitlab_server.add_issue("Not yet", labels=["status::backlog"])
+    tracker = build_tracker(settings)
+    try:
+        [issue] = await tracker.fetch_candidate_issues()
+    finally:
+        await tracker.close()
+    assert (issue.title, issue.state) == ("Ship it", "In Progress")
+    prompt = loaded.render_prompt(issue=issue)
+    assert f"{gitlab_server.project}#1: Ship it" in prompt
