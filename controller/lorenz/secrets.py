@@ -35,6 +35,7 @@ TRACKER_SECRET_ENV: tuple[str, ...] = (
     "GITHUB_TOKEN",
     "GH_TOKEN",
     "LORENZ_TRACKER_API_KEY",
+    "GITLAB_TOKEN",
 )
 """Variables that hold tracker credentials: never passed to an agent or a hook, always redacted."""
 

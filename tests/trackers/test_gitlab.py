@@ -13,6 +13,7 @@ import pytest
 from lorenz.config import TrackerSettings
 from lorenz.model import BlockerRef
 from lorenz.runtime.tools import GITLAB_API, GitLabApiToolHandler, tracker_tools
+from lorenz.secrets import TRACKER_SECRET_ENV, strip_secrets, tracker_secrets
 from lorenz.trackers import TrackerError, build_tracker
 from lorenz.trackers.gitlab import GitLabTracker, LabelStates, normalize_issue, tool_path_segments
 from lorenz.workflow import dispatch_problems, load_workflow
@@ -655,6 +656,13 @@ async def test_the_runtime_offers_gitlab_api_with_the_token_kept_host_side(
     assert unknown["success"] is False
     for answer in (ok, missing, refused):
         assert gitlab_server.token not in answer["output"]
+
+
+def test_the_gitlab_token_never_reaches_an_agent_or_a_log() -> None:
+    base = {"PATH": "/usr/bin", "GITLAB_TOKEN": "glpat-controller-only-token"}
+    assert "GITLAB_TOKEN" in TRACKER_SECRET_ENV
+    assert strip_secrets(base=base) == {"PATH": "/usr/bin"}
+    assert tracker_secrets(api_key=None, environ=base) == ["glpat-controller-only-token"]
 
 
 # -- configuration and lifecycle ------------------------------------------------------------------
