@@ -292,6 +292,17 @@ async def test_no_links_api_means_no_blockers_and_no_more_asking(
     assert len(gitlab_server.requests_to("/links")) == 1
 
 
+async def test_an_issue_deleted_before_its_links_are_read_keeps_the_links_api(
+    gitlab_server: FakeGitLabServer, make_tracker: MakeTracker
+) -> None:
+    seeded = gitlab_server.add_issue("A", labels=["status::todo"])
+    gitlab_server.fail_next("status", status=404, message="404 Not found", paths=["/links"])
+    tracker = make_tracker()
+    [issue] = await tracker.fetch_issues_by_ids([str(seeded.iid)])
+    assert issue.blocked_by == ()
+    assert tracker.links_available is True
+
+
 async def test_links_can_be_turned_off(
     gitlab_server: FakeGitLabServer, make_tracker: MakeTracker
 ) -> None:
@@ -605,6 +616,12 @@ async def test_gitlab_api_refusals_send_nothing(
          "gitlab_api_query_invalid"),
         ({"method": "POST", "path": f"{own}/issues", "body": {"d": "x" * (1024 * 1024 + 1)}},
          "gitlab_api_body_too_large"),
+        ({"method": "GET", "path": f"{own}/issues", "query": {"sudo": "root"}},
+         "gitlab_api_query_invalid"),
+        ({"method": "GET", "path": f"{own}/issues", "query": {"Private_Token": "x"}},
+         "gitlab_api_query_invalid"),
+        ({"method": "PUT", "path": f"{own}/issues/1", "body": {"sudo": 1, "title": "t"}},
+         "gitlab_api_body_refused"),
     ]
     for arguments, code in refusals:
         with pytest.raises(TrackerError) as err:

@@ -67,6 +67,8 @@ BODY_SNIPPET_CHARS = 500
 MAX_TOOL_PATH_CHARS = 2048
 MAX_TOOL_BODY_BYTES = 1024 * 1024
 """Largest JSON body the agent may send through ``gitlab_api``."""
+TOOL_REFUSED_PARAMETERS = frozenset({"sudo", "private_token", "access_token", "job_token"})
+"""Parameters ``gitlab_api`` never passes: impersonation (``sudo``) and other credentials."""
 TOOL_HEADERS = ("x-next-page", "x-page", "x-per-page", "x-total", "x-total-pages", "link")
 """Response headers handed to the agent with a ``gitlab_api`` answer (paging)."""
 _PROJECT_PATH_RE = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.-]*(/[A-Za-z0-9_.][A-Za-z0-9_.-]*)+$")
@@ -440,7 +442,7 @@ class GitLabTracker:
         for _ in range(self.options.max_pages):
             response = await self._request(url, params=query, what=what, absent=absent)
             if response.status_code in absent:
-                raise _Absent(response.status_code)
+                raise _Absent(response.status_code, no_route=_no_such_route(response))
             page = self._json(response, what=what)
             if not isinstance(page, list):
                 raise TrackerError(
@@ -489,8 +491,11 @@ class GitLabTracker:
                 what=f"links of {issue.identifier}",
                 absent=(404,),
             )
-        except _Absent:
-            # NB: a deleted issue answers 404 too, but the issue was just read; so it is the API.
+        except _Absent as absent:
+            # NB: an issue deleted since it was read answers 404 too, with GitLab's "message";
+            # only a route the server does not know ("error") means it has no links API.
+            if not absent.no_route:
+                return issue
             if self._links_available:
                 self._links_available = False
                 logger.info("GitLab has no issue links API here; blockers are not read "
@@ -659,6 +664,12 @@ class GitLabTracker:
         if body is not None and verb in ("GET", "DELETE"):
             raise TrackerError(
                 f"gitlab_api {verb} takes no body; put parameters in `query`",
+                code="gitlab_api_body_refused",
+            )
+        if isinstance(body, Mapping) and TOOL_REFUSED_PARAMETERS & {str(k).lower() for k in body}:
+            raise TrackerError(
+                "gitlab_api bodies must not carry sudo or credentials; the call runs as the "
+                "orchestrator's token",
                 code="gitlab_api_body_refused",
             )
         if body is not None and len(json.dumps(body)) > MAX_TOOL_BODY_BYTES:
@@ -860,9 +871,20 @@ class GitLabTracker:
 
 
 class _Absent(Exception):
-    def __init__(self, status: int) -> None:
+    def __init__(self, status: int, *, no_route: bool) -> None:
         super().__init__(status)
         self.status = status
+        self.no_route = no_route
+
+
+def _no_such_route(response: httpx.Response) -> bool:
+    """Whether a 404 means "no such endpoint" (``{"error": "404 Not Found"}``) rather than "no
+    such resource" (``{"message": "404 … Not Found"}``)."""
+    try:
+        body = response.json()
+    except ValueError:
+        return True  # not GitLab's API answering at all
+    return not (isinstance(body, Mapping) and "message" in body)
 
 
 def _api_base(endpoint: str) -> str:
@@ -915,6 +937,12 @@ def _tool_query(query: Any) -> dict[str, str | list[str]] | None:
         raise TrackerError("gitlab_api `query` must be an object", code="gitlab_api_query_invalid")
     params: dict[str, str | list[str]] = {}
     for name, value in query.items():
+        if str(name).lower() in TOOL_REFUSED_PARAMETERS:
+            raise TrackerError(
+                f"gitlab_api query parameter {name!r} is not allowed (impersonation or "
+                "credentials); the call runs as the orchestrator's token",
+                code="gitlab_api_query_invalid",
+            )
         if isinstance(value, list) and all(_scalar(v) for v in value):
             params[str(name)] = [_text(v) for v in value]
         elif _scalar(value):
