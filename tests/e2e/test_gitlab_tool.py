@@ -1,9 +1,10 @@
-"""The ``gitlab_api`` tool end to end: agent → Lorenz (host side) → GitLab → agent.
+"""GitLab end to end: the ``gitlab_api`` tool (agent → Lorenz, host side → GitLab → agent), and an
+agent that closes its own issue through it, after which reconciliation cleans up.
 
 The scripted Codex agent picks up a GitLab issue (read from the fake GitLab REST API through
-the real tracker) and asks for the tool three times: a read of its issue, a note on it, and a
-read of another project. Lorenz makes the calls itself with the tracker's token (the agent never
-has it); the third is refused before anything is sent.
+the real tracker) and asks for the tool: a read of its issue, a note on it, a read of another
+project (refused before anything is sent), or, in the second test, the edit that closes it.
+Lorenz makes the calls itself with the tracker's token; the agent never has it.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from lorenz.runtime import LorenzRuntime
 from tests.e2e.rig import (
     FAKES,
     agent_environ,
@@ -102,6 +104,72 @@ async def test_the_agent_reads_and_writes_gitlab_through_the_host_side_tool(
     assert not [r for r in gitlab.requests if "other" in r.path]
 
     assert run.snapshot["usage_totals"]["total_tokens"] == 40
+
+
+async def test_the_agent_closes_its_issue_with_the_tool_and_its_exit_cleans_up(
+    tmp_path: Path, gitlab_server: FakeGitLabServer
+) -> None:
+    gitlab = gitlab_server
+    issue = gitlab.add_issue("Fix the typo", labels=["bug", "status::todo"])
+    old = gitlab.add_issue("Shipped long ago", labels=["status::done"], state="closed")
+    own = f"/projects/{gitlab.project_id}/issues/{issue.iid}"  # by numeric id this time
+    identifier = f"{gitlab.project}#{issue.iid}"
+    scenario = {
+        "expect": {"tools": ["gitlab_api"]},
+        "turns": [{"steps": [
+            {"request": "item/tool/call", "params": {
+                "callId": "call-done", "tool": "gitlab_api",
+                "arguments": {"method": "PUT", "path": own, "body": {
+                    "remove_labels": "status::todo", "add_labels": "status::done",
+                    "state_event": "close"}}}},
+            {"agent_message": "Closed it."},
+        ]}],
+    }
+    scenario_file = tmp_path / "scenarios" / f"{identifier}.json"
+    scenario_file.parent.mkdir(parents=True)
+    scenario_file.write_text(json.dumps(scenario), encoding="utf-8")
+    command = f"exec {python_command(FAKES / 'codex_agent.py')} {per_issue_scenario_arg(tmp_path)}"
+    workflow = write_workflow(
+        tmp_path,
+        tracker={
+            "kind": "gitlab",
+            "endpoint": gitlab.url,
+            "project_slug": gitlab.project,  # api_key omitted: GITLAB_TOKEN is read
+            "active_states": ["todo"],
+            "terminal_states": ["done"],
+            "provider": {"state_label_scope": "status"},
+        },
+        agent_kind="codex",
+        agent={"protocol": "codex-app-server", "command": command},
+    )
+
+    def stop_once_cleaned_up(runtime: LorenzRuntime, event: dict[str, Any]) -> None:
+        if event["type"] in ("workspace_cleanup", "poll_error"):
+            runtime.stop()
+
+    run = await run_host_once(
+        workflow,
+        environ=agent_environ(tmp_path, GITLAB_TOKEN=gitlab.token),
+        once=False,
+        on_event=stop_once_cleaned_up,
+    )
+
+    assert run.of_type("poll_error") == []
+    assert [e["identifier"] for e in run.of_type("run_started")] == [identifier]
+    assert [h["outcome"] for h in run.history(identifier)] == ["success"]
+    assert (gitlab.issue(issue.iid).state, gitlab.issue(issue.iid).labels) == (
+        "closed", ["bug", "status::done"]
+    )
+    [write] = [r for r in gitlab.requests if r.method != "GET"]
+    assert (write.method, write.path) == ("PUT", f"/api/v4{own}")
+    # After the exit, Lorenz read the issue by iid, found it terminal and cleaned up.
+    after = gitlab.requests[gitlab.requests.index(write) + 1 :]
+    assert any(("iids[]", str(issue.iid)) in r.query_items for r in after)
+    cleanups = run.of_type("workspace_cleanup")
+    assert [(c["identifier"], c["reason"]) for c in cleanups] == [(identifier, "terminal")]
+    assert run.snapshot["running"] == []
+    assert run.snapshot["retrying"] == []
+    assert f"{gitlab.project}#{old.iid}" not in {e.get("identifier") for e in run.events}
 
 
 def _tool_answers(record: list[dict[str, Any]]) -> list[dict[str, Any]]:
