@@ -4,7 +4,9 @@ agent that closes its own issue through it, after which reconciliation cleans up
 The scripted Codex agent picks up a GitLab issue (read from the fake GitLab REST API through
 the real tracker) and asks for the tool: a read of its issue, a note on it, a read of another
 project (refused before anything is sent), or, in the second test, the edit that closes it.
-Lorenz makes the calls itself with the tracker's token; the agent never has it.
+Lorenz makes the calls itself with the tracker's token; the agent never has it. The third test
+spends a failing slot's retry budget and checks the escalation (one marked note, one label) in
+the fake's own state.
 """
 
 from __future__ import annotations
@@ -24,6 +26,15 @@ from tests.e2e.rig import (
     write_workflow,
 )
 from tests.fakes.gitlab_server import FakeGitLabServer
+
+E2E = Path(__file__).resolve().parent
+
+
+def _scenario(tmp_path: Path, identifier: str, scenario: dict[str, Any]) -> None:
+    """The agent's scenario for ``identifier`` (which holds a slash: a nested file)."""
+    path = tmp_path / "scenarios" / f"{identifier}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(scenario), encoding="utf-8")
 
 
 async def test_the_agent_reads_and_writes_gitlab_through_the_host_side_tool(
@@ -170,6 +181,65 @@ async def test_the_agent_closes_its_issue_with_the_tool_and_its_exit_cleans_up(
     assert run.snapshot["running"] == []
     assert run.snapshot["retrying"] == []
     assert f"{gitlab.project}#{old.iid}" not in {e.get("identifier") for e in run.events}
+
+
+async def test_a_slot_that_fails_its_budget_is_escalated_once_on_gitlab(
+    tmp_path: Path, gitlab_server: FakeGitLabServer
+) -> None:
+    gitlab = gitlab_server
+    failing = gitlab.add_issue("Always fails", labels=["status::todo"])
+    identifier = f"{gitlab.project}#{failing.iid}"
+    _scenario(tmp_path, identifier, {"exit": 1, "stderr": "cannot do it"})
+    command = f"{python_command(E2E / 'command_agent.py')} {per_issue_scenario_arg(tmp_path)}"
+    workflow = write_workflow(
+        tmp_path,
+        tracker={
+            "kind": "gitlab",
+            "endpoint": gitlab.url,
+            "project_slug": str(gitlab.project_id),
+            "active_states": ["todo"],
+            "terminal_states": ["done", "cancelled"],
+            "provider": {"state_label_scope": "status"},
+        },
+        agent_kind="e2e",
+        agent={"protocol": "command", "command": command},
+        extra={
+            "retry": {
+                "max_attempts": 2,
+                "backoff": {"initial_ms": 50},
+                "terminal_action": "escalate",
+                "escalate": {"comment": True, "label": "needs-human"},
+            }
+        },
+    )
+
+    def stop_at_the_action(runtime: LorenzRuntime, event: dict[str, Any]) -> None:
+        if event["type"] in ("terminal_action", "poll_error"):
+            runtime.stop()
+
+    run = await run_host_once(
+        workflow,
+        environ=agent_environ(tmp_path, GITLAB_TOKEN=gitlab.token),
+        once=False,
+        on_event=stop_at_the_action,
+        timeout_s=90.0,
+    )
+
+    assert run.of_type("poll_error") == []
+    assert [e["identifier"] for e in run.of_type("run_started")] == [identifier, identifier]
+    [action] = run.of_type("terminal_action")
+    assert (action["reason"], action["outcome"]) == ("escalate", "applied")
+    # As GitLab holds it: one marked note, one added label, the issue still open.
+    [note] = gitlab.issue(failing.iid).notes
+    assert note.startswith("<!-- lorenz-escalation: lz-")
+    assert identifier in note
+    assert gitlab.issue(failing.iid).labels == ["status::todo", "needs-human"]
+    assert gitlab.issue(failing.iid).state == "opened"
+    assert len([r for r in gitlab.requests if r.method == "POST"]) == 1
+    [row] = run.snapshot["blocked"]
+    assert (row["identifier"], row["terminal_action"], row["action_done"]) == (
+        identifier, "escalate", True
+    )
 
 
 def _tool_answers(record: list[dict[str, Any]]) -> list[dict[str, Any]]:
