@@ -702,6 +702,8 @@ def test_the_gitlab_token_never_reaches_an_agent_or_a_log() -> None:
          "invalid_tracker_config", "tracker.provider.state_label_scope"),
         ({"project_slug": "g/a", "provider": {"state_label_scope": " "}}, "t",
          "invalid_tracker_config", "tracker.provider.state_label_scope"),
+        ({"project_slug": "g/a", "active_states": ["opened", "todo"]}, "t",
+         "gitlab_states_need_label_scope", "tracker.active_states"),
     ],
 )
 def test_configuration_errors(
@@ -723,7 +725,9 @@ def test_configuration_errors(
 )
 def test_self_managed_endpoints(endpoint: str | None, api_base: str) -> None:
     tracker = GitLabTracker(
-        settings=TrackerSettings(kind="gitlab", endpoint=endpoint, project_slug="4711"),
+        settings=TrackerSettings(
+            kind="gitlab", endpoint=endpoint, project_slug="4711", provider=SCOPED
+        ),
         token="t",
     )
     assert tracker.api_base == api_base

@@ -303,6 +303,16 @@ class GitLabTracker:
                 code="invalid_tracker_config",
                 key_path="tracker.provider.state_label_scope",
             )
+        unreachable = [s for s in tracker.active_states if normalize_state(s) != OPENED_STATE]
+        if scope is None and unreachable:
+            # NB: without a scope no issue is ever in such a state: nothing would be dispatched.
+            raise TrackerError(
+                f"GitLab issues are only opened or closed without state labels, so active state "
+                f"{unreachable[0]!r} is never reached; set active_states: [opened] or "
+                "tracker.provider.state_label_scope (e.g. status for status::todo labels)",
+                code="gitlab_states_need_label_scope",
+                key_path="tracker.active_states",
+            )
         self._settings = tracker
         self._token = token.strip()
         self.project = project
