@@ -704,6 +704,12 @@ def test_the_gitlab_token_never_reaches_an_agent_or_a_log() -> None:
          "invalid_tracker_config", "tracker.provider.state_label_scope"),
         ({"project_slug": "g/a", "active_states": ["opened", "todo"]}, "t",
          "gitlab_states_need_label_scope", "tracker.active_states"),
+        ({"project_slug": "g/a", "endpoint": "gitlab.example.com", "provider": SCOPED}, "t",
+         "invalid_tracker_endpoint", "tracker.endpoint"),
+        ({"project_slug": "g/a", "endpoint": "ftp://gitlab.example.com", "provider": SCOPED},
+         "t", "invalid_tracker_endpoint", "tracker.endpoint"),
+        ({"project_slug": "g/a", "endpoint": "https://h/?x=1", "provider": SCOPED}, "t",
+         "invalid_tracker_endpoint", "tracker.endpoint"),
     ],
 )
 def test_configuration_errors(

@@ -317,7 +317,16 @@ class GitLabTracker:
         self._token = token.strip()
         self.project = project
         self._project_ref = project if project.isdigit() else quote(project, safe="")
-        self._api = _api_base(endpoint or tracker.endpoint or DEFAULT_GITLAB_ENDPOINT)
+        base = (endpoint or tracker.endpoint or DEFAULT_GITLAB_ENDPOINT).strip()
+        parsed = httpx.URL(base) if re.match(r"^https?://[^/\s]+", base) else None
+        if parsed is None or parsed.query or parsed.fragment:
+            raise TrackerError(
+                f"tracker.endpoint {base!r} is not a GitLab instance URL; write it like "
+                "https://gitlab.example.com",
+                code="invalid_tracker_endpoint",
+                key_path="tracker.endpoint",
+            )
+        self._api = _api_base(base)
         self._states = LabelStates.from_settings(
             tracker, scope=scope.strip() if scope is not None else None
         )
