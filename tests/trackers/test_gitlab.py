@@ -214,7 +214,7 @@ async def test_empty_inputs_make_no_request(
 ) -> None:
     tracker = make_tracker()
     assert await tracker.fetch_issues_by_ids([]) == []
-    assert await tracker.fetch_issues_by_ids(["abc", "0", ""]) == []
+    assert await tracker.fetch_issues_by_ids(["abc", "0", "", "\u0663"]) == []
     assert await tracker.fetch_issues_by_states([]) == []
     assert gitlab_server.requests == []
 

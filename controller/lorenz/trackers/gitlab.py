@@ -382,7 +382,7 @@ class GitLabTracker:
 
     async def fetch_issues_by_ids(self, ids: Sequence[str]) -> list[Issue]:
         # NB: ids this tracker never hands out (not an iid) are simply not visible here.
-        wanted = list(dict.fromkeys(i for i in ids if i and i.isdigit() and int(i) > 0))
+        wanted = list(dict.fromkeys(i for i in ids if i.isascii() and i.isdigit() and int(i) > 0))
         if not wanted:
             return []
         route = await self._routing()
