@@ -34,6 +34,7 @@ TRACKER_SECRET_ENV: tuple[str, ...] = (
     "LINEAR_API_KEY",
     "GITHUB_TOKEN",
     "GH_TOKEN",
+    "JIRA_API_TOKEN",
     "LORENZ_TRACKER_API_KEY",
 )
 """Variables that hold tracker credentials: never passed to an agent or a hook, always redacted."""

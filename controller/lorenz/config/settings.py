@@ -121,6 +121,7 @@ class TrackerKind(enum.StrEnum):
     GITHUB = "github"
     FILES = "files"
     MEMORY = "memory"
+    JIRA = "jira"
 
 
 DEFAULT_ACTIVE_STATES = ("Todo", "In Progress")
@@ -131,25 +132,34 @@ class TrackerSettings(Section):
     """Where issues come from and which of their states mean "work on it" or "done"."""
 
     kind: TrackerKind | None = Field(default=None, json_schema_extra=_reload("hot"))
-    """The tracker adapter: ``linear``, ``github``, ``files`` (Markdown files in a folder) or
-    ``memory`` (tests). Required before anything is dispatched."""
+    """The tracker adapter: ``linear``, ``github``, ``jira`` (Jira Cloud), ``files`` (Markdown
+    files in a folder) or ``memory`` (tests). Required before anything is dispatched."""
 
     endpoint: str | None = Field(default=None, json_schema_extra=_reload("hot"))
     """API endpoint. Defaults per kind: ``https://api.linear.app/graphql`` for linear,
-    ``https://api.github.com`` for github."""
+    ``https://api.github.com`` for github. For jira, the site URL (like
+    ``https://example.atlassian.net``); required."""
 
     api_key: str | None = Field(
         default=None, json_schema_extra=_reload("hot", **{ENV_KEY: "secret"})
     )
-    """API token, literal or ``$VAR``. When omitted, linear reads ``LINEAR_API_KEY`` and github
-    reads ``GITHUB_TOKEN``. A ``$VAR`` that resolves to an empty string counts as missing. In
-    Kubernetes use ``apiKeySecretRef`` on the Workflow instead."""
+    """API token, literal or ``$VAR``. When omitted, linear reads ``LINEAR_API_KEY``, github
+    reads ``GITHUB_TOKEN`` and jira reads ``JIRA_API_TOKEN``. A ``$VAR`` that resolves to an
+    empty string counts as missing. In Kubernetes use ``apiKeySecretRef`` on the Workflow
+    instead."""
 
     project_slug: str | None = Field(default=None, json_schema_extra=_reload("hot"))
-    """Linear project ``slugId`` (the last segment of the project URL). Required for linear."""
+    """Linear project ``slugId`` (the last segment of the project URL), or the Jira project key
+    (``ENG`` for ``ENG-12``). Required for linear and jira."""
 
     repository: str | None = Field(default=None, json_schema_extra=_reload("hot"))
     """GitHub ``owner/name``. Required for github."""
+
+    email: str | None = Field(
+        default=None, json_schema_extra=_reload("hot", **{ENV_KEY: "secret"})
+    )
+    """The Atlassian account email the jira API token belongs to (HTTP basic auth), literal or
+    ``$VAR``; when omitted, jira reads ``JIRA_EMAIL``. Required for jira."""
 
     path: str | None = Field(default=None, json_schema_extra=_reload("hot", **{ENV_KEY: "path"}))
     """Folder of issue files for the ``files`` tracker (relative to WORKFLOW.md's folder)."""

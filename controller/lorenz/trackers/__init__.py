@@ -1,7 +1,8 @@
 """Issue trackers: one protocol (:class:`TrackerClient`), one module per tracker.
 
-``memory`` (tests, benchmarks), ``files`` (Markdown files in a folder), ``linear`` (GraphQL) and
-``github`` (Issues REST, labels as states); :func:`build_tracker` picks one from the settings.
+``memory`` (tests, benchmarks), ``files`` (Markdown files in a folder), ``linear`` (GraphQL),
+``github`` (Issues REST, labels as states) and ``jira`` (Jira Cloud REST v3); :func:`build_tracker`
+picks one from the settings.
 """
 
 # NB: first, before any module of this package imports httpx (see its docstring).
@@ -13,6 +14,7 @@ from lorenz.trackers.base import GraphQLTool, TrackerClient, TrackerError, track
 from lorenz.trackers.factory import DEFAULT_SECRET_ENV, build_tracker
 from lorenz.trackers.files import FilesTracker, set_issue_state
 from lorenz.trackers.github import GitHubTracker
+from lorenz.trackers.jira import JiraTracker
 from lorenz.trackers.linear import LinearTracker
 from lorenz.trackers.memory import MemoryTracker
 
@@ -21,6 +23,7 @@ __all__ = [
     "FilesTracker",
     "GitHubTracker",
     "GraphQLTool",
+    "JiraTracker",
     "LinearTracker",
     "MemoryTracker",
     "TrackerClient",
