@@ -8,9 +8,10 @@ for one or more projects:
   ``{"issues": [...], "nextPageToken": ..., "isLast": ...}`` and, like the real service, the
   last page leaves ``nextPageToken`` out. A stale or foreign token is a 400. The JQL subset
   understood is what the tracker and an agent plausibly send: ``project = X``, ``status in
-  (...)``/``status = X``, ``id in (...)``, ``key = X``, ``labels = X``, ``assignee =
-  currentUser()``, ``AND``, parentheses and ``ORDER BY``; anything else is a 400 with Jira's
-  error body, and an unknown project a 400 like Jira's "does not exist for the field 'project'".
+  (...)``/``status = X``, ``id in (...)``, ``key = X``, ``labels = X``, ``issuetype = X``,
+  ``assignee = currentUser()``, ``!=``, ``AND``, parentheses and ``ORDER BY``; anything else is
+  a 400 with Jira's error body, and an unknown project a 400 like Jira's "does not exist for the
+  field 'project'".
 - ``POST /rest/api/3/issue/bulkfetch`` — ``issueIdsOrKeys`` (at most 100), ``fields``; issues
   not found are simply not returned; ``issueErrors`` can be injected.
 - ``GET /rest/api/3/issue/{idOrKey}`` (``fields``), ``PUT`` (``update.labels`` add/remove/set,
@@ -112,6 +113,7 @@ class FakeJiraIssue:
     labels: list[str] = dataclasses.field(default_factory=list)
     priority: str | None = "Medium"
     assignee: str | None = None
+    issue_type: str = "Task"
     blocked_by: list[str] = dataclasses.field(default_factory=list)
     """Keys of the issues that block this one (a ``Blocks`` link, seen inward from here)."""
     comments: list[Any] = dataclasses.field(default_factory=list)
@@ -200,6 +202,7 @@ class FakeJiraServer(LoopbackFake):
         labels: Iterable[str] = (),
         priority: str | None = "Medium",
         assignee: str | None = None,
+        issue_type: str = "Task",
         blocked_by: Iterable[str] = (),
     ) -> FakeJiraIssue:
         """Seed an issue; ids count up from 10001, keys per project from 1. A ``description``
@@ -219,6 +222,7 @@ class FakeJiraServer(LoopbackFake):
                 labels=list(labels),
                 priority=priority,
                 assignee=assignee,
+                issue_type=issue_type,
                 blocked_by=list(blocked_by),
                 created=moment,
                 updated=moment,
@@ -698,7 +702,7 @@ class FakeJiraServer(LoopbackFake):
                 "name": f"Project {issue.project}",
                 "projectTypeKey": "software",
             },
-            "issuetype": {"name": "Task", "subtask": False},
+            "issuetype": {"name": issue.issue_type, "subtask": False},
         }
         chosen = every if fields is None else {k: v for k, v in every.items() if k in fields}
         return {
@@ -926,6 +930,8 @@ class _JqlParser:
             return lambda issue: issue.status.lower() in lowered
         if field in ("id", "issue", "key", "issuekey"):
             return lambda issue: str(issue.id) in values or issue.key.lower() in lowered
+        if field in ("issuetype", "type"):
+            return lambda issue: issue.issue_type.lower() in lowered
         if field == "labels":
             return lambda issue: any(label.lower() in lowered for label in issue.labels)
         if field == "assignee":

@@ -24,7 +24,7 @@ from lorenz.trackers.jira import (
 )
 from lorenz.trackers.jira_adf import MAX_DEPTH, TRUNCATED, adf_to_text, text_to_adf
 from lorenz.trackers.writes import escalation_marker
-from lorenz.workflow import dispatch_problems, settings_from_mapping
+from lorenz.workflow import dispatch_problems, load_workflow, settings_from_mapping
 from tests.fakes.jira_server import FakeJiraServer, adf
 
 MakeTracker = Callable[..., JiraTracker]
@@ -745,7 +745,7 @@ async def test_a_label_with_spaces_is_refused_before_any_write(
     issue = await _one(tracker, seeded.id)
     with pytest.raises(TrackerError) as err:
         await tracker.escalate_issue(issue, key=KEY, comment=None, label="needs human")
-    assert (err.value.code, err.value.key_path) == ("invalid_jira_label", "retry.escalate_label")
+    assert (err.value.code, err.value.key_path) == ("invalid_jira_label", "retry.escalate.label")
     assert jira_server.requests_to("/issue/", method="PUT") == []
 
 
@@ -921,3 +921,38 @@ async def test_delete_can_be_allowed(
     with pytest.raises(TrackerError) as err:
         await tracker.execute_jira_rest(method="POST", path=path, body={})
     assert err.value.code == "invalid_jira_rest_call"
+
+
+# -- the example workflow -------------------------------------------------------------------------
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "jira" / "WORKFLOW.md"
+
+
+async def test_the_example_workflow_loads_and_reads_the_fake_site(
+    jira_server: FakeJiraServer,
+) -> None:
+    env = {"JIRA_API_TOKEN": jira_server.token, "JIRA_EMAIL": jira_server.email}
+    loaded = load_workflow(EXAMPLE, environ=env)
+    assert loaded.warnings == ()
+    assert dispatch_problems(loaded.settings) == []
+    assert loaded.prompt.problems() == []
+    assert (loaded.settings.tracker.email, loaded.settings.tracker.api_key) == (
+        jira_server.email, jira_server.token,
+    )
+    jira_server.add_issue("Ready", labels=["agent-ok"], description="Make it so.")
+    jira_server.add_issue(
+        "An epic, filtered out by the example's JQL", labels=["agent-ok"], issue_type="Epic"
+    )
+    settings = loaded.settings.model_copy(
+        update={"tracker": loaded.settings.tracker.model_copy(update={"endpoint": jira_server.url})}
+    )
+    tracker = build_tracker(settings, env={})
+    try:
+        [issue] = await tracker.fetch_candidate_issues()
+    finally:
+        await tracker.close()
+    [search] = jira_server.requests_to("/search/jql")
+    assert "AND (issuetype != Epic)" in search.query["jql"]
+    prompt = loaded.render_prompt(issue=issue)
+    assert "ENG-1: Ready" in prompt
+    assert "Make it so." in prompt

@@ -518,10 +518,10 @@ class JiraTracker:
         name = label.strip() if label is not None else ""
         if name and any(ch.isspace() for ch in name):
             raise TrackerError(
-                f"Jira labels cannot contain spaces ({name!r}); set retry.escalate_label to a "
+                f"Jira labels cannot contain spaces ({name!r}); set retry.escalate.label to a "
                 "label without spaces",
                 code="invalid_jira_label",
-                key_path="retry.escalate_label",
+                key_path="retry.escalate.label",
             )
         if name:
             # NB: the labels as they are now, not as ``issue`` was read: a replay must see the
