@@ -23,7 +23,7 @@ from lorenz.trackers.jira import (
     validate_rest_path,
 )
 from lorenz.trackers.jira_adf import MAX_DEPTH, TRUNCATED, adf_to_text, text_to_adf
-from lorenz.trackers.writes import escalation_marker
+from lorenz.trackers.writes import IssueWriter, escalation_marker
 from lorenz.workflow import dispatch_problems, load_workflow, settings_from_mapping
 from tests.fakes.jira_server import FakeJiraServer, adf
 
@@ -754,6 +754,7 @@ async def test_cancel_runs_the_transition_and_a_replay_writes_nothing(
 ) -> None:
     seeded = jira_server.add_issue("Hopeless", status="In Progress")
     tracker = make_tracker()
+    assert isinstance(tracker, IssueWriter)  # what the runtime checks before either action
     issue = await _one(tracker, seeded.id)
 
     await tracker.move_issue_to_state(issue, state="cancelled")

@@ -578,13 +578,8 @@ class JiraTracker:
                 what=f"transition of {issue.identifier} to {state.strip()}",
             )
             return
-        names = sorted(
-            {
-                str(_mapping(t).get("to", {}).get("name"))
-                for t in transitions
-                if _nonblank(_mapping(_mapping(t).get("to")).get("name"))
-            }
-        )
+        reachable = (_nonblank(_mapping(_mapping(t).get("to")).get("name")) for t in transitions)
+        names = sorted({name for name in reachable if name is not None})
         raise TrackerError(
             f"no transition leads {issue.identifier} to {state.strip()!r} (it can go to: "
             f"{', '.join(names) or 'nothing'}); set retry.cancel_state to one of those",

@@ -51,6 +51,15 @@ _BLOCKS = frozenset(
     }
 )
 """Node types that start on a line of their own."""
+_VISIBLE_ATTRS = {
+    "mention": ("text",),
+    "emoji": ("text", "shortName"),
+    "status": ("text",),
+    "inlineCard": ("url",),
+    "blockCard": ("url",),
+    "date": ("timestamp",),
+}
+"""Leaf nodes without text children: the attribute that holds what a reader sees."""
 
 
 class _Budget:
@@ -185,9 +194,7 @@ def _inline(node: Mapping[str, Any], *, depth: int, budget: _Budget) -> str:
         return budget.take_text(text) if isinstance(text, str) else ""
     if kind == "hardBreak":
         return "\n"
-    for key in {"mention": ("text",), "emoji": ("text", "shortName"), "status": ("text",),
-                "inlineCard": ("url",), "blockCard": ("url",), "date": ("timestamp",)}.get(
-                    str(kind), ()):
+    for key in _VISIBLE_ATTRS.get(str(kind), ()):
         value = attrs.get(key)
         if isinstance(value, str) and value:
             return budget.take_text(value)
