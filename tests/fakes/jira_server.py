@@ -10,8 +10,8 @@ for one or more projects:
   understood is what the tracker and an agent plausibly send: ``project = X``, ``status in
   (...)``/``status = X``, ``id in (...)``, ``key = X``, ``labels = X``, ``issuetype = X``,
   ``assignee = currentUser()``, ``!=``, ``AND``, parentheses and ``ORDER BY``; anything else is
-  a 400 with Jira's error body, and an unknown project a 400 like Jira's "does not exist for the
-  field 'project'".
+  a 400 with Jira's error body, and an unknown project or status name a 400 like Jira's "The
+  value 'X' does not exist for the field 'status'." (one message per unknown value).
 - ``POST /rest/api/3/issue/bulkfetch`` — ``issueIdsOrKeys`` (at most 100), ``fields``; issues
   not found are simply not returned; ``issueErrors`` can be injected.
 - ``GET /rest/api/3/issue/{idOrKey}`` (``fields``), ``PUT`` (``update.labels`` add/remove/set,
@@ -149,7 +149,12 @@ FAILURE_KINDS = ("status", "rate_limit", "busy", "malformed", "not_json", "disco
 
 
 class JqlError(ValueError):
-    """The JQL is outside the fake's subset or names something unknown (Jira answers 400)."""
+    """The JQL is outside the fake's subset or names something unknown (Jira answers 400 with
+    one error message per problem)."""
+
+    def __init__(self, *messages: str) -> None:
+        super().__init__(" ".join(messages))
+        self.messages = list(messages)
 
 
 class FakeJiraServer(LoopbackFake):
@@ -437,7 +442,7 @@ class FakeJiraServer(LoopbackFake):
         try:
             matches = self._run_jql(jql)
         except JqlError as exc:
-            return self._errors(400, [str(exc)])
+            return self._errors(400, exc.messages)
         chunk = matches[start : start + max_results]
         fields = _requested_fields(query.get("fields"))
         answer: dict[str, Any] = {
@@ -927,6 +932,13 @@ class _JqlParser:
                     )
             return lambda issue: issue.project.lower() in lowered
         if field == "status":
+            # NB: like Jira, a status name the site does not have is an error, not "no match".
+            known_statuses = {name.lower() for name in server.statuses}
+            unknown = [v for v in values if v.lower() not in known_statuses]
+            if unknown:
+                raise JqlError(
+                    *(f"The value '{v}' does not exist for the field 'status'." for v in unknown)
+                )
             return lambda issue: issue.status.lower() in lowered
         if field in ("id", "issue", "key", "issuekey"):
             return lambda issue: str(issue.id) in values or issue.key.lower() in lowered

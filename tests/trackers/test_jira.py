@@ -278,6 +278,43 @@ async def test_terminal_reads_and_an_extra_jql_filter(
     )
 
 
+async def test_state_names_the_site_does_not_have_are_left_out(
+    jira_server: FakeJiraServer, make_tracker: MakeTracker, caplog: pytest.LogCaptureFixture
+) -> None:
+    jira_server.add_issue("Finished", status="Done")
+    jira_server.add_issue("Dropped", status="Cancelled")
+    jira_server.add_issue("Open", status="To Do")
+    # The default terminal states: Jira refuses "Closed", "Canceled" and "Duplicate" here.
+    tracker = make_tracker(terminal_states=("Closed", "Cancelled", "Canceled", "Duplicate", "Done"))
+
+    with caplog.at_level(logging.WARNING, logger="lorenz.trackers.jira"):
+        issues = await tracker.fetch_issues_by_states(tracker._settings.terminal_states)
+        again = await tracker.fetch_issues_by_states(tracker._settings.terminal_states)
+
+    assert [i.title for i in issues] == [i.title for i in again] == ["Finished", "Dropped"]
+    searches = jira_server.requests_to("/search/jql")
+    assert [r.status for r in searches] == [400, 200, 200]  # the names are remembered
+    assert searches[-1].query["jql"].startswith(
+        'project = "ENG" AND status in ("Cancelled", "Done")'
+    )
+    assert caplog.text.count("Jira has no status named Canceled, Closed, Duplicate") == 1
+    # Only unknown names left: nothing to ask.
+    assert await tracker.fetch_issues_by_states(["Closed", "Duplicate"]) == []
+    assert len(jira_server.requests_to("/search/jql")) == 3
+
+
+async def test_other_jql_errors_are_not_swallowed(
+    jira_server: FakeJiraServer, make_tracker: MakeTracker
+) -> None:
+    tracker = make_tracker(provider={"jql": "component = Backend"})
+    with pytest.raises(TrackerError) as err:
+        await tracker.fetch_candidate_issues()
+    assert err.value.code == "jira_api_status"
+    assert "Field 'component' does not exist" in str(err.value)
+    assert "tracker.provider.jql" in str(err.value)
+    assert len(jira_server.requests) == 1
+
+
 async def test_next_page_token_paging_visits_every_page(
     jira_server: FakeJiraServer, make_tracker: MakeTracker
 ) -> None:

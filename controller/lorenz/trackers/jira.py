@@ -5,7 +5,8 @@ One site (``tracker.endpoint``, e.g. ``https://example.atlassian.net``), one pro
 account's email and API token. The reads the runtime needs map onto two endpoints:
 
 - candidates and terminal issues: the enhanced JQL search (``GET /rest/api/3/search/jql``),
-  ``project = KEY AND status in (...)``, paged with ``nextPageToken`` until ``isLast``;
+  ``project = KEY AND status in (...)``, paged with ``nextPageToken`` until ``isLast``; status
+  names the site does not have (JQL refuses them) are left out;
 - issues by id (reconciliation): the bulk fetch (``POST /rest/api/3/issue/bulkfetch``), up to
   100 ids a request; an id Jira does not return (deleted, no permission, moved to another
   project) is absent, and a per-issue error in ``issueErrors`` fails the call (retryable).
@@ -94,6 +95,7 @@ REST_METHODS = ("GET", "POST", "PUT", "DELETE")
 _PROJECT_KEY_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,254}$")
 _ISSUE_ID_RE = re.compile(r"^[0-9]{1,19}$")
 _PATH_RE = re.compile(r"^/rest/api/3/[A-Za-z0-9._~!$&'()*+,;=:@%/-]*$")
+_UNKNOWN_STATUS_RE = re.compile(r"The value '(.+)' does not exist for the field 'status'")
 _ISO_MINUTES_RE = re.compile(r"^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2})(Z|[+-]\d{2}:?\d{2})?$")
 
 
@@ -343,6 +345,8 @@ class JiraTracker:
         assignee = (tracker.assignee or "").strip()
         self._assignee = assignee or None
         self._viewer_id: str | None = None
+        self._unknown_statuses: set[str] = set()
+        """Configured state names (normalized) the site said it has no status for."""
         self._closed = False
 
     @property
@@ -359,17 +363,11 @@ class JiraTracker:
         if not wanted:
             return []
         route = await self._routing()
-        jql = (
-            f"project = {jql_string(self.project_key)} AND status in "
-            f"({', '.join(jql_string(name) for name in wanted.values())})"
-        )
-        if self.options.jql and self.options.jql.strip():
-            jql = f"{jql} AND ({self.options.jql.strip()})"
-        jql += " ORDER BY created ASC"
+        items = await self._search_states(wanted)
         issues: list[Issue] = []
         seen: set[str] = set()
         dropped = 0
-        for item in await self._search(jql):
+        for item in items:
             issue = normalize_issue(
                 item, site=self._site, link_type=self.options.blocker_link_type
             )
@@ -437,6 +435,44 @@ class JiraTracker:
         self._client = None
 
     # -- reading ------------------------------------------------------------------------------
+
+    async def _search_states(self, wanted: Mapping[str, str]) -> list[Any]:
+        """The search for issues in the ``wanted`` statuses, leaving out names the site does
+        not have.
+
+        NB: JQL refuses a status name the site has never heard of ("The value 'Canceled' does
+        not exist for the field 'status'.") instead of matching nothing, and the default
+        terminal states name several a Jira project rarely has all of. Such names hold no
+        issues by definition, so they are dropped (remembered for this instance's life, logged
+        once) and the search is sent again.
+        """
+        while True:
+            names = [n for key, n in wanted.items() if key not in self._unknown_statuses]
+            if not names:
+                return []
+            jql = (
+                f"project = {jql_string(self.project_key)} AND status in "
+                f"({', '.join(jql_string(name) for name in names)})"
+            )
+            if self.options.jql and self.options.jql.strip():
+                jql = f"{jql} AND ({self.options.jql.strip()})"
+            jql += " ORDER BY created ASC"
+            try:
+                return await self._search(jql)
+            except JiraStatusError as exc:
+                unknown = {
+                    normalize_state(match.group(1))
+                    for message in exc.messages
+                    if (match := _UNKNOWN_STATUS_RE.search(message))
+                } & set(wanted)
+                if exc.status != 400 or not unknown:
+                    raise
+                self._unknown_statuses |= unknown
+                logger.warning(
+                    "Jira has no status named %s; left out of searches project=%s",
+                    ", ".join(sorted(wanted[key] for key in unknown)),
+                    self.project_key,
+                )
 
     async def _search(self, jql: str) -> list[Any]:
         """Every issue the JQL finds, page by page (``nextPageToken`` until ``isLast``)."""
@@ -804,20 +840,32 @@ class JiraTracker:
             if status == 401
             else "check that the account may browse and edit the project"
             if status == 403
+            else "check tracker.project_slug, tracker.provider.jql and tracker.endpoint"
+            if status == 400
             else "check tracker.project_slug and tracker.endpoint"
-            if status in (400, 404)
+            if status == 404
             else "retry later or check tracker.endpoint"
         )
         message = _error_message(content) or response.reason_phrase
-        raise TrackerError(
+        raise JiraStatusError(
             f"Jira answered HTTP {status} for {what}: {message}; {hint}",
-            code="jira_api_status",
-            retryable=status >= 500,
+            messages=_error_messages(content),
+            status=status,
         )
 
 
 class _TooLarge(Exception):
     pass
+
+
+class JiraStatusError(TrackerError):
+    """``jira_api_status`` with Jira's own error messages kept apart (for callers that can
+    recover from a specific one)."""
+
+    def __init__(self, message: str, *, messages: Sequence[str], status: int) -> None:
+        super().__init__(message, code="jira_api_status", retryable=status >= 500)
+        self.messages = tuple(messages)
+        self.status = status
 
 
 async def _read_bounded(response: httpx.Response, *, limit: int) -> bytes:
@@ -886,12 +934,12 @@ def _query_params(query: Any) -> dict[str, str | int] | None:
     return params
 
 
-def _error_message(content: bytes) -> str:
-    """Jira's ``{"errorMessages": [...], "errors": {field: message}}``, as one line."""
+def _error_messages(content: bytes) -> list[str]:
+    """Jira's ``{"errorMessages": [...], "errors": {field: message}}`` as a list (at most 50)."""
     try:
         body = json.loads(content)
     except ValueError:
-        return _snippet(content.decode("utf-8", errors="replace"))
+        return []
     parts: list[str] = []
     if isinstance(body, Mapping):
         messages = body.get("errorMessages")
@@ -902,7 +950,15 @@ def _error_message(content: bytes) -> str:
             parts.extend(f"{k}: {v}" for k, v in errors.items() if isinstance(v, str))
         if not parts and isinstance(body.get("message"), str):
             parts.append(body["message"])
-    return _snippet("; ".join(parts) if parts else json.dumps(body))
+    return parts[:50]
+
+
+def _error_message(content: bytes) -> str:
+    """Jira's error body as one line (the raw body, cut, when it is not Jira's shape)."""
+    parts = _error_messages(content)
+    if parts:
+        return _snippet("; ".join(parts))
+    return _snippet(content.decode("utf-8", errors="replace"))
 
 
 def _snippet(text: str) -> str:
