@@ -12,9 +12,11 @@ from typing import Any
 
 import pytest
 
+from lorenz.agents import agent_environment
 from lorenz.config import TrackerSettings, WorkflowSettings
 from lorenz.model import BlockerRef
 from lorenz.runtime.tools import JIRA_REST, JiraRestToolHandler, tracker_tools
+from lorenz.secrets import tracker_secrets
 from lorenz.trackers import JiraTracker, TrackerError, build_tracker
 from lorenz.trackers.jira import (
     jql_string,
@@ -693,6 +695,16 @@ async def test_the_factory_reads_the_token_and_email_from_settings_or_environmen
     with pytest.raises(TrackerError) as err:
         build_tracker(settings, env={"JIRA_API_TOKEN": jira_server.token})
     assert err.value.code == "missing_tracker_email"
+
+
+def test_the_token_variable_never_reaches_an_agent_or_a_log() -> None:
+    env = agent_environment(
+        base={"JIRA_API_TOKEN": "ATATT-secret-value", "JIRA_EMAIL": "bot@example.com",
+              "PATH": "/bin"},
+    )
+    assert env == {"JIRA_EMAIL": "bot@example.com", "PATH": "/bin"}
+    secrets = tracker_secrets(api_key=None, environ={"JIRA_API_TOKEN": "ATATT-secret-value"})
+    assert "ATATT-secret-value" in secrets
 
 
 def test_workflow_resolution_and_preflight() -> None:
