@@ -34,6 +34,7 @@ TRACKER_SECRET_ENV: tuple[str, ...] = (
     "LINEAR_API_KEY",
     "GITHUB_TOKEN",
     "GH_TOKEN",
+    "JIRA_API_TOKEN",
     "LORENZ_TRACKER_API_KEY",
     "GITLAB_TOKEN",
 )

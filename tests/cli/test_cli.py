@@ -217,9 +217,9 @@ def test_validate_flag_only_section(tmp_path: Path, capsys: pytest.CaptureFixtur
 def test_validate_unsupported_tracker_kind(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    path = _write(tmp_path, "---\ntracker:\n  kind: jira\n---\n")
+    path = _write(tmp_path, "---\ntracker:\n  kind: asana\n---\n")
     assert main(["validate", str(path)]) == EXIT_USAGE
-    assert capsys.readouterr().out.startswith("unsupported_tracker_kind tracker.kind: 'jira'")
+    assert capsys.readouterr().out.startswith("unsupported_tracker_kind tracker.kind: 'asana'")
 
 
 def test_validate_missing_tracker_kind(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

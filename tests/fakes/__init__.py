@@ -1,4 +1,4 @@
-"""Faithful local fakes of remote services (Linear, GitHub, GitLab) and scripted agents.
+"""Faithful local fakes of remote services (Linear, GitHub, GitLab, Jira) and scripted agents.
 
 The tracker fakes are real HTTP servers on 127.0.0.1. Use them as pytest fixtures — in a test
 module or conftest, ``from tests.fakes import linear_server, github_server  # noqa: F401`` —
@@ -19,6 +19,7 @@ import pytest
 if TYPE_CHECKING:
     from tests.fakes.github_server import FakeGitHubServer
     from tests.fakes.gitlab_server import FakeGitLabServer
+    from tests.fakes.jira_server import FakeJiraServer
     from tests.fakes.linear_server import FakeLinearServer
 
 
@@ -46,4 +47,13 @@ async def gitlab_server() -> AsyncIterator[FakeGitLabServer]:
     from tests.fakes.gitlab_server import FakeGitLabServer
 
     async with FakeGitLabServer() as server:
+        yield server
+
+
+@pytest.fixture
+async def jira_server() -> AsyncIterator[FakeJiraServer]:
+    """A running fake Jira Cloud REST v3 site (``.url``, ``.email``, ``.token``, ``.project``)."""
+    from tests.fakes.jira_server import FakeJiraServer
+
+    async with FakeJiraServer() as server:
         yield server

@@ -99,7 +99,7 @@ def test_a_valid_workflow_is_accepted_and_keeps_only_what_was_written(
     ("changes", "field", "fragment"),
     [
         ({"polling": {"intervalMs": "soon"}}, "spec.polling.intervalMs", "must be of type integer"),
-        ({"tracker": {"kind": "jira"}}, "spec.tracker.kind", "Unsupported value"),
+        ({"tracker": {"kind": "asana"}}, "spec.tracker.kind", "Unsupported value"),
         (
             {"agent": {"maxConcurrentAgents": 0}},
             "spec.agent.maxConcurrentAgents",

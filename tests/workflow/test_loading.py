@@ -138,10 +138,10 @@ def test_every_supported_tracker_kind_is_accepted(kind: str) -> None:
 
 def test_an_unsupported_tracker_kind_is_reported_under_its_own_code() -> None:
     with pytest.raises(InvalidWorkflowConfig) as caught:
-        settings_from_mapping({"tracker": {"kind": "jira"}}, base_dir=Path("/"), environ={})
+        settings_from_mapping({"tracker": {"kind": "asana"}}, base_dir=Path("/"), environ={})
     problem = _problems(caught.value)["tracker.kind"]
     assert problem.code == "unsupported_tracker_kind"
-    assert "'jira'" in problem.reason
+    assert "'asana'" in problem.reason
     assert "linear" in problem.reason
     assert problem.format().startswith("unsupported_tracker_kind tracker.kind: ")
 

@@ -122,6 +122,7 @@ class TrackerKind(enum.StrEnum):
     FILES = "files"
     MEMORY = "memory"
     GITLAB = "gitlab"
+    JIRA = "jira"
 
 
 DEFAULT_ACTIVE_STATES = ("Todo", "In Progress")
@@ -132,27 +133,36 @@ class TrackerSettings(Section):
     """Where issues come from and which of their states mean "work on it" or "done"."""
 
     kind: TrackerKind | None = Field(default=None, json_schema_extra=_reload("hot"))
-    """The tracker adapter: ``linear``, ``github``, ``gitlab``, ``files`` (Markdown files in a
-    folder) or ``memory`` (tests). Required before anything is dispatched."""
+    """The tracker adapter: ``linear``, ``github``, ``gitlab``, ``jira`` (Jira Cloud), ``files``
+    (Markdown files in a folder) or ``memory`` (tests). Required before anything is dispatched."""
 
     endpoint: str | None = Field(default=None, json_schema_extra=_reload("hot"))
     """API endpoint. Defaults per kind: ``https://api.linear.app/graphql`` for linear,
     ``https://api.github.com`` for github, ``https://gitlab.com`` for gitlab (the instance URL;
-    ``/api/v4`` is appended)."""
+    ``/api/v4`` is appended). For jira, the site URL (like ``https://example.atlassian.net``);
+    required."""
 
     api_key: str | None = Field(
         default=None, json_schema_extra=_reload("hot", **{ENV_KEY: "secret"})
     )
     """API token, literal or ``$VAR``. When omitted, linear reads ``LINEAR_API_KEY``, github
-    reads ``GITHUB_TOKEN`` and gitlab ``GITLAB_TOKEN``. A ``$VAR`` that resolves to an empty
-    string counts as missing. In Kubernetes use ``apiKeySecretRef`` on the Workflow instead."""
+    reads ``GITHUB_TOKEN``, gitlab ``GITLAB_TOKEN`` and jira ``JIRA_API_TOKEN``. A ``$VAR`` that
+    resolves to an empty string counts as missing. In Kubernetes use ``apiKeySecretRef`` on the
+    Workflow instead."""
 
     project_slug: str | None = Field(default=None, json_schema_extra=_reload("hot"))
-    """Linear project ``slugId`` (the last segment of the project URL). Required for linear.
-    For gitlab: the project's full path (``group/app``) or numeric id (required)."""
+    """Linear project ``slugId`` (the last segment of the project URL), the Jira project key
+    (``ENG`` for ``ENG-12``), or for gitlab the project's full path (``group/app``) or numeric
+    id. Required for linear, jira and gitlab."""
 
     repository: str | None = Field(default=None, json_schema_extra=_reload("hot"))
     """GitHub ``owner/name``. Required for github."""
+
+    email: str | None = Field(
+        default=None, json_schema_extra=_reload("hot", **{ENV_KEY: "secret"})
+    )
+    """The Atlassian account email the jira API token belongs to (HTTP basic auth), literal or
+    ``$VAR``; when omitted, jira reads ``JIRA_EMAIL``. Required for jira."""
 
     path: str | None = Field(default=None, json_schema_extra=_reload("hot", **{ENV_KEY: "path"}))
     """Folder of issue files for the ``files`` tracker (relative to WORKFLOW.md's folder)."""

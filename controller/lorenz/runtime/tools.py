@@ -1,8 +1,9 @@
 """Host-side tools offered to agents, executed with the tracker's credentials.
 
-The agent never sees the tracker token: it asks for ``linear_graphql`` (or ``gitlab_api``) and
-the runtime runs the operation itself. Only trackers that can execute raw GraphQL offer
-``linear_graphql``; the GitLab tracker offers ``gitlab_api``.
+The agent never sees the tracker token: it asks for ``linear_graphql`` (or ``gitlab_api``,
+``jira_rest``) and the runtime runs the operation itself. Only trackers that can execute raw
+GraphQL offer ``linear_graphql``; the GitLab tracker offers ``gitlab_api`` and the Jira tracker
+``jira_rest``.
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ from collections.abc import Mapping
 from typing import Any, cast
 
 from lorenz.tasks import run_to_completion
-from lorenz.trackers import GitLabTracker, GraphQLTool, TrackerClient
+from lorenz.trackers import GitLabTracker, GraphQLTool, JiraTracker, TrackerClient
 
 LINEAR_GRAPHQL = "linear_graphql"
 GITLAB_API = "gitlab_api"
+JIRA_REST = "jira_rest"
 
 
 class GraphQLToolHandler:
@@ -115,11 +117,74 @@ class GitLabApiToolHandler:
         return {"success": 200 <= answer["status"] < 300, "output": json.dumps(answer)}
 
 
-def tracker_tools(tracker: TrackerClient) -> GraphQLToolHandler | GitLabApiToolHandler | None:
+class JiraRestToolHandler:
+    """Offers ``jira_rest``: one REST call under ``/rest/api/3/`` of the configured Jira site.
+
+    The tracker checks the method against its allow-list and the path against the site (see
+    :meth:`lorenz.trackers.jira.JiraTracker.execute_jira_rest`); an HTTP error status is a
+    failed call whose output still carries Jira's answer, for the agent to read.
+    """
+
+    def __init__(self, *, tracker: JiraTracker) -> None:
+        self._tracker = tracker
+
+    def tool_specs(self) -> list[dict[str, Any]]:
+        methods = list(self._tracker.options.tool_methods)
+        return [
+            {
+                "name": JIRA_REST,
+                "description": (
+                    "Make one Jira Cloud REST v3 call against the issue tracker's site with the "
+                    "orchestrator's credentials. `path` starts with /rest/api/3/ (e.g. "
+                    "/rest/api/3/issue/ENG-1/comment); rich text (comments, descriptions) is "
+                    f"Atlassian Document Format. Methods: {', '.join(methods)}."
+                ),
+                "inputSchema": {
+                    "type": "object",
+                    "properties": {
+                        "method": {"type": "string", "enum": methods},
+                        "path": {"type": "string", "description": "Path under /rest/api/3/."},
+                        "query": {"type": "object", "description": "Query parameters."},
+                        "body": {"description": "JSON request body (POST/PUT)."},
+                    },
+                    "required": ["method", "path"],
+                    "additionalProperties": False,
+                },
+            }
+        ]
+
+    async def call_tool(self, name: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
+        if name != JIRA_REST:
+            return {"success": False, "output": f"unknown tool {name!r}; offered: {JIRA_REST}"}
+        query = arguments.get("query")
+        if query is not None and not isinstance(query, Mapping):
+            return {"success": False, "output": "`query` must be an object"}
+        try:
+            # NB: like linear_graphql, a cancelled run lets the request finish first.
+            result = await run_to_completion(
+                self._tracker.execute_jira_rest(
+                    method=str(arguments.get("method") or ""),
+                    path=arguments.get("path"),  # type: ignore[arg-type] # validated there
+                    query=query,
+                    body=arguments.get("body"),
+                )
+            )
+        except Exception as exc:  # noqa: BLE001 - the agent gets the error as the tool's output
+            return {"success": False, "output": str(exc)}
+        status = result.get("status")
+        success = isinstance(status, int) and 200 <= status < 300
+        return {"success": success, "output": json.dumps(result)}
+
+
+def tracker_tools(
+    tracker: TrackerClient,
+) -> GraphQLToolHandler | GitLabApiToolHandler | JiraRestToolHandler | None:
     """The tool handler for this tracker, or ``None`` when it offers no tools."""
     if isinstance(tracker, GitLabTracker):
         return GitLabApiToolHandler(tracker=tracker)
     if callable(getattr(tracker, "execute_graphql", None)):
         # NB: checked structurally just above; the Protocol is not runtime-checkable.
         return GraphQLToolHandler(tracker=cast("GraphQLTool", tracker))
+    if isinstance(tracker, JiraTracker):
+        return JiraRestToolHandler(tracker=tracker)
     return None

@@ -1,8 +1,8 @@
 """Issue trackers: one protocol (:class:`TrackerClient`), one module per tracker.
 
 ``memory`` (tests, benchmarks), ``files`` (Markdown files in a folder), ``linear`` (GraphQL),
-``github`` (Issues REST, labels as states) and ``gitlab`` (REST v4, scoped labels as states);
-:func:`build_tracker` picks one from the settings.
+``github`` (Issues REST, labels as states), ``gitlab`` (REST v4, scoped labels as states) and
+``jira`` (Jira Cloud REST v3); :func:`build_tracker` picks one from the settings.
 """
 
 # NB: first, before any module of this package imports httpx (see its docstring).
@@ -15,6 +15,7 @@ from lorenz.trackers.factory import DEFAULT_SECRET_ENV, build_tracker
 from lorenz.trackers.files import FilesTracker, set_issue_state
 from lorenz.trackers.github import GitHubTracker
 from lorenz.trackers.gitlab import GitLabTracker
+from lorenz.trackers.jira import JiraTracker
 from lorenz.trackers.linear import LinearTracker
 from lorenz.trackers.memory import MemoryTracker
 
@@ -24,6 +25,7 @@ __all__ = [
     "GitHubTracker",
     "GitLabTracker",
     "GraphQLTool",
+    "JiraTracker",
     "LinearTracker",
     "MemoryTracker",
     "TrackerClient",

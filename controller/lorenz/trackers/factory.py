@@ -18,6 +18,7 @@ from lorenz.trackers.base import TrackerClient, TrackerError
 from lorenz.trackers.files import FilesTracker
 from lorenz.trackers.github import GITHUB_TOKEN_ENV, GitHubTracker
 from lorenz.trackers.gitlab import GITLAB_TOKEN_ENV, GitLabTracker
+from lorenz.trackers.jira import JIRA_API_TOKEN_ENV, JIRA_EMAIL_ENV, JiraTracker
 from lorenz.trackers.linear import LINEAR_API_KEY_ENV, LinearTracker
 from lorenz.trackers.memory import MemoryTracker
 
@@ -25,6 +26,7 @@ DEFAULT_SECRET_ENV = {
     TrackerKind.LINEAR: LINEAR_API_KEY_ENV,
     TrackerKind.GITHUB: GITHUB_TOKEN_ENV,
     TrackerKind.GITLAB: GITLAB_TOKEN_ENV,
+    TrackerKind.JIRA: JIRA_API_TOKEN_ENV,
 }
 """The variable each remote tracker reads its token from when ``tracker.api_key`` is unset."""
 
@@ -42,8 +44,9 @@ def build_tracker(
     ``base_dir`` resolves a relative ``tracker.path`` (the loader normally made it absolute
     already). ``memory`` is required for ``kind: memory`` — its issues can only come from the
     caller — and the result is a view of it with these settings (same board and counters).
-    ``env`` (default ``os.environ``) supplies ``LINEAR_API_KEY`` / ``GITHUB_TOKEN`` when
-    ``tracker.api_key`` is unset. ``http_client`` is shared by remote trackers if given (and
+    ``env`` (default ``os.environ``) supplies ``LINEAR_API_KEY`` / ``GITHUB_TOKEN`` /
+    ``JIRA_API_TOKEN`` when ``tracker.api_key`` is unset (and ``JIRA_EMAIL`` when
+    ``tracker.email`` is). ``http_client`` is shared by remote trackers if given (and
     then not closed by them).
     """
     tracker = settings.tracker
@@ -51,7 +54,7 @@ def build_tracker(
     kind = tracker.kind
     if kind is None:
         raise TrackerError(
-            "tracker.kind is not set; set it to linear, github, files or memory",
+            "tracker.kind is not set; set it to linear, github, gitlab, jira, files or memory",
             code="missing_tracker_kind",
             key_path="tracker.kind",
         )
@@ -93,8 +96,16 @@ def build_tracker(
             token=tracker.api_key or environment.get(GITLAB_TOKEN_ENV, ""),
             http_client=http_client,
         )
+    if kind is TrackerKind.JIRA:
+        return JiraTracker(
+            settings=settings,
+            email=tracker.email or environment.get(JIRA_EMAIL_ENV, ""),
+            token=tracker.api_key or environment.get(JIRA_API_TOKEN_ENV, ""),
+            http_client=http_client,
+        )
     raise TrackerError(  # pragma: no cover - the settings model admits no other kind
-        f"tracker.kind {kind!r} is not supported; use linear, github, files or memory",
+        f"tracker.kind {kind!r} is not supported; "
+        "use linear, github, gitlab, jira, files or memory",
         code="unsupported_tracker_kind",
         key_path="tracker.kind",
     )

@@ -166,13 +166,13 @@ class MissingTrackerKind(WorkflowError):
 
 
 class MissingTrackerApiKey(WorkflowError):
-    """A linear or github tracker has no API token after ``$VAR`` and fallback resolution."""
+    """A linear, github or jira tracker has no API token after ``$VAR`` and fallback resolution."""
 
     code = "missing_tracker_api_key"
 
 
 class MissingTrackerProjectSlug(WorkflowError):
-    """A linear tracker has no ``tracker.project_slug``."""
+    """A linear or jira tracker has no ``tracker.project_slug``."""
 
     code = "missing_tracker_project_slug"
 
@@ -187,6 +187,18 @@ class MissingTrackerPath(WorkflowError):
     """A files tracker has no ``tracker.path``."""
 
     code = "missing_tracker_path"
+
+
+class MissingTrackerEndpoint(WorkflowError):
+    """A jira tracker has no ``tracker.endpoint`` (Jira Cloud has no one site for everyone)."""
+
+    code = "missing_tracker_endpoint"
+
+
+class MissingTrackerEmail(WorkflowError):
+    """A jira tracker has no account email after ``$VAR`` and fallback resolution."""
+
+    code = "missing_tracker_email"
 
 
 class MissingAgentCommand(WorkflowError):

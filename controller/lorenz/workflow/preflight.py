@@ -18,6 +18,8 @@ from lorenz.config import TrackerKind, WorkflowSettings, WorkspaceKind
 from lorenz.workflow.errors import (
     MissingAgentCommand,
     MissingTrackerApiKey,
+    MissingTrackerEmail,
+    MissingTrackerEndpoint,
     MissingTrackerKind,
     MissingTrackerPath,
     MissingTrackerProjectSlug,
@@ -52,7 +54,7 @@ def dispatch_problems(settings: WorkflowSettings) -> list[WorkflowError]:
                 key_path="tracker.kind",
             )
         )
-    remote = (TrackerKind.LINEAR, TrackerKind.GITHUB, TrackerKind.GITLAB)
+    remote = (TrackerKind.LINEAR, TrackerKind.GITHUB, TrackerKind.GITLAB, TrackerKind.JIRA)
     if kind in remote and not (tracker.api_key or "").strip():
         env_name = TRACKER_ENV_FALLBACKS[kind]["api_key"]
         problems.append(
@@ -78,6 +80,8 @@ def dispatch_problems(settings: WorkflowSettings) -> list[WorkflowError]:
                 key_path="tracker.project_slug",
             )
         )
+    if kind is TrackerKind.JIRA:
+        problems.extend(_jira_problems(settings))
     if kind is TrackerKind.GITHUB and not (tracker.repository or "").strip():
         problems.append(
             MissingTrackerRepository(
@@ -109,6 +113,36 @@ def dispatch_problems(settings: WorkflowSettings) -> list[WorkflowError]:
         )
     if settings.worker.ssh_hosts:
         problems.extend(_ssh_problems(settings))
+    return problems
+
+
+def _jira_problems(settings: WorkflowSettings) -> list[WorkflowError]:
+    """What the jira tracker needs besides its token: the site, the project key, the email."""
+    tracker = settings.tracker
+    problems: list[WorkflowError] = []
+    if not (tracker.endpoint or "").strip():
+        problems.append(
+            MissingTrackerEndpoint(
+                "tracker.endpoint is required for jira; set it to the site URL, like "
+                "https://example.atlassian.net",
+                key_path="tracker.endpoint",
+            )
+        )
+    if not (tracker.project_slug or "").strip():
+        problems.append(
+            MissingTrackerProjectSlug(
+                "tracker.project_slug is required for jira; use the project key (ENG for ENG-12)",
+                key_path="tracker.project_slug",
+            )
+        )
+    if not (tracker.email or "").strip():
+        problems.append(
+            MissingTrackerEmail(
+                "no account email for the jira tracker; set tracker.email (e.g. $JIRA_EMAIL) "
+                "or export JIRA_EMAIL",
+                key_path="tracker.email",
+            )
+        )
     return problems
 
 

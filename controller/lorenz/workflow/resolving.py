@@ -41,6 +41,7 @@ TRACKER_ENV_FALLBACKS: Mapping[TrackerKind, Mapping[str, str]] = {
     TrackerKind.LINEAR: {"api_key": "LINEAR_API_KEY", "assignee": "LINEAR_ASSIGNEE"},
     TrackerKind.GITHUB: {"api_key": "GITHUB_TOKEN"},
     TrackerKind.GITLAB: {"api_key": "GITLAB_TOKEN"},
+    TrackerKind.JIRA: {"api_key": "JIRA_API_TOKEN", "email": "JIRA_EMAIL"},
 }
 """Per tracker kind: ``tracker.<key>`` → the environment variable read when the key is omitted
 (or names an unset ``$VAR``)."""

@@ -1,0 +1,970 @@
+"""The Jira tracker (``tracker.kind: jira``): Jira Cloud REST v3 over httpx.
+
+One site (``tracker.endpoint``, e.g. ``https://example.atlassian.net``), one project
+(``tracker.project_slug`` is the project key, e.g. ``ENG``), HTTP basic auth with an Atlassian
+account's email and API token. The reads the runtime needs map onto two endpoints:
+
+- candidates and terminal issues: the enhanced JQL search (``GET /rest/api/3/search/jql``),
+  ``project = KEY AND status in (...)``, paged with ``nextPageToken`` until ``isLast``; status
+  names the site does not have (JQL refuses them) are left out;
+- issues by id (reconciliation): the bulk fetch (``POST /rest/api/3/issue/bulkfetch``), up to
+  100 ids a request; an id Jira does not return (deleted, no permission, moved to another
+  project) is absent, and a per-issue error in ``issueErrors`` fails the call (retryable).
+
+Issue ids are Jira's numeric issue ids (stable when an issue is re-keyed), identifiers the keys.
+States are status names (compared trimmed and lowercased, like every tracker). Blockers are the
+issue links of type ``Blocks`` (configurable) seen from the blocked side: a link that carries an
+``inwardIssue`` ("is blocked by") names a blocker, and Jira embeds its status, so no further
+request is needed. Descriptions come as Atlassian Document Format and are read as plain text
+(:mod:`lorenz.trackers.jira_adf`).
+
+The terminal actions move an issue through the workflow's transitions (``GET``/``POST
+…/issue/{id}/transitions``: the transition whose target status has the wanted name), add a
+label with an ``update`` of the issue, and post an ADF comment whose last line is the escalation
+marker (Jira renders no HTML comment invisibly, so the marker shows as a short code line).
+
+Rate limits: Jira answers 429 with ``Retry-After`` (seconds) and ``X-RateLimit-Reset`` (an ISO
+8601 time), and some 503s carry ``Retry-After`` too; both are waited out within the bounded
+policy of :mod:`lorenz.trackers.throttling`, else reported as ``jira_rate_limited``. A
+success with ``X-RateLimit-Remaining: 0`` makes the next request wait for the reset.
+
+The agents' ``jira_rest`` tool runs through :meth:`JiraTracker.execute_jira_rest`: one REST call
+under ``/rest/api/3/`` of the configured site, with an allowed method, a validated path and
+bounded request and response sizes. The token never leaves this process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+import datetime
+import json
+import logging
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Annotated, Any
+from urllib.parse import quote, urlsplit
+
+import httpx
+from pydantic import Field
+
+from lorenz.config import TrackerSettings, WorkflowSettings
+from lorenz.model import BlockerRef, Issue
+from lorenz.model.issues import normalize_state
+from lorenz.trackers import httpstack as _httpstack  # noqa: F401 - see its docstring
+from lorenz.trackers.base import TrackerError, tracker_settings_of
+from lorenz.trackers.jira_adf import adf_to_text, text_to_adf
+from lorenz.trackers.options import ProviderOptions, parse_provider_options
+from lorenz.trackers.throttling import (
+    RateLimitExhausted,
+    RateLimitHit,
+    Sleep,
+    Throttle,
+    parse_retry_after,
+)
+from lorenz.trackers.writes import MAX_COMMENT_PAGES, escalation_marker, has_marker
+
+logger = logging.getLogger(__name__)
+
+JIRA_API_TOKEN_ENV = "JIRA_API_TOKEN"
+JIRA_EMAIL_ENV = "JIRA_EMAIL"
+API_PREFIX = "/rest/api/3/"
+BULK_FETCH_MAX = 100
+"""Ids per bulk fetch request (Jira's limit for a request that asks for these fields)."""
+COMMENT_PAGE_SIZE = 100
+BODY_SNIPPET_CHARS = 500
+MAX_JQL_FILTER_CHARS = 2000
+ISSUE_FIELDS = (
+    "summary",
+    "description",
+    "status",
+    "labels",
+    "priority",
+    "assignee",
+    "created",
+    "updated",
+    "issuelinks",
+    "project",
+)
+"""The fields every issue read asks for (nothing else is transferred)."""
+PRIORITY_BY_NAME = {"highest": 1, "high": 2, "medium": 3, "low": 4, "lowest": 5}
+"""Jira's default priority scheme on Lorenz's scale (1 most urgent); other names → ``None``."""
+REST_METHODS = ("GET", "POST", "PUT", "DELETE")
+_PROJECT_KEY_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,254}$")
+_ISSUE_ID_RE = re.compile(r"^[0-9]{1,19}$")
+_PATH_RE = re.compile(r"^/rest/api/3/[A-Za-z0-9._~!$&'()*+,;=:@%/-]*$")
+_UNKNOWN_STATUS_RE = re.compile(r"The value '(.+)' does not exist for the field 'status'")
+_ISO_MINUTES_RE = re.compile(r"^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2})(Z|[+-]\d{2}:?\d{2})?$")
+
+
+class JiraOptions(ProviderOptions):
+    """``tracker.provider`` keys of the Jira tracker."""
+
+    page_size: Annotated[int, Field(ge=1, le=100)] = 50
+    """Issues per search page (``maxResults``)."""
+
+    max_pages: Annotated[int, Field(ge=1, le=1000)] = 100
+    """Most search pages read for one state scan; a longer scan fails with
+    ``jira_too_many_pages`` rather than reading without end."""
+
+    jql: Annotated[str | None, Field(max_length=MAX_JQL_FILTER_CHARS)] = None
+    """Extra JQL ``AND``-ed to every search (e.g. ``component = Backend``); no ``ORDER BY``."""
+
+    blocker_link_type: Annotated[str, Field(min_length=1, max_length=255)] = "Blocks"
+    """The issue link type whose inward side ("is blocked by") names blockers."""
+
+    max_response_bytes: Annotated[int, Field(ge=1024, le=64 * 1024 * 1024)] = 16 * 1024 * 1024
+    """Largest response body read; a bigger one fails with ``jira_response_too_large``."""
+
+    tool_methods: Annotated[tuple[str, ...], Field(strict=False)] = ("GET", "POST", "PUT")
+    """HTTP methods the agents' ``jira_rest`` tool may use (of GET, POST, PUT, DELETE)."""
+
+    tool_max_body_bytes: Annotated[int, Field(ge=0, le=4 * 1024 * 1024)] = 256 * 1024
+    """Largest JSON body the ``jira_rest`` tool sends."""
+
+    tool_max_response_bytes: Annotated[int, Field(ge=1024, le=16 * 1024 * 1024)] = 1024 * 1024
+    """Largest response the ``jira_rest`` tool hands back to the agent."""
+
+
+# -- normalization --------------------------------------------------------------------------------
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _nonblank(value: Any) -> str | None:
+    return value if isinstance(value, str) and value.strip() else None
+
+
+def parse_timestamp(value: Any) -> datetime.datetime | None:
+    """Jira's ``2026-01-15T10:30:00.000+0000`` (or any ISO 8601 time) as an aware datetime."""
+    if not isinstance(value, str):
+        return None
+    try:
+        moment = datetime.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=datetime.UTC)
+
+
+def parse_priority(value: Any) -> int | None:
+    name = _nonblank(_mapping(value).get("name"))
+    return PRIORITY_BY_NAME.get(name.strip().lower()) if name else None
+
+
+def _status_name(fields: Mapping[str, Any]) -> str | None:
+    return _nonblank(_mapping(fields.get("status")).get("name"))
+
+
+def _labels(fields: Mapping[str, Any]) -> list[str]:
+    labels = fields.get("labels")
+    if not isinstance(labels, list):
+        return []
+    return [label for label in labels if isinstance(label, str) and label.strip()]
+
+
+def _blockers(fields: Mapping[str, Any], *, link_type: str) -> list[BlockerRef]:
+    links = fields.get("issuelinks")
+    if not isinstance(links, list):
+        return []
+    wanted = normalize_state(link_type)
+    blockers: list[BlockerRef] = []
+    for link in links:
+        link = _mapping(link)
+        if normalize_state(str(_mapping(link.get("type")).get("name") or "")) != wanted:
+            continue
+        # NB: seen from this issue, a link carrying ``inwardIssue`` reads "this issue <inward
+        # name> that one": for Blocks, "is blocked by". ``outwardIssue`` is an issue it blocks.
+        other = _mapping(link.get("inwardIssue"))
+        key = _nonblank(other.get("key"))
+        other_id = _nonblank(other.get("id"))
+        if key is None and other_id is None:
+            continue
+        blockers.append(
+            BlockerRef(
+                id=other_id,
+                identifier=key,
+                state=_status_name(_mapping(other.get("fields"))),
+            )
+        )
+    return blockers
+
+
+def normalize_issue(item: Any, *, site: str, link_type: str = "Blocks") -> Issue | None:
+    """A REST issue object (``id``, ``key``, ``fields``) as an :class:`Issue`; ``None`` when
+    the id, key, summary or status is missing."""
+    if not isinstance(item, Mapping):
+        return None
+    issue_id = item.get("id")
+    if isinstance(issue_id, int) and not isinstance(issue_id, bool):
+        issue_id = str(issue_id)
+    key = _nonblank(item.get("key"))
+    fields = _mapping(item.get("fields"))
+    title = _nonblank(fields.get("summary"))
+    state = _status_name(fields)
+    if not isinstance(issue_id, str) or not _ISSUE_ID_RE.match(issue_id) or key is None:
+        return None
+    if title is None or state is None:
+        return None
+    assignee = _nonblank(_mapping(fields.get("assignee")).get("accountId"))
+    status = _mapping(fields.get("status"))
+    native_ref: dict[str, Any] = {"key": key, "project": _project_key(item)}
+    category = _nonblank(_mapping(status.get("statusCategory")).get("key"))
+    if category is not None:
+        native_ref["status_category"] = category
+    return Issue(
+        id=issue_id,
+        identifier=key,
+        title=title,
+        state=state,
+        description=adf_to_text(fields.get("description")),
+        priority=parse_priority(fields.get("priority")),
+        url=f"{site}/browse/{quote(key, safe='-')}",
+        labels=tuple(_labels(fields)),
+        blocked_by=tuple(_blockers(fields, link_type=link_type)),
+        created_at=parse_timestamp(fields.get("created")),
+        updated_at=parse_timestamp(fields.get("updated")),
+        assignee_id=assignee,
+        native_ref=native_ref,
+    )
+
+
+def _project_key(item: Mapping[str, Any]) -> str | None:
+    project = _nonblank(_mapping(_mapping(item.get("fields")).get("project")).get("key"))
+    if project is not None:
+        return project
+    key = _nonblank(item.get("key"))
+    return key.rpartition("-")[0] or None if key else None
+
+
+def jql_string(value: str) -> str:
+    """``value`` as a JQL string literal (double quotes; backslash and quote escaped)."""
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{escaped}"'
+
+
+def reset_delay(value: str | None, *, now: float) -> float | None:
+    """``X-RateLimit-Reset`` (an ISO 8601 time, Jira writes ``yyyy-MM-ddTHH:mmZ``) as seconds
+    from now."""
+    if value is None:
+        return None
+    text = value.strip()
+    match = _ISO_MINUTES_RE.match(text)
+    if match:
+        zone = match.group(2) or "Z"
+        text = match.group(1) + ":00" + ("+00:00" if zone == "Z" else zone)
+    moment = parse_timestamp(text)
+    if moment is None:
+        return None
+    return max(0.0, moment.timestamp() - now)
+
+
+# -- the client -----------------------------------------------------------------------------------
+
+
+class JiraTracker:
+    """Reads the issues of one Jira Cloud project; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        settings: WorkflowSettings | TrackerSettings,
+        email: str,
+        token: str,
+        endpoint: str | None = None,
+        http_client: httpx.AsyncClient | None = None,
+        sleep: Sleep = asyncio.sleep,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        tracker = tracker_settings_of(settings)
+        if not token or not token.strip():
+            raise TrackerError(
+                f"no Jira API token; set tracker.api_key or {JIRA_API_TOKEN_ENV}",
+                code="missing_tracker_api_key",
+                key_path="tracker.api_key",
+            )
+        if not email or not email.strip():
+            raise TrackerError(
+                f"no Jira account email; set tracker.email or {JIRA_EMAIL_ENV} (the Atlassian "
+                "account the API token belongs to)",
+                code="missing_tracker_email",
+                key_path="tracker.email",
+            )
+        site = (endpoint or tracker.endpoint or "").strip().rstrip("/")
+        if not site:
+            raise TrackerError(
+                "no Jira site; set tracker.endpoint to the site URL, like "
+                "https://example.atlassian.net",
+                code="missing_tracker_endpoint",
+                key_path="tracker.endpoint",
+            )
+        parts = urlsplit(site)
+        if parts.scheme not in ("http", "https") or not parts.netloc or parts.query:
+            raise TrackerError(
+                f"tracker.endpoint {site!r} is not a site URL; write it like "
+                "https://example.atlassian.net",
+                code="invalid_tracker_endpoint",
+                key_path="tracker.endpoint",
+            )
+        project = (tracker.project_slug or "").strip()
+        if not project:
+            raise TrackerError(
+                "no Jira project; set tracker.project_slug to the project key (like ENG)",
+                code="missing_tracker_project_slug",
+                key_path="tracker.project_slug",
+            )
+        if not _PROJECT_KEY_RE.match(project):
+            raise TrackerError(
+                f"tracker.project_slug {project!r} is not a Jira project key; use the key "
+                "issue keys start with (ENG for ENG-12)",
+                code="invalid_tracker_project_slug",
+                key_path="tracker.project_slug",
+            )
+        self._settings = tracker
+        self.project_key = project.upper()
+        self._site = site
+        self._authorization = "Basic " + base64.b64encode(
+            f"{email.strip()}:{token.strip()}".encode()
+        ).decode("ascii")
+        self.options = parse_provider_options(JiraOptions, tracker.provider, kind="jira")
+        bad_methods = [m for m in self.options.tool_methods if m not in REST_METHODS]
+        if bad_methods:
+            raise TrackerError(
+                f"tracker.provider.tool_methods has {bad_methods[0]!r}; use some of "
+                f"{', '.join(REST_METHODS)}",
+                code="invalid_tracker_config",
+                key_path="tracker.provider.tool_methods",
+            )
+        self._own_client = http_client is None
+        self._client = http_client
+        self._wall_clock = wall_clock
+        self._throttle = Throttle(policy=self.options.rate_limit_policy(), sleep=sleep)
+        assignee = (tracker.assignee or "").strip()
+        self._assignee = assignee or None
+        self._viewer_id: str | None = None
+        self._unknown_statuses: set[str] = set()
+        """Configured state names (normalized) the site said it has no status for."""
+        self._closed = False
+
+    @property
+    def endpoint(self) -> str:
+        return self._site
+
+    # -- TrackerClient ------------------------------------------------------------------------
+
+    async def fetch_candidate_issues(self) -> list[Issue]:
+        return await self.fetch_issues_by_states(self._settings.active_states)
+
+    async def fetch_issues_by_states(self, states: Sequence[str]) -> list[Issue]:
+        wanted = {normalize_state(s): s.strip() for s in states if s.strip()}
+        if not wanted:
+            return []
+        route = await self._routing()
+        items = await self._search_states(wanted)
+        issues: list[Issue] = []
+        seen: set[str] = set()
+        dropped = 0
+        for item in items:
+            issue = normalize_issue(
+                item, site=self._site, link_type=self.options.blocker_link_type
+            )
+            if issue is None:
+                dropped += 1
+            elif issue.state_key in wanted and issue.id not in seen:
+                seen.add(issue.id)
+                issues.append(route(issue))
+        if dropped:
+            logger.warning(
+                "dropped malformed Jira issues project=%s count=%d", self.project_key, dropped
+            )
+        return issues
+
+    async def fetch_issues_by_ids(self, ids: Sequence[str]) -> list[Issue]:
+        # Ids this tracker never hands out (not numeric) cannot be visible here.
+        wanted = list(dict.fromkeys(i for i in ids if i and _ISSUE_ID_RE.match(i)))
+        if not wanted:
+            return []
+        route = await self._routing()
+        found: dict[str, Issue] = {}
+        for start in range(0, len(wanted), BULK_FETCH_MAX):
+            batch = wanted[start : start + BULK_FETCH_MAX]
+            body = await self._request_json(
+                "POST",
+                "issue/bulkfetch",
+                json_body={"issueIdsOrKeys": batch, "fields": list(ISSUE_FIELDS)},
+                what="issues by id",
+            )
+            errors = body.get("issueErrors")
+            if isinstance(errors, list) and errors:
+                raise TrackerError(
+                    f"Jira could not return {len(errors)} of the issues asked for "
+                    f"({_snippet(json.dumps(errors[:3]))}); Lorenz retries on the next tick",
+                    code="jira_issue_errors",
+                    retryable=True,
+                )
+            items = body.get("issues")
+            if not isinstance(items, list):
+                raise TrackerError(
+                    "Jira's bulk fetch answer has no issues list; check tracker.endpoint",
+                    code="jira_unknown_payload",
+                )
+            for item in items:
+                issue = normalize_issue(
+                    item, site=self._site, link_type=self.options.blocker_link_type
+                )
+                if issue is None:
+                    # NB: leaving it out would read as "gone" and stop its run; fail instead.
+                    raise TrackerError(
+                        "Jira returned a malformed issue (no id, key, summary or status); "
+                        "retry later",
+                        code="jira_unknown_payload",
+                    )
+                project = issue.native_ref.get("project") if issue.native_ref else None
+                if str(project or "").upper() != self.project_key:
+                    continue  # moved to another project: not visible in this scope
+                found[issue.id] = route(issue)
+        return [found[i] for i in wanted if i in found]
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._client is not None and self._own_client:
+            await self._client.aclose()
+        self._client = None
+
+    # -- reading ------------------------------------------------------------------------------
+
+    async def _search_states(self, wanted: Mapping[str, str]) -> list[Any]:
+        """The search for issues in the ``wanted`` statuses, leaving out names the site does
+        not have.
+
+        NB: JQL refuses a status name the site has never heard of ("The value 'Canceled' does
+        not exist for the field 'status'.") instead of matching nothing, and the default
+        terminal states name several a Jira project rarely has all of. Such names hold no
+        issues by definition, so they are dropped (remembered for this instance's life, logged
+        once) and the search is sent again.
+        """
+        while True:
+            names = [n for key, n in wanted.items() if key not in self._unknown_statuses]
+            if not names:
+                return []
+            jql = (
+                f"project = {jql_string(self.project_key)} AND status in "
+                f"({', '.join(jql_string(name) for name in names)})"
+            )
+            if self.options.jql and self.options.jql.strip():
+                jql = f"{jql} AND ({self.options.jql.strip()})"
+            jql += " ORDER BY created ASC"
+            try:
+                return await self._search(jql)
+            except JiraStatusError as exc:
+                unknown = {
+                    normalize_state(match.group(1))
+                    for message in exc.messages
+                    if (match := _UNKNOWN_STATUS_RE.search(message))
+                } & set(wanted)
+                if exc.status != 400 or not unknown:
+                    raise
+                self._unknown_statuses |= unknown
+                logger.warning(
+                    "Jira has no status named %s; left out of searches project=%s",
+                    ", ".join(sorted(wanted[key] for key in unknown)),
+                    self.project_key,
+                )
+
+    async def _search(self, jql: str) -> list[Any]:
+        """Every issue the JQL finds, page by page (``nextPageToken`` until ``isLast``)."""
+        params: dict[str, str | int] = {
+            "jql": jql,
+            "maxResults": self.options.page_size,
+            "fields": ",".join(ISSUE_FIELDS),
+        }
+        items: list[Any] = []
+        tokens_seen: set[str] = set()
+        for _ in range(self.options.max_pages):
+            body = await self._request_json("GET", "search/jql", params=params, what="issue search")
+            page = body.get("issues")
+            if not isinstance(page, list):
+                raise TrackerError(
+                    "Jira's search answer has no issues list; check tracker.endpoint",
+                    code="jira_unknown_payload",
+                )
+            items.extend(page)
+            token = body.get("nextPageToken")
+            # NB: the last page may omit nextPageToken, or send it as null, and may or may not
+            # say isLast; either one ends the scan.
+            if body.get("isLast") is True or not isinstance(token, str) or not token:
+                return items
+            if token in tokens_seen:
+                raise TrackerError(
+                    "Jira's search repeated a page token; retry later",
+                    code="jira_unknown_payload",
+                    retryable=True,
+                )
+            tokens_seen.add(token)
+            params = {**params, "nextPageToken": token}
+        raise TrackerError(
+            f"Jira's search for project {self.project_key} has more than "
+            f"{self.options.max_pages} pages; narrow it with tracker.provider.jql or raise "
+            "tracker.provider.max_pages",
+            code="jira_too_many_pages",
+            key_path="tracker.provider.max_pages",
+        )
+
+    async def _routing(self) -> Callable[[Issue], Issue]:
+        if self._assignee is None:
+            return _unchanged
+        target = self._assignee
+        if target.lower() == "me":
+            target = await self._viewer()
+
+        def route(issue: Issue) -> Issue:
+            if issue.assignee_id == target:
+                return issue
+            return dataclasses.replace(issue, dispatchable=False)
+
+        return route
+
+    async def _viewer(self) -> str:
+        # NB: cached per tracker instance; a reload builds a new instance and asks again.
+        if self._viewer_id is None:
+            body = await self._request_json("GET", "myself", what="the token's user")
+            account = _nonblank(body.get("accountId"))
+            if account is None:
+                raise TrackerError(
+                    "Jira did not say who the token belongs to; set tracker.assignee to an "
+                    "account id instead of 'me'",
+                    code="missing_jira_viewer_identity",
+                    key_path="tracker.assignee",
+                )
+            self._viewer_id = account
+        return self._viewer_id
+
+    # -- terminal actions (retry.terminal_action) ----------------------------------------------
+
+    async def escalate_issue(
+        self, issue: Issue, *, key: str, comment: str | None, label: str | None
+    ) -> bool:
+        """One ADF comment ending in ``key``'s marker (skipped when a comment already carries
+        it) and/or one label (``update.labels.add``). See :mod:`lorenz.trackers.writes`."""
+        base = f"issue/{issue.id}"
+        wrote = False
+        name = label.strip() if label is not None else ""
+        if name and any(ch.isspace() for ch in name):
+            raise TrackerError(
+                f"Jira labels cannot contain spaces ({name!r}); set retry.escalate.label to a "
+                "label without spaces",
+                code="invalid_jira_label",
+                key_path="retry.escalate.label",
+            )
+        if name:
+            # NB: the labels as they are now, not as ``issue`` was read: a replay must see the
+            # label its first run added.
+            current = await self._request_json(
+                "GET", base, params={"fields": "labels"}, what=f"labels of {issue.identifier}"
+            )
+            have = {existing.lower() for existing in _labels(_mapping(current.get("fields")))}
+            if name.lower() not in have:
+                await self._request(
+                    "PUT", base, json_body={"update": {"labels": [{"add": name}]}},
+                    what="escalation label",
+                )
+                wrote = True
+        if comment is not None and not await self._has_comment_marker(base, key=key):
+            document = text_to_adf(comment, code_line=escalation_marker(key))
+            await self._request(
+                "POST", f"{base}/comment", json_body={"body": document},
+                what="escalation comment",
+            )
+            wrote = True
+        return wrote
+
+    async def move_issue_to_state(self, issue: Issue, *, state: str) -> None:
+        """Run the transition that leads to the status named ``state``; nothing when the issue
+        is in it already."""
+        target = normalize_state(state)
+        current = await self._request_json(
+            "GET", f"issue/{issue.id}", params={"fields": "status"},
+            what=f"issue {issue.identifier}",
+        )
+        if normalize_state(_status_name(_mapping(current.get("fields"))) or "") == target:
+            return
+        listing = await self._request_json(
+            "GET", f"issue/{issue.id}/transitions", what=f"transitions of {issue.identifier}"
+        )
+        transitions = listing.get("transitions")
+        if not isinstance(transitions, list):
+            raise TrackerError(
+                "Jira's transitions answer has no transitions list; check tracker.endpoint",
+                code="jira_unknown_payload",
+            )
+        for transition in transitions:
+            transition = _mapping(transition)
+            to_name = _nonblank(_mapping(transition.get("to")).get("name"))
+            transition_id = _nonblank(transition.get("id"))
+            if to_name is None or transition_id is None or normalize_state(to_name) != target:
+                continue
+            if transition.get("isAvailable") is False:
+                continue
+            await self._request(
+                "POST", f"issue/{issue.id}/transitions",
+                json_body={"transition": {"id": transition_id}},
+                what=f"transition of {issue.identifier} to {state.strip()}",
+            )
+            return
+        reachable = (_nonblank(_mapping(_mapping(t).get("to")).get("name")) for t in transitions)
+        names = sorted({name for name in reachable if name is not None})
+        raise TrackerError(
+            f"no transition leads {issue.identifier} to {state.strip()!r} (it can go to: "
+            f"{', '.join(names) or 'nothing'}); set retry.cancel_state to one of those",
+            code="tracker_state_not_found",
+            key_path="retry.cancel_state",
+        )
+
+    async def _has_comment_marker(self, base: str, *, key: str) -> bool:
+        start = 0
+        for _ in range(MAX_COMMENT_PAGES):
+            page = await self._request_json(
+                "GET",
+                f"{base}/comment",
+                params={"startAt": start, "maxResults": COMMENT_PAGE_SIZE},
+                what="issue comments",
+            )
+            comments = page.get("comments")
+            if not isinstance(comments, list):
+                raise TrackerError(
+                    "Jira's comments answer has no comments list; check tracker.endpoint",
+                    code="jira_unknown_payload",
+                )
+            for item in comments:
+                if has_marker(adf_to_text(_mapping(item).get("body")), key=key):
+                    return True
+            total = page.get("total")
+            start += len(comments)
+            if not comments or not isinstance(total, int) or start >= total:
+                return False
+        return False
+
+    # -- the agents' tool ---------------------------------------------------------------------
+
+    async def execute_jira_rest(
+        self,
+        *,
+        method: str,
+        path: str,
+        query: Mapping[str, Any] | None = None,
+        body: Any = None,
+    ) -> dict[str, Any]:
+        """One REST call for an agent: ``{"status": int, "body": <JSON or text>}``.
+
+        ``path`` must be under ``/rest/api/3/`` of the configured site (no scheme, host, query,
+        fragment, ``..`` or encoded separators); ``method`` one of the allowed methods. A
+        refused call raises :class:`TrackerError` (``invalid_jira_rest_call``) without a
+        request; an HTTP error status comes back as the result, for the agent to read.
+        """
+        verb = method.strip().upper() if isinstance(method, str) else ""
+        if verb not in self.options.tool_methods:
+            raise TrackerError(
+                f"method {method!r} is not allowed for jira_rest; use one of "
+                f"{', '.join(self.options.tool_methods)}",
+                code="invalid_jira_rest_call",
+            )
+        relative = validate_rest_path(path)
+        params = _query_params(query)
+        if body is not None:
+            if verb in ("GET", "DELETE"):
+                raise TrackerError(
+                    f"jira_rest sends no body with {verb}; put parameters in `query`",
+                    code="invalid_jira_rest_call",
+                )
+            size = len(json.dumps(body).encode())
+            if size > self.options.tool_max_body_bytes:
+                raise TrackerError(
+                    f"the jira_rest body is {size} bytes, more than the "
+                    f"{self.options.tool_max_body_bytes} allowed; send less",
+                    code="invalid_jira_rest_call",
+                )
+        response, content = await self._exchange(
+            verb,
+            relative,
+            params=params,
+            json_body=body,
+            what=f"jira_rest {verb} {path}",
+            accept_errors=True,
+            limit=self.options.tool_max_response_bytes,
+        )
+        parsed: Any
+        if not content:
+            parsed = None
+        else:
+            try:
+                parsed = json.loads(content)
+            except ValueError:
+                parsed = content.decode("utf-8", errors="replace")
+        return {"status": response.status_code, "body": parsed}
+
+    # -- HTTP ---------------------------------------------------------------------------------
+
+    def _http(self) -> httpx.AsyncClient:
+        if self._closed:
+            raise TrackerError(
+                "this Jira tracker was closed; build a new one from the settings",
+                code="tracker_closed",
+            )
+        if self._client is None:
+            self._client = httpx.AsyncClient(
+                timeout=httpx.Timeout(self.options.timeout_ms / 1000.0),
+                headers={"User-Agent": "lorenz"},
+            )
+        return self._client
+
+    async def _request_json(
+        self,
+        method: str,
+        path: str,
+        *,
+        what: str,
+        params: Mapping[str, str | int] | None = None,
+        json_body: Any = None,
+    ) -> Mapping[str, Any]:
+        _, content = await self._exchange(
+            method, path, params=params, json_body=json_body, what=what
+        )
+        try:
+            body = json.loads(content)
+        except ValueError:
+            raise TrackerError(
+                f"Jira's answer to {what} is not JSON; check tracker.endpoint (the site URL, "
+                "without /rest/...)",
+                code="jira_unknown_payload",
+            ) from None
+        if not isinstance(body, Mapping):
+            raise TrackerError(
+                f"Jira's answer to {what} is not a JSON object; check tracker.endpoint",
+                code="jira_unknown_payload",
+            )
+        return body
+
+    async def _request(
+        self, method: str, path: str, *, what: str, json_body: Any = None
+    ) -> None:
+        await self._exchange(method, path, params=None, json_body=json_body, what=what)
+
+    async def _exchange(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str | int] | None,
+        json_body: Any,
+        what: str,
+        accept_errors: bool = False,
+        limit: int | None = None,
+    ) -> tuple[httpx.Response, bytes]:
+        try:
+            return await self._throttle.run(
+                lambda: self._send(
+                    method,
+                    f"{self._site}{API_PREFIX}{path}",
+                    params=params,
+                    json_body=json_body,
+                    what=what,
+                    accept_errors=accept_errors,
+                    limit=limit or self.options.max_response_bytes,
+                )
+            )
+        except RateLimitExhausted as exc:
+            raise TrackerError(
+                f"Jira rate limit hit for {what}: {exc.detail}; Lorenz retries on a later tick "
+                "(poll less often if this persists)",
+                code="jira_rate_limited",
+                retryable=True,
+                retry_after_ms=exc.retry_after_ms,
+            ) from None
+
+    async def _send(
+        self,
+        method: str,
+        url: str,
+        *,
+        params: Mapping[str, str | int] | None,
+        json_body: Any,
+        what: str,
+        accept_errors: bool,
+        limit: int,
+    ) -> tuple[httpx.Response, bytes]:
+        client = self._http()
+        headers = {"Authorization": self._authorization, "Accept": "application/json"}
+        request = client.build_request(
+            method, url, params=params, headers=headers, json=json_body
+        )
+        try:
+            response = await client.send(request, stream=True)
+            try:
+                content = await _read_bounded(response, limit=limit)
+            finally:
+                await response.aclose()
+        except _TooLarge:
+            raise TrackerError(
+                f"Jira's answer to {what} is larger than {limit} bytes; ask for less (a "
+                "smaller tracker.provider.page_size)",
+                code="jira_response_too_large",
+            ) from None
+        except httpx.HTTPError as exc:
+            raise TrackerError(
+                f"request to Jira failed for {what}: {type(exc).__name__}; check the network "
+                "and tracker.endpoint",
+                code="jira_api_request",
+                retryable=True,
+            ) from exc
+        status = response.status_code
+        now = self._wall_clock()
+        retry_after = parse_retry_after(response.headers.get("Retry-After"), now=now)
+        reset_in = reset_delay(response.headers.get("X-RateLimit-Reset"), now=now)
+        if status == 429 or (status == 503 and retry_after is not None):
+            delay = retry_after if retry_after is not None else reset_in
+            reason = response.headers.get("RateLimit-Reason") or "rate limited"
+            logger.warning(
+                "Jira rate limited request=%s status=%d reason=%s delay_s=%s",
+                what, status, reason, delay,
+            )
+            raise RateLimitHit(f"HTTP {status} {reason}", delay_s=delay)
+        if response.headers.get("X-RateLimit-Remaining") == "0" and reset_in:
+            self._throttle.budget_spent(delay_s=reset_in, reason="Jira rate limit budget spent")
+        if 200 <= status < 300 or accept_errors:
+            return response, content
+        hint = (
+            "check tracker.email and tracker.api_key (an API token of that account)"
+            if status == 401
+            else "check that the account may browse and edit the project"
+            if status == 403
+            else "check tracker.project_slug, tracker.provider.jql and tracker.endpoint"
+            if status == 400
+            else "check tracker.project_slug and tracker.endpoint"
+            if status == 404
+            else "retry later or check tracker.endpoint"
+        )
+        message = _error_message(content) or response.reason_phrase
+        raise JiraStatusError(
+            f"Jira answered HTTP {status} for {what}: {message}; {hint}",
+            messages=_error_messages(content),
+            status=status,
+        )
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class JiraStatusError(TrackerError):
+    """``jira_api_status`` with Jira's own error messages kept apart (for callers that can
+    recover from a specific one)."""
+
+    def __init__(self, message: str, *, messages: Sequence[str], status: int) -> None:
+        super().__init__(message, code="jira_api_status", retryable=status >= 500)
+        self.messages = tuple(messages)
+        self.status = status
+
+
+async def _read_bounded(response: httpx.Response, *, limit: int) -> bytes:
+    declared = response.headers.get("Content-Length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _TooLarge
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_bytes():
+        size += len(chunk)
+        if size > limit:
+            raise _TooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def validate_rest_path(path: Any) -> str:
+    """The part of an agent's ``path`` after ``/rest/api/3/``; :class:`TrackerError` when it
+    could leave the API (another host, a ``..``, an encoded separator) or is not a plain path."""
+    if not isinstance(path, str) or not path.strip():
+        raise TrackerError(
+            "`path` must be a non-empty string like /rest/api/3/issue/ENG-1",
+            code="invalid_jira_rest_call",
+        )
+    text = path.strip()
+    problem = None
+    if len(text) > 2000:
+        problem = "is longer than 2000 characters"
+    elif not _PATH_RE.match(text):
+        problem = (
+            "must start with /rest/api/3/ and hold only URL path characters (no scheme, host, "
+            "query or fragment: put parameters in `query`)"
+        )
+    else:
+        lowered = text.lower()
+        segments = text.split("/")
+        if "//" in text or any(s in (".", "..") for s in segments):
+            problem = "must not contain empty, '.' or '..' segments"
+        elif any(code in lowered for code in ("%2e", "%2f", "%5c", "%00", "%25")):
+            problem = "must not contain encoded dots, slashes, backslashes, NULs or percents"
+    if problem is not None:
+        raise TrackerError(f"jira_rest path {problem}", code="invalid_jira_rest_call")
+    return text[len(API_PREFIX) :]
+
+
+def _query_params(query: Any) -> dict[str, str | int] | None:
+    if query is None:
+        return None
+    if not isinstance(query, Mapping) or len(query) > 50:
+        raise TrackerError(
+            "`query` must be an object of at most 50 parameters", code="invalid_jira_rest_call"
+        )
+    params: dict[str, str | int] = {}
+    for name, value in query.items():
+        if isinstance(value, bool):
+            params[str(name)] = "true" if value else "false"
+        elif isinstance(value, (str, int)):
+            params[str(name)] = value
+        elif isinstance(value, float):
+            params[str(name)] = str(value)
+        else:
+            raise TrackerError(
+                f"query parameter {name!r} must be a string, number or boolean",
+                code="invalid_jira_rest_call",
+            )
+    return params
+
+
+def _error_messages(content: bytes) -> list[str]:
+    """Jira's ``{"errorMessages": [...], "errors": {field: message}}`` as a list (at most 50)."""
+    try:
+        body = json.loads(content)
+    except ValueError:
+        return []
+    parts: list[str] = []
+    if isinstance(body, Mapping):
+        messages = body.get("errorMessages")
+        if isinstance(messages, list):
+            parts.extend(m for m in messages if isinstance(m, str))
+        errors = body.get("errors")
+        if isinstance(errors, Mapping):
+            parts.extend(f"{k}: {v}" for k, v in errors.items() if isinstance(v, str))
+        if not parts and isinstance(body.get("message"), str):
+            parts.append(body["message"])
+    return parts[:50]
+
+
+def _error_message(content: bytes) -> str:
+    """Jira's error body as one line (the raw body, cut, when it is not Jira's shape)."""
+    parts = _error_messages(content)
+    if parts:
+        return _snippet("; ".join(parts))
+    return _snippet(content.decode("utf-8", errors="replace"))
+
+
+def _snippet(text: str) -> str:
+    flat = " ".join(text.split())
+    return flat[:BODY_SNIPPET_CHARS]
+
+
+def _unchanged(issue: Issue) -> Issue:
+    return issue
