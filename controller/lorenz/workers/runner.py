@@ -57,6 +57,7 @@ from lorenz.workers.handles import (
     WorkerHandle,
     WorkerUnknown,
 )
+from lorenz.workers.journal import DEFAULT_MAX_BYTES as DEFAULT_JOURNAL_MAX_BYTES
 from lorenz.workers.journal import Record
 from lorenz.workers.launch import WorkerLaunchError
 from lorenz.workers.leftovers import kill_leftovers
@@ -308,8 +309,11 @@ class WorkerRunner:
         unknown_patience_s: float = 30.0,
         heartbeat_s: float = 15.0,
         leaving: Callable[[], str | None] | None = None,
+        journal_max_bytes: int = DEFAULT_JOURNAL_MAX_BYTES,
     ) -> None:
         self.workflow = workflow
+        self.journal_max_bytes = journal_max_bytes
+        """The cap of each run's journal (``worker.journal_max_bytes``)."""
         self.transport: Transport = transport or LocalTransport()
         self.generation = generation
         self.hooks = hooks or HookSpec()
@@ -365,6 +369,7 @@ class WorkerRunner:
             env=dict(request.env),
             tools=tools,
             controller_wait_ms=self.controller_wait_ms,
+            journal_max_bytes=self.journal_max_bytes,
         )
 
     async def run(self, request: AgentRunRequest) -> AgentRunResult:

@@ -22,6 +22,8 @@ from pydantic import Field
 
 from lorenz.config import AgentKindSettings
 from lorenz.model import Issue
+from lorenz.workers.journal import DEFAULT_MAX_BYTES as DEFAULT_JOURNAL_MAX_BYTES
+from lorenz.workers.journal import MIN_MAX_BYTES as MIN_JOURNAL_MAX_BYTES
 
 SPEC_VERSION: Final = 1
 
@@ -166,6 +168,9 @@ class RunSpec(SpecModel):
     waits for one to attach before it is answered without it."""
     linger_ms: int = Field(default=30_000, ge=0)
     """How long the worker keeps serving its final record for a controller to collect."""
+    journal_max_bytes: int = Field(default=DEFAULT_JOURNAL_MAX_BYTES, ge=MIN_JOURNAL_MAX_BYTES)
+    """Cap on the run's journal file (``worker.journal_max_bytes``): past it the middle
+    records are replaced by one ``journal_dropped`` record (head and tail kept)."""
 
     @pydantic.model_validator(mode="before")
     @classmethod
