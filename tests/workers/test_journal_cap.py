@@ -141,3 +141,16 @@ async def test_a_worker_with_a_chatty_agent_keeps_its_journal_under_the_cap(
     again = await late.follow(caught_up)
     assert again.seq == final.seq
     assert [r.seq for r in caught_up.records] == [r.seq for r in on_disk]
+
+
+def test_the_runner_puts_the_configured_cap_in_every_spec(tmp_path: Path) -> None:
+    from lorenz.config import WorkerSettings
+    from lorenz.workers.runner import WorkerRunner
+    from tests.workers.test_runner import Kit
+
+    assert WorkerSettings().journal_max_bytes == 32 * 1024 * 1024
+    request = Kit(tmp_path, [{"message": "hi"}]).request()
+    default = WorkerRunner(workflow=str(tmp_path / "WORKFLOW.md")).spec_for(request)
+    assert default.journal_max_bytes == WorkerSettings().journal_max_bytes
+    capped = WorkerRunner(workflow=str(tmp_path / "WORKFLOW.md"), journal_max_bytes=CAP * 3)
+    assert capped.spec_for(request).journal_max_bytes == CAP * 3

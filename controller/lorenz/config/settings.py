@@ -1017,13 +1017,13 @@ class WorkerSettings(Section):
     """How long a run's Pod may take to be scheduled, pull its image and serve the worker
     (``kind: pod``); past it the Pod is deleted and the run fails with the reason."""
     journal_max_bytes: int = Field(
-        default=32 * 1024 * 1024, ge=1024 * 1024, json_schema_extra=_reload("new-runs")
+        default=32 * 1024 * 1024, ge=1024 * 1024, json_schema_extra=_reload("restart")
     )
     """Cap on one run's journal file (``journal.jsonl`` in its worker state directory), in
     bytes; at least 1 MiB. Past it the worker keeps the head (the first half of the cap: the
     run's start, hooks and session) and the newest records (a quarter of the cap), and puts
     one ``journal_dropped`` record between them counting what was dropped (see
-    docs/runs.md). The final record is always kept."""
+    docs/runs.md). The final record is always kept. Local runs read it at start-up."""
     detached: bool | None = Field(default=None, json_schema_extra=_reload("restart"))
     """Each run on this machine executes in a detached ``lorenz worker`` (its own session,
     journal and socket) that outlives this process: after a crash, ``kill -9``, upgrade or
