@@ -488,7 +488,14 @@ class AgentKindSettings(Section):
     """Limit for one turn."""
 
     read_timeout_ms: PositiveInt = Field(default=5000, json_schema_extra=_reload("new-runs"))
-    """Limit for each request/response during the handshake."""
+    """Limit for each request/response during the handshake, once the agent answered its
+    first request (its start-up has its own limit, ``startup_timeout_ms``)."""
+
+    startup_timeout_ms: PositiveInt = Field(default=60000, json_schema_extra=_reload("new-runs"))
+    """Limit for the agent's first answer (``initialize``): the command's start-up (the login
+    shell ``bash -lc``, the agent's own start) plus that answer. A slow shell profile or a
+    loaded machine can take seconds before the agent reads its first line, which
+    ``read_timeout_ms`` must not count; past this the run fails with ``startup_timeout``."""
 
     approvals: ApprovalMode = Field(
         default=ApprovalMode.DENY, json_schema_extra=_reload("new-runs")
@@ -542,7 +549,9 @@ class CodexSettings(Section):
     turn_timeout_ms: PositiveInt = Field(default=3600000, json_schema_extra=_reload("new-runs"))
     """Limit for one turn."""
     read_timeout_ms: PositiveInt = Field(default=5000, json_schema_extra=_reload("new-runs"))
-    """Limit for each handshake request."""
+    """Limit for each handshake request after the first answer."""
+    startup_timeout_ms: PositiveInt = Field(default=60000, json_schema_extra=_reload("new-runs"))
+    """Limit for the app-server's start-up and first answer (``initialize``)."""
     stall_timeout_ms: Int = Field(default=300000, json_schema_extra=_reload("hot"))
     """Stall threshold; ``<= 0`` disables stall detection."""
 
@@ -562,6 +571,7 @@ class CodexSettings(Section):
             stall_timeout_ms=self.stall_timeout_ms,
             turn_timeout_ms=self.turn_timeout_ms,
             read_timeout_ms=self.read_timeout_ms,
+            startup_timeout_ms=self.startup_timeout_ms,
             approval_policy=self.approval_policy,
             thread_sandbox=self.thread_sandbox,
             turn_sandbox_policy=self.turn_sandbox_policy,
