@@ -9,6 +9,7 @@ pydantic error and an "agent exited" failure retried until the budget ran out.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pydantic
@@ -101,3 +102,25 @@ def test_a_spec_built_from_settings_objects_drops_stripped_agent_env(
     rebuilt = type(spec)(**{**dict(spec), "agent": agent})
     assert rebuilt.agent.env == {}
     assert SECRET not in rebuilt.model_dump_json()
+
+
+@pytest.mark.parametrize("field", ["identifier", "id", "title"])
+async def test_a_worker_runner_refuses_such_an_issue_with_a_code_not_a_raw_error(
+    state_root: Path, tmp_path: Path, field: str
+) -> None:
+    from lorenz.agents import AgentRunError
+    from lorenz.workers.runner import WorkerRunner
+    from tests.workers.test_runner import Kit
+
+    kit = Kit(tmp_path, [{"message": "never"}])
+    request = kit.request(issue=issue(**{field: "X" * 2501}))
+    runner = WorkerRunner(
+        workflow=str(tmp_path / "WORKFLOW.md"),
+        transport=LocalTransport(state_root=state_root, env=base_env()),
+    )
+    with pytest.raises(AgentRunError) as caught:
+        await runner.run(request)
+    assert caught.value.code == "issue_field_invalid"
+    assert field in caught.value.message
+    assert kit.starts() == 0
+    assert os.listdir(state_root) == [], "no worker was started"

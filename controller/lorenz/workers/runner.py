@@ -61,7 +61,7 @@ from lorenz.workers.journal import DEFAULT_MAX_BYTES as DEFAULT_JOURNAL_MAX_BYTE
 from lorenz.workers.journal import Record
 from lorenz.workers.launch import WorkerLaunchError
 from lorenz.workers.leftovers import kill_leftovers
-from lorenz.workers.spec import HookSpec, IssueSpec, RunSpec, is_handle
+from lorenz.workers.spec import HookSpec, IssueSpec, RunSpec, is_handle, unpassable_fields
 from lorenz.workers.states import (
     COLLECTED_NAME as COLLECTED_NAME,  # NB: re-exported: tests and tools import it from here
 )
@@ -349,6 +349,16 @@ class WorkerRunner:
         return self.placement
 
     def spec_for(self, request: AgentRunRequest, *, run: int = 0) -> RunSpec:
+        """The spec of ``request``'s run; :class:`AgentRunError` ``issue_field_invalid`` for
+        an issue no spec can hold (the runtime refuses such issues before dispatch; this is
+        the backstop, so the failure is coded rather than a raw validation error)."""
+        problems = unpassable_fields(request.issue)
+        if problems:
+            said = "; ".join(f"its {name} {why}" for name, why in sorted(problems.items()))
+            raise AgentRunError(
+                f"issue {request.issue.identifier[:60]!r} cannot be run: {said}; edit the issue",
+                code="issue_field_invalid",
+            )
         tools = request.tools.tool_specs() if request.tools is not None else []
         return RunSpec(
             workflow=self.workflow,
