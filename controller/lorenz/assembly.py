@@ -148,6 +148,7 @@ def _runner_factory(
     detached runner is the same for every protocol.
     """
     path = str(workflow.path)
+    journal_max_bytes = workflow.settings.worker.journal_max_bytes
     api_key = workflow.settings.tracker.api_key
     secret_values = [api_key] if api_key else []
     # The SSH transports, made at the first run that needs them and shared by every run.
@@ -188,6 +189,7 @@ def _runner_factory(
                 generation=current or 0,
                 intents=intents,
                 leaving=leave_workers,
+                journal_max_bytes=journal_max_bytes,
             )
 
         local = detached

@@ -1,7 +1,8 @@
 """A real daemon on ``--port``, attacked as a web page and a stranger would: it stays up.
 
 Cross-origin and token-less stops, a foreign Host, malformed stop bodies, and the token file
-(``0600``, fresh at every start) that ``lorenz stop`` reads.
+(``0600``, fresh at every start) that ``lorenz stop`` reads; on the unix socket, another local
+user is refused by the peer's uid (``SO_PEERCRED``) even when the file modes would let it in.
 """
 
 from __future__ import annotations
@@ -9,11 +10,17 @@ from __future__ import annotations
 import http.client
 import http.server
 import json
+import os
+import shutil
 import socket
 import stat
+import subprocess
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any, ClassVar
+
+import pytest
 
 from lorenz.daemon import attach
 from lorenz.daemon.discovery import (
@@ -228,3 +235,72 @@ def test_the_token_goes_only_to_state_changing_requests_on_this_machine(tmp_path
         for server in servers:
             server.shutdown()
             server.server_close()
+
+
+STRANGER_UID = 65534
+"""``nobody``: another local user."""
+
+UNIX_HTTP = """\
+import json, socket, sys
+sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+sock.settimeout(30)
+sock.connect(sys.argv[1])
+body = b"{}" if sys.argv[2] == "POST" else b""
+head = (
+    f"{sys.argv[2]} {sys.argv[3]} HTTP/1.1\\r\\nHost: localhost\\r\\n"
+    f"Content-Type: application/json\\r\\nContent-Length: {len(body)}\\r\\n"
+    "Connection: close\\r\\n\\r\\n"
+).encode()
+sock.sendall(head + body)
+answer = b""
+while chunk := sock.recv(65536):
+    answer += chunk
+status = int(answer.split(b" ", 2)[1])
+print(json.dumps({"status": status, "body": json.loads(answer.split(b"\\r\\n\\r\\n", 1)[1])}))
+"""
+
+
+def _as_user(uid: int | None, socket_path: Path, method: str, path: str) -> dict[str, Any]:
+    """One HTTP request over the unix socket, from a process running as ``uid``."""
+    done = subprocess.run(
+        ["/usr/bin/python3", "-c", UNIX_HTTP, str(socket_path), method, path],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        user=uid,
+        cwd="/",
+        env={"PATH": "/usr/bin:/bin"},
+        check=True,
+    )
+    answer: dict[str, Any] = json.loads(done.stdout)
+    return answer
+
+
+def test_another_user_cannot_use_the_control_socket_even_with_loosened_modes(
+    root: Path, daemon_env: dict[str, str], daemons: list[DaemonProcess]
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("connecting as another user needs root to switch to it")
+    daemon = start(root, daemon_env, daemons)
+    lease = read_lease(lease_file_for(root / "WORKFLOW.md"))
+    assert lease is not None
+    socket_path = Path(lease["endpoint"].removeprefix("unix://"))
+    # The modes loosened (a chmod, a restored backup): the socket is world-connectable, and a
+    # hard link in an open folder puts it where the stranger can reach it.
+    os.chmod(socket_path, 0o666)
+    open_dir = Path(tempfile.mkdtemp(prefix="lzp", dir="/tmp"))
+    try:
+        os.chmod(open_dir, 0o755)
+        reachable = open_dir / "control.sock"
+        os.link(socket_path, reachable)
+
+        for method, path in (("POST", "/api/v1/stop"), ("GET", "/api/v1/state")):
+            answer = _as_user(STRANGER_UID, reachable, method, path)
+            assert answer["status"] == 403, answer
+            assert answer["body"]["error"]["code"] == "peer_uid_refused"
+        assert daemon.alive()
+        mine = _as_user(None, reachable, "GET", "/api/v1/daemon")
+        assert mine["status"] == 200, mine
+        assert mine["body"]["stop_requested"] is None
+    finally:
+        shutil.rmtree(open_dir, ignore_errors=True)

@@ -164,9 +164,30 @@ class _AcpRun:
 
     # -- requests -------------------------------------------------------------------------
 
-    async def call(self, method: str, params: dict[str, Any], *, timeout_s: float) -> Any:
+    async def call(
+        self, method: str, params: dict[str, Any], *, timeout_s: float, startup: bool = False
+    ) -> Any:
+        request = asyncio.ensure_future(
+            self.connection.request(method, params, timeout_s=None)
+        )
         try:
-            return await self.connection.request(method, params, timeout_s=timeout_s)
+            if startup:
+                await asyncio.sleep(0)  # the request's first step writes it
+                # NB: start-up (the login shell, the agent's own start) ends when the agent has
+                # read the request; ``timeout_s`` counts only from there.
+                limit_ms = self.request.settings.startup_timeout_ms
+                if not await self.process.wait_input_read(
+                    timeout_s=limit_ms / 1000, until=request
+                ):
+                    raise AgentRunError(
+                        f"the ACP agent did not start reading its input within "
+                        f"startup_timeout_ms={limit_ms}; check that the command starts an ACP "
+                        "agent (e.g. `gemini --acp`) and how long its login shell takes: "
+                        f"{self.process.stderr_tail(max_bytes=500)}",
+                        code="startup_timeout",
+                    )
+            async with asyncio.timeout(timeout_s):
+                return await asyncio.shield(request)
         except TimeoutError:
             ms = self.request.settings.read_timeout_ms
             raise AgentRunError(
@@ -177,6 +198,9 @@ class _AcpRun:
             ) from None
         except (ConnectionClosed, AgentStdinClosed):
             raise await self.exited(f"before answering {method}") from None
+        finally:
+            if not request.done():
+                request.cancel()
 
     async def exited(self, when: str) -> AgentRunError:
         with contextlib.suppress(TimeoutError):
@@ -223,6 +247,7 @@ class _AcpRun:
                     },
                 },
                 timeout_s=read_timeout_s,
+                startup=True,
             )
             init = schema.InitializeResponse.model_validate(raw)
         except JsonRpcError as exc:

@@ -15,7 +15,8 @@ The choices this module makes where the protocol leaves them to the client (see
   ``input_required`` — nobody is there to answer;
 * the default turn sandbox is ``workspaceWrite`` limited to the workspace;
 * ``turn_timeout_ms`` is the longest *silence* during a turn, ``read_timeout_ms`` bounds each
-  request/response;
+  request/response after the first; ``startup_timeout_ms`` bounds the first (``initialize``),
+  which also waits for the process to start (a login shell) before it can be read;
 * token usage is the thread's cumulative ``tokenUsage.total``, reported as-is (never summed).
 """
 
@@ -206,7 +207,9 @@ class CodexSession:
         }
         if self._needs_experimental_api():
             params["capabilities"] = {"experimentalApi": True}
-        result = await self._call("initialize", params, stage="handshake")
+        # NB: the request sits in the pipe until the agent reads it, and the login shell before
+        # it may take seconds on a loaded machine: start-up gets its own, longer limit.
+        result = await self._call("initialize", params, stage="handshake", startup=True)
         await self._guard(self.connection.notify("initialized"), timeout_s=self._read_timeout_s)
         return result if isinstance(result, Mapping) else {}
 
@@ -317,7 +320,9 @@ class CodexSession:
         policy = self.settings.approval_policy
         return bool(self.tool_specs) or (isinstance(policy, Mapping) and "granular" in policy)
 
-    async def _call(self, method: str, params: Mapping[str, Any], *, stage: str) -> Any:
+    async def _call(
+        self, method: str, params: Mapping[str, Any], *, stage: str, startup: bool = False
+    ) -> Any:
         retrying = tenacity.AsyncRetrying(
             retry=tenacity.retry_if_exception_type(_Overloaded),
             wait=tenacity.wait_random_exponential(
@@ -330,7 +335,7 @@ class CodexSession:
         try:
             async for attempt in retrying:
                 with attempt:
-                    return await self._call_once(method, params, stage=stage)
+                    return await self._call_once(method, params, stage=stage, startup=startup)
         except _Overloaded as exc:
             raise AgentRunError(
                 f"{method} was refused as overloaded {self.runner.overload_attempts} times "
@@ -339,12 +344,30 @@ class CodexSession:
             ) from exc
         raise AssertionError("unreachable: tenacity either returns or raises")
 
-    async def _call_once(self, method: str, params: Mapping[str, Any], *, stage: str) -> Any:
+    async def _call_once(
+        self, method: str, params: Mapping[str, Any], *, stage: str, startup: bool = False
+    ) -> Any:
+        request = asyncio.ensure_future(self.connection.request(method, params, timeout_s=None))
         try:
-            return await self._guard(
-                self.connection.request(method, params, timeout_s=None),
-                timeout_s=self._read_timeout_s,
-            )
+            if startup:
+                await asyncio.sleep(0)  # the request's first step writes it
+                # NB: start-up (the login shell, the agent's own start) ends when the agent has
+                # read the request; read_timeout_ms counts only from there.
+                up = await self._guard(
+                    self.process.wait_input_read(
+                        timeout_s=self.settings.startup_timeout_ms / 1000, until=request
+                    ),
+                    timeout_s=None,
+                )
+                if not up:
+                    raise AgentRunError(
+                        f"the agent did not start reading its input within "
+                        f"{self.settings.startup_timeout_ms} ms "
+                        "(agents.<kind>.startup_timeout_ms); check that the command starts "
+                        "`codex app-server` and how long its login shell takes",
+                        code="startup_timeout",
+                    )
+            return await self._guard(request, timeout_s=self._read_timeout_s)
         except TimeoutError:
             raise AgentRunError(
                 f"no response to {method} within {self.settings.read_timeout_ms} ms "
@@ -359,6 +382,9 @@ class CodexSession:
             raise AgentRunError(
                 f"{method} was rejected by the agent: {exc.message} (code {exc.code})", code=code
             ) from exc
+        finally:
+            if not request.done():
+                request.cancel()
 
     async def _guard(self, awaitable: Awaitable[T], *, timeout_s: float | None) -> T:
         """Await ``awaitable``, but fail at once if the agent exits or a handler failed the run."""

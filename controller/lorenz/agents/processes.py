@@ -13,7 +13,11 @@ traps are the same for all of them, so they are solved once, here:
   leaves them running, so every agent gets its own session and process group, and termination
   signals the whole group, then sweeps any descendant that escaped it;
 * the agent must see exactly the environment it was given (tracker secrets already removed),
-  never whatever the controller happens to have.
+  never whatever the controller happens to have;
+* a request written to stdin waits in the pipe while ``bash -lc`` (a login shell: profiles,
+  version managers) starts the agent, which can take seconds on a loaded machine: the time the
+  agent takes to *read* its input (:meth:`AgentProcess.wait_input_read`, the pipe's unread
+  bytes) is start-up, and only what follows is the agent's time to answer.
 """
 
 from __future__ import annotations
@@ -21,9 +25,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import fcntl
 import logging
 import os
 import signal
+import struct
+import termios
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -43,6 +50,7 @@ STDERR_RING_BYTES = 64 * 1024
 
 _READ_CHUNK_BYTES = 256 * 1024
 _GROUP_POLL_S = 0.02
+_INPUT_POLL_S = 0.01
 _EXIT_WAIT_S = 1.0
 
 
@@ -179,6 +187,43 @@ class AgentProcess:
                     f"agent {self.pid} stopped reading its stdin ({exc.__class__.__name__}); "
                     f"it has probably exited: {self.stderr_tail(max_bytes=500)}"
                 ) from exc
+
+    def stdin_unread_bytes(self) -> int | None:
+        """Bytes written to the agent's stdin that it has not read yet: asyncio's write buffer
+        plus the pipe's contents (``FIONREAD``). ``None`` when stdin is closed or not a pipe."""
+        stdin = self._process.stdin
+        if stdin is None or stdin.is_closing():
+            return None
+        transport = stdin.transport
+        assert isinstance(transport, asyncio.WriteTransport)
+        pipe = transport.get_extra_info("pipe")
+        if pipe is None:
+            return None
+        try:
+            raw = fcntl.ioctl(pipe.fileno(), termios.FIONREAD, b"\0\0\0\0")
+        except OSError:
+            return None
+        (in_pipe,) = struct.unpack("i", raw)
+        return transport.get_write_buffer_size() + int(in_pipe)
+
+    async def wait_input_read(
+        self, *, timeout_s: float, until: asyncio.Future[object] | None = None
+    ) -> bool:
+        """Wait until the agent has read everything written to its stdin: it is up and reading.
+
+        ``False`` when ``timeout_s`` passed first. ``True`` also when waiting can tell nothing
+        more: the process exited, stdin closed, or ``until`` (the request waiting for its
+        answer) finished — the caller then sees what happened from its own future.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            unread = self.stdin_unread_bytes()
+            if not unread or self.returncode is not None or (until is not None and until.done()):
+                return True
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(_INPUT_POLL_S)
 
     async def close_stdin(self) -> None:
         """Signal end of input; harmless if the agent already closed its end."""

@@ -7,6 +7,7 @@ from lorenz.claims.errors import (
     ClaimStoreError,
     ClaimStoreSchemaUnsupported,
     ClaimStoreUnreadable,
+    ClaimStoreWriteFailed,
 )
 from lorenz.claims.memory import MemoryClaimStore
 from lorenz.claims.opening import (
@@ -29,6 +30,7 @@ __all__ = [
     "ClaimStoreError",
     "ClaimStoreSchemaUnsupported",
     "ClaimStoreUnreadable",
+    "ClaimStoreWriteFailed",
     "MemoryClaimStore",
     "SqlClaimStore",
     "SqliteClaimStore",

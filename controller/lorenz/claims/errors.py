@@ -66,6 +66,25 @@ class ClaimStoreBusy(ClaimStoreError):
         self.waited_s = waited_s
 
 
+class ClaimStoreWriteFailed(ClaimStoreError):
+    """The file system refused a write: full, read-only, or failing (``ENOSPC``, ``EROFS``, EIO).
+
+    Nothing was changed: the transaction was rolled back whole, and the file stays consistent.
+    The store keeps its connection; the next write that succeeds (space came back) clears the
+    condition (see :attr:`lorenz.claims.SqlClaimStore.write_failure`).
+    """
+
+    code = "claim_store_write_failed"
+
+    def __init__(self, *, path: Path, reason: str) -> None:
+        super().__init__(
+            f"claim store {path} cannot be written ({reason}); free space on its file system "
+            f"or make it writable again: dispatch resumes by itself once writes succeed",
+            path=path,
+        )
+        self.reason = reason
+
+
 class ClaimOwnerLost(ClaimStoreError):
     """Our heartbeat went stale and another process took our claims over (or dropped our row).
 

@@ -37,6 +37,7 @@ from lorenz.claims.errors import (
     ClaimStoreBusy,
     ClaimStoreSchemaUnsupported,
     ClaimStoreUnreadable,
+    ClaimStoreWriteFailed,
 )
 from lorenz.claims.owners import Liveness, ProcessIdentity, current_process, owner_liveness
 from lorenz.model import (
@@ -110,6 +111,10 @@ class SqlDriver(Protocol):
 
     def is_database_error(self, exc: BaseException) -> bool:
         """Whether ``exc`` is the driver's error for an unusable file (not a database, ...)."""
+        ...
+
+    def is_write_failure(self, exc: BaseException) -> bool:
+        """Whether ``exc`` means the file system refused a write (full, read-only, I/O error)."""
         ...
 
 
@@ -439,6 +444,9 @@ class SqlClaimStore(abc.ABC):
         self._generation: int | None = None
         self._on_fenced: Callable[[LorenzError], None] | None = None
         self._fenced_out: ClaimGenerationStale | None = None
+        self._write_failure: ClaimStoreWriteFailed | None = None
+        self._write_succeeded = False
+        """Set by the store's thread when a write transaction committed (reset per call)."""
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=f"lorenz-claims-{driver.backend}"
         )
@@ -516,6 +524,16 @@ class SqlClaimStore(abc.ABC):
     def generation(self) -> int | None:
         """The leader generation our writes carry and are conditioned on (``None``: unfenced)."""
         return self._generation
+
+    @property
+    def write_failure(self) -> ClaimStoreWriteFailed | None:
+        """Why the last write was refused by the file system (full, read-only), until a write
+        succeeds again; ``None`` while writes succeed.
+
+        The runtime pauses dispatch while this is set (a claim it cannot record must not be
+        run) and resumes when a later write (the next heartbeat) clears it.
+        """
+        return self._write_failure
 
     @property
     def fenced_out(self) -> ClaimGenerationStale | None:
@@ -603,6 +621,11 @@ class SqlClaimStore(abc.ABC):
                 await self._run(self._close_sync)
         except ClaimGenerationStale:
             pass  # NB: fenced out: a deposed leader leaves the store as its successor has it
+        except ClaimStoreWriteFailed as exc:
+            # NB: a full disk must not turn a clean stop into a crash. Our heartbeat row stays
+            # as it was: a successor on this host sees our pid gone and takes over at once;
+            # elsewhere it waits for the row to go stale, as after a kill.
+            logger.warning("claim store closed without marking its owner closed: %s", exc)
         finally:
             await self._dispose()
 
@@ -641,10 +664,21 @@ class SqlClaimStore(abc.ABC):
             raise RuntimeError(f"claim store {self._path} is closed")
         loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(self._executor, fn)
+            result = await loop.run_in_executor(self._executor, fn)
         except ClaimGenerationStale as exc:
             self._refused(exc)
             raise
+        except ClaimStoreWriteFailed as exc:
+            if self._write_failure is None:
+                # NB: once per outage, without a traceback: the caller reports the coded error,
+                # and a poll every few seconds must not flood the log with the same one.
+                logger.warning("claim store writes failing: %s", exc)
+            self._write_failure = exc
+            raise
+        if self._write_failure is not None and self._write_succeeded:
+            logger.info("claim store writes succeed again path=%s", self._path)
+            self._write_failure = None
+        return result
 
     def _refused(self, exc: ClaimGenerationStale) -> None:
         first = self._fenced_out is None
@@ -683,6 +717,7 @@ class SqlClaimStore(abc.ABC):
         before ``body`` runs if a newer generation fenced the store.
         """
         conn = self._connection()
+        self._write_succeeded = False
         try:
             for attempt in self._retrying:
                 with attempt:
@@ -695,10 +730,13 @@ class SqlClaimStore(abc.ABC):
                     except BaseException:
                         _rollback_quietly(conn)
                         raise
+                    self._write_succeeded = write
                     return result
         except Exception as exc:
             if self._driver.is_busy(exc):
                 raise ClaimStoreBusy(path=self._path, waited_s=self._busy_deadline_s) from exc
+            if self._driver.is_write_failure(exc):
+                raise ClaimStoreWriteFailed(path=self._path, reason=str(exc)) from exc
             raise
         raise AssertionError("unreachable: tenacity either returns or raises")
 
@@ -761,6 +799,8 @@ class SqlClaimStore(abc.ABC):
         except Exception as exc:
             if self._driver.is_busy(exc):
                 raise ClaimStoreBusy(path=self._path, waited_s=0) from exc
+            if self._driver.is_write_failure(exc):
+                raise ClaimStoreWriteFailed(path=self._path, reason=str(exc)) from exc
             if self._driver.is_database_error(exc):
                 raise ClaimStoreUnreadable(path=self._path, reason=str(exc)) from exc
             raise

@@ -20,6 +20,10 @@ from lorenz.claims.sql import DbConnection, SqlClaimStore, SqlDriver
 
 Synchronous = Literal["NORMAL", "FULL"]
 
+WRITE_FAILURE_CODES: frozenset[int] = frozenset({8, 10, 13})
+"""Primary SQLite result codes of a file system that refuses writes: ``SQLITE_READONLY``,
+``SQLITE_IOERR`` (and its extended codes: the low byte is the primary one), ``SQLITE_FULL``."""
+
 
 class SqliteDriver:
     """stdlib ``sqlite3``, autocommit mode, WAL."""
@@ -55,6 +59,12 @@ class SqliteDriver:
 
     def is_database_error(self, exc: BaseException) -> bool:
         return isinstance(exc, sqlite3.DatabaseError)
+
+    def is_write_failure(self, exc: BaseException) -> bool:
+        if not isinstance(exc, sqlite3.DatabaseError):
+            return False
+        code = getattr(exc, "sqlite_errorcode", None)
+        return isinstance(code, int) and code & 0xFF in WRITE_FAILURE_CODES
 
 
 class SqliteClaimStore(SqlClaimStore):

@@ -19,6 +19,21 @@ from lorenz.claims.sql import DbConnection, SqlClaimStore, SqlDriver, check_sche
 
 MULTIPROCESS_FEATURE = "multiprocess_wal"
 
+WRITE_FAILURE_CLASSES: frozenset[str] = frozenset({"IoError", "DatabaseFull", "Readonly"})
+"""pyturso's exception classes for a file system that refuses writes."""
+
+WRITE_FAILURE_MARKS: tuple[str, ...] = (
+    "storagefull",
+    "disk is full",
+    "no space left",
+    "readonlyfilesystem",
+    "read-only",
+    "readonly",
+    "i/o error",
+    "ioerror",
+)
+"""How pyturso's messages name a file system that refuses writes (lower case)."""
+
 
 def _turso() -> Any:
     # Imported on first use: the engine is a native module that `lorenz status` never needs.
@@ -80,6 +95,18 @@ class TursoDriver:
 
     def is_database_error(self, exc: BaseException) -> bool:
         return isinstance(exc, _turso().DatabaseError)
+
+    def is_write_failure(self, exc: BaseException) -> bool:
+        # NB: pyturso 0.x passes some engine errors through unmapped (``turso.IoError:
+        # pwritev: StorageFull`` on a full file system, ``DatabaseFull``, ``Readonly``: plain
+        # Exceptions, not DB-API ones) and carries no result code; the class name and the
+        # message are all there is.
+        if type(exc).__name__ in WRITE_FAILURE_CLASSES:
+            return True
+        if not isinstance(exc, _turso().DatabaseError):
+            return False
+        text = str(exc).lower()
+        return any(mark in text for mark in WRITE_FAILURE_MARKS)
 
 
 class TursoClaimStore(SqlClaimStore):

@@ -501,7 +501,14 @@ class AgentKindSettings(Section):
     """Limit for one turn."""
 
     read_timeout_ms: PositiveInt = Field(default=5000, json_schema_extra=_reload("new-runs"))
-    """Limit for each request/response during the handshake."""
+    """Limit for each request/response during the handshake, once the agent answered its
+    first request (its start-up has its own limit, ``startup_timeout_ms``)."""
+
+    startup_timeout_ms: PositiveInt = Field(default=60000, json_schema_extra=_reload("new-runs"))
+    """Limit for the agent's first answer (``initialize``): the command's start-up (the login
+    shell ``bash -lc``, the agent's own start) plus that answer. A slow shell profile or a
+    loaded machine can take seconds before the agent reads its first line, which
+    ``read_timeout_ms`` must not count; past this the run fails with ``startup_timeout``."""
 
     approvals: ApprovalMode = Field(
         default=ApprovalMode.DENY, json_schema_extra=_reload("new-runs")
@@ -555,7 +562,9 @@ class CodexSettings(Section):
     turn_timeout_ms: PositiveInt = Field(default=3600000, json_schema_extra=_reload("new-runs"))
     """Limit for one turn."""
     read_timeout_ms: PositiveInt = Field(default=5000, json_schema_extra=_reload("new-runs"))
-    """Limit for each handshake request."""
+    """Limit for each handshake request after the first answer."""
+    startup_timeout_ms: PositiveInt = Field(default=60000, json_schema_extra=_reload("new-runs"))
+    """Limit for the app-server's start-up and first answer (``initialize``)."""
     stall_timeout_ms: Int = Field(default=300000, json_schema_extra=_reload("hot"))
     """Stall threshold; ``<= 0`` disables stall detection."""
 
@@ -575,6 +584,7 @@ class CodexSettings(Section):
             stall_timeout_ms=self.stall_timeout_ms,
             turn_timeout_ms=self.turn_timeout_ms,
             read_timeout_ms=self.read_timeout_ms,
+            startup_timeout_ms=self.startup_timeout_ms,
             approval_policy=self.approval_policy,
             thread_sandbox=self.thread_sandbox,
             turn_sandbox_policy=self.turn_sandbox_policy,
@@ -1029,6 +1039,14 @@ class WorkerSettings(Section):
     start_timeout_ms: PositiveInt = Field(default=120000, json_schema_extra=_reload("new-runs"))
     """How long a run's Pod may take to be scheduled, pull its image and serve the worker
     (``kind: pod``); past it the Pod is deleted and the run fails with the reason."""
+    journal_max_bytes: int = Field(
+        default=32 * 1024 * 1024, ge=1024 * 1024, json_schema_extra=_reload("restart")
+    )
+    """Cap on one run's journal file (``journal.jsonl`` in its worker state directory), in
+    bytes; at least 1 MiB. Past it the worker keeps the head (the first half of the cap: the
+    run's start, hooks and session) and the newest records (a quarter of the cap), and puts
+    one ``journal_dropped`` record between them counting what was dropped (see
+    docs/runs.md). The final record is always kept. Local runs read it at start-up."""
     detached: bool | None = Field(default=None, json_schema_extra=_reload("restart"))
     """Each run on this machine executes in a detached ``lorenz worker`` (its own session,
     journal and socket) that outlives this process: after a crash, ``kill -9``, upgrade or

@@ -28,6 +28,7 @@ INVALID_REQUEST_BODY = "invalid_request_body"
 REQUEST_BODY_TOO_DEEP = "request_body_too_deep"
 UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
 HOST_NOT_ALLOWED = "host_not_allowed"
+PEER_UID_REFUSED = "peer_uid_refused"
 CROSS_ORIGIN_REFUSED = "cross_origin_refused"
 AUTH_TOKEN_MISSING = "auth_token_missing"
 AUTH_TOKEN_INVALID = "auth_token_invalid"
@@ -43,6 +44,7 @@ ERROR_CODES: tuple[str, ...] = (
     REQUEST_BODY_TOO_DEEP,
     UNSUPPORTED_MEDIA_TYPE,
     HOST_NOT_ALLOWED,
+    PEER_UID_REFUSED,
     CROSS_ORIGIN_REFUSED,
     AUTH_TOKEN_MISSING,
     AUTH_TOKEN_INVALID,

@@ -22,17 +22,23 @@ well. So :class:`RequestGuard`, one aiohttp middleware, checks every request ove
   this user can read; ``lorenz refresh|stop`` send it.
 
 The unix socket needs none of this: browsers cannot reach it, and its ``0600`` mode (in a
-``0700`` directory) already admits only this user — the file system is the credential.
+``0700`` directory) already admits only this user — the file system is the credential. Should
+those modes ever be loosened (a ``chmod``, a restored backup, a shared ``XDG_RUNTIME_DIR``), the
+kernel still says who connected: a peer of another uid (``SO_PEERCRED``) is refused with 403
+``peer_uid_refused``, on every route, as the worker's socket does.
 """
 
 from __future__ import annotations
 
 import hmac
 import ipaddress
+import os
 import re
 import secrets
 import socket
+import struct
 import urllib.parse
+from asyncio.trsock import TransportSocket
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 
@@ -45,6 +51,7 @@ from lorenz.server.errors import (
     CROSS_ORIGIN_REFUSED,
     HOST_NOT_ALLOWED,
     JSON_CONTENT_TYPE,
+    PEER_UID_REFUSED,
     UNSUPPORTED_MEDIA_TYPE,
     ApiError,
 )
@@ -134,7 +141,9 @@ class RequestGuard:
         """Raise the coded refusal for ``request``, or return if it may go on."""
         local = _tcp_local_address(request)
         if local is None:
-            return  # the unix socket: only this user can connect (see the module docstring)
+            # The unix socket: its modes admit only this user; the kernel's word checks it.
+            _check_peer_uid(request)
+            return
         host = request.headers.get(hdrs.HOST)
         target = request.raw_path
         if not target.startswith("/") and target != "*":
@@ -210,6 +219,33 @@ class RequestGuard:
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         self.check(request)
         return await handler(request)
+
+
+PEERCRED = struct.Struct("3i")
+"""``struct ucred``: pid, uid, gid of the process that connected (Linux)."""
+
+
+def peer_uid(sock: socket.socket | TransportSocket) -> int | None:
+    """The uid of the process at the other end of a unix socket (``None``: not known here)."""
+    option = getattr(socket, "SO_PEERCRED", None)
+    if option is None:
+        return None  # NB: not Linux; the file modes are all there is
+    raw = sock.getsockopt(socket.SOL_SOCKET, option, PEERCRED.size)
+    _, uid, _ = PEERCRED.unpack(raw)
+    return int(uid)
+
+
+def _check_peer_uid(request: web.Request) -> None:
+    transport = request.transport
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    uid = peer_uid(sock) if sock is not None else None
+    if uid is not None and uid != os.getuid():
+        raise ApiError(
+            f"this server's unix socket answers only its own user (uid {os.getuid()}), not uid "
+            f"{uid}; run the command as that user, and keep the socket's directory 0700",
+            code=PEER_UID_REFUSED,
+            status=403,
+        )
 
 
 def _tcp_local_address(request: web.Request) -> tuple[str, int] | None:

@@ -24,7 +24,7 @@ from typing import Protocol
 from lorenz.model import LorenzError
 from lorenz.workers.client import CallHandlers, ConnectionLost, RecordSink, WorkerConnection
 from lorenz.workers.forkserver import Launcher, parent_death_signal_supported
-from lorenz.workers.journal import JOURNAL_NAME, Record, read_journal
+from lorenz.workers.journal import JOURNAL_NAME, Record, accepts_after, read_journal
 from lorenz.workers.launch import (
     LOCAL_WORKER_COMMAND,
     LaunchResult,
@@ -299,7 +299,9 @@ class WorkerHandle:
             if record.is_final:
                 self.final = record
             return  # never deliver twice
-        if record.seq != self.last_seq + 1:
+        if not accepts_after(record, self.last_seq):
+            # NB: a ``journal_dropped`` record (a capped journal) may jump: it stands for the
+            # records it replaced.
             raise SequenceGap(
                 f"worker {self.handle} sent seq {record.seq} after {self.last_seq}",
             )

@@ -9,6 +9,14 @@ can cost the newest updates, never a crash of the worker or the controller.
 A writer killed mid-``write`` leaves a torn last line. Readers skip it (it never completed, so
 nobody saw it); a writer reopening the file cuts it off before appending, so the file stays a
 sequence of whole records. A malformed line anywhere else is corruption and is reported.
+
+The file is bounded (``worker.journal_max_bytes``): when the next record would pass the cap, the
+writer keeps the *head* (the records of the first half of the cap: the run's start, its hooks,
+the session) and the *tail* (the newest quarter of the cap), and puts one ``journal_dropped``
+record between them that counts what went (``from_seq``, ``records``, ``bytes``). That record
+carries the seq of the last record it replaces, so seqs still only grow and a reader accepts the
+one jump it announces. Records are never dropped before they were written and sent: a controller
+that was attached saw them all; one that catches up later gets the marker instead.
 """
 
 from __future__ import annotations
@@ -27,6 +35,15 @@ JOURNAL_NAME: Final = "journal.jsonl"
 
 RECORD_LIMIT_BYTES: Final = 256 * 1024
 """A record larger than this is journaled without its ``payload`` (a marker says so)."""
+
+DEFAULT_MAX_BYTES: Final = 32 * 1024 * 1024
+"""Default cap of one journal (``worker.journal_max_bytes``)."""
+
+MIN_MAX_BYTES: Final = 4 * RECORD_LIMIT_BYTES
+"""The smallest cap: the kept tail (a quarter of the cap) must hold the largest record."""
+
+DROPPED: Final = "journal_dropped"
+"""Kind of the record that stands for the records dropped between the head and the tail."""
 
 FINAL: Final = "final"
 """Kind of the last record of every finished run."""
@@ -84,10 +101,18 @@ def encode_record(record: Record) -> bytes:
 
 
 class JournalWriter:
-    """Appends records to one journal; the only writer of its file."""
+    """Appends records to one journal; the only writer of its file.
 
-    def __init__(self, path: Path) -> None:
+    ``max_bytes`` bounds the file (see the module's docstring): past it, the middle records
+    are replaced by one ``journal_dropped`` record. Only the final record may pass the cap
+    (by at most :data:`RECORD_LIMIT_BYTES`): it is never dropped.
+    """
+
+    def __init__(self, path: Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        if max_bytes < MIN_MAX_BYTES:
+            raise ValueError(f"a journal cap must be at least {MIN_MAX_BYTES} bytes")
         self.path = path
+        self.max_bytes = max_bytes
         records, good_bytes = _scan(path)
         self._last_seq = records[-1].seq if records else 0
         self._final = next((r for r in records if r.is_final), None)
@@ -96,6 +121,9 @@ class JournalWriter:
         os.ftruncate(fd, good_bytes)
         os.lseek(fd, 0, os.SEEK_END)
         self._fd = fd
+        self._size = good_bytes
+        self.compactions = 0
+        """How many times the middle of the journal was dropped (for tests and diagnostics)."""
 
     @property
     def last_seq(self) -> int:
@@ -115,10 +143,13 @@ class JournalWriter:
             seq=self._last_seq + 1, kind=kind, time_ms=int(time.time() * 1000), data=data
         )
         line = encode_record(record)
+        if self._size + len(line) > self.max_bytes and not record.is_final:
+            self._drop_middle()
         view = memoryview(line)
         while view:
             written = os.write(self._fd, view)
             view = view[written:]
+        self._size += len(line)
         self._last_seq = record.seq
         if record.is_final:
             self._final = record
@@ -127,6 +158,67 @@ class JournalWriter:
         if sync:
             os.fsync(self._fd)
         return record
+
+    def _drop_middle(self) -> None:
+        """Rewrite the file as head + one ``journal_dropped`` record + tail (atomically)."""
+        lines = self.path.read_bytes().splitlines(keepends=True)
+        head_end = 0
+        head_size = 0
+        for line in lines:
+            if _kind_of(line) == DROPPED or head_size + len(line) > self.max_bytes // 2:
+                break
+            head_size += len(line)
+            head_end += 1
+        tail_start = len(lines)
+        tail_size = 0
+        while tail_start > head_end:
+            size = len(lines[tail_start - 1])
+            if tail_size + size > self.max_bytes // 4:
+                break
+            tail_size += size
+            tail_start -= 1
+        middle = lines[head_end:tail_start]
+        if not middle:
+            return  # NB: nothing between head and tail (records near the cap's size): grow
+        parsed = [Record.from_json(json.loads(line)) for line in middle]
+        previous = parsed[0] if parsed[0].kind == DROPPED else None
+        dropped_records = sum(1 for r in parsed if r.kind != DROPPED)
+        dropped_bytes = sum(
+            len(line) for line, r in zip(middle, parsed, strict=True) if r.kind != DROPPED
+        )
+        if previous is not None:
+            dropped_records += int(previous.data.get("records", 0))
+            dropped_bytes += int(previous.data.get("bytes", 0))
+        marker = Record(
+            seq=parsed[-1].seq,
+            kind=DROPPED,
+            time_ms=int(time.time() * 1000),
+            data={
+                "from_seq": int(previous.data["from_seq"]) if previous else parsed[0].seq,
+                "records": dropped_records,
+                "bytes": dropped_bytes,
+            },
+        )
+        body = b"".join([*lines[:head_end], encode_record(marker), *lines[tail_start:]])
+        scratch = self.path.with_name(self.path.name + ".compact")
+        fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            view = memoryview(body)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            scratch.unlink(missing_ok=True)
+            raise
+        # NB: readers open the path anew for every read, so each sees the old file or the new
+        # one whole; the new one is appended to from here on.
+        os.replace(scratch, self.path)
+        os.close(self._fd)
+        self._fd = fd
+        os.lseek(fd, 0, os.SEEK_END)
+        self._size = len(body)
+        self.compactions += 1
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -182,6 +274,34 @@ def iter_lines(data: bytes) -> Iterator[tuple[int, bytes, bool]]:
         start = end + 1
 
 
+def _kind_of(line: bytes) -> str | None:
+    try:
+        raw = json.loads(line)
+    except ValueError:
+        return None
+    kind = raw.get("kind") if isinstance(raw, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
+def _announces_jump(record: Record, expected: int) -> bool:
+    """Whether ``record`` is the ``journal_dropped`` record standing for seqs from ``expected``."""
+    return (
+        record.kind == DROPPED
+        and record.data.get("from_seq") == expected
+        and record.seq >= expected
+    )
+
+
+def accepts_after(record: Record, last_seq: int) -> bool:
+    """Whether a reader that has everything up to ``last_seq`` may take ``record`` next: the
+    next seq, or a ``journal_dropped`` record that covers the seqs in between."""
+    return record.seq == last_seq + 1 or (
+        record.kind == DROPPED
+        and isinstance(record.data.get("from_seq"), int)
+        and record.data["from_seq"] <= last_seq + 1 <= record.seq
+    )
+
+
 def _scan(path: Path) -> tuple[list[Record], int]:
     try:
         data = path.read_bytes()
@@ -204,7 +324,7 @@ def _scan(path: Path) -> tuple[list[Record], int]:
         if not complete:
             break  # valid JSON but no newline: the write may not have ended, treat as torn
         expected = records[-1].seq + 1 if records else 1
-        if record.seq != expected:
+        if record.seq != expected and not _announces_jump(record, expected):
             raise JournalCorrupt(
                 f"journal {path} jumps from seq {expected - 1} to {record.seq}; inspect or "
                 "remove the state directory",

@@ -34,6 +34,7 @@ from lorenz.agents import (
 )
 from lorenz.config import AgentProtocol, WorkerKind, WorkerSettings, WorkflowSettings
 from lorenz.model import Issue
+from lorenz.workers.journal import DEFAULT_MAX_BYTES as DEFAULT_JOURNAL_MAX_BYTES
 from lorenz.workers.runner import WorkerRunner
 from lorenz.workers.spec import HookSpec, RunSpec
 from lorenz.workers.ssh import SshTransport
@@ -129,9 +130,19 @@ class SshWorkerRunner(WorkerRunner):
     there, runs every hook there, and starts its agent from the remote login's environment."""
 
     def __init__(
-        self, *, workflow: str, transport: SshTransport, placement: RunPlacement
+        self,
+        *,
+        workflow: str,
+        transport: SshTransport,
+        placement: RunPlacement,
+        journal_max_bytes: int = DEFAULT_JOURNAL_MAX_BYTES,
     ) -> None:
-        super().__init__(workflow=workflow, transport=transport, placement=placement.host)
+        super().__init__(
+            workflow=workflow,
+            transport=transport,
+            placement=placement.host,
+            journal_max_bytes=journal_max_bytes,
+        )
         self.ssh = transport
         self.run_placement = placement
 
@@ -222,5 +233,6 @@ class PlacingRunner:
             workflow=self.workflow,
             transport=self.transports.transport(placement.host, worker=placement.worker),
             placement=placement,
+            journal_max_bytes=placement.worker.journal_max_bytes,
         )
 

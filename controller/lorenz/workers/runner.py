@@ -57,10 +57,11 @@ from lorenz.workers.handles import (
     WorkerHandle,
     WorkerUnknown,
 )
+from lorenz.workers.journal import DEFAULT_MAX_BYTES as DEFAULT_JOURNAL_MAX_BYTES
 from lorenz.workers.journal import Record
 from lorenz.workers.launch import WorkerLaunchError
 from lorenz.workers.leftovers import kill_leftovers
-from lorenz.workers.spec import HookSpec, IssueSpec, RunSpec, is_handle
+from lorenz.workers.spec import HookSpec, IssueSpec, RunSpec, is_handle, unpassable_fields
 from lorenz.workers.states import (
     COLLECTED_NAME as COLLECTED_NAME,  # NB: re-exported: tests and tools import it from here
 )
@@ -308,8 +309,11 @@ class WorkerRunner:
         unknown_patience_s: float = 30.0,
         heartbeat_s: float = 15.0,
         leaving: Callable[[], str | None] | None = None,
+        journal_max_bytes: int = DEFAULT_JOURNAL_MAX_BYTES,
     ) -> None:
         self.workflow = workflow
+        self.journal_max_bytes = journal_max_bytes
+        """The cap of each run's journal (``worker.journal_max_bytes``)."""
         self.transport: Transport = transport or LocalTransport()
         self.generation = generation
         self.hooks = hooks or HookSpec()
@@ -345,6 +349,16 @@ class WorkerRunner:
         return self.placement
 
     def spec_for(self, request: AgentRunRequest, *, run: int = 0) -> RunSpec:
+        """The spec of ``request``'s run; :class:`AgentRunError` ``issue_field_invalid`` for
+        an issue no spec can hold (the runtime refuses such issues before dispatch; this is
+        the backstop, so the failure is coded rather than a raw validation error)."""
+        problems = unpassable_fields(request.issue)
+        if problems:
+            said = "; ".join(f"its {name} {why}" for name, why in sorted(problems.items()))
+            raise AgentRunError(
+                f"issue {request.issue.identifier[:60]!r} cannot be run: {said}; edit the issue",
+                code="issue_field_invalid",
+            )
         tools = request.tools.tool_specs() if request.tools is not None else []
         return RunSpec(
             workflow=self.workflow,
@@ -365,6 +379,7 @@ class WorkerRunner:
             env=dict(request.env),
             tools=tools,
             controller_wait_ms=self.controller_wait_ms,
+            journal_max_bytes=self.journal_max_bytes,
         )
 
     async def run(self, request: AgentRunRequest) -> AgentRunResult:

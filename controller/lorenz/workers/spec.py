@@ -22,6 +22,8 @@ from pydantic import Field
 
 from lorenz.config import AgentKindSettings
 from lorenz.model import Issue
+from lorenz.workers.journal import DEFAULT_MAX_BYTES as DEFAULT_JOURNAL_MAX_BYTES
+from lorenz.workers.journal import MIN_MAX_BYTES as MIN_JOURNAL_MAX_BYTES
 
 SPEC_VERSION: Final = 1
 
@@ -60,6 +62,8 @@ class IssueSpec(SpecModel):
 
     @classmethod
     def from_issue(cls, issue: Issue) -> IssueSpec:
+        """The spec of ``issue``; raises :class:`pydantic.ValidationError` for an issue that
+        :func:`unpassable_fields` reports (check that first: a run must never start with it)."""
         return cls(
             id=issue.id,
             identifier=issue.identifier,
@@ -67,6 +71,37 @@ class IssueSpec(SpecModel):
             state=issue.state,
             url=issue.url,
         )
+
+
+def unpassable_fields(issue: Issue) -> dict[str, str]:
+    """The fields of ``issue`` no run can be given, each with why (empty: the issue can run).
+
+    A NUL byte cannot be passed to a process at all (hooks and agents get these fields as
+    environment variables), and a field longer than :class:`IssueSpec` allows cannot be put in
+    a run spec. Both are the issue's fault, not the agent's: the runtime refuses such an issue
+    once with ``issue_field_invalid`` instead of starting a run that can only fail. The limits
+    are :class:`IssueSpec`'s own, read from its fields, so the check and the spec never differ.
+    """
+    problems: dict[str, str] = {}
+    for name, field in IssueSpec.model_fields.items():
+        value = getattr(issue, name, None)
+        if not isinstance(value, str):
+            continue
+        if "\x00" in value:
+            problems[name] = "holds a NUL byte"
+            continue
+        limit = next(
+            (m.max_length for m in field.metadata if getattr(m, "max_length", None) is not None),
+            None,
+        )
+        if limit is not None and len(value) > limit:
+            problems[name] = f"is {len(value)} characters long, over the limit of {limit}"
+        elif name in _REQUIRED_ISSUE_FIELDS and not value:
+            problems[name] = "is empty"
+    return problems
+
+
+_REQUIRED_ISSUE_FIELDS: Final = frozenset({"id", "identifier"})
 
 
 class HookSpec(SpecModel):
@@ -133,6 +168,35 @@ class RunSpec(SpecModel):
     waits for one to attach before it is answered without it."""
     linger_ms: int = Field(default=30_000, ge=0)
     """How long the worker keeps serving its final record for a controller to collect."""
+    journal_max_bytes: int = Field(default=DEFAULT_JOURNAL_MAX_BYTES, ge=MIN_JOURNAL_MAX_BYTES)
+    """Cap on the run's journal file (``worker.journal_max_bytes``): past it the middle
+    records are replaced by one ``journal_dropped`` record (head and tail kept)."""
+
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _agent_env_without_secrets(cls, data: Any) -> Any:
+        """Keep in ``agent.env`` only what survived into ``env``: secrets never reach the file.
+
+        ``agent`` carries the kind's settings as configured, and its ``env`` may name a tracker
+        key (``LINEAR_API_KEY: $LINEAR_API_KEY``, resolved). The controller already stripped
+        ``env`` of every secret by name and value; an entry of ``agent.env`` that is not in it
+        with the same value was stripped, and is dropped here before the spec is written
+        (``spec.json``, ssh's stdin). Nothing reads ``agent.env`` in the worker: ``env`` is
+        what the agent gets.
+        """
+        if not isinstance(data, dict) or "agent" not in data:
+            return data
+        env = data.get("env") or {}
+        agent = data["agent"]
+        if isinstance(agent, AgentKindSettings):
+            kept = {k: v for k, v in agent.env.items() if env.get(k) == v}
+            if kept != agent.env:
+                data = {**data, "agent": agent.model_copy(update={"env": kept})}
+        elif isinstance(agent, dict) and isinstance(agent.get("env"), dict):
+            kept = {k: v for k, v in agent["env"].items() if env.get(k) == v}
+            if kept != agent["env"]:
+                data = {**data, "agent": {**agent, "env": kept}}
+        return data
 
     @pydantic.field_validator("workspace")
     @classmethod

@@ -165,7 +165,9 @@ class Worker:
         self.state_dir = state_dir
         self.socket_path = state_dir / SOCKET_NAME
         self.phase = Phase.STARTING
-        self._journal = JournalWriter(state_dir / "journal.jsonl")
+        self._journal = JournalWriter(
+            state_dir / "journal.jsonl", max_bytes=spec.journal_max_bytes
+        )
         self._clients: set[_Client] = set()
         self._controller: _Client | None = None
         self._calls: dict[int, _Call] = {}
