@@ -228,6 +228,7 @@ class ErrorCode(enum.StrEnum):
     TRACKER_PATH_OUTSIDE_WORKFLOW = "tracker_path_outside_workflow"
     WORKFLOW_DIR_UNUSABLE = "workflow_dir_unusable"
     WORKFLOW_RELOAD_FAILED = "workflow_reload_failed"
+    START_FAILED = "start_failed"
     WORKFLOW_NOT_FOUND = "workflow_not_found"
     WORKFLOW_NOT_LED_HERE = "workflow_not_led_here"
     UNAUTHENTICATED = "unauthenticated"
@@ -1143,6 +1144,11 @@ CODE_DOCS: Final[Mapping[ErrorCode, CodeDoc]] = MappingProxyType({
         "The Workflow's new spec failed to load and the failure gave no narrower code "
         "(`Degraded` reason); the last good spec keeps running.",
         "Read the condition's message and fix the spec.",
+    ),
+    _C.START_FAILED: _operator(
+        "The Workflow's runtime failed to start and the failure gave no narrower code "
+        "(`Degraded` reason, `StartFailed` Event); it is started again after a backoff.",
+        "Read the condition's message and the operator's log.",
     ),
     _C.WORKFLOW_NOT_FOUND: _operator(
         "The operator's API was asked about a Workflow it does not watch (404).",
