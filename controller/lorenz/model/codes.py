@@ -545,8 +545,8 @@ CODE_DOCS: Final[Mapping[ErrorCode, CodeDoc]] = MappingProxyType({
         "Check that the API key may write to the team's issues.",
     ),
     _C.MISSING_LINEAR_VIEWER_IDENTITY: _tracker(
-        "`assignee: me` is set but Linear's `viewer { id }` came back empty.",
-        "Use a personal API key, or name the assignee instead of `me`.",
+        "`tracker.assignee: me` is set but Linear's `viewer { id }` came back empty.",
+        "Set `tracker.assignee` to a user id instead of `me`.",
     ),
     _C.INVALID_GRAPHQL_OPERATION: _tracker(
         "A `linear_graphql` tool call's document does not parse or does not hold exactly one "
@@ -573,8 +573,8 @@ CODE_DOCS: Final[Mapping[ErrorCode, CodeDoc]] = MappingProxyType({
         "Wait, poll less often (`polling.interval_ms`), or use a token of its own.",
     ),
     _C.MISSING_GITHUB_VIEWER_IDENTITY: _tracker(
-        "`assignee: me` is set but `GET /user` returned no login.",
-        "Use a user token (not an app token), or name the assignee instead of `me`.",
+        "`tracker.assignee: me` is set but GitHub's `GET /user` returned no login.",
+        "Set `tracker.assignee` to a login instead of `me`.",
     ),
     _C.FILES_FOLDER_MISSING: _tracker(
         "`tracker.path` does not exist or is not a folder.",
@@ -669,8 +669,8 @@ CODE_DOCS: Final[Mapping[ErrorCode, CodeDoc]] = MappingProxyType({
     ),
     # -- run -----------------------------------------------------------------------------------
     _C.RUN_ABORTED: _run(
-        "Lorenz stopped the run (shutdown, the issue left the active states, a reload, a "
-        "stall); the text says why.",
+        "Lorenz stopped the run (stalled, canceled by reconciliation or a deleted Claim, "
+        "shutdown, leadership lost); the text says which.",
         "Nothing: the slot is retried or released as the reason requires.",
     ),
     _C.ISSUE_FIELD_INVALID: _run(
@@ -794,7 +794,8 @@ CODE_DOCS: Final[Mapping[ErrorCode, CodeDoc]] = MappingProxyType({
         "Nothing: the running worker is the run's; do not start a second one.",
     ),
     _C.WORKER_JOURNAL_CORRUPT: _worker(
-        "A write to a worker journal came after its final record.",
+        "A worker journal has a malformed record before its end, skips a sequence number, or "
+        "was written after its final record.",
         "Inspect or remove the run's state directory.",
     ),
     _C.WORKER_SEQUENCE_GAP: _worker(
@@ -994,7 +995,7 @@ CODE_DOCS: Final[Mapping[ErrorCode, CodeDoc]] = MappingProxyType({
         "Wait longer (`--timeout`) and check its log.",
     ),
     _C.DAEMON_STARTING: _daemon(
-        "The daemon's control endpoint answers, but its runtime is not up yet (503).",
+        "A refresh reached the daemon before its runtime was up (503).",
         "Retry in a moment.",
     ),
     # -- server --------------------------------------------------------------------------------
@@ -1068,7 +1069,7 @@ CODE_DOCS: Final[Mapping[ErrorCode, CodeDoc]] = MappingProxyType({
     ),
     _C.ORCHESTRATOR_UNAVAILABLE: _server(
         "Refresh or health was asked after the runtime stopped (503).",
-        "Restart Lorenz.",
+        "Nothing while Lorenz shuts down; otherwise restart it.",
     ),
     _C.REQUEST_REJECTED: _server(
         "The HTTP layer rejected the request (a body over 64 KiB: 413, bad framing).",

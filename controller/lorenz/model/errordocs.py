@@ -43,7 +43,9 @@ ended (or was skipped) with this code, and the retry policy decides what follows
 when nothing narrower fits.
 
 Link to a code as `errors.md#<code>`. In code, name it as `ErrorCode.<NAME>`
-(`from lorenz.model.codes import ErrorCode`).
+(`from lorenz.model.codes import ErrorCode`). A new code is a member of `ErrorCode` plus its
+entry in `CODE_DOCS` (both in `lorenz/model/codes.py`); then regenerate this page with
+`python -m lorenz.model.errordocs > docs/errors.md` (`tests/model/test_codes.py` checks both).
 """
 
 
