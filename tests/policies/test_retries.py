@@ -21,8 +21,8 @@ from lorenz.policies.retries import (
     settle_decision,
     terminal_action_key,
 )
-from tests.core.claims_helpers import run
-from tests.core.factories import EPOCH, issue, make, settings
+from tests.orchestrator.claims_helpers import run
+from tests.orchestrator.factories import EPOCH, issue, make, settings
 
 K1 = SlotKey("i1#0")
 

@@ -25,7 +25,7 @@ from lorenz.policies import (
     stalled_for_ms,
     state_limit,
 )
-from tests.core.factories import EPOCH, issue, settings
+from tests.orchestrator.factories import EPOCH, issue, settings
 
 AGENT = settings(
     agent={"max_concurrent_agents": 3, "max_concurrent_agents_by_state": {" In Progress ": 1}}
