@@ -6,8 +6,8 @@ import datetime
 
 import pytest
 
-from lorenz.model import AgentUpdate, ClaimPhase, RetryKind, SlotKey, TokenUsage
-from lorenz.orchestrator import Orchestrator, Skipped, SkipReason, StopReason
+from lorenz.model import AgentUpdate, ClaimPhase, RetryKind, SlotKey, StopReason, TokenUsage
+from lorenz.orchestrator import Orchestrator, Skipped, SkipReason
 from tests.orchestrator.claims_helpers import retry_of, run, start
 from tests.orchestrator.factories import EPOCH, issue, make, settings
 

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from lorenz.model import RetryKind, RunFailure, RunningEntry
+from lorenz.model import RetryKind, RunFailure, RunningEntry, StopReason
 from lorenz.policies import (
     CONTINUATION_DELAY_MS,
     POISON_WORKER_ERROR_CODES,
     CapacityShortage,
     IssueRules,
-    StopReason,
     WorkerHealth,
     available_slots,
     capacity_shortage,
