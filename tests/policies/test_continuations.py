@@ -153,3 +153,18 @@ async def test_a_reload_applies_the_new_limit_to_the_running_count() -> None:
         await _clean_run(orchestrator, clock)
     orchestrator.update_settings(settings(agent={"max_continuation_runs": 2}))
     assert (await _clean_run(orchestrator, clock)).blocked is not None
+
+
+async def test_a_shutdown_neither_counts_nor_blocks() -> None:
+    orchestrator, _, clock = make(config=settings(agent={"max_continuation_runs": 1}))
+    await _clean_run(orchestrator, clock)
+    for _ in range(3):
+        await run(orchestrator, issue(1))
+        stopped = await orchestrator.finish(K1, normal=True, count_continuation=False)
+        assert stopped is not None
+        assert stopped.blocked is None
+        assert stopped.retry is not None
+        assert stopped.retry.kind is RetryKind.CONTINUATION
+        assert orchestrator.state.continuation_streaks[K1] == 1
+        clock.advance(1000)
+    assert (await _clean_run(orchestrator, clock)).blocked is not None

@@ -875,6 +875,7 @@ class Orchestrator:
         error: str | None = None,
         release: bool = False,
         failure_code: str | None = None,
+        count_continuation: bool = True,
     ) -> Finished | None:
         """End a running slot and schedule its retry; ``None`` if ``key`` is not running.
 
@@ -890,10 +891,13 @@ class Orchestrator:
         the slot is blocked (``Finished.blocked``) until a refresh or a change of its issue.
         So is a clean exit past ``agent.max_continuation_runs`` clean runs of the slot in a row
         (``policies.continuations``): its agent keeps stopping without moving the issue.
+        ``count_continuation=False`` is for a clean end the agent did not choose (the runtime
+        shutting down): the continuation is written, and the count neither grows nor blocks.
         """
         async with self._lock:
             return await self._finish_locked(
-                key, normal=normal, error=error, release=release, failure_code=failure_code
+                key, normal=normal, error=error, release=release, failure_code=failure_code,
+                count_continuation=count_continuation,
             )
 
     async def finish_stalled(self) -> tuple[StalledRun, ...]:
@@ -919,6 +923,7 @@ class Orchestrator:
         error: str | None,
         release: bool,
         failure_code: str | None = None,
+        count_continuation: bool = True,
     ) -> Finished | None:
         state = self._state
         entry = state.running.pop(key, None)
@@ -943,13 +948,17 @@ class Orchestrator:
             previous_failures=state.failure_streaks.get(key, 0),
             retry=self._settings.retry,
             previous_continuations=state.continuation_streaks.get(key, 0),
-            max_continuation_runs=self._settings.agent.max_continuation_runs,
+            max_continuation_runs=(
+                self._settings.agent.max_continuation_runs if count_continuation else 0
+            ),
         )
         if decision.failures:
             state.failure_streaks[key] = decision.failures
         else:
             state.failure_streaks.pop(key, None)
-        if decision.continuations and decision.blocked is None:
+        if normal and not count_continuation:
+            pass  # NB: not the agent's choice: the count stays as it was
+        elif decision.continuations and decision.blocked is None:
             state.continuation_streaks[key] = decision.continuations
         else:
             state.continuation_streaks.pop(key, None)
