@@ -9,6 +9,7 @@ import datetime
 
 import pytest
 
+from lorenz.claims import MemoryClaimStore
 from lorenz.config import TerminalAction
 from lorenz.model import BlockReason, ManualClock, RetryKind, SlotKey
 from lorenz.orchestrator import Finished, Orchestrator
@@ -168,3 +169,22 @@ async def test_a_shutdown_neither_counts_nor_blocks() -> None:
         assert orchestrator.state.continuation_streaks[K1] == 1
         clock.advance(1000)
     assert (await _clean_run(orchestrator, clock)).blocked is not None
+
+
+async def test_a_continuation_limit_block_survives_a_restart_and_the_count_does_not() -> None:
+    store = MemoryClaimStore(owner="me")
+    clock = ManualClock()
+    config = settings(agent={"max_continuation_runs": 1})
+    first = Orchestrator(settings=config, store=store, clock=clock)
+    await _clean_run(first, clock)
+    blocked = (await _clean_run(first, clock)).blocked
+    assert blocked is not None
+    await run(first, issue(2))
+    await first.finish(SlotKey("i2#0"), normal=True)  # one clean run: a count of 1
+
+    second = Orchestrator(settings=config, store=store, clock=ManualClock())
+    report = await second.hydrate()
+    assert report.problems == ()
+    assert second.state.blocked[K1] == blocked
+    assert K1 not in second.state.retry_attempts
+    assert second.state.continuation_streaks == {}  # memory only: counted afresh
