@@ -3,6 +3,8 @@ parts that only ask whether runs go to Pods."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+
 import pytest
 
 from lorenz.config import WorkerSettings
@@ -18,6 +20,11 @@ from lorenz.policies.placement import (
 from tests.orchestrator.factories import EPOCH, PoolProbe
 
 LOCAL = StaticCapacity()
+
+
+def load(**running: int) -> Callable[[], Mapping[str, int]]:
+    """Running slots per SSH host, as the orchestrator's state gives them."""
+    return lambda: running
 
 
 def worker(**fields: object) -> WorkerSettings:
@@ -38,7 +45,7 @@ def retry(*, host: str | None = None, code: str | None = None, adopted_on: str |
 
 
 def test_without_hosts_a_run_stays_on_this_machine() -> None:
-    placement = claim_placement(worker(), capacity=LOCAL, retry=None, host_load={})
+    placement = claim_placement(worker(), capacity=LOCAL, retry=None, host_load=load())
     assert placement == ClaimPlacement(location=RunLocation.LOCAL)
     assert placement is not None
     assert not placement.reserves
@@ -46,20 +53,20 @@ def test_without_hosts_a_run_stays_on_this_machine() -> None:
 
 def test_the_least_loaded_host_with_room_is_chosen_and_a_full_set_refuses() -> None:
     hosts = worker(ssh_hosts=["a", "b"], max_concurrent_agents_per_host=1)
-    chosen = claim_placement(hosts, capacity=LOCAL, retry=None, host_load={"a": 1})
+    chosen = claim_placement(hosts, capacity=LOCAL, retry=None, host_load=load(a=1))
     assert chosen == ClaimPlacement(location=RunLocation.SSH, host="b")
-    full = claim_placement(hosts, capacity=LOCAL, retry=None, host_load={"a": 1, "b": 1})
+    full = claim_placement(hosts, capacity=LOCAL, retry=None, host_load=load(a=1, b=1))
     assert full is None  # NB: never a fall back to this machine
 
 
 def test_a_retry_goes_back_to_its_host_unless_it_was_unreachable() -> None:
     hosts = worker(ssh_hosts=["a", "b"])
-    back = claim_placement(hosts, capacity=LOCAL, retry=retry(host="b"), host_load={"b": 3})
+    back = claim_placement(hosts, capacity=LOCAL, retry=retry(host="b"), host_load=load(b=3))
     assert back is not None
     assert back.host == "b"
     away = claim_placement(
         hosts, capacity=LOCAL, retry=retry(host="b", code=HOST_UNREACHABLE_CODE),
-        host_load={"b": 3},
+        host_load=load(b=3),
     )
     assert away is not None
     assert away.host == "a"
@@ -68,17 +75,17 @@ def test_a_retry_goes_back_to_its_host_unless_it_was_unreachable() -> None:
 def test_an_adopted_run_stays_on_its_workers_host_even_over_the_cap() -> None:
     hosts = worker(ssh_hosts=["a", "b"], max_concurrent_agents_per_host=1)
     placement = claim_placement(
-        hosts, capacity=LOCAL, retry=retry(adopted_on="a"), host_load={"a": 1, "b": 1}
+        hosts, capacity=LOCAL, retry=retry(adopted_on="a"), host_load=load(a=1, b=1)
     )
     assert placement == ClaimPlacement(location=RunLocation.SSH, host="a")
 
 
 def test_a_governing_pool_reserves_while_it_has_room() -> None:
     settings = worker(worker_pool={"acquire_timeout_ms": 7000})
-    placement = claim_placement(settings, capacity=PoolProbe(), retry=None, host_load={})
+    placement = claim_placement(settings, capacity=PoolProbe(), retry=None, host_load=load())
     assert placement == ClaimPlacement(location=RunLocation.POOL, acquire_timeout_ms=7000)
     assert placement.reserves
-    full = claim_placement(settings, capacity=PoolProbe(room=False), retry=None, host_load={})
+    full = claim_placement(settings, capacity=PoolProbe(room=False), retry=None, host_load=load())
     assert full is None
 
 
@@ -86,7 +93,7 @@ def test_pods_reserve_for_the_longer_of_acquire_and_start_whatever_the_pool_says
     settings = worker(kind="pod", pod_template={"image": "img"}, start_timeout_ms=90000)
     assert runs_in_pods(settings)
     placement = claim_placement(
-        settings, capacity=PoolProbe(room=False), retry=retry(adopted_on="a"), host_load={}
+        settings, capacity=PoolProbe(room=False), retry=retry(adopted_on="a"), host_load=load()
     )
     assert placement == ClaimPlacement(location=RunLocation.POD, acquire_timeout_ms=90000)
     assert placement.reserves

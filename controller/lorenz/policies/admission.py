@@ -134,7 +134,7 @@ def admission(
     if shortage is not None:
         return Refusal(shortage.value)
     placement = claim_placement(
-        settings.worker, capacity=capacity, retry=current, host_load=state.host_load()
+        settings.worker, capacity=capacity, retry=current, host_load=state.host_load
     )
     if placement is None:
         return Refusal.WORKER_HOST_CAPACITY

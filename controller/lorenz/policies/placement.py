@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from lorenz.config import WorkerKind, WorkerSettings
 from lorenz.model import CapacityProbe, RetryEntry
@@ -78,13 +78,13 @@ def claim_placement(
     *,
     capacity: CapacityProbe,
     retry: RetryEntry | None,
-    host_load: Mapping[str, int],
+    host_load: Callable[[], Mapping[str, int]],
 ) -> ClaimPlacement | None:
     """The placement of a slot being claimed, or ``None`` when no place is free now.
 
     ``retry`` is the slot's pending retry (``None`` for a first run): its adopted worker's
-    placement and its last host steer the choice; ``host_load`` is the running slots per SSH
-    host.
+    placement and its last host steer the choice; ``host_load`` gives the running slots per
+    SSH host (NB: asked only when hosts are chosen: it walks every running slot).
     """
     if runs_in_pods(worker):
         # NB: a Pod is placed in two phases like a pool's host: reserved while the Pod is
@@ -106,7 +106,7 @@ def claim_placement(
         return ClaimPlacement(location=RunLocation.LOCAL)
     host = select_worker_host(
         hosts,
-        load=host_load,
+        load=host_load(),
         per_host_cap=worker.max_concurrent_agents_per_host,
         preferred=(
             retry_host(retry.host, error_code=retry.error_code) if retry is not None else None
