@@ -120,3 +120,12 @@ def test_only_pod_workers_run_in_pods() -> None:
     assert not runs_in_pods(worker())
     assert not runs_in_pods(worker(ssh_hosts=["a"]))
 
+
+
+def test_the_host_load_is_read_only_when_a_host_is_chosen() -> None:
+    def never() -> Mapping[str, int]:
+        raise AssertionError("the host load was read")
+
+    pod = worker(kind="pod", pod_template={"image": "img"})
+    for settings, capacity in ((worker(), LOCAL), (worker(), PoolProbe()), (pod, LOCAL)):
+        assert claim_placement(settings, capacity=capacity, retry=None, host_load=never)
