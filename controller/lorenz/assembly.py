@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, Final
 
 from lorenz.agents import AgentRunner, RunPlacement, build_runner
 from lorenz.agents.environment import TRACKER_SECRET_ENV
-from lorenz.config import AgentProtocol, WorkerKind, WorkflowSettings
+from lorenz.config import AgentProtocol, WorkflowSettings
 from lorenz.model import ClaimStore, SpawnIntents
 from lorenz.orchestrator import Orchestrator
+from lorenz.policies.placement import runs_in_pods
 from lorenz.runtime import LorenzRuntime
 from lorenz.trackers import TrackerClient, build_tracker
 from lorenz.workflow import LoadedWorkflow, WorkflowStamp
@@ -93,7 +94,7 @@ def assemble_runtime(
     from it for hooks); ``tracker`` is one already built by ``trackers`` (the host builds it
     first so a tracker error surfaces before any claim is touched), otherwise it is built here.
     """
-    if pods is None and workflow.settings.worker.kind is WorkerKind.POD:
+    if pods is None and runs_in_pods(workflow.settings.worker):
         from lorenz.workers.placement import PodRunnerUnavailable
 
         raise PodRunnerUnavailable(

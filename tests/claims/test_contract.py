@@ -28,7 +28,7 @@ from lorenz.claims import ClaimOwnerLost, MemoryClaimStore
 from lorenz.claims.owners import ProcessIdentity, current_process
 from lorenz.model import ClaimPhase, ManualClock, SlotKey
 from tests.claims.records import BACKENDS, claim, keys_of
-from tests.core.factories import SharedClaims
+from tests.orchestrator.factories import SharedClaims
 
 if TYPE_CHECKING:
     from lorenz.kube.clients import KubeApi

@@ -4,6 +4,7 @@ import the snapshot dataclasses."""
 
 from __future__ import annotations
 
+import ast
 import importlib
 import json
 import subprocess
@@ -27,6 +28,25 @@ def test_every_exported_name_is_its_modules_own_object() -> None:
         for name in names:
             assert getattr(lorenz.model, name) is getattr(module, name), name
     assert set(lorenz.model.__all__) <= set(dir(lorenz.model))
+
+
+def test_the_type_checkers_imports_are_the_lazy_table() -> None:
+    """The package keeps two name lists (``__all__`` is made from the lazy table): the imports
+    type checkers read, each an explicit re-export, must name the same homes."""
+    source = Path(lorenz.model.__file__).read_text(encoding="utf-8")
+    guarded = next(
+        node
+        for node in ast.parse(source).body
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
+    )
+    imported: dict[str, tuple[str, ...]] = {}
+    for node in guarded.body:
+        assert isinstance(node, ast.ImportFrom), ast.unparse(node)
+        assert node.module is not None
+        assert all(alias.asname == alias.name for alias in node.names), node.module
+        module = node.module.removeprefix("lorenz.model.")
+        imported[module] = imported.get(module, ()) + tuple(a.name for a in node.names)
+    assert imported == lorenz.model._EXPORTS
 
 
 def test_an_unknown_name_is_an_attribute_error() -> None:

@@ -20,7 +20,7 @@ from lorenz.policies import (
     select_worker_host,
 )
 from lorenz.workflow import InvalidWorkflowConfig, load_workflow, settings_from_mapping
-from tests.core.factories import issue, make
+from tests.orchestrator.factories import issue, make
 
 KINDS = {
     "claude": {"command": "claude -p", "protocol": "claude-stream-json"},

@@ -11,18 +11,17 @@ from typing import Any
 
 from lorenz.claims import MemoryClaimStore
 from lorenz.config import RetrySettings, TerminalAction
-from lorenz.model import ClaimPhase, ManualClock, RetryKind, SlotKey
+from lorenz.model import BlockReason, ClaimPhase, ManualClock, RetryKind, SlotKey
 from lorenz.orchestrator import Finished, Orchestrator
 from lorenz.policies import failure_backoff_ms
 from lorenz.policies.retries import (
-    BlockReason,
     escalation_body,
     issue_version,
     settle_decision,
     terminal_action_key,
 )
-from tests.core.claims_helpers import run
-from tests.core.factories import EPOCH, issue, make, settings
+from tests.orchestrator.claims_helpers import run
+from tests.orchestrator.factories import EPOCH, issue, make, settings
 
 K1 = SlotKey("i1#0")
 

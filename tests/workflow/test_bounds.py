@@ -29,14 +29,16 @@ HANG_GUARD_S = 120.0
 """Hang protection for subprocesses only (the unbounded parser took minutes); never a figure."""
 
 
-def alias_bomb() -> str:
-    """Billion laughs: nine levels of nine aliases each, 9**9 strings once expanded."""
+def alias_bomb(levels: int = 8) -> str:
+    """Billion laughs: ``levels`` anchored lists, each of nine aliases of the one before (the
+    first of nine strings); the default is the classic bomb, hundreds of millions of values
+    once expanded."""
     lines = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
     previous = "a"
-    for name in "bcdefgh":
+    for name in "bcdefgh"[: levels - 1]:
         lines.append(f"{name}: &{name} [" + ",".join([f"*{previous}"] * 9) + "]")
         previous = name
-    lines += ["tracker:", "  kind: memory", "  provider: {x: *h}"]
+    lines += ["tracker:", "  kind: memory", f"  provider: {{x: *{previous}}}"]
     return "\n".join(lines)
 
 
@@ -56,8 +58,30 @@ def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+def expanded_values(levels: int) -> int:
+    """The lists and strings of :func:`alias_bomb` once expanded: every anchored list, and the
+    last one once more under ``provider`` (the handful of keys and maps around them aside)."""
+    sizes = [10]  # the first list and its nine strings
+    for _ in range(levels - 1):
+        sizes.append(1 + 9 * sizes[-1])
+    return sum(sizes) + sizes[-1]
+
+
 def test_the_alias_bomb_is_small() -> None:
-    assert len(f"---\n{alias_bomb()}\n---\nPrompt\n".encode()) <= 512
+    """The bomb passes the size bound by far: only the parser's node bound can refuse it, and
+    it does so exactly where the expansion crosses :data:`MAX_YAML_NODES`."""
+    assert len(f"---\n{alias_bomb()}\n---\nPrompt\n".encode()) <= 512 < MAX_WORKFLOW_BYTES
+    # Four levels expand to ~16k values, under the bound: decoded in full.
+    assert expanded_values(4) + 100 < MAX_YAML_NODES < expanded_values(5)
+    value = parse_front_matter(alias_bomb(4))["tracker"]["provider"]["x"]
+    for _ in range(3):
+        assert len(value) == 9
+        value = value[0]
+    assert value == ["lol"] * 9
+    # One level more (~140k values) is past it: refused while composing, naming the bound.
+    with pytest.raises(WorkflowTooComplex) as caught:
+        parse_front_matter(alias_bomb(5))
+    assert f"limit {MAX_YAML_NODES} nodes" in caught.value.message
 
 
 def test_an_alias_bomb_is_refused_naming_the_node_limit() -> None:

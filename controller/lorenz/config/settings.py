@@ -312,6 +312,15 @@ class AgentSettings(Section):
     max_turns: PositiveInt = Field(default=20, json_schema_extra=_reload("new-runs"))
     """Turns per run on one thread while the issue stays active."""
 
+    max_continuation_runs: NonNegativeInt = Field(
+        default=10, le=10000, json_schema_extra=_reload("hot")
+    )
+    """Continuation re-runs of one slot in a row: an agent that ends cleanly while its issue
+    stays active is run again, and after this many such re-runs its next clean exit blocks the
+    slot (``blocked`` lane, reason ``continuation_limit``) until a refresh or a change of the
+    issue. A failure, or the issue leaving the candidates, starts the count again; ``0`` never
+    blocks."""
+
     ensemble_size: PositiveInt = Field(default=1, le=16, json_schema_extra=_reload("hot"))
     """Slots per issue: each runs and retries independently."""
 

@@ -6,7 +6,8 @@ NB: the names are loaded on first use (PEP 562), each from its own module: a com
 needs one error class (``lorenz validate``, ``lorenz status``) does not pay for building the
 snapshot, event and entry dataclasses (~40 ms of a ~300 ms budget, bench/README.md). Type
 checkers read the imports under ``TYPE_CHECKING``; ``_EXPORTS`` says where each name lives at
-run time, and tests/model/test_package.py checks that the two agree with ``__all__``.
+run time (``__all__`` is made from it), and tests/model/test_package.py checks that the two
+lists agree.
 """
 
 from __future__ import annotations
@@ -15,66 +16,90 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from lorenz.model.clocks import Clock, ManualClock, SystemClock
+    # NB: one block per module, every name re-exported explicitly (``X as X``): with the
+    # lazy table below these are the package's two name lists; ``__all__`` is derived.
+    from lorenz.model.clocks import (  # noqa: I001
+        Clock as Clock,
+        ManualClock as ManualClock,
+        SystemClock as SystemClock,
+    )
     from lorenz.model.entries import (
-        SETTLED_SPAWN_PHASES,
-        ClaimPhase,
-        ClaimRecord,
-        ReservationRecord,
-        RetryEntry,
-        RetryKind,
-        RunningEntry,
-        SpawnIntent,
-        SpawnPhase,
+        ClaimRecord as ClaimRecord,
+        ReservationRecord as ReservationRecord,
+        RetryEntry as RetryEntry,
+        RunningEntry as RunningEntry,
+        SpawnIntent as SpawnIntent,
     )
-    from lorenz.model.errors import LorenzError, RunFailure, stored_failure_code
+    from lorenz.model.errors import (
+        LorenzError as LorenzError,
+        RunFailure as RunFailure,
+        stored_failure_code as stored_failure_code,
+    )
     from lorenz.model.events import (
-        EVENT_TYPES,
-        RUN_OUTCOMES,
-        EventDetails,
-        EventType,
-        RunOutcome,
-        RuntimeEvent,
+        EVENT_TYPES as EVENT_TYPES,
+        RUN_OUTCOMES as RUN_OUTCOMES,
+        EventDetails as EventDetails,
+        EventType as EventType,
+        RuntimeEvent as RuntimeEvent,
     )
-    from lorenz.model.issues import BlockerRef, Issue
+    from lorenz.model.issues import (
+        BlockerRef as BlockerRef,
+        Issue as Issue,
+    )
+    from lorenz.model.lifecycle import (
+        SETTLED_SPAWN_PHASES as SETTLED_SPAWN_PHASES,
+        AbortReason as AbortReason,
+        ActionOutcome as ActionOutcome,
+        BlockReason as BlockReason,
+        ClaimPhase as ClaimPhase,
+        RetryKind as RetryKind,
+        RunOutcome as RunOutcome,
+        SpawnPhase as SpawnPhase,
+        StopReason as StopReason,
+        WorkerPhase as WorkerPhase,
+    )
     from lorenz.model.ports import (
-        CapacityProbe,
-        ClaimStore,
-        GenerationFence,
-        ImmediateSpawnIntents,
-        SpawnIntents,
-        StaticCapacity,
-        StoredState,
+        CapacityProbe as CapacityProbe,
+        ClaimStore as ClaimStore,
+        GenerationFence as GenerationFence,
+        ImmediateSpawnIntents as ImmediateSpawnIntents,
+        SpawnIntents as SpawnIntents,
+        StaticCapacity as StaticCapacity,
+        StoredState as StoredState,
     )
-    from lorenz.model.slots import SlotKey, parse_slot_key, slot_key
+    from lorenz.model.slots import (
+        SlotKey as SlotKey,
+        parse_slot_key as parse_slot_key,
+        slot_key as slot_key,
+    )
     from lorenz.model.snapshots import (
-        AppStatus,
-        BlockedRow,
-        ConfigError,
-        OrchestratorSnapshot,
-        PollStatus,
-        RefreshReceipt,
-        ReservingRow,
-        RetryRow,
-        RunIdentity,
-        RunningRow,
-        RunRecord,
-        RuntimeSnapshot,
+        AppStatus as AppStatus,
+        BlockedRow as BlockedRow,
+        ConfigError as ConfigError,
+        OrchestratorSnapshot as OrchestratorSnapshot,
+        PollStatus as PollStatus,
+        RefreshReceipt as RefreshReceipt,
+        ReservingRow as ReservingRow,
+        RetryRow as RetryRow,
+        RunIdentity as RunIdentity,
+        RunningRow as RunningRow,
+        RunRecord as RunRecord,
+        RuntimeSnapshot as RuntimeSnapshot,
     )
-    from lorenz.model.usage import AgentUpdate, TokenUsage, UsageTotals
+    from lorenz.model.usage import (
+        AgentUpdate as AgentUpdate,
+        TokenUsage as TokenUsage,
+        UsageTotals as UsageTotals,
+    )
 
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "clocks": ("Clock", "ManualClock", "SystemClock"),
     "entries": (
-        "SETTLED_SPAWN_PHASES",
-        "ClaimPhase",
         "ClaimRecord",
         "ReservationRecord",
         "RetryEntry",
-        "RetryKind",
         "RunningEntry",
         "SpawnIntent",
-        "SpawnPhase",
     ),
     "errors": ("LorenzError", "RunFailure", "stored_failure_code"),
     "events": (
@@ -82,10 +107,21 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "RUN_OUTCOMES",
         "EventDetails",
         "EventType",
-        "RunOutcome",
         "RuntimeEvent",
     ),
     "issues": ("BlockerRef", "Issue"),
+    "lifecycle": (
+        "SETTLED_SPAWN_PHASES",
+        "AbortReason",
+        "ActionOutcome",
+        "BlockReason",
+        "ClaimPhase",
+        "RetryKind",
+        "RunOutcome",
+        "SpawnPhase",
+        "StopReason",
+        "WorkerPhase",
+    ),
     "ports": (
         "CapacityProbe",
         "ClaimStore",
@@ -132,53 +168,5 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *__all__})
 
 
-__all__ = [
-    "EVENT_TYPES",
-    "RUN_OUTCOMES",
-    "SETTLED_SPAWN_PHASES",
-    "AgentUpdate",
-    "AppStatus",
-    "BlockedRow",
-    "BlockerRef",
-    "CapacityProbe",
-    "ClaimPhase",
-    "ClaimRecord",
-    "ClaimStore",
-    "Clock",
-    "ConfigError",
-    "EventDetails",
-    "EventType",
-    "GenerationFence",
-    "ImmediateSpawnIntents",
-    "Issue",
-    "LorenzError",
-    "ManualClock",
-    "OrchestratorSnapshot",
-    "PollStatus",
-    "RefreshReceipt",
-    "ReservationRecord",
-    "ReservingRow",
-    "RetryEntry",
-    "RetryKind",
-    "RetryRow",
-    "RunFailure",
-    "RunIdentity",
-    "RunOutcome",
-    "RunRecord",
-    "RunningEntry",
-    "RunningRow",
-    "RuntimeEvent",
-    "RuntimeSnapshot",
-    "SlotKey",
-    "SpawnIntent",
-    "SpawnIntents",
-    "SpawnPhase",
-    "StaticCapacity",
-    "StoredState",
-    "SystemClock",
-    "TokenUsage",
-    "UsageTotals",
-    "parse_slot_key",
-    "slot_key",
-    "stored_failure_code",
-]
+__all__ = sorted(_HOMES)
+"""NB: derived from ``_EXPORTS``; type checkers read the explicit ``X as X`` imports above."""

@@ -9,63 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import enum
 from typing import Any
 
 from lorenz.model.issues import Issue
+from lorenz.model.lifecycle import ClaimPhase, RetryKind, SpawnPhase
 from lorenz.model.slots import SlotKey
 from lorenz.model.usage import TokenUsage
-
-
-class RetryKind(enum.StrEnum):
-    """Why a slot waits before it may run again."""
-
-    CONTINUATION = "continuation"
-    """The last run ended cleanly; check back shortly in case the issue is still active."""
-    FAILURE = "failure"
-    """The last run failed, stalled or could not start; back off exponentially."""
-    ADOPTION = "adoption"
-    """The last run's controller was lost but its worker may live on: due at once, the run
-    re-attaches to that worker (see :attr:`RetryEntry.resume`); no failure is counted."""
-    PLACEMENT = "placement"
-    """A first run could not be placed (no node fits its Pod, its image cannot be pulled, a
-    quota refused it): the reservation was given back. Due after a short wait, as a first run
-    again (attempt 0 stands for none); no attempt and no failure is counted. A run that was
-    already a retry gets its own retry back instead, with the placement's reason."""
-
-
-class ClaimPhase(enum.StrEnum):
-    """Where a claimed slot is in its lifecycle (also the ``Claim`` resource's phase)."""
-
-    RESERVED = "Reserved"
-    RUNNING = "Running"
-    RETRY_PENDING = "RetryPending"
-
-
-class SpawnPhase(enum.StrEnum):
-    """Where the spawn of a slot's worker is, as the claim records it (see docs/runs.md).
-
-    Written *before* each step it names, so a successor that finds the claim knows which
-    process work may have happened and probes the handle instead of guessing.
-    """
-
-    PROVISIONING = "provisioning"
-    """The claim is taken and the handle computed; no process was started yet."""
-    SPAWN_REQUESTED = "spawn_requested"
-    """``lorenz worker`` is about to be (or was) run for the handle."""
-    PROBING = "probing"
-    """The launch answered; the controller checks that the worker serves."""
-    RUNNING = "running"
-    """The worker serves; ``last_seq`` is what the controller collected of its journal."""
-    COMPENSATED = "compensated"
-    """The run failed and was settled (a failure retry was written); nothing to probe."""
-    QUARANTINED = "quarantined"
-    """The worker could not be probed (``unknown``): neither adopted nor retried; it counts
-    against concurrency until the fence expires by the store's clock."""
-
-
-SETTLED_SPAWN_PHASES = frozenset({SpawnPhase.COMPENSATED})
-"""Phases that leave nothing for a successor to probe."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -13,6 +13,8 @@ import datetime
 import enum
 from typing import TYPE_CHECKING, Any, TypedDict
 
+from lorenz.model.lifecycle import ActionOutcome, RetryKind, RunOutcome
+
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
@@ -64,15 +66,6 @@ class EventType(enum.StrEnum):
 EVENT_TYPES: tuple[str, ...] = tuple(e.value for e in EventType)
 
 
-class RunOutcome(enum.StrEnum):
-    SUCCESS = "success"
-    FAILED = "failed"
-    STALLED = "stalled"
-    CANCELED = "canceled"
-    """Reconciliation (or a deleted Claim) stopped the run; recorded in the run history like any
-    other end."""
-
-
 RUN_OUTCOMES: tuple[str, ...] = tuple(o.value for o in RunOutcome)
 
 
@@ -83,10 +76,12 @@ class EventDetails(TypedDict, total=False):
     identifier: str
     attempt: int | None
     host: str | None
-    outcome: str
+    outcome: RunOutcome | ActionOutcome | str
+    """NB: a string is taken too (and made the enum by :class:`RuntimeEvent`) while callers
+    still pass ``.value``; an unknown one raises ``ValueError``."""
     reason: str
     code: str
-    retry_kind: str
+    retry_kind: RetryKind | str
     due_at: datetime.datetime
     delay_ms: int
     error: str | None
@@ -118,10 +113,11 @@ class RuntimeEvent:
     message: str | None = None
     attempt: int | None = None
     host: str | None = None
-    outcome: str | None = None
+    outcome: RunOutcome | ActionOutcome | None = None
+    """How a run ended (``run_*`` events), or how a terminal action went (``terminal_action``)."""
     reason: str | None = None
     code: str | None = None
-    retry_kind: str | None = None
+    retry_kind: RetryKind | None = None
     due_at: datetime.datetime | None = None
     delay_ms: int | None = None
     error: str | None = None
@@ -149,6 +145,21 @@ class RuntimeEvent:
     agent_at: datetime.datetime | None = None
     """``run_update``: when the agent last reported (not on the wire)."""
 
+    def __post_init__(self) -> None:
+        # NB: the runtime hands in the wire strings (``retry.kind.value``); the fields are the
+        # enums either way, so listeners compare members, not spellings.
+        outcome: object = self.outcome
+        if outcome is not None and not isinstance(outcome, RunOutcome | ActionOutcome):
+            typed = (
+                ActionOutcome(str(outcome))
+                if self.type is EventType.TERMINAL_ACTION
+                else RunOutcome(str(outcome))
+            )
+            object.__setattr__(self, "outcome", typed)
+        retry_kind: object = self.retry_kind
+        if retry_kind is not None and not isinstance(retry_kind, RetryKind):
+            object.__setattr__(self, "retry_kind", RetryKind(str(retry_kind)))
+
     def to_dict(self) -> dict[str, Any]:
         """The JSON-safe form: ``type`` and ``at`` first, then every field that is set."""
         if self.type is EventType.RUN_UPDATE:
@@ -168,6 +179,8 @@ class RuntimeEvent:
                 value = list(value)
             elif isinstance(value, datetime.datetime):
                 value = value.isoformat()
+            elif isinstance(value, enum.Enum):
+                value = value.value
             document[name] = value
         return document
 

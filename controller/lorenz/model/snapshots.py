@@ -19,7 +19,8 @@ import enum
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from lorenz.model.events import RunOutcome, RuntimeEvent
+from lorenz.model.events import RuntimeEvent
+from lorenz.model.lifecycle import RunOutcome
 from lorenz.model.usage import TokenUsage, UsageTotals
 
 
@@ -156,7 +157,8 @@ class BlockedRow:
     blocked_at: datetime.datetime
     slot_index: int = 0
     reason: str = "retry_budget_exhausted"
-    """``retry_budget_exhausted``, ``input_required`` or ``approval_required``."""
+    """A :class:`~lorenz.model.lifecycle.BlockReason` value: ``retry_budget_exhausted``,
+    ``input_required``, ``approval_required`` or ``continuation_limit``."""
     failures: int = 0
     """Consecutive failed runs when it was blocked."""
     attempt: int = 0

@@ -5,6 +5,7 @@ agent progress and run endings back, and reads snapshots; the orchestrator persi
 and retry through the injected claim store. See ``docs/scheduling.md`` for the rules.
 """
 
+from lorenz.orchestrator.checkpoints import CHECKPOINT_SCHEMA, Checkpoint
 from lorenz.orchestrator.errors import (
     AlreadyStarted,
     CheckpointInvalid,
@@ -25,11 +26,7 @@ from lorenz.orchestrator.results import (
     StalledRun,
     Started,
 )
-from lorenz.orchestrator.scheduling import (
-    CHECKPOINT_SCHEMA,
-    DEFAULT_FOREIGN_RECHECK_MS,
-    Orchestrator,
-)
+from lorenz.orchestrator.scheduling import DEFAULT_FOREIGN_RECHECK_MS, Orchestrator
 from lorenz.orchestrator.snapshots import (
     BlockedRow,
     OrchestratorSnapshot,
@@ -38,7 +35,6 @@ from lorenz.orchestrator.snapshots import (
     RunningRow,
 )
 from lorenz.orchestrator.state import ForeignClaim, OrchestratorState
-from lorenz.policies import StopReason
 
 __all__ = [
     "CHECKPOINT_SCHEMA",
@@ -46,6 +42,7 @@ __all__ = [
     "AgentProgress",
     "AlreadyStarted",
     "BlockedRow",
+    "Checkpoint",
     "CheckpointInvalid",
     "ClaimRecordInvalid",
     "ClaimResult",
@@ -67,5 +64,4 @@ __all__ = [
     "Skipped",
     "StalledRun",
     "Started",
-    "StopReason",
 ]

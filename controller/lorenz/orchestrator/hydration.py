@@ -35,9 +35,9 @@ from __future__ import annotations
 import dataclasses
 import datetime
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, cast
+from typing import cast
 
-from lorenz.config import RetryBackoffSettings, TerminalAction
+from lorenz.config import RetryBackoffSettings
 from lorenz.model import (
     SETTLED_SPAWN_PHASES,
     ClaimPhase,
@@ -49,13 +49,12 @@ from lorenz.model import (
     TokenUsage,
     UsageTotals,
     parse_slot_key,
-    slot_key,
     stored_failure_code,
 )
+from lorenz.orchestrator.checkpoints import Checkpoint, RetryStateRestore
 from lorenz.orchestrator.errors import CheckpointInvalid, ClaimRecordInvalid
 from lorenz.orchestrator.state import BlockedEntry
 from lorenz.policies import failure_backoff_ms, next_failure_attempt
-from lorenz.policies.retries import BlockReason
 
 _ZERO_USAGE = TokenUsage()
 _AS_SLOT_KEY = cast("Callable[[str], SlotKey]", str)
@@ -86,16 +85,6 @@ class RecoveredSlots:
     checkpoint totals, so adding it cannot count it twice)."""
     slot_span: int
     """One past the highest slot index seen (0 for no rows)."""
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class RetryStateRestore:
-    """Failure streaks and blocked slots from the checkpoint, for the recovered rows."""
-
-    failure_streaks: dict[SlotKey, int]
-    blocked: dict[SlotKey, BlockedEntry]
-    """Blocked slots; each replaces the pending retry recovered for the same slot."""
-    problem: CheckpointInvalid | None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -161,14 +150,10 @@ def plan_hydration(
     usage_totals: UsageTotals | None = None
     restore = RetryStateRestore(failure_streaks={}, blocked={}, problem=None)
     if stored.checkpoint is not None:
-        totals = checkpoint_usage(stored.checkpoint)
-        if isinstance(totals, CheckpointInvalid):
-            problems.append(totals)
-        else:
-            usage_totals = totals
-        restore = checkpoint_retry_state(stored.checkpoint, recovered=recovered)
-        if restore.problem is not None:
-            problems.append(restore.problem)
+        checkpoint, unreadable = Checkpoint.from_json(stored.checkpoint)
+        problems.extend(unreadable)
+        usage_totals = checkpoint.usage_totals
+        restore = checkpoint.retry_state(recovered=recovered)
     if restore.blocked:
         slots = dataclasses.replace(
             slots,
@@ -341,143 +326,3 @@ def recover_slots(
         usage=usage,
         slot_span=span,
     )
-
-
-def checkpoint_usage(checkpoint: Mapping[str, Any]) -> UsageTotals | CheckpointInvalid:
-    """The usage totals a checkpoint holds, or why they cannot be read."""
-    raw = checkpoint.get("usage_totals") if isinstance(checkpoint, Mapping) else None
-    fields = ("input_tokens", "output_tokens", "total_tokens")
-    if not isinstance(raw, Mapping) or not all(
-        isinstance(raw.get(f, 0), int) and not isinstance(raw.get(f, 0), bool) for f in fields
-    ):
-        return CheckpointInvalid(
-            "the claim store checkpoint has no readable usage_totals; usage totals start "
-            "at zero (delete the checkpoint row to silence this)",
-        )
-    try:
-        return UsageTotals(
-            input_tokens=int(raw.get("input_tokens", 0)),
-            output_tokens=int(raw.get("output_tokens", 0)),
-            total_tokens=int(raw.get("total_tokens", 0)),
-            seconds_running=float(raw.get("seconds_running", 0.0)),
-            cost_usd=float(raw.get("cost_usd", 0.0)),
-        )
-    except (TypeError, ValueError):
-        return CheckpointInvalid(
-            "the claim store checkpoint's usage_totals are not numbers; usage totals start "
-            "at zero (delete the checkpoint row to silence this)",
-        )
-
-
-def checkpoint_retry_state(
-    checkpoint: Mapping[str, Any], *, recovered: Mapping[SlotKey, ClaimRecord]
-) -> RetryStateRestore:
-    """Failure streaks (for recovered slots) and blocked slots (for recovered pending retries)
-    from the checkpoint; any unreadable entry is skipped and reported once."""
-    pending = {
-        key for key, record in recovered.items() if record.phase is ClaimPhase.RETRY_PENDING
-    }
-    streaks = checkpoint.get("failure_streaks") if isinstance(checkpoint, Mapping) else None
-    blocked_rows = checkpoint.get("blocked") if isinstance(checkpoint, Mapping) else None
-    failure_streaks: dict[SlotKey, int] = {}
-    blocked: dict[SlotKey, BlockedEntry] = {}
-    problem: CheckpointInvalid | None = None
-    if isinstance(streaks, list):
-        for item in streaks:
-            try:
-                key = _AS_SLOT_KEY(str(item["slot_key"]))
-                failures = int(item["failures"])
-            except (KeyError, TypeError, ValueError):
-                problem = _retry_state_invalid()
-                continue
-            if key in recovered and failures > 0:
-                failure_streaks[key] = failures
-    elif streaks is not None:
-        problem = _retry_state_invalid()
-    if isinstance(blocked_rows, list):
-        for item in blocked_rows:
-            entry = blocked_from_checkpoint(item)
-            if entry is None:
-                problem = _retry_state_invalid()
-                continue
-            if entry.key in pending:
-                blocked[entry.key] = entry
-    elif blocked_rows is not None:
-        problem = _retry_state_invalid()
-    return RetryStateRestore(failure_streaks=failure_streaks, blocked=blocked, problem=problem)
-
-
-def _retry_state_invalid() -> CheckpointInvalid:
-    return CheckpointInvalid(
-        "the claim store checkpoint has unreadable retry state (failure counts or blocked "
-        "slots); those slots retry as usual (delete the checkpoint row to silence this)",
-    )
-
-
-def blocked_to_checkpoint(blocked: BlockedEntry) -> dict[str, Any]:
-    """A blocked slot as the checkpoint stores it (JSON-safe)."""
-    return {
-        "slot_key": blocked.key,
-        "issue_id": blocked.issue_id,
-        "identifier": blocked.identifier,
-        "slot_index": blocked.slot_index,
-        "reason": blocked.reason.value,
-        "error": blocked.error,
-        "failures": blocked.failures,
-        "attempt": blocked.attempt,
-        "blocked_at": blocked.blocked_at.isoformat(),
-        "action": blocked.action.value,
-        "action_key": blocked.action_key,
-        "action_done": blocked.action_done,
-        "action_error": blocked.action_error,
-        "issue_version": blocked.issue_version,
-        "host": blocked.host,
-        "workspace_path": blocked.workspace_path,
-    }
-
-
-def blocked_from_checkpoint(item: Any) -> BlockedEntry | None:
-    """The inverse of :func:`blocked_to_checkpoint`; ``None`` for anything unreadable."""
-    if not isinstance(item, Mapping):
-        return None
-    try:
-        issue_id = item["issue_id"]
-        identifier = item["identifier"]
-        slot_index = item["slot_index"]
-        if not (isinstance(issue_id, str) and isinstance(identifier, str)):
-            return None
-        if not isinstance(slot_index, int) or isinstance(slot_index, bool) or slot_index < 0:
-            return None
-        if item.get("slot_key") != slot_key(issue_id, slot_index):
-            return None
-        blocked_at = datetime.datetime.fromisoformat(str(item["blocked_at"]))
-        if blocked_at.tzinfo is None:
-            blocked_at = blocked_at.replace(tzinfo=datetime.UTC)
-        error = item.get("error")
-        action_error = item.get("action_error")
-        version = item.get("issue_version")
-        host = item.get("host")
-        workspace = item.get("workspace_path")
-        for optional in (error, action_error, version, host, workspace):
-            if optional is not None and not isinstance(optional, str):
-                return None
-        return BlockedEntry(
-            issue_id=issue_id,
-            identifier=identifier,
-            slot_index=slot_index,
-            reason=BlockReason(item["reason"]),
-            error=error,
-            failures=int(item.get("failures") or 0),
-            attempt=int(item.get("attempt") or 1),
-            blocked_at=blocked_at,
-            action=TerminalAction(item["action"]),
-            action_key=str(item["action_key"]),
-            action_done=bool(item.get("action_done")),
-            action_error=action_error,
-            issue_version=version,
-            host=host,
-            workspace_path=workspace,
-            error_code=stored_failure_code(error),
-        )
-    except (KeyError, TypeError, ValueError):
-        return None

@@ -6,13 +6,9 @@ injected :class:`~lorenz.model.ClaimStore`, through which every change of a clai
 persisted (acquire on claim; save on bind, update and finish-to-retry; release on cleanup), and
 the only time source is the injected :class:`~lorenz.model.Clock`, so tests are exact.
 
-Slot lifecycle::
-
-    unclaimed ──claim──▶ reserved ──bind──▶ running ──finish──▶ retry pending ──due──▶ unclaimed
-         │                  │ cancel/expire (no backoff, retry restored)  ▲
-         │                  │ give back (not placed: a placement wait) ───┤
-         └──claim (static)──┴──────────────────▶ running                 │
-                                                  └── cleanup (reconciliation) ──▶ released
+The slot's lifecycle (unclaimed, reserved, running, retry pending, blocked, released) is drawn
+in :mod:`lorenz.model.lifecycle`; whether a candidate may be claimed, and where it runs, are the
+pure policies :mod:`lorenz.policies.admission` and :mod:`lorenz.policies.placement`.
 
 NB: every mutating method holds one :class:`asyncio.Lock` for its whole body, store awaits
 included. Without it two dispatches could both pass the cap check while the first one waits on
@@ -27,11 +23,12 @@ import dataclasses
 import datetime
 import secrets
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, cast
+from typing import cast
 
-from lorenz.config import TerminalAction, WorkerKind, WorkflowSettings
+from lorenz.config import TerminalAction, WorkflowSettings
 from lorenz.model import (
     AgentUpdate,
+    BlockReason,
     CapacityProbe,
     ClaimRecord,
     ClaimStore,
@@ -43,14 +40,15 @@ from lorenz.model import (
     RunningEntry,
     SlotKey,
     StaticCapacity,
+    StopReason,
     TokenUsage,
     UsageTotals,
     slot_key,
 )
+from lorenz.orchestrator.checkpoints import Checkpoint
 from lorenz.orchestrator.errors import AlreadyStarted, CheckpointInvalid, ClaimRecordInvalid
 from lorenz.orchestrator.hydration import (
     RecoveredSlots,
-    blocked_to_checkpoint,
     owners_to_take_over,
     plan_hydration,
     record_problem,
@@ -81,28 +79,20 @@ from lorenz.orchestrator.snapshots import (
 from lorenz.orchestrator.state import BlockedEntry, ForeignClaim, OrchestratorState
 from lorenz.policies import (
     IssueRules,
-    StopReason,
-    agent_kind_for,
-    capacity_shortage,
     dispatchable_issues,
-    kind_limit,
     placement_wait_ms,
     reconciliation_decision,
     reservation_lifetime_ms,
-    retry_host,
-    select_worker_host,
     sort_for_dispatch,
     stall_error,
     stalled_for_ms,
 )
+from lorenz.policies.admission import Admitted, admission
 from lorenz.policies.retries import (
     issue_version,
     settle_decision,
     terminal_action_key,
 )
-
-CHECKPOINT_SCHEMA = 1
-"""Version of the checkpoint mapping written through :meth:`ClaimStore.save_checkpoint`."""
 
 DEFAULT_FOREIGN_RECHECK_MS = 30000
 """How long a slot held by another owner is left alone before a claim may ask the store again,
@@ -449,7 +439,11 @@ class Orchestrator:
             identifier=blocked.identifier,
             slot_index=blocked.slot_index,
             attempt=blocked.attempt,
-            kind=RetryKind.FAILURE,
+            kind=(
+                RetryKind.CONTINUATION
+                if blocked.reason is BlockReason.CONTINUATION_LIMIT
+                else RetryKind.FAILURE
+            ),
             due_at_ms=now_ms,
             due_at=blocked.blocked_at,
             error=blocked.error,
@@ -580,6 +574,7 @@ class Orchestrator:
         ]
         for retry in pruned:
             del retries[retry.key]
+            self._state.continuation_streaks.pop(retry.key, None)
         for retry in pruned:
             await self._store.release(retry.key)
         return pruned
@@ -595,89 +590,38 @@ class Orchestrator:
     async def claim(self, candidate: DispatchCandidate) -> ClaimResult:
         """Claim one candidate slot, or say why not.
 
-        Checks, in order: already claimed here; held by another owner; the candidate's retry
-        is still the current one; the retry is due; global cap; per-state cap; worker capacity
-        (the pool's ``has_capacity()`` when it governs, else a host under its per-host cap).
-        Then ``store.acquire``. Consumes the slot's retry entry (kept inside a reservation, so
-        a cancel can put it back).
+        Whether and how is :func:`~lorenz.policies.admission.admission` (its checks, in order:
+        already claimed here; blocked or a stale retry; held by another owner; the retry is
+        due; the caps; a place to run it, from :mod:`lorenz.policies.placement`). Then
+        ``store.acquire``. Consumes the slot's retry entry (kept inside a reservation, so a
+        cancel can put it back).
         """
         async with self._lock:
             state = self._state
-            settings = self._settings
             key = candidate.key
             now_ms = self._clock.monotonic_ms()
-            if key in state.claimed:
-                return Skipped(SkipReason.ALREADY_CLAIMED)
-            if key in state.blocked:
-                return Skipped(SkipReason.STALE_CANDIDATE)
-            held = state.foreign.get(key)
-            if held is not None and held.recheck_at_ms > now_ms:
-                return Skipped(SkipReason.CLAIMED_ELSEWHERE)
-            current = state.retry_attempts.get(key)
-            if candidate.retry is not None and current is not candidate.retry:
-                return Skipped(SkipReason.STALE_CANDIDATE)
-            if current is not None and current.due_at_ms > now_ms:
-                return Skipped(SkipReason.NOT_DUE)
-            issue = candidate.issue
-            state_key = issue.state_key
-            agent = settings.agent
-            kind = agent_kind_for(issue, agent=agent)
-            shortage = capacity_shortage(
-                state_key,
-                occupied=state.occupied(),
-                occupied_in_state=state.occupied_in_state(state_key),
-                agent=agent,
-                kind=kind,
-                occupied_of_kind=(
-                    state.occupied_of_kind(kind, chosen=lambda i: agent_kind_for(i, agent=agent))
-                    if kind_limit(kind, agent=agent)
-                    else 0
-                ),
+            decision = admission(
+                state,
+                key=key,
+                issue=candidate.issue,
+                candidate_retry=candidate.retry,
+                settings=self._settings,
+                capacity=self._capacity,
+                now_ms=now_ms,
             )
-            if shortage is not None:
-                return Skipped(SkipReason(shortage.value))
+            if not isinstance(decision, Admitted):
+                return Skipped(SkipReason(decision.value))
 
-            # NB: a run in a Pod of its own is placed in two phases like a pool's: the slot is
-            # reserved while its Pod is created and starts, and bound once its worker serves;
-            # a Pod that cannot be placed gives the reservation back (see give_back).
-            in_pod = settings.worker.kind is WorkerKind.POD
-            governed = in_pod or self._capacity.governs()
-            host: str | None = None
-            if governed:
-                if not in_pod and not self._capacity.has_capacity():
-                    return Skipped(SkipReason.WORKER_HOST_CAPACITY)
-            elif (
-                current is not None
-                and current.resume is not None
-                and current.resume.placement in settings.worker.ssh_hosts
-            ):
-                # NB: an adopted worker runs where it was started; it already occupies a place
-                # on that host that no cap has counted since the restart.
-                host = current.resume.placement
-            elif settings.worker.ssh_hosts:
-                host = select_worker_host(
-                    settings.worker.ssh_hosts,
-                    load=state.host_load(),
-                    per_host_cap=settings.worker.max_concurrent_agents_per_host,
-                    preferred=(
-                        retry_host(current.host, error_code=current.error_code)
-                        if current is not None
-                        else None
-                    ),
-                )
-                if host is None:
-                    return Skipped(SkipReason.WORKER_HOST_CAPACITY)
-
+            issue = candidate.issue
+            current = decision.retry
+            placement = decision.placement
             wall = self._clock.now()
             owner = self._store.owner
             attempt = current.run_attempt if current is not None else None
             reservation: ReservationRecord | None = None
             entry: RunningEntry | None = None
-            if governed:
-                acquire_ms = settings.worker.worker_pool.acquire_timeout_ms
-                if in_pod:
-                    acquire_ms = max(acquire_ms, settings.worker.start_timeout_ms)
-                lifetime = reservation_lifetime_ms(acquire_ms)
+            if placement.reserves:
+                lifetime = reservation_lifetime_ms(placement.acquire_timeout_ms)
                 reservation = ReservationRecord(
                     issue=issue,
                     slot_index=candidate.slot_index,
@@ -687,7 +631,7 @@ class Orchestrator:
                     expires_at_ms=now_ms + lifetime,
                     reserved_at=wall,
                     consumed_retry=current,
-                    agent_kind=kind,
+                    agent_kind=decision.kind,
                 )
                 record = reserved_record(reservation, owner=owner, now=wall)
             else:
@@ -697,14 +641,14 @@ class Orchestrator:
                     attempt=attempt,
                     started_at_ms=now_ms,
                     started_at=wall,
-                    host=host,
+                    host=placement.host,
                     workspace_path=current.workspace_path if current is not None else None,
                     retry_kind=(
                         current.kind
                         if current is not None and current.kind is not RetryKind.PLACEMENT
                         else None
                     ),
-                    agent_kind=kind,
+                    agent_kind=decision.kind,
                     resume=current.resume if current is not None else None,
                 )
                 record = running_record(entry, owner=owner, now=wall)
@@ -931,6 +875,7 @@ class Orchestrator:
         error: str | None = None,
         release: bool = False,
         failure_code: str | None = None,
+        count_continuation: bool = True,
     ) -> Finished | None:
         """End a running slot and schedule its retry; ``None`` if ``key`` is not running.
 
@@ -944,10 +889,15 @@ class Orchestrator:
         A failure that uses up ``retry.max_attempts`` consecutive failures, or whose
         ``failure_code`` says the agent asked for input or approval, writes no retry either:
         the slot is blocked (``Finished.blocked``) until a refresh or a change of its issue.
+        So is a clean exit past ``agent.max_continuation_runs`` clean runs of the slot in a row
+        (``policies.continuations``): its agent keeps stopping without moving the issue.
+        ``count_continuation=False`` is for a clean end the agent did not choose (the runtime
+        shutting down): the continuation is written, and the count neither grows nor blocks.
         """
         async with self._lock:
             return await self._finish_locked(
-                key, normal=normal, error=error, release=release, failure_code=failure_code
+                key, normal=normal, error=error, release=release, failure_code=failure_code,
+                count_continuation=count_continuation,
             )
 
     async def finish_stalled(self) -> tuple[StalledRun, ...]:
@@ -973,6 +923,7 @@ class Orchestrator:
         error: str | None,
         release: bool,
         failure_code: str | None = None,
+        count_continuation: bool = True,
     ) -> Finished | None:
         state = self._state
         entry = state.running.pop(key, None)
@@ -986,6 +937,7 @@ class Orchestrator:
         state.completed.add(entry.issue.id)
         if release:
             state.failure_streaks.pop(key, None)
+            state.continuation_streaks.pop(key, None)
             await self._store.release(key)
             await self._save_checkpoint()
             return Finished(entry=entry, retry=None)
@@ -995,11 +947,21 @@ class Orchestrator:
             previous_attempt=entry.attempt,
             previous_failures=state.failure_streaks.get(key, 0),
             retry=self._settings.retry,
+            previous_continuations=state.continuation_streaks.get(key, 0),
+            max_continuation_runs=(
+                self._settings.agent.max_continuation_runs if count_continuation else 0
+            ),
         )
         if decision.failures:
             state.failure_streaks[key] = decision.failures
         else:
             state.failure_streaks.pop(key, None)
+        if normal and not count_continuation:
+            pass  # NB: not the agent's choice: the count stays as it was
+        elif decision.continuations and decision.blocked is None:
+            state.continuation_streaks[key] = decision.continuations
+        else:
+            state.continuation_streaks.pop(key, None)
         if decision.blocked is not None:
             assert decision.action is not None
             blocked = BlockedEntry(
@@ -1059,6 +1021,7 @@ class Orchestrator:
             if key in self._state.claimed:
                 return
             self._state.failure_streaks.pop(key, None)
+            self._state.continuation_streaks.pop(key, None)
             blocked = self._state.blocked.pop(key, None)
             if self._state.retry_attempts.pop(key, None) is not None or blocked is not None:
                 await self._store.release(key)
@@ -1086,6 +1049,7 @@ class Orchestrator:
                 retry = state.retry_attempts.pop(key, None)
                 blocked = state.blocked.pop(key, None)
                 state.failure_streaks.pop(key, None)
+                state.continuation_streaks.pop(key, None)
                 if blocked is not None:
                     unblocked = True
                     touched.append(key)
@@ -1124,6 +1088,7 @@ class Orchestrator:
             retry = state.retry_attempts.pop(key, None)
             blocked = state.blocked.pop(key, None)
             state.failure_streaks.pop(key, None)
+            state.continuation_streaks.pop(key, None)
             if entry is None and reservation is None and retry is None and blocked is None:
                 return Released()
             state.claimed.discard(key)
@@ -1195,23 +1160,12 @@ class Orchestrator:
 
     async def _save_checkpoint(self) -> None:
         state = self._state
-        checkpoint: dict[str, Any] = {
-            "schema": CHECKPOINT_SCHEMA,
-            "usage_totals": state.usage_totals.to_dict(),
-        }
-        # NB: lists of objects, not maps keyed by slot key: the Kubernetes store camelCases
-        # every mapping key of the checkpoint, which would mangle issue ids.
-        if state.failure_streaks:
-            checkpoint["failure_streaks"] = [
-                {"slot_key": key, "failures": failures}
-                for key, failures in sorted(state.failure_streaks.items())
-            ]
-        if state.blocked:
-            checkpoint["blocked"] = [
-                blocked_to_checkpoint(blocked)
-                for _, blocked in sorted(state.blocked.items())
-            ]
-        await self._store.save_checkpoint(checkpoint)
+        checkpoint = Checkpoint.of(
+            usage_totals=state.usage_totals,
+            failure_streaks=state.failure_streaks,
+            blocked=state.blocked,
+        )
+        await self._store.save_checkpoint(checkpoint.to_json())
 
     # -- snapshot -----------------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from lorenz.config import TerminalAction
 from lorenz.model import (
+    BlockReason,
     Issue,
     ReservationRecord,
     RetryEntry,
@@ -29,7 +30,6 @@ from lorenz.model import (
     SlotKey,
     UsageTotals,
 )
-from lorenz.policies.retries import BlockReason
 
 
 @dataclasses.dataclass(slots=True)
@@ -99,6 +99,9 @@ class OrchestratorState:
     """Slots that stopped retrying until a refresh or a change of their issue."""
     failure_streaks: dict[SlotKey, int] = dataclasses.field(default_factory=dict)
     """Consecutive failed runs per slot (absent = 0): what ``retry.max_attempts`` counts."""
+    continuation_streaks: dict[SlotKey, int] = dataclasses.field(default_factory=dict)
+    """Clean runs in a row per slot (absent = 0): what ``agent.max_continuation_runs`` counts
+    (memory only: a restart starts every count again)."""
 
     def occupied(self) -> int:
         """Running plus reserved slots: what every cap counts."""

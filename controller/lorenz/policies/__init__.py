@@ -1,9 +1,14 @@
-"""Pure scheduling rules: eligibility, order, caps, host choice, backoff, stalls, outcomes.
+"""Pure scheduling rules: eligibility, order, admission, caps, placement, backoff, the
+continuation limit, stalls, outcomes.
 
 Every function here is a plain computation over model objects and settings, with no state and
 no I/O, so each rule is tested on its own and the orchestrator (layer 3) only combines them.
 """
 
+# NB: ``StopReason`` lives in lorenz.model.lifecycle; it is re-exported here only for the
+# runtime, which imports it from this package (to be removed once it imports the model's).
+from lorenz.model.lifecycle import StopReason
+from lorenz.policies.admission import Admission, Admitted, Refusal, admission
 from lorenz.policies.backoff import (
     CONTINUATION_ATTEMPT,
     CONTINUATION_DELAY_MS,
@@ -25,6 +30,11 @@ from lorenz.policies.concurrency import (
     retry_host,
     select_worker_host,
     state_limit,
+)
+from lorenz.policies.continuations import (
+    DEFAULT_MAX_CONTINUATION_RUNS,
+    continuation_limit_reached,
+    next_continuation_streak,
 )
 from lorenz.policies.eligibility import (
     Ineligibility,
@@ -48,26 +58,42 @@ from lorenz.policies.outcomes import (
     WorkerHealth,
     classify_worker_outcome,
 )
-from lorenz.policies.reconciliation import StopReason, reconciliation_decision
+from lorenz.policies.placement import (
+    ClaimPlacement,
+    RunLocation,
+    claim_placement,
+    run_location,
+    runs_in_pods,
+)
+from lorenz.policies.reconciliation import reconciliation_decision
 from lorenz.policies.stalls import is_stalled, last_activity_ms, stall_error, stalled_for_ms
 
 __all__ = [
     "CONTINUATION_ATTEMPT",
     "CONTINUATION_DELAY_MS",
+    "DEFAULT_MAX_CONTINUATION_RUNS",
     "FAILURE_BASE_DELAY_MS",
     "HOST_UNREACHABLE_CODE",
     "POISON_WORKER_ERROR_CODES",
     "RESERVATION_EXPIRY_MARGIN_MS",
     "UNRANKED_PRIORITY",
+    "Admission",
+    "Admitted",
     "CapacityShortage",
+    "ClaimPlacement",
     "Ineligibility",
     "IssueRules",
+    "Refusal",
+    "RunLocation",
     "StopReason",
     "WorkerHealth",
+    "admission",
     "agent_kind_for",
     "available_slots",
     "capacity_shortage",
+    "claim_placement",
     "classify_worker_outcome",
+    "continuation_limit_reached",
     "created_rank",
     "dispatch_sort_key",
     "dispatchable_issues",
@@ -78,6 +104,7 @@ __all__ = [
     "issue_ineligibility",
     "kind_limit",
     "last_activity_ms",
+    "next_continuation_streak",
     "next_failure_attempt",
     "placement_wait_ms",
     "priority_rank",
@@ -86,6 +113,8 @@ __all__ = [
     "retry_host",
     "retry_is_due",
     "retry_plan",
+    "run_location",
+    "runs_in_pods",
     "select_worker_host",
     "slot_ineligibility",
     "sort_for_dispatch",

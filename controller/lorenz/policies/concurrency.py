@@ -23,6 +23,9 @@ Caps, checked in this order (the first one that is full names the skip reason):
 
 An empty host list means "run locally" and no per-host cap applies. When hosts are configured
 and every one is full there is no dispatch: a run never falls back to the local machine.
+
+The caps are checked by :mod:`.admission`; the host choice here is one step of
+:mod:`.placement`, which decides where a run executes.
 """
 
 from __future__ import annotations

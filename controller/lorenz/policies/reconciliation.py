@@ -11,20 +11,8 @@ unusable).
 
 from __future__ import annotations
 
-import enum
-
-from lorenz.model import Issue
+from lorenz.model import Issue, StopReason
 from lorenz.policies.eligibility import IssueRules, has_open_blockers, is_routable
-
-
-class StopReason(enum.StrEnum):
-    """Why a tracked run is stopped (the runtime's ``run_reconciled`` reason)."""
-
-    TERMINAL = "terminal"
-    UNROUTED = "unrouted"
-    BLOCKED = "blocked"
-    INACTIVE = "inactive"
-    MISSING = "missing"
 
 
 def reconciliation_decision(issue: Issue | None, rules: IssueRules) -> StopReason | None:

@@ -25,24 +25,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import enum
 import hashlib
 
 from lorenz.config import RetrySettings, TerminalAction
-from lorenz.model import Issue, RetryKind
+from lorenz.model import BlockReason, Issue, RetryKind
 from lorenz.policies.backoff import CONTINUATION_DELAY_MS, retry_plan
-
-
-class BlockReason(enum.StrEnum):
-    """Why a slot sits in the ``blocked`` lane."""
-
-    RETRY_BUDGET_EXHAUSTED = "retry_budget_exhausted"
-    """``retry.max_attempts`` consecutive failures."""
-    INPUT_REQUIRED = "input_required"
-    """The agent asked a question nobody is there to answer."""
-    APPROVAL_REQUIRED = "approval_required"
-    """The agent asked for an approval the configured policy does not give."""
-
+from lorenz.policies.continuations import continuation_limit_reached, next_continuation_streak
 
 QUESTION_CODES: dict[str, BlockReason] = {
     "input_required": BlockReason.INPUT_REQUIRED,
@@ -69,6 +57,8 @@ class RetryDecision:
     """Set when the slot is not retried but blocked."""
     action: TerminalAction | None = None
     """The terminal action to apply, when blocked."""
+    continuations: int = 0
+    """Clean runs of the slot in a row after this run (see :mod:`.continuations`)."""
 
 
 def settle_decision(
@@ -78,14 +68,32 @@ def settle_decision(
     previous_attempt: int | None,
     previous_failures: int,
     retry: RetrySettings,
+    previous_continuations: int = 0,
+    max_continuation_runs: int = 0,
 ) -> RetryDecision:
-    """The decision for a run that ended cleanly (``normal``) or failed with ``failure_code``."""
+    """The decision for a run that ended cleanly (``normal``) or failed with ``failure_code``.
+
+    ``previous_continuations`` clean runs in a row came before this one; past
+    ``max_continuation_runs`` of them a clean exit blocks the slot (``continuation_limit``)
+    instead of scheduling a continuation (``0``: never).
+    """
     if normal:
         attempt, delay = retry_plan(
             kind=RetryKind.CONTINUATION, previous_attempt=previous_attempt, max_backoff_ms=0
         )
+        streak = next_continuation_streak(previous_continuations, kind=RetryKind.CONTINUATION)
+        if continuation_limit_reached(streak, limit=max_continuation_runs):
+            # NB: like a question, not a broken issue: ``cancel`` does not apply, ``escalate``
+            # does (someone should look at why the agent keeps stopping short).
+            action = (
+                TerminalAction.ESCALATE
+                if retry.terminal_action is TerminalAction.ESCALATE
+                else TerminalAction.BLOCK
+            )
+            return RetryDecision(failures=0, attempt=attempt, continuations=streak,
+                                 blocked=BlockReason.CONTINUATION_LIMIT, action=action)
         return RetryDecision(failures=0, kind=RetryKind.CONTINUATION, attempt=attempt,
-                             delay_ms=delay)
+                             delay_ms=delay, continuations=streak)
     if failure_code == NEVER_STARTED_CODE:
         # NB: nothing ran, so nothing failed: the same attempt again (``0`` for a first run),
         # the failure count unchanged. The short delay keeps a controller that crashes at every
@@ -145,6 +153,12 @@ def escalation_body(
         head = (
             f"Lorenz stopped retrying {identifier} after {failures} consecutive failed "
             "runs. Fix the cause, then change the issue or refresh Lorenz to try again."
+        )
+    elif reason is BlockReason.CONTINUATION_LIMIT:
+        head = (
+            f"The agent working on {identifier} kept ending its runs cleanly while the issue "
+            "stayed active (agent.max_continuation_runs), so Lorenz stopped running it. Move "
+            "the issue on, or change it (or refresh Lorenz) to run the agent again."
         )
     elif reason is BlockReason.INPUT_REQUIRED:
         head = (

@@ -45,9 +45,9 @@ from lorenz.model import (
     RunOutcome,
     RuntimeEvent,
     SlotKey,
+    StopReason,
     slot_key,
 )
-from lorenz.policies import StopReason
 from lorenz.runtime import LorenzRuntime
 
 WORKFLOW_LABEL = "workflow"

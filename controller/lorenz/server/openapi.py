@@ -13,7 +13,7 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from lorenz.model import EVENT_TYPES, RUN_OUTCOMES, RetryKind
+from lorenz.model import EVENT_TYPES, RUN_OUTCOMES, BlockReason, RetryKind
 from lorenz.server.errors import ERROR_CODES
 
 API_VERSION = "1.0.0"
@@ -153,7 +153,7 @@ SCHEMAS: dict[str, Any] = {
             "slot_index": {"type": "integer", "minimum": 0},
             "reason": {
                 "type": "string",
-                "enum": ["retry_budget_exhausted", "input_required", "approval_required"],
+                "enum": [reason.value for reason in BlockReason],
             },
             "error": _nullable(_STR),
             "failures": {"type": "integer", "minimum": 0},

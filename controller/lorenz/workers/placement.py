@@ -1,7 +1,8 @@
 """Placement: which machine a run executes on, and the runner that puts it there.
 
-The orchestrator decides *where* (a host of ``worker.ssh_hosts`` under its per-host cap, or
-this machine); this module turns that decision into a process on that machine. A run placed on
+Where a run executes is decided in one place, :mod:`lorenz.policies.placement` (a host of
+``worker.ssh_hosts`` under its per-host cap, a Pod of its own, or this machine); this module
+turns that decision into a process there. A run placed on
 an SSH host is always a worker there — its workspace, hooks and agent live on the host, and only
 its journal, tool calls and cancel travel over ssh — so the controller never touches the remote
 filesystem itself. A run on this machine is a local worker (or, in the operator and in tests
@@ -32,8 +33,9 @@ from lorenz.agents import (
     DroppedAdoption,
     RunPlacement,
 )
-from lorenz.config import AgentProtocol, WorkerKind, WorkerSettings, WorkflowSettings
+from lorenz.config import AgentProtocol, WorkerSettings, WorkflowSettings
 from lorenz.model import Issue
+from lorenz.policies.placement import RunLocation, run_location
 from lorenz.workers.journal import DEFAULT_MAX_BYTES as DEFAULT_JOURNAL_MAX_BYTES
 from lorenz.workers.runner import WorkerRunner
 from lorenz.workers.spec import HookSpec, RunSpec
@@ -222,7 +224,8 @@ class PlacingRunner:
     def _runner_for(self, placement: RunPlacement | None) -> AgentRunner:
         if placement is None:
             return self.local(self.protocol)
-        if placement.worker.kind is WorkerKind.POD:
+        location = run_location(placement.worker, host=placement.host)
+        if location is RunLocation.POD:
             if self.pods is None:
                 raise PodRunnerUnavailable(
                     "worker.kind: pod places runs in Pods, which only the Kubernetes operator "

@@ -6,8 +6,8 @@ import dataclasses
 import datetime
 
 from lorenz.model import AgentUpdate, SlotKey, TokenUsage, UsageTotals
-from tests.core.claims_helpers import retry_of, run
-from tests.core.factories import SharedClaims, issue, make
+from tests.orchestrator.claims_helpers import retry_of, run
+from tests.orchestrator.factories import SharedClaims, issue, make
 
 K1 = SlotKey("i1#0")
 

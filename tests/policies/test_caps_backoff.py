@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from lorenz.model import RetryKind, RunFailure, RunningEntry
+from lorenz.model import RetryKind, RunFailure, RunningEntry, StopReason
 from lorenz.policies import (
     CONTINUATION_DELAY_MS,
     POISON_WORKER_ERROR_CODES,
     CapacityShortage,
     IssueRules,
-    StopReason,
     WorkerHealth,
     available_slots,
     capacity_shortage,
@@ -25,7 +24,7 @@ from lorenz.policies import (
     stalled_for_ms,
     state_limit,
 )
-from tests.core.factories import EPOCH, issue, settings
+from tests.orchestrator.factories import EPOCH, issue, settings
 
 AGENT = settings(
     agent={"max_concurrent_agents": 3, "max_concurrent_agents_by_state": {" In Progress ": 1}}

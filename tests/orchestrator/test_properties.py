@@ -41,8 +41,8 @@ from lorenz.model import (
 )
 from lorenz.orchestrator import DispatchCandidate, Orchestrator, Reserved, Started
 from lorenz.policies import state_limit
-from tests.core.claims_helpers import retry_of
-from tests.core.factories import PoolProbe, issue, settings
+from tests.orchestrator.claims_helpers import retry_of
+from tests.orchestrator.factories import PoolProbe, issue, settings
 
 STATES = ["Todo", "In Progress", "Done", "Backlog"]
 N_ISSUES = 4

@@ -18,8 +18,8 @@ from lorenz.model import (
     TokenUsage,
 )
 from lorenz.orchestrator import AlreadyStarted, Orchestrator
-from tests.core.claims_helpers import retry_of, run
-from tests.core.factories import PoolProbe, SharedClaims, issue, make
+from tests.orchestrator.claims_helpers import retry_of, run
+from tests.orchestrator.factories import PoolProbe, SharedClaims, issue, make
 
 K1, K2, K3 = SlotKey("i1#0"), SlotKey("i2#0"), SlotKey("i3#0")
 

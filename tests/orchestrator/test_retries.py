@@ -6,10 +6,10 @@ import datetime
 
 import pytest
 
-from lorenz.model import AgentUpdate, ClaimPhase, RetryKind, SlotKey, TokenUsage
-from lorenz.orchestrator import Orchestrator, Skipped, SkipReason, StopReason
-from tests.core.claims_helpers import retry_of, run, start
-from tests.core.factories import EPOCH, issue, make, settings
+from lorenz.model import AgentUpdate, ClaimPhase, RetryKind, SlotKey, StopReason, TokenUsage
+from lorenz.orchestrator import Orchestrator, Skipped, SkipReason
+from tests.orchestrator.claims_helpers import retry_of, run, start
+from tests.orchestrator.factories import EPOCH, issue, make, settings
 
 K1 = SlotKey("i1#0")
 
@@ -251,7 +251,7 @@ async def test_finish_returns_the_ended_entry_and_can_release_instead_of_retryin
 
 
 async def test_finish_persists_the_retry_before_the_checkpoint() -> None:
-    from tests.core.factories import SharedClaims
+    from tests.orchestrator.factories import SharedClaims
 
     shared = SharedClaims()
     store = shared.store("me")

@@ -6,8 +6,8 @@ import json
 
 from lorenz.model import AgentUpdate, SlotKey, TokenUsage
 from lorenz.orchestrator import Reserved
-from tests.core.claims_helpers import run
-from tests.core.factories import PoolProbe, issue, make
+from tests.orchestrator.claims_helpers import run
+from tests.orchestrator.factories import PoolProbe, issue, make
 
 
 async def test_snapshot_lanes_and_json_form() -> None:

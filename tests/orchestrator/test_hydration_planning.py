@@ -8,6 +8,7 @@ from typing import Any
 
 from lorenz.config import RetryBackoffSettings, TerminalAction
 from lorenz.model import (
+    BlockReason,
     ClaimPhase,
     ClaimRecord,
     RetryKind,
@@ -18,10 +19,12 @@ from lorenz.model import (
     TokenUsage,
     slot_key,
 )
-from lorenz.orchestrator.hydration import (
+from lorenz.orchestrator.checkpoints import (
     blocked_to_checkpoint,
     checkpoint_retry_state,
     checkpoint_usage,
+)
+from lorenz.orchestrator.hydration import (
     foreign_claims,
     owners_to_take_over,
     plan_hydration,
@@ -32,7 +35,6 @@ from lorenz.orchestrator.hydration import (
 )
 from lorenz.orchestrator.state import BlockedEntry
 from lorenz.policies import retry_host
-from lorenz.policies.retries import BlockReason
 
 WALL = datetime.datetime(2026, 12, 3, 12, 0, tzinfo=datetime.UTC)
 NOW_MS = 1_000_000.0

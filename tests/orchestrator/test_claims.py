@@ -14,8 +14,8 @@ from lorenz.orchestrator import (
     Started,
 )
 from lorenz.policies import placement_wait_ms
-from tests.core.claims_helpers import retry_of
-from tests.core.factories import PoolProbe, SharedClaims, issue, make, settings
+from tests.orchestrator.claims_helpers import retry_of
+from tests.orchestrator.factories import PoolProbe, SharedClaims, issue, make, settings
 
 
 async def start(orchestrator: Orchestrator, candidate: DispatchCandidate) -> Started:

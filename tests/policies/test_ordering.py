@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lorenz.policies import UNRANKED_PRIORITY, dispatch_sort_key, priority_rank, sort_for_dispatch
-from tests.core.factories import EPOCH, issue
+from tests.orchestrator.factories import EPOCH, issue
 
 
 def ids(issues: list) -> list[str]:  # type: ignore[type-arg]

@@ -18,7 +18,7 @@ from lorenz.policies import (
     issue_ineligibility,
     slot_ineligibility,
 )
-from tests.core.factories import EPOCH, issue
+from tests.orchestrator.factories import EPOCH, issue
 
 RULES = IssueRules.build(
     active_states=("Todo", "In Progress"),

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from lorenz.model import AgentUpdate, ClaimPhase, ManualClock, RetryKind, SlotKey, TokenUsage
 from lorenz.orchestrator import Skipped, SkipReason
-from tests.core.claims_helpers import run
-from tests.core.factories import PoolProbe, SharedClaims, issue, make
+from tests.orchestrator.claims_helpers import run
+from tests.orchestrator.factories import PoolProbe, SharedClaims, issue, make
 
 K1, K2, K3 = SlotKey("i1#0"), SlotKey("i2#0"), SlotKey("i3#0")
 STALE_MS = 30_000
