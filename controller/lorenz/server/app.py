@@ -250,6 +250,7 @@ def build_app(
         hub.close()  # ends the SSE streams, so shutdown does not wait on them
 
     async def on_cleanup(app: web.Application) -> None:
+        webhooks.close()
         while detachers:
             detachers.pop()()
 

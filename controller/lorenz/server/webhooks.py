@@ -2,11 +2,16 @@
 
 Polling finds a new issue up to one interval late and spends most of its tracker requests on
 finding nothing. With ``tracker.webhook_secret`` set, the tracker tells the server instead, and
-this route turns each delivery it can verify into one :meth:`LorenzRuntime.request_refresh`:
+this route turns the deliveries it can verify into :meth:`LorenzRuntime.request_refresh` calls:
 the runtime's usual poll and reconcile pass, which reads the tracker (the delivery itself is
 never trusted for state), starts what became eligible and stops what became terminal, exactly
-as a poll would. Refreshes asked for while a pass runs merge into one follow-up pass, so a
-burst of deliveries costs a few tracker reads, not one per delivery.
+as a poll would.
+
+A burst (a bulk edit, a label added to 300 issues) must not become a burst of tracker reads.
+The runtime merges the refreshes asked for while a pass runs into one follow-up pass; on top of
+that, :class:`RefreshCoalescer` asks at most once per :data:`REFRESH_MIN_GAP_S`: the first
+delivery after a quiet spell asks at once (no added latency), the ones that follow within the
+gap share one refresh at its end (none is lost).
 
 What this route refuses, and why (the verification itself is
 :mod:`lorenz.trackers.webhooks`, shared with any other shape that takes deliveries):
@@ -24,12 +29,15 @@ signature is the credential); the Host check, the JSON content type and the size
 
 from __future__ import annotations
 
+import asyncio
+import datetime
 import logging
 import time
 from collections.abc import Callable
 
 from aiohttp import hdrs, web
 
+from lorenz.model import RefreshReceipt
 from lorenz.runtime import LorenzRuntime
 from lorenz.server.errors import ORCHESTRATOR_UNAVAILABLE, ApiError
 from lorenz.server.metrics import LorenzMetrics
@@ -55,7 +63,67 @@ ACCEPTED = "accepted"
 IGNORED = "ignored"
 """Outcome: verified, but it names no issue (a ping, a project update): nothing queued."""
 
+REFRESH_MIN_GAP_S = 0.25
+"""Least time between two refreshes asked for by deliveries (see the module docstring)."""
+
 _READ_CHUNK = 64 * 1024
+
+
+class RefreshCoalescer:
+    """Asks ``request`` (the runtime's refresh) at most once per ``min_gap_s``.
+
+    Leading edge at once, trailing edge at the end of the gap for whatever came meanwhile;
+    :meth:`close` drops a trailing refresh not yet asked (the server is going away).
+    """
+
+    def __init__(
+        self,
+        *,
+        request: Callable[[], RefreshReceipt],
+        min_gap_s: float = REFRESH_MIN_GAP_S,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._request = request
+        self._min_gap_s = min_gap_s
+        self._monotonic = monotonic
+        self._last_asked: float | None = None
+        self._trailing: asyncio.TimerHandle | None = None
+        self.asked = 0
+        """How many refreshes were asked of the runtime (the bench reads it)."""
+
+    def ask(self) -> RefreshReceipt:
+        """Ask now, or join the refresh due at the end of the current gap."""
+        now = self._monotonic()
+        if self._trailing is not None:
+            return _joined()
+        if self._last_asked is None or now - self._last_asked >= self._min_gap_s:
+            return self._ask_now(now)
+        delay = self._min_gap_s - (now - self._last_asked)
+        self._trailing = asyncio.get_running_loop().call_later(delay, self._fire_trailing)
+        return _joined()
+
+    def close(self) -> None:
+        if self._trailing is not None:
+            self._trailing.cancel()
+            self._trailing = None
+
+    def _ask_now(self, now: float) -> RefreshReceipt:
+        self._last_asked = now
+        self.asked += 1
+        return self._request()
+
+    def _fire_trailing(self) -> None:
+        self._trailing = None
+        self._ask_now(self._monotonic())
+
+
+def _joined() -> RefreshReceipt:
+    return RefreshReceipt(
+        queued=True,
+        coalesced=True,
+        requested_at=datetime.datetime.now(datetime.UTC),
+        operations=("poll", "reconcile"),
+    )
 
 
 class WebhookIntake:
@@ -80,7 +148,12 @@ class WebhookIntake:
         self.metrics = metrics
         self.workflow = workflow if workflow is not None else str(runtime.workflow.path)
         self.deliveries = deliveries if deliveries is not None else DeliveryLog()
+        self.refreshes = RefreshCoalescer(request=runtime.request_refresh)
         self._wall_clock = wall_clock
+
+    def close(self) -> None:
+        """Drop a refresh still waiting for its gap to end (the server stops)."""
+        self.refreshes.close()
 
     def secret_for(self, kind: str) -> str | None:
         """The secret deliveries of ``kind`` are verified with; ``None``: the route is off."""
@@ -102,6 +175,9 @@ class WebhookIntake:
                 code=WEBHOOK_NOT_FOUND,
                 status=404,
             )
+        if self.runtime.stopped:
+            self._count(kind, ORCHESTRATOR_UNAVAILABLE)
+            raise _stopped()
         try:
             body = await _read_bounded(request)
             event = self.take(kind=kind, headers=dict(request.headers), body=body, secret=secret)
@@ -111,16 +187,12 @@ class WebhookIntake:
             self._count(kind, IGNORED)
             return web.json_response({"accepted": True, "event": event.to_dict(), "refresh": None},
                                      status=202)
-        receipt = self.runtime.request_refresh()
+        receipt = self.refreshes.ask()
         if not receipt.queued:
             # NB: not acted on; let the sender's retry in once a runtime takes deliveries again.
             self.deliveries.forget(kind=kind, delivery_id=event.delivery_id)
             self._count(kind, ORCHESTRATOR_UNAVAILABLE)
-            raise ApiError(
-                "the runtime has stopped and takes no deliveries; the sender will retry",
-                code=ORCHESTRATOR_UNAVAILABLE,
-                status=503,
-            )
+            raise _stopped()
         self._count(kind, ACCEPTED)
         logger.info(
             "webhook accepted kind=%s delivery=%s event=%s change=%s issues=%s",
@@ -154,6 +226,15 @@ class WebhookIntake:
             # NB: an unknown kind in the URL is anyone's text: it must not mint label values.
             label = kind if kind in WEBHOOK_KINDS else "unknown"
             self.metrics.count_webhook(workflow=self.workflow, tracker=label, outcome=outcome)
+
+
+def _stopped() -> ApiError:
+    return ApiError(
+        "the runtime has stopped and takes no deliveries; the sender's retry or the next poll "
+        "after a restart picks the change up",
+        code=ORCHESTRATOR_UNAVAILABLE,
+        status=503,
+    )
 
 
 async def _read_bounded(request: web.Request) -> bytes:
