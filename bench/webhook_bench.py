@@ -142,6 +142,9 @@ async def idle_part(tmp: Path, *, ticks: int) -> dict[str, Any]:
         start_polls, start_requests = rig.runtime.poll_count, len(linear.requests)
         while rig.runtime.poll_count < start_polls + ticks:
             await asyncio.sleep(0.02)
+        # NB: poll_count counts ticks started; let the last one finish its requests.
+        while rig.runtime.poll_status().status != "idle":
+            await asyncio.sleep(0.005)
         polls = rig.runtime.poll_count - start_polls
         requests = len(linear.requests) - start_requests
         rig.runtime.stop()
