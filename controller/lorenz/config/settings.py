@@ -150,9 +150,10 @@ class TrackerSettings(Section):
     )
     """Webhook signing secret, literal or ``$VAR`` (a ``$VAR`` is best: keep it out of the
     file). Set, it turns on ``POST /api/v1/webhooks/<tracker kind>`` on the server (see
-    docs/webhooks.md) and makes ``polling.interval_ms`` default to 300000 (5 min): polling
-    becomes the backstop. Unset, the route answers 404. A ``$VAR`` that resolves to an empty
-    string counts as unset."""
+    docs/webhooks.md) and makes ``polling.interval_ms`` default to 300000 (5 min) instead of
+    30000 unless ``polling.interval_ms`` is set: polling becomes the backstop for lost
+    deliveries. Unset, the route answers 404. A ``$VAR`` that resolves to an empty string
+    counts as unset."""
 
     project_slug: str | None = Field(default=None, json_schema_extra=_reload("hot"))
     """Linear project ``slugId`` (the last segment of the project URL). Required for linear."""
@@ -232,9 +233,7 @@ class PollingSettings(Section):
     """How often the tracker is polled."""
 
     interval_ms: PositiveInt = Field(default=30000, json_schema_extra=_reload("hot"))
-    """Milliseconds between polls; takes effect when the next poll is scheduled. When
-    ``tracker.webhook_secret`` is set and this key is not, the default is 300000 (5 min):
-    webhooks bring changes at once, and the poll is the backstop for lost deliveries."""
+    """Milliseconds between polls; takes effect when the next poll is scheduled."""
 
     dispatch_batch_ms: NonNegativeInt = Field(
         default=500, le=60000, json_schema_extra=_reload("hot")
