@@ -434,3 +434,41 @@ async def test_the_coalescer_asks_at_once_then_once_per_gap() -> None:
     coalescer.close()  # a trailing refresh not yet due is dropped
     await asyncio.sleep(0.3)
     assert len(asked) == 2
+
+
+async def github_served(tmp_path: Path) -> Served:
+    agent = write_agent(tmp_path, "agent", WAITING_AGENT)
+    path = write_workflow(tmp_path, agent_script=agent, front_matter={
+        "tracker": {"kind": "github", "repository": "acme/app", "api_key": "tok-0123456789",
+                    "webhook_secret": SECRET},
+    })
+    settings = load_workflow(path, environ={}).settings
+    return await serve(build_rig(path, tracker=MemoryTracker([], settings=settings)))
+
+
+async def test_a_delivery_about_no_issue_is_answered_and_ignored(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    served = await github_served(tmp_path)
+    body = json.dumps({"zen": "Design for failure.", "hook_id": 12}).encode()
+    headers = github_headers(body, "ping-1") | {"X-GitHub-Event": "ping"}
+    status, document = await post(http, served, "github", headers, body)
+    assert status == 202
+    assert document["refresh"] is None
+    assert document["event"]["change"] == "other"
+    assert not served.rig.of_type("refresh_requested")
+    assert await metric(http, served, "ignored") == 1
+
+
+async def test_a_stopped_runtime_answers_503_and_takes_the_retry_later(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    served = await github_served(tmp_path)
+    make_headers, payload, _ = SENDERS["github"]
+    body = json.dumps(payload).encode()
+    served.rig.runtime.stop()
+    status, document = await post(http, served, "github", make_headers(body, "late-1"), body)
+    assert (status, code(document)) == (503, "orchestrator_unavailable")
+    intake = served.server.app[WEBHOOKS_KEY] if served.server.app is not None else None
+    assert intake is not None
+    assert not intake.deliveries.seen(kind="github", delivery_id="late-1", now=time.time())

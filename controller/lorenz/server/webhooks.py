@@ -33,7 +33,7 @@ import asyncio
 import datetime
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from aiohttp import hdrs, web
 
@@ -164,8 +164,12 @@ class WebhookIntake:
         return tracker.webhook_secret
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        """The aiohttp handler of :data:`WEBHOOK_ROUTE`."""
-        kind = request.match_info["kind"]
+        """The aiohttp handler of :data:`WEBHOOK_ROUTE` (the kind is in the URL)."""
+        return await self.answer(request, kind=request.match_info["kind"])
+
+    async def answer(self, request: web.Request, *, kind: str) -> web.StreamResponse:
+        """Answer one delivery of ``kind`` (a route that names the workflow instead of the
+        kind passes the workflow's ``tracker.kind``)."""
         secret = self.secret_for(kind)
         if secret is None:
             self._count(kind, WEBHOOK_NOT_FOUND)
@@ -204,7 +208,9 @@ class WebhookIntake:
             status=202,
         )
 
-    def take(self, *, kind: str, headers: dict[str, str], body: bytes, secret: str) -> WebhookEvent:
+    def take(
+        self, *, kind: str, headers: Mapping[str, str], body: bytes, secret: str
+    ) -> WebhookEvent:
         """Verify one delivery and record its id; :class:`WebhookRefused` if it is not taken."""
         now = self._wall_clock()
         event = verify_delivery(kind=kind, headers=headers, body=body, secret=secret, now=now)
