@@ -30,6 +30,16 @@ REDACTED = "***"
 MIN_SECRET_CHARS = 4
 """Shorter values are not treated as secrets: redacting them would mangle ordinary words."""
 
+WEBHOOK_SECRET_ENV: tuple[str, ...] = (
+    "LORENZ_WEBHOOK_SECRET",
+    "LINEAR_WEBHOOK_SECRET",
+    "GITHUB_WEBHOOK_SECRET",
+    "GITLAB_WEBHOOK_SECRET",
+    "JIRA_WEBHOOK_SECRET",
+)
+"""The documented homes of ``tracker.webhook_secret``: whoever holds the secret can forge
+deliveries, so these are tracker credentials too."""
+
 TRACKER_SECRET_ENV: tuple[str, ...] = (
     "LINEAR_API_KEY",
     "GITHUB_TOKEN",
@@ -37,6 +47,7 @@ TRACKER_SECRET_ENV: tuple[str, ...] = (
     "JIRA_API_TOKEN",
     "LORENZ_TRACKER_API_KEY",
     "GITLAB_TOKEN",
+    *WEBHOOK_SECRET_ENV,
 )
 """Variables that hold tracker credentials: never passed to an agent or a hook, always redacted."""
 

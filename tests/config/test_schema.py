@@ -122,7 +122,12 @@ def test_env_markers_are_known_values() -> None:
 
 
 def test_redaction_covers_secrets_and_agent_env() -> None:
-    assert set(secret_key_paths()) == {"tracker.api_key", "tracker.assignee"}
+    assert set(secret_key_paths()) == {
+        "tracker.api_key",
+        "tracker.assignee",
+        "tracker.email",
+        "tracker.webhook_secret",
+    }
     paths = {f.key_path for f in leaf_fields()}
     assert set(REDACTED_MAPS) <= paths
 

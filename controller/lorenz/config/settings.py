@@ -150,6 +150,16 @@ class TrackerSettings(Section):
     resolves to an empty string counts as missing. In Kubernetes use ``apiKeySecretRef`` on the
     Workflow instead."""
 
+    webhook_secret: str | None = Field(
+        default=None, json_schema_extra=_reload("hot", **{ENV_KEY: "secret"})
+    )
+    """Webhook signing secret, literal or ``$VAR`` (a ``$VAR`` is best: keep it out of the
+    file). Set, it turns on ``POST /api/v1/webhooks/<tracker kind>`` on the server (see
+    docs/webhooks.md) and makes ``polling.interval_ms`` default to 300000 (5 min) instead of
+    30000 unless ``polling.interval_ms`` is set: polling becomes the backstop for lost
+    deliveries. Unset, the route answers 404. A ``$VAR`` that resolves to an empty string
+    counts as unset."""
+
     project_slug: str | None = Field(default=None, json_schema_extra=_reload("hot"))
     """Linear project ``slugId`` (the last segment of the project URL), the Jira project key
     (``ENG`` for ``ENG-12``), or for gitlab the project's full path (``group/app``) or numeric
@@ -226,6 +236,10 @@ class TrackerSettings(Section):
         if value is not None and not value.strip():
             raise ValueError("must not be blank")
         return value
+
+
+WEBHOOK_BACKSTOP_INTERVAL_MS = 300_000
+"""``polling.interval_ms`` when ``tracker.webhook_secret`` is set and the interval is not."""
 
 
 class PollingSettings(Section):
@@ -1279,6 +1293,17 @@ class WorkflowSettings(DocumentedModel):
                 "another label",
                 {"label": label},
             )
+        return self
+
+    @pydantic.model_validator(mode="after")
+    def _webhooks_make_polling_a_backstop(self) -> WorkflowSettings:
+        if self.tracker.webhook_secret and "interval_ms" not in self.polling.model_fields_set:
+            # NB: frozen models; folded in once, here, so every reader of polling.interval_ms
+            # (the runtime, the status, `lorenz config`) sees the effective default.
+            polling = self.polling.model_copy(
+                update={"interval_ms": WEBHOOK_BACKSTOP_INTERVAL_MS}
+            )
+            object.__setattr__(self, "polling", polling)
         return self
 
     @pydantic.model_validator(mode="after")

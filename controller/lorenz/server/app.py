@@ -45,6 +45,7 @@ from lorenz.server.metrics import LorenzMetrics
 from lorenz.server.openapi import openapi_document
 from lorenz.server.protocol_log import ProtocolErrorLog
 from lorenz.server.streaming import DEFAULT_HEARTBEAT_S, DEFAULT_MIN_INTERVAL_S, SnapshotHub
+from lorenz.server.webhooks import WebhookIntake, webhook_routes
 from lorenz.workflow import LoadedWorkflow
 from lorenz.workspaces import WorkspaceManager
 
@@ -57,6 +58,7 @@ HUB_KEY = web.AppKey("lorenz_snapshot_hub", SnapshotHub)
 JOURNAL_KEY = web.AppKey("lorenz_issue_journal", IssueJournal)
 METRICS_KEY = web.AppKey("lorenz_metrics", LorenzMetrics)
 GUARD_KEY = web.AppKey("lorenz_request_guard", RequestGuard)
+WEBHOOKS_KEY = web.AppKey("lorenz_webhook_intake", WebhookIntake)
 
 UNIX_PATH_MAX_BYTES = 107
 """Longest unix socket path Linux accepts (``sun_path`` is 108 bytes with its NUL)."""
@@ -220,12 +222,21 @@ def build_app(
     app[HUB_KEY] = hub
     app[JOURNAL_KEY] = journal
     app[METRICS_KEY] = metrics
+    # NB: always mounted; it answers 404 until tracker.webhook_secret is set (read per request,
+    # so a reload turns it on or off).
+    webhooks = WebhookIntake(
+        runtime=runtime,
+        metrics=metrics,
+        workflow=metrics_workflow if metrics_workflow is not None else str(runtime.workflow.path),
+    )
+    app[WEBHOOKS_KEY] = webhooks
 
     overridden = {_method_and_path(route) for route in extra_routes} - {None}
     app.router.add_routes(
         [route for route in api.routes() if _method_and_path(route) not in overridden]
     )
     app.router.add_routes(list(extra_routes))
+    app.router.add_routes(webhook_routes(webhooks))
     app.router.add_routes(list(static_routes))
 
     detachers: list[Callable[[], None]] = []
@@ -239,6 +250,7 @@ def build_app(
         hub.close()  # ends the SSE streams, so shutdown does not wait on them
 
     async def on_cleanup(app: web.Application) -> None:
+        webhooks.close()
         while detachers:
             detachers.pop()()
 

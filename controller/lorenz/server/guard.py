@@ -16,6 +16,9 @@ well. So :class:`RequestGuard`, one aiohttp middleware, checks every request ove
 * **Content type** (state-changing methods): a body, when there is one, must be
   ``application/json`` — which browsers never send cross-origin without a preflight that this
   server does not grant — else 415 ``unsupported_media_type``.
+* **Webhooks** (``POST /api/v1/webhooks/<kind>``, :mod:`lorenz.server.webhooks`): exempt from
+  the Origin and Token rules — a tracker is no browser and has no token; the delivery's
+  signature is its credential — but not from the Host and content type rules.
 * **Token** (state-changing methods): ``Authorization: Bearer <token>``, compared in constant
   time, else 401 ``auth_token_missing`` / ``auth_token_invalid``. The token is random per
   server start and written to a ``0600`` file (:mod:`lorenz.server.credentials`) that only
@@ -55,6 +58,7 @@ from lorenz.server.errors import (
     UNSUPPORTED_MEDIA_TYPE,
     ApiError,
 )
+from lorenz.server.webhooks import is_webhook_request
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 """Methods that change nothing; every other method needs the token and a same-origin sender."""
@@ -161,8 +165,14 @@ class RequestGuard:
             )
         if request.method in SAFE_METHODS or request.match_info.http_exception is not None:
             return  # NB: no route (404) or wrong method (405): nothing can change, say so
-        self._check_origin(request, host)
-        self._check_token(request)
+        if not is_webhook_request(request):
+            # NB: a tracker's webhook delivery is not a browser's and carries no token: its
+            # signature is its credential (lorenz.server.webhooks). Host and type still apply.
+            self._check_origin(request, host)
+            self._check_token(request)
+        self._check_content_type(request)
+
+    def _check_content_type(self, request: web.Request) -> None:
         # NB: only a body that is there (or may be: chunked) must be JSON; clients label empty
         # bodies freely (aiohttp's says application/octet-stream).
         declared = request.headers.get(hdrs.CONTENT_TYPE)

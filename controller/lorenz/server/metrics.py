@@ -304,6 +304,12 @@ class LorenzMetrics:
             (*wf, "reason"), registry=self.registry,
             zeros=tuple((r,) for r in PLACEMENT_REASONS), roster=self._attached,
         )
+        self._webhooks = _Family(
+            "lorenz_webhook_requests",
+            "Webhook deliveries, by tracker kind and outcome (accepted, ignored, or the code "
+            "they were refused with).",
+            (*wf, "tracker", "outcome"), registry=self.registry,
+        )
         self.registry.register(_StateCollector(self._feeds))
 
     # ---------------------------------------------------------------- attaching
@@ -364,7 +370,16 @@ class LorenzMetrics:
             "dispatch_latency": self._dispatch_latency,
             "placement": self._placement,
             "placement_failures": self._placement_failures,
+            "webhooks": self._webhooks,
         }
+
+    def count_webhook(self, *, workflow: str, tracker: str, outcome: str) -> None:
+        """Count one webhook delivery to ``workflow``'s route (its series go on detach)."""
+        feed = self._feeds.get(workflow)
+        if feed is not None:
+            self._child(feed, "webhooks", tracker, outcome).inc()
+        else:
+            self._webhooks.labels(workflow, tracker, outcome).inc()
 
     def _child(self, feed: _Feed, name: str, *extra: str) -> _Series:
         labels = (feed.workflow, *extra)
