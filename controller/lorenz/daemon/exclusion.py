@@ -14,6 +14,10 @@ pointing to ``lorenz refresh`` (a poll *by the daemon*, which is what ``--once``
 for) and ``lorenz status``. A lease whose holder is provably dead, or another host's lease that
 went stale, does not stop it (that daemon is gone; the log says so).
 
+A weaker cousin is warned about at start-up (``workflow_shares_tracker_project``): two
+workflow *files* in one folder that name the same tracker project and workspace root. Their
+leases and stores are keyed by file, so nothing stops both from leading.
+
 NB: ``--dry-run`` is exempt: it dispatches, claims and adopts nothing, and previewing what a
 running daemon would do next is its use.
 """
@@ -22,7 +26,9 @@ from __future__ import annotations
 
 import datetime
 import logging
+import os
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 
 from lorenz.daemon.errors import DaemonRunning
@@ -34,6 +40,8 @@ from lorenz.leadership import (
     local_liveness,
     read_lease_file,
 )
+from lorenz.model import LorenzError
+from lorenz.workflow import LoadedWorkflow, load_workflow
 
 logger = logging.getLogger("lorenz.daemon")
 
@@ -93,3 +101,86 @@ def refuse_beside_daemon(
         endpoint=record.endpoint,
         lease_path=lease_path(workflow_path),
     )
+
+
+SHARED_PROJECT_CODE = "workflow_shares_tracker_project"
+"""The start-up warning: another workflow file beside this one runs the same project."""
+
+MAX_SIBLINGS = 32
+"""Sibling ``.md`` files looked at, at most (a docs folder must not slow a start down)."""
+
+
+def tracker_identity(loaded: LoadedWorkflow) -> tuple[str, ...] | None:
+    """What names the issues a workflow runs: tracker kind, endpoint and project (or repository,
+    or folder of issue files); ``None`` when no tracker is configured."""
+    tracker = loaded.settings.tracker
+    if tracker.kind is None:
+        return None
+    folder = (
+        os.path.abspath(loaded.base_dir / tracker.path) if tracker.path is not None else ""
+    )
+    return (
+        str(tracker.kind),
+        tracker.endpoint or "",
+        tracker.project_slug or "",
+        tracker.repository or "",
+        folder,
+    )
+
+
+def workspace_identity(loaded: LoadedWorkflow) -> str:
+    """The workspace root as an absolute path (relative roots are the workflow folder's)."""
+    return os.path.abspath(loaded.base_dir / (loaded.settings.workspace.root or "."))
+
+
+def sibling_workflows_sharing_project(
+    loaded: LoadedWorkflow, *, environ: Mapping[str, str] | None = None
+) -> list[Path]:
+    """Other workflow files in ``loaded``'s folder naming the same tracker project and the same
+    workspace root.
+
+    Two such files, each run by its own ``lorenz``, both lead and both run every issue — in the
+    same workspaces: nothing ties their leases or claim stores together (each is keyed by its
+    own file). Only ``*.md`` files that open with front matter are loaded (with their own
+    settings, no command-line flags); one that does not load is not a workflow to compare.
+    """
+    mine = tracker_identity(loaded)
+    if mine is None:
+        return []
+    root = workspace_identity(loaded)
+    here = loaded.canonical_path
+    found: list[Path] = []
+    candidates = sorted(p for p in loaded.path.parent.glob("*.md") if p.is_file())
+    for path in candidates[:MAX_SIBLINGS]:
+        if Path(os.path.realpath(path)) == here or not _opens_with_front_matter(path):
+            continue
+        try:
+            other = load_workflow(path, environ=environ)
+        except LorenzError:
+            continue
+        if tracker_identity(other) == mine and workspace_identity(other) == root:
+            found.append(path)
+    return found
+
+
+def warn_about_siblings(loaded: LoadedWorkflow, *, environ: Mapping[str, str] | None) -> None:
+    """Log the coded :data:`SHARED_PROJECT_CODE` warning for each sibling sharing the project."""
+    for path in sibling_workflows_sharing_project(loaded, environ=environ):
+        logger.warning(
+            "%s: %s and %s name the same tracker project and workspace root %s; run by two "
+            "lorenz processes, every issue runs twice — keep one of them, or give each its "
+            "own project or workspace.root",
+            SHARED_PROJECT_CODE,
+            loaded.path.name,
+            path.name,
+            workspace_identity(loaded),
+        )
+
+
+def _opens_with_front_matter(path: Path) -> bool:
+    try:
+        with open(path, "rb") as stream:
+            head = stream.read(8)
+    except OSError:
+        return False
+    return head.lstrip(b"\xef\xbb\xbf").startswith(b"---")

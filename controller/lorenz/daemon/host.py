@@ -29,7 +29,7 @@ from lorenz.claims.owners import default_owner_id
 from lorenz.config import ClaimStoreBackend
 from lorenz.daemon import shutdown
 from lorenz.daemon.daemons import Daemon, wants_daemon, with_control_transport
-from lorenz.daemon.exclusion import refuse_beside_daemon
+from lorenz.daemon.exclusion import refuse_beside_daemon, warn_about_siblings
 from lorenz.daemon.orphans import dead_owners_of, kill_orphans, marked_environment
 from lorenz.daemon.recovery import RecoveryPasses
 from lorenz.model import ClaimStore, SpawnIntents, SystemClock
@@ -127,6 +127,7 @@ def load(options: HostOptions) -> LoadedWorkflow:
     validate_dispatch(loaded.settings)
     for warning in loaded.warnings:
         logger.warning("%s", warning)
+    warn_about_siblings(loaded, environ=options.environ)
     return loaded
 
 
