@@ -189,6 +189,20 @@ def record_controller(state_dir: Path, *, owner: str) -> None:
             temp.unlink()
 
 
+_controller_ids: dict[int, str] = {}
+
+
+def _controller_id() -> str:
+    """This process's owner id, computed once per pid (a runner is built per dispatch).
+
+    NB: keyed by pid: a forked child is another process, with an id of its own."""
+    pid = os.getpid()
+    known = _controller_ids.get(pid)
+    if known is None:
+        known = _controller_ids[pid] = default_owner_id()
+    return known
+
+
 def live_controller_of(state_dir: Path, *, me: str) -> str | None:
     """The owner id of another controller that follows the run in ``state_dir`` and is
     provably alive on this host; ``None`` when it is us, dead, unknown or unmarked."""
@@ -385,8 +399,11 @@ class WorkerRunner:
         """Why this controller's runs leave their workers running when cancelled (``None``:
         they cancel them) — the per-runtime form of :func:`leave_workers_running`, for a
         process that leads several workflows and hands over one of them (the operator)."""
-        self.owner = default_owner_id()
+
+    @property
+    def owner(self) -> str:
         """This controller's id, as it marks the runs it follows (:data:`CONTROLLER_NAME`)."""
+        return _controller_id()
 
     def _leaves_workers(self) -> bool:
         """Whether a cancelled run leaves its worker running (for the next controller)."""
