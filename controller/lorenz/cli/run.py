@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     except DaemonRunning as exc:
         # NB: a usage error, like a bad workflow: nothing started, and the way on is another
         # command (``lorenz refresh``), not a retry of this one.
-        print(f"{exc.code}: {exc}", file=sys.stderr)
+        print(str(exc), file=sys.stderr)  # NB: a coded error's text starts with its code
         return 2
 
 
