@@ -420,6 +420,12 @@ def chaos_round(
             # NB: the plain run starts first: a daemon started first may well rotate through
             # every issue (continuation retries keep its rows) and leave the plain run none.
             plain = chaos.start(PLAIN)
+            # NB: started first means past its start-up check: a plain run that reaches it
+            # after the daemon took the lease refuses (daemon_running) and runs nothing.
+            wait_for(
+                lambda plain=plain: "claims hydrated" in plain.log() or not plain.alive(),
+                what="the plain run past its start-up",
+            )
             if not done:
                 owner = chaos.owners[plain.pid]
                 wait_for(

@@ -134,10 +134,13 @@ def test_a_late_second_daemon_names_the_owner_pid_and_endpoint(
     assert "daemon_already_running" in text
     assert f"pid {first.pid}" in text
     assert lease["endpoint"] in text
-    # --once never takes the lease, so it runs beside the daemon
+    # --once never takes the lease, and beside a live daemon it runs nothing: daemon_running
+    # (exit 2; issue 32 — before, it ran every issue a second time beside the daemon)
     once = DaemonProcess(
         workflow, env=daemon_env, args=["--feature", "daemon", "--once"], output=root / "3"
     )
     daemons.append(once.start())
-    assert once.wait() == 0, once.log()
+    assert once.wait() == 2, once.log()
+    assert "daemon_running" in once.log()
+    assert f"pid {first.pid}" in once.log()
     assert (read_lease(lease_file_for(workflow)) or {}).get("pid") == first.pid

@@ -3,6 +3,7 @@
 from lorenz.claims.errors import (
     ClaimGenerationStale,
     ClaimOwnerLost,
+    ClaimRebindTooLarge,
     ClaimStoreBusy,
     ClaimStoreError,
     ClaimStoreSchemaUnsupported,
@@ -26,6 +27,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "ClaimGenerationStale",
     "ClaimOwnerLost",
+    "ClaimRebindTooLarge",
     "ClaimStoreBusy",
     "ClaimStoreError",
     "ClaimStoreSchemaUnsupported",

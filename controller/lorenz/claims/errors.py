@@ -127,3 +127,21 @@ class ClaimGenerationStale(ClaimStoreError):
         self.generation = generation
         self.current = current
         self.holder = holder
+
+
+class ClaimRebindTooLarge(ClaimStoreError):
+    """Taking over other owners' claims would rebind more than the bound; nothing was moved."""
+
+    code = "claim_rebind_too_large"
+
+    def __init__(self, *, path: Path, owners: list[str], count: int, limit: int) -> None:
+        super().__init__(
+            f"claim store {path}: recovering owners {', '.join(owners)} would rebind {count} "
+            f"claims, more than {limit}; nothing was taken over (fail closed) — a workflow "
+            f"never holds that many, so look at the store (an owner id reused by many "
+            f"processes, a copied file) before starting again",
+            path=path,
+        )
+        self.owners = owners
+        self.count = count
+        self.limit = limit

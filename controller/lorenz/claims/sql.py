@@ -34,6 +34,7 @@ import tenacity
 from lorenz.claims.errors import (
     ClaimGenerationStale,
     ClaimOwnerLost,
+    ClaimRebindTooLarge,
     ClaimStoreBusy,
     ClaimStoreSchemaUnsupported,
     ClaimStoreUnreadable,
@@ -67,6 +68,10 @@ DEFAULT_OWNER_STALE_MS = 30_000
 
 EVENTS_KEPT = 500
 """How many recent mutation events the ``events`` table keeps."""
+
+MAX_REBIND = 1_000
+"""Claims one take-over may move to us at most; above it the take-over fails closed
+(``claim_rebind_too_large``) and moves nothing — recovery is bounded, never a broad sweep."""
 
 BUSY_DEADLINE_S = 10.0
 """How long one operation keeps retrying a locked database before ``claim_store_busy``."""
@@ -940,9 +945,19 @@ class SqlClaimStore(abc.ABC):
             stale = self._stale_set(conn, now_ms)
             taken: list[ClaimRecord] = []
             taken_from: list[str] = []
-            for owner in owners:
-                if owner not in stale:
-                    continue  # NB: live (again) or unknown: never taken
+            movable = [owner for owner in dict.fromkeys(owners) if owner in stale]
+            count = 0
+            for owner in movable:
+                (held,) = conn.execute(
+                    "SELECT COUNT(*) FROM claims WHERE owner = ?", (owner,)
+                ).fetchone()
+                count += int(held)
+            if count > MAX_REBIND:
+                # NB: before the first UPDATE, in the same transaction: nothing is rebound.
+                raise ClaimRebindTooLarge(
+                    path=self._path, owners=movable, count=count, limit=MAX_REBIND
+                )
+            for owner in movable:
                 rows = conn.execute(f"{_SELECT_CLAIMS} WHERE owner = ?", (owner,)).fetchall()
                 conn.execute(
                     "UPDATE claims SET owner = ?, updated_at = ?, generation = ? WHERE owner = ?",

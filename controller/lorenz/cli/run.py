@@ -2,8 +2,8 @@
 
 Only argument parsing lives here; the composition (which store, tracker, runner, server) is
 :mod:`lorenz.daemon.host`. Exit codes: 0 after a graceful stop or a finished ``--once``,
-2 for a configuration error (nothing started), 1 when the service failed, 130 on Ctrl-C
-before the runtime took over signal handling.
+2 for a configuration error or ``daemon_running`` (nothing started), 1 when the service
+failed, 130 on Ctrl-C before the runtime took over signal handling.
 """
 
 from __future__ import annotations
@@ -48,8 +48,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=120.0,
         metavar="SECONDS",
         help="on SIGTERM/SIGINT/`lorenz stop`: start no new runs and let runs in flight go on "
-        "this long before stopping (default 120; a second signal or `lorenz stop --now` ends "
-        "it at once); detached workers still running then are left to the next controller",
+        "this long before stopping (default 120; a second signal is ignored, `lorenz stop "
+        "--force` ends it at once); detached workers still running then are left to the next "
+        "controller",
+    )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="with the daemon feature: take over a lease whose holder cannot be verified dead "
+        "(a daemon on another host), generation-fenced, instead of refusing with "
+        "daemon_lock_stale; a live daemon on this host is never replaced",
     )
     parser.add_argument(
         "--force-kill",
@@ -72,6 +80,7 @@ def _grace_seconds(text: str) -> float:
 def run(args: argparse.Namespace) -> int:
     from lorenz.config import LoggingSettings
     from lorenz.daemon import logs
+    from lorenz.daemon.errors import DaemonRunning
     from lorenz.daemon.host import ATTACHMENTS, HostOptions, run_host
     from lorenz.workflow import WorkflowError
 
@@ -96,11 +105,17 @@ def run(args: argparse.Namespace) -> int:
         tui=not args.no_tui and sys.stdout.isatty(),
         grace_seconds=args.grace_seconds,
         force_kill=args.force_kill,
+        force=args.force,
     )
     try:
         return asyncio.run(run_host(options))
     except WorkflowError as exc:
         print_problems([exc])
+        return 2
+    except DaemonRunning as exc:
+        # NB: a usage error, like a bad workflow: nothing started, and the way on is another
+        # command (``lorenz refresh``), not a retry of this one.
+        print(str(exc), file=sys.stderr)  # NB: a coded error's text starts with its code
         return 2
 
 

@@ -1,10 +1,11 @@
-"""``lorenz stop [WORKFLOW.md] [--url URL] [--port N] [--json] [--now] [--wait [--timeout S]]``.
+"""``lorenz stop [WORKFLOW.md] [--url URL] [--port N] [--json] [--force] [--wait [--timeout S]]``.
 
 ``POST /api/v1/stop`` on the daemon found through its lease: it answers ``202`` and begins the
 graceful shutdown: the drain (no new runs; runs in flight go on for the daemon's
 ``--grace-seconds``), then runtime, terminal view, worker pool, server, tracker, claim store,
-lease — in that order. ``--now`` skips the drain (or ends one under way): every run is
-cancelled at once. With ``--wait`` the command returns only once the daemon has let go of its
+lease — in that order. ``--force`` (alias ``--now``) skips the drain (or ends one under
+way): every run is cancelled at once — the explicit way to kill, as a second SIGTERM/SIGINT
+is ignored. With ``--wait`` the command returns only once the daemon has let go of its
 lease (or, with ``--url``/``--port``, once its endpoint stops answering); ``daemon_stop_timeout``
 after ``--timeout`` seconds. Exit codes: 0 stopping (or stopped), 1 not running, unreachable or
 timed out, 2 usage.
@@ -24,9 +25,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--wait", action="store_true", help="return only when the daemon has stopped"
     )
     parser.add_argument(
+        "--force",
         "--now",
+        dest="now",
         action="store_true",
-        help="no drain: cancel every run at once (also ends a drain under way)",
+        help="no drain: cancel every run at once (also ends a drain under way); the explicit "
+        "way to kill, since a second SIGTERM/SIGINT is ignored",
     )
     parser.add_argument(
         "--timeout",

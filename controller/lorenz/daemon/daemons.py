@@ -60,12 +60,13 @@ class Daemon:
         settings: DaemonSettings,
         claim_owner: str,
         provider: LeadershipProvider | None = None,
+        force: bool = False,
     ) -> None:
         self._workflow_path = workflow_path
         self._settings = settings
         self._claim_owner = claim_owner
         self._provider: LeadershipProvider = provider or FileLeaseProvider(
-            workflow_path=workflow_path, stale_ms=settings.stale_ms
+            workflow_path=workflow_path, stale_ms=settings.stale_ms, force=force
         )
         self._record: LeaseRecord | None = None
         self._endpoint: str | None = None
@@ -137,6 +138,20 @@ class Daemon:
                 # the store proves it dead by its pid and start time all the same.
                 if _is_dead_record(previous):
                     self._dead_predecessors.add(previous.holder)
+        forced = getattr(self._provider, "forced_from", None)
+        if isinstance(forced, LeaseRecord):
+            # NB: not a dead predecessor: nothing proves it dead, so none of its agents are
+            # killed and its claims come back only once its owner row goes stale; what the
+            # takeover buys is the fence — the generation below outranks it in the store.
+            logger.warning(
+                "leadership taken over by force lease=%s from holder=%s host=%s "
+                "generation=%s (was %s)",
+                getattr(self._provider, "path", "?"),
+                forced.holder,
+                forced.host,
+                self._provider.generation,
+                forced.generation,
+            )
         logger.info(
             "leadership acquired lease=%s holder=%s transitions=%s generation=%s replaced=%s",
             getattr(self._provider, "path", "?"),

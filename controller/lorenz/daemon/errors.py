@@ -141,3 +141,31 @@ class DaemonStopTimeout(DaemonError):
             f"(runs may be slow to abort); wait longer (--timeout) or check its log"
         )
         self.endpoint = endpoint
+
+
+class DaemonRunning(DaemonError):
+    """A ``lorenz`` run (``--once``, plain, unmanaged) refused: a live daemon runs the workflow."""
+
+    code = "daemon_running"
+
+    def __init__(
+        self,
+        *,
+        workflow: Path | str | None,
+        pid: int | None,
+        host: str,
+        endpoint: str | None,
+        lease_path: Path,
+    ) -> None:
+        target = str(workflow) if workflow else "WORKFLOW.md"
+        where = endpoint or "no endpoint yet"
+        super().__init__(
+            f"a Lorenz daemon (pid {pid} on {host}, {where}) runs {target}: a second process "
+            f"would run its issues twice; ask it to poll now with `lorenz refresh {target}`, "
+            f"see it with `lorenz status {target}` (lease {lease_path})"
+        )
+        self.workflow = workflow
+        self.pid = pid
+        self.host = host
+        self.endpoint = endpoint
+        self.lease_path = lease_path

@@ -29,6 +29,7 @@ from lorenz.claims.owners import default_owner_id
 from lorenz.config import ClaimStoreBackend
 from lorenz.daemon import shutdown
 from lorenz.daemon.daemons import Daemon, wants_daemon, with_control_transport
+from lorenz.daemon.exclusion import refuse_beside_daemon, warn_about_siblings
 from lorenz.daemon.orphans import dead_owners_of, kill_orphans, marked_environment
 from lorenz.daemon.recovery import RecoveryPasses
 from lorenz.model import ClaimStore, SpawnIntents, SystemClock
@@ -60,6 +61,9 @@ class HostOptions:
     force_kill: bool = False
     """``--force-kill``: at the end of the grace window cancel detached workers instead of
     leaving them to the next controller."""
+    force: bool = False
+    """``--force``: a daemon takes over a lease whose holder cannot be verified dead (another
+    host), generation-fenced, instead of refusing with ``daemon_lock_stale``."""
 
 
 class Attachment(Protocol):
@@ -88,10 +92,22 @@ async def _inherit_workers(store: ClaimStore, *, workflow: str, root: Path) -> N
     store's would (see :mod:`lorenz.workers.inheritance`).
     """
     from lorenz.workers.inheritance import inherited_claims
+    from lorenz.workers.runner import live_controller_of
 
     for record in await inherited_claims(root=root, workflow=workflow, owner=store.owner):
+        assert record.intent is not None
+        controller = live_controller_of(root / record.intent.handle, me=store.owner)
+        if controller is not None:
+            # NB: not a lost controller's: the one that follows it lives (another lorenz of
+            # this workflow); inheriting it would mean following — and cancelling — its run.
+            logger.warning(
+                "worker of a live controller left alone handle=%s issue=%s controller=%s",
+                record.intent.handle,
+                record.identifier,
+                controller,
+            )
+            continue
         if await store.acquire(record) and isinstance(store, SpawnIntents):
-            assert record.intent is not None
             await store.record_intent(record.slot_key, record.intent)
             logger.info(
                 "worker of a lost controller found handle=%s issue=%s",
@@ -111,6 +127,7 @@ def load(options: HostOptions) -> LoadedWorkflow:
     validate_dispatch(loaded.settings)
     for warning in loaded.warnings:
         logger.warning("%s", warning)
+    warn_about_siblings(loaded, environ=options.environ)
     return loaded
 
 
@@ -127,9 +144,22 @@ async def run_host(
         # NB: the lease comes before everything else: a second daemon must not poll the
         # tracker, hydrate claims or bind a port before it learns that it is the second.
         daemon = Daemon(
-            workflow_path=loaded.canonical_path, settings=settings.daemon, claim_owner=owner
+            workflow_path=loaded.canonical_path,
+            settings=settings.daemon,
+            claim_owner=owner,
+            force=options.force,
         )
         await daemon.acquire()
+    elif options.force:
+        logger.warning("--force has no effect without the daemon feature (no lease to take)")
+    if daemon is None and not options.dry_run:
+        # NB: the same place: a run beside a live daemon would run its issues a second time
+        # (and take its workers for a lost controller's); see lorenz.daemon.exclusion.
+        refuse_beside_daemon(
+            loaded.canonical_path,
+            shown_as=options.workflow_path,
+            stale_ms=settings.daemon.stale_ms,
+        )
     workspace_root = Path(settings.workspace.root or ".")
     store: ClaimStore | None = None
     attachments: list[Attachment] = []
@@ -278,15 +308,24 @@ async def run_host(
 
 
 def _install_signal_handlers(graceful: shutdown.GracefulStop) -> None:
-    """SIGINT and SIGTERM begin the drain; a second signal ends it at once (``stop --now``)."""
+    """SIGINT and SIGTERM begin the drain; a second signal is logged and ignored.
+
+    NB: a second Ctrl-C is the reflex of an impatient user, and a supervisor's repeated
+    SIGTERM is routine; neither may turn a drain that keeps runs alive into one that cancels
+    them. Killing is asked for by name: ``lorenz stop --force`` (or ``--force-kill`` at start).
+    """
     loop = asyncio.get_running_loop()
 
     def on_signal(signum: int) -> None:
         name = signal.Signals(signum).name
         if graceful.requested:
-            logger.info("received signal=%s again; stopping now", name)
-        else:
-            logger.info("received signal=%s; stopping gracefully", name)
+            logger.warning(
+                "received signal=%s again; ignored: the graceful stop goes on "
+                "(`lorenz stop --force` cancels every run now)",
+                name,
+            )
+            return
+        logger.info("received signal=%s; stopping gracefully", name)
         graceful.request()
 
     for signum in (signal.SIGINT, signal.SIGTERM):

@@ -15,9 +15,10 @@ Before the first step comes the **drain** (:class:`GracefulStop`): SIGTERM, SIGI
 let the runs in flight go on for the grace window (``--grace-seconds``, default 120). When the
 window ends with runs left, detached workers are left running for the next controller to adopt
 (``--force-kill`` cancels them instead); in-process runs, which cannot outlive this process,
-are cancelled. ``lorenz stop --now`` and a second signal end the drain at once with today's
-stop: every run cancelled. A controller that lost its lease never drains: it stops before any
-write and leaves its workers to the new leader.
+are cancelled. ``lorenz stop --force`` (``--now``) ends the drain at once with the stop of
+earlier versions: every run cancelled; a second signal is logged and ignored (the host's
+handlers), and so is a second plain stop request. A controller that lost its lease never
+drains: it stops before any write and leaves its workers to the new leader.
 """
 
 from __future__ import annotations
@@ -80,7 +81,8 @@ class GracefulStop:
     """One shutdown of a runtime: drain for the grace window, then stop.
 
     :meth:`request` is what a signal and ``POST /api/v1/stop`` call (any number of times: the
-    first begins the drain, a later one with ``now`` — or a second signal — cuts it short);
+    first begins the drain, a later one with ``now`` cuts it short, a later one without changes
+    nothing);
     :meth:`finish` is what the host awaits in its shutdown, whether a request came or the
     runtime ended on its own (``--once``, an unexpected error).
     """
@@ -105,8 +107,8 @@ class GracefulStop:
         return self._task is not None
 
     def request(self, *, now: bool = False) -> None:
-        """Begin the drain (or, with ``now`` or when it already began, end it at once)."""
-        if now or self._task is not None:
+        """Begin the drain (or, with ``now``, end it at once; a repeat without it is a no-op)."""
+        if now:
             self._now.set()
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(

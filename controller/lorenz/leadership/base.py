@@ -202,7 +202,8 @@ class DaemonLockStale(LeadershipError):
         who = _owner_text(record) if record is not None else "an unreadable lock"
         super().__init__(
             f"the daemon lock {path} ({who}) was last renewed {age_s:.0f} s ago and its owner "
-            f"cannot be verified dead from here; if no daemon runs it, remove {path} to take over",
+            f"cannot be verified dead from here; if no daemon runs it, start with `--force` for "
+            f"a generation-fenced takeover (rather than remove {path} by hand)",
             path=path,
         )
         self.record = record

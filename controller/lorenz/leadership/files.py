@@ -128,7 +128,11 @@ class FileLeaseProvider:
         clock: Clock | None = None,
         guard_wait_s: float = GUARD_WAIT_S,
         identity: ProcessIdentity | None = None,
+        force: bool = False,
     ) -> None:
+        self._force = force
+        self.forced_from: LeaseRecord | None = None
+        """The holding a forced acquire replaced although its holder was not proven dead."""
         self._workflow_path = canonical_workflow_path(workflow_path)
         self._path = lease_path(self._workflow_path)
         self._guard_path = self._path.with_name(self._path.name.removesuffix(".json") + ".guard")
@@ -177,6 +181,13 @@ class FileLeaseProvider:
         * owner unverifiable (another host, permission denied, unreadable file) and heartbeat
           (or, for an unreadable file, mtime) stale → :class:`DaemonLockStale` naming the file;
         * otherwise → :class:`DaemonAlreadyRunning`.
+
+        With ``force`` (``lorenz --feature daemon --force``) a holder that cannot be verified
+        either way (another host, not inspectable, unreadable file), stale or not, is replaced
+        too — a generation-fenced takeover: the observed record is re-read under the guard
+        (the compare of the compare-and-swap), the new holding gets the next generation, and
+        a claim store fenced with it refuses every later write of the old holder. A holder on
+        this host that is verifiably alive is never replaced: stop it.
         """
         return await asyncio.to_thread(self._acquire_sync)
 
@@ -286,6 +297,12 @@ class FileLeaseProvider:
                 # Lorenz in the middle of a write; judge it by its age alone.
                 mtime = datetime.datetime.fromtimestamp(self._path.stat().st_mtime, datetime.UTC)
                 age_s = self._age_s(mtime, now)
+                if self._force:
+                    return self._write(
+                        self._new_record(
+                            now=now, transitions=1, generation=self._next_generation(guard, None)
+                        )
+                    )
                 if age_s * 1000.0 > self._stale_ms:
                     raise DaemonLockStale(path=self._path, record=None, age_s=age_s) from None
                 raise DaemonAlreadyRunning(path=self._path, record=None) from None
@@ -312,6 +329,17 @@ class FileLeaseProvider:
                 stale = self.is_stale(current, now=now)
                 raise DaemonAlreadyRunning(
                     path=self._path, record=current, heartbeat_age_s=age_s if stale else None
+                )
+            if self._force:
+                # NB: under the guard: ``current`` is exactly what we replace (no other Lorenz
+                # can write between this read and our rename), and the generation we take is
+                # higher than any handed out for this lease, the old holder's included.
+                self.forced_from = current
+                generation = self._next_generation(guard, current)
+                return self._write(
+                    self._new_record(
+                        now=now, transitions=current.transitions + 1, generation=generation
+                    )
                 )
             if self.is_stale(current, now=now):
                 raise DaemonLockStale(path=self._path, record=current, age_s=age_s)

@@ -20,6 +20,14 @@ predecessor of a restarted ``lorenz`` — and follows that one from its first re
 starting a second agent on the same issue. A predecessor's run that ended while nobody watched
 is settled from its final record. Either way the slot never runs twice.
 
+Never another live controller's worker: each controller writes its owner id into the
+``controller`` file of every run it starts or adopts. A worker whose file names another
+controller that is provably alive on this host (pid and start time) is neither adopted nor
+cancelled, whatever generation its handle carries: a run beside it fails with
+``worker_controlled_elsewhere`` (no agent is started next to it), an adoption from a claim
+waits (bounded) for that controller to exit — a deposed or stopping one is on its way out —
+and a dropped adoption leaves it alone.
+
 Cancellation (stall, reconciliation, shutdown of the controller) cancels the worker's run with
 a reason and waits, bounded, for its final record, so the runtime's after-run bookkeeping sees
 a finished run — the same contract as the in-process runners.
@@ -38,6 +46,7 @@ from pathlib import Path
 from typing import Any, Final, cast
 
 from lorenz.agents import AgentRunError, AgentRunRequest, AgentRunResult, DroppedAdoption
+from lorenz.claims.owners import Liveness, default_owner_id, owner_liveness
 from lorenz.model import (
     AgentUpdate,
     ImmediateSpawnIntents,
@@ -80,6 +89,19 @@ CANCEL_WAIT_S: Final = 60.0
 MAX_RUNS_PER_ATTEMPT: Final = 10_000
 
 QUARANTINE_PROBE_S: Final = 5.0
+
+CONTROLLER_NAME: Final = "controller"
+"""File in a run's state directory: the owner id (``<host>:<pid>:<start time>``) of the
+controller that follows the run — the one that started it, or the last to adopt it."""
+
+CONTROLLER_MARK_LIMIT: Final = 512
+"""Bytes of a controller file read at most (an owner id is far shorter)."""
+
+CONTROLLER_EXIT_WAIT_S: Final = 30.0
+"""How long an adoption from a claim waits for the worker's live controller to exit."""
+
+CONTROLLED_ELSEWHERE_CODE: Final = "worker_controlled_elsewhere"
+"""The failure of a run whose slot's worker is followed by another live controller."""
 
 _leaving: str | None = None
 
@@ -150,6 +172,49 @@ _indexes: dict[Path, _StateRootIndex] = {}
 def _index_of(root: Path) -> _StateRootIndex:
     # NB: setdefault is atomic under the GIL; callers are worker threads of to_thread.
     return _indexes.setdefault(root, _StateRootIndex(root))
+
+
+def record_controller(state_dir: Path, *, owner: str) -> None:
+    """Name ``owner`` as the controller following the run in ``state_dir`` (atomic replace).
+
+    NB: best effort: a mark that cannot be written (the run's directory is gone, a full disk)
+    leaves the run unmarked, which is how runs of earlier versions look.
+    """
+    temp = state_dir / f".{CONTROLLER_NAME}.{os.getpid()}.tmp"
+    try:
+        temp.write_text(owner, encoding="utf-8")
+        os.replace(temp, state_dir / CONTROLLER_NAME)
+    except OSError as exc:
+        logger.warning("controller mark not written state_dir=%s: %s", state_dir, exc)
+        with contextlib.suppress(OSError):
+            temp.unlink()
+
+
+_controller_ids: dict[int, str] = {}
+
+
+def _controller_id() -> str:
+    """This process's owner id, computed once per pid (a runner is built per dispatch).
+
+    NB: keyed by pid: a forked child is another process, with an id of its own."""
+    pid = os.getpid()
+    known = _controller_ids.get(pid)
+    if known is None:
+        known = _controller_ids[pid] = default_owner_id()
+    return known
+
+
+def live_controller_of(state_dir: Path, *, me: str) -> str | None:
+    """The owner id of another controller that follows the run in ``state_dir`` and is
+    provably alive on this host; ``None`` when it is us, dead, unknown or unmarked."""
+    try:
+        with open(state_dir / CONTROLLER_NAME, "rb") as mark:
+            owner = mark.read(CONTROLLER_MARK_LIMIT).decode("utf-8", "replace").strip()
+    except OSError:
+        return None
+    if not owner or owner == me:
+        return None
+    return owner if owner_liveness(owner) is Liveness.ALIVE else None
 
 
 def leave_workers_running(*, reason: str) -> None:
@@ -339,6 +404,11 @@ class WorkerRunner:
         they cancel them) — the per-runtime form of :func:`leave_workers_running`, for a
         process that leads several workflows and hands over one of them (the operator)."""
 
+    @property
+    def owner(self) -> str:
+        """This controller's id, as it marks the runs it follows (:data:`CONTROLLER_NAME`)."""
+        return _controller_id()
+
     def _leaves_workers(self) -> bool:
         """Whether a cancelled run leaves its worker running (for the next controller)."""
         return _leaving is not None or (self.leaving is not None and self.leaving() is not None)
@@ -406,6 +476,7 @@ class WorkerRunner:
         last_seq = 0
         if adopted is not None:
             assert request.resume is not None
+            await self._await_controller_exit(adopted, issue=request.issue.identifier)
             name, last_seq = adopted, request.resume.last_seq
             if recorder is not None:
                 # NB: the claim keeps naming the worker that runs: a crash now finds it again.
@@ -426,6 +497,7 @@ class WorkerRunner:
                     request, recorder=recorder, handlers=handlers, first=first
                 )
             )
+        self._record_controller(name)
         handle = WorkerHandle(
             transport=self.transport,
             handle=name,
@@ -606,6 +678,14 @@ class WorkerRunner:
         name = self._adoptable(dropped.resume, issue_id=dropped.issue.id, slot=dropped.slot_index)
         if name is None:
             return False
+        controller = self._live_controller(name)
+        if controller is not None:
+            logger.warning(
+                "not cancelling worker handle=%s: it is followed by the live controller %s",
+                name,
+                controller,
+            )
+            return False
         handle = WorkerHandle(
             transport=self.transport,
             handle=name,
@@ -707,12 +787,50 @@ class WorkerRunner:
         for name in await asyncio.to_thread(uncollected_of_this_slot):
             probe = await self.transport.probe(name)
             if probe.state in (ProbeState.ALIVE, ProbeState.FINAL):
+                controller = self._live_controller(name)
+                if controller is not None:
+                    # NB: neither adopt it (its controller follows it, and would see it
+                    # cancelled by us) nor start an agent beside it.
+                    raise AgentRunError(
+                        f"the worker {name} of {request.issue.identifier} slot "
+                        f"{request.slot_index} is followed by the live controller {controller} "
+                        "(another lorenz runs this workflow); nothing was started beside it",
+                        code=CONTROLLED_ELSEWHERE_CODE,
+                    )
                 logger.info("adopting the worker of an earlier controller handle=%s", name)
                 return name
             if probe.state is ProbeState.GONE:
                 await self._kill_leftovers(name)  # NB: before a new agent starts for the slot
                 self._mark_collected(name)  # dead and settled now: never looked at again
         return None
+
+    def _live_controller(self, name: str) -> str | None:
+        root = getattr(self.transport, "state_root", None)
+        if not isinstance(root, Path):
+            return None  # NB: another host's runs: their controller is not ours to prove alive
+        return live_controller_of(root / name, me=self.owner)
+
+    def _record_controller(self, name: str) -> None:
+        root = getattr(self.transport, "state_root", None)
+        if isinstance(root, Path):
+            record_controller(root / name, owner=self.owner)
+
+    async def _await_controller_exit(self, name: str, *, issue: str) -> None:
+        """Before adopting ``name`` from a claim: its live controller (if any) must be gone.
+
+        NB: a claim is taken over from an owner that is stale or dead, or one that lost its
+        lease — such a controller stops following its runs and exits, but may not have exited
+        yet. One still alive after :data:`CONTROLLER_EXIT_WAIT_S` keeps its worker.
+        """
+        deadline = asyncio.get_running_loop().time() + CONTROLLER_EXIT_WAIT_S
+        while (controller := self._live_controller(name)) is not None:
+            if asyncio.get_running_loop().time() >= deadline:
+                raise AgentRunError(
+                    f"the worker {name} of {issue} is still followed by the live controller "
+                    f"{controller} after {CONTROLLER_EXIT_WAIT_S:.0f} s; not adopted",
+                    code=CONTROLLED_ELSEWHERE_CODE,
+                )
+            await asyncio.sleep(0.2)
 
     async def _kill_leftovers(self, name: str) -> None:
         """Kill what the gone worker ``name`` left running (its agent, a hook), on this host."""
