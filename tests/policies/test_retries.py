@@ -12,9 +12,11 @@ from typing import Any
 from lorenz.claims import MemoryClaimStore
 from lorenz.config import RetrySettings, TerminalAction
 from lorenz.model import BlockReason, ClaimPhase, ManualClock, RetryKind, SlotKey
+from lorenz.model.codes import ErrorCode
 from lorenz.orchestrator import Finished, Orchestrator
 from lorenz.policies import failure_backoff_ms
 from lorenz.policies.retries import (
+    INFRASTRUCTURE_CODES,
     escalation_body,
     issue_version,
     settle_decision,
@@ -104,6 +106,37 @@ def test_an_input_request_blocks_at_once_and_is_never_cancelled() -> None:
                                 previous_attempt=None, previous_failures=0,
                                 retry=_retry(terminal_action="escalate"))
     assert escalated.action is TerminalAction.ESCALATE
+
+
+def test_an_infrastructure_failure_is_retried_but_never_spends_the_budget() -> None:
+    """A full or read-only worker state root, a stopped launcher or another live controller's
+    worker fail the run with a host-side code: the slot is retried with a growing backoff, its
+    failure streak does not move, and the terminal action never comes (issue #32 point 2)."""
+    retry = _retry(max_attempts=1, terminal_action="cancel", cancel_state="Cancelled")
+    previous_attempt: int | None = None
+    delays = []
+    for _ in range(6):
+        for code in sorted(INFRASTRUCTURE_CODES):
+            decision = settle_decision(normal=False, failure_code=code,
+                                       previous_attempt=previous_attempt, previous_failures=0,
+                                       retry=retry)
+            assert decision.blocked is None, code
+            assert decision.action is None, code
+            assert (decision.kind, decision.failures) == (RetryKind.FAILURE, 0), code
+        previous_attempt = decision.attempt
+        delays.append(decision.delay_ms)
+    assert delays == sorted(delays)
+    assert delays[-1] > delays[0]
+    # The same budget of one is spent at once by an agent's own failure.
+    agent = settle_decision(normal=False, failure_code="turn_failed", previous_attempt=None,
+                            previous_failures=0, retry=retry)
+    assert agent.blocked is BlockReason.RETRY_BUDGET_EXHAUSTED
+    assert agent.action is TerminalAction.CANCEL
+
+
+def test_the_infrastructure_codes_are_registered_codes() -> None:
+    registered = {code.value for code in ErrorCode}
+    assert INFRASTRUCTURE_CODES - registered == set()
 
 
 def test_the_action_key_is_deterministic_and_per_block() -> None:

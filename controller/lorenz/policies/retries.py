@@ -41,6 +41,19 @@ QUESTION_CODES: dict[str, BlockReason] = {
 NEVER_STARTED_CODE = "worker_never_started"
 """The failure code of a run whose worker never started (a controller killed mid-launch)."""
 
+INFRASTRUCTURE_CODES: frozenset[str] = frozenset({
+    "worker_launch_failed",
+    "worker_launch_timeout",
+    "worker_state_error",
+    "worker_controlled_elsewhere",
+    "claim_store_write_failed",
+})
+"""Run failure codes that say the host failed the run, not the agent: the launcher could not
+start a worker (a full or read-only state root, a stopped launcher), or another live controller
+still follows the slot's worker. Such a failure is retried with backoff but never counted
+against ``retry.max_attempts`` and never leads to a terminal action: cancelling an issue
+because a disk was full would lose work that no agent ever started."""
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class RetryDecision:
@@ -112,6 +125,11 @@ def settle_decision(
         initial_ms=backoff.initial_ms,
         multiplier=backoff.multiplier,
     )
+    if failure_code in INFRASTRUCTURE_CODES:
+        # NB: the attempt number still grows, so the backoff does too (a fault that lasts is
+        # not hammered); only the failure streak, which the budget reads, stays where it was.
+        return RetryDecision(failures=max(previous_failures, 0), kind=RetryKind.FAILURE,
+                             attempt=attempt, delay_ms=delay)
     failures = max(previous_failures, 0) + 1
     question = QUESTION_CODES.get(failure_code or "")
     if question is not None:
