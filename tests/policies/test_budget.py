@@ -150,7 +150,7 @@ def test_each_cap_reports_itself() -> None:
     assert (usd.status, usd.cap) == (BudgetStatus.EXHAUSTED, CapName.USD_PER_ISSUE)
     day = check_caps(SpendTotals(day=Spend(usd=51.0)), settings=settings)
     assert (day.status, day.cap) == (BudgetStatus.EXHAUSTED, CapName.USD_PER_DAY)
-    assert day.cap.setting == "budget.max_usd_per_day"
+    assert CapName.USD_PER_DAY.setting == "budget.max_usd_per_day"
     ok = check_caps(SpendTotals(run=Spend(tokens=79)), settings=settings)
     assert ok.status is BudgetStatus.OK
     assert [c.cap for c in ok.checks] == list(CapName)
