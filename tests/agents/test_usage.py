@@ -133,9 +133,10 @@ async def test_codex_reports_its_model_and_is_interrupted_at_the_cap(
     assert model.payload == {"model": "gpt-5.1-codex", "source": "thread/start"}
     assert meter.crossing == CAP_UPDATES
     usage = meter.usage()
-    assert usage[CAP_UPDATES - 1].usage is not None
-    assert usage[CAP_UPDATES - 1].usage.total_tokens == 3000
-    assert usage[CAP_UPDATES - 1].payload == {"cached_input_tokens": 900}
+    crossing = usage[CAP_UPDATES - 1]
+    assert crossing.usage is not None
+    assert crossing.usage.total_tokens == 3000
+    assert crossing.payload == {"cached_input_tokens": 900}
     records = script.records()
     interrupts = [
         r["received"] for r in records if r.get("received", {}).get("method") == "turn/interrupt"
