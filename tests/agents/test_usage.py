@@ -163,6 +163,21 @@ async def test_codex_without_a_stop_request_runs_as_before(
 # -- ACP: session/cancel ---------------------------------------------------------------------
 
 
+SWITCH_MODEL = {
+    "sessionUpdate": "config_option_update",
+    "configOptions": [
+        {
+            "type": "select",
+            "id": "model",
+            "name": "Model",
+            "category": "model",
+            "currentValue": "claude-opus-4-5",
+            "options": [{"value": "claude-opus-4-5", "name": "Opus"}],
+        }
+    ],
+}
+
+
 def acp_command(tmp_path: Path, scenario: dict[str, Any]) -> str:
     path = tmp_path / "acp-scenario.json"
     path.write_text(json.dumps(scenario))
@@ -178,7 +193,14 @@ async def test_acp_reports_its_model_and_is_cancelled_at_the_cap(
         tmp_path,
         {
             "session": {"sessionId": "sess-1", "model": "claude-sonnet-4-5"},
-            "turns": [{"steps": [{"spend": {"cost": 0.25, "interval_s": INTERVAL_S}}]}],
+            "turns": [
+                {
+                    "steps": [
+                        {"update": SWITCH_MODEL},
+                        {"spend": {"cost": 0.25, "interval_s": INTERVAL_S}},
+                    ]
+                }
+            ],
         },
     )
     request, meter = metered(
@@ -190,8 +212,10 @@ async def test_acp_reports_its_model_and_is_cancelled_at_the_cap(
         await AcpRunner(terminate_grace_s=1.0).run(request)
 
     assert caught.value.code == BUDGET_EXHAUSTED
-    (model,) = meter.of(MODEL_EVENT)
-    assert model.payload == {"model": "claude-sonnet-4-5", "source": "configOptions"}
+    assert [u.payload for u in meter.of(MODEL_EVENT)] == [
+        {"model": "claude-sonnet-4-5", "source": "configOptions"},
+        {"model": "claude-opus-4-5", "source": "configOptions"},  # switched mid-session
+    ]
     assert meter.crossing == CAP_UPDATES
     received = jsonl(kit.workspace / "acp_received.jsonl")
     cancels = [m for m in received if m.get("method") == "session/cancel"]
