@@ -204,7 +204,11 @@ async def test_the_agent_sees_the_run_environment_only(kit: RunKit, tmp_path: Pa
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "LORENZ_ISSUE_ID": "issue-1"}
     await CommandRunner().run(kit.request(command=command, protocol=COMMAND, env=env))
     (output,) = kit.recorder.of("output")
-    assert json.loads(output.message or "") == ["LORENZ_ISSUE_ID", "LORENZ_PROMPT_FILE"]
+    assert json.loads(output.message or "") == [
+        "LORENZ_ISSUE_ID",
+        "LORENZ_PROMPT_FILE",
+        "LORENZ_USAGE_FILE",  # budgets: where the agent may report its usage
+    ]
 
 
 def test_the_factory_builds_a_command_runner() -> None:

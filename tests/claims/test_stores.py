@@ -11,6 +11,7 @@ import pytest
 
 from lorenz.claims import (
     DEFAULT_OWNER_STALE_MS,
+    SCHEMA_VERSION,
     ClaimOwnerLost,
     ClaimStoreBusy,
     ClaimStoreSchemaUnsupported,
@@ -317,14 +318,15 @@ async def test_unknown_schema_version_is_refused_untouched(backend: str, store_p
     store = await BACKENDS[backend].open(store_path, owner="a")
     await store.acquire(claim("1"))
     await store.close()
-    _bump_schema(backend, store_path, "3")
+    unknown = str(int(SCHEMA_VERSION) + 1)  # the next schema, which this code does not know
+    _bump_schema(backend, store_path, unknown)
     before = _snapshot(store_path)
     with pytest.raises(ClaimStoreSchemaUnsupported) as caught:
         await BACKENDS[backend].open(store_path, owner="b")
     assert caught.value.code == "claim_store_schema_unsupported"
     assert str(store_path) in str(caught.value)
-    assert "'3'" in str(caught.value)
-    assert caught.value.version == "3"
+    assert f"'{unknown}'" in str(caught.value)
+    assert caught.value.version == unknown
     # Nothing was written: the main file is byte-identical (no owner row for "b", no event).
     assert _snapshot(store_path)[store_path.name] == before[store_path.name]
 

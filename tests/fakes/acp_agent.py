@@ -30,13 +30,19 @@ Steps (one key each): ``message`` / ``thought`` (text chunk), ``update`` (a raw
 (``{toolCall, options}``; the answer is recorded), ``request`` (``{method, params}``; the answer
 is recorded), ``raw`` (a line written verbatim), ``huge_message_bytes`` (one message chunk of
 that many bytes), ``stderr`` (text), ``sleep`` (seconds), ``spawn_child`` (a ``sleep`` helper),
-``hang`` (``"ignore_cancel"`` or ``"stop_on_cancel"``) and ``exit`` (status).
+``hang`` (``"ignore_cancel"`` or ``"stop_on_cancel"``), ``exit`` (status) and ``spend``
+(``{cost, interval_s}``: a ``usage_update`` whose cumulative USD cost grows by ``cost`` every
+interval until the client sends ``session/cancel``; each update is appended to
+``acp_spend.jsonl`` before it is sent, and ``{"cancelled_after": n}`` when the cancel came).
+
+``session.model`` (optional) is offered as the session's ``model`` config option.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import sys
 import time
@@ -192,7 +198,19 @@ class Fake:
         if spec.get("error"):
             self.send({"id": message["id"], "error": spec["error"]})
             return
-        self.send({"id": message["id"], "result": {"sessionId": self.session_id}})
+        result: dict[str, Any] = {"sessionId": self.session_id}
+        if spec.get("model"):
+            result["configOptions"] = [
+                {
+                    "type": "select",
+                    "id": "model",
+                    "name": "Model",
+                    "category": "model",
+                    "currentValue": spec["model"],
+                    "options": [{"value": spec["model"], "name": spec["model"]}],
+                }
+            ]
+        self.send({"id": message["id"], "result": result})
 
     def on_prompt(self, message: dict[str, Any]) -> None:
         params = message["params"]
@@ -297,12 +315,44 @@ class Fake:
             (self.cwd / "acp_child.pid").write_text(str(child.pid), encoding="utf-8")
         elif kind == "hang":
             self.hang(value)
+        elif kind == "spend":
+            self.spend(value)
         elif kind == "exit":
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(int(value))
         else:
             self.violation(f"scenario error: unknown step {kind!r}")
+
+    def spend(self, spec: dict[str, Any]) -> None:
+        """Cumulative cost updates until the client cancels the turn."""
+        per_update, interval = float(spec.get("cost", 0.01)), float(spec.get("interval_s", 0.02))
+        update = 0
+        while True:
+            update += 1
+            cost = round(per_update * update, 9)
+            self.record("acp_spend.jsonl", {"update": update, "cost": cost})
+            self.update(
+                {
+                    "sessionUpdate": "usage_update",
+                    "used": 100 * update,
+                    "size": 1_000_000,
+                    "cost": {"amount": cost, "currency": "USD"},
+                }
+            )
+            # NB: nothing else comes from the client mid-turn, so stdin's buffer is empty and
+            # select on its descriptor sees the cancel as soon as it is written.
+            readable, _, _ = select.select([sys.stdin.buffer], [], [], interval)
+            if not readable:
+                continue
+            message = self.receive()
+            if message is None:
+                os._exit(0)
+            if message.get("method") != "session/cancel":
+                self.violation(f"got {message.get('method') or 'a response'} while spending")
+            self.cancelled = True
+            self.record("acp_spend.jsonl", {"cancelled_after": update})
+            return
 
     def hang(self, mode: str) -> None:
         """Stop making progress; ``stop_on_cancel`` ends the turn once the client cancels."""

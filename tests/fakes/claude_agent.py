@@ -22,7 +22,9 @@ The scenario (JSON)::
 Events are JSON objects printed verbatim (``session_id`` is added when missing), or one of the
 pseudo-events ``{"_sleep": s}``, ``{"_raw": "text"}``, ``{"_stderr": "text"}``,
 ``{"_hang": true}``, ``{"_spawn_child": true}``, ``{"_huge_text_bytes": n}`` (an assistant text
-message of n bytes) and ``{"_exit": status}``.
+message of n bytes), ``{"_exit": status}`` and ``{"_spend": {"input": n, "output": n,
+"interval_s": s}}``: keep spending, one assistant message with that usage every interval, until
+killed; each message is appended to ``claude_spend.jsonl`` before it is printed.
 """
 
 from __future__ import annotations
@@ -61,6 +63,33 @@ def emit(event: dict[str, Any], session_id: str) -> None:
         event = {**event, "session_id": event.get("session_id", session_id)}
     sys.stdout.write(json.dumps(event) + "\n")
     sys.stdout.flush()
+
+
+def spend(spec: dict[str, Any], session_id: str, record: Path) -> None:
+    """One assistant message with usage every interval, forever (the client kills us)."""
+    usage = {
+        "input_tokens": int(spec.get("input", 1000)),
+        "output_tokens": int(spec.get("output", 100)),
+    }
+    update = 0
+    while True:
+        update += 1
+        with record.open("a", encoding="utf-8") as file:
+            file.write(json.dumps({"update": update, **usage}) + "\n")
+        emit(
+            {
+                "type": "assistant",
+                "message": {
+                    "id": f"msg_spend_{update}",
+                    "role": "assistant",
+                    "content": [{"type": "text", "text": f"thinking {update}"}],
+                    "usage": usage,
+                },
+                "parent_tool_use_id": None,
+            },
+            session_id,
+        )
+        time.sleep(float(spec.get("interval_s", 0.02)))
 
 
 def main() -> None:
@@ -132,6 +161,8 @@ def main() -> None:
                 },
                 session_id,
             )
+        elif "_spend" in event:
+            spend(event["_spend"], session_id, cwd / "claude_spend.jsonl")
         elif "_exit" in event:
             sys.stdout.flush()
             os._exit(int(event["_exit"]))

@@ -11,6 +11,7 @@ and ends the process with status 97.
 Scenario keys (all optional)::
 
     thread_id        "thr-1"
+    model            the model thread/start answers with (top level; absent when unset)
     record_sent      also record every (small) message the fake sends, as {"sent": ...}
     banner           stderr text printed at start (non-JSON stderr must not disturb parsing)
     expect           {experimental_api, tools, approval_policy, sandbox, sandbox_policy,
@@ -39,12 +40,18 @@ Steps::
     {"hang": true}                                 stop talking (stall)
     {"spawn_child": true}                          start a grandchild; its pid is recorded
     {"exit": STATUS, "stderr": TEXT}               die mid-turn
+    {"spend": {"input": N, "cached": N, "output": N, "interval_s": S, "max_updates": N}}
+                                                   keep spending: a cumulative tokenUsage update
+                                                   every interval_s until the client sends
+                                                   turn/interrupt (answered, then the turn ends
+                                                   "interrupted"); each update is recorded
 """
 
 from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import sys
 import time
@@ -276,7 +283,10 @@ class FakeCodex:
             "turns": [],
         }
         thread.update(self.scenario.get("thread_start", {}).get("result_thread", {}))
-        result = self.scenario.get("thread_start", {}).get("result", {"thread": thread})
+        default_result: dict[str, Any] = {"thread": thread}
+        if self.scenario.get("model"):
+            default_result["model"] = self.scenario["model"]
+        result = self.scenario.get("thread_start", {}).get("result", default_result)
         self.send({"id": message["id"], "result": result})
         self.notify("thread/started", {"thread": thread})
 
@@ -308,6 +318,10 @@ class FakeCodex:
         self.send({"id": message["id"], "result": {"turn": turn}})
         self.notify("turn/started", {"threadId": self.thread_id, "turn": turn})
         for step in spec.get("steps", []):
+            if "spend" in step:
+                if self.spend(step["spend"]):
+                    return
+                continue
             self.step(step)
         status = spec.get("status", "completed")
         error = {"message": spec["error"]} if spec.get("error") else None
@@ -404,6 +418,49 @@ class FakeCodex:
             self.record({"child_pid": child.pid})
         else:
             raise Violation(f"scenario error: unknown step {step!r}")
+
+    def spend(self, spec: dict[str, Any]) -> bool:
+        """Usage updates until turn/interrupt; True when the turn was interrupted (and ended)."""
+        per_input, per_output = int(spec.get("input", 1000)), int(spec.get("output", 100))
+        per_cached = int(spec.get("cached", 0))
+        interval = float(spec.get("interval_s", 0.02))
+        total = {"inputTokens": 0, "cachedInputTokens": 0, "outputTokens": 0}
+        for update in range(1, int(spec.get("max_updates", 100_000)) + 1):
+            total["inputTokens"] += per_input
+            total["cachedInputTokens"] += per_cached
+            total["outputTokens"] += per_output
+            totals = {
+                **total,
+                "reasoningOutputTokens": 0,
+                "totalTokens": total["inputTokens"] + total["outputTokens"],
+            }
+            self.record({"usage_update": update, "total": totals})
+            self.notify(
+                "thread/tokenUsage/updated",
+                self.ids(
+                    {"tokenUsage": {"total": totals, "last": totals, "modelContextWindow": 1}}
+                ),
+            )
+            # NB: the client sends nothing else mid-turn, so stdin's buffer is empty here and
+            # select on its descriptor sees the interrupt as soon as it is written.
+            readable, _, _ = select.select([self.stdin], [], [], interval)
+            if not readable:
+                continue
+            message = self.read()
+            if message is None:
+                self.record({"eof": True})
+                os._exit(0)
+            if message.get("method") != "turn/interrupt":
+                raise Violation(f"unexpected {message.get('method')!r} mid-turn")
+            params = self.check_request(message)
+            if params.get("threadId") != self.thread_id or params.get("turnId") != self.turn_id:
+                raise Violation(f"turn/interrupt names another turn: {params!r}")
+            self.record({"interrupted_after": update})
+            self.send({"id": message["id"], "result": {}})
+            final = {"id": self.turn_id, "status": "interrupted", "items": [], "error": None}
+            self.notify("turn/completed", {"threadId": self.thread_id, "turn": final})
+            return True
+        return False
 
     def flood(self, spec: dict[str, Any]) -> None:
         count = int(spec.get("count", 1000))

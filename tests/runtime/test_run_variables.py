@@ -16,7 +16,7 @@ from tests.runtime.test_runtime_loop import RECORDING_AGENT, issue
 
 DUMP_ENV = "import json, os; open('hook-env.json', 'w').write(json.dumps(dict(os.environ)))"
 ONLY_HOOKS = {"LORENZ_HOOK"}
-ONLY_AGENTS = {"LORENZ_WORKFLOW", "LORENZ_PROMPT_FILE"}
+ONLY_AGENTS = {"LORENZ_WORKFLOW", "LORENZ_PROMPT_FILE", "LORENZ_USAGE_FILE"}
 
 
 def _lorenz(env: dict[str, str], *, minus: set[str]) -> dict[str, str]:

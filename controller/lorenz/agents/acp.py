@@ -50,7 +50,13 @@ import pydantic
 from acp import schema
 
 import lorenz
-from lorenz.agents.base import AgentRunError, AgentRunRequest, AgentRunResult
+from lorenz.agents.base import (
+    MODEL_EVENT,
+    AgentRunError,
+    AgentRunRequest,
+    AgentRunResult,
+    until_stopped,
+)
 from lorenz.agents.jsonrpc import (
     INVALID_PARAMS,
     METHOD_NOT_FOUND,
@@ -126,6 +132,8 @@ class _AcpRun:
         self.tokens = TokenUsage()
         self.tokens_reported = False
         self.cost_usd: float | None = None
+        self.model: str | None = None
+        """The model of the session, when the agent offers a ``model`` config option."""
         self.transcript = ""
         self.tool_titles: dict[str, str] = {}
 
@@ -286,6 +294,7 @@ class _AcpRun:
         except pydantic.ValidationError as exc:
             raise self.protocol_error("session/new", exc) from None
         self.session_id = session.session_id
+        self.note_model(session.config_options)
         agent = init.agent_info
         self.emit(
             "handshake_completed",
@@ -325,7 +334,12 @@ class _AcpRun:
         turn_timeout_s = self.request.settings.turn_timeout_ms / 1000
         try:
             async with asyncio.timeout(turn_timeout_s):
-                raw = await asyncio.shield(task)
+                raw = await until_stopped(
+                    asyncio.shield(task),
+                    stop=self.request.stop,
+                    on_stop=self.cancel_in_flight,
+                    grace_s=self.grace_s + 1.0,
+                )
         except TimeoutError:
             await self.cancel_in_flight()
             self.emit("turn_failed", message=f"turn {turn} timed out")
@@ -383,6 +397,22 @@ class _AcpRun:
             "asking; see the agent's logs",
             code="turn_interrupted",
         )
+
+    def note_model(self, options: Sequence[Any] | None) -> None:
+        """Report the session's model when a ``model`` config option names it (ACP gives no
+        other way; unstable in ACP, so anything else is ignored)."""
+        for option in options or ():
+            if getattr(option, "category", None) != "model":
+                continue
+            value = getattr(option, "current_value", None)
+            if isinstance(value, str) and value and value != self.model:
+                self.model = value
+                self.emit(
+                    MODEL_EVENT,
+                    message=f"model {_clip(value)}",
+                    payload={"model": value, "source": "configOptions"},
+                )
+            return
 
     # -- stopping -------------------------------------------------------------------------
 
@@ -547,6 +577,8 @@ class _AcpRun:
                 usage=self.tokens if self.tokens_reported else None,
                 payload={"sessionUpdate": kind, "used": update.used, "size": update.size},
             )
+        elif isinstance(update, schema.ConfigOptionUpdate):
+            self.note_model(update.config_options)
         elif isinstance(update, schema.CurrentModeUpdate):
             self.emit(
                 "notification",

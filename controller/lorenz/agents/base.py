@@ -8,10 +8,12 @@ Failures raise :class:`AgentRunError` with a stable code; a clean return is a su
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from lorenz.config import AgentKindSettings, HooksSettings, WorkerSettings
 from lorenz.model import AgentUpdate, Issue, LorenzError, SpawnIntent
@@ -21,6 +23,85 @@ class AgentRunError(LorenzError):
     """A run failed: ``code`` is one of the runner's documented codes (``turn_failed``, ...)."""
 
     code = "agent_run_failed"
+
+
+BUDGET_EXHAUSTED = "budget_exhausted"
+"""The code of a run stopped because it crossed a spend cap (see docs/budgets.md)."""
+
+MODEL_EVENT = "agent_model"
+"""The event of an update that names the model the agent's session runs (``payload.model``),
+for pricing; emitted once per session, when the protocol reports it."""
+
+T = TypeVar("T")
+
+
+class TurnStop:
+    """A request, from outside the runner, to stop the run's current turn at once.
+
+    The runtime creates one per run (``AgentRunRequest.stop``) and calls :meth:`request` from
+    its usage handler when a cap is crossed; the runner then stops the agent the way its
+    protocol allows (Codex ``turn/interrupt``, ACP ``session/cancel``, Claude Code and
+    ``command``: the process group) and fails the run with :meth:`error`. The first request
+    wins; later ones are ignored. Synchronous and cheap, so it can be called from
+    ``on_update``.
+    """
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+        self.code: str = BUDGET_EXHAUSTED
+        self.reason: str = ""
+
+    def request(self, *, reason: str, code: str = BUDGET_EXHAUSTED) -> None:
+        if self._event.is_set():
+            return
+        self.code, self.reason = code, reason
+        self._event.set()
+
+    @property
+    def requested(self) -> bool:
+        return self._event.is_set()
+
+    async def wait(self) -> None:
+        await self._event.wait()
+
+    def error(self) -> AgentRunError:
+        return AgentRunError(self.reason or "the run was stopped", code=self.code)
+
+
+async def until_stopped(
+    awaitable: Awaitable[T],
+    *,
+    stop: TurnStop | None,
+    on_stop: Callable[[], Awaitable[Any]],
+    grace_s: float,
+) -> T:
+    """Await ``awaitable`` unless ``stop`` is requested first: then run ``on_stop`` (bounded by
+    ``grace_s``), cancel ``awaitable`` and raise ``stop.error()``."""
+    if stop is None:
+        return await awaitable
+    task = asyncio.ensure_future(awaitable)
+    if stop.requested:
+        stopper: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        stopper.set_result(None)
+    else:
+        stopper = asyncio.ensure_future(stop.wait())
+    watched: set[asyncio.Future[Any]] = {task, stopper}
+    try:
+        await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        task.cancel()
+        stopper.cancel()
+        raise
+    if task.done():
+        stopper.cancel()
+        return task.result()
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(on_stop(), timeout=grace_s)
+    task.cancel()
+    # NB: how the cancelled turn ended (cancelled, failing) is not ours to report.
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
+    raise stop.error()
 
 
 class PlacementFailed(LorenzError):
@@ -99,6 +180,10 @@ honours it (the assembly's runner factory picks one for such requests)."""
     with where it runs (the Pod's name); the runtime binds the slot's reservation then.
     ``False``: the reservation is gone (swept, cancelled) and the runner stops the worker.
     Until it was called, a :class:`PlacementFailed` gives the reservation back."""
+    stop: TurnStop | None = None
+    """Set by the runtime to stop the current turn at once (a spend cap crossed): the runner
+    stops the agent as its protocol allows and fails the run with the stop's code. ``None``:
+    only cancelling the run's task stops it (the process group is killed then)."""
     scratch_dir: Path | None = None
     """A private directory for the run's own files (the command runner's prompt file): the
     worker's state directory, which outlives a worker killed mid-run as its evidence. ``None``:

@@ -39,7 +39,13 @@ import shlex
 from collections.abc import Mapping
 from typing import Any
 
-from lorenz.agents.base import AgentRunError, AgentRunRequest, AgentRunResult
+from lorenz.agents.base import (
+    MODEL_EVENT,
+    AgentRunError,
+    AgentRunRequest,
+    AgentRunResult,
+    until_stopped,
+)
 from lorenz.agents.processes import AgentProcess, AgentStdinClosed, LineTooLong, spawn_agent
 from lorenz.model import AgentUpdate, TokenUsage
 
@@ -111,6 +117,8 @@ class _ClaudeRun:
         self.cost_known = False
         self.reported_tokens = TokenUsage()
         self.message_usage: dict[str, TokenUsage] = {}
+        self.model: str | None = None
+        """The model of the session, from its ``system``/``init`` event."""
         self.session_announced = False
 
     def emit(self, event: str, **fields: Any) -> None:
@@ -168,7 +176,12 @@ class _ClaudeRun:
                         # and stderr still explain why, so read them instead of failing here.
                         await process.write_line(text.encode("utf-8"))
                         await process.close_stdin()
-                    result = await self.read_until_result(process)
+                    result = await until_stopped(
+                        self.read_until_result(process),
+                        stop=self.request.stop,
+                        on_stop=lambda: self.stop_turn(process),
+                        grace_s=self.grace_s + 1.0,
+                    )
             except TimeoutError:
                 self.emit("turn_failed", message=f"turn {self.turn} timed out")
                 raise AgentRunError(
@@ -182,6 +195,11 @@ class _ClaudeRun:
         finally:
             await process.terminate(grace_s=self.grace_s)
         return self.finish_turn(result)
+
+    async def stop_turn(self, process: AgentProcess) -> None:
+        """Stop the current turn at once: Claude Code has no in-band interrupt in print mode,
+        so its whole process group is killed (no grace: every second costs tokens)."""
+        await process.terminate(grace_s=0.0)
 
     async def read_until_result(self, process: AgentProcess) -> dict[str, Any]:
         while True:
@@ -248,6 +266,14 @@ class _ClaudeRun:
             subtype = event.get("subtype")
             if subtype == "init":
                 tools = _list(event.get("tools"))
+                reported = event.get("model")
+                if isinstance(reported, str) and reported and reported != self.model:
+                    self.model = reported
+                    self.emit(
+                        MODEL_EVENT,
+                        message=f"model {_clip(reported)}",
+                        payload={"model": reported, "source": "system/init"},
+                    )
                 model = event.get("model") or "unknown model"
                 self.announce_session(
                     message=f"turn {self.turn} of at most {self.request.max_turns}: {model}, "

@@ -32,7 +32,14 @@ from typing import Any, Final, TypeVar
 import tenacity
 
 import lorenz
-from lorenz.agents.base import AgentRunError, AgentRunRequest, AgentRunResult, ToolHandler
+from lorenz.agents.base import (
+    MODEL_EVENT,
+    AgentRunError,
+    AgentRunRequest,
+    AgentRunResult,
+    ToolHandler,
+    until_stopped,
+)
 from lorenz.agents.jsonrpc import (
     METHOD_NOT_FOUND,
     SERVER_OVERLOADED,
@@ -159,6 +166,8 @@ class CodexSession:
         self.turn_id: str | None = None
         self.session_id: str | None = None
         self.turns_completed = 0
+        self.model: str | None = None
+        """The model ``thread/start`` answered with (``None``: not reported)."""
         self.decisions: list[tuple[str, Any]] = []
         """``(method, answer)`` for every approval-type request answered (for tests, logs)."""
         self._loop = asyncio.get_running_loop()
@@ -232,6 +241,20 @@ class CodexSession:
             )
         self.thread_id = thread_id
         self._emit(AgentUpdate(event="thread_started", message=f"thread {thread_id}"))
+        # NB: the answer names the model the thread runs (top level; older servers put it in
+        # the thread): the one spend is priced with.
+        model = result.get("model") if isinstance(result, Mapping) else None
+        if not isinstance(model, str) or not model:
+            model = thread.get("model") if isinstance(thread, Mapping) else None
+        if isinstance(model, str) and model:
+            self.model = model
+            self._emit(
+                AgentUpdate(
+                    event=MODEL_EVENT,
+                    message=f"model {_short(model)}",
+                    payload={"model": model, "source": "thread/start"},
+                )
+            )
         return thread_id
 
     async def run_turn(self, text: str, *, turn: int) -> Mapping[str, Any]:
@@ -265,8 +288,25 @@ class CodexSession:
                 payload={"thread_id": self.thread_id, "turn_id": turn_id, "turn": turn},
             )
         )
-        ended = await self._await_turn_end(turn_id)
+        ended = await until_stopped(
+            self._await_turn_end(turn_id),
+            stop=self.request.stop,
+            on_stop=self.interrupt_turn,
+            grace_s=self.runner.terminate_grace_s,
+        )
         return self._finish_turn(ended, turn=turn)
+
+    async def interrupt_turn(self) -> None:
+        """``turn/interrupt`` the running turn and wait, bounded, for the server's answer (the
+        caller then fails the run and closing the session ends the process group)."""
+        if self.thread_id is None or self.turn_id is None or self.connection.closed.done():
+            return
+        params = {"threadId": self.thread_id, "turnId": self.turn_id}
+        with contextlib.suppress(JsonRpcError, ConnectionClosed, TimeoutError, AgentRunError):
+            await self._guard(
+                self.connection.request("turn/interrupt", params, timeout_s=None),
+                timeout_s=self._read_timeout_s,
+            )
 
     def _finish_turn(self, ended: Mapping[str, Any], *, turn: int) -> Mapping[str, Any]:
         method = ended.get("__method__")
@@ -445,11 +485,13 @@ class CodexSession:
         if method == "thread/tokenUsage/updated":
             usage = token_usage_from(params)
             if usage is not None:
+                cached = cached_input_tokens_from(params)
                 self._emit(
                     AgentUpdate(
                         event="token_usage",
                         usage=usage,
                         message=f"{usage.total_tokens} tokens in this thread",
+                        payload=None if cached is None else {"cached_input_tokens": cached},
                     )
                 )
                 return
@@ -676,6 +718,15 @@ def token_usage_from(params: Mapping[str, Any]) -> TokenUsage | None:
         if total_tokens is not None
         else (input_tokens or 0) + (output_tokens or 0),
     )
+
+
+def cached_input_tokens_from(params: Mapping[str, Any]) -> int | None:
+    """Of the thread's input tokens, those read from the prompt cache (for pricing)."""
+    usage = params.get("tokenUsage")
+    total = usage.get("total") if isinstance(usage, Mapping) else None
+    if not isinstance(total, Mapping):
+        return None
+    return _first_count(total, ("cachedInputTokens", "cached_input_tokens"))
 
 
 def _first_count(source: Mapping[str, Any], keys: Sequence[str]) -> int | None:

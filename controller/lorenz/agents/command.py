@@ -3,7 +3,9 @@
 This is the smallest useful contract, for scripts, wrappers around other CLIs, and the bundled
 demo: the rendered prompt goes to the command's stdin (which is then closed) and into a file
 named by ``LORENZ_PROMPT_FILE``; every stdout line is a progress event (it keeps the run from
-looking stalled); exit status 0 is success, anything else a failure with the stderr tail.
+looking stalled); exit status 0 is success, anything else a failure with the stderr tail. Token
+usage and cost, for budgets, go as JSON lines into the file named by ``LORENZ_USAGE_FILE`` (see
+:mod:`lorenz.agents.usage_file`).
 
 A command run is one turn: ``agent.max_turns`` does not apply (a command that wants to loop does
 so itself; continuation across runs comes from the orchestrator's 1 s continuation retry).
@@ -22,9 +24,11 @@ import logging
 import os
 import tempfile
 import uuid
+from pathlib import Path
 
-from lorenz.agents.base import AgentRunError, AgentRunRequest, AgentRunResult
+from lorenz.agents.base import AgentRunError, AgentRunRequest, AgentRunResult, until_stopped
 from lorenz.agents.processes import AgentProcess, AgentStdinClosed, LineTooLong, spawn_agent
+from lorenz.agents.usage_file import POLL_INTERVAL_S, USAGE_FILE_ENV, UsageFileReader
 from lorenz.model import AgentUpdate
 
 logger = logging.getLogger(__name__)
@@ -50,22 +54,31 @@ class CommandRunner:
         fd, prompt_name = tempfile.mkstemp(
             prefix="lorenz-prompt-", suffix=".md", dir=request.scratch_dir
         )
+        usage_fd, usage_name = tempfile.mkstemp(
+            prefix="lorenz-usage-", suffix=".jsonl", dir=request.scratch_dir
+        )
+        os.close(usage_fd)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
                 handle.write(request.prompt)
-            env = {**request.env, PROMPT_FILE_ENV: prompt_name}
+            env = {**request.env, PROMPT_FILE_ENV: prompt_name, USAGE_FILE_ENV: usage_name}
             process = await spawn_agent(
                 command=request.settings.command, cwd=request.workspace, env=env
             )
+            usage = UsageFileReader(Path(usage_name), emit=lambda u: _emit(request, u))
             try:
-                return await self._drive(request, process)
+                return await self._drive(request, process, usage)
             finally:
                 await process.terminate(grace_s=self.terminate_grace_s)
+                usage.poll()  # NB: what the agent wrote just before it ended still counts
         finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(prompt_name)
+            for name in (prompt_name, usage_name):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(name)
 
-    async def _drive(self, request: AgentRunRequest, process: AgentProcess) -> AgentRunResult:
+    async def _drive(
+        self, request: AgentRunRequest, process: AgentProcess, usage: UsageFileReader
+    ) -> AgentRunResult:
         session_id = f"command-{uuid.uuid4().hex[:12]}"
         _emit(
             request,
@@ -77,11 +90,17 @@ class CommandRunner:
             ),
         )
         feeder = asyncio.create_task(_feed_prompt(process, request.prompt))
+        tailer = asyncio.create_task(_tail_usage(usage))
         timeout_ms = request.settings.turn_timeout_ms
         try:
             async with asyncio.timeout(timeout_ms / 1000):
-                await self._pump_output(request, process)
-                returncode = await process.wait()
+                returncode = await until_stopped(
+                    self._pump_and_wait(request, process),
+                    stop=request.stop,
+                    # NB: no in-band way to stop a command: its process group goes at once.
+                    on_stop=lambda: process.terminate(grace_s=0.0),
+                    grace_s=self.terminate_grace_s + 1.0,
+                )
         except TimeoutError:
             raise AgentRunError(
                 f"the command did not finish within {timeout_ms} ms "
@@ -89,10 +108,12 @@ class CommandRunner:
                 code="turn_timeout",
             ) from None
         finally:
-            feeder.cancel()
-            # NB: how a cancelled task ended (cancelled or failing) is not ours to report.
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await feeder
+            for task in (feeder, tailer):
+                task.cancel()
+                # NB: how a cancelled task ended (cancelled or failing) is not ours to report.
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        usage.poll()
         if returncode != 0:
             await process.stderr_drained(timeout_s=1.0)
             tail = process.stderr_tail(max_bytes=1000) or "no stderr output"
@@ -102,6 +123,10 @@ class CommandRunner:
             )
         _emit(request, AgentUpdate(event="turn_completed", message="command exited with 0"))
         return AgentRunResult(turns=1, session_id=session_id, stop_reason="exited")
+
+    async def _pump_and_wait(self, request: AgentRunRequest, process: AgentProcess) -> int:
+        await self._pump_output(request, process)
+        return await process.wait()
 
     async def _pump_output(self, request: AgentRunRequest, process: AgentProcess) -> None:
         """Turn stdout lines into updates until stdout ends (or shortly after the exit)."""
@@ -157,6 +182,12 @@ async def _feed_prompt(process: AgentProcess, prompt: str) -> None:
             await process.close_stdin()
 
 
+async def _tail_usage(usage: UsageFileReader) -> None:
+    while True:
+        usage.poll()
+        await asyncio.sleep(POLL_INTERVAL_S)
+
+
 def _emit(request: AgentRunRequest, update: AgentUpdate) -> None:
     try:
         request.on_update(update)
@@ -164,4 +195,4 @@ def _emit(request: AgentRunRequest, update: AgentUpdate) -> None:
         logger.exception("on_update raised; update dropped", extra={"event": update.event})
 
 
-__all__ = ["PROMPT_FILE_ENV", "CommandRunner"]
+__all__ = ["PROMPT_FILE_ENV", "USAGE_FILE_ENV", "CommandRunner"]

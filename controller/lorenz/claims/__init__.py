@@ -1,4 +1,5 @@
-"""Claim stores: where the orchestrator persists slot claims (memory, sqlite, turso, Claims)."""
+"""Claim stores: where the orchestrator persists slot claims (memory, sqlite, turso, Claims),
+and beside them the spend ledger of budgets (:mod:`lorenz.claims.spend`)."""
 
 from lorenz.claims.errors import (
     ClaimGenerationStale,
@@ -18,12 +19,22 @@ from lorenz.claims.opening import (
     workflow_digest,
 )
 from lorenz.claims.owners import default_owner_id
+from lorenz.claims.spend import (
+    DAY_SPEND_KEPT,
+    ISSUE_SPEND_KEPT,
+    IssueSpend,
+    SpendCharge,
+    SpendLedger,
+    SpendTotal,
+)
 from lorenz.claims.sql import DEFAULT_OWNER_STALE_MS, SCHEMA_VERSION, SqlClaimStore, StoreEvent
 from lorenz.claims.sqlite import SqliteClaimStore
 from lorenz.claims.turso import TursoClaimStore
 
 __all__ = [
+    "DAY_SPEND_KEPT",
     "DEFAULT_OWNER_STALE_MS",
+    "ISSUE_SPEND_KEPT",
     "SCHEMA_VERSION",
     "ClaimGenerationStale",
     "ClaimOwnerLost",
@@ -33,7 +44,11 @@ __all__ = [
     "ClaimStoreSchemaUnsupported",
     "ClaimStoreUnreadable",
     "ClaimStoreWriteFailed",
+    "IssueSpend",
     "MemoryClaimStore",
+    "SpendCharge",
+    "SpendLedger",
+    "SpendTotal",
     "SqlClaimStore",
     "SqliteClaimStore",
     "StoreEvent",

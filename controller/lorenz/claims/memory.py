@@ -16,6 +16,14 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from lorenz.claims.errors import ClaimGenerationStale
+from lorenz.claims.spend import (
+    DAY_SPEND_KEPT,
+    ISSUE_SPEND_KEPT,
+    IssueSpend,
+    SpendCharge,
+    SpendTotal,
+    check_charge,
+)
 from lorenz.model import ClaimPhase, ClaimRecord, LorenzError, SlotKey, SpawnIntent, StoredState
 
 
@@ -28,13 +36,25 @@ class MemoryClaimTable:
     fence: int | None = None
     """The newest leader generation that fenced the table (``None``: never fenced)."""
     fence_holder: str | None = None
+    issue_spend: dict[str, IssueSpend] = dataclasses.field(default_factory=dict)
+    """The spend ledger per issue id (insertion order = charge order, oldest first)."""
+    day_spend: dict[str, SpendTotal] = dataclasses.field(default_factory=dict)
 
 
 class MemoryClaimStore:
     """Claims in a dict; ``durable`` is false."""
 
-    def __init__(self, *, owner: str = "local", table: MemoryClaimTable | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        owner: str = "local",
+        table: MemoryClaimTable | None = None,
+        issue_spend_kept: int = ISSUE_SPEND_KEPT,
+        day_spend_kept: int = DAY_SPEND_KEPT,
+    ) -> None:
         self._owner = owner
+        self._issue_spend_kept = issue_spend_kept
+        self._day_spend_kept = day_spend_kept
         self._table = table if table is not None else MemoryClaimTable()
         self._generation: int | None = None
         self._on_fenced: Callable[[LorenzError], None] | None = None
@@ -163,3 +183,39 @@ class MemoryClaimStore:
 
     async def close(self) -> None:
         self.closed = True
+
+    # -- the spend ledger (lorenz.claims.spend.SpendLedger) -------------------------------------
+
+    async def add_spend(
+        self, *, issue_id: str, identifier: str, day: str, tokens: int, usd: float
+    ) -> SpendCharge:
+        check_charge(tokens=tokens, usd=usd)
+        table = self._table
+        now_ms = datetime.datetime.now(datetime.UTC).timestamp() * 1000.0
+        held = table.issue_spend.pop(issue_id, None)
+        issue_total = held.total if held is not None else SpendTotal()
+        issue_total = SpendTotal(tokens=issue_total.tokens + tokens, usd=issue_total.usd + usd)
+        # NB: re-inserted last, so the dict's order stays the charge order (pruning order).
+        table.issue_spend[issue_id] = IssueSpend(
+            issue_id=issue_id, identifier=identifier, total=issue_total, updated_at_ms=now_ms
+        )
+        day_total = table.day_spend.get(day, SpendTotal())
+        day_total = SpendTotal(tokens=day_total.tokens + tokens, usd=day_total.usd + usd)
+        table.day_spend[day] = day_total
+        while len(table.issue_spend) > self._issue_spend_kept:
+            del table.issue_spend[next(iter(table.issue_spend))]
+        surplus = max(len(table.day_spend) - self._day_spend_kept, 0)
+        for old_day in sorted(table.day_spend)[:surplus]:
+            del table.day_spend[old_day]
+        return SpendCharge(issue=issue_total, day=day_total)
+
+    async def issue_spend(self, issue_id: str) -> SpendTotal:
+        held = self._table.issue_spend.get(issue_id)
+        return held.total if held is not None else SpendTotal()
+
+    async def day_spend(self, day: str) -> SpendTotal:
+        return self._table.day_spend.get(day, SpendTotal())
+
+    async def issue_spends(self, *, limit: int = 100) -> list[IssueSpend]:
+        rows = list(reversed(self._table.issue_spend.values()))
+        return rows[: max(limit, 0)]

@@ -41,6 +41,14 @@ from lorenz.claims.errors import (
     ClaimStoreWriteFailed,
 )
 from lorenz.claims.owners import Liveness, ProcessIdentity, current_process, owner_liveness
+from lorenz.claims.spend import (
+    DAY_SPEND_KEPT,
+    ISSUE_SPEND_KEPT,
+    IssueSpend,
+    SpendCharge,
+    SpendTotal,
+    check_charge,
+)
 from lorenz.model import (
     ClaimPhase,
     ClaimRecord,
@@ -57,10 +65,10 @@ from lorenz.model import (
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = "2"
+SCHEMA_VERSION = "3"
 """The schema this code writes (``claim_store_meta.schema_version``)."""
 
-MIGRATED_VERSIONS = frozenset({"1"})
+MIGRATED_VERSIONS = frozenset({"1", "2"})
 """Older schemas this code opens and migrates in place (one transaction, on first open)."""
 
 DEFAULT_OWNER_STALE_MS = 30_000
@@ -159,7 +167,23 @@ _INTENT_COLUMNS: tuple[str, ...] = (
 """The spawn intent of a claim: written only by ``record_intent``; ``save`` keeps it, except
 that a claim going back to a pending retry drops it (its run is settled)."""
 
+_SPEND_TABLES: tuple[str, ...] = (
+    # The spend ledger (lorenz.claims.spend): per issue, kept after the issue finished, pruned
+    # by age of the last charge; per UTC day.
+    "CREATE TABLE IF NOT EXISTS issue_spend ("
+    " issue_id TEXT PRIMARY KEY, identifier TEXT NOT NULL, tokens INTEGER NOT NULL DEFAULT 0,"
+    " usd REAL NOT NULL DEFAULT 0, updated_at REAL NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS issue_spend_by_age ON issue_spend (updated_at)",
+    "CREATE TABLE IF NOT EXISTS day_spend ("
+    " day TEXT PRIMARY KEY, tokens INTEGER NOT NULL DEFAULT 0, usd REAL NOT NULL DEFAULT 0,"
+    " updated_at REAL NOT NULL)",
+)
+
 _MIGRATIONS: dict[str, tuple[str, ...]] = {
+    # Each entry takes a store from its version to the next; opening an older store runs the
+    # steps of every version from its own up to SCHEMA_VERSION, in one transaction.
+    # v2 → v3: the spend ledger (new tables only; existing rows untouched).
+    "2": _SPEND_TABLES,
     # v1 → v2: the generation of each claim's writer, the spawn intent, the fence row.
     "1": (
         "ALTER TABLE claims ADD COLUMN generation INTEGER",
@@ -174,6 +198,16 @@ _MIGRATIONS: dict[str, tuple[str, ...]] = {
         " fenced_at REAL NOT NULL)",
     ),
 }
+_NEXT_VERSION: dict[str, str] = {"1": "2", "2": "3"}
+
+
+def migration_steps(version: str) -> tuple[str, ...]:
+    """The statements that take a store of ``version`` to :data:`SCHEMA_VERSION`."""
+    steps: list[str] = []
+    while version != SCHEMA_VERSION:
+        steps.extend(_MIGRATIONS[version])
+        version = _NEXT_VERSION[version]
+    return tuple(steps)
 
 _SCHEMA: tuple[str, ...] = (
     "CREATE TABLE IF NOT EXISTS claim_store_meta ( key TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -202,6 +236,7 @@ _SCHEMA: tuple[str, ...] = (
     "CREATE TABLE IF NOT EXISTS fence ("
     " id INTEGER PRIMARY KEY CHECK (id = 1), generation INTEGER NOT NULL, holder TEXT,"
     " fenced_at REAL NOT NULL)",
+    *_SPEND_TABLES,
 )
 
 _SELECT_CLAIMS = f"SELECT {', '.join(_CLAIM_COLUMNS + _INTENT_COLUMNS)} FROM claims"
@@ -406,6 +441,21 @@ def check_schema(conn: DbConnection, *, path: Path) -> str | None:
     return version
 
 
+_SPEND_TABLE_KEYS: frozenset[tuple[str, str]] = frozenset(
+    {("issue_spend", "issue_id"), ("day_spend", "day")}
+)
+
+
+def _total_row(conn: DbConnection, table: str, column: str, key: str) -> SpendTotal:
+    # NB: table and column are spliced into SQL: only the two ledger tables are allowed.
+    if (table, column) not in _SPEND_TABLE_KEYS:
+        raise ValueError(f"not a spend table: {table}.{column}")
+    row = conn.execute(f"SELECT tokens, usd FROM {table} WHERE {column} = ?", (key,)).fetchone()
+    if row is None:
+        return SpendTotal()
+    return SpendTotal(tokens=int(row[0]), usd=float(row[1]))
+
+
 def _rollback_quietly(conn: DbConnection) -> None:
     # NB: a failed COMMIT or a busy error may already have ended the transaction.
     with contextlib.suppress(Exception):
@@ -429,6 +479,8 @@ class SqlClaimStore(abc.ABC):
         owner_stale_ms: int = 0,
         clock: Clock | None = None,
         events_kept: int = EVENTS_KEPT,
+        issue_spend_kept: int = ISSUE_SPEND_KEPT,
+        day_spend_kept: int = DAY_SPEND_KEPT,
         busy_deadline_s: float = BUSY_DEADLINE_S,
         process: ProcessIdentity | None = None,
         liveness: Callable[[str], Liveness] | None = None,
@@ -441,6 +493,8 @@ class SqlClaimStore(abc.ABC):
         self._owner_stale_ms = owner_stale_ms or DEFAULT_OWNER_STALE_MS
         self._clock: Clock = clock or SystemClock()
         self._events_kept = events_kept
+        self._issue_spend_kept = issue_spend_kept
+        self._day_spend_kept = day_spend_kept
         self._busy_deadline_s = busy_deadline_s
         self._process = process or current_process()
         self._liveness: Callable[[str], Liveness] = liveness or owner_liveness
@@ -478,6 +532,8 @@ class SqlClaimStore(abc.ABC):
         owner_stale_ms: int = 0,
         clock: Clock | None = None,
         events_kept: int = EVENTS_KEPT,
+        issue_spend_kept: int = ISSUE_SPEND_KEPT,
+        day_spend_kept: int = DAY_SPEND_KEPT,
         busy_deadline_s: float = BUSY_DEADLINE_S,
         liveness: Callable[[str], Liveness] | None = None,
     ) -> Self:
@@ -495,6 +551,8 @@ class SqlClaimStore(abc.ABC):
             owner_stale_ms=owner_stale_ms,
             clock=clock,
             events_kept=events_kept,
+            issue_spend_kept=issue_spend_kept,
+            day_spend_kept=day_spend_kept,
             busy_deadline_s=busy_deadline_s,
             liveness=liveness,
         )
@@ -661,6 +719,28 @@ class SqlClaimStore(abc.ABC):
     async def integrity_check(self) -> str:
         """``PRAGMA integrity_check``: ``"ok"``, or the problems found, one per line."""
         return await self._run(self._integrity_sync)
+
+    # -- the spend ledger (lorenz.claims.spend.SpendLedger) -------------------------------------
+
+    async def add_spend(
+        self, *, issue_id: str, identifier: str, day: str, tokens: int, usd: float
+    ) -> SpendCharge:
+        """Add one usage delta to the issue's and the day's totals, in one transaction."""
+        check_charge(tokens=tokens, usd=usd)
+        return await self._run(
+            lambda: self._add_spend_sync(
+                issue_id=issue_id, identifier=identifier, day=day, tokens=tokens, usd=usd
+            )
+        )
+
+    async def issue_spend(self, issue_id: str) -> SpendTotal:
+        return await self._run(lambda: self._read_total_sync("issue_spend", "issue_id", issue_id))
+
+    async def day_spend(self, day: str) -> SpendTotal:
+        return await self._run(lambda: self._read_total_sync("day_spend", "day", day))
+
+    async def issue_spends(self, *, limit: int = 100) -> list[IssueSpend]:
+        return await self._run(lambda: self._issue_spends_sync(limit))
 
     # -- plumbing ------------------------------------------------------------------------------
 
@@ -829,7 +909,7 @@ class SqlClaimStore(abc.ABC):
             )
         elif version != SCHEMA_VERSION:
             # NB: one transaction: a process killed mid-migration leaves the old schema whole.
-            for step in _MIGRATIONS[version]:
+            for step in migration_steps(version):
                 conn.execute(step)
             conn.execute(
                 "UPDATE claim_store_meta SET value = ? WHERE key = 'schema_version'",
@@ -1068,6 +1148,64 @@ class SqlClaimStore(abc.ABC):
             )
 
         self._transaction(body)
+
+    def _add_spend_sync(
+        self, *, issue_id: str, identifier: str, day: str, tokens: int, usd: float
+    ) -> SpendCharge:
+        def body(conn: DbConnection) -> SpendCharge:
+            now_ms = self._now_ms()
+            conn.execute(
+                "INSERT INTO issue_spend (issue_id, identifier, tokens, usd, updated_at)"
+                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (issue_id) DO UPDATE SET"
+                " identifier = excluded.identifier, tokens = issue_spend.tokens + excluded.tokens,"
+                " usd = issue_spend.usd + excluded.usd, updated_at = excluded.updated_at",
+                (issue_id, identifier, tokens, usd, now_ms),
+            )
+            conn.execute(
+                "INSERT INTO day_spend (day, tokens, usd, updated_at) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT (day) DO UPDATE SET tokens = day_spend.tokens + excluded.tokens,"
+                " usd = day_spend.usd + excluded.usd, updated_at = excluded.updated_at",
+                (day, tokens, usd, now_ms),
+            )
+            # NB: bounded ledger: the oldest charged issues and days beyond the limits go.
+            conn.execute(
+                "DELETE FROM issue_spend WHERE issue_id IN (SELECT issue_id FROM issue_spend"
+                " ORDER BY updated_at DESC, issue_id LIMIT -1 OFFSET ?)",
+                (self._issue_spend_kept,),
+            )
+            conn.execute(
+                "DELETE FROM day_spend WHERE day IN (SELECT day FROM day_spend"
+                " ORDER BY day DESC LIMIT -1 OFFSET ?)",
+                (self._day_spend_kept,),
+            )
+            return SpendCharge(
+                issue=_total_row(conn, "issue_spend", "issue_id", issue_id),
+                day=_total_row(conn, "day_spend", "day", day),
+            )
+
+        return self._transaction(body, fenced=False)
+
+    def _read_total_sync(self, table: str, column: str, key: str) -> SpendTotal:
+        return self._transaction(lambda conn: _total_row(conn, table, column, key), write=False)
+
+    def _issue_spends_sync(self, limit: int) -> list[IssueSpend]:
+        def body(conn: DbConnection) -> list[IssueSpend]:
+            rows = conn.execute(
+                "SELECT issue_id, identifier, tokens, usd, updated_at FROM issue_spend"
+                " ORDER BY updated_at DESC, issue_id LIMIT ?",
+                (max(int(limit), 0),),
+            ).fetchall()
+            return [
+                IssueSpend(
+                    issue_id=str(row[0]),
+                    identifier=str(row[1]),
+                    total=SpendTotal(tokens=int(row[2]), usd=float(row[3])),
+                    updated_at_ms=float(row[4]),
+                )
+                for row in rows
+            ]
+
+        return self._transaction(body, write=False)
 
     def _heartbeat_sync(self) -> None:
         # NB: heartbeats are not events: one every few seconds would push every real mutation

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import enum
 import re
+import shlex
 from typing import Annotated, Any, Literal
 
 import pydantic
@@ -29,6 +30,14 @@ from pydantic import BeforeValidator, Field
 from pydantic_core import PydanticCustomError
 
 from lorenz.config.docstrings import DocumentedModel
+from lorenz.config.pricing import (
+    MODEL_UNPRICED,
+    PRICING_INVALID,
+    ModelPrice,
+    PriceTable,
+    PricingInvalid,
+    parse_price_table,
+)
 
 RELOAD_KEY = "x-lorenz-reload"
 ENV_KEY = "x-lorenz-env"
@@ -58,6 +67,8 @@ CODED_CONFIG_ERRORS: frozenset[str] = frozenset(
         WORKER_KIND_CONFLICT,
         WORKER_POD_VALUE_INVALID,
         WORKER_DETACHED_FALSE,
+        PRICING_INVALID,
+        "budget_cancel_state_missing",
     }
 )
 """Validation error types raised here whose type is also the stable code the loader reports
@@ -488,6 +499,103 @@ class RetrySettings(Section):
                 "terminal_action: cancel needs retry.cancel_state (the state to move the issue to)",
             )
         return self
+
+
+def _usd(value: Any) -> Any:
+    # NB: a dollar amount from YAML: ints and floats, never bools (True would be $1).
+    if isinstance(value, bool):
+        raise ValueError("must be a number of USD, not a boolean")
+    return value
+
+
+Usd = Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False), BeforeValidator(_usd)]
+
+
+class BudgetSettings(Section):
+    """Spend caps: tokens and dollars per run, per issue and per UTC day (``0`` = no cap).
+
+    Usage is counted as the agent reports it; dollars are priced with ``pricing`` (or the
+    agent's own ``cost_usd``, which wins). See docs/budgets.md."""
+
+    max_tokens_per_run: NonNegativeInt = Field(default=0, json_schema_extra=_reload("hot"))
+    """Tokens one attempt of one slot may use; ``0`` = no cap."""
+    max_tokens_per_issue: NonNegativeInt = Field(default=0, json_schema_extra=_reload("hot"))
+    """Tokens all attempts and slots of one issue may use, across restarts; ``0`` = no cap."""
+    max_usd_per_issue: Usd = Field(default=0.0, json_schema_extra=_reload("hot"))
+    """USD all attempts and slots of one issue may spend, across restarts; ``0`` = no cap."""
+    max_usd_per_day: Usd = Field(default=0.0, json_schema_extra=_reload("hot"))
+    """USD the whole workflow may spend per UTC day; ``0`` = no cap."""
+    on_exhausted: TerminalAction = Field(
+        default=TerminalAction.BLOCK, json_schema_extra=_reload("hot")
+    )
+    """What happens to an issue whose run crossed a cap: ``block``, ``escalate`` or ``cancel``
+    (the ``retry.terminal_action`` values; ``escalate`` uses ``retry.escalate``, ``cancel``
+    uses ``retry.cancel_state``)."""
+    warn_at: float = Field(
+        default=0.8, gt=0, le=1, allow_inf_nan=False, json_schema_extra=_reload("hot")
+    )
+    """Share of a cap after which a ``budget_warning`` event and metric are emitted."""
+
+    @property
+    def caps_usd(self) -> bool:
+        """Whether a dollar cap is set (then every model needs a price)."""
+        return self.max_usd_per_issue > 0 or self.max_usd_per_day > 0
+
+
+def _price_table(value: Any) -> Any:
+    try:
+        entries = parse_price_table(value, where="pricing")
+    except PricingInvalid as exc:
+        # NB: a custom error type, so the loader reports it under its own code.
+        raise PydanticCustomError(
+            PRICING_INVALID,
+            "{reason}; each entry is a map of input, output and optionally "
+            "cached_input, in USD per million tokens",
+            {"key_path": exc.key_path, "reason": exc.message},
+        ) from None
+    return {pattern: price.to_dict() for pattern, price in entries}
+
+
+class ModelPriceSettings(Section):
+    """USD per million tokens of the models a ``pricing`` glob matches."""
+
+    input: float = Field(ge=0, allow_inf_nan=False, json_schema_extra=_reload("hot"))
+    """A prompt token read fresh."""
+    cached_input: float | None = Field(
+        default=None, ge=0, allow_inf_nan=False, json_schema_extra=_reload("hot")
+    )
+    """A prompt token read from the provider's prompt cache; unset = ``input``."""
+    output: float = Field(ge=0, allow_inf_nan=False, json_schema_extra=_reload("hot"))
+    """A generated token (reasoning tokens included)."""
+
+    def as_price(self) -> ModelPrice:
+        cached = self.input if self.cached_input is None else self.cached_input
+        return ModelPrice(input=self.input, cached_input=cached, output=self.output)
+
+
+PriceMap = Annotated[dict[str, ModelPriceSettings], BeforeValidator(_price_table)]
+
+
+_MODEL_OPTION = re.compile(r"^(?:--model|-m)(?:=(?P<value>.+))?$")
+_CODEX_MODEL_OVERRIDE = re.compile(r"^model\s*=\s*[\"']?(?P<value>[^\"']+)[\"']?$")
+
+
+def command_model(command: str) -> str | None:
+    """The model a command line names (``--model X``, ``-m X``, Codex ``-c model=X``)."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return None
+    for index, word in enumerate(words):
+        following = words[index + 1] if index + 1 < len(words) else None
+        option = _MODEL_OPTION.match(word)
+        if option is not None:
+            return option.group("value") or following
+        if word in ("-c", "--config") and following is not None:
+            override = _CODEX_MODEL_OVERRIDE.match(following.strip())
+            if override is not None:
+                return override.group("value")
+    return None
 
 
 class AgentProtocol(enum.StrEnum):
@@ -1241,6 +1349,37 @@ class WorkflowSettings(DocumentedModel):
     """Claim persistence (filled from flags by the loader)."""
     daemon: DaemonSettings = Field(default_factory=DaemonSettings)
     """Daemon mode (filled from flags and features by the loader)."""
+    budget: BudgetSettings = Field(default_factory=BudgetSettings)
+    """Spend caps in tokens and USD (see docs/budgets.md)."""
+    pricing: PriceMap = Field(default_factory=dict, json_schema_extra=_reload("hot"))
+    """USD per million tokens by model name glob, ``{input, cached_input, output}``; looked up
+    before the shipped default table (``lorenz/config/prices.yaml``). The agent's own cost, when
+    it reports one, wins over any price."""
+
+    def price_table(self) -> PriceTable:
+        """``pricing`` over the shipped defaults."""
+        return PriceTable.with_defaults(
+            {pattern: price.as_price() for pattern, price in self.pricing.items()}
+        )
+
+    def pricing_warnings(self) -> tuple[str, ...]:
+        """Coded warnings about prices: a configured model without one while a dollar cap is set.
+
+        The configured model is what an agent kind's command names (``--model``, ``-m``, Codex
+        ``-c model=...``); a kind that names none is priced by the model its agent reports."""
+        if not self.budget.caps_usd:
+            return ()
+        table = self.price_table()
+        found: list[str] = []
+        for name, kind in sorted(self.effective_agents().items()):
+            model = command_model(kind.command)
+            if model is not None and table.price_for(model) is None:
+                found.append(
+                    f"{MODEL_UNPRICED}: agents.{name} runs model {model!r}, which has no price "
+                    "while a dollar cap is set; add it under pricing (its tokens still count "
+                    "against token caps)"
+                )
+        return tuple(found)
 
     def agent_kind(self, name: str | None = None) -> AgentKindSettings:
         """The settings of agent kind ``name`` (default: ``agent.kind``)."""
@@ -1304,6 +1443,19 @@ class WorkflowSettings(DocumentedModel):
                 update={"interval_ms": WEBHOOK_BACKSTOP_INTERVAL_MS}
             )
             object.__setattr__(self, "polling", polling)
+        return self
+
+    @pydantic.model_validator(mode="after")
+    def _budget_cancel_has_state(self) -> WorkflowSettings:
+        if (
+            self.budget.on_exhausted is TerminalAction.CANCEL
+            and self.retry.cancel_state is None
+        ):
+            raise PydanticCustomError(
+                "budget_cancel_state_missing",
+                "{key_path} cancel needs retry.cancel_state (the state to move the issue to)",
+                {"key_path": "budget.on_exhausted"},
+            )
         return self
 
     @pydantic.model_validator(mode="after")

@@ -273,6 +273,8 @@ def settings_from_mapping(
         settings = WorkflowSettings.model_validate(resolved)
     except pydantic.ValidationError as exc:
         raise InvalidWorkflowConfig(_problems(exc, flags)) from None
+    # Coded warnings of a valid configuration (``model_unpriced``): reported, never fatal.
+    warnings.extend(settings.pricing_warnings())
     typed = {
         key: getattr(getattr(settings, key.split(".", 1)[0]), key.split(".", 1)[1])
         for key in KNOWN_FLAGS
