@@ -84,13 +84,17 @@ def test_helm_tests_are_cluster_tests_and_the_others_are_not() -> None:
 
 
 def _heading_anchors(page: Path) -> set[str]:
-    """The anchors GitHub gives the page's headings (lowercase, punctuation dropped)."""
+    """The anchors GitHub gives the page's headings (lowercase, punctuation dropped), and the
+    explicit ``<a id="…"></a>`` anchors a generated page sets (docs/errors.md: one per code)."""
     found: set[str] = set()
     in_code = False
     for line in page.read_text(encoding="utf-8").splitlines():
         if line.startswith("```"):
             in_code = not in_code
-        elif not in_code and line.startswith("#"):
+            continue
+        if not in_code:
+            found.update(re.findall(r'<a id="([^"]+)"></a>', line))
+        if not in_code and line.startswith("#"):
             title = re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower())
             found.add(title.replace(" ", "-"))
     return found
