@@ -13,7 +13,7 @@ import contextlib
 import dataclasses
 import logging
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from lorenz.agents import AgentRunRequest, PlacementFailed, RunPlacement
 from lorenz.agents.environment import agent_environment
@@ -726,6 +726,41 @@ class Dispatching:
                 break
             await asyncio.gather(*tasks, return_exceptions=True)
         await self.settle_unstarted_runs()
+
+    async def wait_for_runs_within(
+        self, *, grace_s: float, cut_short: asyncio.Event | None = None
+    ) -> bool:
+        """Wait up to ``grace_s`` seconds for the runs in flight (a drain's window).
+
+        ``True`` once none is in flight; ``False`` when the window ended, or ``cut_short`` was
+        set, first. The runs themselves are left as they are.
+        """
+        clock, runs = self._parts.clock, self._parts.runs
+        deadline = clock.monotonic_ms() + grace_s * 1000.0
+        cut = asyncio.ensure_future(cut_short.wait()) if cut_short is not None else None
+        try:
+            while tasks := runs.tasks():
+                remaining_s = (deadline - clock.monotonic_ms()) / 1000.0
+                if remaining_s <= 0 or (cut is not None and cut.done()):
+                    return False
+                waiting: set[asyncio.Future[Any]] = set(tasks)
+                if cut is not None:
+                    waiting.add(cut)
+                await asyncio.wait(
+                    waiting, timeout=remaining_s, return_when=asyncio.FIRST_COMPLETED
+                )
+            return True
+        finally:
+            if cut is not None:
+                cut.cancel()
+
+    async def drain_pool(self) -> None:
+        """Bounded async teardown of the worker pool, if there is one."""
+        if self._pool is None:
+            return
+        deadline = self._parts.settings.worker.worker_pool.drain_deadline_ms
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._pool.drain(deadline_ms=deadline), deadline / 1000.0)
 
     async def settle_runs(self) -> None:
         """On the way out: let every aborted run record its shutdown."""

@@ -21,12 +21,10 @@ single-host daemon writes it as an event listener (:class:`lorenz.daemon.logs.Lo
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime
 import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
 
 from lorenz.agents import AgentRunner
 from lorenz.config import AgentProtocol, WorkflowSettings
@@ -98,7 +96,6 @@ class LorenzRuntime:
             base_env=environ,
         )
         tick_lock = asyncio.Lock()
-        self._pool = pool
         self._reporting = self._parts.reporting
         self._reloading = Reloading(
             parts=self._parts,
@@ -281,33 +278,17 @@ class LorenzRuntime:
         window ended (or ``cut_short`` was set) first. Does not stop the runtime: the caller
         decides what happens to the runs left, then calls :meth:`stop`.
         """
-        status, runs, clock = self._parts.status, self._parts.runs, self._parts.clock
+        status = self._parts.status
         if not status.draining and not status.stopped:
             status.draining = True
             if status.app is not AppStatus.STOPPED:
                 status.app = AppStatus.STOPPING
             self._reporting.event(
                 EventType.STOPPING,
-                message=f"draining: no new runs; {len(runs.tasks())} in flight may "
+                message=f"draining: no new runs; {len(self._parts.runs.tasks())} in flight may "
                 f"finish within {grace_s:g} s",
             )
-        deadline = clock.monotonic_ms() + grace_s * 1000.0
-        cut = asyncio.ensure_future(cut_short.wait()) if cut_short is not None else None
-        try:
-            while tasks := runs.tasks():
-                remaining_s = (deadline - clock.monotonic_ms()) / 1000.0
-                if remaining_s <= 0 or (cut is not None and cut.done()):
-                    return False
-                waiting: set[asyncio.Future[Any]] = set(tasks)
-                if cut is not None:
-                    waiting.add(cut)
-                await asyncio.wait(
-                    waiting, timeout=remaining_s, return_when=asyncio.FIRST_COMPLETED
-                )
-            return True
-        finally:
-            if cut is not None:
-                cut.cancel()
+        return await self._dispatching.wait_for_runs_within(grace_s=grace_s, cut_short=cut_short)
 
     async def wait_for_runs(self) -> None:
         """Wait until every run in flight has settled."""
@@ -315,11 +296,7 @@ class LorenzRuntime:
 
     async def drain_worker_pool(self) -> None:
         """Bounded async teardown of a worker pool (separate from :meth:`stop`)."""
-        if self._pool is None:
-            return
-        deadline = self.settings.worker.worker_pool.drain_deadline_ms
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._pool.drain(deadline_ms=deadline), deadline / 1000.0)
+        await self._dispatching.drain_pool()
 
     def poll_status(self) -> PollStatus:
         """The poll block of :meth:`snapshot` alone (cheap: no lanes, events or history)."""
