@@ -207,7 +207,7 @@ async def test_a_failed_dispatch_validation_aborts_the_tick_before_reconciliatio
     # ...and with no last-known-good to fall back on, validation aborts the whole tick.
     broken = rig.workflow.settings.model_copy(
         update={"tracker": rig.workflow.settings.tracker.model_copy(update={"kind": None})})
-    rig.runtime._workflow = rig.runtime.workflow.__class__(
+    rig.runtime._parts.workflow.current = rig.runtime.workflow.__class__(
         **{**{f: getattr(rig.runtime.workflow, f) for f in rig.runtime.workflow.__slots__},
            "settings": broken})
     rig.tracker.reset_counters()
@@ -339,7 +339,7 @@ async def test_refresh_request_is_coalesced_while_polling(tmp_path: Path) -> Non
     assert first.operations == ("poll", "reconcile")
     tracker.gate.set()
     # Both requests merged into one follow-up tick, not two.
-    await wait_until(lambda: rig.runtime.poll_count == 2 and not rig.runtime._poll_in_progress)
+    await wait_until(lambda: rig.runtime.poll_count == 2 and not rig.runtime._polling.in_progress)
     await asyncio.sleep(0.2)
     assert (rig.runtime.poll_count, tracker.scans) == (2, 2)
     assert len(rig.of_type("refresh_requested")) == 2

@@ -11,18 +11,15 @@ unblocks every blocked slot before the tick that follows it reads the board.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
 
 from lorenz.config import TerminalAction
 from lorenz.model import EventType, LorenzError
 from lorenz.orchestrator import EligibilityReport
 from lorenz.orchestrator.state import BlockedEntry
 from lorenz.policies.retries import escalation_body
+from lorenz.runtime.parts import RuntimeParts
 from lorenz.runtime.reporting import describe_error
 from lorenz.trackers.writes import IssueWriter
-
-if TYPE_CHECKING:
-    from lorenz.runtime.runtime import LorenzRuntime
 
 
 class TerminalActionUnsupported(LorenzError):
@@ -32,10 +29,15 @@ class TerminalActionUnsupported(LorenzError):
 
 
 class Blocking:
-    """Applies terminal actions and reports blocked and unblocked slots."""
+    """Applies terminal actions and reports blocked and unblocked slots.
 
-    def __init__(self, *, runtime: LorenzRuntime) -> None:
-        self._runtime = runtime
+    An unblocked slot wants a dispatch pass; this module does not start one (dispatch sits above
+    it): :meth:`honour_refresh` and :meth:`after_eligibility` say whether they unblocked any,
+    and the tick that called them nudges the passes.
+    """
+
+    def __init__(self, *, parts: RuntimeParts) -> None:
+        self._parts = parts
         self._lock = asyncio.Lock()
         """NB: one pass over the pending actions at a time: a block's own pass and a tick's
         pass must not both post before either has written its receipt."""
@@ -45,19 +47,26 @@ class Blocking:
         """A refresh was asked for: the next tick unblocks every blocked slot first."""
         self._unblock_requested = True
 
-    async def before_dispatch(self) -> None:
-        """At the start of a tick's dispatch work: honour a refresh, retry pending actions."""
-        if self._unblock_requested:
-            self._unblock_requested = False
-            for blocked in await self._runtime._orchestrator.unblock():
-                self._unblocked(blocked, why="refresh")
-        await self.apply_pending()
+    async def honour_refresh(self) -> bool:
+        """At the start of a tick's dispatch work: unblock every slot if a refresh asked.
 
-    def after_eligibility(self, report: EligibilityReport) -> None:
+        Returns whether some slot was unblocked (it is retried now: the caller nudges).
+        """
+        if not self._unblock_requested:
+            return False
+        self._unblock_requested = False
+        unblocked = await self._parts.orchestrator.unblock()
+        for blocked in unblocked:
+            self._unblocked(blocked, why="refresh")
+        return bool(unblocked)
+
+    def after_eligibility(self, report: EligibilityReport) -> bool:
+        """Report what an eligibility pass unblocked or released; ``True``: some were unblocked
+        (they are retried now: the caller nudges)."""
         for blocked in report.unblocked:
             self._unblocked(blocked, why="the issue changed in the tracker")
         for blocked in report.released_blocked:
-            self._runtime._reporting.event(
+            self._parts.reporting.event(
                 EventType.SLOT_UNBLOCKED,
                 issue_id=blocked.issue_id,
                 identifier=blocked.identifier,
@@ -65,10 +74,11 @@ class Blocking:
                 message="blocked slot released: the issue is no longer a candidate",
                 reason="released",
             )
+        return bool(report.unblocked)
 
     def on_blocked(self, blocked: BlockedEntry) -> None:
         """A run's end blocked its slot: say so, and start its terminal action."""
-        self._runtime._reporting.event(
+        self._parts.reporting.event(
             EventType.SLOT_BLOCKED,
             issue_id=blocked.issue_id,
             identifier=blocked.identifier,
@@ -81,14 +91,14 @@ class Blocking:
             attempt=blocked.attempt,
             error=blocked.error,
         )
-        if blocked.action_done or self._runtime._stopped:
+        if blocked.action_done or self._parts.status.stopped:
             return
-        self._runtime._background.spawn(self.apply_pending(), name="lorenz-terminal-actions")
+        self._parts.background.spawn(self.apply_pending(), name="lorenz-terminal-actions")
 
     async def apply_pending(self) -> None:
         """Apply every terminal action that has no receipt yet; failures are kept and shown."""
         async with self._lock:
-            for blocked in self._runtime._orchestrator.pending_terminal_actions():
+            for blocked in self._parts.orchestrator.pending_terminal_actions():
                 error: str | None = None
                 code = "terminal_action_failed"
                 try:
@@ -96,15 +106,15 @@ class Blocking:
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:  # noqa: BLE001 - any failure is shown and retried
-                    error = self._runtime._reporting.scrub(describe_error(exc))
+                    error = self._parts.reporting.scrub(describe_error(exc))
                     code = getattr(exc, "code", type(exc).__name__)
-                recorded = await self._runtime._orchestrator.record_terminal_action(
+                recorded = await self._parts.orchestrator.record_terminal_action(
                     blocked.key, action_key=blocked.action_key, error=error
                 )
                 if recorded is None:
                     continue
                 if error is None:
-                    self._runtime._reporting.event(
+                    self._parts.reporting.event(
                         EventType.TERMINAL_ACTION,
                         issue_id=blocked.issue_id,
                         identifier=blocked.identifier,
@@ -114,7 +124,7 @@ class Blocking:
                         outcome="applied",
                     )
                 else:
-                    self._runtime._reporting.event(
+                    self._parts.reporting.event(
                         EventType.TERMINAL_ACTION,
                         issue_id=blocked.issue_id,
                         identifier=blocked.identifier,
@@ -125,23 +135,23 @@ class Blocking:
                         code=code,
                         error=error,
                     )
-            self._runtime._reporting.emit_snapshot()
+            self._parts.reporting.emit_snapshot()
 
     async def _apply(self, blocked: BlockedEntry) -> None:
-        tracker = self._runtime._tracker
+        tracker = self._parts.tracker.current
         if not isinstance(tracker, IssueWriter):
             raise TerminalActionUnsupported(
-                f"tracker.kind {self._runtime.settings.tracker.kind} cannot "
+                f"tracker.kind {self._parts.settings.tracker.kind} cannot "
                 f"{blocked.action.value}; use retry.terminal_action: block",
                 key_path="retry.terminal_action",
             )
-        issue = self._runtime._candidate_cache.get(blocked.issue_id)
+        issue = self._parts.candidates.get(blocked.issue_id)
         if issue is None:
-            found = await self._runtime._tracker.fetch_issues_by_ids([blocked.issue_id])
+            found = await self._parts.tracker.current.fetch_issues_by_ids([blocked.issue_id])
             if not found:
                 return  # gone from the tracker: nothing to tell; the next poll releases it
             issue = found[0]
-        retry = self._runtime.settings.retry
+        retry = self._parts.settings.retry
         if blocked.action is TerminalAction.ESCALATE:
             escalation = retry.escalate
             body = escalation_body(
@@ -165,12 +175,11 @@ class Blocking:
             await tracker.move_issue_to_state(issue, state=retry.cancel_state)
 
     def _unblocked(self, blocked: BlockedEntry, *, why: str) -> None:
-        self._runtime._reporting.event(
+        self._parts.reporting.event(
             EventType.SLOT_UNBLOCKED,
             issue_id=blocked.issue_id,
             identifier=blocked.identifier,
             slot=blocked.slot_index,
             message=f"unblocked: {why}; retrying now",
         )
-        self._runtime._dispatching.nudge()
 

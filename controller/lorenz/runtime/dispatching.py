@@ -13,7 +13,7 @@ import contextlib
 import dataclasses
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Any, Protocol
 
 from lorenz.agents import AgentRunRequest, PlacementFailed, RunPlacement
 from lorenz.agents.environment import agent_environment
@@ -33,15 +33,15 @@ from lorenz.model import (
 from lorenz.model.variables import run_variables
 from lorenz.orchestrator import DispatchCandidate, Reserved, Skipped, Started
 from lorenz.policies import StopReason, WorkerHealth, agent_kind_for, classify_worker_outcome
+from lorenz.runtime.blocking import Blocking
+from lorenz.runtime.parts import RuntimeParts
+from lorenz.runtime.reconciling import Reconciling
 from lorenz.runtime.reporting import describe_error
 from lorenz.runtime.runs import AbortReason, ActiveRun, PendingExit
 from lorenz.runtime.tools import tracker_tools
 from lorenz.tasks import run_to_completion
 from lorenz.workflow import continuation_prompt, render_prompt
 from lorenz.workspaces import Workspace
-
-if TYPE_CHECKING:
-    from lorenz.runtime.runtime import LorenzRuntime
 
 logger = logging.getLogger("lorenz.runtime")
 
@@ -67,11 +67,40 @@ class WorkerPool(Protocol):
 class Dispatching:
     """Claims slots, runs them as detached tasks, and settles how each one ended.
 
-    It holds no state of its own: the :class:`LorenzRuntime` it serves keeps all of it.
+    It owns the dispatch passes (wanted, running, their wake-up), the clean exits waiting for
+    their decision and the issues refused for an unpassable field. ``tick_lock`` is the lock a
+    tick's body holds (see :class:`~.polling.Polling`): a pass holds it too, so the two never
+    interleave.
     """
 
-    def __init__(self, *, runtime: LorenzRuntime) -> None:
-        self._runtime = runtime
+    def __init__(
+        self,
+        *,
+        parts: RuntimeParts,
+        reconciling: Reconciling,
+        blocking: Blocking,
+        pool: WorkerPool | None,
+        tick_lock: asyncio.Lock,
+    ) -> None:
+        self._parts = parts
+        self._reconciling = reconciling
+        self._blocking = blocking
+        self._pool = pool
+        self._tick_lock = tick_lock
+        self._exits: dict[SlotKey, PendingExit] = {}
+        self._refused: dict[str, tuple[object, ...]] = {}
+        """Issues not started because of an unpassable field, with the version reported."""
+        self._pass_wanted = False
+        self._pass_task: asyncio.Task[None] | None = None
+        self._pass_wake = asyncio.Event()
+
+    def wake_passes(self) -> None:
+        """The runtime stops: cut a pass's batching wait short (it then sees the stop)."""
+        self._pass_wake.set()
+
+    def waiting_issue_ids(self) -> set[str]:
+        """The issues with a clean exit still waiting for its decision."""
+        return {pending.issue_id for pending in self._exits.values()}
 
     def nudge(self) -> None:
         """Freed capacity, a clean exit or a due retry: act now, not at the next interval.
@@ -81,27 +110,27 @@ class Dispatching:
         read). Passes serialize with ticks and with each other; nudges during a pass merge into
         one follow-up pass. Never in ``--once``.
         """
-        if self._runtime._stopped or self._runtime._once:
+        if self._parts.status.stopped or self._parts.status.once:
             return
-        self._runtime._pass_wanted = True
-        if self._runtime._pass_task is None:
-            self._runtime._pass_task = asyncio.get_running_loop().create_task(
+        self._pass_wanted = True
+        if self._pass_task is None:
+            self._pass_task = asyncio.get_running_loop().create_task(
                 self.run_passes(), name="lorenz-dispatch-pass"
             )
 
     async def run_passes(self) -> None:
         try:
-            while self._runtime._pass_wanted and not self._runtime._stopped:
+            while self._pass_wanted and not self._parts.status.stopped:
                 # NB: gather what comes close together (exits of runs started together, retries
                 # due together) so one tracker read serves them all; stop() cuts the wait short.
-                batch_s = self._runtime.settings.polling.dispatch_batch_ms / 1000.0
+                batch_s = self._parts.settings.polling.dispatch_batch_ms / 1000.0
                 if batch_s > 0:
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._runtime._pass_wake.wait(), timeout=batch_s)
-                if self._runtime._stopped:
+                        await asyncio.wait_for(self._pass_wake.wait(), timeout=batch_s)
+                if self._parts.status.stopped:
                     break
-                self._runtime._pass_wanted = False
-                async with self._runtime._dispatch_lock:
+                self._pass_wanted = False
+                async with self._tick_lock:
                     try:
                         await self.dispatch_pass()
                     except Exception:
@@ -109,7 +138,7 @@ class Dispatching:
                         # nudge or tick passes again.
                         logger.exception("dispatch pass failed")
         finally:
-            self._runtime._pass_task = None
+            self._pass_task = None
 
     def on_retry_due(self, key: SlotKey) -> None:
         self.nudge()
@@ -125,16 +154,16 @@ class Dispatching:
         exits = self.take_exits()
         chosen: list[DispatchCandidate] = []
         if (
-            not self._runtime._stopped
-            and not self._runtime._draining
-            and not self._runtime._dry_run
-            and self._runtime._candidate_cache
+            not self._parts.status.stopped
+            and not self._parts.status.draining
+            and not self._parts.status.dry_run
+            and self._parts.candidates
         ):
-            room = self._runtime._orchestrator.available_slots() + len(exits)
+            room = self._parts.orchestrator.available_slots() + len(exits)
             exiting = {pending.issue_id for pending in exits}
             if room > 0:
-                cached = list(self._runtime._candidate_cache.values())
-                for candidate in await self._runtime._orchestrator.eligible_issues(
+                cached = list(self._parts.candidates.values())
+                for candidate in await self._parts.orchestrator.eligible_issues(
                     cached, complete=False
                 ):
                     if candidate.issue.id in exiting:
@@ -144,14 +173,14 @@ class Dispatching:
                         break
                 # NB: a pass over the cached list sweeps expired reservations too (and prunes
                 # nothing): the next tick's report would replace this one unread.
-                self._runtime._reporting.eligibility(self._runtime._orchestrator.last_eligibility)
+                self._parts.reporting.eligibility(self._parts.orchestrator.last_eligibility)
         ids = sorted({p.issue_id for p in exits} | {c.issue.id for c in chosen})
         if not ids:
             return
         try:
-            found = await self._runtime._tracker.fetch_issues_by_ids(ids)
+            found = await self._parts.tracker.current.fetch_issues_by_ids(ids)
         except Exception as exc:  # noqa: BLE001 - reported; the pass retries at the next tick
-            self._runtime._reporting.event(
+            self._parts.reporting.event(
                 EventType.RECONCILE_REFRESH_FAILED,
                 message=describe_error(exc),
                 code=getattr(exc, "code", type(exc).__name__),
@@ -163,13 +192,13 @@ class Dispatching:
         for pending in exits:
             await self.decide_exit(pending, by_id.get(pending.issue_id), known=True)
         for candidate in chosen:
-            if self._runtime._stopped:
+            if self._parts.status.stopped:
                 break
             fresh = by_id.get(candidate.issue.id)
-            reason = self._runtime._orchestrator.reconciliation_decision(fresh)
+            reason = self._parts.orchestrator.reconciliation_decision(fresh)
             if reason is not None or fresh is None:
-                self._runtime._candidate_cache.pop(candidate.issue.id, None)
-                self._runtime._reporting.event(
+                self._parts.candidates.pop(candidate.issue.id, None)
+                self._parts.reporting.event(
                     EventType.DISPATCH_SKIPPED,
                     issue=candidate.issue,
                     slot=candidate.slot_index,
@@ -177,21 +206,21 @@ class Dispatching:
                     reason="issue_changed",
                 )
                 continue
-            self._runtime._candidate_cache[fresh.id] = fresh
+            self._parts.candidates[fresh.id] = fresh
             task = await self.maybe_dispatch(candidate._replace(issue=fresh))
-            if task is None and self._runtime._orchestrator.available_slots() <= 0:
+            if task is None and self._parts.orchestrator.available_slots() <= 0:
                 break
 
     async def maybe_dispatch(self, candidate: DispatchCandidate) -> asyncio.Task[None] | None:
         issue = candidate.issue
-        if self._runtime._draining:
+        if self._parts.status.draining:
             return None  # NB: a drain starts nothing, wherever the candidate came from
         if self.refuse_unpassable(issue, slot=candidate.slot_index):
             return None
-        result = await self._runtime._orchestrator.claim(candidate)
+        result = await self._parts.orchestrator.claim(candidate)
         if isinstance(result, Skipped):
             if result.reason in ("worker_host_capacity", "claimed_elsewhere"):
-                self._runtime._reporting.event(
+                self._parts.reporting.event(
                     EventType.DISPATCH_SKIPPED,
                     issue=issue,
                     slot=candidate.slot_index,
@@ -201,15 +230,15 @@ class Dispatching:
             return None
         key = result.reservation.key if isinstance(result, Reserved) else result.entry.key
         run = ActiveRun(key=key, issue_id=issue.id, identifier=issue.identifier)
-        if self._runtime._draining or self._runtime._stopped:
+        if self._parts.status.draining or self._parts.status.stopped:
             # NB: the claim was awaited, and a drain or stop may have begun meanwhile — after
             # its final cancel went over the runs. A run started now would be cancelled by
             # nobody, and the stop would wait for it for ever: give the claim back instead.
             await self.withdraw(run, result)
             return None
-        self._runtime._runs.register(run)
+        self._parts.runs.register(run)
         if isinstance(result, Started):
-            self._runtime._reporting.event(
+            self._parts.reporting.event(
                 EventType.RUN_STARTED,
                 issue=issue,
                 slot=candidate.slot_index,
@@ -220,7 +249,7 @@ class Dispatching:
             run.started = True
             coro = self.run_slot(run, entry=result.entry)
         else:
-            self._runtime._reporting.event(
+            self._parts.reporting.event(
                 EventType.RUN_RESERVING,
                 issue=issue,
                 slot=candidate.slot_index,
@@ -259,12 +288,12 @@ class Dispatching:
         """
         fields = [name for name in _PASSED_FIELDS if "\x00" in (getattr(issue, name) or "")]
         if not fields:
-            self._runtime._refused.pop(issue.id, None)
+            self._refused.pop(issue.id, None)
             return False
         version = (issue.identifier, issue.title, issue.state, issue.updated_at)
-        if self._runtime._refused.get(issue.id) != version:
-            self._runtime._refused[issue.id] = version
-            self._runtime._reporting.event(
+        if self._refused.get(issue.id) != version:
+            self._refused[issue.id] = version
+            self._parts.reporting.event(
                 EventType.DISPATCH_SKIPPED,
                 issue=issue,
                 slot=slot,
@@ -277,14 +306,14 @@ class Dispatching:
         return True
 
     async def run_reserved(self, run: ActiveRun, *, reservation: ReservationRecord) -> None:
-        if self._runtime._pool is None:
+        if self._pool is None:
             # No pool: the reservation is a run placed in a Pod of its own. The runner creates
             # the Pod and binds the reservation once its worker serves (see run_slot).
             await self.run_slot(run, entry=_unbound(reservation), reservation=reservation)
             return
-        timeout_ms = self._runtime.settings.worker.worker_pool.acquire_timeout_ms
+        timeout_ms = self._parts.settings.worker.worker_pool.acquire_timeout_ms
         try:
-            slot = await self._runtime._pool.acquire(key=run.key, timeout_ms=timeout_ms)
+            slot = await self._pool.acquire(key=run.key, timeout_ms=timeout_ms)
         except asyncio.CancelledError:
             await self.give_back(run, reservation, reason=None)
             return
@@ -304,12 +333,12 @@ class Dispatching:
                 message="skipped: worker_host_capacity",
             )
             return
-        entry = await self._runtime._orchestrator.bind_reservation(reservation, host=slot.host)
+        entry = await self._parts.orchestrator.bind_reservation(reservation, host=slot.host)
         if entry is None or not run.is_active:
-            await self._runtime._pool.release(slot, poison=False)
-            self._runtime._runs.discard(run)
+            await self._pool.release(slot, poison=False)
+            self._parts.runs.discard(run)
             return
-        self._runtime._reporting.event(
+        self._parts.reporting.event(
             EventType.RUN_STARTED,
             issue=entry.issue,
             slot=entry.slot_index,
@@ -329,10 +358,10 @@ class Dispatching:
         message: str | None = None,
     ) -> None:
         """No host for a reservation: cancel it (no backoff, retry restored) and say why."""
-        await self._runtime._orchestrator.cancel_reservation(reservation)
-        self._runtime._runs.discard(run)
+        await self._parts.orchestrator.cancel_reservation(reservation)
+        self._parts.runs.discard(run)
         if reason is not None:
-            self._runtime._reporting.event(
+            self._parts.reporting.event(
                 EventType.DISPATCH_SKIPPED,
                 issue=reservation.issue,
                 slot=reservation.slot_index,
@@ -357,8 +386,8 @@ class Dispatching:
         counts as a failed attempt.
         """
         key = entry.key
-        settings = self._runtime.settings
-        workflow = self._runtime._workflow
+        settings = self._parts.settings
+        workflow = self._parts.workflow.current
         issue = entry.issue
         workspace: Workspace | None = None
         error: RunFailure | None = None
@@ -374,13 +403,13 @@ class Dispatching:
                 return bound
             if not run.is_active:
                 return False
-            binding = await self._runtime._orchestrator.bind_reservation(reservation, host=where)
+            binding = await self._parts.orchestrator.bind_reservation(reservation, host=where)
             if binding is None:
                 return False
             entry, bound, run.started = binding, True, True
             if workspace_path is not None:
-                await self._runtime._orchestrator.set_workspace(key, workspace_path)
-            self._runtime._reporting.event(
+                await self._parts.orchestrator.set_workspace(key, workspace_path)
+            self._parts.reporting.event(
                 EventType.RUN_STARTED,
                 issue=binding.issue,
                 slot=binding.slot_index,
@@ -388,7 +417,7 @@ class Dispatching:
                 host=binding.host,
                 message="run started",
             )
-            self._runtime._reporting.emit_snapshot()
+            self._parts.reporting.emit_snapshot()
             return True
 
         try:
@@ -405,7 +434,7 @@ class Dispatching:
                     host=POD_PLACEMENT, hooks=settings.hooks, worker=settings.worker
                 )
                 workspace_path = str(path)
-                await self._runtime._orchestrator.set_workspace(key, str(path))
+                await self._parts.orchestrator.set_workspace(key, str(path))
             elif entry.host is not None and worker_slot is None:
                 # SSH placement (a static-path host is a worker.ssh_hosts entry; a pool's hosts
                 # are the pool's business): the workspace and its hooks live on the host; the
@@ -419,22 +448,22 @@ class Dispatching:
                 placement = RunPlacement(
                     host=entry.host, hooks=settings.hooks, worker=settings.worker
                 )
-                await self._runtime._orchestrator.set_workspace(key, str(path))
+                await self._parts.orchestrator.set_workspace(key, str(path))
             else:
-                workspace = await self._runtime._workspaces.prepare(
+                workspace = await self._parts.workspaces.prepare(
                     issue, slot_index=entry.slot_index, attempt=entry.attempt
                 )
                 path = workspace.path
-                await self._runtime._orchestrator.set_workspace(key, str(path))
+                await self._parts.orchestrator.set_workspace(key, str(path))
                 if entry.resume is None:
                     # NB: an adopted run's before_run ran when its worker was started.
-                    await self._runtime._workspaces.before_run(workspace, attempt=entry.attempt)
+                    await self._parts.workspaces.before_run(workspace, attempt=entry.attempt)
             if not bound and placement is None:
                 # NB: a reload moved the workflow off Pods since the claim: nothing places
                 # this run in two phases any more, so it is bound as it starts.
                 await placed(None)
             prompt = render_prompt(workflow, issue=issue, attempt=entry.attempt)
-            runner = self._runtime._runner_factory(kind.protocol)
+            runner = self._parts.runner_factory(kind.protocol)
             request = AgentRunRequest(
                 issue=issue,
                 attempt=entry.attempt,
@@ -454,7 +483,7 @@ class Dispatching:
                 on_update=lambda update: self.on_agent_update(key, update),
                 issue_is_active=lambda: self.issue_still_active(issue.id),
                 continuation_prompt=continuation_prompt,
-                tools=tracker_tools(self._runtime._tracker),
+                tools=tracker_tools(self._parts.tracker.current),
                 placement=placement,
                 resume=entry.resume,
                 on_placed=placed if not bound else None,
@@ -482,10 +511,10 @@ class Dispatching:
                 # came in meanwhile: absorbed here, so the settle below still records the run.
                 with contextlib.suppress(asyncio.CancelledError):
                     await asyncio.shield(
-                        self._runtime._workspaces.after_run(workspace, attempt=entry.attempt)
+                        self._parts.workspaces.after_run(workspace, attempt=entry.attempt)
                     )
             if error is not None:
-                error = RunFailure(code=error.code, text=self._runtime._reporting.scrub(error.text))
+                error = RunFailure(code=error.code, text=self._parts.reporting.scrub(error.text))
             if reservation is not None and not bound:
                 await self.unplaced(run, reservation, error=error, not_placed=not_placed)
             else:
@@ -511,14 +540,14 @@ class Dispatching:
         Anything else (the run's own settings are wrong: no image, a spec too large) is a
         failure of the run like after a bind, so that it counts and ends up blocked.
         """
-        orchestrator = self._runtime._orchestrator
+        orchestrator = self._parts.orchestrator
         try:
             if not run.is_active or (error is not None and error.code == "run_aborted"):
                 await orchestrator.cancel_reservation(reservation)
             elif not_placed is not None and error is not None:
                 retry = await orchestrator.give_back(reservation, error=error.text, code=error.code)
                 if retry is not None:
-                    self._runtime._reporting.event(
+                    self._parts.reporting.event(
                         EventType.PLACEMENT_FAILED,
                         issue=reservation.issue,
                         slot=reservation.slot_index,
@@ -527,8 +556,8 @@ class Dispatching:
                         reason=not_placed.reason,
                         code=error.code,
                     )
-                    if not self._runtime._stopped:
-                        self._runtime._timers.sync(orchestrator.retry_deadlines())
+                    if not self._parts.status.stopped:
+                        self._parts.timers.sync(orchestrator.retry_deadlines())
             else:
                 binding = await orchestrator.bind_reservation(reservation, host=None)
                 if binding is not None:
@@ -541,8 +570,8 @@ class Dispatching:
                     )
                     return
         finally:
-            self._runtime._runs.discard(run)
-            self._runtime._reporting.emit_snapshot()
+            self._parts.runs.discard(run)
+            self._parts.reporting.emit_snapshot()
 
     async def settle(
         self,
@@ -562,42 +591,42 @@ class Dispatching:
             elif run.reason is AbortReason.SHUTDOWN:
                 # A clean shutdown: keep the slot's place with a continuation retry, so a
                 # durable store brings it back after a restart without counting a failure.
-                await self._runtime._orchestrator.finish(key, normal=True, error=None)
-            elif run.is_active and key in self._runtime._reconciling.grace_keys(run.issue_id):
-                await self._runtime._reconciling.settle_in_grace(
+                await self._parts.orchestrator.finish(key, normal=True, error=None)
+            elif run.is_active and key in self._reconciling.grace_keys(run.issue_id):
+                await self._reconciling.settle_in_grace(
                     run, key=key, normal=normal, text=text
                 )
             elif run.is_active and normal:
                 run.exited = True
                 await self.settle_clean_exit(run)
             elif run.is_active:
-                finished = await self._runtime._orchestrator.finish(
+                finished = await self._parts.orchestrator.finish(
                     key,
                     normal=normal,
                     error=text,
                     failure_code=error.code if error is not None else None,
                 )
                 if finished is not None:
-                    self._runtime._reporting.run_ended(
+                    self._parts.reporting.run_ended(
                         finished.entry, normal=normal, error=text, finished_as="run finished"
                     )
-                    self._runtime._reporting.retry_event(finished.retry)
+                    self._parts.reporting.retry_event(finished.retry)
                     if finished.blocked is not None:
-                        self._runtime._blocking.on_blocked(finished.blocked)
-                    if finished.retry is not None and not self._runtime._stopped:
-                        self._runtime._timers.sync(self._runtime._orchestrator.retry_deadlines())
-            if worker_slot is not None and self._runtime._pool is not None:
+                        self._blocking.on_blocked(finished.blocked)
+                    if finished.retry is not None and not self._parts.status.stopped:
+                        self._parts.timers.sync(self._parts.orchestrator.retry_deadlines())
+            if worker_slot is not None and self._pool is not None:
                 health = classify_worker_outcome(error, stalled=run.reason is AbortReason.STALLED)
                 poison = health is WorkerHealth.POISON
                 try:
-                    await self._runtime._pool.release(worker_slot, poison=poison)
+                    await self._pool.release(worker_slot, poison=poison)
                 except Exception:
                     # NB: a pool that cannot take its host back must not fail the run's
                     # settling; the run is recorded either way.
                     logger.exception("worker pool release failed slot=%s", key)
         finally:
-            self._runtime._runs.discard(run)
-            self._runtime._reporting.emit_snapshot()
+            self._parts.runs.discard(run)
+            self._parts.reporting.emit_snapshot()
             self.nudge()
 
     async def settle_clean_exit(self, run: ActiveRun) -> None:
@@ -606,34 +635,34 @@ class Dispatching:
         In ``--once`` there are no dispatch passes, so the run reads its issue itself.
         """
         pending = PendingExit(run=run, decided=asyncio.get_running_loop().create_future())
-        if self._runtime._once:
+        if self._parts.status.once:
             try:
-                found = await self._runtime._tracker.fetch_issues_by_ids([run.issue_id])
+                found = await self._parts.tracker.current.fetch_issues_by_ids([run.issue_id])
             except Exception:  # noqa: BLE001 - unknown state: the exit keeps its continuation
                 await self.decide_exit(pending, None, known=False)
             else:
                 by_id = {issue.id: issue for issue in found}
                 await self.decide_exit(pending, by_id.get(run.issue_id), known=True)
             return
-        self._runtime._exits[run.key] = pending
+        self._exits[run.key] = pending
         self.nudge()
         try:
             await pending.decided
         except asyncio.CancelledError:
-            self._runtime._exits.pop(run.key, None)
+            self._exits.pop(run.key, None)
             if run.reason is AbortReason.SHUTDOWN:
                 # Stopped while waiting: as any shutdown, keep the slot's place (if the pass
                 # did not decide it already).
-                await self._runtime._orchestrator.finish(run.key, normal=True, error=None)
+                await self._parts.orchestrator.finish(run.key, normal=True, error=None)
                 return
             if run.reason is None:
                 run.reason = AbortReason.SHUTDOWN
-                await self._runtime._orchestrator.finish(run.key, normal=True, error=None)
+                await self._parts.orchestrator.finish(run.key, normal=True, error=None)
                 raise
 
     def take_exits(self) -> list[PendingExit]:
-        exits = list(self._runtime._exits.values())
-        self._runtime._exits.clear()
+        exits = list(self._exits.values())
+        self._exits.clear()
         return exits
 
     async def decide_exit(self, pending: PendingExit, issue: Issue | None, *, known: bool) -> None:
@@ -642,36 +671,36 @@ class Dispatching:
         try:
             if pending.decided.done() or not pending.run.is_active:
                 return  # stopped or cancelled meanwhile: whoever did that settled the slot
-            reason = self._runtime._orchestrator.reconciliation_decision(issue) if known else None
+            reason = self._parts.orchestrator.reconciliation_decision(issue) if known else None
             if reason is None:
-                finished = await self._runtime._orchestrator.finish(key, normal=True, error=None)
+                finished = await self._parts.orchestrator.finish(key, normal=True, error=None)
                 if issue is not None:
-                    self._runtime._candidate_cache[issue_id] = issue
+                    self._parts.candidates[issue_id] = issue
                 if finished is None:
                     return
-                self._runtime._reporting.record_run(
+                self._parts.reporting.record_run(
                     finished.entry, outcome=RunOutcome.SUCCESS, error=None
                 )
-                self._runtime._reporting.event(
+                self._parts.reporting.event(
                     EventType.RUN_FINISHED,
                     issue=finished.entry.issue,
                     slot=finished.entry.slot_index,
                     message="run finished",
                     outcome=RunOutcome.SUCCESS.value,
                 )
-                self._runtime._reporting.retry_event(finished.retry)
-                if finished.retry is not None and not self._runtime._stopped:
-                    self._runtime._timers.sync(self._runtime._orchestrator.retry_deadlines())
+                self._parts.reporting.retry_event(finished.retry)
+                if finished.retry is not None and not self._parts.status.stopped:
+                    self._parts.timers.sync(self._parts.orchestrator.retry_deadlines())
                 return
-            finished = await self._runtime._orchestrator.finish(
+            finished = await self._parts.orchestrator.finish(
                 key, normal=True, error=None, release=True
             )
-            self._runtime._candidate_cache.pop(issue_id, None)
+            self._parts.candidates.pop(issue_id, None)
             if finished is not None:
-                self._runtime._reporting.record_run(
+                self._parts.reporting.record_run(
                     finished.entry, outcome=RunOutcome.SUCCESS, error=None
                 )
-                self._runtime._reporting.event(
+                self._parts.reporting.event(
                     EventType.RUN_FINISHED,
                     issue=finished.entry.issue,
                     slot=finished.entry.slot_index,
@@ -679,19 +708,63 @@ class Dispatching:
                     outcome=RunOutcome.SUCCESS.value,
                     reason=str(reason),
                 )
-            if reason is StopReason.TERMINAL and self._runtime._reconciling.finishing_turn(
+            if reason is StopReason.TERMINAL and self._reconciling.finishing_turn(
                 issue_id, issue
             ):
                 return  # other slots are finishing their turn; the last one cleans up
-            self._runtime._reconciling.end_grace(issue_id)
-            await self._runtime._reconciling.stop_issue(issue_id, issue=issue, reason=str(reason))
+            self._reconciling.end_grace(issue_id)
+            await self._reconciling.stop_issue(issue_id, issue=issue, reason=str(reason))
         finally:
             if not pending.decided.done():
                 pending.decided.set_result(None)
 
+    async def wait_for_runs(self) -> None:
+        """Wait until every run in flight has settled."""
+        while True:
+            tasks = self._parts.runs.tasks()
+            if not tasks:
+                break
+            await asyncio.gather(*tasks, return_exceptions=True)
+        await self.settle_unstarted_runs()
+
+    async def wait_for_runs_within(
+        self, *, grace_s: float, cut_short: asyncio.Event | None = None
+    ) -> bool:
+        """Wait up to ``grace_s`` seconds for the runs in flight (a drain's window).
+
+        ``True`` once none is in flight; ``False`` when the window ended, or ``cut_short`` was
+        set, first. The runs themselves are left as they are.
+        """
+        clock, runs = self._parts.clock, self._parts.runs
+        deadline = clock.monotonic_ms() + grace_s * 1000.0
+        cut = asyncio.ensure_future(cut_short.wait()) if cut_short is not None else None
+        try:
+            while tasks := runs.tasks():
+                remaining_s = (deadline - clock.monotonic_ms()) / 1000.0
+                if remaining_s <= 0 or (cut is not None and cut.done()):
+                    return False
+                waiting: set[asyncio.Future[Any]] = set(tasks)
+                if cut is not None:
+                    waiting.add(cut)
+                await asyncio.wait(
+                    waiting, timeout=remaining_s, return_when=asyncio.FIRST_COMPLETED
+                )
+            return True
+        finally:
+            if cut is not None:
+                cut.cancel()
+
+    async def drain_pool(self) -> None:
+        """Bounded async teardown of the worker pool, if there is one."""
+        if self._pool is None:
+            return
+        deadline = self._parts.settings.worker.worker_pool.drain_deadline_ms
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._pool.drain(deadline_ms=deadline), deadline / 1000.0)
+
     async def settle_runs(self) -> None:
         """On the way out: let every aborted run record its shutdown."""
-        tasks = self._runtime._runs.tasks()
+        tasks = self._parts.runs.tasks()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
         await self.settle_unstarted_runs()
@@ -704,7 +777,7 @@ class Dispatching:
         it would stay "running", claimed, with no process. Every handle still registered once
         its task is done is such a run (a run that started always discards its handle).
         """
-        for run in self._runtime._runs.all():
+        for run in self._parts.runs.all():
             if run.task is not None and run.task.done():
                 await self.settle(
                     run,
@@ -727,7 +800,7 @@ class Dispatching:
         """The agent's environment: this process's (``base_env``) with the kind's ``env`` and
         the run's variables, minus tracker secrets. ``remote``: only the additions — a worker
         on an SSH host lays them over the remote login's own environment."""
-        settings = self._runtime.settings
+        settings = self._parts.settings
         if kind is None:
             kind = settings.agent_kind()
         extra = dict(kind.env)
@@ -742,44 +815,45 @@ class Dispatching:
                 workspace=workspace,
             )
         )
-        extra["LORENZ_WORKFLOW"] = str(self._runtime._workflow.path)
+        extra["LORENZ_WORKFLOW"] = str(self._parts.workflow.current.path)
         if settings.tracker.kind is TrackerKind.FILES and settings.tracker.path:
             extra["LORENZ_TRACKER_PATH"] = settings.tracker.path
         secrets = [settings.tracker.api_key] if settings.tracker.api_key else []
-        base = {} if remote else self._runtime._base_env
+        base = {} if remote else self._parts.base_env
         return agent_environment(base=base, extra=extra, secret_values=secrets)
 
     async def issue_still_active(self, issue_id: str) -> bool:
-        if issue_id in self._runtime._graces:
+        if self._reconciling.in_grace(issue_id):
             return False  # terminal already: the turn under way is the last one
         try:
             # NB: asked mid-run; a run cancelled meanwhile lets the request finish first.
-            found = await run_to_completion(self._runtime._tracker.fetch_issues_by_ids([issue_id]))
+            tracker = self._parts.tracker.current
+            found = await run_to_completion(tracker.fetch_issues_by_ids([issue_id]))
         except Exception:  # noqa: BLE001 - unknown counts as inactive: no new turn
             return False
         issue = found[0] if found else None
-        return self._runtime._orchestrator.reconciliation_decision(issue) is None
+        return self._parts.orchestrator.reconciliation_decision(issue) is None
 
     def on_agent_update(self, key: SlotKey, update: AgentUpdate) -> None:
         if update.message:
-            scrubbed = self._runtime._reporting.scrub(update.message)
+            scrubbed = self._parts.reporting.scrub(update.message)
             if scrubbed != update.message:  # NB: a copy only when there was a secret in it
                 update = dataclasses.replace(update, message=scrubbed)
-        self._runtime._background.spawn(
+        self._parts.background.spawn(
             self.apply_update(key, update), name=f"lorenz-agent-update:{key}"
         )
 
     async def apply_update(self, key: SlotKey, update: AgentUpdate) -> None:
         try:
-            progress = await self._runtime._orchestrator.apply_update(key, update)
+            progress = await self._parts.orchestrator.apply_update(key, update)
         except Exception:
             # Logged, not raised: this runs as a background task, and one bad update must not
             # hide the ones after it.
             logger.exception("applying an agent update failed slot=%s", key)
             return
-        self._runtime._reporting.agent_update(key, update, progress)
+        self._parts.reporting.agent_update(key, update, progress)
         # NB: a new session (a turn began) is more than progress: the log lines carry it.
-        self._runtime._reporting.emit_snapshot(progress_only=update.session_id is None)
+        self._parts.reporting.emit_snapshot(progress_only=update.session_id is None)
 
 
 _PASSED_FIELDS = ("id", "identifier", "title", "state")

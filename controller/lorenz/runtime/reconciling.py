@@ -12,7 +12,7 @@ import asyncio
 import logging
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from lorenz.agents import AdoptionCanceller, DroppedAdoption, RunPlacement
 from lorenz.model import (
@@ -26,25 +26,57 @@ from lorenz.model import (
 )
 from lorenz.orchestrator import Released
 from lorenz.policies import StopReason
+from lorenz.runtime.blocking import Blocking
+from lorenz.runtime.parts import RuntimeParts
 from lorenz.runtime.reporting import describe_error
-from lorenz.runtime.runs import AbortReason, ActiveRun, TerminalGrace
+from lorenz.runtime.runs import AbortReason, ActiveRun, PendingExit, TerminalGrace
 from lorenz.workspaces import PRESERVING_CODES, Workspace, WorkspaceCleanupError
 from lorenz.workspaces.keys import workspace_key
 
-if TYPE_CHECKING:
-    from lorenz.runtime.runtime import LorenzRuntime
-
 logger = logging.getLogger("lorenz.runtime")
+
+
+class PendingExits(Protocol):
+    """The clean exits waiting for their decision (dispatch keeps them; see
+    :class:`~.runs.PendingExit`): a tick's tracker read decides them along with the rest."""
+
+    def take_exits(self) -> list[PendingExit]:
+        """The exits waiting now, handed over (each one is decided by the taker)."""
+        ...
+
+    def waiting_issue_ids(self) -> set[str]:
+        """The issues with an exit still waiting (one that came after :meth:`take_exits`)."""
+        ...
+
+    async def decide_exit(self, pending: PendingExit, issue: Issue | None, *, known: bool) -> None:
+        """Decide one exit with its issue as just read (``known=False``: the read failed)."""
+        ...
 
 
 class Reconciling:
     """Stops the runs the tracker or the claim store no longer backs.
 
-    It holds no state of its own: the :class:`LorenzRuntime` it serves keeps all of it.
+    It owns the terminal graces (issues that turned terminal mid-turn, by id) and the one-time
+    start-up sweep of terminal workspaces.
     """
 
-    def __init__(self, *, runtime: LorenzRuntime) -> None:
-        self._runtime = runtime
+    def __init__(self, *, parts: RuntimeParts, blocking: Blocking) -> None:
+        self._parts = parts
+        self._blocking = blocking
+        self._graces: dict[str, TerminalGrace] = {}
+        """Issues that turned terminal mid-turn, by id, while their runs finish the turn."""
+        self._startup_cleanup_done = False
+
+    def in_grace(self, issue_id: str) -> bool:
+        """Whether this issue turned terminal and its runs are finishing their last turn."""
+        return issue_id in self._graces
+
+    def end_all_graces(self) -> None:
+        """The runtime stops: no grace timer fires any more (the runs are aborted anyway)."""
+        for grace in self._graces.values():
+            if grace.timer is not None:
+                grace.timer.cancel()
+        self._graces.clear()
 
     async def heartbeat_claims(self) -> None:
         """Prove our claims are still ours before this tick mutates anything.
@@ -54,7 +86,7 @@ class Reconciling:
         it is aborted without recording a result, and the slots are forgotten locally.
         """
         try:
-            await self._runtime._orchestrator.heartbeat()
+            await self._parts.orchestrator.heartbeat()
         except LorenzError as exc:
             if exc.code != "claim_owner_lost":
                 raise
@@ -62,31 +94,31 @@ class Reconciling:
 
     async def abandon_runs(self, *, reason: str) -> None:
         """Abort every local run whose claim we no longer own; record nothing for them."""
-        issue_ids = self._runtime._orchestrator.claimed_issue_ids()
-        for run in self._runtime._runs.all():
+        issue_ids = self._parts.orchestrator.claimed_issue_ids()
+        for run in self._parts.runs.all():
             run.finish_externally(AbortReason.LEADERSHIP_LOST)
         for issue_id in sorted(issue_ids):
-            await self._runtime._orchestrator.cleanup_issue(issue_id)
-        self._runtime._timers.cancel_all()
-        self._runtime._reporting.event(
+            await self._parts.orchestrator.cleanup_issue(issue_id)
+        self._parts.timers.cancel_all()
+        self._parts.reporting.event(
             EventType.LEADERSHIP_LOST, message=f"claims lost: {reason}", aborted=len(issue_ids)
         )
 
     async def cleanup_terminal_workspaces_once(self) -> None:
-        if self._runtime._startup_cleanup_done:
+        if self._startup_cleanup_done:
             return
-        self._runtime._startup_cleanup_done = True
+        self._startup_cleanup_done = True
         try:
-            on_disk = self._runtime._workspaces.list_workspaces()
+            on_disk = self._parts.workspaces.list_workspaces()
             # NB: not the workspaces of issues with a slot here (hydration's adoption retries):
             # a lost controller's worker may still work in one; reconciliation stops such a
             # run first and removes its workspaces after.
-            tracked = self._runtime._orchestrator.tracked_issue_ids()
+            tracked = self._parts.orchestrator.tracked_issue_ids()
             ids = sorted({w.issue_id for w in on_disk if w.issue_id} - tracked)
             if not ids:
                 return
-            issues = await self._runtime._tracker.fetch_issues_by_ids(ids)
-            terminal = {s.strip().lower() for s in self._runtime.settings.tracker.terminal_states}
+            issues = await self._parts.tracker.current.fetch_issues_by_ids(ids)
+            terminal = {s.strip().lower() for s in self._parts.settings.tracker.terminal_states}
             removed: list[str] = []
             for issue in issues:
                 # NB: a preserved worktree is reported and the sweep goes on with the next one.
@@ -96,13 +128,13 @@ class Reconciling:
                     is not None
                 ):
                     removed.append(issue.identifier)
-            self._runtime._reporting.event(
+            self._parts.reporting.event(
                 EventType.STARTUP_WORKSPACE_CLEANUP,
                 message=f"removed {len(removed)} workspace(s) of terminal issues",
                 removed=removed,
             )
         except Exception as exc:  # noqa: BLE001 - reported; the sweep must not stop the start
-            self._runtime._reporting.event(
+            self._parts.reporting.event(
                 EventType.STARTUP_WORKSPACE_CLEANUP_FAILED, message=describe_error(exc)
             )
 
@@ -114,14 +146,14 @@ class Reconciling:
         for a removal that failed for another reason (its code is in the event).
         """
         try:
-            return await self._runtime._workspaces.remove_issue(identifier)
+            return await self._parts.workspaces.remove_issue(identifier)
         except WorkspaceCleanupError as exc:
             preserved = all(f.code in PRESERVING_CODES for f in exc.failures)
-            self._runtime._reporting.event(
+            self._parts.reporting.event(
                 EventType.WORKSPACE_PRESERVED if preserved else EventType.WORKSPACE_CLEANUP,
                 issue_id=issue_id,
                 identifier=identifier,
-                message=self._runtime._reporting.scrub(exc.message),
+                message=self._parts.reporting.scrub(exc.message),
                 code=exc.code,
                 kept=[str(f.path) for f in exc.failures if f.path is not None],
                 removed=[str(p) for p in exc.removed],
@@ -129,55 +161,54 @@ class Reconciling:
             return None
 
     async def reconcile_stalled_runs(self) -> None:
-        for stalled in await self._runtime._orchestrator.finish_stalled():
+        for stalled in await self._parts.orchestrator.finish_stalled():
             entry = stalled.entry
-            run = self._runtime._runs.get(entry.key)
+            run = self._parts.runs.get(entry.key)
             if run is not None:
                 run.finish_externally(AbortReason.STALLED)
-            self._runtime._reporting.record_run(
+            self._parts.reporting.record_run(
                 entry, outcome=RunOutcome.STALLED, error=stalled.error
             )
-            self._runtime._reporting.event(
+            self._parts.reporting.event(
                 EventType.RUN_STALLED,
                 issue=entry.issue,
                 slot=entry.slot_index,
                 message=stalled.error,
             )
-            self._runtime._reporting.retry_event(stalled.retry)
+            self._parts.reporting.retry_event(stalled.retry)
             if stalled.blocked is not None:
-                self._runtime._blocking.on_blocked(stalled.blocked)
+                self._blocking.on_blocked(stalled.blocked)
 
-    async def reconcile_tracked_issues(self) -> None:
-        exits = self._runtime._dispatching.take_exits()
-        tracked = self._runtime._orchestrator.tracked_issue_ids()
+    async def reconcile_tracked_issues(self, *, exits: PendingExits) -> None:
+        """Read every tracked issue again; decide the pending ``exits`` with the same read."""
+        pending_exits = exits.take_exits()
+        tracked = self._parts.orchestrator.tracked_issue_ids()
         if not tracked:
             return
         try:
-            fresh = await self._runtime._tracker.fetch_issues_by_ids(sorted(tracked))
+            fresh = await self._parts.tracker.current.fetch_issues_by_ids(sorted(tracked))
         except Exception as exc:  # noqa: BLE001 - reported; a live run outlives a tracker error
             # NB: never tear down a live run on a transient tracker error.
-            self._runtime._reporting.event(
+            self._parts.reporting.event(
                 EventType.RECONCILE_REFRESH_FAILED,
                 message=describe_error(exc),
                 code=getattr(exc, "code", type(exc).__name__),
             )
-            for pending in exits:
-                await self._runtime._dispatching.decide_exit(pending, None, known=False)
+            for pending in pending_exits:
+                await exits.decide_exit(pending, None, known=False)
             return
         by_id = {issue.id: issue for issue in fresh}
-        for pending in exits:
-            await self._runtime._dispatching.decide_exit(
-                pending, by_id.get(pending.issue_id), known=True
-            )
-        waiting = {pending.issue_id for pending in self._runtime._exits.values()}
-        for issue_id in sorted(tracked & self._runtime._orchestrator.tracked_issue_ids() - waiting):
+        for pending in pending_exits:
+            await exits.decide_exit(pending, by_id.get(pending.issue_id), known=True)
+        waiting = exits.waiting_issue_ids()
+        for issue_id in sorted(tracked & self._parts.orchestrator.tracked_issue_ids() - waiting):
             # NB: an issue with a run that exited after the read above is left to the pass
             # that decides that exit; stopping it here would cancel a run that ended cleanly.
             issue = by_id.get(issue_id)
-            reason = self._runtime._orchestrator.reconciliation_decision(issue)
+            reason = self._parts.orchestrator.reconciliation_decision(issue)
             if reason is None:
                 assert issue is not None
-                await self._runtime._orchestrator.refresh_running_issue(issue)
+                await self._parts.orchestrator.refresh_running_issue(issue)
                 continue
             if reason is StopReason.TERMINAL and self.finishing_turn(issue_id, issue):
                 continue
@@ -186,7 +217,7 @@ class Reconciling:
 
     def finishing_turn(self, issue_id: str, issue: Issue | None) -> bool:
         """Whether runs of this terminal issue are (now) finishing their turn in a grace."""
-        if issue_id in self._runtime._graces:
+        if issue_id in self._graces:
             return True
         return issue is not None and self.begin_grace(issue)
 
@@ -196,10 +227,10 @@ class Reconciling:
         Only bound runs are in a turn; a slot still reserving a worker is given back at once
         (its retry is then pruned, the issue being terminal).
         """
-        grace_ms = self._runtime.settings.agent.terminal_grace_ms
+        grace_ms = self._parts.settings.agent.terminal_grace_ms
         runs = [
             run
-            for run in self._runtime._runs.of_issue(issue.id)
+            for run in self._parts.runs.of_issue(issue.id)
             if run.is_active and not run.exited
         ]
         turning = [run for run in runs if run.started]
@@ -212,9 +243,9 @@ class Reconciling:
         grace.timer = asyncio.get_running_loop().call_later(
             grace_ms / 1000.0, self.on_grace_over, issue.id
         )
-        self._runtime._graces[issue.id] = grace
+        self._graces[issue.id] = grace
         for run in turning:
-            self._runtime._reporting.event(
+            self._parts.reporting.event(
                 EventType.RUN_FINISHING,
                 issue=issue,
                 slot=parse_slot_key(run.key)[1],
@@ -226,7 +257,7 @@ class Reconciling:
         return True
 
     def end_grace(self, issue_id: str) -> TerminalGrace | None:
-        grace = self._runtime._graces.pop(issue_id, None)
+        grace = self._graces.pop(issue_id, None)
         if grace is not None and grace.timer is not None:
             grace.timer.cancel()
         return grace
@@ -234,29 +265,29 @@ class Reconciling:
     def on_grace_over(self, issue_id: str) -> None:
         """The grace ran out: cancel what is still going, as any terminal stop does."""
         grace = self.end_grace(issue_id)
-        if grace is None or self._runtime._stopped:
+        if grace is None or self._parts.status.stopped:
             return
-        self._runtime._background.spawn(
+        self._parts.background.spawn(
             self.stop_issue(issue_id, issue=grace.issue, reason=str(StopReason.TERMINAL)),
             name=f"lorenz-grace-over:{issue_id}",
         )
 
     async def stop_issue(self, issue_id: str, *, issue: Issue | None, reason: str) -> None:
         """Stop every slot of an issue, release its claims, clean up when it is terminal."""
-        released = await self._runtime._orchestrator.cleanup_issue(issue_id)
+        released = await self._parts.orchestrator.cleanup_issue(issue_id)
         identifier = issue.identifier if issue is not None else released.identifier or issue_id
         self.stopped(released, reason=reason, message=f"run stopped: issue {reason}")
         # NB: before the workspaces go: a dropped adoption's worker may still work in one.
         await self.cancel_dropped_adoptions(
             released.retries, issues={issue_id: issue} if issue is not None else {}, reason=reason
         )
-        for key in list(self._runtime._timers.armed()):
+        for key in list(self._parts.timers.armed()):
             if key.rsplit("#", 1)[0] == issue_id:
-                self._runtime._timers.cancel(key)
+                self._parts.timers.cancel(key)
         if reason == "terminal":
             removed = await self.remove_workspaces(identifier, issue_id=issue_id)
             if removed is not None:
-                self._runtime._reporting.event(
+                self._parts.reporting.event(
                     EventType.WORKSPACE_CLEANUP,
                     issue_id=issue_id,
                     identifier=identifier,
@@ -265,7 +296,7 @@ class Reconciling:
                     removed=[str(path) for path in removed],
                 )
         else:
-            self._runtime._reporting.event(
+            self._parts.reporting.event(
                 EventType.RUN_RECONCILED,
                 issue_id=issue_id,
                 identifier=identifier,
@@ -274,10 +305,13 @@ class Reconciling:
             )
 
     async def cancel_slot(self, key: SlotKey, *, reason: str = "claim_deleted") -> bool:
-        """Stop one slot's run from outside (a deleted ``Claim``); the issue may run again."""
-        run = self._runtime._runs.get(key)
-        self._runtime._timers.cancel(key)
-        released: Released = await self._runtime._orchestrator.release_slot(key)
+        """Stop one slot's run from outside (a deleted ``Claim``); the issue may run again.
+
+        ``True``: something was stopped, and the slot is free (the caller nudges dispatch).
+        """
+        run = self._parts.runs.get(key)
+        self._parts.timers.cancel(key)
+        released: Released = await self._parts.orchestrator.release_slot(key)
         if not released.aborted and run is None:
             return False
         self.stopped(released, reason=reason, message=f"run stopped: {reason}")
@@ -286,7 +320,6 @@ class Reconciling:
             # NB: a run the orchestrator no longer holds (it exited, its end not yet decided)
             # is still ours to stop.
             run.finish_externally(AbortReason.CANCELED)
-        self._runtime._dispatching.nudge()
         return True
 
     def stopped(self, released: Released, *, reason: str, message: str) -> None:
@@ -298,16 +331,16 @@ class Reconciling:
         terminal grace) and one slot's (a deleted ``Claim``).
         """
         for key in released.aborted:
-            self._runtime._timers.cancel(key)
-            run = self._runtime._runs.get(key)
+            self._parts.timers.cancel(key)
+            run = self._parts.runs.get(key)
             if run is not None:
                 run.finish_externally(AbortReason.CANCELED)
-        self._runtime._reporting.retries_released(released.retries, reason=reason)
+        self._parts.reporting.retries_released(released.retries, reason=reason)
         for entry in released.runs:
-            self._runtime._reporting.record_run(
+            self._parts.reporting.record_run(
                 entry, outcome=RunOutcome.CANCELED, error=f"stopped: {reason}"
             )
-            self._runtime._reporting.event(
+            self._parts.reporting.event(
                 EventType.RUN_CANCELED,
                 issue=entry.issue,
                 slot=entry.slot_index,
@@ -340,7 +373,7 @@ class Reconciling:
     async def _cancel_dropped(self, retry: RetryEntry, *, issue: Issue | None, reason: str) -> None:
         resume = retry.resume
         assert resume is not None
-        settings = self._runtime.settings
+        settings = self._parts.settings
         subject = issue or Issue(
             id=retry.issue_id, identifier=retry.identifier, title="", state=""
         )
@@ -349,7 +382,7 @@ class Reconciling:
             if resume.placement is not None
             else None
         )
-        runner = self._runtime._runner_factory(settings.agent_kind().protocol)
+        runner = self._parts.runner_factory(settings.agent_kind().protocol)
         if not isinstance(runner, AdoptionCanceller):
             return  # in-process runners: no worker to cancel
         dropped = DroppedAdoption(
@@ -366,7 +399,7 @@ class Reconciling:
             # its next turn boundary, unanswered.
             logger.exception("cancelling a dropped adoption failed handle=%s", resume.handle)
             return
-        self._runtime._reporting.event(
+        self._parts.reporting.event(
             EventType.RUN_CANCELED,
             issue=subject,
             slot=retry.slot_index,
@@ -379,7 +412,7 @@ class Reconciling:
             path = (
                 Path(retry.workspace_path)
                 if retry.workspace_path
-                else self._runtime._workspaces.path_for(subject, slot_index=retry.slot_index)
+                else self._parts.workspaces.path_for(subject, slot_index=retry.slot_index)
             )
             workspace = Workspace(
                 path=path,
@@ -388,23 +421,23 @@ class Reconciling:
                 issue=subject,
                 slot_index=retry.slot_index,
             )
-            await self._runtime._workspaces.after_run(workspace, attempt=retry.run_attempt)
+            await self._parts.workspaces.after_run(workspace, attempt=retry.run_attempt)
 
     def grace_keys(self, issue_id: str) -> set[SlotKey]:
-        grace = self._runtime._graces.get(issue_id)
+        grace = self._graces.get(issue_id)
         return grace.keys if grace is not None else set()
 
     async def settle_in_grace(
         self, run: ActiveRun, *, key: SlotKey, normal: bool, text: str | None
     ) -> None:
         """A run of a terminal issue ended its last turn: no retry; the last one cleans up."""
-        grace = self._runtime._graces[run.issue_id]
+        grace = self._graces[run.issue_id]
         grace.keys.discard(key)
-        finished = await self._runtime._orchestrator.finish(
+        finished = await self._parts.orchestrator.finish(
             key, normal=normal, error=text, release=True
         )
         if finished is not None:
-            self._runtime._reporting.run_ended(
+            self._parts.reporting.run_ended(
                 finished.entry,
                 normal=normal,
                 error=text,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from lorenz.model import (
@@ -30,14 +30,16 @@ from lorenz.model import (
     RuntimeSnapshot,
     SlotKey,
 )
+from lorenz.runtime.projection import Projection
+from lorenz.runtime.providers import InForce
 from lorenz.secrets import Redactor, tracker_secrets
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-    from lorenz.model import EventDetails
+    from lorenz.model import Clock, EventDetails
     from lorenz.orchestrator import AgentProgress, EligibilityReport
-    from lorenz.runtime.runtime import LorenzRuntime
+    from lorenz.workflow import LoadedWorkflow
 
 logger = logging.getLogger("lorenz.runtime")
 
@@ -52,11 +54,60 @@ _TEXT_LISTS = ("fields", "kept", "removed")
 class Reporting:
     """Records and broadcasts what the runtime did, with secrets scrubbed.
 
-    It holds no state of its own: the :class:`LorenzRuntime` it serves keeps all of it.
+    It owns the projection (recent events, run history), the redactor and every listener. The
+    snapshot it hands out is built by whoever composes the runtime (:meth:`serve_snapshots`):
+    it shows the state of collaborators above this module, which it does not know.
     """
 
-    def __init__(self, *, runtime: LorenzRuntime) -> None:
-        self._runtime = runtime
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        workflow: InForce[LoadedWorkflow],
+        base_env: Mapping[str, str],
+    ) -> None:
+        self._clock = clock
+        self._workflow = workflow
+        self._base_env = base_env
+        self._projection = Projection()
+        self._redactor = Redactor()
+        self._redactor_key: str | None = None
+        self._redactor.update(tracker_secrets(api_key=None, environ=base_env))
+        self._snapshot: Callable[[], RuntimeSnapshot] | None = None
+        self._snapshot_listeners: list[SnapshotListener] = []
+        self._progress_blind_listeners: list[SnapshotListener] = []
+        """Listeners (also in ``_snapshot_listeners``) not called for agent progress alone."""
+        self._change_listeners: list[Callable[[], None]] = []
+        """Told that the state changed, without a snapshot (they build one when they need it)."""
+        self._progress_blind_change_listeners: list[Callable[[], None]] = []
+        """Change listeners (also in ``_change_listeners``) not told of agent progress alone."""
+        self._event_listeners: list[EventListener] = []
+
+    def serve_snapshots(self, build: Callable[[], RuntimeSnapshot]) -> None:
+        """What :meth:`emit_snapshot` and :meth:`subscribe` hand out (set once, by the facade).
+
+        NB: a callable, not the facade: the snapshot reads parts above this module (the poll
+        state, the reload's error), and this module must not import them.
+        """
+        self._snapshot = build
+
+    @property
+    def change_listeners(self) -> list[Callable[[], None]]:
+        """The change listeners registered now (the list itself: read it, do not change it)."""
+        return self._change_listeners
+
+    def recent_events(self) -> tuple[RuntimeEvent, ...]:
+        """The last few events, newest first."""
+        return self._projection.recent_events()
+
+    def run_history(self) -> tuple[RunRecord, ...]:
+        """The last few finished runs, newest first."""
+        return self._projection.run_history()
+
+    def _build_snapshot(self) -> RuntimeSnapshot:
+        if self._snapshot is None:
+            raise RuntimeError("Reporting.serve_snapshots() was not called")
+        return self._snapshot()
 
     def retry_event(self, retry: RetryEntry | None) -> None:
         if retry is None:
@@ -70,7 +121,7 @@ class Reporting:
             message=f"{retry.kind.value} retry #{retry.attempt} due {retry.due_at.isoformat()}",
             retry_kind=retry.kind.value,
             due_at=retry.due_at,
-            delay_ms=round(retry.due_at_ms - self._runtime._clock.monotonic_ms()),
+            delay_ms=round(retry.due_at_ms - self._clock.monotonic_ms()),
             error=retry.error,
         )
 
@@ -105,7 +156,7 @@ class Reporting:
     def eligibility(self, report: EligibilityReport) -> None:
         """What an eligibility pass swept: expired reservations and pruned retries."""
         self.reservations_expired(report.expired)
-        span = self._runtime.settings.agent.ensemble_size
+        span = self._workflow.current.settings.agent.ensemble_size
         for retry in report.pruned:
             self.retries_released(
                 (retry,),
@@ -130,9 +181,9 @@ class Reporting:
         )
 
     def record_run(self, entry: RunningEntry, *, outcome: RunOutcome, error: str | None) -> None:
-        now = self._runtime._clock.now()
+        now = self._clock.now()
         redactor = self.current_redactor()
-        self._runtime._projection.record_run(
+        self._projection.record_run(
             RunRecord(
                 issue_id=entry.issue.id,
                 identifier=entry.issue.identifier,
@@ -171,13 +222,13 @@ class Reporting:
         event = self._redacted(
             RuntimeEvent(
                 type=kind,
-                at=self._runtime._clock.now(),
+                at=self._clock.now(),
                 slot=slot,
                 message=message,
                 **fields,  # type: ignore[arg-type]
             )
         )
-        self._runtime._projection.record_event(event)
+        self._projection.record_event(event)
         log_level = logging.WARNING if kind in _WARNING_EVENTS else logging.INFO
         if logger.isEnabledFor(log_level):
             logger.log(
@@ -195,7 +246,7 @@ class Reporting:
         self._notify(
             RuntimeEvent(
                 type=EventType.RUN_UPDATE,
-                at=self._runtime._clock.now(),
+                at=self._clock.now(),
                 slot_key=key,
                 agent_event=update.event,
                 usage=update.usage,
@@ -208,7 +259,7 @@ class Reporting:
         )
 
     def _notify(self, event: RuntimeEvent) -> None:
-        for listener in self._runtime._event_listeners:
+        for listener in self._event_listeners:
             try:
                 listener(event)
             except Exception:
@@ -243,13 +294,13 @@ class Reporting:
 
     def current_redactor(self) -> Redactor:
         """The redactor for the current settings (rebuilt only when a reload changed the key)."""
-        api_key = self._runtime.settings.tracker.api_key
-        if self._runtime._redactor_key != api_key:
-            self._runtime._redactor.update(
-                tracker_secrets(api_key=api_key, environ=self._runtime._base_env)
+        api_key = self._workflow.current.settings.tracker.api_key
+        if self._redactor_key != api_key:
+            self._redactor.update(
+                tracker_secrets(api_key=api_key, environ=self._base_env)
             )
-            self._runtime._redactor_key = api_key
-        return self._runtime._redactor
+            self._redactor_key = api_key
+        return self._redactor
 
     def emit_snapshot(self, *, progress_only: bool = False) -> None:
         """Hand the listeners a new snapshot; built only when some listener wants it.
@@ -259,20 +310,20 @@ class Reporting:
         listeners that asked to skip those (``subscribe(agent_progress=False)``) are not called,
         and with none other no snapshot is built.
         """
-        for notify in list(self._runtime._change_listeners):
-            if progress_only and notify in self._runtime._progress_blind_change_listeners:
+        for notify in list(self._change_listeners):
+            if progress_only and notify in self._progress_blind_change_listeners:
                 continue
             try:
                 notify()
             except Exception:
                 logger.exception("change listener failed")
-        listeners = self._runtime._snapshot_listeners
+        listeners = self._snapshot_listeners
         if progress_only and listeners:
-            blind = self._runtime._progress_blind_listeners
+            blind = self._progress_blind_listeners
             listeners = [listener for listener in listeners if listener not in blind]
         if not listeners:
             return
-        snapshot = self._runtime.snapshot()
+        snapshot = self._build_snapshot()
         for listener in list(listeners):
             try:
                 listener(snapshot)
@@ -289,16 +340,16 @@ class Reporting:
         (see :meth:`emit_snapshot`); for listeners that follow which runs exist and their
         sessions, not what the agents say.
         """
-        self._runtime._snapshot_listeners.append(listener)
+        self._snapshot_listeners.append(listener)
         if not agent_progress:
-            self._runtime._progress_blind_listeners.append(listener)
-        listener(self._runtime.snapshot())
+            self._progress_blind_listeners.append(listener)
+        listener(self._build_snapshot())
 
         def unsubscribe() -> None:
             with contextlib.suppress(ValueError):
-                self._runtime._snapshot_listeners.remove(listener)
+                self._snapshot_listeners.remove(listener)
             with contextlib.suppress(ValueError):
-                self._runtime._progress_blind_listeners.remove(listener)
+                self._progress_blind_listeners.remove(listener)
 
         return unsubscribe
 
@@ -309,25 +360,25 @@ class Reporting:
 
         ``agent_progress=False``: not when only a run's progress moved (as :meth:`subscribe`).
         """
-        self._runtime._change_listeners.append(listener)
+        self._change_listeners.append(listener)
         if not agent_progress:
-            self._runtime._progress_blind_change_listeners.append(listener)
+            self._progress_blind_change_listeners.append(listener)
 
         def unsubscribe() -> None:
             with contextlib.suppress(ValueError):
-                self._runtime._change_listeners.remove(listener)
+                self._change_listeners.remove(listener)
             with contextlib.suppress(ValueError):
-                self._runtime._progress_blind_change_listeners.remove(listener)
+                self._progress_blind_change_listeners.remove(listener)
 
         return unsubscribe
 
     def add_event_listener(self, listener: EventListener) -> Callable[[], None]:
         """Call ``listener`` with every runtime event (metrics, Kubernetes Events, logs)."""
-        self._runtime._event_listeners.append(listener)
+        self._event_listeners.append(listener)
 
         def remove() -> None:
             with contextlib.suppress(ValueError):
-                self._runtime._event_listeners.remove(listener)
+                self._event_listeners.remove(listener)
 
         return remove
 

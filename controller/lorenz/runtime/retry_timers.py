@@ -21,7 +21,7 @@ SYNC_DELAY_MS = 5.0
 class RetryTimers:
     """Keeps exactly one armed timer per slot key with a pending retry."""
 
-    def __init__(self, *, clock: Clock, on_fire: Callable[[SlotKey], None]) -> None:
+    def __init__(self, *, clock: Clock, on_fire: Callable[[SlotKey], None] | None = None) -> None:
         self._clock = clock
         self._on_fire = on_fire
         self._timers: dict[SlotKey, tuple[float, asyncio.TimerHandle]] = {}
@@ -44,6 +44,14 @@ class RetryTimers:
             handle = loop.call_later(delay_s, self._fire, key, due_ms)
             self._timers[key] = (due_ms, handle)
 
+    def connect(self, on_fire: Callable[[SlotKey], None]) -> None:
+        """Call ``on_fire`` with the key of each retry that falls due.
+
+        NB: set after construction when the listener is made after the timers (the runtime's
+        dispatch passes are: they are handed the timers among their parts).
+        """
+        self._on_fire = on_fire
+
     def cancel(self, key: SlotKey) -> None:
         armed = self._timers.pop(key, None)
         if armed is not None:
@@ -62,4 +70,5 @@ class RetryTimers:
             return
         del self._timers[key]
         self.fired[key] = self._clock.monotonic_ms() - due_ms
-        self._on_fire(key)
+        if self._on_fire is not None:
+            self._on_fire(key)
