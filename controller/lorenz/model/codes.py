@@ -63,7 +63,7 @@ class ErrorCode(enum.StrEnum):
     WORKER_KIND_CONFLICT = "worker_kind_conflict"
     WORKER_POD_VALUE_INVALID = "worker_pod_value_invalid"
 
-    # tracker: Linear, GitHub, issue files, the in-memory tracker
+    # tracker: Linear, GitHub, GitLab, Jira, issue files, the in-memory tracker
     TRACKER_ERROR = "tracker_error"
     INVALID_TRACKER_CONFIG = "invalid_tracker_config"
     INVALID_TRACKER_REPOSITORY = "invalid_tracker_repository"
@@ -90,6 +90,34 @@ class ErrorCode(enum.StrEnum):
     FILES_MALFORMED_ISSUE = "files_malformed_issue"
     FILES_ISSUE_NOT_FOUND = "files_issue_not_found"
     FILES_INVALID_STATE = "files_invalid_state"
+    INVALID_TRACKER_ENDPOINT = "invalid_tracker_endpoint"
+    INVALID_TRACKER_PROJECT_SLUG = "invalid_tracker_project_slug"
+    MISSING_TRACKER_EMAIL = "missing_tracker_email"
+    MISSING_TRACKER_ENDPOINT = "missing_tracker_endpoint"
+    GITLAB_API_REQUEST = "gitlab_api_request"
+    GITLAB_API_STATUS = "gitlab_api_status"
+    GITLAB_UNKNOWN_PAYLOAD = "gitlab_unknown_payload"
+    GITLAB_TOO_MANY_PAGES = "gitlab_too_many_pages"
+    GITLAB_RESPONSE_TOO_LARGE = "gitlab_response_too_large"
+    GITLAB_RATE_LIMITED = "gitlab_rate_limited"
+    GITLAB_STATES_NEED_LABEL_SCOPE = "gitlab_states_need_label_scope"
+    GITLAB_STATE_UNREACHABLE = "gitlab_state_unreachable"
+    MISSING_GITLAB_VIEWER_IDENTITY = "missing_gitlab_viewer_identity"
+    GITLAB_API_METHOD_REFUSED = "gitlab_api_method_refused"
+    GITLAB_API_PATH_REFUSED = "gitlab_api_path_refused"
+    GITLAB_API_BODY_REFUSED = "gitlab_api_body_refused"
+    GITLAB_API_BODY_TOO_LARGE = "gitlab_api_body_too_large"
+    GITLAB_API_QUERY_INVALID = "gitlab_api_query_invalid"
+    JIRA_API_REQUEST = "jira_api_request"
+    JIRA_API_STATUS = "jira_api_status"
+    JIRA_UNKNOWN_PAYLOAD = "jira_unknown_payload"
+    JIRA_ISSUE_ERRORS = "jira_issue_errors"
+    JIRA_TOO_MANY_PAGES = "jira_too_many_pages"
+    JIRA_RESPONSE_TOO_LARGE = "jira_response_too_large"
+    JIRA_RATE_LIMITED = "jira_rate_limited"
+    MISSING_JIRA_VIEWER_IDENTITY = "missing_jira_viewer_identity"
+    INVALID_JIRA_LABEL = "invalid_jira_label"
+    INVALID_JIRA_REST_CALL = "invalid_jira_rest_call"
 
     # agent: the coding agent a run drives
     AGENT_RUN_FAILED = "agent_run_failed"
@@ -99,6 +127,7 @@ class ErrorCode(enum.StrEnum):
     AGENT_LINE_TOO_LONG = "agent_line_too_long"
     READ_TIMEOUT = "read_timeout"
     HANDSHAKE_FAILED = "handshake_failed"
+    STARTUP_TIMEOUT = "startup_timeout"
     AGENT_PROTOCOL_ERROR = "agent_protocol_error"
     AGENT_OVERLOADED = "agent_overloaded"
     TURN_FAILED = "turn_failed"
@@ -115,6 +144,12 @@ class ErrorCode(enum.StrEnum):
     PLACEMENT_FAILED = "placement_failed"
     TERMINAL_ACTION_FAILED = "terminal_action_failed"
     TERMINAL_ACTION_UNSUPPORTED = "terminal_action_unsupported"
+
+    # budget: token and dollar caps, model prices
+    PRICING_INVALID = "pricing_invalid"
+    MODEL_UNPRICED = "model_unpriced"
+    BUDGET_CANCEL_STATE_MISSING = "budget_cancel_state_missing"
+    BUDGET_EXHAUSTED = "budget_exhausted"
 
     # worker: the detached process a run executes in (local, over SSH, or in a Pod)
     WORKER_NEVER_STARTED = "worker_never_started"
@@ -138,6 +173,7 @@ class ErrorCode(enum.StrEnum):
     WORKER_ALREADY_RUNNING = "worker_already_running"
     WORKER_JOURNAL_CORRUPT = "worker_journal_corrupt"
     WORKER_SEQUENCE_GAP = "worker_sequence_gap"
+    WORKER_CONTROLLED_ELSEWHERE = "worker_controlled_elsewhere"
     PROTOCOL_ERROR = "protocol_error"
     BAD_REQUEST = "bad_request"
     UNKNOWN_OP = "unknown_op"
@@ -166,6 +202,8 @@ class ErrorCode(enum.StrEnum):
     CLAIM_STORE_SCHEMA_UNSUPPORTED = "claim_store_schema_unsupported"
     CLAIM_STORE_UNREADABLE = "claim_store_unreadable"
     CLAIM_STORE_BUSY = "claim_store_busy"
+    CLAIM_STORE_WRITE_FAILED = "claim_store_write_failed"
+    CLAIM_REBIND_TOO_LARGE = "claim_rebind_too_large"
     CLAIM_GENERATION_STALE = "claim_generation_stale"
     CLAIM_OWNER_LOST = "claim_owner_lost"
     CLAIM_RECORD_INVALID = "claim_record_invalid"
@@ -176,6 +214,8 @@ class ErrorCode(enum.StrEnum):
     # daemon: leadership lease, control endpoint, attach commands
     LEADERSHIP_ERROR = "leadership_error"
     DAEMON_ALREADY_RUNNING = "daemon_already_running"
+    DAEMON_RUNNING = "daemon_running"
+    WORKFLOW_SHARES_TRACKER_PROJECT = "workflow_shares_tracker_project"
     DAEMON_LOCK_STALE = "daemon_lock_stale"
     DAEMON_LOCK_UNREADABLE = "daemon_lock_unreadable"
     DAEMON_LOCK_BUSY = "daemon_lock_busy"
@@ -208,6 +248,7 @@ class ErrorCode(enum.StrEnum):
     CROSS_ORIGIN_REFUSED = "cross_origin_refused"
     AUTH_TOKEN_MISSING = "auth_token_missing"
     AUTH_TOKEN_INVALID = "auth_token_invalid"
+    PEER_UID_REFUSED = "peer_uid_refused"
     ORCHESTRATOR_UNAVAILABLE = "orchestrator_unavailable"
     REQUEST_REJECTED = "request_rejected"
     INTERNAL_ERROR = "internal_error"
@@ -215,6 +256,16 @@ class ErrorCode(enum.StrEnum):
     DASHBOARD_ASSET_NOT_FOUND = "dashboard_asset_not_found"
     METRICS_WORKFLOW_LABEL_IN_USE = "metrics_workflow_label_in_use"
     SERVER_TOKEN_FILE_UNWRITABLE = "server_token_file_unwritable"
+
+    # webhooks: tracker deliveries to the server's webhook route
+    WEBHOOK_NOT_FOUND = "webhook_not_found"
+    WEBHOOK_SIGNATURE_MISSING = "webhook_signature_missing"
+    WEBHOOK_SIGNATURE_INVALID = "webhook_signature_invalid"
+    WEBHOOK_STALE = "webhook_stale"
+    WEBHOOK_REPLAYED = "webhook_replayed"
+    WEBHOOK_BODY_TOO_LARGE = "webhook_body_too_large"
+    WEBHOOK_BODY_TOO_DEEP = "webhook_body_too_deep"
+    WEBHOOK_BODY_INVALID = "webhook_body_invalid"
 
     # operator: the Kubernetes operator, its API and the Pods of runs
     OPERATOR_ERROR = "operator_error"
@@ -259,11 +310,13 @@ class Area(enum.StrEnum):
     TRACKER = "tracker"
     AGENT = "agent"
     RUN = "run"
+    BUDGET = "budget"
     WORKER = "worker"
     WORKSPACE = "workspace"
     CLAIMS = "claims"
     DAEMON = "daemon"
     SERVER = "server"
+    WEBHOOKS = "webhooks"
     OPERATOR = "operator"
     GENERAL = "general"
 
@@ -306,6 +359,10 @@ def _run(meaning: str, action: str, *, kind: Kind = Kind.OUTCOME) -> CodeDoc:
     return CodeDoc(area=Area.RUN, meaning=meaning, action=action, kind=kind)
 
 
+def _budget(meaning: str, action: str, *, kind: Kind = Kind.ERROR) -> CodeDoc:
+    return CodeDoc(area=Area.BUDGET, meaning=meaning, action=action, kind=kind)
+
+
 def _worker(meaning: str, action: str, *, kind: Kind = Kind.ERROR) -> CodeDoc:
     return CodeDoc(area=Area.WORKER, meaning=meaning, action=action, kind=kind)
 
@@ -324,6 +381,10 @@ def _daemon(meaning: str, action: str) -> CodeDoc:
 
 def _server(meaning: str, action: str) -> CodeDoc:
     return CodeDoc(area=Area.SERVER, meaning=meaning, action=action)
+
+
+def _webhooks(meaning: str, action: str) -> CodeDoc:
+    return CodeDoc(area=Area.WEBHOOKS, meaning=meaning, action=action)
 
 
 def _operator(meaning: str, action: str, *, kind: Kind = Kind.ERROR) -> CodeDoc:
@@ -400,19 +461,22 @@ CODE_DOCS: Final[Mapping[ErrorCode, CodeDoc]] = MappingProxyType({
     ),
     _C.UNSUPPORTED_TRACKER_KIND: _config(
         "`tracker.kind` names no tracker adapter this build ships.",
-        "Set `tracker.kind` to linear, github, files or memory.",
+        "Set `tracker.kind` to linear, github, gitlab, jira, files or memory.",
     ),
     _C.MISSING_TRACKER_KIND: _config(
         "No `tracker.kind`: nothing can be dispatched.",
         "Set `tracker.kind`.",
     ),
     _C.MISSING_TRACKER_API_KEY: _config(
-        "A linear or github tracker has no API token after `$VAR` and fallback resolution.",
-        "Set `tracker.api_key`, or `LINEAR_API_KEY` / `GITHUB_TOKEN` in the environment.",
+        "A linear, github, gitlab or jira tracker has no API token after `$VAR` and fallback "
+        "resolution.",
+        "Set `tracker.api_key`, or `LINEAR_API_KEY` / `GITHUB_TOKEN` / `GITLAB_TOKEN` / "
+        "`JIRA_API_TOKEN` in the environment.",
     ),
     _C.MISSING_TRACKER_PROJECT_SLUG: _config(
-        "A linear tracker has no `tracker.project_slug`.",
-        "Set `tracker.project_slug` to the project's `slugId`.",
+        "A linear, gitlab or jira tracker has no `tracker.project_slug`.",
+        "Set it to the Linear project's `slugId`, the GitLab project's path or id, or the Jira "
+        "project key.",
     ),
     _C.MISSING_TRACKER_REPOSITORY: _config(
         "A github tracker has no `tracker.repository`.",
@@ -501,7 +565,7 @@ CODE_DOCS: Final[Mapping[ErrorCode, CodeDoc]] = MappingProxyType({
         "Pass a `MemoryTracker` to `build_tracker` (tests, benchmarks), or choose another kind.",
     ),
     _C.TRACKER_CLOSED: _tracker(
-        "A request was made on a Linear or GitHub tracker after it was closed.",
+        "A request was made on a Linear, GitHub, GitLab or Jira tracker after it was closed.",
         "Build a new tracker from the settings (a bug if Lorenz itself did this).",
     ),
     _C.TRACKER_REQUEST: _tracker(
@@ -509,8 +573,9 @@ CODE_DOCS: Final[Mapping[ErrorCode, CodeDoc]] = MappingProxyType({
         "Nothing: it clears by itself.",
     ),
     _C.TRACKER_STATE_NOT_FOUND: _tracker(
-        "The issue's Linear team has no workflow state named like `retry.cancel_state`.",
-        "Set `retry.cancel_state` to one of the team's states.",
+        "The issue's Linear team has no workflow state named like `retry.cancel_state`, or no "
+        "Jira transition leads the issue there.",
+        "Set `retry.cancel_state` to a state the issue can reach (the message lists them).",
     ),
     _C.LINEAR_API_REQUEST: _tracker(
         "A Linear request failed in transport (connect, timeout, dropped connection); "
@@ -596,6 +661,138 @@ CODE_DOCS: Final[Mapping[ErrorCode, CodeDoc]] = MappingProxyType({
         "`set-state` was given a blank state.",
         "Pass the state to write.",
     ),
+    _C.INVALID_TRACKER_ENDPOINT: _tracker(
+        "`tracker.endpoint` of a gitlab or jira tracker is not an `http(s)://host[/path]` URL "
+        "(no query, no fragment).",
+        "Write the instance or site URL, like `https://gitlab.example.com` or "
+        "`https://example.atlassian.net`.",
+    ),
+    _C.INVALID_TRACKER_PROJECT_SLUG: _tracker(
+        "`tracker.project_slug` is not a GitLab project path or numeric id, or not a Jira "
+        "project key (letters, digits, `_`).",
+        "Write `group/app` or `42` for GitLab, `ENG` (not `ENG-1`) for Jira.",
+    ),
+    _C.MISSING_TRACKER_EMAIL: _tracker(
+        "A jira tracker has no account email after `$VAR` and fallback resolution.",
+        "Set `tracker.email` or `JIRA_EMAIL` to the account the API token belongs to.",
+    ),
+    _C.MISSING_TRACKER_ENDPOINT: _tracker(
+        "A jira tracker has no `tracker.endpoint`: Jira has no default site.",
+        "Set `tracker.endpoint` to the site URL, like `https://example.atlassian.net`.",
+    ),
+    _C.GITLAB_API_REQUEST: _tracker(
+        "A GitLab request failed in transport (connect, timeout, dropped connection); "
+        "retryable.",
+        "Check the network; Lorenz retries on the next poll.",
+    ),
+    _C.GITLAB_API_STATUS: _tracker(
+        "GitLab answered with an unexpected HTTP status (retryable for 5xx); the message "
+        "carries GitLab's `message`/`error` text.",
+        "401/403: check the token and its scope; 404: check `tracker.project_slug`.",
+    ),
+    _C.GITLAB_UNKNOWN_PAYLOAD: _tracker(
+        "GitLab's answer is not the expected shape (not JSON, a listing that is not a list, a "
+        "next-page link off the instance, a malformed issue).",
+        "Check `tracker.endpoint`; if it persists, report it with the message.",
+    ),
+    _C.GITLAB_TOO_MANY_PAGES: _tracker(
+        "A GitLab listing has more pages than `tracker.provider.max_pages`.",
+        "Narrow the states or labels polled, or raise `tracker.provider.max_pages`.",
+    ),
+    _C.GITLAB_RESPONSE_TOO_LARGE: _tracker(
+        "A GitLab response body is larger than `tracker.provider.max_response_bytes`.",
+        "Raise `tracker.provider.max_response_bytes`, or check `tracker.endpoint`.",
+    ),
+    _C.GITLAB_RATE_LIMITED: _tracker(
+        "GitLab answered 429 (or a spent `RateLimit-Remaining`) beyond the bounded wait; "
+        "`retry_after_ms` says when to come back.",
+        "Wait, poll less often (`polling.interval_ms`), or use a token of its own.",
+    ),
+    _C.GITLAB_STATES_NEED_LABEL_SCOPE: _tracker(
+        "Without `tracker.provider.state_label_scope` a GitLab issue is only opened or closed, "
+        "so an active state other than `opened` is never reached.",
+        "Set `tracker.provider.state_label_scope` (e.g. `status`), or `active_states: [opened]`.",
+    ),
+    _C.GITLAB_STATE_UNREACHABLE: _tracker(
+        "A state change (`cancel`) names a state GitLab cannot set without "
+        "`tracker.provider.state_label_scope` (only `opened` and terminal states).",
+        "Set a state label scope, or `retry.cancel_state` to a terminal state.",
+    ),
+    _C.MISSING_GITLAB_VIEWER_IDENTITY: _tracker(
+        "`tracker.assignee: me` is set but GitLab's `GET /user` returned no username.",
+        "Set `tracker.assignee` to a username instead of `me`.",
+    ),
+    _C.GITLAB_API_METHOD_REFUSED: _tracker(
+        "A `gitlab_api` tool call used a method outside `tracker.provider.api_methods`; "
+        "nothing was sent.",
+        "Use an allowed method, or allow it in `tracker.provider.api_methods`.",
+    ),
+    _C.GITLAB_API_PATH_REFUSED: _tracker(
+        "A `gitlab_api` tool call's path is not under the tracker's own project (or names "
+        "`/projects` or `/users` itself); nothing was sent.",
+        "Call a path relative to the project, like `issues/7/notes`.",
+    ),
+    _C.GITLAB_API_BODY_REFUSED: _tracker(
+        "A `gitlab_api` tool call sent a body on GET/DELETE, or one carrying `sudo` or a "
+        "credential; nothing was sent.",
+        "Drop the body (or its `sudo`/credential fields): calls run as the tracker's token.",
+    ),
+    _C.GITLAB_API_BODY_TOO_LARGE: _tracker(
+        "A `gitlab_api` tool call's body is larger than 1 MiB; nothing was sent.",
+        "Send a smaller body.",
+    ),
+    _C.GITLAB_API_QUERY_INVALID: _tracker(
+        "A `gitlab_api` tool call's `query` is not an object of scalars (or lists of them), or "
+        "names a refused parameter such as `sudo`; nothing was sent.",
+        "Pass plain query parameters only.",
+    ),
+    _C.JIRA_API_REQUEST: _tracker(
+        "A Jira request failed in transport (connect, timeout, dropped connection); "
+        "retryable.",
+        "Check the network; Lorenz retries on the next poll.",
+    ),
+    _C.JIRA_API_STATUS: _tracker(
+        "Jira answered with an unexpected HTTP status (retryable for 5xx); the message "
+        "carries Jira's `errorMessages`.",
+        "401: check the email and token; 403: the project's permissions; 400/404: the project "
+        "key or site.",
+    ),
+    _C.JIRA_UNKNOWN_PAYLOAD: _tracker(
+        "Jira's answer is not the expected shape (not JSON, no `issues`/`transitions`/"
+        "`comments` list, a repeated page token, a malformed issue); retryable.",
+        "Check `tracker.endpoint`; if it persists, report it with the message.",
+    ),
+    _C.JIRA_ISSUE_ERRORS: _tracker(
+        "Jira's bulk fetch answered `issueErrors` for some of the ids asked for; retryable.",
+        "Nothing: Lorenz asks again on the next tick; check the issues' permissions if it "
+        "repeats.",
+    ),
+    _C.JIRA_TOO_MANY_PAGES: _tracker(
+        "A Jira state scan ran past `tracker.provider.max_pages` pages.",
+        "Narrow `tracker.provider.jql`, or raise `tracker.provider.max_pages`.",
+    ),
+    _C.JIRA_RESPONSE_TOO_LARGE: _tracker(
+        "A Jira response (or a `jira_rest` answer) exceeded its byte bound.",
+        "Raise `tracker.provider.max_response_bytes`, or ask the `jira_rest` call for less.",
+    ),
+    _C.JIRA_RATE_LIMITED: _tracker(
+        "Jira answered 429 (or 503 with `Retry-After`) beyond the bounded wait; "
+        "`retry_after_ms` says when to come back.",
+        "Wait, poll less often (`polling.interval_ms`), or use a token of its own.",
+    ),
+    _C.MISSING_JIRA_VIEWER_IDENTITY: _tracker(
+        "`tracker.assignee: me` is set but Jira's `GET /myself` returned no `accountId`.",
+        "Set `tracker.assignee` to an account id instead of `me`.",
+    ),
+    _C.INVALID_JIRA_LABEL: _tracker(
+        "`retry.escalate.label` has a space, which a Jira label cannot hold.",
+        "Set `retry.escalate.label` to a label without spaces.",
+    ),
+    _C.INVALID_JIRA_REST_CALL: _tracker(
+        "A `jira_rest` tool call was refused before any request (its method, path, body or "
+        "query); the message says why.",
+        "Fix the call as the message says.",
+    ),
     # -- agent ---------------------------------------------------------------------------------
     _C.AGENT_RUN_FAILED: _agent(
         "Base code of a failed agent run; seen only when no narrower code fits.",
@@ -630,6 +827,12 @@ CODE_DOCS: Final[Mapping[ErrorCode, CodeDoc]] = MappingProxyType({
         "The agent refused the session set-up (`initialize`, `thread/start`, `session/new`), "
         "asked for authentication, or speaks another protocol version.",
         "Check the agent's command, version, sandbox/approval values and login.",
+    ),
+    _C.STARTUP_TIMEOUT: _agent(
+        "The agent did not read its first request (`initialize`) within `startup_timeout_ms` "
+        "of being spawned (codex, acp).",
+        "Check that the command starts the agent; raise `agents.<kind>.startup_timeout_ms` if "
+        "its login shell is slow.",
     ),
     _C.AGENT_PROTOCOL_ERROR: _agent(
         "The agent sent a payload the protocol does not allow (no thread, turn or session id; "
@@ -698,6 +901,28 @@ CODE_DOCS: Final[Mapping[ErrorCode, CodeDoc]] = MappingProxyType({
         "`retry.cancel_state` any more.",
         "Use `retry.terminal_action: block`, or set `retry.cancel_state`.",
         kind=Kind.ERROR,
+    ),
+    # -- budget -------------------------------------------------------------------------------
+    _C.PRICING_INVALID: _budget(
+        "A `pricing` entry (or the shipped price table) is malformed: not a map, a missing "
+        "`input`/`output`, an unknown price kind, a price that is not a number, negative or over "
+        "100000 USD per million tokens, an empty glob, more than 1000 entries.",
+        "Fix the entry the key path names.",
+    ),
+    _C.MODEL_UNPRICED: _budget(
+        "A warning: a dollar cap is set and an agent kind's command names a model no price "
+        "matches; its tokens still count against token caps.",
+        "Add the model under `pricing`.",
+    ),
+    _C.BUDGET_CANCEL_STATE_MISSING: _budget(
+        "`budget.on_exhausted: cancel` without `retry.cancel_state`.",
+        "Set `retry.cancel_state` to the state to move the issue to.",
+    ),
+    _C.BUDGET_EXHAUSTED: _budget(
+        "A token or dollar cap was reached during the run; the agent was stopped. Not "
+        "retried: `budget.on_exhausted` runs once.",
+        "Raise the cap in `budget` (a reload applies it), or wait for the day to turn.",
+        kind=Kind.OUTCOME,
     ),
     # -- worker --------------------------------------------------------------------------------
     _C.WORKER_NEVER_STARTED: _worker(
@@ -804,6 +1029,12 @@ CODE_DOCS: Final[Mapping[ErrorCode, CodeDoc]] = MappingProxyType({
         "Report a bug with the run's state directory.",
         kind=Kind.OUTCOME,
     ),
+    _C.WORKER_CONTROLLED_ELSEWHERE: _worker(
+        "The slot's worker is followed by another live controller of this workflow; nothing "
+        "was started beside it (no retry spent).",
+        "Stop the other `lorenz` of this workflow.",
+        kind=Kind.OUTCOME,
+    ),
     _C.PROTOCOL_ERROR: _worker(
         "A worker's control socket got a message that is not one JSON object on a bounded "
         "line; it closes the connection.",
@@ -907,6 +1138,17 @@ CODE_DOCS: Final[Mapping[ErrorCode, CodeDoc]] = MappingProxyType({
         "A write found the claim store locked for 10 s.",
         "Stop the process that holds a write transaction on it.",
     ),
+    _C.CLAIM_STORE_WRITE_FAILED: _claims(
+        "The file system refused a claim-store write (full, read-only, I/O error); nothing was "
+        "half-written.",
+        "Free space on the store's file system or make it writable; writes and dispatch resume "
+        "by themselves.",
+    ),
+    _C.CLAIM_REBIND_TOO_LARGE: _claims(
+        "Recovering dead owners would rebind more than 1,000 claims; nothing was moved (exit 1 "
+        "at start, retried by recovery passes).",
+        "Inspect the claim store (`claims.db`): a workflow never holds that many claims.",
+    ),
     _C.CLAIM_GENERATION_STALE: _claims(
         "A newer leader generation fenced the store; this process may not write it any more.",
         "Nothing: this process stops without writing; the new leader owns the workflow.",
@@ -940,6 +1182,17 @@ CODE_DOCS: Final[Mapping[ErrorCode, CodeDoc]] = MappingProxyType({
     _C.DAEMON_ALREADY_RUNNING: _daemon(
         "A live (or unverifiable but fresh) daemon holds the workflow's lease.",
         "Attach with `lorenz status`, or stop it with `lorenz stop`.",
+    ),
+    _C.DAEMON_RUNNING: _daemon(
+        "`lorenz` or `lorenz --once` ran without the lease beside a live daemon of the same "
+        "workflow (exit 2): it would run its issues twice.",
+        "`lorenz refresh` to make the daemon poll now, `lorenz status` to see it, `lorenz stop` "
+        "first to run without it.",
+    ),
+    _C.WORKFLOW_SHARES_TRACKER_PROJECT: _daemon(
+        "A warning at start-up: another workflow file in the folder names the same tracker "
+        "project and workspace root, so run by two processes every issue runs twice.",
+        "Keep one of them, or give each its own project or `workspace.root`.",
     ),
     _C.DAEMON_LOCK_STALE: _daemon(
         "The lease's holder cannot be proven dead, and it stopped renewing.",
@@ -1067,6 +1320,11 @@ CODE_DOCS: Final[Mapping[ErrorCode, CodeDoc]] = MappingProxyType({
         "The bearer token is not the server's; it changes at every start (401).",
         "Read the current token again.",
     ),
+    _C.PEER_UID_REFUSED: _server(
+        "A request over the daemon's unix socket came from a process of another uid "
+        "(`SO_PEERCRED`) (403).",
+        "Run the command as the user that runs the daemon.",
+    ),
     _C.ORCHESTRATOR_UNAVAILABLE: _server(
         "Refresh or health was asked after the runtime stopped (503).",
         "Nothing while Lorenz shuts down; otherwise restart it.",
@@ -1095,6 +1353,40 @@ CODE_DOCS: Final[Mapping[ErrorCode, CodeDoc]] = MappingProxyType({
         "The server's token file could not be written (logged); the server serves anyway, "
         "but `lorenz refresh`/`stop` over TCP are refused.",
         "Make the token file's directory writable and restart.",
+    ),
+    # -- webhooks -----------------------------------------------------------------------------
+    _C.WEBHOOK_NOT_FOUND: _webhooks(
+        "A webhook delivery while `tracker.webhook_secret` is unset, or to another kind than "
+        "`tracker.kind` (404).",
+        "Set `tracker.webhook_secret`, and point the tracker at `/api/v1/webhooks/<kind>`.",
+    ),
+    _C.WEBHOOK_SIGNATURE_MISSING: _webhooks(
+        "A webhook delivery without the sender's signature (or token) header (401).",
+        "Configure the signing secret on the tracker's webhook too.",
+    ),
+    _C.WEBHOOK_SIGNATURE_INVALID: _webhooks(
+        "A webhook signature (or token) does not match the raw body under the secret (401).",
+        "Give the tracker's webhook the same secret as `tracker.webhook_secret`.",
+    ),
+    _C.WEBHOOK_STALE: _webhooks(
+        "A Linear delivery's `webhookTimestamp` is missing or more than 60 s from now (400).",
+        "Nothing for a replay; if genuine deliveries fail, sync this host's clock (NTP).",
+    ),
+    _C.WEBHOOK_REPLAYED: _webhooks(
+        "A delivery id already taken in the last 24 h (the last 10,000 ids) (400).",
+        "Nothing: the change it announced was already polled for.",
+    ),
+    _C.WEBHOOK_BODY_TOO_LARGE: _webhooks(
+        "A webhook body over 1 MiB, declared or read (400).",
+        "Nothing: trackers send smaller deliveries; check what sends it.",
+    ),
+    _C.WEBHOOK_BODY_TOO_DEEP: _webhooks(
+        "A webhook body nests JSON deeper than 64 levels (400).",
+        "Nothing: it is not a tracker's delivery; check what sends it.",
+    ),
+    _C.WEBHOOK_BODY_INVALID: _webhooks(
+        "A webhook body is not a UTF-8 JSON object (400).",
+        "Send the tracker's JSON delivery (`Content-Type: application/json`).",
     ),
     # -- operator ------------------------------------------------------------------------------
     _C.OPERATOR_ERROR: _operator(

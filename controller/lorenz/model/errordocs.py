@@ -14,14 +14,16 @@ from lorenz.model.codes import CODE_DOCS, Area, ErrorCode, Kind
 
 AREA_TITLES: dict[Area, str] = {
     Area.CONFIG: "Configuration: WORKFLOW.md, flags, features, environment",
-    Area.TRACKER: "Trackers: Linear, GitHub, issue files, memory",
+    Area.TRACKER: "Trackers: Linear, GitHub, GitLab, Jira, issue files, memory",
     Area.AGENT: "Agents: the coding agent a run drives",
     Area.RUN: "Runs: how the runtime ends, skips or blocks a run",
+    Area.BUDGET: "Budgets: token and dollar caps, model prices",
     Area.WORKER: "Workers: the detached process a run executes in",
     Area.WORKSPACE: "Workspaces: directories, git worktrees, hooks",
     Area.CLAIMS: "Claims: the claim store and what is restored from it",
     Area.DAEMON: "Daemon: leadership lease, control endpoint, attach commands",
     Area.SERVER: "Server: HTTP API, dashboard, metrics",
+    Area.WEBHOOKS: "Webhooks: tracker deliveries to the server",
     Area.OPERATOR: "Operator: Kubernetes, its API, the Pods of runs",
     Area.GENERAL: "General",
 }
