@@ -173,6 +173,10 @@ def _runner_factory(
                 forkserver=True,
             )
         )
+        if workflow.settings.worker.kind is WorkerKind.LOCAL:
+            # NB: the launcher starts with the controller (in the background, on the running
+            # loop), not at the first dispatch: its preload is off the first run's path.
+            transport.warm_up()
 
         # NB: asked once, not per dispatch: isinstance() against a runtime-checkable protocol
         # walks its members (~0.05 ms a run on the controller's loop), and the store is fixed.

@@ -256,7 +256,8 @@ def _reap() -> None:
 
 
 class Launcher:
-    """The controller's launcher process: started at the first launch, one per event loop.
+    """The controller's launcher process: one per event loop, started by :meth:`warm_up` (the
+    single host calls it at start-up) or else at the first launch.
 
     NB: it dies with the thread that started it (the loop's); a launcher found dead is started
     again at the next launch, and the launches it had in flight fail (``worker_launch_failed``)
@@ -271,6 +272,7 @@ class Launcher:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reader: asyncio.Task[None] | None = None
         self._starting: asyncio.Task[asyncio.subprocess.Process] | None = None
+        self._warming: asyncio.Task[asyncio.subprocess.Process] | None = None
         self._pending: dict[int, asyncio.Future[Mapping[str, Any]]] = {}
         self._ids = itertools.count(1)
         self.starts = 0
@@ -280,6 +282,29 @@ class Launcher:
     @property
     def pid(self) -> int | None:
         return self._process.pid if self._process is not None else None
+
+    def warm_up(self) -> bool:
+        """Start the launcher now, in the background, on the running loop (``False``: no loop
+        runs, or it is started already).
+
+        NB: the launcher's own start (an interpreter, the worker's imports, the agents'
+        runners: ~1 CPU-s, seconds of wall time on a loaded machine) would otherwise sit
+        between the first dispatch and its agent; started with the controller, it runs while
+        the first poll and claims do. A start that fails here is tried again by the first
+        launch, which then reports the error.
+        """
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return False
+        warming = self._warming
+        if warming is not None and not warming.done() and warming.get_loop() is loop:
+            return False
+        if self._loop is loop and self._starting is not None:
+            return False
+        self._warming = loop.create_task(self._running(), name="lorenz-launcher-warm-up")
+        self._warming.add_done_callback(_consume_start)
+        return True
 
     async def launch(self, spec: RunSpec, *, timeout_s: float) -> LaunchResult:
         # NB: the spec serialised by pydantic itself (~20 us), spliced into the request:
@@ -416,6 +441,10 @@ class Launcher:
         starting, self._starting = self._starting, None
         if starting is not None and not starting.done():
             starting.cancel()
+        warming, self._warming = self._warming, None
+        if warming is not None and not warming.done() and warming is not asyncio.current_task():
+            # NB: a warm-up that has not run yet would start a launcher after this close.
+            warming.cancel()
         if process is None:
             return
         same_loop = self._loop is asyncio.get_running_loop()
@@ -435,6 +464,12 @@ class Launcher:
         if reader is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
+
+
+def _consume_start(task: asyncio.Task[asyncio.subprocess.Process]) -> None:
+    """A warm-up's failure is the first launch's to report (it starts the launcher again)."""
+    if not task.cancelled():
+        task.exception()
 
 
 _launchers: weakref.WeakSet[Launcher] = weakref.WeakSet()

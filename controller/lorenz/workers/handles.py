@@ -107,6 +107,11 @@ class LocalTransport:
         """With ``forkserver`` (on Linux): workers are forked by one warm launcher process
         instead of a launch command per run (:mod:`lorenz.workers.forkserver`)."""
 
+    def warm_up(self) -> bool:
+        """Start the warm launcher now, in the background (see :meth:`Launcher.warm_up`);
+        ``False`` without one (no ``forkserver``, not Linux) or when it is started already."""
+        return self.launcher.warm_up() if self.launcher is not None else False
+
     def state_dir(self, handle: str) -> Path:
         return self.state_root / handle
 
