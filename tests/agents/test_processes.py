@@ -352,3 +352,15 @@ async def test_pipes_of_an_unreaped_child_are_left_to_the_child_watcher(tmp_path
     assert proc.returncode is None
     assert await proc.terminate(grace_s=0.5) is not None
     assert_gone([proc.pid])
+
+
+async def test_a_non_login_shell_is_bash_c(tmp_path: Path) -> None:
+    command = "shopt -q login_shell && echo login || echo plain"
+    login = await spawn_agent(command=command, cwd=tmp_path, env=base_env())
+    plain = await spawn_agent(command=command, cwd=tmp_path, env=base_env(), login_shell=False)
+    try:
+        assert await login.read_line(timeout_s=60) == b"login"
+        assert await plain.read_line(timeout_s=60) == b"plain"
+    finally:
+        await login.terminate()
+        await plain.terminate()

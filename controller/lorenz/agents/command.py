@@ -55,7 +55,10 @@ class CommandRunner:
                 handle.write(request.prompt)
             env = {**request.env, PROMPT_FILE_ENV: prompt_name}
             process = await spawn_agent(
-                command=request.settings.command, cwd=request.workspace, env=env
+                command=request.settings.command,
+                cwd=request.workspace,
+                env=env,
+                login_shell=request.settings.login_shell,
             )
             try:
                 return await self._drive(request, process)

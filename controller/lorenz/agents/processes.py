@@ -484,9 +484,17 @@ def _consume_outcome(future: asyncio.Future[None]) -> None:
 
 
 async def spawn_agent(
-    *, command: str, cwd: Path, env: Mapping[str, str], stdin: bool = True
+    *,
+    command: str,
+    cwd: Path,
+    env: Mapping[str, str],
+    stdin: bool = True,
+    login_shell: bool = True,
 ) -> AgentProcess:
     """Start ``bash -lc <command>`` in ``cwd`` with exactly ``env``, in its own process group.
+
+    ``login_shell=False`` (``agents.<kind>.login_shell: false``) starts ``bash -c <command>``
+    instead: no profiles are read, so their cost is not paid on every run.
 
     Raises :class:`AgentRunError` (``agent_spawn_failed``) when the workspace or bash is missing.
     """
@@ -497,7 +505,7 @@ async def spawn_agent(
     spawn = asyncio.ensure_future(
         asyncio.create_subprocess_exec(
             "bash",
-            "-lc",
+            "-lc" if login_shell else "-c",
             command,
             stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
