@@ -26,7 +26,7 @@ and then linger) with ``python -c 'lorenz.cli.main()' WORKFLOW.md`` and prints:
   (psutil ``memory_full_info().pss``, sampled every 0.25 s) and the PSS per extra live run,
   the first dispatch latency (the ``lorenz`` process's first tracker request, when the waiting
   issues first appear to it, to the first agent's start; also from the process's start) and
-  the peak number of agents alive at once.
+  the peak number of agents alive at once (and their mean over the drain).
 
 The drain ends when every issue is Done and every run that started has ended (its end logged);
 then the process gets SIGTERM. Runs: ``.venv/bin/python bench/cli_bench.py``; side by side with
@@ -196,10 +196,16 @@ def agent_ledger(path: Path) -> dict[str, Any]:
     edges = sorted([(t, 1) for t in starts.values()] + [(t, -1) for t in ends.values()],
                    key=lambda edge: (edge[0], edge[1]))
     live = peak = 0
-    for _, step in edges:
+    lived = 0.0  # agent-seconds, to average the live agents over the drain
+    previous = edges[0][0] if edges else 0.0
+    for moment, step in edges:
+        lived += live * (moment - previous)
+        previous = moment
         live += step
         peak = max(peak, live)
+    span = edges[-1][0] - edges[0][0] if edges else 0.0
     return {"agents": len(starts), "agents_cpu_s": cpu, "peak_live_agents": peak,
+            "mean_live_agents": lived / span if span > 0 else 0.0,
             "first_agent_start": min(starts.values()) if starts else None}
 
 
@@ -370,6 +376,7 @@ def drain(args: argparse.Namespace, tmp: Path, linear: FakeLinearServer) -> dict
         "first_dispatch_from_start_s": (first_agent - started_at if first_agent is not None
                                         else float("nan")),
         "peak_live_agents": agents["peak_live_agents"],
+        "mean_live_agents": agents["mean_live_agents"],
     }
 
 
@@ -418,7 +425,8 @@ def report(args: argparse.Namespace, figures: dict[str, Any]) -> None:
           f"(first tracker request -> first agent start; "
           f"{figures['first_dispatch_from_start_s']:.2f} s from the process's start)")
     print(f"peak live agents            {figures['peak_live_agents']:6d}   "
-          f"(of {args.slots} slots)")
+          f"(of {args.slots} slots; {figures['mean_live_agents']:.1f} on average from the "
+          "first agent's start to the last one's end)")
 
 
 FIGURES = (("lorenz_cpu_s", "lorenz CPU"),
@@ -431,7 +439,8 @@ FIGURES = (("lorenz_cpu_s", "lorenz CPU"),
            ("pss_per_worker_mib", "PSS per live run MiB"),
            ("first_dispatch_s", "first dispatch s"),
            ("first_dispatch_from_start_s", "first dispatch from start s"),
-           ("peak_live_agents", "peak live agents"))
+           ("peak_live_agents", "peak live agents"),
+           ("mean_live_agents", "mean live agents"))
 
 
 def _round_line(figures: dict[str, Any]) -> str:
@@ -441,7 +450,8 @@ def _round_line(figures: dict[str, Any]) -> str:
             f"{figures['log_lines']:5d}  wall {figures['wall_s']:5.1f} s  orchestration "
             f"{figures['orchestration_cpu_s']:5.2f} s  PSS {figures['peak_pss_mib']:5.1f} MiB "
             f"(run {figures['pss_per_worker_mib']:4.1f})  first dispatch "
-            f"{figures['first_dispatch_s']:4.2f} s  peak live {figures['peak_live_agents']}  ends "
+            f"{figures['first_dispatch_s']:4.2f} s  live peak {figures['peak_live_agents']} mean "
+            f"{figures['mean_live_agents']:.1f}  ends "
             f"{figures['outcomes']}  load {figures['load'][0]:.2f}->{figures['load'][1]:.2f}")
 
 
