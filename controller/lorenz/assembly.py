@@ -171,6 +171,11 @@ def _runner_factory(
                 # NB: one warm launcher forks the single host's workers (a Python start-up
                 # per run was most of a run's CPU); the operator keeps the launch command.
                 forkserver=True,
+                # NB: the protocols this workflow's agents speak, not every one (the ACP
+                # SDK alone is most of the launcher's start-up and memory).
+                preload=sorted(
+                    {kind.protocol.value for kind in workflow.settings.agents.values()}
+                ),
             )
         )
         if workflow.settings.worker.kind is WorkerKind.LOCAL:

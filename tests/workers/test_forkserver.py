@@ -81,6 +81,38 @@ async def test_a_warmed_up_launcher_is_running_before_the_first_launch_and_serve
         await transport.close()
 
 
+async def test_a_launcher_preloads_only_the_named_protocols_and_still_runs_any(
+    state_root: Path, make_spec: SpecFactory
+) -> None:
+    # The scripted agent speaks codex-app-server; the launcher preloaded only the command
+    # runner: the worker imports the Codex runner after its fork, and the run succeeds.
+    transport = LocalTransport(state_root=state_root, env=base_env(), forkserver=True,
+                               preload=["command"])
+    assert transport.launcher is not None
+    try:
+        result = await transport.launch(make_spec()[0])
+        assert transport.launcher.pid is not None
+        cmdline = psutil.Process(transport.launcher.pid).cmdline()
+        assert cmdline[cmdline.index("--preload") + 1] == "command"
+        handle = WorkerHandle(transport=transport, handle=result.handle)
+        assert (await handle.follow(Collected())).data["outcome"] == "success"
+    finally:
+        await transport.close()
+
+
+def test_the_preload_imports_the_named_runners_only() -> None:
+    code = (
+        "import sys\n"
+        "from lorenz.workers.forkserver import _preload\n"
+        "_preload(protocols=['command'])\n"
+        "print(sorted(m for m in ('lorenz.agents.command', 'lorenz.agents.acp', "
+        "'lorenz.agents.codex', 'lorenz.workers.worker') if m in sys.modules))\n"
+    )
+    output = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True, timeout=120).stdout
+    assert output.strip() == "['lorenz.agents.command', 'lorenz.workers.worker']"
+
+
 def test_warming_up_without_a_running_loop_does_nothing(state_root: Path) -> None:
     transport = LocalTransport(state_root=state_root, env=base_env(), forkserver=True)
     assert transport.warm_up() is False

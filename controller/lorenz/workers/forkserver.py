@@ -97,17 +97,20 @@ class _Child:
         self.output = b""
 
 
-def serve_launches(*, state_root: Path, parent: int) -> int:
+def serve_launches(
+    *, state_root: Path, parent: int, preload: Sequence[str] | None = None
+) -> int:
     """Fork a launch child per request line on stdin until stdin ends; answers on stdout.
 
     A request is ``{"id": ID, "spec": {...}}`` (start a worker) or ``{"kill": ID}`` (give up on
     one: its launch child is killed, and so the worker it forked if that did not serve yet). An
-    answer is ``{"id": ID, "answer": {...}}`` with the launch command's answer.
+    answer is ``{"id": ID, "answer": {...}}`` with the launch command's answer. ``preload``:
+    the agent protocols whose runners are imported before the first fork (``None``: all).
     """
     if not set_parent_death_signal(signal.SIGKILL) or os.getppid() != parent:
         return 1  # NB: the controller is gone already (or cannot take us along): no launches
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _preload()
+    _preload(protocols=preload)
     selector = selectors.DefaultSelector()
     selector.register(0, selectors.EVENT_READ, None)
     children: dict[int, _Child] = {}
@@ -142,12 +145,18 @@ def serve_launches(*, state_root: Path, parent: int) -> int:
                 os.kill(child.pid, signal.SIGKILL)
 
 
-def _preload() -> None:
-    """Import what a launch child and its worker run, once, before any fork."""
+def _preload(*, protocols: Sequence[str] | None = None) -> None:
+    """Import what a launch child and its worker run, once, before any fork.
+
+    NB: only the runners of ``protocols`` when named: the ACP SDK's schema alone is ~0.5 CPU-s
+    of imports and tens of MiB that every worker would share for nothing when no agent speaks
+    ACP. A run whose protocol was not preloaded (a reloaded workflow added one) imports its
+    runner in its worker, after the fork: slower to start, never wrong.
+    """
     import lorenz.workers.worker  # noqa: F401
     from lorenz.agents import preload_runners
 
-    preload_runners()
+    preload_runners(protocols)
     # NB: the imported modules are never freed: keep the collector (in every forked child too)
     # from walking them, and from touching their pages (copy-on-write stays shared).
     gc.freeze()
@@ -264,8 +273,18 @@ class Launcher:
     like a launch command that died.
     """
 
-    def __init__(self, *, command: Sequence[str], state_root: Path, env: Mapping[str, str]):
+    def __init__(
+        self,
+        *,
+        command: Sequence[str],
+        state_root: Path,
+        env: Mapping[str, str],
+        preload: Sequence[str] | None = None,
+    ):
         self.command = tuple(command)
+        self.preload = tuple(preload) if preload is not None else None
+        """The agent protocols whose runners the launcher imports before it forks (``None``:
+        every protocol's)."""
         self.state_root = state_root
         self.env = {**env, HANDLE_ENV: LAUNCHER_MARK}
         self._process: asyncio.subprocess.Process | None = None
@@ -393,6 +412,7 @@ class Launcher:
                 str(self.state_root),
                 "--parent",
                 str(os.getpid()),
+                *(["--preload", ",".join(self.preload)] if self.preload is not None else []),
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.DEVNULL,
