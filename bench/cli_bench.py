@@ -16,23 +16,36 @@ and then linger) with ``python -c 'lorenz.cli.main()' WORKFLOW.md`` and prints:
   process's own figure leaves out: the bench makes itself the child subreaper of the tree, so
   every process of it is reaped here and counted in this process's ``RUSAGE_CHILDREN``;
 * tracker requests and candidate scans (as ``tracker_bench.py``), log lines written, and how
-  the runs ended (from the log).
+  the runs ended (from the log);
+* issue #35's figures of the whole tree. The tree is a cgroup v2 made under ``/sys/fs/cgroup``
+  when one can be made (its ``cpu.stat`` counts every process ever in it, detached ones
+  included), else the subreaper's ``RUSAGE_CHILDREN`` (the same processes, once reaped). The
+  fake agents record their own CPU (``RUSAGE_SELF`` at exit) and their start and end times in a
+  file, so the bench prints the *orchestration* CPU (the tree minus the agents; the ``bash -lc``
+  around each agent counts as orchestration), the peak PSS of the tree without the agents
+  (psutil ``memory_full_info().pss``, sampled every 0.25 s) and the PSS per extra live run,
+  the first dispatch latency (the ``lorenz`` process's first tracker request, when the waiting
+  issues first appear to it, to the first agent's start; also from the process's start) and
+  the peak number of agents alive at once (and their mean over the drain).
 
 The drain ends when every issue is Done and every run that started has ended (its end logged);
 then the process gets SIGTERM. Runs: ``.venv/bin/python bench/cli_bench.py``; side by side with
 an older checkout: ``--compare /tmp/old --rounds 5`` (``PYTHONPATH`` points at each checkout's
-``controller``). Prints figures; asserts nothing.
+``controller``), or with a commit: ``--compare HEAD~1`` (exported with ``git archive`` into a
+temporary directory). Prints figures; asserts nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import ctypes
 import os
 import re
 import resource
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -44,7 +57,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psutil
-from bench.tracker_bench import AGENT_OPERATION, alternate, board_main, write_workflow
+from bench.tracker_bench import AGENT, AGENT_OPERATION, alternate, board_main, write_workflow
 from tests.fakes.linear_server import FakeLinearServer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,6 +68,145 @@ _EVENT = re.compile(r" type=(\w+)|\"type\": \"(\w+)\"")
 _IDENTIFIER = re.compile(r" identifier=(\S+)|\"identifier\": \"([^\"]+)\"")
 
 LAUNCH = "import sys; from lorenz.cli import main; sys.exit(main())"
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+PSS_SAMPLE_S = 0.25
+AGENT_MARK = "bench_agent.py"
+
+# NB: prepended to the tracker bench's agent: its start time, and at exit its end time and its
+# own CPU (the interpreter's, nothing it started: it starts nothing), one line each, appended
+# with O_APPEND (whole lines, never interleaved) to the file the bench names in the environment.
+AGENT_LEDGER = """\
+import atexit as _atexit, os as _os, resource as _resource, time as _time
+_ledger = _os.environ["LORENZ_BENCH_LEDGER"]
+def _note(text):
+    fd = _os.open(_ledger, _os.O_WRONLY | _os.O_APPEND | _os.O_CREAT, 0o600)
+    _os.write(fd, (text + "\\n").encode())
+    _os.close(fd)
+_note(f"start {_os.getpid()} {_time.time()!r}")
+def _end():
+    usage = _resource.getrusage(_resource.RUSAGE_SELF)
+    _note(f"end {_os.getpid()} {_time.time()!r} {usage.ru_utime + usage.ru_stime!r}")
+_atexit.register(_end)
+"""
+
+
+class Tree:
+    """Every process the ``lorenz`` process starts: a cgroup v2 if one can be made, else the
+    descendants of this (subreaper) process."""
+
+    def __init__(self) -> None:
+        self.cgroup: Path | None = None
+        if (CGROUP_ROOT / "cgroup.controllers").is_file():
+            path = CGROUP_ROOT / f"lorenz-bench-{os.getpid()}"
+            try:
+                path.mkdir()
+                self.cgroup = path
+            except OSError:
+                self.cgroup = None
+        self.kind = "cgroup v2" if self.cgroup is not None else "subreaper"
+
+    def enter(self) -> None:
+        """In the ``lorenz`` child before its exec: join the cgroup (its forks follow)."""
+        if self.cgroup is not None:
+            (self.cgroup / "cgroup.procs").write_text("0\n")
+
+    def cpu_s(self) -> float:
+        """CPU of the tree so far: the cgroup's, or what the reaped descendants used."""
+        if self.cgroup is not None:
+            for line in (self.cgroup / "cpu.stat").read_text().splitlines():
+                name, _, value = line.partition(" ")
+                if name == "usage_usec":
+                    return int(value) / 1e6
+        return _children_cpu_s()
+
+    def pids(self) -> list[int]:
+        if self.cgroup is not None:
+            text = (self.cgroup / "cgroup.procs").read_text()
+            return [int(word) for word in text.split()]
+        return [p.pid for p in psutil.Process().children(recursive=True)]
+
+    def close(self) -> None:
+        if self.cgroup is not None:
+            with contextlib.suppress(OSError):
+                self.cgroup.rmdir()
+
+
+class PssSampler:
+    """Peak PSS of the tree without the agents, and PSS per live worker, every 0.25 s."""
+
+    def __init__(self, tree: Tree, *, lorenz_pid: int) -> None:
+        self.tree = tree
+        self.lorenz_pid = lorenz_pid
+        self.peak_bytes = 0
+        self.peak_workers = 0
+        self.per_worker: list[float] = []
+        self.base: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-pss", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while not self._stop.wait(PSS_SAMPLE_S):
+            self.sample()
+
+    def sample(self) -> None:
+        total = 0
+        base = 0
+        workers = 0
+        for pid in self.tree.pids():
+            with contextlib.suppress(psutil.Error, OSError):
+                process = psutil.Process(pid)
+                cmdline = process.cmdline()
+                if any(AGENT_MARK in part for part in cmdline) or not cmdline:
+                    continue  # NB: an agent (or a zombie): not orchestration
+                pss = int(process.memory_full_info().pss)
+                total += pss
+                is_launcher = "--launcher" in cmdline and process.ppid() == self.lorenz_pid
+                if pid == self.lorenz_pid or is_launcher:
+                    base += pss
+                elif "--launcher" in cmdline or "worker" in cmdline:
+                    workers += 1
+        if total > self.peak_bytes:
+            self.peak_bytes = total
+            self.peak_workers = workers
+        if workers:
+            self.per_worker.append((total - base) / workers)
+            self.base.append(base)
+
+
+def agent_ledger(path: Path) -> dict[str, Any]:
+    """Start and end times and CPU of every agent, from the ledger the agents wrote."""
+    starts: dict[int, float] = {}
+    ends: dict[int, float] = {}
+    cpu = 0.0
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            words = line.split()
+            if len(words) >= 3 and words[0] == "start":
+                starts[int(words[1])] = float(words[2])
+            elif len(words) >= 4 and words[0] == "end":
+                ends[int(words[1])] = float(words[2])
+                cpu += float(words[3])
+    edges = sorted([(t, 1) for t in starts.values()] + [(t, -1) for t in ends.values()],
+                   key=lambda edge: (edge[0], edge[1]))
+    live = peak = 0
+    lived = 0.0  # agent-seconds, to average the live agents over the drain
+    previous = edges[0][0] if edges else 0.0
+    for moment, step in edges:
+        lived += live * (moment - previous)
+        previous = moment
+        live += step
+        peak = max(peak, live)
+    span = edges[-1][0] - edges[0][0] if edges else 0.0
+    return {"agents": len(starts), "agents_cpu_s": cpu, "peak_live_agents": peak,
+            "mean_live_agents": lived / span if span > 0 else 0.0,
+            "first_agent_start": min(starts.values()) if starts else None}
 
 
 def _become_subreaper() -> None:
@@ -108,31 +260,43 @@ def drain(args: argparse.Namespace, tmp: Path, linear: FakeLinearServer) -> dict
                          priority=1 + n % 4)
     workflow = write_workflow(tmp, linear, slots=args.slots, linger_s=args.linger,
                               interval_ms=args.interval_ms)
+    (tmp / "bench_agent.py").write_text(AGENT_LEDGER + AGENT, encoding="utf-8")
+    ledger = tmp / "agents.ledger"
+    if args.no_login_shell:
+        _no_login_shell(workflow)
     home = tmp / "home"
     home.mkdir()
     environ = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home),
                "LANG": "C.UTF-8", "LINEAR_API_KEY": linear.api_key,
-               "TMPDIR": str(tmp)}
+               "TMPDIR": str(tmp), "LORENZ_BENCH_LEDGER": str(ledger)}
     if os.environ.get("PYTHONPATH"):
         environ["PYTHONPATH"] = os.environ["PYTHONPATH"]
     done_id = next(s.id for s in linear._states.values() if s.name == "Done")
-    children_before = _children_cpu_s()
+    tree = Tree()
+    tree_before = tree.cpu_s()
     started = time.perf_counter()
+    started_at = time.time()
     process = subprocess.Popen(
         [sys.executable, "-c", LAUNCH, str(workflow)], env=environ, cwd=tmp,
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,  # the log
-
+        preexec_fn=tree.enter if tree.cgroup is not None else None,
     )
     watched = psutil.Process(process.pid)
+    sampler = PssSampler(tree, lorenz_pid=process.pid)
+    sampler.start()
     counts: collections.Counter[str] = collections.Counter()
     ended: set[str] = set()
     lines = [0]
     finished = threading.Event()
 
+    kept = open(args.keep_log, "wb") if args.keep_log else None  # noqa: SIM115
+
     def read_log() -> None:
         assert process.stderr is not None
         for raw in process.stderr:
             lines[0] += 1
+            if kept is not None:
+                kept.write(b"%.3f " % (time.time() - started_at) + raw)
             line = raw.decode("utf-8", "replace")
             match = _EVENT.search(line)
             if match is None:
@@ -148,6 +312,7 @@ def drain(args: argparse.Namespace, tmp: Path, linear: FakeLinearServer) -> dict
     reader = threading.Thread(target=read_log, name="bench-log", daemon=True)
     reader.start()
     first_request_cpu: float | None = None
+    first_request_at: float | None = None
     first_request_wakeups = 0
     stop_wakeups = 0
     deadline = time.monotonic() + args.timeout
@@ -155,6 +320,7 @@ def drain(args: argparse.Namespace, tmp: Path, linear: FakeLinearServer) -> dict
     try:
         while time.monotonic() < deadline and process.poll() is None:
             if first_request_cpu is None and linear.requests:
+                first_request_at = time.time()  # NB: within the 20 ms of this loop
                 first_request_cpu = _cpu_s(watched)
                 first_request_wakeups = _wakeups(watched)
             all_done = all(i.state_id == done_id for i in linear._issues.values())
@@ -170,10 +336,16 @@ def drain(args: argparse.Namespace, tmp: Path, linear: FakeLinearServer) -> dict
         wall_s = time.perf_counter() - started
     finally:
         # NB: on every way out, a timeout included: a lorenz left running outlives the bench.
+        sampler.stop()
         _stop(process)
     finished.wait(timeout=30)
+    if kept is not None:
+        kept.close()
     _reap_all(until_s=60)
-    tree_s = _children_cpu_s() - children_before
+    tree_s = tree.cpu_s() - tree_before
+    tree.close()
+    agents = agent_ledger(ledger)
+    first_agent = agents["first_agent_start"]
     requests = [r for r in linear.requests if r.operation_name != AGENT_OPERATION]
     by_operation = collections.Counter(r.operation_name or "?" for r in requests)
     scans = sum(1 for r in requests if r.operation_name == "LorenzIssuesByStates"
@@ -191,7 +363,30 @@ def drain(args: argparse.Namespace, tmp: Path, linear: FakeLinearServer) -> dict
         "candidate_scans": scans,
         "log_lines": lines[0],
         "outcomes": {e: counts[e] for e in RUN_ENDS if counts[e]},
+        "tree_kind": tree.kind,
+        "agents": agents["agents"],
+        "agents_cpu_s": agents["agents_cpu_s"],
+        "orchestration_cpu_s": tree_s - agents["agents_cpu_s"],
+        "peak_pss_mib": sampler.peak_bytes / 2**20,
+        "pss_per_worker_mib": (statistics.median(sampler.per_worker) / 2**20
+                               if sampler.per_worker else 0.0),
+        "first_dispatch_s": (first_agent - first_request_at
+                             if first_agent is not None and first_request_at is not None
+                             else float("nan")),
+        "first_dispatch_from_start_s": (first_agent - started_at if first_agent is not None
+                                        else float("nan")),
+        "peak_live_agents": agents["peak_live_agents"],
+        "mean_live_agents": agents["mean_live_agents"],
     }
+
+
+def _no_login_shell(workflow: Path) -> None:
+    """``agents.bench.login_shell: false`` in the workflow (``--no-login-shell``)."""
+    text = workflow.read_text(encoding="utf-8")
+    marker = '"stall_timeout_ms"' if '"stall_timeout_ms"' in text else "stall_timeout_ms:"
+    head, _, tail = text.partition(marker)
+    indent = head[head.rfind("\n") + 1:]
+    workflow.write_text(f"{head}login_shell: false\n{indent}{marker}{tail}", encoding="utf-8")
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -220,26 +415,64 @@ def report(args: argparse.Namespace, figures: dict[str, Any]) -> None:
     print(f"log lines                   {figures['log_lines']:6d}")
     print("run ends                    " + ", ".join(
         f"{k}={v}" for k, v in figures["outcomes"].items()))
+    print(f"whole tree ({figures['tree_kind']}): orchestration CPU "
+          f"{figures['orchestration_cpu_s']:.2f} s (tree {figures['tree_cpu_s']:.2f} s less "
+          f"{figures['agents']} agents' own {figures['agents_cpu_s']:.2f} s; "
+          f"{1000 * figures['orchestration_cpu_s'] / max(1, figures['agents']):.1f} ms per run)")
+    print(f"peak PSS without agents     {figures['peak_pss_mib']:6.1f} MiB "
+          f"(per live run {figures['pss_per_worker_mib']:.1f} MiB, median of samples)")
+    print(f"first dispatch              {figures['first_dispatch_s']:6.2f} s   "
+          f"(first tracker request -> first agent start; "
+          f"{figures['first_dispatch_from_start_s']:.2f} s from the process's start)")
+    print(f"peak live agents            {figures['peak_live_agents']:6d}   "
+          f"(of {args.slots} slots; {figures['mean_live_agents']:.1f} on average from the "
+          "first agent's start to the last one's end)")
 
 
 FIGURES = (("lorenz_cpu_s", "lorenz CPU"),
            ("lorenz_cpu_after_first_request_s", "lorenz CPU after 1st request"),
            ("wakeups_after_first_request", "lorenz wake-ups after 1st request"),
            ("others_cpu_s", "launcher+workers+agents CPU"), ("tree_cpu_s", "whole tree CPU"),
-           ("requests", "tracker requests"), ("log_lines", "log lines"))
+           ("requests", "tracker requests"), ("log_lines", "log lines"),
+           ("orchestration_cpu_s", "orchestration CPU (tree - agents)"),
+           ("peak_pss_mib", "peak PSS without agents MiB"),
+           ("pss_per_worker_mib", "PSS per live run MiB"),
+           ("first_dispatch_s", "first dispatch s"),
+           ("first_dispatch_from_start_s", "first dispatch from start s"),
+           ("peak_live_agents", "peak live agents"),
+           ("mean_live_agents", "mean live agents"))
 
 
 def _round_line(figures: dict[str, Any]) -> str:
     return (f"{figures['code']}: lorenz CPU {figures['lorenz_cpu_s']:5.2f} s (after 1st request "
             f"{figures['lorenz_cpu_after_first_request_s']:5.2f} s)  others "
             f"{figures['others_cpu_s']:5.2f} s  requests {figures['requests']:3d}  log lines "
-            f"{figures['log_lines']:5d}  wall {figures['wall_s']:5.1f} s  ends "
+            f"{figures['log_lines']:5d}  wall {figures['wall_s']:5.1f} s  orchestration "
+            f"{figures['orchestration_cpu_s']:5.2f} s  PSS {figures['peak_pss_mib']:5.1f} MiB "
+            f"(run {figures['pss_per_worker_mib']:4.1f})  first dispatch "
+            f"{figures['first_dispatch_s']:4.2f} s  live peak {figures['peak_live_agents']} mean "
+            f"{figures['mean_live_agents']:.1f}  ends "
             f"{figures['outcomes']}  load {figures['load'][0]:.2f}->{figures['load'][1]:.2f}")
 
 
 def compare(args: argparse.Namespace) -> None:
-    """Alternate fresh runs of this checkout and ``args.compare``; medians and ratios."""
-    alternate(args, script=__file__, round_line=_round_line, figures=FIGURES)
+    """Alternate fresh runs of this checkout and ``args.compare``; medians and ratios.
+
+    ``args.compare`` is a checkout, or a git revision of this one (``HEAD~1``: the previous
+    commit), exported into a temporary directory for the comparison."""
+    if Path(args.compare).is_dir():
+        alternate(args, script=__file__, round_line=_round_line, figures=FIGURES)
+        return
+    with tempfile.TemporaryDirectory(prefix="lorenz-bench-") as exported:
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", args.compare],
+                                 capture_output=True, check=False)
+        if archive.returncode != 0:
+            raise SystemExit(f"--compare {args.compare}: neither a directory nor a revision: "
+                             f"{archive.stderr.decode(errors='replace').strip()}")
+        subprocess.run(["tar", "-x", "-C", exported], input=archive.stdout, check=True)
+        print(f"other = {args.compare} ({exported})", flush=True)
+        args.compare = exported
+        alternate(args, script=__file__, round_line=_round_line, figures=FIGURES)
 
 
 def main() -> None:

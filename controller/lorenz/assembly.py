@@ -172,8 +172,17 @@ def _runner_factory(
                 # NB: one warm launcher forks the single host's workers (a Python start-up
                 # per run was most of a run's CPU); the operator keeps the launch command.
                 forkserver=True,
+                # NB: the protocols this workflow's agents speak, not every one (the ACP
+                # SDK alone is most of the launcher's start-up and memory).
+                preload=sorted(
+                    {kind.protocol.value for kind in workflow.settings.agents.values()}
+                ),
             )
         )
+        if workflow.settings.worker.kind is WorkerKind.LOCAL:
+            # NB: the launcher starts with the controller (in the background, on the running
+            # loop), not at the first dispatch: its preload is off the first run's path.
+            transport.warm_up()
 
         # NB: asked once, not per dispatch: isinstance() against a runtime-checkable protocol
         # walks its members (~0.05 ms a run on the controller's loop), and the store is fixed.

@@ -213,3 +213,22 @@ async def test_the_agent_sees_the_run_environment_only(kit: RunKit, tmp_path: Pa
 
 def test_the_factory_builds_a_command_runner() -> None:
     assert isinstance(build_runner(AgentProtocol.COMMAND), CommandRunner)
+
+
+@pytest.mark.parametrize(("login_shell", "expected"), [(True, "login profile"),
+                                                       (False, "no profile")])
+async def test_login_shell_says_whether_the_profile_runs(
+    kit: RunKit, tmp_path: Path, login_shell: bool, expected: str
+) -> None:
+    # agents.<kind>.login_shell: the default (bash -lc) reads ~/.bash_profile before the
+    # command; false (bash -c) skips it.
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".bash_profile").write_text("export PROFILE_RAN='login profile'\n")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(home)}
+    await CommandRunner().run(kit.request(
+        command='echo "${PROFILE_RAN:-no profile}"', protocol=COMMAND, env=env,
+        login_shell=login_shell,
+    ))
+    (output,) = kit.recorder.of("output")
+    assert output.message == expected

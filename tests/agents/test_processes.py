@@ -18,6 +18,7 @@ from lorenz.agents.processes import (
     AgentProcess,
     AgentStdinClosed,
     LineTooLong,
+    descendant_pids,
     spawn_agent,
 )
 from tests.agents.conftest import assert_gone, base_env, wait_for
@@ -177,6 +178,48 @@ async def test_terminate_kills_the_whole_tree(tmp_path: Path) -> None:
     assert_gone(pids + descendants)
 
 
+def _tree_script(tmp_path: Path) -> Path:
+    script = tmp_path / "tree.sh"
+    script.write_text(
+        "trap '' TERM\n"
+        "bash -c 'sleep 300 & echo $!; wait' &\n"
+        "setsid sleep 300 &\n"
+        "echo $!\n"
+        "wait\n"
+    )
+    return script
+
+
+async def test_terminate_follows_the_agents_tree_without_walking_the_process_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The grandchild and the one that left the group (setsid) are found from the agent's own
+    # tree: with psutil's whole-table walks made to fail, terminate() still kills them all.
+    proc = await spawn_agent(command=f"bash {_tree_script(tmp_path)}", cwd=tmp_path,
+                             env=base_env())
+    pids = [proc.pid]
+    for _ in range(2):
+        line = await proc.read_line(timeout_s=60)
+        assert line is not None
+        pids.append(int(line))
+    await wait_for(lambda: len(descendant_pids(proc.pid)) >= 3)
+    walked = {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}
+    assert set(descendant_pids(proc.pid)) == walked
+
+    def no_walk(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the whole process table was walked")
+
+    monkeypatch.setattr(psutil.Process, "children", no_walk)
+    monkeypatch.setattr(psutil, "process_iter", no_walk)
+    await proc.terminate(grace_s=0.3)
+    monkeypatch.undo()
+    assert_gone(pids + sorted(walked))
+
+
+def test_descendant_pids_of_a_gone_process_are_none() -> None:
+    assert descendant_pids(2**22 + 12345) == []
+
+
 async def test_terminate_is_idempotent_and_reports_the_status(tmp_path: Path) -> None:
     proc = await spawn_agent(command="exit 7", cwd=tmp_path, env=base_env())
     assert await proc.wait(timeout_s=60) == 7
@@ -309,3 +352,15 @@ async def test_pipes_of_an_unreaped_child_are_left_to_the_child_watcher(tmp_path
     assert proc.returncode is None
     assert await proc.terminate(grace_s=0.5) is not None
     assert_gone([proc.pid])
+
+
+async def test_a_non_login_shell_is_bash_c(tmp_path: Path) -> None:
+    command = "shopt -q login_shell && echo login || echo plain"
+    login = await spawn_agent(command=command, cwd=tmp_path, env=base_env())
+    plain = await spawn_agent(command=command, cwd=tmp_path, env=base_env(), login_shell=False)
+    try:
+        assert await login.read_line(timeout_s=60) == b"login"
+        assert await plain.read_line(timeout_s=60) == b"plain"
+    finally:
+        await login.terminate()
+        await plain.terminate()

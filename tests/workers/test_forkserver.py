@@ -61,6 +61,81 @@ async def test_concurrent_launches_fork_their_workers_from_one_launcher(
     await wait_until(lambda: process_gone(launcher_pid))
 
 
+async def test_a_warmed_up_launcher_is_running_before_the_first_launch_and_serves_it(
+    state_root: Path, make_spec: SpecFactory
+) -> None:
+    transport = LocalTransport(state_root=state_root, env=base_env(), forkserver=True)
+    assert transport.launcher is not None
+    try:
+        assert transport.warm_up() is True
+        assert transport.warm_up() is False, "started once"
+        launcher = transport.launcher
+        await wait_until(lambda: launcher.pid is not None and not process_gone(launcher.pid))
+        warmed = launcher.pid
+        result = await transport.launch(make_spec()[0])
+        assert launcher.pid == warmed
+        assert launcher.starts == 1
+        handle = WorkerHandle(transport=transport, handle=result.handle)
+        assert (await handle.follow(Collected())).data["outcome"] == "success"
+    finally:
+        await transport.close()
+
+
+async def test_a_launcher_preloads_only_the_named_protocols_and_still_runs_any(
+    state_root: Path, make_spec: SpecFactory
+) -> None:
+    # The scripted agent speaks codex-app-server; the launcher preloaded only the command
+    # runner: the worker imports the Codex runner after its fork, and the run succeeds.
+    transport = LocalTransport(state_root=state_root, env=base_env(), forkserver=True,
+                               preload=["command"])
+    assert transport.launcher is not None
+    try:
+        result = await transport.launch(make_spec()[0])
+        assert transport.launcher.pid is not None
+        cmdline = psutil.Process(transport.launcher.pid).cmdline()
+        assert cmdline[cmdline.index("--preload") + 1] == "command"
+        handle = WorkerHandle(transport=transport, handle=result.handle)
+        assert (await handle.follow(Collected())).data["outcome"] == "success"
+    finally:
+        await transport.close()
+
+
+def test_the_preload_imports_the_named_runners_only() -> None:
+    code = (
+        "import sys\n"
+        "from lorenz.workers.forkserver import _preload\n"
+        "_preload(protocols=['command'])\n"
+        "print(sorted(m for m in ('lorenz.agents.command', 'lorenz.agents.acp', "
+        "'lorenz.agents.codex', 'lorenz.workers.worker') if m in sys.modules))\n"
+    )
+    output = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True, timeout=120).stdout
+    assert output.strip() == "['lorenz.agents.command', 'lorenz.workers.worker']"
+
+
+def test_warming_up_without_a_running_loop_does_nothing(state_root: Path) -> None:
+    transport = LocalTransport(state_root=state_root, env=base_env(), forkserver=True)
+    assert transport.warm_up() is False
+    assert LocalTransport(state_root=state_root, env=base_env()).warm_up() is False
+
+
+async def test_a_warm_up_that_fails_leaves_the_error_to_the_first_launch(
+    state_root: Path, make_spec: SpecFactory
+) -> None:
+    transport = LocalTransport(
+        state_root=state_root, env=base_env(), forkserver=True,
+        command=(str(state_root / "no-such-lorenz"), "worker"),
+    )
+    try:
+        assert transport.warm_up() is True
+        await asyncio.sleep(0.1)
+        with pytest.raises(LorenzError) as caught:
+            await transport.launch(make_spec()[0])
+        assert caught.value.code == "worker_launch_failed"
+    finally:
+        await transport.close()
+
+
 async def test_a_launch_error_comes_back_with_its_code(
     state_root: Path, make_spec: SpecFactory
 ) -> None:

@@ -117,3 +117,32 @@ def test_the_last_record_is_read_from_the_tail_and_a_torn_line_is_skipped(
     record = last_record(path)
     assert record is not None
     assert record.seq == 3
+
+
+def test_the_journal_is_synced_at_turn_boundaries_and_the_end_not_per_record(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "journal.jsonl"
+    writer = JournalWriter(path)
+    writer.append("run_started", {"handle": "h"})
+    writer.append("hook_started", {"hook": "before_run"})
+    writer.append("hook_finished", {"hook": "before_run", "ok": True})
+    assert writer.syncs == 0, "the start and the hooks are written, not synced"
+    writer.append("agent_update", {"event": "session_started", "session_id": "s"})
+    assert writer.syncs == 1
+    for n in range(20):
+        writer.append("agent_update", {"event": "notification", "message": f"m{n}"})
+    assert writer.syncs == 1, "updates inside a turn are not synced one by one"
+    writer.append("agent_update", {"event": "turn_completed"})
+    writer.append("final", {"outcome": "success"})
+    assert writer.syncs == 3
+    writer.close()
+    assert writer.syncs == 3, "nothing was left to sync at close"
+    assert [r.kind for r in read_journal(path)][-1] == "final"
+
+
+def test_closing_syncs_what_was_written_since_the_last_sync(tmp_path: Path) -> None:
+    writer = JournalWriter(tmp_path / "journal.jsonl")
+    writer.append("run_started", {"handle": "h"})
+    writer.close()
+    assert writer.syncs == 1

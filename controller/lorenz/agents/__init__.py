@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+from collections.abc import Collection
 
 from lorenz.agents.base import (
     AdoptionCanceller,
@@ -31,9 +32,12 @@ _RUNNERS: dict[AgentProtocol, tuple[str, str]] = {
 }
 
 
-def preload_runners() -> None:
-    """Import every protocol's runner module that this build has (a process that forks runs)."""
-    for module_name, _ in _RUNNERS.values():
+def preload_runners(protocols: Collection[str] | None = None) -> None:
+    """Import the runner modules of ``protocols`` (``None``: every protocol's) that this build
+    has, for a process that forks runs; unknown names are skipped."""
+    for protocol, (module_name, _) in _RUNNERS.items():
+        if protocols is not None and protocol.value not in protocols:
+            continue
         with contextlib.suppress(ImportError):
             importlib.import_module(module_name)
 

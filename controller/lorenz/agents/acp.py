@@ -629,7 +629,10 @@ class AcpRunner:
 
     async def run(self, request: AgentRunRequest) -> AgentRunResult:
         process = await spawn_agent(
-            command=request.settings.command, cwd=request.workspace, env=request.env
+            command=request.settings.command,
+            cwd=request.workspace,
+            env=request.env,
+            login_shell=request.settings.login_shell,
         )
         run = _AcpRun(request=request, process=process, grace_s=self.terminate_grace_s)
         graceful = False

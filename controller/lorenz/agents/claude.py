@@ -162,7 +162,10 @@ class _ClaudeRun:
             self.request.settings.command, max_turns=self.request.max_turns, resume=resume
         )
         process = await spawn_agent(
-            command=command, cwd=self.request.workspace, env=self.request.env
+            command=command,
+            cwd=self.request.workspace,
+            env=self.request.env,
+            login_shell=self.request.settings.login_shell,
         )
         self.pid = process.pid
         self.message_usage = {}

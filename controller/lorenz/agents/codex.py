@@ -140,7 +140,10 @@ class CodexAppServerRunner:
 
     async def run(self, request: AgentRunRequest) -> AgentRunResult:
         process = await spawn_agent(
-            command=request.settings.command, cwd=request.workspace, env=request.env
+            command=request.settings.command,
+            cwd=request.workspace,
+            env=request.env,
+            login_shell=request.settings.login_shell,
         )
         session = CodexSession(request, process, runner=self)
         try:

@@ -63,7 +63,10 @@ class CommandRunner:
                 handle.write(request.prompt)
             env = {**request.env, PROMPT_FILE_ENV: prompt_name, USAGE_FILE_ENV: usage_name}
             process = await spawn_agent(
-                command=request.settings.command, cwd=request.workspace, env=env
+                command=request.settings.command,
+                cwd=request.workspace,
+                env=env,
+                login_shell=request.settings.login_shell,
             )
             usage = UsageFileReader(Path(usage_name), emit=lambda u: _emit(request, u))
             try:

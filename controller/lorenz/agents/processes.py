@@ -11,7 +11,11 @@ traps are the same for all of them, so they are solved once, here:
   stderr is drained continuously into a small ring buffer (its tail explains failures);
 * agents spawn helpers (shells, language servers, test runners): killing only the direct child
   leaves them running, so every agent gets its own session and process group, and termination
-  signals the whole group, then sweeps any descendant that escaped it;
+  signals the whole group, then sweeps any descendant that escaped it. The descendants are
+  found by following the agent's own tree (``/proc/<pid>/task/<tid>/children``, a few small
+  reads), not by walking every process of the host (psutil's ``children(recursive=True)``
+  reads all of ``/proc``, so its cost grew with the host's process count); the walk is left
+  only for kernels without those files (``CONFIG_PROC_CHILDREN``);
 * the agent must see exactly the environment it was given (tracker secrets already removed),
   never whatever the controller happens to have;
 * a request written to stdin waits in the pipe while ``bash -lc`` (a login shell: profiles,
@@ -361,9 +365,12 @@ class AgentProcess:
             # when it exited), and its pid may already be someone else's: scanning the process
             # table for "its" children would cost a /proc walk and could name strangers.
             return
-        with contextlib.suppress(psutil.Error):
-            for child in psutil.Process(self.pid).children(recursive=True):
-                self._descendants[child.pid] = child
+        for pid in descendant_pids(self.pid):
+            if pid not in self._descendants:
+                # NB: psutil.Process records the start time: a pid reused later is never
+                # signalled by _kill_everything.
+                with contextlib.suppress(psutil.Error):
+                    self._descendants[pid] = psutil.Process(pid)
 
     def _kill_everything(self) -> None:
         self._remember_descendants()
@@ -389,7 +396,17 @@ class AgentProcess:
         except PermissionError:
             return True
         # NB: zombies still count as group members until their parent reaps them; treat a
-        # group made only of zombies as gone.
+        # group made only of zombies as gone. The members remembered are asked first; only
+        # when none of them lives is the process table searched (a rare case: the agent was
+        # reaped, and what is left of its group is zombies or members started late).
+        for member in self._descendants.values():
+            with contextlib.suppress(psutil.Error, ProcessLookupError):
+                if (
+                    member.is_running()
+                    and os.getpgid(member.pid) == self._pgid
+                    and member.status() != psutil.STATUS_ZOMBIE
+                ):
+                    return True
         with contextlib.suppress(psutil.Error):
             for proc in psutil.process_iter(["pid"]):
                 # NB: any process of the machine may exit between the listing and getpgid.
@@ -423,6 +440,43 @@ class AgentProcess:
         await self.terminate()
 
 
+def descendant_pids(pid: int) -> list[int]:
+    """Every descendant of ``pid`` still alive, following its tree from ``pid`` down.
+
+    NB: each thread lists the children it forked (``/proc/<pid>/task/<tid>/children``), so
+    every thread of every process is read. A process that exits while it is read is skipped
+    (its children were reparented away from the tree). Without those files (a kernel built
+    without ``CONFIG_PROC_CHILDREN``) psutil walks the whole process table instead.
+    """
+    found: list[int] = []
+    pending = [pid]
+    while pending:
+        parent = pending.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{task}/children", encoding="ascii") as listing:
+                    children = [int(word) for word in listing.read().split()]
+            except FileNotFoundError:
+                if parent == pid and os.path.isdir(f"/proc/{parent}/task/{task}"):
+                    return _walked_descendant_pids(pid)
+                continue
+            except (OSError, ValueError):
+                continue
+            found.extend(children)
+            pending.extend(children)
+    return found
+
+
+def _walked_descendant_pids(pid: int) -> list[int]:
+    with contextlib.suppress(psutil.Error):
+        return [child.pid for child in psutil.Process(pid).children(recursive=True)]
+    return []
+
+
 def _consume_outcome(future: asyncio.Future[None]) -> None:
     """Take a shielded future's error, so one nobody waits for any more is not reported."""
     if not future.cancelled():
@@ -430,9 +484,17 @@ def _consume_outcome(future: asyncio.Future[None]) -> None:
 
 
 async def spawn_agent(
-    *, command: str, cwd: Path, env: Mapping[str, str], stdin: bool = True
+    *,
+    command: str,
+    cwd: Path,
+    env: Mapping[str, str],
+    stdin: bool = True,
+    login_shell: bool = True,
 ) -> AgentProcess:
     """Start ``bash -lc <command>`` in ``cwd`` with exactly ``env``, in its own process group.
+
+    ``login_shell=False`` (``agents.<kind>.login_shell: false``) starts ``bash -c <command>``
+    instead: no profiles are read, so their cost is not paid on every run.
 
     Raises :class:`AgentRunError` (``agent_spawn_failed``) when the workspace or bash is missing.
     """
@@ -443,7 +505,7 @@ async def spawn_agent(
     spawn = asyncio.ensure_future(
         asyncio.create_subprocess_exec(
             "bash",
-            "-lc",
+            "-lc" if login_shell else "-c",
             command,
             stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,

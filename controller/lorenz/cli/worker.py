@@ -41,6 +41,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="fork a worker per launch request on stdin (started by a controller)",
     )
     parser.add_argument("--parent", type=int, metavar="PID", help="the controller (--launcher)")
+    parser.add_argument(
+        "--preload",
+        metavar="PROTOCOLS",
+        help="comma-separated agent protocols whose runners the launcher imports before its "
+        "first fork (default: every protocol's)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -61,7 +67,9 @@ def run(args: argparse.Namespace) -> int:
                 print("lorenz worker: --launcher needs --state-root and --parent", file=sys.stderr)
                 return 2
             return serve_launches(
-                state_root=Path(args.state_root).expanduser(), parent=args.parent
+                state_root=Path(args.state_root).expanduser(),
+                parent=args.parent,
+                preload=args.preload.split(",") if args.preload is not None else None,
             )
         if args.spec is not None:
             if args.spec == "-":

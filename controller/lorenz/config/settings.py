@@ -620,6 +620,13 @@ class AgentKindSettings(Section):
     command: str = Field(min_length=1, json_schema_extra=_reload("new-runs"))
     """Shell command, run with ``bash -lc`` in the workspace; kept verbatim."""
 
+    login_shell: bool = Field(default=True, json_schema_extra=_reload("new-runs"))
+    """Run ``command`` in a login shell (``bash -lc``, the default the specification names:
+    the user's profiles set up PATH, version managers and the like); ``false`` runs it with
+    ``bash -c``, which skips the profiles and their cost on every run (tens of ms for a lean
+    profile, seconds for one that runs ``pyenv init`` or ``nvm``), for a command whose
+    environment needs no profile."""
+
     protocol: AgentProtocol = Field(
         default=AgentProtocol.CODEX_APP_SERVER, json_schema_extra=_reload("new-runs")
     )

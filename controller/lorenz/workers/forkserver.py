@@ -97,17 +97,20 @@ class _Child:
         self.output = b""
 
 
-def serve_launches(*, state_root: Path, parent: int) -> int:
+def serve_launches(
+    *, state_root: Path, parent: int, preload: Sequence[str] | None = None
+) -> int:
     """Fork a launch child per request line on stdin until stdin ends; answers on stdout.
 
     A request is ``{"id": ID, "spec": {...}}`` (start a worker) or ``{"kill": ID}`` (give up on
     one: its launch child is killed, and so the worker it forked if that did not serve yet). An
-    answer is ``{"id": ID, "answer": {...}}`` with the launch command's answer.
+    answer is ``{"id": ID, "answer": {...}}`` with the launch command's answer. ``preload``:
+    the agent protocols whose runners are imported before the first fork (``None``: all).
     """
     if not set_parent_death_signal(signal.SIGKILL) or os.getppid() != parent:
         return 1  # NB: the controller is gone already (or cannot take us along): no launches
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _preload()
+    _preload(protocols=preload)
     selector = selectors.DefaultSelector()
     selector.register(0, selectors.EVENT_READ, None)
     children: dict[int, _Child] = {}
@@ -142,12 +145,18 @@ def serve_launches(*, state_root: Path, parent: int) -> int:
                 os.kill(child.pid, signal.SIGKILL)
 
 
-def _preload() -> None:
-    """Import what a launch child and its worker run, once, before any fork."""
+def _preload(*, protocols: Sequence[str] | None = None) -> None:
+    """Import what a launch child and its worker run, once, before any fork.
+
+    NB: only the runners of ``protocols`` when named: the ACP SDK's schema alone is ~0.5 CPU-s
+    of imports and tens of MiB that every worker would share for nothing when no agent speaks
+    ACP. A run whose protocol was not preloaded (a reloaded workflow added one) imports its
+    runner in its worker, after the fork: slower to start, never wrong.
+    """
     import lorenz.workers.worker  # noqa: F401
     from lorenz.agents import preload_runners
 
-    preload_runners()
+    preload_runners(protocols)
     # NB: the imported modules are never freed: keep the collector (in every forked child too)
     # from walking them, and from touching their pages (copy-on-write stays shared).
     gc.freeze()
@@ -256,21 +265,33 @@ def _reap() -> None:
 
 
 class Launcher:
-    """The controller's launcher process: started at the first launch, one per event loop.
+    """The controller's launcher process: one per event loop, started by :meth:`warm_up` (the
+    single host calls it at start-up) or else at the first launch.
 
     NB: it dies with the thread that started it (the loop's); a launcher found dead is started
     again at the next launch, and the launches it had in flight fail (``worker_launch_failed``)
     like a launch command that died.
     """
 
-    def __init__(self, *, command: Sequence[str], state_root: Path, env: Mapping[str, str]):
+    def __init__(
+        self,
+        *,
+        command: Sequence[str],
+        state_root: Path,
+        env: Mapping[str, str],
+        preload: Sequence[str] | None = None,
+    ):
         self.command = tuple(command)
+        self.preload = tuple(preload) if preload is not None else None
+        """The agent protocols whose runners the launcher imports before it forks (``None``:
+        every protocol's)."""
         self.state_root = state_root
         self.env = {**env, HANDLE_ENV: LAUNCHER_MARK}
         self._process: asyncio.subprocess.Process | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reader: asyncio.Task[None] | None = None
         self._starting: asyncio.Task[asyncio.subprocess.Process] | None = None
+        self._warming: asyncio.Task[asyncio.subprocess.Process] | None = None
         self._pending: dict[int, asyncio.Future[Mapping[str, Any]]] = {}
         self._ids = itertools.count(1)
         self.starts = 0
@@ -280,6 +301,29 @@ class Launcher:
     @property
     def pid(self) -> int | None:
         return self._process.pid if self._process is not None else None
+
+    def warm_up(self) -> bool:
+        """Start the launcher now, in the background, on the running loop (``False``: no loop
+        runs, or it is started already).
+
+        NB: the launcher's own start (an interpreter, the worker's imports, the agents'
+        runners: ~1 CPU-s, seconds of wall time on a loaded machine) would otherwise sit
+        between the first dispatch and its agent; started with the controller, it runs while
+        the first poll and claims do. A start that fails here is tried again by the first
+        launch, which then reports the error.
+        """
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return False
+        warming = self._warming
+        if warming is not None and not warming.done() and warming.get_loop() is loop:
+            return False
+        if self._loop is loop and self._starting is not None:
+            return False
+        self._warming = loop.create_task(self._running(), name="lorenz-launcher-warm-up")
+        self._warming.add_done_callback(_consume_start)
+        return True
 
     async def launch(self, spec: RunSpec, *, timeout_s: float) -> LaunchResult:
         # NB: the spec serialised by pydantic itself (~20 us), spliced into the request:
@@ -368,6 +412,7 @@ class Launcher:
                 str(self.state_root),
                 "--parent",
                 str(os.getpid()),
+                *(["--preload", ",".join(self.preload)] if self.preload is not None else []),
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.DEVNULL,
@@ -416,6 +461,10 @@ class Launcher:
         starting, self._starting = self._starting, None
         if starting is not None and not starting.done():
             starting.cancel()
+        warming, self._warming = self._warming, None
+        if warming is not None and not warming.done() and warming is not asyncio.current_task():
+            # NB: a warm-up that has not run yet would start a launcher after this close.
+            warming.cancel()
         if process is None:
             return
         same_loop = self._loop is asyncio.get_running_loop()
@@ -435,6 +484,12 @@ class Launcher:
         if reader is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
+
+
+def _consume_start(task: asyncio.Task[asyncio.subprocess.Process]) -> None:
+    """A warm-up's failure is the first launch's to report (it starts the launcher again)."""
+    if not task.cancelled():
+        task.exception()
 
 
 _launchers: weakref.WeakSet[Launcher] = weakref.WeakSet()

@@ -93,6 +93,7 @@ class LocalTransport:
         secret_values: Sequence[str] = (),
         launch_timeout_s: float = 60.0,
         forkserver: bool = False,
+        preload: Sequence[str] | None = None,
     ) -> None:
         self.state_root = state_root or default_state_root()
         self.command = tuple(command)
@@ -100,12 +101,20 @@ class LocalTransport:
         """The worker processes' environment (tracker secrets stripped by name and value)."""
         self.launch_timeout_s = launch_timeout_s
         self.launcher: Launcher | None = (
-            Launcher(command=self.command, state_root=self.state_root, env=self.env)
+            Launcher(
+                command=self.command, state_root=self.state_root, env=self.env, preload=preload
+            )
             if forkserver and parent_death_signal_supported()
             else None
         )
         """With ``forkserver`` (on Linux): workers are forked by one warm launcher process
-        instead of a launch command per run (:mod:`lorenz.workers.forkserver`)."""
+        instead of a launch command per run (:mod:`lorenz.workers.forkserver`); ``preload``
+        names the agent protocols whose runners it imports before forking (``None``: all)."""
+
+    def warm_up(self) -> bool:
+        """Start the warm launcher now, in the background (see :meth:`Launcher.warm_up`);
+        ``False`` without one (no ``forkserver``, not Linux) or when it is started already."""
+        return self.launcher.warm_up() if self.launcher is not None else False
 
     def state_dir(self, handle: str) -> Path:
         return self.state_root / handle

@@ -2,9 +2,11 @@
 
 Whatever a controller saw of a run, it can see again from here: the worker writes every agent
 update and run event before it tells anybody, so a client that re-attaches "after sequence N"
-gets exactly the records it missed. The file is fsync'd at turn boundaries and after the final
-record, the points a restarted controller must not lose; in between, a crash of the *machine*
-can cost the newest updates, never a crash of the worker or the controller.
+gets exactly the records it missed. The file is synced (``fdatasync``) at turn boundaries and
+after the final record, the points a restarted controller must not lose; in between, a crash
+of the *machine* can cost the newest updates, never a crash of the worker or the controller
+(each record is one ``write(2)``, in the page cache before anyone hears of it). A sync per
+record was I/O wait on every update of every run for nothing a controller could use.
 
 A writer killed mid-``write`` leaves a torn last line. Readers skip it (it never completed, so
 nobody saw it); a writer reopening the file cuts it off before appending, so the file stays a
@@ -48,8 +50,12 @@ DROPPED: Final = "journal_dropped"
 FINAL: Final = "final"
 """Kind of the last record of every finished run."""
 
-SYNC_KINDS: Final = frozenset({"turn_completed", "session_started", FINAL, "run_started"})
-"""Record kinds after which the journal is fsync'd (turn boundaries and the run's ends)."""
+SYNC_KINDS: Final = frozenset({"turn_completed", "session_started", FINAL})
+"""Record kinds after which the journal is synced: turn boundaries and the run's end.
+
+NB: not ``run_started``: a machine crash kills the worker with it, and a run whose journal
+lost its start is retried exactly like one whose journal kept it (no final record either way);
+the session's start, a moment later, syncs it along."""
 
 
 class JournalCorrupt(LorenzError):
@@ -122,6 +128,9 @@ class JournalWriter:
         os.lseek(fd, 0, os.SEEK_END)
         self._fd = fd
         self._size = good_bytes
+        self._unsynced = False
+        self.syncs = 0
+        """How many times the file was synced to disk (for tests and diagnostics)."""
         self.compactions = 0
         """How many times the middle of the journal was dropped (for tests and diagnostics)."""
 
@@ -153,11 +162,19 @@ class JournalWriter:
         self._last_seq = record.seq
         if record.is_final:
             self._final = record
+        self._unsynced = True
         if sync is None:
             sync = kind in SYNC_KINDS or record.data.get("event") in SYNC_KINDS
         if sync:
-            os.fsync(self._fd)
+            self._sync()
         return record
+
+    def _sync(self) -> None:
+        # NB: fdatasync, not fsync: the size (which a record changes) is flushed either way,
+        # only the timestamps are not.
+        os.fdatasync(self._fd)
+        self._unsynced = False
+        self.syncs += 1
 
     def _drop_middle(self) -> None:
         """Rewrite the file as head + one ``journal_dropped`` record + tail (atomically)."""
@@ -218,11 +235,13 @@ class JournalWriter:
         self._fd = fd
         os.lseek(fd, 0, os.SEEK_END)
         self._size = len(body)
+        self._unsynced = False
         self.compactions += 1
 
     def close(self) -> None:
         if self._fd >= 0:
-            os.fsync(self._fd)
+            if self._unsynced:
+                self._sync()  # NB: after the final record (synced) there is nothing left
             os.close(self._fd)
             self._fd = -1
 
