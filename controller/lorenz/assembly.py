@@ -179,7 +179,7 @@ def _runner_factory(
                 ),
             )
         )
-        if workflow.settings.worker.kind is WorkerKind.LOCAL:
+        if not runs_in_pods(workflow.settings.worker):
             # NB: the launcher starts with the controller (in the background, on the running
             # loop), not at the first dispatch: its preload is off the first run's path.
             transport.warm_up()
