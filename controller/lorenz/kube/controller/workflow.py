@@ -1,9 +1,9 @@
 """One controller per Workflow: run its runtime while this replica holds the Workflow's shard.
 
-Every Workflow belongs to one shard (:mod:`lorenz.kube.sharding`) and exactly one replica
-holds that shard's Lease. A replica watches every Workflow but makes a
+Every Workflow belongs to one shard (:mod:`lorenz.kube.leaderelection.sharding`) and exactly one
+replica holds that shard's Lease. A replica watches every Workflow but makes a
 :class:`WorkflowController` only for those whose shard it holds (the supervisor,
-:mod:`lorenz.kube.operator`, keeps just the newest object of the others, and makes their
+:mod:`lorenz.kube.operator.process`, keeps just the newest object of the others, and makes their
 controllers the moment their shard comes); the controller lets go — its loop ends — once the
 shard is no longer offered here. The controller of the holder:
 
@@ -62,16 +62,34 @@ from typing import Any, Protocol, TypeVar
 from lorenz.agents import AgentRunError, AgentRunner, RunPlacement
 from lorenz.assembly import assemble_runtime, runs_in_workers, tracker_factory
 from lorenz.config import WorkerKind, WorkflowSettings
-from lorenz.kube import resources
-from lorenz.kube.candidates import SpecCandidates
-from lorenz.kube.claim_lists import ClaimLister
-from lorenz.kube.claims import ClaimResourceStore
+from lorenz.kube.api import resources
+from lorenz.kube.api.resources import WorkflowRef
+from lorenz.kube.api.statuses import Condition
+from lorenz.kube.claims.lists import ClaimLister
+from lorenz.kube.claims.store import ClaimResourceStore
 from lorenz.kube.clients import KubeApi, claims_path, workflows_path
+from lorenz.kube.controller.candidates import SpecCandidates
+from lorenz.kube.controller.cleanup import delete_claims, edit_finalizer, remove_workspaces
+from lorenz.kube.controller.posting import EventKind, EventPoster, Post, kopf_post
+from lorenz.kube.controller.specs import (
+    generation_of,
+    load_workflow_object,
+    workflow_ref,
+    write_workflow_file,
+)
+from lorenz.kube.controller.status import (
+    STARTING_REASON,
+    Degradation,
+    StatusInputs,
+    only_bookkeeping_changed,
+    ready_condition,
+    workflow_status,
+)
 from lorenz.kube.errors import KubeApiError, LeaseLost, OperatorError
-from lorenz.kube.execs import PodExec
-from lorenz.kube.finalizers import delete_claims, edit_finalizer, remove_workspaces
-from lorenz.kube.leading import Term, WorkflowLeadership
-from lorenz.kube.pods import (
+from lorenz.kube.leaderelection.leading import Term, WorkflowLeadership
+from lorenz.kube.leaderelection.sharding import ShardCoordinator
+from lorenz.kube.pods.execs import PodExec
+from lorenz.kube.pods.transport import (
     AgentAccounts,
     PodTransport,
     PodWorkerRunner,
@@ -81,25 +99,7 @@ from lorenz.kube.pods import (
     sweep_run_pods,
     workspace_claims_by_issue,
 )
-from lorenz.kube.posting import EventKind, EventPoster, Post, kopf_post
-from lorenz.kube.resources import WorkflowRef
 from lorenz.kube.settings import OperatorSettings
-from lorenz.kube.sharding import ShardCoordinator
-from lorenz.kube.specs import (
-    generation_of,
-    load_workflow_object,
-    workflow_ref,
-    write_workflow_file,
-)
-from lorenz.kube.statuses import Condition
-from lorenz.kube.workflow_status import (
-    STARTING_REASON,
-    Degradation,
-    StatusInputs,
-    only_bookkeeping_changed,
-    ready_condition,
-    workflow_status,
-)
 from lorenz.model import (
     ClaimRecord,
     EventType,
@@ -213,7 +213,7 @@ class WorkflowController:
         body = self._body
         self._generation = generation_of(body)
         self._claim_lister = claim_lister
-        """The replica's shared Claim lists (see :mod:`lorenz.kube.claim_lists`)."""
+        """The replica's shared Claim lists (see :mod:`lorenz.kube.claims.lists`)."""
         self.ref = workflow_ref(body)
         self._api = api
         self._settings = settings
@@ -690,7 +690,7 @@ class WorkflowController:
 
     async def _sweep_orphans(self, store: ClaimResourceStore, *, term: Term) -> None:
         """Delete the run Pods of this Workflow that no Claim names (see
-        :func:`~lorenz.kube.pods.sweep_run_pods`): a Pod the previous leader started whose
+        :func:`~lorenz.kube.pods.transport.sweep_run_pods`): a Pod the previous leader started whose
         Claim is gone, or whose Claim names a newer run; never one a Claim's intent names."""
 
         try:

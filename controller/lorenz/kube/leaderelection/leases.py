@@ -1,8 +1,8 @@
 """One ``coordination.k8s.io/v1`` Lease, campaigned for with client-go's semantics.
 
-The operator's leadership is sharded (:mod:`lorenz.kube.sharding`): a fixed set of shard Leases
-and one membership Lease per replica, all in the operator's own namespace. Each of them is a
-:class:`KubernetesLeaseProvider`, which re-derives client-go's leader election
+The operator's leadership is sharded (:mod:`lorenz.kube.leaderelection.sharding`): a fixed set of
+shard Leases and one membership Lease per replica, all in the operator's own namespace. Each of
+them is a :class:`KubernetesLeaseProvider`, which re-derives client-go's leader election
 (tools/leaderelection):
 
 * **Every write is a compare-and-swap.** Updates are a PUT of the object last read, carrying its
@@ -49,7 +49,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from lorenz.kube import resources
+from lorenz.kube.api import resources
 from lorenz.kube.clients import KubeApi, leases_path
 from lorenz.kube.errors import InvalidOperatorSettings, KubeApiError, LeaseHeldElsewhere
 from lorenz.leadership import LeadershipLost, LeaseRecord, LeaseStoreKind

@@ -25,7 +25,7 @@ agent). What the operator adds is where it runs and how it is reached:
   leaves no Secret behind. It holds no tracker credential: host-side tools run in the operator.
 * **Start.** The transport waits — up to ``worker.start_timeout_ms`` — until the Pod runs and
   its worker answers a probe. It reads no Pod to find out: every launch of the namespace waits
-  on one shared list+watch of the run Pods (:mod:`lorenz.kube.podwatch`), and the exec probe
+  on one shared list+watch of the run Pods (:mod:`lorenz.kube.pods.watch`), and the exec probe
   runs only once the watch says the worker's container runs. A Pod that cannot be scheduled,
   whose image cannot be pulled or whose container cannot be created is deleted when the time
   is up, and a create a ResourceQuota refuses fails at once (``pod_refused``): both raise
@@ -34,7 +34,7 @@ agent). What the operator adds is where it runs and how it is reached:
   worker serves is the reservation bound (``on_placed``: the Pod's name becomes the slot's
   host). A create refused for any other reason (an invalid affinity), or a worker whose
   container runs but does not serve in time, is a failure of the run.
-* **The channel** is the API's exec subresource (:mod:`lorenz.kube.execs`): ``lorenz worker
+* **The channel** is the API's exec subresource (:mod:`lorenz.kube.pods.execs`): ``lorenz worker
   --bridge`` inside the Pod splices the exec stream onto the worker's unix socket, so the socket
   keeps its 0600 mode and ``SO_PEERCRED`` check, the Pod opens no port and holds no token, and
   the operator needs only ``pods/exec``. Probes and journal catch-ups are short execs.
@@ -72,14 +72,14 @@ from lorenz.agents import (
     RunPlacement,
 )
 from lorenz.config import WorkerSettings
-from lorenz.kube import resources
-from lorenz.kube.claim_lists import SharedLists
-from lorenz.kube.claims import ClaimResourceStore
+from lorenz.kube.api import resources
+from lorenz.kube.api.resources import WorkflowRef, digest
+from lorenz.kube.claims.lists import SharedLists
+from lorenz.kube.claims.store import ClaimResourceStore
 from lorenz.kube.clients import KubeApi
 from lorenz.kube.errors import KubeApiError
-from lorenz.kube.execs import PodExec, PodExecError
-from lorenz.kube.podwatch import WATCHES, RunPodWatch, RunPodWatches
-from lorenz.kube.resources import WorkflowRef, digest
+from lorenz.kube.pods.execs import PodExec, PodExecError
+from lorenz.kube.pods.watch import WATCHES, RunPodWatch, RunPodWatches
 from lorenz.model import SlotKey, SpawnIntents, slot_key
 from lorenz.workers.journal import Record
 from lorenz.workers.launch import LaunchResult, WorkerLaunchError

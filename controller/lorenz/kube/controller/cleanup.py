@@ -23,12 +23,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from lorenz.kube import resources
-from lorenz.kube.claim_lists import ClaimLister
+from lorenz.kube.api import resources
+from lorenz.kube.api.resources import WorkflowRef
+from lorenz.kube.claims.lists import ClaimLister
 from lorenz.kube.clients import KubeApi, claims_path, workflows_path
+from lorenz.kube.controller.specs import WORKSPACES_DIR
 from lorenz.kube.errors import KubeApiError
-from lorenz.kube.resources import WorkflowRef
-from lorenz.kube.specs import WORKSPACES_DIR
 
 logger = logging.getLogger("lorenz.kube.finalizers")
 
