@@ -315,11 +315,6 @@ class WorkflowController:
     def leading(self) -> bool:
         return self.lease.holds_lease()
 
-    def snapshot(self) -> dict[str, Any] | None:
-        """The runtime's current snapshot, while this process leads the Workflow."""
-        runtime = self.runtime
-        return runtime.snapshot().to_dict() if runtime is not None else None
-
     def start(self, *, context: contextvars.Context | None = None) -> None:
         """Run :meth:`run` as a task (in ``context``: kopf's, where its Events are posted)."""
         self.task = asyncio.get_running_loop().create_task(
