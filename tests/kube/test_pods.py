@@ -23,28 +23,25 @@ from lorenz.config import AgentKindSettings, AgentProtocol, WorkerSettings
 from lorenz.kube.api.resources import WorkflowRef
 from lorenz.kube.clients import KubeApi
 from lorenz.kube.errors import KubeApiError
+from lorenz.kube.pods.cleanup import delete_issue_workspaces, delete_workflow_runs, sweep_run_pods
 from lorenz.kube.pods.execs import PodExec
-from lorenz.kube.pods.transport import (
+from lorenz.kube.pods.manifests import (
     AGENT_SERVICE_ACCOUNT,
     ANNOTATION_HANDLE,
     LABEL_HANDLE,
     LABEL_ISSUE,
     LABEL_WORKFLOW,
-    AgentAccounts,
-    PodTransport,
-    delete_issue_workspaces,
-    delete_workflow_runs,
     operator_service_account,
     placement_reason,
     pod_manifest,
     pod_name,
     refusal_reason,
     spec_claim_name,
-    sweep_run_pods,
     why_not_running,
     workspace_claim_manifest,
     workspace_claim_name,
 )
+from lorenz.kube.pods.transport import AgentAccounts, PodTransport
 from lorenz.kube.pods.watch import RunPodWatches
 from lorenz.workers.launch import WorkerLaunchError
 from lorenz.workers.spec import IssueSpec, RunSpec
@@ -565,7 +562,7 @@ async def test_a_new_terms_orphan_sweep_waits_for_its_claims_before_judging_a_po
     intent) is kept for adoption. It was deleted when the sweep won that race (a ``helm
     upgrade`` mid-run on a loaded machine: the run stopped and started again)."""
     from lorenz.kube.claims.store import ClaimResourceStore
-    from lorenz.kube.controller.workflow import sweep_orphans_of_term
+    from lorenz.kube.controller.cleanup import sweep_orphans_of_term
     from lorenz.model import SlotKey, SpawnIntent, SpawnPhase
     from tests.kube.test_claims import Leadership, record
 

@@ -16,12 +16,8 @@ import pytest
 from lorenz.kube.api.resources import WorkflowRef
 from lorenz.kube.claims.lists import SharedLists
 from lorenz.kube.clients import KubeApi
-from lorenz.kube.pods.transport import (
-    LABEL_MANAGED,
-    LABEL_WORKFLOW,
-    delete_workflow_runs,
-    label_value,
-)
+from lorenz.kube.pods.cleanup import delete_workflow_runs
+from lorenz.kube.pods.manifests import LABEL_MANAGED, LABEL_WORKFLOW, label_value
 
 pytestmark = pytest.mark.cluster
 

@@ -478,7 +478,7 @@ def test_a_network_policy_admits_only_the_api_and_probe_ports(tmp_path: Path) ->
 
 
 def test_run_pods_get_a_network_policy_on_request(tmp_path: Path) -> None:
-    from lorenz.kube.pods.transport import LABEL_HANDLE, LABEL_MANAGED, pod_manifest
+    from lorenz.kube.pods.manifests import LABEL_HANDLE, LABEL_MANAGED, pod_manifest
     from tests.kube.test_pods import WORKFLOW, pod_worker, run_spec
 
     assert not [
