@@ -34,7 +34,6 @@ from lorenz.kube.pods.manifests import (
 logger = logging.getLogger(__name__)
 
 
-
 async def workflow_objects(
     api: KubeApi, path: str, *, workflow: WorkflowRef, lists: SharedLists | None
 ) -> list[dict[str, Any]]:
@@ -130,8 +129,6 @@ async def delete_workflow_runs(
     return deleted
 
 
-
-
 async def sweep_run_pods(
     *,
     api: KubeApi,
@@ -181,5 +178,3 @@ async def sweep_run_pods(
             "orphan run Pods deleted workflow=%s handles=%s", workflow.display, sorted(deleted)
         )
     return deleted
-
-

@@ -31,7 +31,6 @@ from lorenz.workers.spec import RunSpec
 logger = logging.getLogger(__name__)
 
 
-
 CONTAINER: Final = "worker"
 STATE_ROOT: Final = "/var/lib/lorenz/run"
 SPEC_DIR: Final = "/var/run/lorenz/spec"
@@ -73,7 +72,6 @@ PROBE_BACKOFF_MAX_S: Final = 8.0
 IMAGE_PULL_FAILURES: Final = frozenset(
     {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
 )
-
 
 
 def pod_name(handle: str) -> str:
@@ -305,8 +303,6 @@ def operator_service_account(token: Path = SERVICE_ACCOUNT_TOKEN) -> tuple[str, 
     return parts[2], parts[3]
 
 
-
-
 def pods_path(namespace: str, name: str | None = None) -> str:
     base = f"/api/v1/namespaces/{namespace}/pods"
     return base if name is None else f"{base}/{name}"
@@ -315,8 +311,6 @@ def pods_path(namespace: str, name: str | None = None) -> str:
 def secrets_path(namespace: str, name: str | None = None) -> str:
     base = f"/api/v1/namespaces/{namespace}/secrets"
     return base if name is None else f"{base}/{name}"
-
-
 
 
 def why_not_running(pod: Mapping[str, Any]) -> str:
@@ -399,5 +393,3 @@ def pod_ended(pod: Mapping[str, Any]) -> bool:
 def run_pods_selector(workflow: WorkflowRef) -> str:
     """The label selector of a Workflow's run Pods."""
     return f"{LABEL_MANAGED}=lorenz,{LABEL_WORKFLOW}={label_value(workflow.name)}"
-
-

@@ -39,7 +39,6 @@ from lorenz.workers.spec import HookSpec, RunSpec
 logger = logging.getLogger(__name__)
 
 
-
 class PodWorkerRunner(WorkerRunner):
     """A :class:`WorkerRunner` for one run in a Pod: the worker creates the workspace on the
     Pod's volume, runs every hook there, and starts its agent from the container's environment

@@ -61,7 +61,6 @@ from lorenz.workers.states import Probe, ProbeState
 logger = logging.getLogger(__name__)
 
 
-
 class AgentAccounts:
     """The ``lorenz-agent`` ServiceAccounts this operator has made sure of, per namespace.
 
@@ -105,8 +104,6 @@ def _account_error(namespace: str, exc: KubeApiError) -> WorkerLaunchError:
         "automountServiceAccountToken: false) or set worker.service_account_name",
         code="pod_service_account_failed",
     )
-
-
 
 
 class PodTransport:
@@ -480,5 +477,3 @@ class PodTransport:
         if watch is not None:
             watch.release()
         await self.execs.close()
-
-
