@@ -57,7 +57,6 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from lorenz.agents import AgentRunner, RunPlacement
 from lorenz.assembly import assemble_runtime, runs_in_workers, tracker_factory
 from lorenz.config import WorkerKind, WorkflowSettings
 from lorenz.kube.api import resources
@@ -278,6 +277,7 @@ class WorkflowController:
         if ref.uid is not None and self.ref.uid is None:
             self.ref = ref
             self.lease.update_workflow(ref)
+            self.pod_runners.update_workflow(ref)
         if (body.get("metadata") or {}).get("deletionTimestamp"):
             self._deleting.set()
             self.events.silence()
@@ -605,8 +605,10 @@ class WorkflowController:
             generation=lambda: store.generation,
             worker_env=self._base_env,
             leave_workers=(lambda: departure.reason) if departure is not None else None,
+            # NB: a replica that leaves leaves the runs' Pods to the next leader.
             pods=functools.partial(
-                self._pod_runner, workflow=str(loaded.path), store=store, departure=departure
+                self.pod_runners.runner, workflow=str(loaded.path), store=store,
+                leaving=(lambda: departure.reason) if departure is not None else None,
             ),
             workers=workers,
         )
@@ -640,25 +642,6 @@ class WorkflowController:
     def _still_ours(self, *, term: Term, store: ClaimResourceStore) -> bool:
         """Whether ``term`` still holds and ``store`` is still its claim store."""
         return term.holds_lease() and self.store is store
-
-    def _pod_runner(
-        self,
-        placement: RunPlacement,
-        *,
-        workflow: str,
-        store: ClaimResourceStore,
-        departure: Departure | None,
-    ) -> AgentRunner:
-        """The runner of one run in a Pod of its own (``worker.kind: pod``): its spawn intent
-        and phases go on the Claim under this term's generation, and a replica that leaves
-        leaves the Pod to the next leader."""
-        return self.pod_runners.runner(
-            placement,
-            workflow=workflow,
-            generation=store.generation or 0,
-            intents=store,
-            leaving=(lambda: departure.reason) if departure is not None else None,
-        )
 
     async def _stop_runtime(self, *, hand_over: bool = False) -> None:
         """Graceful: runs end as clean shutdowns (kept as continuation retries).

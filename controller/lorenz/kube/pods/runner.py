@@ -234,7 +234,8 @@ class PodRunners:
     ) -> None:
         self._api = api
         self._workflow = workflow
-        """The Workflow (its namespace and name, which never change)."""
+        """The Workflow (its uid, which the Pods' owner references name, may come later: see
+        :meth:`update_workflow`)."""
         self._worker_image = worker_image
         """The operator's ``worker_image``: the image of a run whose template names none."""
         self._execs: PodExec | None = None
@@ -243,18 +244,22 @@ class PodRunners:
         """The ``lorenz-agent`` ServiceAccounts made sure of (the process's, shared; made at
         the first run in a Pod when none is given)."""
 
+    def update_workflow(self, workflow: WorkflowRef) -> None:
+        """The Workflow's reference with its uid (first seen without one)."""
+        self._workflow = workflow
+
     def runner(
         self,
         placement: RunPlacement,
         *,
         workflow: str,
-        generation: int,
-        intents: SpawnIntents,
+        store: ClaimResourceStore,
         leaving: Callable[[], str | None] | None,
     ) -> PodWorkerRunner:
-        """The runner of one run in a Pod of its own: its spawn intent and phases go to
-        ``intents`` under ``generation`` (the handle, and so the Pod's name, carries it), and
-        a replica that leaves (``leaving`` names why) leaves the Pod to the next leader."""
+        """The runner of one run in a Pod of its own: its spawn intent and phases go on its
+        Claim in ``store`` under the term's generation (the handle, and so the Pod's name,
+        carries it), and a replica that leaves (``leaving`` names why) leaves the Pod to the
+        next leader."""
         worker = placement.worker
         image = worker.pod_template.image or self._worker_image
         if image is None:
@@ -280,8 +285,8 @@ class PodRunners:
             workflow=workflow,
             transport=transport,
             placement=placement,
-            generation=generation,
-            intents=intents,
+            generation=store.generation or 0,
+            intents=store,
             leaving=leaving,
         )
 
