@@ -27,7 +27,7 @@ under the absolute paths the Pod's command names — not a simulation any more, 
   Running and every launch is still waiting for its worker (``--steady-seconds``): CPU seconds
   (psutil), RSS, and its own API requests (``lorenz_operator_api_requests_total`` from its
   ``/metrics``), per run. The steady window is the launch's start wait (since the shared Pod
-  watch of lorenz.kube.podwatch: no Pod GET, and an exec probe per run backing off to one per
+  watch of lorenz.kube.pods.watch: no Pod GET, and an exec probe per run backing off to one per
   8 s while the Running Pod does not serve), the most a launch costs; it ends when
   ``startTimeoutMs`` is reached, which the bench sets past the measurement.
 

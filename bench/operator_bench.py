@@ -85,8 +85,8 @@ from tests.cluster.cluster import Cluster, wait_until  # noqa: E402
 from tests.cluster.controlplane import Binaries, ControlPlane  # noqa: E402
 from tests.kube.operators import Kube, OperatorProcess, Rig, write_issue  # noqa: E402
 
-from lorenz.kube import resources  # noqa: E402
-from lorenz.kube.resources import WorkflowRef  # noqa: E402
+from lorenz.kube.api import resources  # noqa: E402
+from lorenz.kube.api.resources import WorkflowRef  # noqa: E402
 from lorenz.kube.settings import OperatorSettings  # noqa: E402
 
 SECTIONS = ("scale", "profile", "cpu", "idle", "latency", "failover", "handover", "nsdel")

@@ -58,9 +58,9 @@ async def _subject(
     api: KubeApi | None = None
     if name == "claims":
         # NB: imported here: the operator stack stays out of the other stores' runs.
-        from lorenz.kube.claims import ClaimResourceStore
+        from lorenz.kube.api.resources import WorkflowRef
+        from lorenz.kube.claims.store import ClaimResourceStore
         from lorenz.kube.clients import KubeApi, workflows_path
-        from lorenz.kube.resources import WorkflowRef
 
         cluster: Cluster = request.getfixturevalue("kube_control_plane")
         namespace: str = request.getfixturevalue("kube_namespace")

@@ -202,7 +202,7 @@ def test_httpx_request_lines_are_demoted_unless_the_level_is_debug() -> None:
 def test_the_operator_demotes_httpx_request_lines_too(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from lorenz.kube.operator import configure_logging
+    from lorenz.kube.operator.process import configure_logging
     from lorenz.kube.settings import OperatorSettings
 
     # NB: the operator's set-up changes process-wide loggers; each is restored afterwards.

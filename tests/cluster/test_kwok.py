@@ -13,8 +13,8 @@ import base64
 import pytest
 
 from lorenz.config import AgentKindSettings, AgentProtocol, WorkerSettings
-from lorenz.kube.pods import SPEC_KEY, pod_manifest, pod_name
-from lorenz.kube.resources import WorkflowRef
+from lorenz.kube.api.resources import WorkflowRef
+from lorenz.kube.pods.manifests import SPEC_KEY, pod_manifest, pod_name
 from lorenz.workers.spec import IssueSpec, RunSpec
 from tests.cluster.cluster import Cluster, wait_until
 from tests.cluster.kwok import (

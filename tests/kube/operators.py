@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from lorenz.kube.sharding import shard_lease_name, shard_of
+from lorenz.kube.leaderelection.sharding import shard_lease_name, shard_of
 from tests.cluster.cluster import Cluster, WaitAborted, wait_until
 
 AGENT = textwrap.dedent(

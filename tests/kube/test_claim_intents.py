@@ -1,7 +1,7 @@
 """Spawn intents and generation fencing on ``Claim`` resources, against the real API server.
 
 The cases of ``tests/claims/test_fencing.py`` (which run on the memory, sqlite and turso
-stores) for :class:`~lorenz.kube.claims.ClaimResourceStore`: an intent recorded on our Claim
+stores) for :class:`~lorenz.kube.claims.store.ClaimResourceStore`: an intent recorded on our Claim
 round-trips in camelCase, ``save`` keeps it, a pending retry drops it; a successor's takeover
 stamps its generation on every Claim it takes, after which each write of the deposed replica is
 refused before it changes anything (checked in the Claims' contents and resourceVersions, not
@@ -23,10 +23,10 @@ import pytest
 
 from lorenz.claims import ClaimGenerationStale
 from lorenz.config import WorkflowSettings
-from lorenz.kube.claims import ClaimResourceStore
+from lorenz.kube.api.resources import WorkflowRef
+from lorenz.kube.claims.store import ClaimResourceStore
 from lorenz.kube.clients import KubeApi, claims_path, workflows_path
 from lorenz.kube.errors import LeaseLost
-from lorenz.kube.resources import WorkflowRef
 from lorenz.model import (
     ClaimPhase,
     Issue,

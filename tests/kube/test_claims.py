@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 
 from lorenz.config import WorkflowSettings
-from lorenz.kube.claim_lists import ClaimLister
-from lorenz.kube.claims import ClaimResourceStore
+from lorenz.kube.api.resources import WorkflowRef, claim_name
+from lorenz.kube.claims.lists import ClaimLister
+from lorenz.kube.claims.store import ClaimResourceStore
 from lorenz.kube.clients import KubeApi, claims_path, workflows_path
-from lorenz.kube.finalizers import edit_finalizer
-from lorenz.kube.resources import WorkflowRef, claim_name
+from lorenz.kube.controller.cleanup import edit_finalizer
 from lorenz.model import (
     ClaimPhase,
     ClaimRecord,

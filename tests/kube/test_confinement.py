@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from lorenz.kube.controller.specs import workflow_from_spec
 from lorenz.kube.errors import TrackerPathOutsideWorkflow
-from lorenz.kube.specs import workflow_from_spec
 
 
 def body(path: str) -> dict[str, Any]:

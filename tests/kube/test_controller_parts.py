@@ -8,18 +8,18 @@ from typing import Any
 
 import pytest
 
-from lorenz.kube import resources
+from lorenz.kube.api import resources
+from lorenz.kube.api.resources import WorkflowRef
+from lorenz.kube.api.statuses import Condition
 from lorenz.kube.clients import KubeApi, claims_path, workflows_path
-from lorenz.kube.errors import KubeApiError
-from lorenz.kube.finalizers import edit_finalizer, finalizer_ops
-from lorenz.kube.resources import WorkflowRef
-from lorenz.kube.statuses import Condition
-from lorenz.kube.workflow_status import (
+from lorenz.kube.controller.cleanup import edit_finalizer, finalizer_ops
+from lorenz.kube.controller.status import (
     Degradation,
     StatusInputs,
     only_bookkeeping_changed,
     workflow_status,
 )
+from lorenz.kube.errors import KubeApiError
 from tests.cluster.cluster import Cluster
 from tests.kube.snapshots import runtime_snapshot
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from lorenz.kube import crds
+from lorenz.kube.api import crds
 from tests.cluster.cluster import Cluster
 from tests.kube.conftest import CRDS
 
@@ -303,7 +303,7 @@ def test_a_pod_worker_is_accepted_whole_and_kubectl_explain_shows_it(
     # The affinity is Kubernetes' own object: kept whole (preserve-unknown-fields).
     assert stored["spec"]["worker"] == POD_WORKER
     # The spec maps back to the one settings model (camelCase -> snake_case).
-    from lorenz.kube.casing import front_matter_from_spec
+    from lorenz.kube.api.casing import front_matter_from_spec
     from lorenz.workflow import settings_from_mapping
 
     settings = settings_from_mapping(

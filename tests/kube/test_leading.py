@@ -17,13 +17,13 @@ from typing import Any
 
 import kubernetes.client
 
+from lorenz.kube.api.resources import WorkflowRef
 from lorenz.kube.clients import KubeApi
-from lorenz.kube.leading import WorkflowLeadership
-from lorenz.kube.leases import LeaseTiming
-from lorenz.kube.operator import Supervisor
-from lorenz.kube.resources import WorkflowRef
+from lorenz.kube.leaderelection.leading import WorkflowLeadership
+from lorenz.kube.leaderelection.leases import LeaseTiming
+from lorenz.kube.leaderelection.sharding import ShardCoordinator, ShardTerm
+from lorenz.kube.operator.process import Supervisor
 from lorenz.kube.settings import OperatorSettings
-from lorenz.kube.sharding import ShardCoordinator, ShardTerm
 
 TIMING = LeaseTiming(lease_duration_s=1, renew_deadline_s=0.5, retry_period_s=0.05)
 WORKFLOW = WorkflowRef(namespace="team-a", name="wf", uid="uid-1")

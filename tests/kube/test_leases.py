@@ -16,7 +16,7 @@ import pytest
 
 from lorenz.kube.clients import KubeApi, leases_path
 from lorenz.kube.errors import InvalidOperatorSettings, LeaseHeldElsewhere
-from lorenz.kube.leases import KubernetesLeaseProvider, LeaseTiming, micro_time
+from lorenz.kube.leaderelection.leases import KubernetesLeaseProvider, LeaseTiming, micro_time
 from lorenz.leadership import DaemonAlreadyRunning, LeadershipLost, LeaseStoreKind
 from tests.kube.conftest import ManualMonotonic
 

@@ -14,14 +14,15 @@ import pytest
 import yaml
 
 from lorenz.config import WorkerKind, WorkflowSettings
-from lorenz.kube import crds, resources
-from lorenz.kube.casing import camel, field_names, front_matter_from_spec, spec_from_front_matter
-from lorenz.kube.errors import InvalidOperatorSettings
-from lorenz.kube.posting import REPEAT_WINDOW_S, EventPoster
-from lorenz.kube.schemas import PRESERVE, SchemaConversionError, structural_schema
-from lorenz.kube.settings import OperatorSettings, load_settings
-from lorenz.kube.specs import failed_stamp, workflow_from_spec
-from lorenz.kube.statuses import (
+from lorenz.kube.api import crds, resources
+from lorenz.kube.api.casing import (
+    camel,
+    field_names,
+    front_matter_from_spec,
+    spec_from_front_matter,
+)
+from lorenz.kube.api.schemas import PRESERVE, SchemaConversionError, structural_schema
+from lorenz.kube.api.statuses import (
     CLAIM_SPEC_FIELDS,
     PLACEMENTS_SHOWN,
     ClaimSpec,
@@ -29,6 +30,10 @@ from lorenz.kube.statuses import (
     condition,
     status_from_snapshot,
 )
+from lorenz.kube.controller.posting import REPEAT_WINDOW_S, EventPoster
+from lorenz.kube.controller.specs import failed_stamp, workflow_from_spec
+from lorenz.kube.errors import InvalidOperatorSettings
+from lorenz.kube.settings import OperatorSettings, load_settings
 from lorenz.model import ClaimPhase, ClaimRecord, EventType, RuntimeEvent, SlotKey, UsageTotals
 from lorenz.workflow import InvalidWorkflowConfig, TemplateParseError, load_workflow
 from lorenz.workflow.documents import parse_front_matter, split_front_matter
@@ -454,7 +459,7 @@ def test_a_broken_prompt_is_a_coded_error(tmp_path: Path) -> None:
 
 
 def test_claim_spec_and_status_partition_the_claim_record() -> None:
-    from lorenz.kube.statuses import CLAIM_DISPLAY_FIELDS, CLAIM_POD_FIELDS
+    from lorenz.kube.api.statuses import CLAIM_DISPLAY_FIELDS, CLAIM_POD_FIELDS
 
     record_fields = {f.name for f in dataclasses.fields(ClaimRecord)}
     spec_fields = set(ClaimSpec.model_fields) - {"workflow"}
@@ -579,7 +584,7 @@ def test_a_lost_lease_is_a_coded_leadership_error() -> None:
 
 
 def test_kubectl_explain_shows_plain_text_without_markup() -> None:
-    from lorenz.kube.crds import all_crds
+    from lorenz.kube.api.crds import all_crds
 
     def descriptions(node: Any) -> list[str]:
         found = []
@@ -600,7 +605,7 @@ def test_kubectl_explain_shows_plain_text_without_markup() -> None:
 
 
 def test_a_first_run_is_attempt_zero_on_the_wire_and_a_retry_shows_its_backoff() -> None:
-    from lorenz.kube.statuses import claim_status, go_duration, record_from_claim
+    from lorenz.kube.api.statuses import claim_status, go_duration, record_from_claim
 
     first = ClaimRecord(
         slot_key=SlotKey("I-1#0"), issue_id="I-1", identifier="I-1", slot_index=0,
@@ -623,7 +628,7 @@ def test_a_first_run_is_attempt_zero_on_the_wire_and_a_retry_shows_its_backoff()
 
 
 def test_the_checkpoint_is_camel_case_in_the_status_and_snake_case_in_memory() -> None:
-    from lorenz.kube.casing import camel_keys, snake_keys
+    from lorenz.kube.api.casing import camel_keys, snake_keys
 
     checkpoint = {"schema": 1, "usage_totals": {"input_tokens": 5, "seconds_running": 1.5}}
     wire = camel_keys(checkpoint)

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from lorenz.kube import resources
+from lorenz.kube.api import resources
 from tests.cluster.cluster import wait_until
 from tests.kube.operators import (
     Kube,

@@ -20,32 +20,29 @@ import pytest
 
 from lorenz.agents import PlacementFailed
 from lorenz.config import AgentKindSettings, AgentProtocol, WorkerSettings
+from lorenz.kube.api.resources import WorkflowRef
 from lorenz.kube.clients import KubeApi
 from lorenz.kube.errors import KubeApiError
-from lorenz.kube.execs import PodExec
-from lorenz.kube.pods import (
+from lorenz.kube.pods.cleanup import delete_issue_workspaces, delete_workflow_runs, sweep_run_pods
+from lorenz.kube.pods.execs import PodExec
+from lorenz.kube.pods.manifests import (
     AGENT_SERVICE_ACCOUNT,
     ANNOTATION_HANDLE,
     LABEL_HANDLE,
     LABEL_ISSUE,
     LABEL_WORKFLOW,
-    AgentAccounts,
-    PodTransport,
-    delete_issue_workspaces,
-    delete_workflow_runs,
     operator_service_account,
     placement_reason,
     pod_manifest,
     pod_name,
     refusal_reason,
     spec_claim_name,
-    sweep_run_pods,
     why_not_running,
     workspace_claim_manifest,
     workspace_claim_name,
 )
-from lorenz.kube.podwatch import RunPodWatches
-from lorenz.kube.resources import WorkflowRef
+from lorenz.kube.pods.transport import AgentAccounts, PodTransport
+from lorenz.kube.pods.watch import RunPodWatches
 from lorenz.workers.launch import WorkerLaunchError
 from lorenz.workers.spec import IssueSpec, RunSpec
 from lorenz.workers.states import ProbeState
@@ -313,7 +310,7 @@ async def test_claims_and_the_agent_account_are_made_and_cleaned_up(
 
 
 def test_toleration_keys_in_a_spec_map_back_to_the_settings() -> None:
-    from lorenz.kube.casing import front_matter_from_spec, spec_from_front_matter
+    from lorenz.kube.api.casing import front_matter_from_spec, spec_from_front_matter
 
     spec = {"worker": {"kind": "pod", "podTemplate": {"tolerations": [
         {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute",
@@ -564,8 +561,8 @@ async def test_a_new_terms_orphan_sweep_waits_for_its_claims_before_judging_a_po
     before they are loaded, so the Pod of the previous leader's run (named by a Claim's
     intent) is kept for adoption. It was deleted when the sweep won that race (a ``helm
     upgrade`` mid-run on a loaded machine: the run stopped and started again)."""
-    from lorenz.kube.claims import ClaimResourceStore
-    from lorenz.kube.controllers import sweep_orphans_of_term
+    from lorenz.kube.claims.store import ClaimResourceStore
+    from lorenz.kube.controller.cleanup import sweep_orphans_of_term
     from lorenz.model import SlotKey, SpawnIntent, SpawnPhase
     from tests.kube.test_claims import Leadership, record
 
@@ -770,7 +767,7 @@ async def test_kubectl_get_claims_shows_the_pod_its_phase_and_node(
     next write (the binding's), and ``kubectl get claims`` prints them."""
     import datetime
 
-    from lorenz.kube.claims import ClaimResourceStore
+    from lorenz.kube.claims.store import ClaimResourceStore
     from lorenz.model import ClaimPhase, ClaimRecord, SlotKey
 
     ns = kube_namespace

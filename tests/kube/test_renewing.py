@@ -16,8 +16,8 @@ from collections.abc import Callable
 import pytest
 
 from lorenz.kube.clients import KubeApi, leases_path
-from lorenz.kube.leases import LeaseTiming
-from lorenz.kube.sharding import ShardCoordinator, shard_lease_name
+from lorenz.kube.leaderelection.leases import LeaseTiming
+from lorenz.kube.leaderelection.sharding import ShardCoordinator, shard_lease_name
 
 pytestmark = pytest.mark.cluster
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from lorenz.kube.sharding import shard_of
+from lorenz.kube.leaderelection.sharding import shard_of
 from tests.cluster.cluster import wait_until
 from tests.kube.operators import Kube, OperatorProcess, Rig, write_issue
 

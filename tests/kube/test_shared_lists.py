@@ -2,7 +2,7 @@
 
 A namespace being deleted with 1,000 Workflows had every cleanup list its own run Pods and
 workspace PersistentVolumeClaims: two requests per Workflow, each a scan of the namespace on
-the API server's side. :meth:`~lorenz.kube.claim_lists.SharedLists.labelled` answers the
+the API server's side. :meth:`~lorenz.kube.claims.lists.SharedLists.labelled` answers the
 cleanups that wait together from one namespace-wide list; each still sees only its own.
 """
 
@@ -13,10 +13,11 @@ from typing import Any
 
 import pytest
 
-from lorenz.kube.claim_lists import SharedLists
+from lorenz.kube.api.resources import WorkflowRef
+from lorenz.kube.claims.lists import SharedLists
 from lorenz.kube.clients import KubeApi
-from lorenz.kube.pods import LABEL_MANAGED, LABEL_WORKFLOW, delete_workflow_runs, label_value
-from lorenz.kube.resources import WorkflowRef
+from lorenz.kube.pods.cleanup import delete_workflow_runs
+from lorenz.kube.pods.manifests import LABEL_MANAGED, LABEL_WORKFLOW, label_value
 
 pytestmark = pytest.mark.cluster
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from lorenz.kube.pods import ANNOTATION_ISSUE_ID
+from lorenz.kube.pods.manifests import ANNOTATION_ISSUE_ID
 from tests.cluster.cluster import wait_until
 from tests.kube.operators import Kube, OperatorProcess, Rig, write_issue
 

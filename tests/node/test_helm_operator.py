@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 import yaml
 
-from lorenz.kube.sharding import shard_lease_name, shard_of
+from lorenz.kube.leaderelection.sharding import shard_lease_name, shard_of
 from tests.cluster.cluster import Cluster, wait_until
 from tests.cluster.images import agent_image
 from tests.cluster.node import NODE_TOLERATION, Node

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from lorenz.kube.pods import pod_name
+from lorenz.kube.pods.manifests import pod_name
 from tests.cluster.cluster import Cluster, wait_until
 from tests.cluster.images import agent_image
 from tests.cluster.node import NODE_TOLERATION, Node

@@ -363,7 +363,7 @@ def test_the_chart_accepts_exactly_the_lease_timings_the_operator_accepts(
     duration: int, deadline: float, period: float, tmp_path: Path
 ) -> None:
     from lorenz.kube.errors import InvalidOperatorSettings
-    from lorenz.kube.leases import LeaseTiming
+    from lorenz.kube.leaderelection.leases import LeaseTiming
 
     try:
         LeaseTiming(lease_duration_s=duration, renew_deadline_s=deadline, retry_period_s=period)
@@ -478,7 +478,7 @@ def test_a_network_policy_admits_only_the_api_and_probe_ports(tmp_path: Path) ->
 
 
 def test_run_pods_get_a_network_policy_on_request(tmp_path: Path) -> None:
-    from lorenz.kube.pods import LABEL_HANDLE, LABEL_MANAGED, pod_manifest
+    from lorenz.kube.pods.manifests import LABEL_HANDLE, LABEL_MANAGED, pod_manifest
     from tests.kube.test_pods import WORKFLOW, pod_worker, run_spec
 
     assert not [

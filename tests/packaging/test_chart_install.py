@@ -186,7 +186,7 @@ def test_cluster_wide_install_grants_exactly_the_operator_rules(
                 ("delete", "claims.lorenz.dev"),
                 ("get", "secrets"),
                 ("create", "events"),
-                # NB: the shared watch of a namespace's run Pods (lorenz.kube.podwatch).
+                # NB: the shared watch of a namespace's run Pods (lorenz.kube.pods.watch).
                 ("watch", "pods"),
             ):
                 assert cluster.can_i(

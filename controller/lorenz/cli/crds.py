@@ -1,6 +1,6 @@
 """``lorenz crds``: print, write or check the Kubernetes CustomResourceDefinitions.
 
-The CRDs are generated from the settings and status models (:mod:`lorenz.kube.crds`); the
+The CRDs are generated from the settings and status models (:mod:`lorenz.kube.api.crds`); the
 committed ``crds/*.yaml`` are this command's output. ``--check`` is what CI and the test suite
 run to catch a model change that was not regenerated.
 
@@ -33,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lorenz.kube import crds
+    from lorenz.kube.api import crds
 
     if args.write is not None:
         for path in crds.write(args.write):

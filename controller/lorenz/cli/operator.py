@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from lorenz.kube.errors import InvalidOperatorSettings, KubeConfigMissing
-    from lorenz.kube.operator import configure_logging, run_operator
+    from lorenz.kube.operator.process import configure_logging, run_operator
     from lorenz.kube.settings import OperatorSettings, load_settings
 
     flags = {field: getattr(args, field, None) for field in OperatorSettings.model_fields}

@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from lorenz.kube import resources
+from lorenz.kube.api import resources
 from lorenz.kube.errors import KubeApiError, KubeConfigMissing
 
 logger = logging.getLogger("lorenz.kube.api")
@@ -52,11 +52,11 @@ CONCURRENT_REQUESTS = 8
 """Requests one :class:`KubeApi` has in flight at most (threads of its pool, connections).
 
 NB: not more. Each thread decodes its answers holding the GIL, and the Lease renewer's thread
-(:mod:`lorenz.kube.renewing`) waits behind all of them for every GIL hand-off of its own
-request: with 32 threads and 1,000 Workflows starting at once on 2 loaded cores, renewals ran
+(:mod:`lorenz.kube.leaderelection.renewing`) waits behind all of them for every GIL hand-off of its
+own request: with 32 threads and 1,000 Workflows starting at once on 2 loaded cores, renewals ran
 past their 5 s request timeout and a replica lost all of its shards (measured). Starts wait
-less for a thread by making fewer requests instead (see :mod:`lorenz.kube.finalizers` and the
-first status of a term)."""
+less for a thread by making fewer requests instead (see :mod:`lorenz.kube.controller.cleanup` and
+the first status of a term)."""
 
 
 def _quote(segment: str) -> str:

@@ -171,11 +171,6 @@ API_AUTH_RULES: Final[list[PolicyRule]] = [
 in a namespaced install (these reviews read nothing; they only ask the API server)."""
 
 
-def operator_rules() -> list[dict[str, Any]]:
-    """A deep copy of :data:`OPERATOR_RULES` as plain dicts (safe to mutate or serialize)."""
-    return [dict(copy.deepcopy(rule)) for rule in OPERATOR_RULES]
-
-
 def cluster_role(
     *, name: str, labels: dict[str, str] | None = None, rules: list[PolicyRule] | None = None
 ) -> dict[str, Any]:

@@ -22,7 +22,7 @@ import pydantic
 from pydantic import Field
 
 from lorenz.kube.errors import InvalidOperatorSettings
-from lorenz.kube.leases import LeaseTiming
+from lorenz.kube.leaderelection.leases import LeaseTiming
 
 ENV_PREFIX = "LORENZ_OPERATOR_"
 DEFAULT_AGENT_ENV_PASSTHROUGH = (

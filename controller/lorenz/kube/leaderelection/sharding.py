@@ -11,16 +11,17 @@ Lease there.
 The Leases, all labelled ``lorenz.dev/lease-set=<prefix>``:
 
 * ``<prefix>-shard-<n>`` (``n`` in ``0..shards-1``): client-go leader election per shard
-  (:class:`~lorenz.kube.leases.KubernetesLeaseProvider`); its ``spec.leaseTransitions`` is the
-  generation of every Workflow in the shard while this term lasts.
+  (:class:`~lorenz.kube.leaderelection.leases.KubernetesLeaseProvider`); its
+  ``spec.leaseTransitions`` is the generation of every Workflow in the shard while this term lasts.
 * ``<prefix>-replica-<identity>``: one per replica, renewed like a shard; it is how replicas see
   each other, including a replica that holds no shard yet. It carries the replica's shard count
   (``lorenz.dev/shards``).
 
 Every retry period the :class:`ShardCoordinator` of a replica renews its membership and each
-shard it holds — on a thread and event loop of their own (:mod:`lorenz.kube.renewing`) and the
-operator's dedicated Lease client, so a main loop held up past the renew deadline does not lose
-them — and, on the main loop, lists the Lease set once and balances:
+shard it holds — on a thread and event loop of their own
+(:mod:`lorenz.kube.leaderelection.renewing`) and the operator's dedicated Lease client, so a main
+loop held up past the renew deadline does not lose them — and, on the main loop, lists the Lease
+set once and balances:
 
 * **fair share**: ``ceil(shards / live replicas)``, live meaning a membership Lease renewed
   within its duration (as observed on the local monotonic clock) or a shard Lease held;
@@ -61,12 +62,12 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
-from lorenz.kube import resources
+from lorenz.kube.api import resources
+from lorenz.kube.api.resources import WorkflowRef
 from lorenz.kube.clients import KubeApi, leases_path
 from lorenz.kube.errors import KubeApiError
-from lorenz.kube.leases import KubernetesLeaseProvider, LeaseTiming
-from lorenz.kube.renewing import LeaseRenewer
-from lorenz.kube.resources import WorkflowRef
+from lorenz.kube.leaderelection.leases import KubernetesLeaseProvider, LeaseTiming
+from lorenz.kube.leaderelection.renewing import LeaseRenewer
 from lorenz.tasks import first_of
 
 logger = logging.getLogger("lorenz.kube.sharding")

@@ -1,7 +1,7 @@
 """What the operator writes into the cluster: Workflow status, Claim spec and status, as models.
 
 These models are the single source of three things: the ``status`` schemas of the CRDs
-(converted by :mod:`lorenz.kube.schemas`), the dicts the operator sends (``model_dump`` by
+(converted by :mod:`lorenz.kube.api.schemas`), the dicts the operator sends (``model_dump`` by
 alias, so camelCase on the wire), and the parsing of what it reads back. A Claim is the
 persisted form of one :class:`~lorenz.model.ClaimRecord`: its immutable identity (which slot)
 is the spec, everything that changes is the status; the split is checked against the record's
@@ -21,7 +21,7 @@ import pydantic
 from pydantic import Field
 
 from lorenz.config import PASSTHROUGH_KEY
-from lorenz.kube.casing import camel
+from lorenz.kube.api.casing import camel
 from lorenz.model import (
     ClaimPhase,
     ClaimRecord,

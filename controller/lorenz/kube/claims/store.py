@@ -62,13 +62,13 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
 from lorenz.claims import ClaimGenerationStale
-from lorenz.kube import resources
-from lorenz.kube.casing import camel_keys, snake_keys
-from lorenz.kube.claim_lists import ClaimLister
+from lorenz.kube.api import resources
+from lorenz.kube.api.casing import camel_keys, snake_keys
+from lorenz.kube.api.resources import WorkflowRef
+from lorenz.kube.api.statuses import claim_spec, claim_status, record_from_claim
+from lorenz.kube.claims.lists import ClaimLister
 from lorenz.kube.clients import KubeApi, claims_path, workflows_path
 from lorenz.kube.errors import KubeApiError, LeaseLost
-from lorenz.kube.resources import WorkflowRef
-from lorenz.kube.statuses import claim_spec, claim_status, record_from_claim
 from lorenz.model import (
     ClaimPhase,
     ClaimRecord,

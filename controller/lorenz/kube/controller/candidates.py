@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from lorenz.kube.clients import KubeApi
+from lorenz.kube.controller.specs import failed_stamp, generation_of, load_workflow_object
 from lorenz.kube.errors import KubeApiError
-from lorenz.kube.specs import failed_stamp, generation_of, load_workflow_object
 from lorenz.workflow import LoadedWorkflow, WorkflowStamp
 
 TRANSIENT_RETRIES = 3

@@ -5,8 +5,8 @@ Workflows instead of freezing each other) and is used for what it does well — 
 reconnects and bookmarks, posting Events, the liveness probe. Its only handlers are
 ``@kopf.on.event`` ones, which persist nothing: no diff-base annotations, no progress
 annotations, no kopf finalizer. The decisions live in :class:`Supervisor` and
-:class:`~lorenz.kube.controllers.WorkflowController`, level-based: an event only hands over the
-newest object.
+:class:`~lorenz.kube.controller.workflow.WorkflowController`, level-based: an event only hands over
+the newest object.
 
 * Workflow events are recorded per Workflow (:class:`Watched`: its newest object as compact
   JSON); a Workflow gets a controller only while its shard is offered here (held, not being
@@ -35,17 +35,17 @@ import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from lorenz.kube import resources
-from lorenz.kube.api_auth import KubernetesAuth
-from lorenz.kube.claim_lists import ClaimLister
+from lorenz.kube.api import resources
+from lorenz.kube.api.resources import WorkflowRef
+from lorenz.kube.claims.lists import ClaimLister
 from lorenz.kube.clients import KubeApi, load_configuration
-from lorenz.kube.controllers import RuntimeAttacher, WorkflowController
-from lorenz.kube.pods import AgentAccounts
-from lorenz.kube.posting import Post, kopf_post
-from lorenz.kube.resources import WorkflowRef
+from lorenz.kube.controller.posting import Post, kopf_post
+from lorenz.kube.controller.specs import workflow_ref
+from lorenz.kube.controller.workflow import RuntimeAttacher, WorkflowController
+from lorenz.kube.leaderelection.sharding import Shard, ShardCoordinator
+from lorenz.kube.operator.api_auth import KubernetesAuth
+from lorenz.kube.pods.transport import AgentAccounts
 from lorenz.kube.settings import OperatorSettings
-from lorenz.kube.sharding import Shard, ShardCoordinator
-from lorenz.kube.specs import workflow_ref
 from lorenz.leadership import LeaseRecord
 from lorenz.model import SlotKey
 from lorenz.runtime import LorenzRuntime
@@ -525,7 +525,7 @@ async def run_operator(
     hide_process_environment()
     install_child_watcher()
 
-    from lorenz.kube import serving
+    from lorenz.kube.operator import serving
 
     api = KubeApi.from_kubeconfig(
         kubeconfig=settings.kubeconfig, request_timeout_s=settings.request_timeout_seconds

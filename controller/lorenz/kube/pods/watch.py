@@ -13,8 +13,8 @@ change of their Pod, so a thousand waiting launches cost one stream, not a thous
 the exec probe runs only once the cache says the worker's container runs.
 
 The stream is an ``aiohttp`` request with the API client's credentials
-(:class:`~lorenz.kube.execs.PodExec` reads them anew for every connection, so a rotated token is
-picked up), not one of the client's threads: a watch holds its request open for minutes. Its
+(:class:`~lorenz.kube.pods.execs.PodExec` reads them anew for every connection, so a rotated token
+is picked up), not one of the client's threads: a watch holds its request open for minutes. Its
 requests are counted in the client's request counter like every other (``list pods``, ``watch
 pods``).
 
@@ -38,7 +38,7 @@ import aiohttp
 
 from lorenz.kube.clients import KubeApi
 from lorenz.kube.errors import KubeApiError
-from lorenz.kube.execs import PodExec
+from lorenz.kube.pods.execs import PodExec
 
 logger = logging.getLogger(__name__)
 

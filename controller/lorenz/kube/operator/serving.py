@@ -14,7 +14,7 @@ writes refused by the fence). The snapshot API mirrors the single-host routes pe
 * ``GET  /metrics``, ``GET /healthz``.
 
 Every route is authenticated with the caller's Kubernetes token unless ``api_auth`` is
-``none`` or the path is in ``api_open_paths`` (:mod:`lorenz.kube.api_auth`).
+``none`` or the path is in ``api_open_paths`` (:mod:`lorenz.kube.operator.api_auth`).
 
 Errors are the server layer's coded JSON envelope.
 """
@@ -29,14 +29,14 @@ from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from lorenz.kube.api_auth import KubernetesAuth
 from lorenz.kube.clients import KubeApi
+from lorenz.kube.operator.api_auth import KubernetesAuth
 from lorenz.kube.settings import OperatorSettings
 from lorenz.server import ApiError, LorenzMetrics
 from lorenz.server.errors import error_middleware
 
 if TYPE_CHECKING:
-    from lorenz.kube.operator import Supervisor
+    from lorenz.kube.operator.process import Supervisor
     from lorenz.runtime import LorenzRuntime
 
 WORKFLOW_NOT_FOUND = "workflow_not_found"

@@ -1,8 +1,8 @@
 """One ``coordination.k8s.io/v1`` Lease, campaigned for with client-go's semantics.
 
-The operator's leadership is sharded (:mod:`lorenz.kube.sharding`): a fixed set of shard Leases
-and one membership Lease per replica, all in the operator's own namespace. Each of them is a
-:class:`KubernetesLeaseProvider`, which re-derives client-go's leader election
+The operator's leadership is sharded (:mod:`lorenz.kube.leaderelection.sharding`): a fixed set of
+shard Leases and one membership Lease per replica, all in the operator's own namespace. Each of
+them is a :class:`KubernetesLeaseProvider`, which re-derives client-go's leader election
 (tools/leaderelection):
 
 * **Every write is a compare-and-swap.** Updates are a PUT of the object last read, carrying its
@@ -42,14 +42,13 @@ import datetime
 import json
 import logging
 import math
-import random
 import socket
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from lorenz.kube import resources
+from lorenz.kube.api import resources
 from lorenz.kube.clients import KubeApi, leases_path
 from lorenz.kube.errors import InvalidOperatorSettings, KubeApiError, LeaseHeldElsewhere
 from lorenz.leadership import LeadershipLost, LeaseRecord, LeaseStoreKind
@@ -58,7 +57,8 @@ logger = logging.getLogger("lorenz.kube.leases")
 
 HOST_ANNOTATION = f"{resources.GROUP}/host"
 JITTER = 0.2
-"""Followers wait ``retry_period * (1 + U(0, JITTER))`` between attempts (client-go: 1.2)."""
+"""client-go's jitter factor (its followers wait ``retry_period * (1 + U(0, JITTER))``); kept
+for its rule that the renew deadline exceeds ``1 + JITTER`` retry periods (:data:`LEASE_RULES`)."""
 
 
 LEASE_RULES: tuple[tuple[str, str, float, str | None, str], ...] = (
@@ -388,25 +388,6 @@ class KubernetesLeaseProvider:
             )
         return True
 
-    async def wait_for_leadership(self, *, stop: asyncio.Event) -> bool:
-        """Try every (jittered) retry period until we lead (``True``) or ``stop`` is set."""
-        while not stop.is_set():
-            try:
-                if await self.try_acquire_or_renew():
-                    return True
-            except KubeApiError as exc:
-                logger.warning("Lease acquire failed lease=%s error=%s", self.display, exc)
-            delay = self._timing.retry_period_s * (1 + random.random() * JITTER)
-            expires_in = self.expires_in()
-            if expires_in is not None:
-                # NB: try again right when the holder's lease runs out (as observed here)
-                # rather than up to a retry period later; the rule is unchanged: the takeover
-                # still needs a whole lease duration without an observed renewal.
-                delay = min(delay, max(expires_in, 0.0) + 0.01)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=delay)
-        return False
-
     async def renew(self) -> bool:
         """One renewal, bounded by what is left of the renew deadline; ``False`` when the
         Lease is lost (another holder, a lost race, or the deadline passed)."""
@@ -432,20 +413,6 @@ class KubernetesLeaseProvider:
             )
             return False
         return True
-
-    async def renew_until_lost(self, *, stop: asyncio.Event) -> None:
-        """Renew every retry period; return once leadership is lost (or ``stop`` is set).
-
-        Lost means: a round saw another holder or lost a write race, or no renewal succeeded
-        within the renew deadline. :meth:`holds_lease` is already false when this returns.
-        """
-        while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=self._timing.retry_period_s)
-            if stop.is_set():
-                return
-            if not await self.renew():
-                return
 
     # -- pieces ----------------------------------------------------------------------------
 

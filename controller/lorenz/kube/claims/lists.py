@@ -26,9 +26,9 @@ import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from lorenz.kube import resources
+from lorenz.kube.api import resources
+from lorenz.kube.api.resources import WorkflowRef
 from lorenz.kube.clients import KubeApi, claims_path
-from lorenz.kube.resources import WorkflowRef
 
 
 @dataclasses.dataclass(eq=False)

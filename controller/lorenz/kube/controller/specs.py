@@ -14,7 +14,7 @@ file with the same content behave identically. What differs is decided here:
   must stay inside that folder (no absolute path, no ``..``, no symlink out of it): one team's
   Workflow must never read another team's issues;
 * a key the spec leaves unset gets the operator's default where it has one
-  (:data:`~lorenz.kube.crds.OPERATOR_DEFAULTS`): ``worker.kind`` is ``pod``, each run in a Pod
+  (:data:`~lorenz.kube.api.crds.OPERATOR_DEFAULTS`): ``worker.kind`` is ``pod``, each run in a Pod
   of its own; ``local`` (a worker inside the operator's Pod, unisolated) only when the spec
   says so.
 
@@ -34,11 +34,11 @@ from typing import Any
 
 import yaml
 
-from lorenz.kube.casing import front_matter_from_spec
+from lorenz.kube.api.casing import front_matter_from_spec
+from lorenz.kube.api.crds import OPERATOR_DEFAULTS, PROMPT_FIELD, SECRET_REF_FIELD
+from lorenz.kube.api.resources import WorkflowRef
 from lorenz.kube.clients import KubeApi, secret_path
-from lorenz.kube.crds import OPERATOR_DEFAULTS, PROMPT_FIELD, SECRET_REF_FIELD
 from lorenz.kube.errors import KubeApiError, TrackerPathOutsideWorkflow, TrackerSecretMissing
-from lorenz.kube.resources import WorkflowRef
 from lorenz.workflow import (
     DEFAULT_WORKFLOW_FILENAME,
     LoadedWorkflow,
@@ -123,7 +123,7 @@ def confine_tracker_path(tracker: object, *, workflow_dir: Path) -> None:
 
 
 def apply_operator_defaults(front_matter: dict[str, Any]) -> None:
-    """Fill in :data:`~lorenz.kube.crds.OPERATOR_DEFAULTS` where ``front_matter`` leaves them
+    """Fill in :data:`~lorenz.kube.api.crds.OPERATOR_DEFAULTS` where ``front_matter`` leaves them
     unset (missing or ``null``); a value the spec gives always wins, ``worker.kind: local``
     included. A section that is not a mapping is left to the loader's error."""
     for dotted, value in OPERATOR_DEFAULTS.items():

@@ -1,9 +1,9 @@
 """One controller per Workflow: run its runtime while this replica holds the Workflow's shard.
 
-Every Workflow belongs to one shard (:mod:`lorenz.kube.sharding`) and exactly one replica
-holds that shard's Lease. A replica watches every Workflow but makes a
+Every Workflow belongs to one shard (:mod:`lorenz.kube.leaderelection.sharding`) and exactly one
+replica holds that shard's Lease. A replica watches every Workflow but makes a
 :class:`WorkflowController` only for those whose shard it holds (the supervisor,
-:mod:`lorenz.kube.operator`, keeps just the newest object of the others, and makes their
+:mod:`lorenz.kube.operator.process`, keeps just the newest object of the others, and makes their
 controllers the moment their shard comes); the controller lets go — its loop ends — once the
 shard is no longer offered here. The controller of the holder:
 
@@ -49,66 +49,52 @@ import asyncio
 import contextlib
 import contextvars
 import dataclasses
-import datetime
 import functools
 import json
 import logging
 import os
-import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from lorenz.agents import AgentRunError, AgentRunner, RunPlacement
 from lorenz.assembly import assemble_runtime, runs_in_workers, tracker_factory
 from lorenz.config import WorkerKind, WorkflowSettings
-from lorenz.kube import resources
-from lorenz.kube.candidates import SpecCandidates
-from lorenz.kube.claim_lists import ClaimLister
-from lorenz.kube.claims import ClaimResourceStore
-from lorenz.kube.clients import KubeApi, claims_path, workflows_path
-from lorenz.kube.errors import KubeApiError, LeaseLost, OperatorError
-from lorenz.kube.execs import PodExec
-from lorenz.kube.finalizers import delete_claims, edit_finalizer, remove_workspaces
-from lorenz.kube.leading import Term, WorkflowLeadership
-from lorenz.kube.pods import (
-    AgentAccounts,
-    PodTransport,
-    PodWorkerRunner,
-    delete_issue_workspaces,
-    delete_workflow_runs,
-    operator_service_account,
-    sweep_run_pods,
-    workspace_claims_by_issue,
+from lorenz.kube.api import resources
+from lorenz.kube.claims.lists import ClaimLister
+from lorenz.kube.claims.store import ClaimResourceStore
+from lorenz.kube.clients import KubeApi
+from lorenz.kube.controller.candidates import SpecCandidates
+from lorenz.kube.controller.cleanup import (
+    clean_up_deleted,
+    delete_issue_claims,
+    edit_finalizer,
+    sweep_orphans,
+    sweep_terminal_workspaces,
 )
-from lorenz.kube.posting import EventKind, EventPoster, Post, kopf_post
-from lorenz.kube.resources import WorkflowRef
-from lorenz.kube.settings import OperatorSettings
-from lorenz.kube.sharding import ShardCoordinator
-from lorenz.kube.specs import (
+from lorenz.kube.controller.flags import Flag
+from lorenz.kube.controller.holds import ContinuationHolds, HoldingClaimStore
+from lorenz.kube.controller.posting import EventKind, EventPoster, Post, kopf_post
+from lorenz.kube.controller.publisher import StatusPublisher
+from lorenz.kube.controller.specs import (
     generation_of,
     load_workflow_object,
     workflow_ref,
     write_workflow_file,
 )
-from lorenz.kube.statuses import Condition
-from lorenz.kube.workflow_status import (
-    STARTING_REASON,
-    Degradation,
-    StatusInputs,
-    only_bookkeeping_changed,
-    ready_condition,
-    workflow_status,
-)
+from lorenz.kube.controller.status import Degradation, StatusInputs
+from lorenz.kube.errors import KubeApiError, LeaseLost, OperatorError
+from lorenz.kube.leaderelection.leading import Term, WorkflowLeadership
+from lorenz.kube.leaderelection.sharding import ShardCoordinator
+from lorenz.kube.pods.runner import PodRunners
+from lorenz.kube.pods.transport import AgentAccounts
+from lorenz.kube.settings import OperatorSettings
 from lorenz.model import (
-    ClaimRecord,
     EventType,
     LorenzError,
     RuntimeEvent,
     SlotKey,
     SystemClock,
 )
-from lorenz.model.slots import slot_key
 from lorenz.orchestrator import Orchestrator
 from lorenz.runtime import LorenzRuntime
 from lorenz.secrets import tracker_secrets
@@ -120,56 +106,11 @@ logger = logging.getLogger("lorenz.kube.controllers")
 
 T = TypeVar("T")
 
-STATUS_SETTLE_S = 0.05
-"""How long a burst of snapshots may settle before the status is computed and patched."""
-
-HOLD_ATTEMPTS = 5
-"""Tries of the hold annotation's patch (a continuation limit) before the slot is let go."""
-
-
-class HoldingClaimStore(ClaimResourceStore):
-    """The term's claim store, which also refuses the slots this replica is holding itself.
-
-    NB: the continuation limit holds a slot with an annotation on its Claim, and the watch
-    that sees it stops the slot; under load that round trip took longer than the next
-    continuation retry, so runs slipped through (and each reset the count). A slot in
-    ``holding`` is refused at once, as a held Claim would be, until the watch has seen the
-    annotation (then the Claim itself refuses it) or the patch gave up.
-    """
-
-    def __init__(self, *, holding: set[SlotKey], **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._holding = holding
-
-    async def acquire(self, record: ClaimRecord) -> bool:
-        if record.slot_key in self._holding:
-            return False
-        return await super().acquire(record)
-
-
-
-class Flag(asyncio.Event):
-    """An :class:`asyncio.Event` without the waiter deque it allocates up front.
-
-    NB: a replica has a controller for every Workflow it leads, each with five events that
-    are nearly always waited on by nobody or one or two tasks; the deque (a 64-slot block) was
-    ~0.6 KiB each, 3 KiB per Workflow. A list does the same job here.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._waiters: list[asyncio.Future[Any]] = []  # type: ignore[assignment]
-
-
 class RuntimeAttacher(Protocol):
     """Where a runtime is announced while it runs (the shared metrics registry)."""
 
     def attach(self, runtime: LorenzRuntime, *, workflow: str | None = None) -> Callable[[], None]:
         ...
-
-
-def _utc_now() -> datetime.datetime:
-    return datetime.datetime.now(datetime.UTC)
 
 
 @dataclasses.dataclass(slots=True)
@@ -213,7 +154,7 @@ class WorkflowController:
         body = self._body
         self._generation = generation_of(body)
         self._claim_lister = claim_lister
-        """The replica's shared Claim lists (see :mod:`lorenz.kube.claim_lists`)."""
+        """The replica's shared Claim lists (see :mod:`lorenz.kube.claims.lists`)."""
         self.ref = workflow_ref(body)
         self._api = api
         self._settings = settings
@@ -248,7 +189,6 @@ class WorkflowController:
         """The Workflow has a deletionTimestamp (or vanished): clean up when leading."""
         self._changed = Flag()
         """A spec or refresh change was observed (wakes a leader waiting for a valid spec)."""
-        self._status_dirty = Flag()
         self._refresh_value = self._annotation(body)
         if (body.get("metadata") or {}).get("deletionTimestamp"):
             self._deleting.set()  # NB: first seen already being deleted (operator restart)
@@ -262,31 +202,37 @@ class WorkflowController:
         self._fenced = Flag()
         """The term's claim store saw a newer leader generation: stop as if the Lease was
         lost."""
-        self._execs: PodExec | None = None
-        """The exec channels of runs in Pods (made at the first such run)."""
-        self._agent_accounts = agent_accounts
-        """The ``lorenz-agent`` ServiceAccounts made sure of (the process's, shared; made at
-        the first run in a Pod when none is given)."""
+        self.pod_runners = PodRunners(
+            api=api, workflow=self.ref, worker_image=settings.worker_image,
+            accounts=agent_accounts,
+        )
         self._runtime_task: asyncio.Task[None] | None = None
         self._unsubscribe: Callable[[], None] | None = None
         self._applied_generation: int | None = None
         self._degraded: Degradation | None = None
-        self._continuations: dict[SlotKey, int] = {}
-        """Continuation retries in a row per slot (see ``max_continuation_runs``)."""
-        self._holding: set[SlotKey] = set()
-        """Slots held by the continuation limit whose hold the watch has not shown yet (see
-        :class:`HoldingClaimStore`)."""
         self._start_failures = 0
         """Failed starts in a row (the backoff doubles with each; a good poll resets it)."""
         self._term_object: Mapping[str, Any] | None = None
         """The Workflow as read after the current term began (see :meth:`_lead`), for the
         term's first claim store; taken once."""
-        self._last_status: dict[str, Any] | None = None
-        self._last_write_at = 0.0
-        self._deferred: asyncio.TimerHandle | None = None
-        """A status write postponed by the idle rate limit."""
         self._releasing = False
         self._background = BackgroundTasks(name=f"workflow {self.ref.display}", log=logger)
+        self.holds = ContinuationHolds(
+            api=api,
+            workflow=self.ref,
+            settings=settings,
+            holds_lease=self.lease.holds_lease,
+            post=self.post,
+            background=self._background,
+        )
+        self.status = StatusPublisher(
+            api=api,
+            workflow=self.ref,
+            settings=settings,
+            inputs=self.status_inputs,
+            seen_status=lambda: self._body.get("status") or {},
+            may_write=self._may_publish,
+        )
         self.task: asyncio.Task[None] | None = None
         self.finished = False
         """The Workflow was deleted and this replica finished its cleanup."""
@@ -315,11 +261,6 @@ class WorkflowController:
     def leading(self) -> bool:
         return self.lease.holds_lease()
 
-    def snapshot(self) -> dict[str, Any] | None:
-        """The runtime's current snapshot, while this process leads the Workflow."""
-        runtime = self.runtime
-        return runtime.snapshot().to_dict() if runtime is not None else None
-
     def start(self, *, context: contextvars.Context | None = None) -> None:
         """Run :meth:`run` as a task (in ``context``: kopf's, where its Events are posted)."""
         self.task = asyncio.get_running_loop().create_task(
@@ -336,6 +277,7 @@ class WorkflowController:
         if ref.uid is not None and self.ref.uid is None:
             self.ref = ref
             self.lease.update_workflow(ref)
+            self.pod_runners.update_workflow(ref)
         if (body.get("metadata") or {}).get("deletionTimestamp"):
             self._deleting.set()
             self.events.silence()
@@ -371,7 +313,7 @@ class WorkflowController:
 
     def claim_held(self, *, uid: str, slot_key: SlotKey, name: str, note: str) -> None:
         """A Claim of this Workflow got the hold annotation: stop its run, keep the Claim."""
-        self._holding.discard(slot_key)  # NB: from now on the Claim's annotation refuses it
+        self.holds.holding.discard(slot_key)  # NB: from now on the Claim's annotation refuses it
         store, runtime = self.store, self.runtime
         if store is None or runtime is None or not self.lease.holds_lease():
             return
@@ -426,7 +368,7 @@ class WorkflowController:
     async def _lead(self) -> None:
         term = self._term = self.lease.begin_term()
         self._fenced = Flag()
-        publisher = self._spawn(self._publish_loop())
+        publisher = self._spawn(self.status.run())
         self._releasing = False
         record = self.lease.observed
         self.post(
@@ -452,7 +394,7 @@ class WorkflowController:
             # NB: this frame lives as long as the term: the whole answered object (its
             # managedFields, its status) must not.
             del answers
-            self._dirty()
+            self.status.dirty()
             while True:
                 if not await self._start_runtime(term):
                     break
@@ -508,9 +450,7 @@ class WorkflowController:
         finally:
             self._term_object = None
             publisher.cancel()
-            if self._deferred is not None:
-                self._deferred.cancel()
-                self._deferred = None
+            self.status.end_term()
             await term.halt()
             self._term = None
 
@@ -581,7 +521,7 @@ class WorkflowController:
             "StartFailed",
             f"{code}: {message} (attempt {self._start_failures}; next in {delay:.0f} s)",
         )
-        self._dirty()
+        self.status.dirty()
         return delay
 
     async def _back_off(self, lost: asyncio.Event, delay: float) -> None:
@@ -602,9 +542,9 @@ class WorkflowController:
                 "check the operator's workspace volume",
                 code="workflow_dir_unusable",
             ) from exc
-        self._holding.clear()  # NB: a new term judges the Claims as they are
+        self.holds.holding.clear()  # NB: a new term judges the Claims as they are
         store = HoldingClaimStore(
-            holding=self._holding,
+            holding=self.holds.holding,
             api=self._api,
             workflow=self.ref,
             owner=self.lease.identity,
@@ -665,8 +605,10 @@ class WorkflowController:
             generation=lambda: store.generation,
             worker_env=self._base_env,
             leave_workers=(lambda: departure.reason) if departure is not None else None,
+            # NB: a replica that leaves leaves the runs' Pods to the next leader.
             pods=functools.partial(
-                self._pod_runner, workflow=str(loaded.path), store=store, departure=departure
+                self.pod_runners.runner, workflow=str(loaded.path), store=store,
+                leaving=(lambda: departure.reason) if departure is not None else None,
             ),
             workers=workers,
         )
@@ -679,109 +621,27 @@ class WorkflowController:
         # run's progress many times a second, and the status is published at most once per
         # status interval; the snapshot is built when the status is (:meth:`status_inputs`).
         self._unsubscribe = runtime.on_change(self._on_runtime_change)
-        self._dirty()
+        self.status.dirty()
         if self._metrics is not None:
             self._detach_metrics = self._metrics.attach(runtime, workflow=self.ref.display)
         self._runtime_task = asyncio.get_running_loop().create_task(
             runtime.start(), name=f"lorenz-runtime:{self.ref.display}"
         )
-        self._spawn(self._sweep_orphans(store, term=term))
-        self._spawn(self._sweep_terminal_workspaces(runtime, store, term=term))
+        # NB: the store forgets its Claims when the term ends: from then on it names
+        # nothing, and every Pod is the next leader's to judge.
+        still_ours = functools.partial(self._still_ours, term=term, store=store)
+        self._spawn(sweep_orphans(
+            api=self._api, workflow=self.ref, store=store, may_delete=still_ours,
+            lists=self._claim_lister,
+        ))
+        self._spawn(sweep_terminal_workspaces(
+            api=self._api, workflow=self.ref, runtime=runtime, store=store,
+            still_ours=still_ours, lists=self._claim_lister,
+        ))
 
-    async def _sweep_orphans(self, store: ClaimResourceStore, *, term: Term) -> None:
-        """Delete the run Pods of this Workflow that no Claim names (see
-        :func:`~lorenz.kube.pods.sweep_run_pods`): a Pod the previous leader started whose
-        Claim is gone, or whose Claim names a newer run; never one a Claim's intent names."""
-
-        try:
-            await sweep_orphans_of_term(
-                api=self._api,
-                workflow=self.ref,
-                store=store,
-                # NB: the store forgets its Claims when the term ends: from then on it names
-                # nothing, and every Pod is the next leader's to judge.
-                may_delete=lambda: term.holds_lease() and self.store is store,
-                lists=self._claim_lister,
-            )
-        except KubeApiError as exc:
-            logger.warning("Orphan sweep failed workflow=%s error=%s", self.ref.display, exc)
-
-    async def _sweep_terminal_workspaces(
-        self, runtime: LorenzRuntime, store: ClaimResourceStore, *, term: Term
-    ) -> None:
-        """Delete the workspace claims (PVCs) of issues that turned terminal while no replica
-        tracked them (given up, then closed; or closed while the operator was away): the Pod
-        runs' counterpart of the start-up workspace cleanup. Once per term; an issue this term
-        holds a Claim for or tracks is left to reconciliation."""
-        try:
-            by_issue = await workspace_claims_by_issue(
-                self._api, workflow=self.ref, lists=self._claim_lister
-            )
-            held = {h.record.issue_id for h in store.held.values()}
-            ids = sorted(set(by_issue) - held - runtime.orchestrator.tracked_issue_ids())
-            if not ids:
-                return
-            issues = await runtime.tracker.fetch_issues_by_ids(ids)
-            terminal = {state.strip().lower() for state in runtime.settings.tracker.terminal_states}
-            for issue in issues:
-                if issue.state_key not in terminal:
-                    continue
-                if not (term.holds_lease() and self.store is store):
-                    return  # NB: the term ended: the next leader sweeps again
-                deleted = await delete_issue_workspaces(
-                    self._api, workflow=self.ref, issue_id=issue.id
-                )
-                if deleted:
-                    logger.info(
-                        "Workspace claims of a terminal issue deleted workflow=%s issue=%s "
-                        "claims=%s",
-                        self.ref.display, issue.identifier, ",".join(deleted),
-                    )
-        except Exception as exc:  # noqa: BLE001 - reported; the next term sweeps again
-            logger.warning(
-                "Terminal workspace sweep failed workflow=%s error=%s", self.ref.display, exc
-            )
-
-    def _pod_runner(
-        self,
-        placement: RunPlacement,
-        *,
-        workflow: str,
-        store: ClaimResourceStore,
-        departure: Departure | None,
-    ) -> AgentRunner:
-        """The runner of one run in a Pod of its own (``worker.kind: pod``): its spawn intent
-        and phases go on the Claim under this term's generation (the handle, and so the Pod's
-        name, carries it), and a replica that leaves leaves the Pod to the next leader."""
-        worker = placement.worker
-        image = worker.pod_template.image or self._settings.worker_image
-        if image is None:
-            raise AgentRunError(
-                "worker.kind: pod needs an image: set worker.podTemplate.image, or the "
-                "operator's worker_image (the chart sets it to the operator's own image)",
-                code="worker_image_missing",
-            )
-        if self._execs is None:
-            self._execs = PodExec(self._api.configuration)
-        if self._agent_accounts is None:
-            self._agent_accounts = AgentAccounts()
-        transport = PodTransport(
-            api=self._api,
-            execs=self._execs,
-            workflow=self.ref,
-            worker=worker,
-            image=image,
-            accounts=self._agent_accounts,
-            operator_account=_operator_account(),
-        )
-        return PodWorkerRunner(
-            workflow=workflow,
-            transport=transport,
-            placement=placement,
-            generation=store.generation or 0,
-            intents=store,
-            leaving=(lambda: departure.reason) if departure is not None else None,
-        )
+    def _still_ours(self, *, term: Term, store: ClaimResourceStore) -> bool:
+        """Whether ``term`` still holds and ``store`` is still its claim store."""
+        return term.holds_lease() and self.store is store
 
     async def _stop_runtime(self, *, hand_over: bool = False) -> None:
         """Graceful: runs end as clean shutdowns (kept as continuation retries).
@@ -889,7 +749,7 @@ class WorkflowController:
         self._degraded = Degradation(code=exc.code, message=str(exc), generation=generation)
         logger.warning("Workflow spec rejected workflow=%s error=%s", self.ref.display, exc)
         self.post("Warning", "SpecRejected", str(exc))
-        self._dirty()
+        self.status.dirty()
 
     # -- runtime output --------------------------------------------------------------------
 
@@ -911,14 +771,14 @@ class WorkflowController:
             if isinstance(candidate, LoadedWorkflow):
                 with contextlib.suppress(OSError):  # NB: informational; the volume's problem
                     write_workflow_file(candidate)
-            self._dirty()
+            self.status.dirty()
         elif kind is EventType.WORKFLOW_RELOAD_FAILED:
             self._degraded = Degradation(
                 code=event.code or "workflow_reload_failed",
                 message=event.message or "",
                 generation=self.candidates.generation,
             )
-            self._dirty()
+            self.status.dirty()
         elif (
             kind is EventType.WORKSPACE_CLEANUP
             and event.reason == "terminal"
@@ -927,82 +787,12 @@ class WorkflowController:
             and self.runtime.settings.worker.kind is WorkerKind.POD
         ):
             # The issue is terminal: its workspace claims go too (an emptyDir went with its Pod).
-            self._spawn(self._delete_issue_claims(event.issue_id))
+            self._spawn(
+                delete_issue_claims(api=self._api, workflow=self.ref, issue_id=event.issue_id)
+            )
         if kind is not EventType.LEADERSHIP_LOST:
             self.events.runtime_event(event)
-        self._count_continuations(event)
-
-    async def _delete_issue_claims(self, issue_id: str) -> None:
-        try:
-            deleted = await delete_issue_workspaces(self._api, workflow=self.ref, issue_id=issue_id)
-        except KubeApiError as exc:
-            logger.warning(
-                "Workspace claims not deleted workflow=%s issue=%s error=%s",
-                self.ref.display, issue_id, exc,
-            )
-            return
-        if deleted:
-            logger.info(
-                "Workspace claims deleted workflow=%s issue=%s claims=%s",
-                self.ref.display, issue_id, ",".join(deleted),
-            )
-
-    def _count_continuations(self, event: RuntimeEvent) -> None:
-        """Hold a slot whose agent keeps ending cleanly without moving its issue."""
-        kind, slot = event.type, event.slot
-        identifier, issue_id = event.identifier, event.issue_id
-        if kind is EventType.RUN_RECONCILED and issue_id:
-            # The issue left the active states (or went away): its slots start again at 0.
-            prefix = slot_key(issue_id, 0).removesuffix("0")
-            for stale in [k for k in self._continuations if k.startswith(prefix)]:
-                del self._continuations[stale]
-            return
-        if kind is not EventType.RETRY_SCHEDULED or slot is None or not identifier:
-            return
-        key = slot_key(issue_id or identifier, slot)
-        if event.retry_kind != "continuation":
-            self._continuations.pop(key, None)
-            return
-        count = self._continuations.get(key, 0) + 1
-        self._continuations[key] = count
-        limit = self._settings.max_continuation_runs
-        if limit and count > limit:
-            self._continuations.pop(key, None)
-            # NB: at once, before the retry's timer fires: the patch below lands later.
-            self._holding.add(key)
-            self.post(
-                "Warning",
-                "ContinuationLimit",
-                f"{identifier} slot {slot}: the agent ended cleanly {limit + 1} times in a row "
-                f"and the issue is still active, so it is held instead of run again "
-                f"({resources.HOLD_ANNOTATION} on its Claim); remove the annotation to run it "
-                "again",
-            )
-            self._spawn(self._hold(key, note=f"{limit + 1} clean runs without progress"))
-
-    async def _hold(self, key: SlotKey, *, note: str) -> None:
-        """Annotate the slot's Claim as held (the slot is refused locally meanwhile); a patch
-        that keeps failing lets the slot go again, its count started afresh."""
-        path = claims_path(self.ref.namespace, resources.claim_name(self.ref.name, key))
-        delay = self._settings.retry_period_seconds
-        for attempt in range(1, HOLD_ATTEMPTS + 1):
-            if not self.lease.holds_lease():
-                break
-            try:
-                await self._api.merge_patch(
-                    path, {"metadata": {"annotations": {resources.HOLD_ANNOTATION: note}}}
-                )
-            except KubeApiError as exc:
-                logger.warning(
-                    "Holding the issue failed workflow=%s slot=%s attempt=%d error=%s",
-                    self.ref.display, key, attempt, exc,
-                )
-                if exc.not_found:
-                    break
-                await asyncio.sleep(delay * attempt)
-            else:
-                return  # NB: the local hold ends when the watch shows the annotation
-        self._holding.discard(key)
+        self.holds.count_continuations(event)
 
     def _on_runtime_change(self) -> None:
         runtime = self.runtime
@@ -1010,47 +800,9 @@ class WorkflowController:
             poll = runtime.poll_status()
             if poll.last_poll_at is not None and not poll.last_error:
                 self._start_failures = 0
-        self._dirty()
+        self.status.dirty()
 
     # -- status ----------------------------------------------------------------------------
-
-    def _dirty(self) -> None:
-        self._status_dirty.set()
-
-    async def _publish_loop(self) -> None:
-        first = True
-        while True:
-            await self._status_dirty.wait()
-            # NB: one tick emits a burst of snapshots (start, end, next poll scheduled); letting
-            # it settle first makes an idle tick cost one status patch, not three.
-            await asyncio.sleep(STATUS_SETTLE_S)
-            if first:
-                first = False
-                await self._first_status_settles()
-            self._status_dirty.clear()
-            try:
-                await self.publish_status()
-            except KubeApiError as exc:
-                logger.warning("Status patch failed workflow=%s error=%s", self.ref.display, exc)
-            await asyncio.sleep(self._settings.status_interval_seconds)
-
-    async def _first_status_settles(self) -> None:
-        """Hold a term's first status until it says more than "starting" (bounded).
-
-        A runtime usually builds and polls within a second: its first status then goes out
-        as ``Ready`` in one patch instead of ``Starting`` followed by ``Ready`` a moment
-        later — with 1,000 Workflows starting at once, that was 1,000 patches (and 1,000 watch
-        events at every replica) fewer. A start slower than ``first_status_wait_seconds``
-        (queued behind other starts, or failing) still shows ``Starting`` then.
-        """
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._settings.first_status_wait_seconds
-        while ready_condition(self.status_inputs())[1] == STARTING_REASON:
-            left = deadline - loop.time()
-            if left <= 0:
-                return
-            self._status_dirty.clear()
-            await first_of(self._status_dirty.wait(), timeout_s=left)
 
     def status_inputs(self) -> StatusInputs:
         """The facts the status depends on, now."""
@@ -1072,91 +824,37 @@ class WorkflowController:
             endpoint=self._settings.advertise_url,
         )
 
-    def status_body(self) -> dict[str, Any]:
-        """The status this leader would write now (conditions keep their transition times)."""
-        # NB: the conditions last written are read back from that status (its wire form is
-        # kept anyway) instead of being kept a second time as models: ~3 KiB per led Workflow.
-        written = self._last_status
-        previous = _conditions_of(
-            written if written is not None else self._body.get("status") or {}
-        )
-        return workflow_status(self.status_inputs(), previous, _utc_now())
-
-    async def publish_status(self, *, force: bool = False) -> bool:
-        """Patch the status if it changed (and this term still holds); ``True`` if patched."""
+    def _may_publish(self) -> bool:
+        """Whether the status may be written: the term holds, and the Workflow is not on its
+        way out (nobody reads the status of an object being deleted, and in a terminating
+        namespace each patch of 1,000 Workflows stopping queued before their cleanups)."""
         term = self._term
         if term is None or not term.holds_lease():
             return False
-        if self._deleting.is_set():
-            # NB: nobody reads the status of an object on its way out, and in a terminating
-            # namespace each patch of 1,000 Workflows stopping queued before their cleanups.
-            return False
-        status = self.status_body()
-        if not force and status == self._last_status:
-            return False
-        if not force and self._last_status is not None and only_bookkeeping_changed(
-            status, self._last_status
-        ):
-            wait = self._last_write_at + self._settings.idle_status_interval_seconds
-            wait -= time.monotonic()
-            if wait > 0:
-                # NB: nothing a user acts on changed (only when the last poll was): write it
-                # later, once, instead of on every idle tick.
-                if self._deferred is None:
-                    self._deferred = asyncio.get_running_loop().call_later(wait, self._dirty)
-                return False
-        if self._deferred is not None:
-            self._deferred.cancel()
-            self._deferred = None
-        path = workflows_path(self.ref.namespace, self.ref.name, status=True)
-        try:
-            await self._api.merge_patch(path, {"status": status})
-        except KubeApiError as exc:
-            if exc.not_found:
-                return False
-            raise
-        self._last_status = status
-        self._last_write_at = time.monotonic()
-        return True
+        return not self._deleting.is_set()
 
     # -- cluster objects -------------------------------------------------------------------
 
     async def _release(self) -> None:
         self._releasing = True
         with contextlib.suppress(KubeApiError):
-            await self.publish_status(force=True)
+            await self.status.publish(force=True)
         await self.lease.release()
         logger.info(
             "Workflow released workflow=%s identity=%s", self.ref.display, self.lease.identity
         )
 
     async def _cleanup_deleted(self) -> None:
-        """The Workflow is being deleted: delete its Claims, the run Pods nobody followed (a
-        previous leader's, not adopted yet) and workspaces, let go of the shard, unblock the
-        deletion."""
-        deleted = await delete_claims(
-            api=self._api, workflow=self.ref, lister=self._claim_lister
+        """The Workflow is being deleted: clean up after it (see
+        :func:`~lorenz.kube.controller.cleanup.clean_up_deleted`), then leave."""
+        deleted = await clean_up_deleted(
+            api=self._api,
+            workflow=self.ref,
+            lister=self._claim_lister,
+            workflow_dir=self.workflow_dir,
+            seen=self._body,
+            release=self.lease.release,
         )
-        try:
-            runs = await delete_workflow_runs(
-                self._api, workflow=self.ref, lists=self._claim_lister
-            )
-        except KubeApiError as exc:
-            # NB: the owner references to the Workflow take them along anyway; a deletion
-            # must not wait on this.
-            logger.warning("Run objects not deleted workflow=%s error=%s", self.ref.display, exc)
-        else:
-            if any(runs.values()):
-                logger.info(
-                    "Run objects deleted workflow=%s pods=%d secrets=%d claims=%d",
-                    self.ref.display, len(runs["pods"]), len(runs["secrets"]),
-                    len(runs["claims"]),
-                )
-        await self.lease.release()
-        # NB: before the finalizer goes: only then can a Workflow of the same name be created,
-        # and it must not find (or lose) this one's workspaces.
-        await remove_workspaces(self.workflow_dir)
-        await edit_finalizer(api=self._api, workflow=self.ref, add=False, seen=self._body)
         self.finished = True
         self._stop.set()
         logger.info(
@@ -1180,53 +878,5 @@ class WorkflowController:
         await first_of(*waits, timeout_s=seconds)
 
 
-@functools.cache
-def _operator_account() -> tuple[str, str] | None:
-    """The operator's own ServiceAccount, read once per process.
-
-    NB: it was read (a file) by every controller as it was made, on the event loop: 1,000
-    reads per replica while 1,000 Workflows were created, for runs in Pods only.
-    """
-    return operator_service_account()
-
-
 def _compact(body: Mapping[str, Any]) -> str:
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False)
-
-
-def _conditions_of(status: Mapping[str, Any]) -> list[Condition]:
-    found = []
-    for raw in status.get("conditions") or ():
-        with contextlib.suppress(ValueError):
-            found.append(Condition.model_validate(raw))
-    return found
-
-
-async def sweep_orphans_of_term(
-    *,
-    api: KubeApi,
-    workflow: WorkflowRef,
-    store: ClaimResourceStore,
-    may_delete: Callable[[], bool],
-    lists: ClaimLister | None = None,
-) -> list[str]:
-    """The orphan sweep of a new term: delete the run Pods of ``workflow`` that no Claim's
-    spawn intent names, once ``store`` has loaded the Claims; the handles deleted.
-
-    NB: the sweep starts beside the runtime, whose start-up loads the store: a sweep that read
-    :attr:`ClaimResourceStore.held` before that load named nothing, and deleted every Pod of
-    the previous leader that this term was about to adopt (a loaded machine, a ``helm
-    upgrade`` mid-run: the run was stopped and started again instead of adopted).
-    """
-    await store.loaded.wait()
-
-    def named() -> set[str]:
-        return {
-            held.record.intent.handle
-            for held in store.held.values()
-            if held.record.intent is not None
-        }
-
-    return await sweep_run_pods(
-        api=api, workflow=workflow, keep=named, may_delete=may_delete, lists=lists
-    )

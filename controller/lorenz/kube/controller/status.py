@@ -14,7 +14,7 @@ import datetime
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from lorenz.kube.statuses import (
+from lorenz.kube.api.statuses import (
     DEGRADED,
     LEADING,
     READY,

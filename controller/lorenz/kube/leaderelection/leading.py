@@ -1,7 +1,7 @@
 """The leadership of one Workflow, as its controller sees it: its shard's, one term at a time.
 
-Replicas hold shards (:mod:`lorenz.kube.sharding`), not Workflows; a Workflow is led by the
-replica holding its shard, while that shard's term lasts. :class:`WorkflowLeadership` is that
+Replicas hold shards (:mod:`lorenz.kube.leaderelection.sharding`), not Workflows; a Workflow is led
+by the replica holding its shard, while that shard's term lasts. :class:`WorkflowLeadership` is that
 view for one Workflow — the same facts the single-Lease provider gave (holder, record,
 ``holds_lease()``) plus :attr:`~WorkflowLeadership.generation`, the fence generation
 (``spec.leaseTransitions`` of the shard Lease, strictly increasing across terms; ``None`` while
@@ -27,8 +27,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
-from lorenz.kube.resources import WorkflowRef
-from lorenz.kube.sharding import Shard, ShardCoordinator, ShardTerm
+from lorenz.kube.api.resources import WorkflowRef
+from lorenz.kube.leaderelection.sharding import Shard, ShardCoordinator, ShardTerm
 from lorenz.leadership import LeaseRecord, LeaseStoreKind
 from lorenz.tasks import first_of
 

@@ -3,8 +3,8 @@
 ``lorenz crds`` renders these; ``crds/*.yaml`` are its committed output (a test fails when they
 are stale), and the Helm chart ships the same files. Nothing here is hand-kept schema: the
 Workflow spec is the settings model (:class:`~lorenz.config.WorkflowSettings`) converted by
-:mod:`lorenz.kube.schemas` with camelCase keys (:mod:`lorenz.kube.casing`), and both status
-schemas and the Claim spec are the wire models of :mod:`lorenz.kube.statuses`.
+:mod:`lorenz.kube.api.schemas` with camelCase keys (:mod:`lorenz.kube.api.casing`), and both status
+schemas and the Claim spec are the wire models of :mod:`lorenz.kube.api.statuses`.
 
 What *is* written here is what only the Kubernetes shape has:
 
@@ -26,10 +26,10 @@ from typing import Any, Final
 import yaml
 
 from lorenz.config import WorkerKind, WorkflowSettings
-from lorenz.kube import resources
-from lorenz.kube.casing import camel
-from lorenz.kube.schemas import structural_schema
-from lorenz.kube.statuses import ClaimSpec, ClaimStatus, WorkflowStatus
+from lorenz.kube.api import resources
+from lorenz.kube.api.casing import camel
+from lorenz.kube.api.schemas import structural_schema
+from lorenz.kube.api.statuses import ClaimSpec, ClaimStatus, WorkflowStatus
 
 OPERATOR_OWNED: Final[Mapping[str, str]] = {
     "claim_store": "claims live in Claim resources",
@@ -47,10 +47,10 @@ model's, and that default: each run in a Pod of its own, since in a cluster a wo
 operator's Pod (``local``, the model's default and the only kind on a single host) shares the
 operator's filesystem and ServiceAccount with every other Workflow's agents.
 
-The operator fills them in when it loads a spec (:func:`lorenz.kube.specs.workflow_from_spec`),
-and ``kubectl explain`` names them as the default. NB: the schema carries no ``default:`` for
-them, so the stored object keeps only what its author wrote; the CEL rules below treat an
-unset ``worker.kind`` as ``pod``."""
+The operator fills them in when it loads a spec
+(:func:`lorenz.kube.controller.specs.workflow_from_spec`), and ``kubectl explain`` names them as
+the default. NB: the schema carries no ``default:`` for them, so the stored object keeps only what
+its author wrote; the CEL rules below treat an unset ``worker.kind`` as ``pod``."""
 
 PROMPT_FIELD: Final = "prompt"
 SECRET_REF_FIELD: Final = "apiKeySecretRef"
