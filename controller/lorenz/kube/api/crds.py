@@ -38,6 +38,7 @@ OPERATOR_OWNED: Final[Mapping[str, str]] = {
     "logging": "the operator process logs; runtime events become Kubernetes Events",
     "workspace.root": "workspaces live on the operator's volume, one folder per Workflow",
     "tracker.api_key": "use tracker.apiKeySecretRef",
+    "tracker.webhook_secret": "webhooks reach the operator through its webhook Service",
 }
 """WORKFLOW.md keys a Workflow spec leaves out, and why (docs/operator.md lists them)."""
 
@@ -118,7 +119,7 @@ def workflow_spec_schema() -> dict[str, Any]:
         _rule(
             "self.kind != 'memory'",
             "tracker.kind memory holds issues inside one process (tests, demos) and cannot "
-            "be used by a Workflow: use files, linear or github",
+            "be used by a Workflow: use files, linear, github, gitlab or jira",
             reason="FieldValueInvalid",
             field_path=".kind",
         ),
@@ -143,14 +144,44 @@ def workflow_spec_schema() -> dict[str, Any]:
             field_path=".repository",
         ),
         _rule(
+            f"self.kind != 'gitlab' || ({_nonempty('projectSlug')})",
+            "tracker.projectSlug is required when tracker.kind is gitlab "
+            "(the project's full path group/app or its numeric id)",
+            reason="FieldValueRequired",
+            field_path=".projectSlug",
+        ),
+        _rule(
+            f"self.kind != 'jira' || ({_nonempty('projectSlug')})",
+            "tracker.projectSlug is required when tracker.kind is jira "
+            "(the project key, ENG for ENG-12)",
+            reason="FieldValueRequired",
+            field_path=".projectSlug",
+        ),
+        _rule(
+            f"self.kind != 'jira' || ({_nonempty('endpoint')})",
+            "tracker.endpoint is required when tracker.kind is jira "
+            "(the site URL, like https://example.atlassian.net)",
+            reason="FieldValueRequired",
+            field_path=".endpoint",
+        ),
+        _rule(
+            f"self.kind != 'jira' || ({_nonempty('email')})",
+            "tracker.email is required when tracker.kind is jira "
+            "(the account the API token belongs to)",
+            reason="FieldValueRequired",
+            field_path=".email",
+        ),
+        _rule(
             f"self.kind != 'files' || ({_nonempty('path')})",
             "tracker.path is required when tracker.kind is files (the folder of issue files)",
             reason="FieldValueRequired",
             field_path=".path",
         ),
         _rule(
-            f"!(self.kind in ['linear', 'github']) || has(self.{SECRET_REF_FIELD})",
-            "tracker.apiKeySecretRef is required when tracker.kind is linear or github",
+            f"!(self.kind in ['linear', 'github', 'gitlab', 'jira']) "
+            f"|| has(self.{SECRET_REF_FIELD})",
+            "tracker.apiKeySecretRef is required when tracker.kind is linear, github, gitlab "
+            "or jira",
             reason="FieldValueRequired",
             field_path=f".{SECRET_REF_FIELD}",
         ),
