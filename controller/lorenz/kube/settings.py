@@ -129,11 +129,12 @@ class OperatorSettings(pydantic.BaseModel):
     values."""
 
     max_continuation_runs: int = Field(default=10, ge=0)
-    """An agent that ends cleanly while its issue stays active is run again (a continuation
-    retry); after this many continuation re-runs of one slot in a row the operator holds the
-    issue (the ``lorenz.dev/hold`` annotation on its Claim) and says so in a
-    ``ContinuationLimit`` Event. A failure, or the issue leaving the active states, starts the
-    count again; 0 never holds."""
+    """A ceiling on every Workflow's ``agent.maxContinuationRuns``: an agent that ends cleanly
+    while its issue stays active is run again (a continuation retry), and after that many
+    continuation re-runs of one slot in a row the core blocks the slot; the operator then holds
+    the issue (the ``lorenz.dev/hold`` annotation on its Claim) and says so in a
+    ``ContinuationLimit`` Event. A Workflow may ask for fewer, never for more (nor for none);
+    0 leaves each Workflow's own value."""
 
     events_per_minute: int = Field(default=30, ge=0)
     """Kubernetes Events posted per Workflow per minute, at most (bursts up to this many);

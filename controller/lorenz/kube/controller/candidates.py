@@ -34,10 +34,18 @@ def transient(exc: KubeApiError) -> bool:
 class SpecCandidates:
     """The newest loaded spec of one Workflow (or why it did not load)."""
 
-    def __init__(self, *, api: KubeApi, workflow_dir: Path, retry_period_s: float) -> None:
+    def __init__(
+        self,
+        *,
+        api: KubeApi,
+        workflow_dir: Path,
+        retry_period_s: float,
+        continuation_ceiling: int = 0,
+    ) -> None:
         self._api = api
         self._workflow_dir = workflow_dir
         self._retry_period_s = retry_period_s
+        self._continuation_ceiling = continuation_ceiling
         self.candidate: LoadedWorkflow | BaseException | None = None
         self.stamp: WorkflowStamp | None = None
         self.generation = 0
@@ -56,7 +64,10 @@ class SpecCandidates:
         for attempt in range(TRANSIENT_RETRIES + 1):
             try:
                 outcome = await load_workflow_object(
-                    body, api=self._api, workflow_dir=self._workflow_dir
+                    body,
+                    api=self._api,
+                    workflow_dir=self._workflow_dir,
+                    continuation_ceiling=self._continuation_ceiling,
                 )
                 break
             except KubeApiError as exc:

@@ -1,12 +1,12 @@
 """The continuation limit of one Workflow: a slot whose agent keeps ending cleanly is held.
 
 An agent that ends cleanly while its issue is still active gets a continuation retry; one that
-does so ``max_continuation_runs`` times in a row without moving the issue would run forever.
-The operator counts those retries per slot from the runtime's events and, past the limit,
-holds the slot with the ``lorenz.dev/hold`` annotation on its Claim (a person removes it to run
-the issue again). The count, the annotation's patch and the slots held meanwhile live here,
-beside the controller that feeds it the runtime's events and the term's claim store that
-refuses the held slots.
+does so ``agent.max_continuation_runs`` times in a row without moving the issue would run
+forever. The core counts them and blocks the slot (:mod:`lorenz.policies.continuations`, the
+same rule as on a single host); the operator turns that block into a durable hold, the
+``lorenz.dev/hold`` annotation on its Claim (a person removes it to run the issue again). The
+annotation's patch and the slots held meanwhile live here, beside the controller that feeds it
+the runtime's events and the term's claim store that refuses the held slots.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from lorenz.kube.clients import KubeApi, claims_path
 from lorenz.kube.controller.posting import EventKind
 from lorenz.kube.errors import KubeApiError
 from lorenz.kube.settings import OperatorSettings
-from lorenz.model import ClaimRecord, EventType, RuntimeEvent, SlotKey
+from lorenz.model import BlockReason, ClaimRecord, EventType, RuntimeEvent, SlotKey
 from lorenz.model.slots import slot_key
 from lorenz.tasks import BackgroundTasks
 
@@ -63,6 +63,7 @@ class ContinuationHolds:
         api: KubeApi,
         workflow: WorkflowRef,
         settings: OperatorSettings,
+        limit: Callable[[], int],
         holds_lease: Callable[[], bool],
         post: Callable[[EventKind, str, str], None],
         background: BackgroundTasks,
@@ -71,47 +72,47 @@ class ContinuationHolds:
         self._workflow = workflow
         """The Workflow (its namespace and name, which never change)."""
         self._settings = settings
+        self._limit = limit
+        """The continuation limit in force (the runtime's ``agent.max_continuation_runs``)."""
         self._holds_lease = holds_lease
         self._post = post
         self._background = background
-        self._continuations: dict[SlotKey, int] = {}
-        """Continuation retries in a row per slot (see ``max_continuation_runs``)."""
         self.holding: set[SlotKey] = set()
         """Slots held by the continuation limit whose hold the watch has not shown yet (see
         :class:`HoldingClaimStore`)."""
 
-    def count_continuations(self, event: RuntimeEvent) -> None:
-        """Hold a slot whose agent keeps ending cleanly without moving its issue."""
-        kind, slot = event.type, event.slot
-        identifier, issue_id = event.identifier, event.issue_id
-        if kind is EventType.RUN_RECONCILED and issue_id:
-            # The issue left the active states (or went away): its slots start again at 0.
-            prefix = slot_key(issue_id, 0).removesuffix("0")
-            for stale in [k for k in self._continuations if k.startswith(prefix)]:
-                del self._continuations[stale]
+    def on_runtime_event(self, event: RuntimeEvent) -> None:
+        """Hold a slot that the core blocked at its continuation limit.
+
+        The core counts the clean runs in a row and blocks the slot past
+        ``agent.max_continuation_runs`` (:mod:`lorenz.policies.continuations`; the operator's
+        ``--max-continuation-runs`` bounds that setting). A block lives in the leader's memory
+        only, so the operator makes it durable and visible: the ``lorenz.dev/hold``
+        annotation on the slot's Claim (a new leader, or a restart, keeps refusing the slot
+        until a person removes it) and a ``ContinuationLimit`` Warning Event.
+        """
+        if (
+            event.type is not EventType.SLOT_BLOCKED
+            or event.reason != BlockReason.CONTINUATION_LIMIT.value
+            or event.slot is None
+            or not event.identifier
+        ):
             return
-        if kind is not EventType.RETRY_SCHEDULED or slot is None or not identifier:
-            return
-        key = slot_key(issue_id or identifier, slot)
-        if event.retry_kind != "continuation":
-            self._continuations.pop(key, None)
-            return
-        count = self._continuations.get(key, 0) + 1
-        self._continuations[key] = count
-        limit = self._settings.max_continuation_runs
-        if limit and count > limit:
-            self._continuations.pop(key, None)
-            # NB: at once, before the retry's timer fires: the patch below lands later.
-            self.holding.add(key)
-            self._post(
-                "Warning",
-                "ContinuationLimit",
-                f"{identifier} slot {slot}: the agent ended cleanly {limit + 1} times in a row "
-                f"and the issue is still active, so it is held instead of run again "
-                f"({resources.HOLD_ANNOTATION} on its Claim); remove the annotation to run it "
-                "again",
-            )
-            self._background.spawn(self._hold(key, note=f"{limit + 1} clean runs without progress"))
+        slot, identifier = event.slot, event.identifier
+        key = slot_key(event.issue_id or identifier, slot)
+        runs = self._limit() + 1
+        # NB: at once: the patch below lands later, and a refresh could otherwise release the
+        # core's block before the Claim says held.
+        self.holding.add(key)
+        self._post(
+            "Warning",
+            "ContinuationLimit",
+            f"{identifier} slot {slot}: the agent ended cleanly {runs} times in a row "
+            f"and the issue is still active, so it is held instead of run again "
+            f"({resources.HOLD_ANNOTATION} on its Claim); remove the annotation to run it "
+            "again",
+        )
+        self._background.spawn(self._hold(key, note=f"{runs} clean runs without progress"))
 
     async def _hold(self, key: SlotKey, *, note: str) -> None:
         """Annotate the slot's Claim as held (the slot is refused locally meanwhile); a patch

@@ -39,6 +39,7 @@ from lorenz.kube.api.crds import OPERATOR_DEFAULTS, PROMPT_FIELD, SECRET_REF_FIE
 from lorenz.kube.api.resources import WorkflowRef
 from lorenz.kube.clients import KubeApi, secret_path
 from lorenz.kube.errors import KubeApiError, TrackerPathOutsideWorkflow, TrackerSecretMissing
+from lorenz.policies import DEFAULT_MAX_CONTINUATION_RUNS
 from lorenz.workflow import (
     DEFAULT_WORKFLOW_FILENAME,
     LoadedWorkflow,
@@ -140,17 +141,44 @@ def apply_operator_defaults(front_matter: dict[str, Any]) -> None:
                 node[key] = value
 
 
+def apply_continuation_ceiling(front_matter: dict[str, Any], *, ceiling: int) -> None:
+    """Bound ``agent.max_continuation_runs`` by the operator's ``--max-continuation-runs``.
+
+    The continuation limit is a rule of the core (:mod:`lorenz.policies.continuations`): the
+    Workflow's own ``agent.maxContinuationRuns`` (default 10) decides. The platform team's
+    flag is a ceiling over every Workflow: a spec that asks for more, or for none (``0``), gets
+    the ceiling. ``0`` leaves each Workflow's own value. A section that is not a mapping is left
+    to the loader's error.
+    """
+    if ceiling <= 0:
+        return
+    agent = front_matter.get("agent")
+    if agent is None:
+        agent = front_matter["agent"] = {}
+    if not isinstance(agent, dict):
+        return
+    wanted = agent.get("max_continuation_runs")
+    if wanted is None:
+        wanted = DEFAULT_MAX_CONTINUATION_RUNS
+    if not isinstance(wanted, int) or isinstance(wanted, bool):
+        return  # NB: the loader refuses it with its own coded error
+    if wanted == 0 or wanted > ceiling:
+        agent["max_continuation_runs"] = ceiling
+
+
 def workflow_from_spec(
     body: Mapping[str, Any],
     *,
     workflow_dir: Path,
     api_key: str | None,
     secret_digest: str = "",
+    continuation_ceiling: int = 0,
 ) -> LoadedWorkflow:
     """The loaded workflow of a Workflow object; raises the loader's coded errors.
 
     ``api_key`` is the Secret's value (``None`` when the spec names none); ``secret_digest``
-    goes into the stamp so that a changed Secret reloads.
+    goes into the stamp so that a changed Secret reloads; ``continuation_ceiling`` is the
+    operator's bound on ``agent.max_continuation_runs`` (:func:`apply_continuation_ceiling`).
     """
     ref = workflow_ref(body)
     spec = copy.deepcopy(dict(body.get("spec") or {}))
@@ -169,6 +197,7 @@ def workflow_from_spec(
     # NB: after ``raw`` (the rendered WORKFLOW.md shows what the spec says), before validation:
     # the model's own default is local, the single-host kind.
     apply_operator_defaults(front_matter)
+    apply_continuation_ceiling(front_matter, ceiling=continuation_ceiling)
     resolved = settings_from_mapping(
         front_matter,
         base_dir=workflow_dir,
@@ -194,7 +223,7 @@ def workflow_from_spec(
 
 
 async def load_workflow_object(
-    body: Mapping[str, Any], *, api: KubeApi, workflow_dir: Path
+    body: Mapping[str, Any], *, api: KubeApi, workflow_dir: Path, continuation_ceiling: int = 0
 ) -> LoadedWorkflow:
     """:func:`workflow_from_spec` with the tracker Secret read from the API."""
     ref = workflow_ref(body)
@@ -206,7 +235,11 @@ async def load_workflow_object(
         api_key = await read_secret_key(api, namespace=ref.namespace, name=name, key=key)
         digest = hashlib.sha256(api_key.encode()).hexdigest()
     return workflow_from_spec(
-        body, workflow_dir=workflow_dir, api_key=api_key, secret_digest=digest
+        body,
+        workflow_dir=workflow_dir,
+        api_key=api_key,
+        secret_digest=digest,
+        continuation_ceiling=continuation_ceiling,
     )
 
 

@@ -168,7 +168,10 @@ class WorkflowController:
         self._term: Term | None = None
         """The current term while leading (its fence guards every write of the runtime)."""
         self.candidates = SpecCandidates(
-            api=api, workflow_dir=self.workflow_dir, retry_period_s=settings.retry_period_seconds
+            api=api,
+            workflow_dir=self.workflow_dir,
+            retry_period_s=settings.retry_period_seconds,
+            continuation_ceiling=settings.max_continuation_runs,
         )
         self.events = EventPoster(
             reference={
@@ -221,6 +224,7 @@ class WorkflowController:
             api=api,
             workflow=self.ref,
             settings=settings,
+            limit=self._continuation_limit,
             holds_lease=self.lease.holds_lease,
             post=self.post,
             background=self._background,
@@ -488,7 +492,12 @@ class WorkflowController:
         """Load the spec and launch the runtime: ``("started", None)``, ``("rejected", error)``
         (the spec is wrong: wait for a new one) or ``("failed", error)`` (back off, retry)."""
         try:
-            loaded = await load_workflow_object(body, api=self._api, workflow_dir=self.workflow_dir)
+            loaded = await load_workflow_object(
+                body,
+                api=self._api,
+                workflow_dir=self.workflow_dir,
+                continuation_ceiling=self._settings.max_continuation_runs,
+            )
             validate_dispatch(loaded.settings)
         except KubeApiError as exc:
             return "failed", exc
@@ -792,7 +801,15 @@ class WorkflowController:
             )
         if kind is not EventType.LEADERSHIP_LOST:
             self.events.runtime_event(event)
-        self.holds.count_continuations(event)
+        self.holds.on_runtime_event(event)
+
+    def _continuation_limit(self) -> int:
+        """``agent.max_continuation_runs`` of the runtime in force (the operator's flag when
+        none runs, which bounds it)."""
+        runtime = self.runtime
+        if runtime is None:
+            return self._settings.max_continuation_runs
+        return runtime.settings.agent.max_continuation_runs
 
     def _on_runtime_change(self) -> None:
         runtime = self.runtime
