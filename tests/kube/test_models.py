@@ -392,6 +392,32 @@ def test_a_workflow_without_worker_kind_runs_in_pods_and_local_is_chosen_explici
 
 
 @pytest.mark.parametrize(
+    ("asked", "ceiling", "effective"),
+    [
+        (None, 0, 10),  # the core's default
+        (None, 2, 2),  # the operator's flag bounds the default
+        (5, 2, 2),  # ... and a spec that asks for more
+        (0, 2, 2),  # ... and one that asks for none
+        (1, 2, 1),  # a spec may ask for fewer
+        (0, 0, 0),  # no ceiling: the spec's own "never"
+        (25, 0, 25),
+    ],
+)
+def test_the_operators_continuation_flag_is_a_ceiling_on_the_workflows_limit(
+    tmp_path: Path, asked: int | None, ceiling: int, effective: int
+) -> None:
+    spec: dict[str, Any] = {"tracker": {"kind": "files", "path": "issues"}}
+    if asked is not None:
+        spec["agent"] = {"maxContinuationRuns": asked}
+    loaded = workflow_from_spec(
+        body(spec), workflow_dir=tmp_path, api_key=None, continuation_ceiling=ceiling
+    )
+    assert loaded.settings.agent.max_continuation_runs == effective
+    # The rendered WORKFLOW.md shows what the spec says, not the bound.
+    assert loaded.raw.get("agent", {}).get("max_continuation_runs") == asked
+
+
+@pytest.mark.parametrize(
     ("spec", "key_path"),
     [
         ({"worker": {"sshHosts": ["build1"]}}, "worker.ssh_hosts"),
