@@ -618,10 +618,6 @@ class SqlClaimStore(abc.ABC):
         self._generation = generation
         self._fenced_out = None
 
-    async def fence_row(self) -> tuple[int, str | None] | None:
-        """The fence as stored: ``(generation, holder)``, or ``None`` if never fenced."""
-        return await self._run(self._read_fence_sync)
-
     async def record_intent(self, key: SlotKey, intent: SpawnIntent | None) -> bool:
         """Write the spawn intent of our claim on ``key`` (``None`` clears it); ``False`` when
         the claim is absent or another owner's. Fenced like every write."""
@@ -1105,14 +1101,6 @@ class SqlClaimStore(abc.ABC):
             )
 
         self._transaction(body, fenced=False)
-
-    def _read_fence_sync(self) -> tuple[int, str | None] | None:
-        row = (
-            self._connection()
-            .execute("SELECT generation, holder FROM fence WHERE id = 1")
-            .fetchone()
-        )
-        return (int(row[0]), row[1]) if row is not None else None
 
     def _intent_sync(self, key: SlotKey, intent: SpawnIntent | None) -> bool:
         now = self._clock.now()

@@ -97,11 +97,6 @@ class Daemon:
         return self._provider.generation
 
     @property
-    def dead_predecessors(self) -> frozenset[str]:
-        """Holders the lease replaced because they were verifiably dead (same host)."""
-        return frozenset(self._dead_predecessors)
-
-    @property
     def workflow_path(self) -> Path:
         """The canonical WORKFLOW.md path this daemon leads."""
         return self._workflow_path

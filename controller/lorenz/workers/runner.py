@@ -231,11 +231,6 @@ def leave_workers_running(*, reason: str) -> None:
         logger.warning("leaving workers running for the next controller reason=%s", reason)
 
 
-def leaving_workers() -> str | None:
-    """Why runs leave their workers running (``None``: cancelling a run cancels its worker)."""
-    return _leaving
-
-
 def agent_update_from(record: Record) -> AgentUpdate:
     """The :class:`AgentUpdate` an ``agent_update`` record was written from."""
     data = record.data

@@ -207,13 +207,6 @@ class MissingAgentCommand(WorkflowError):
     code = "missing_agent_command"
 
 
-class UnknownAgentKind(WorkflowError):
-    """A setting (``agent.kind``, ``agent.concurrency``, ``agent.kind_by_label``,
-    ``agent.kind_by_state``) names an agent kind that ``agents`` does not define."""
-
-    code = "unknown_agent_kind"
-
-
 class SshClientMissing(WorkflowError):
     """``worker.ssh_hosts`` is set, but there is no ``ssh`` program on this machine's PATH."""
 
