@@ -62,6 +62,7 @@ from lorenz.model import (
     SystemClock,
     TokenUsage,
 )
+from lorenz.model.clocks import iso_or_none
 
 logger = logging.getLogger(__name__)
 
@@ -293,10 +294,6 @@ class StoreEvent:
     """The JSON body (the claim record for acquire/save, the keys for take_over), or None."""
 
 
-def _iso(value: datetime.datetime | None) -> str | None:
-    return value.isoformat() if value is not None else None
-
-
 def _claim_params(
     record: ClaimRecord, *, owner: str, now: datetime.datetime, generation: int | None
 ) -> tuple[Any, ...]:
@@ -309,19 +306,19 @@ def _claim_params(
         record.phase.value,
         record.attempt,
         record.retry_kind.value if record.retry_kind is not None else None,
-        _iso(record.due_at),
+        iso_or_none(record.due_at),
         record.reservation_token,
         record.host,
         record.workspace_path,
-        _iso(record.started_at),
-        _iso(record.last_agent_at),
+        iso_or_none(record.started_at),
+        iso_or_none(record.last_agent_at),
         record.turn_count,
         record.usage.input_tokens,
         record.usage.output_tokens,
         record.usage.total_tokens,
         record.last_error,
         record.session_id,
-        _iso(record.updated_at or now),
+        iso_or_none(record.updated_at or now),
         generation,
     )
 
@@ -335,7 +332,7 @@ def _intent_params(intent: SpawnIntent | None) -> tuple[Any, ...]:
         intent.generation,
         intent.last_seq,
         intent.placement,
-        _iso(intent.updated_at),
+        iso_or_none(intent.updated_at),
     )
 
 

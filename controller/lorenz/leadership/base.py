@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from lorenz.model import LorenzError
+from lorenz.model.clocks import as_utc
 
 
 class LeaseStoreKind(enum.StrEnum):
@@ -89,17 +90,13 @@ class LeaseRecord:
             process_started_at=float(started) if started is not None else None,
             host=str(data["host"]),
             endpoint=str(data["endpoint"]) if data.get("endpoint") is not None else None,
-            heartbeat_at=_aware(datetime.datetime.fromisoformat(data["heartbeat_at"])),
-            acquired_at=_aware(datetime.datetime.fromisoformat(data["acquired_at"])),
+            heartbeat_at=as_utc(datetime.datetime.fromisoformat(data["heartbeat_at"])),
+            acquired_at=as_utc(datetime.datetime.fromisoformat(data["acquired_at"])),
             workflow_path=str(data["workflow_path"]),
             store=LeaseStoreKind(data["store"]),
             transitions=int(data.get("transitions") or 0),
             generation=int(data.get("generation") or 0),
         )
-
-
-def _aware(value: datetime.datetime) -> datetime.datetime:
-    return value if value.tzinfo is not None else value.replace(tzinfo=datetime.UTC)
 
 
 class LeadershipProvider(Protocol):

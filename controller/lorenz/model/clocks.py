@@ -12,6 +12,21 @@ import time
 from typing import Protocol
 
 
+def utc_now() -> datetime.datetime:
+    """The wall clock now, timezone-aware UTC (for code that has no injected :class:`Clock`)."""
+    return datetime.datetime.now(datetime.UTC)
+
+
+def as_utc(value: datetime.datetime) -> datetime.datetime:
+    """``value`` with UTC assumed when it carries no timezone (a naive stored or parsed time)."""
+    return value if value.tzinfo is not None else value.replace(tzinfo=datetime.UTC)
+
+
+def iso_or_none(value: datetime.datetime | None) -> str | None:
+    """``value`` in ISO 8601, or ``None``: the form snapshots and stored rows keep times in."""
+    return value.isoformat() if value is not None else None
+
+
 class Clock(Protocol):
     """The two time sources the core reads."""
 

@@ -19,13 +19,10 @@ import enum
 from collections.abc import Mapping
 from typing import Any, Literal
 
+from lorenz.model.clocks import iso_or_none
 from lorenz.model.events import RuntimeEvent
 from lorenz.model.lifecycle import RunOutcome
 from lorenz.model.usage import TokenUsage, UsageTotals
-
-
-def _iso(value: datetime.datetime | None) -> str | None:
-    return value.isoformat() if value is not None else None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -74,8 +71,8 @@ class RunningRow:
             "turn_count": self.turn_count,
             "last_agent_event": self.last_agent_event,
             "last_agent_message": self.last_agent_message,
-            "last_agent_at": _iso(self.last_agent_at),
-            "started_at": _iso(self.started_at),
+            "last_agent_at": iso_or_none(self.last_agent_at),
+            "started_at": iso_or_none(self.started_at),
             "runtime_seconds": self.runtime_seconds,
             "usage": self.usage.to_dict(),
             "cost_usd": self.cost_usd,
@@ -107,8 +104,8 @@ class ReservingRow:
             "slot_index": self.slot_index,
             "state": self.state,
             "attempt": self.attempt,
-            "reserved_at": _iso(self.reserved_at),
-            "expires_at": _iso(self.expires_at),
+            "reserved_at": iso_or_none(self.reserved_at),
+            "expires_at": iso_or_none(self.expires_at),
             "expires_in_ms": self.expires_in_ms,
         }
 
@@ -136,7 +133,7 @@ class RetryRow:
             "slot_index": self.slot_index,
             "attempt": self.attempt,
             "kind": self.kind,
-            "due_at": _iso(self.due_at),
+            "due_at": iso_or_none(self.due_at),
             "due_in_ms": self.due_in_ms,
             "error": self.error,
             "host": self.host,
@@ -184,7 +181,7 @@ class BlockedRow:
             "action_done": self.action_done,
             "action_error": self.action_error,
             "workspace_path": self.workspace_path,
-            "blocked_at": _iso(self.blocked_at),
+            "blocked_at": iso_or_none(self.blocked_at),
         }
 
 
@@ -221,7 +218,7 @@ class OrchestratorSnapshot:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "generated_at": _iso(self.generated_at),
+            "generated_at": iso_or_none(self.generated_at),
             "running": [row.to_dict() for row in self.running],
             "reserving": [row.to_dict() for row in self.reserving],
             "retrying": [row.to_dict() for row in self.retrying],
@@ -264,8 +261,8 @@ class PollStatus:
             "interval_ms": self.interval_ms,
             "candidates": self.candidates,
             "eligible": self.eligible,
-            "last_poll_at": _iso(self.last_poll_at),
-            "next_poll_at": _iso(self.next_poll_at),
+            "last_poll_at": iso_or_none(self.last_poll_at),
+            "next_poll_at": iso_or_none(self.next_poll_at),
             "last_error": self.last_error,
             "count": self.count,
         }

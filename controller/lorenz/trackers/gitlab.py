@@ -44,7 +44,7 @@ from lorenz.config import TrackerSettings, WorkflowSettings
 from lorenz.model import BlockerRef, Issue
 from lorenz.model.issues import normalize_state
 from lorenz.trackers import httpstack as _httpstack  # noqa: F401 - see its docstring
-from lorenz.trackers.base import TrackerError, tracker_settings_of
+from lorenz.trackers.base import TrackerError, tracker_settings_of, unchanged
 from lorenz.trackers.options import ProviderOptions, parse_provider_options
 from lorenz.trackers.throttling import (
     RateLimitExhausted,
@@ -544,7 +544,7 @@ class GitLabTracker:
 
     async def _routing(self) -> Callable[[Issue], Issue]:
         if self._assignee is None:
-            return _unchanged
+            return unchanged
         target = self._assignee
         if target.lower() == "me":
             target = await self._viewer()
@@ -1002,7 +1002,3 @@ def _message(response: httpx.Response) -> str:
             return text[:BODY_SNIPPET_CHARS]
     text = " ".join(response.text.split())
     return text[:BODY_SNIPPET_CHARS] or response.reason_phrase
-
-
-def _unchanged(issue: Issue) -> Issue:
-    return issue

@@ -54,7 +54,7 @@ from lorenz.config import TrackerSettings, WorkflowSettings
 from lorenz.model import BlockerRef, Issue
 from lorenz.model.issues import normalize_state
 from lorenz.trackers import httpstack as _httpstack  # noqa: F401 - see its docstring
-from lorenz.trackers.base import TrackerError, tracker_settings_of
+from lorenz.trackers.base import TrackerError, tracker_settings_of, unchanged
 from lorenz.trackers.jira_adf import adf_to_text, text_to_adf
 from lorenz.trackers.options import ProviderOptions, parse_provider_options
 from lorenz.trackers.throttling import (
@@ -515,7 +515,7 @@ class JiraTracker:
 
     async def _routing(self) -> Callable[[Issue], Issue]:
         if self._assignee is None:
-            return _unchanged
+            return unchanged
         target = self._assignee
         if target.lower() == "me":
             target = await self._viewer()
@@ -964,7 +964,3 @@ def _error_message(content: bytes) -> str:
 def _snippet(text: str) -> str:
     flat = " ".join(text.split())
     return flat[:BODY_SNIPPET_CHARS]
-
-
-def _unchanged(issue: Issue) -> Issue:
-    return issue

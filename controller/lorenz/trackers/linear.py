@@ -31,7 +31,7 @@ from lorenz.config import TrackerSettings, WorkflowSettings
 from lorenz.model import BlockerRef, Issue
 from lorenz.model.issues import normalize_state
 from lorenz.trackers import httpstack as _httpstack  # noqa: F401 - see its docstring
-from lorenz.trackers.base import TrackerError, tracker_settings_of
+from lorenz.trackers.base import TrackerError, tracker_settings_of, unchanged
 from lorenz.trackers.options import ProviderOptions, parse_provider_options
 from lorenz.trackers.throttling import (
     RateLimitExhausted,
@@ -637,7 +637,7 @@ class LinearTracker:
     async def _routing(self) -> Callable[[Issue], Issue]:
         """The function that sets ``dispatchable`` from ``tracker.assignee``."""
         if self._assignee is None:
-            return _unchanged
+            return unchanged
         target = self._assignee
         if target.lower() == "me":
             target = await self._viewer()
@@ -812,7 +812,3 @@ class LinearTracker:
         ]
         known = [r for r in resets if r is not None]
         return max(known) if known else None
-
-
-def _unchanged(issue: Issue) -> Issue:
-    return issue

@@ -29,6 +29,7 @@ from lorenz.model import (
     RuntimeEvent,
     RuntimeSnapshot,
 )
+from lorenz.model.clocks import as_utc
 
 MAX_ROWS_PER_LANE = 8
 """Rows shown per lane before the rest are summed up as "… and N more"."""
@@ -330,16 +331,12 @@ def _one_line(value: Any) -> str:
 # ---------------------------------------------------------------------------------- formatting
 
 
-def _aware(value: datetime.datetime) -> datetime.datetime:
-    return value if value.tzinfo is not None else value.replace(tzinfo=datetime.UTC)
-
-
 def _since(value: datetime.datetime | None, *, now: datetime.datetime) -> float:
-    return (now - _aware(value)).total_seconds() if value is not None else float("nan")
+    return (now - as_utc(value)).total_seconds() if value is not None else float("nan")
 
 
 def _until(value: datetime.datetime | None, *, now: datetime.datetime) -> float:
-    return (_aware(value) - now).total_seconds() if value is not None else float("nan")
+    return (as_utc(value) - now).total_seconds() if value is not None else float("nan")
 
 
 def format_duration(seconds: float) -> str:
@@ -367,7 +364,7 @@ def format_countdown(seconds: float) -> str:
 
 def format_clock(value: datetime.datetime | None) -> str:
     """Local ``HH:MM:SS`` of a snapshot timestamp."""
-    return _aware(value).astimezone().strftime("%H:%M:%S") if value is not None else "—"
+    return as_utc(value).astimezone().strftime("%H:%M:%S") if value is not None else "—"
 
 
 def format_int(value: Any) -> str:

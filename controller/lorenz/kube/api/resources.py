@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import re
 from collections.abc import Mapping
 from typing import Any, Final
@@ -160,3 +161,8 @@ def owner_reference(ref: WorkflowRef) -> dict[str, Any]:
         "uid": ref.uid,
         "controller": True,
     }
+
+
+def compact_json(body: Mapping[str, Any]) -> str:
+    """``body`` as one line of JSON (no spaces, non-ASCII kept): how objects are logged."""
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False)

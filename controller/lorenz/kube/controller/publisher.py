@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -32,6 +31,7 @@ from lorenz.kube.controller.status import (
 )
 from lorenz.kube.errors import KubeApiError
 from lorenz.kube.settings import OperatorSettings
+from lorenz.model.clocks import utc_now
 from lorenz.tasks import first_of
 
 # NB: the name the controller's log lines have always had (this was part of it).
@@ -128,7 +128,7 @@ class StatusPublisher:
         # kept anyway) instead of being kept a second time as models: ~3 KiB per led Workflow.
         written = self._last_status
         previous = _conditions_of(written if written is not None else self._seen_status())
-        return workflow_status(self._inputs(), previous, _utc_now())
+        return workflow_status(self._inputs(), previous, utc_now())
 
     async def publish(self, *, force: bool = False) -> bool:
         """Patch the status if it changed (and this term may write); ``True`` if patched."""
@@ -160,10 +160,6 @@ class StatusPublisher:
         self._last_status = status
         self._last_write_at = time.monotonic()
         return True
-
-
-def _utc_now() -> datetime.datetime:
-    return datetime.datetime.now(datetime.UTC)
 
 
 def _conditions_of(status: Mapping[str, Any]) -> list[Condition]:

@@ -60,6 +60,7 @@ from typing import Any, Protocol, TypeVar
 from lorenz.assembly import assemble_runtime, runs_in_workers, tracker_factory
 from lorenz.config import WorkerKind, WorkflowSettings
 from lorenz.kube.api import resources
+from lorenz.kube.api.resources import compact_json
 from lorenz.kube.claims.lists import ClaimLister
 from lorenz.kube.claims.store import ClaimResourceStore
 from lorenz.kube.clients import KubeApi
@@ -275,7 +276,7 @@ class WorkflowController:
         """The newest version of the Workflow object (from the watch; ``text``: its compact
         JSON, if already made)."""
         previous_generation = self._generation
-        self._body_text = text if text is not None else _compact(body)
+        self._body_text = text if text is not None else compact_json(body)
         self._generation = generation_of(body)
         ref = workflow_ref(body)
         if ref.uid is not None and self.ref.uid is None:
@@ -893,7 +894,3 @@ class WorkflowController:
     ) -> None:
         waits = [lost.wait(), self._deleting.wait(), self._stop.wait(), *(e.wait() for e in events)]
         await first_of(*waits, timeout_s=seconds)
-
-
-def _compact(body: Mapping[str, Any]) -> str:
-    return json.dumps(body, separators=(",", ":"), ensure_ascii=False)

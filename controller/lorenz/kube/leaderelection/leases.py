@@ -52,6 +52,7 @@ from lorenz.kube.api import resources
 from lorenz.kube.clients import KubeApi, leases_path
 from lorenz.kube.errors import InvalidOperatorSettings, KubeApiError, LeaseHeldElsewhere
 from lorenz.leadership import LeadershipLost, LeaseRecord, LeaseStoreKind
+from lorenz.model.clocks import utc_now
 
 logger = logging.getLogger("lorenz.kube.leases")
 
@@ -114,10 +115,6 @@ def _parse_time(text: Any) -> datetime.datetime | None:
     return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=datetime.UTC)
 
 
-def _utc_now() -> datetime.datetime:
-    return datetime.datetime.now(datetime.UTC)
-
-
 class KubernetesLeaseProvider:
     """:class:`~lorenz.leadership.LeadershipProvider` over one Lease."""
 
@@ -136,7 +133,7 @@ class KubernetesLeaseProvider:
         endpoint: str | None = None,
         host: str | None = None,
         monotonic: Callable[[], float] = time.monotonic,
-        wall: Callable[[], datetime.datetime] = _utc_now,
+        wall: Callable[[], datetime.datetime] = utc_now,
     ) -> None:
         self._api = api
         self.namespace = namespace

@@ -28,7 +28,6 @@ import asyncio
 import contextlib
 import contextvars
 import dataclasses
-import json
 import logging
 import os
 import sys
@@ -36,7 +35,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from lorenz.kube.api import resources
-from lorenz.kube.api.resources import WorkflowRef
+from lorenz.kube.api.resources import WorkflowRef, compact_json
 from lorenz.kube.claims.lists import ClaimLister
 from lorenz.kube.clients import KubeApi, load_configuration
 from lorenz.kube.controller.posting import Post, kopf_post
@@ -173,7 +172,7 @@ class Supervisor:
         if watched is not None and ref.uid is not None and watched.ref.uid not in (None, ref.uid):
             self._forget(key, watched)
             watched = None
-        text = _compact(body)
+        text = compact_json(body)
         if watched is None:
             watched = Watched(ref=ref, shard=self.coordinator.shard_for(ref), body_text=text)
             self.workflows[key] = watched
@@ -306,10 +305,6 @@ class Supervisor:
         self._retired.add(controller)
         if controller.task is not None:
             controller.task.add_done_callback(lambda _: self._retired.discard(controller))
-
-
-def _compact(body: Mapping[str, Any]) -> str:
-    return json.dumps(body, separators=(",", ":"), ensure_ascii=False)
 
 
 def build_registry(supervisor: Supervisor) -> Any:
