@@ -56,7 +56,6 @@ def test_the_persisted_values_are_the_released_ones() -> None:
         ("lorenz.model", "StopReason"),
         ("lorenz.model", "BlockReason"),
         ("lorenz.model.entries", "RetryKind"),
-        ("lorenz.policies", "StopReason"),
         ("lorenz.policies.retries", "BlockReason"),
     ],
 )

@@ -119,7 +119,7 @@ class Reporting:
             slot=retry.slot_index,
             attempt=retry.attempt,
             message=f"{retry.kind.value} retry #{retry.attempt} due {retry.due_at.isoformat()}",
-            retry_kind=retry.kind.value,
+            retry_kind=retry.kind,
             due_at=retry.due_at,
             delay_ms=round(retry.due_at_ms - self._clock.monotonic_ms()),
             error=retry.error,
@@ -135,7 +135,7 @@ class Reporting:
                 slot=retry.slot_index,
                 attempt=retry.attempt,
                 message=f"{retry.kind.value} retry #{retry.attempt} released: {reason}",
-                retry_kind=retry.kind.value,
+                retry_kind=retry.kind,
                 reason=reason,
             )
 
@@ -177,7 +177,7 @@ class Reporting:
             issue=entry.issue,
             slot=entry.slot_index,
             message=finished_as if normal else (error or "run failed"),
-            outcome=outcome.value,
+            outcome=outcome,
         )
 
     def record_run(self, entry: RunningEntry, *, outcome: RunOutcome, error: str | None) -> None:
