@@ -495,3 +495,22 @@ async def test_an_issue_with_a_nul_byte_is_reported_once_and_never_run_until_it_
     rig.tracker.update("id-1", title="good title")  # fixed: it runs
     await rig.runtime.poll_once(wait_for_runs=True)
     assert [e["identifier"] for e in rig.of_type("run_started")] == ["T-1"]
+
+
+async def test_an_issue_with_an_identifier_over_the_run_spec_limit_is_refused_once(
+    tmp_path: Path,
+) -> None:
+    agent = write_agent(tmp_path, "agent", RECORDING_AGENT)
+    wf = write_workflow(tmp_path, agent_script=agent)
+    long = dataclasses.replace(issue(1), identifier="T-" + "9" * 598)
+    rig = build_rig(wf, issues=[long])
+    await rig.runtime.poll_once(wait_for_runs=True)
+    await rig.runtime.poll_once(wait_for_runs=True)
+
+    [skipped] = rig.of_type("dispatch_skipped")
+    assert (skipped["reason"], skipped["code"], skipped["fields"]) == (
+        "issue_field_invalid", "issue_field_invalid", ["identifier"])
+    assert "identifier is 600 characters long, over the limit of 200" in skipped["message"]
+    assert rig.of_type("run_started") == []
+    assert rig.of_type("poll_error") == []
+    assert rig.runtime.snapshot().to_dict()["retrying"] == []

@@ -285,14 +285,20 @@ class Dispatching:
         )
 
     def refuse_unpassable(self, issue: Issue, *, slot: int) -> bool:
-        """Whether an issue holds a field no process can be given (a NUL byte); say so once.
+        """Whether an issue holds a field no run can be given; say so once.
 
         Hooks and agents get the identifier, title and state as environment variables (and the
-        identifier names the workspace); a NUL byte cannot be passed to a process at all, so
-        such an issue is not started — no run, no retry — and reported once per version of it
+        identifier names the workspace), and a worker gets them in its run spec: a NUL byte
+        cannot be passed to a process at all, and a field over the run spec's limit cannot be
+        put in one (:func:`lorenz.workers.spec.unpassable_fields`). Such an issue is not
+        started — no run, no retry — and reported once per version of it
         (``issue_field_invalid``): it is looked at again when it changes.
         """
-        fields = [name for name in _PASSED_FIELDS if "\x00" in (getattr(issue, name) or "")]
+        # NB: imported here, so the runtime does not load the workers before a dispatch.
+        from lorenz.workers.spec import unpassable_fields
+
+        problems = unpassable_fields(issue)
+        fields = sorted(problems)
         if not fields:
             self._refused.pop(issue.id, None)
             return False
@@ -303,8 +309,9 @@ class Dispatching:
                 EventType.DISPATCH_SKIPPED,
                 issue=issue,
                 slot=slot,
-                message=f"skipped: the issue's {', '.join(fields)} hold(s) a NUL byte, which "
-                "cannot be passed to hooks or agents; edit the issue to remove it",
+                message="skipped: the issue's "
+                + "; ".join(f"{name} {problems[name]}" for name in fields)
+                + ", which cannot be passed to hooks or agents; edit the issue to fix it",
                 reason="issue_field_invalid",
                 code="issue_field_invalid",
                 fields=fields,
@@ -877,10 +884,6 @@ class Dispatching:
         self._parts.reporting.agent_update(key, update, progress)
         # NB: a new session (a turn began) is more than progress: the log lines carry it.
         self._parts.reporting.emit_snapshot(progress_only=update.session_id is None)
-
-
-_PASSED_FIELDS = ("id", "identifier", "title", "state")
-"""Issue fields handed to hooks and agents as environment variables (or a workspace name)."""
 
 
 def _agent_kind(settings: WorkflowSettings, name: str) -> AgentKindSettings:
