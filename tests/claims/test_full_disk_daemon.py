@@ -74,7 +74,7 @@ def poll_block(endpoint: str) -> dict[str, Any]:
     return poll
 
 
-async def test_a_full_claim_store_disk_pauses_dispatch_until_space_returns(
+def test_a_full_claim_store_disk_pauses_dispatch_until_space_returns(
     root: Path, daemon_env: dict[str, str], daemons: list[DaemonProcess], small_fs: Path
 ) -> None:
     store_file = small_fs / "claims.db"
