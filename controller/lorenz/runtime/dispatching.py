@@ -848,7 +848,11 @@ class Dispatching:
         extra["LORENZ_WORKFLOW"] = str(self._parts.workflow.current.path)
         if settings.tracker.kind is TrackerKind.FILES and settings.tracker.path:
             extra["LORENZ_TRACKER_PATH"] = settings.tracker.path
-        secrets = [settings.tracker.api_key] if settings.tracker.api_key else []
+        secrets = [
+            value
+            for value in (settings.tracker.api_key, settings.tracker.webhook_secret)
+            if value
+        ]
         base = {} if remote else self._parts.base_env
         return agent_environment(base=base, extra=extra, secret_values=secrets)
 
