@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime
-import itertools
 import io
+import itertools
 import json
 from pathlib import Path
 
