@@ -10,11 +10,18 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 from lorenz.claims import SqliteClaimStore
 from tests.claims.test_full_disk import fill, small_fs
 from tests.daemon.conftest import daemon_env, daemons, root, runtime_dir
-from tests.daemon.harness import DaemonProcess, write_daemon_workflow
+from tests.daemon.harness import (
+    DaemonProcess,
+    get_state,
+    read_agent_log,
+    write_daemon_workflow,
+    write_issues,
+)
 
 __all__ = ["daemon_env", "daemons", "root", "runtime_dir", "small_fs"]  # fixtures used here
 
@@ -60,3 +67,54 @@ async def test_a_daemon_on_a_full_claim_store_disk_warns_with_a_code_and_stops_c
         assert await reopened.integrity_check() == "ok"
     finally:
         await reopened.close()
+
+
+def poll_block(endpoint: str) -> dict[str, Any]:
+    poll: dict[str, Any] = get_state(endpoint)["poll"]
+    return poll
+
+
+def test_a_full_claim_store_disk_pauses_dispatch_until_space_returns(
+    root: Path, daemon_env: dict[str, str], daemons: list[DaemonProcess], small_fs: Path
+) -> None:
+    store_file = small_fs / "claims.db"
+    workflow = write_daemon_workflow(
+        root, issues=(), front_matter={"flags": {"claim_store.path": str(store_file)}}
+    )
+    daemon = DaemonProcess(
+        workflow,
+        env=daemon_env,
+        args=["--feature", "daemon", "--feature", "durable_claims"],
+        output=root / "daemon.log",
+    )
+    daemons.append(daemon.start())
+    endpoint = daemon.wait_ready()["endpoint"]
+
+    filler = fill(small_fs)
+    wait_for_log(daemon, "dispatch paused")
+    write_issues(root / "issues", ["B-1"])
+    # Several whole ticks see the new issue while the store refuses writes: none starts it.
+    deadline = time.monotonic() + 60.0
+    seen = poll_block(endpoint)["count"]
+    while poll_block(endpoint)["count"] < seen + 5:
+        assert time.monotonic() < deadline, daemon.log()[-4000:]
+        time.sleep(0.05)
+    poll = poll_block(endpoint)
+    assert poll["candidates"] == 1
+    assert "claim_store_write_failed" in poll["last_error"]
+    assert read_agent_log(root / "agent.log") == []
+    log = daemon.log()
+    assert log.count("dispatch paused") == 1, log[-4000:]
+    assert " ERROR " not in log, log[-4000:]
+
+    filler.unlink()
+    wait_for_log(daemon, "dispatch resumed")
+    deadline = time.monotonic() + 60.0
+    while not read_agent_log(root / "agent.log"):
+        assert daemon.alive(), daemon.log()[-4000:]
+        assert time.monotonic() < deadline, daemon.log()[-4000:]
+        time.sleep(0.05)
+    assert poll_block(endpoint)["last_error"] is None
+    daemon.terminate()
+    assert daemon.wait() == 0, daemon.log()[-4000:]
+    assert "Traceback" not in daemon.log()

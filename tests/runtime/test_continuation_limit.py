@@ -36,7 +36,8 @@ async def test_an_agent_that_never_moves_its_issue_is_blocked_after_the_limit(
     task = asyncio.create_task(rig.runtime.start())
     try:
         async with asyncio.timeout(WAIT_S):
-            while KEY not in state.blocked:
+            # NB: the slot is blocked in the store before the runtime reports it.
+            while KEY not in state.blocked or not rig.of_type("slot_blocked"):
                 await asyncio.sleep(0.05)
     finally:
         rig.runtime.stop()
@@ -48,5 +49,8 @@ async def test_an_agent_that_never_moves_its_issue_is_blocked_after_the_limit(
     assert len(rig.of_type("run_started")) == 3
     assert len(rig.of_type("run_finished")) == 3
     assert [e["retry_kind"] for e in rig.of_type("retry_scheduled")] == ["continuation"] * 2
+    # The block is reported like a failure block, so listeners and the log see it.
+    (blocked,) = rig.of_type("slot_blocked")
+    assert (blocked["identifier"], blocked["reason"]) == ("T-1", "continuation_limit")
     (row,) = rig.runtime.snapshot().to_dict()["blocked"]
     assert (row["identifier"], row["reason"]) == ("T-1", "continuation_limit")

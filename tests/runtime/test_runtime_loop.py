@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime
+import io
 import itertools
 import json
 from pathlib import Path
@@ -12,7 +13,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from lorenz.daemon.logs import configure_for_workflow
 from lorenz.model import Issue, ManualClock, RetryKind, slot_key
+from lorenz.workflow import load_workflow
 from tests.runtime.harness import build_rig, write_agent, write_workflow
 
 
@@ -495,3 +498,62 @@ async def test_an_issue_with_a_nul_byte_is_reported_once_and_never_run_until_it_
     rig.tracker.update("id-1", title="good title")  # fixed: it runs
     await rig.runtime.poll_once(wait_for_runs=True)
     assert [e["identifier"] for e in rig.of_type("run_started")] == ["T-1"]
+
+
+async def test_an_issue_with_an_identifier_over_the_run_spec_limit_is_refused_once(
+    tmp_path: Path,
+) -> None:
+    agent = write_agent(tmp_path, "agent", RECORDING_AGENT)
+    wf = write_workflow(tmp_path, agent_script=agent)
+    long = dataclasses.replace(issue(1), identifier="T-" + "9" * 598)
+    rig = build_rig(wf, issues=[long])
+    await rig.runtime.poll_once(wait_for_runs=True)
+    await rig.runtime.poll_once(wait_for_runs=True)
+
+    [skipped] = rig.of_type("dispatch_skipped")
+    assert (skipped["reason"], skipped["code"], skipped["fields"]) == (
+        "issue_field_invalid", "issue_field_invalid", ["identifier"])
+    assert "identifier is 600 characters long, over the limit of 200" in skipped["message"]
+    assert rig.of_type("run_started") == []
+    assert rig.of_type("poll_error") == []
+    assert rig.runtime.snapshot().to_dict()["retrying"] == []
+
+
+WEBHOOK_SECRET = "whsec-literal-sentinel-7f3a"
+
+LEAKING_AGENT = f"""
+ws = pathlib.Path(env["LORENZ_WORKSPACE"])
+(ws / "env.json").write_text(json.dumps(dict(env)))
+print("my token is {WEBHOOK_SECRET}", flush=True)
+raise SystemExit("failed holding {WEBHOOK_SECRET}")
+"""
+
+
+async def test_a_literal_webhook_secret_never_reaches_the_agent_nor_the_events_or_log(
+    tmp_path: Path,
+) -> None:
+    agent = write_agent(tmp_path, "agent", LEAKING_AGENT)
+    wf = write_workflow(tmp_path, agent_script=agent, front_matter={
+        "tracker": {"kind": "memory", "webhook_secret": WEBHOOK_SECRET},
+        "logging": {"level": "debug"},
+        "agents": {"test": {
+            "protocol": "command", "command": f"python3 {agent}",
+            # NB: a variable whose name says nothing: only the value gives the secret away.
+            "env": {"SIGNING": WEBHOOK_SECRET, "EXTRA": "yes"}}}})
+    log = io.StringIO()
+    # The daemon's log handler, configured for this workflow as the host does.
+    setup = configure_for_workflow(load_workflow(wf, environ={}), environ={}, stream=log)
+    try:
+        rig = build_rig(wf, issues=[issue(1)])
+        await rig.runtime.start(once=True)
+    finally:
+        setup.close()
+
+    assert rig.of_type("run_failed")
+    env = json.loads((tmp_path / "workspaces" / "T-1" / "env.json").read_text())
+    assert env["EXTRA"] == "yes"
+    assert WEBHOOK_SECRET not in json.dumps(env)
+    assert WEBHOOK_SECRET not in json.dumps(rig.events)
+    assert WEBHOOK_SECRET not in json.dumps(rig.runtime.snapshot().to_dict())
+    assert "agent stderr: failed holding" in log.getvalue()  # the agent's own words are logged
+    assert WEBHOOK_SECRET not in log.getvalue()

@@ -78,8 +78,12 @@ _RECORD_ATTRIBUTES = frozenset(
 
 
 def tracker_secrets(settings: WorkflowSettings, environ: Mapping[str, str]) -> list[str]:
-    """The values never to log: ``tracker.api_key`` and the well-known token variables."""
-    return secret_values(api_key=settings.tracker.api_key, environ=environ)
+    """The values never to log: ``tracker.api_key``, ``tracker.webhook_secret`` and the
+    well-known token variables."""
+    values = secret_values(api_key=settings.tracker.api_key, environ=environ)
+    if settings.tracker.webhook_secret:
+        values.append(settings.tracker.webhook_secret)
+    return values
 
 
 # ------------------------------------------------------------------------------ run context

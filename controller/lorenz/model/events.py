@@ -26,6 +26,11 @@ class EventType(enum.StrEnum):
     POLL_ERROR = "poll_error"
     DRY_RUN = "dry_run"
     DISPATCH_SKIPPED = "dispatch_skipped"
+    DISPATCH_PAUSED = "dispatch_paused"
+    """The claim store refuses writes (``claim_store_write_failed``): nothing is dispatched
+    until a heartbeat is written again."""
+    DISPATCH_RESUMED = "dispatch_resumed"
+    """The claim store accepts writes again: dispatch goes on."""
     RUN_RESERVING = "run_reserving"
     RUN_STARTED = "run_started"
     RUN_UPDATE = "run_update"
@@ -76,12 +81,10 @@ class EventDetails(TypedDict, total=False):
     identifier: str
     attempt: int | None
     host: str | None
-    outcome: RunOutcome | ActionOutcome | str
-    """NB: a string is taken too (and made the enum by :class:`RuntimeEvent`) while callers
-    still pass ``.value``; an unknown one raises ``ValueError``."""
+    outcome: RunOutcome | ActionOutcome
     reason: str
     code: str
-    retry_kind: RetryKind | str
+    retry_kind: RetryKind
     due_at: datetime.datetime
     delay_ms: int
     error: str | None
@@ -146,8 +149,8 @@ class RuntimeEvent:
     """``run_update``: when the agent last reported (not on the wire)."""
 
     def __post_init__(self) -> None:
-        # NB: the runtime hands in the wire strings (``retry.kind.value``); the fields are the
-        # enums either way, so listeners compare members, not spellings.
+        # NB: a wire string (a decoded document) is made the enum; the fields are the enums
+        # either way, so listeners compare members, not spellings.
         outcome: object = self.outcome
         if outcome is not None and not isinstance(outcome, RunOutcome | ActionOutcome):
             typed = (

@@ -5,9 +5,6 @@ Every function here is a plain computation over model objects and settings, with
 no I/O, so each rule is tested on its own and the orchestrator (layer 3) only combines them.
 """
 
-# NB: ``StopReason`` lives in lorenz.model.lifecycle; it is re-exported here only for the
-# runtime, which imports it from this package (to be removed once it imports the model's).
-from lorenz.model.lifecycle import StopReason
 from lorenz.policies.admission import Admission, Admitted, Refusal, admission
 from lorenz.policies.backoff import (
     CONTINUATION_ATTEMPT,
@@ -85,7 +82,6 @@ __all__ = [
     "IssueRules",
     "Refusal",
     "RunLocation",
-    "StopReason",
     "WorkerHealth",
     "admission",
     "agent_kind_for",

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 
 from lorenz.config import TerminalAction
-from lorenz.model import EventType, LorenzError
+from lorenz.model import ActionOutcome, EventType, LorenzError
 from lorenz.orchestrator import EligibilityReport
 from lorenz.orchestrator.state import BlockedEntry
 from lorenz.policies.retries import escalation_body
@@ -121,7 +121,7 @@ class Blocking:
                         slot=blocked.slot_index,
                         message=f"{blocked.action.value} applied",
                         reason=blocked.action.value,
-                        outcome="applied",
+                        outcome=ActionOutcome.APPLIED,
                     )
                 else:
                     self._parts.reporting.event(
@@ -131,7 +131,7 @@ class Blocking:
                         slot=blocked.slot_index,
                         message=f"{blocked.action.value} failed: {error}; tried again next poll",
                         reason=blocked.action.value,
-                        outcome="failed",
+                        outcome=ActionOutcome.FAILED,
                         code=code,
                         error=error,
                     )

@@ -17,8 +17,10 @@ from typing import Any, Protocol
 
 from lorenz.agents import AgentRunRequest, PlacementFailed, RunPlacement
 from lorenz.agents.environment import agent_environment
-from lorenz.config import AgentKindSettings, TrackerKind, WorkerKind, WorkflowSettings
+from lorenz.claims.errors import ClaimStoreWriteFailed
+from lorenz.config import AgentKindSettings, TrackerKind, WorkflowSettings
 from lorenz.model import (
+    AbortReason,
     AgentUpdate,
     EventType,
     Issue,
@@ -29,15 +31,17 @@ from lorenz.model import (
     RunningEntry,
     RunOutcome,
     SlotKey,
+    StopReason,
 )
 from lorenz.model.variables import run_variables
 from lorenz.orchestrator import DispatchCandidate, Reserved, Skipped, Started
-from lorenz.policies import StopReason, WorkerHealth, agent_kind_for, classify_worker_outcome
+from lorenz.policies import WorkerHealth, agent_kind_for, classify_worker_outcome
+from lorenz.policies.placement import RunLocation, run_location
 from lorenz.runtime.blocking import Blocking
 from lorenz.runtime.parts import RuntimeParts
 from lorenz.runtime.reconciling import Reconciling
 from lorenz.runtime.reporting import describe_error
-from lorenz.runtime.runs import AbortReason, ActiveRun, PendingExit
+from lorenz.runtime.runs import ActiveRun, PendingExit
 from lorenz.runtime.tools import tracker_tools
 from lorenz.tasks import run_to_completion
 from lorenz.workflow import continuation_prompt, render_prompt
@@ -215,6 +219,8 @@ class Dispatching:
         issue = candidate.issue
         if self._parts.status.draining:
             return None  # NB: a drain starts nothing, wherever the candidate came from
+        if self._reconciling.write_failure is not None:
+            return None  # NB: a claim the store cannot record must not be run (paused)
         if self.refuse_unpassable(issue, slot=candidate.slot_index):
             return None
         result = await self._parts.orchestrator.claim(candidate)
@@ -279,14 +285,20 @@ class Dispatching:
         )
 
     def refuse_unpassable(self, issue: Issue, *, slot: int) -> bool:
-        """Whether an issue holds a field no process can be given (a NUL byte); say so once.
+        """Whether an issue holds a field no run can be given; say so once.
 
         Hooks and agents get the identifier, title and state as environment variables (and the
-        identifier names the workspace); a NUL byte cannot be passed to a process at all, so
-        such an issue is not started — no run, no retry — and reported once per version of it
+        identifier names the workspace), and a worker gets them in its run spec: a NUL byte
+        cannot be passed to a process at all, and a field over the run spec's limit cannot be
+        put in one (:func:`lorenz.workers.spec.unpassable_fields`). Such an issue is not
+        started — no run, no retry — and reported once per version of it
         (``issue_field_invalid``): it is looked at again when it changes.
         """
-        fields = [name for name in _PASSED_FIELDS if "\x00" in (getattr(issue, name) or "")]
+        # NB: imported here, so the runtime does not load the workers before a dispatch.
+        from lorenz.workers.spec import unpassable_fields
+
+        problems = unpassable_fields(issue)
+        fields = sorted(problems)
         if not fields:
             self._refused.pop(issue.id, None)
             return False
@@ -297,8 +309,9 @@ class Dispatching:
                 EventType.DISPATCH_SKIPPED,
                 issue=issue,
                 slot=slot,
-                message=f"skipped: the issue's {', '.join(fields)} hold(s) a NUL byte, which "
-                "cannot be passed to hooks or agents; edit the issue to remove it",
+                message="skipped: the issue's "
+                + "; ".join(f"{name} {problems[name]}" for name in fields)
+                + ", which cannot be passed to hooks or agents; edit the issue to fix it",
                 reason="issue_field_invalid",
                 code="issue_field_invalid",
                 fields=fields,
@@ -424,7 +437,10 @@ class Dispatching:
             kind_name = entry.agent_kind or agent_kind_for(issue, agent=settings.agent)
             kind = _agent_kind(settings, kind_name)
             placement: RunPlacement | None = None
-            if settings.worker.kind is WorkerKind.POD and worker_slot is None:
+            location = run_location(
+                settings.worker, host=entry.host, pooled=worker_slot is not None
+            )
+            if location is RunLocation.POD:
                 # A Pod of its own (the operator's pod runner): like an SSH host, the worker
                 # there creates the workspace on the Pod's volume and runs every hook.
                 from lorenz.workers.placement import POD_PLACEMENT, pod_workspace_path
@@ -435,7 +451,7 @@ class Dispatching:
                 )
                 workspace_path = str(path)
                 await self._parts.orchestrator.set_workspace(key, str(path))
-            elif entry.host is not None and worker_slot is None:
+            elif location is RunLocation.SSH and entry.host is not None:
                 # SSH placement (a static-path host is a worker.ssh_hosts entry; a pool's hosts
                 # are the pool's business): the workspace and its hooks live on the host; the
                 # worker there creates it and runs them (nothing of it exists on this machine).
@@ -591,7 +607,7 @@ class Dispatching:
             elif run.reason is AbortReason.SHUTDOWN:
                 # A clean shutdown: keep the slot's place with a continuation retry, so a
                 # durable store brings it back after a restart without counting a failure.
-                await self._parts.orchestrator.finish(key, normal=True, error=None)
+                await self.finish_for_shutdown(key)
             elif run.is_active and key in self._reconciling.grace_keys(run.issue_id):
                 await self._reconciling.settle_in_grace(
                     run, key=key, normal=normal, text=text
@@ -653,12 +669,24 @@ class Dispatching:
             if run.reason is AbortReason.SHUTDOWN:
                 # Stopped while waiting: as any shutdown, keep the slot's place (if the pass
                 # did not decide it already).
-                await self._parts.orchestrator.finish(run.key, normal=True, error=None)
+                await self.finish_for_shutdown(run.key)
                 return
             if run.reason is None:
                 run.reason = AbortReason.SHUTDOWN
-                await self._parts.orchestrator.finish(run.key, normal=True, error=None)
+                await self.finish_for_shutdown(run.key)
                 raise
+
+    async def finish_for_shutdown(self, key: SlotKey) -> None:
+        """End a run stopped by the shutdown: its continuation keeps the slot's place, and the
+        stop does not count as one of the agent's continuations."""
+        try:
+            await self._parts.orchestrator.finish(
+                key, normal=True, error=None, count_continuation=False
+            )
+        except ClaimStoreWriteFailed as exc:
+            # NB: a full disk must not turn a clean stop into a traceback; the claim stays
+            # running in the store, and the next controller recovers it as interrupted.
+            logger.warning("slot not recorded at shutdown slot=%s: %s", key, exc)
 
     def take_exits(self) -> list[PendingExit]:
         exits = list(self._exits.values())
@@ -686,9 +714,11 @@ class Dispatching:
                     issue=finished.entry.issue,
                     slot=finished.entry.slot_index,
                     message="run finished",
-                    outcome=RunOutcome.SUCCESS.value,
+                    outcome=RunOutcome.SUCCESS,
                 )
                 self._parts.reporting.retry_event(finished.retry)
+                if finished.blocked is not None:
+                    self._blocking.on_blocked(finished.blocked)
                 if finished.retry is not None and not self._parts.status.stopped:
                     self._parts.timers.sync(self._parts.orchestrator.retry_deadlines())
                 return
@@ -705,7 +735,7 @@ class Dispatching:
                     issue=finished.entry.issue,
                     slot=finished.entry.slot_index,
                     message=f"run finished; issue {reason}, released",
-                    outcome=RunOutcome.SUCCESS.value,
+                    outcome=RunOutcome.SUCCESS,
                     reason=str(reason),
                 )
             if reason is StopReason.TERMINAL and self._reconciling.finishing_turn(
@@ -818,7 +848,11 @@ class Dispatching:
         extra["LORENZ_WORKFLOW"] = str(self._parts.workflow.current.path)
         if settings.tracker.kind is TrackerKind.FILES and settings.tracker.path:
             extra["LORENZ_TRACKER_PATH"] = settings.tracker.path
-        secrets = [settings.tracker.api_key] if settings.tracker.api_key else []
+        secrets = [
+            value
+            for value in (settings.tracker.api_key, settings.tracker.webhook_secret)
+            if value
+        ]
         base = {} if remote else self._parts.base_env
         return agent_environment(base=base, extra=extra, secret_values=secrets)
 
@@ -854,10 +888,6 @@ class Dispatching:
         self._parts.reporting.agent_update(key, update, progress)
         # NB: a new session (a turn began) is more than progress: the log lines carry it.
         self._parts.reporting.emit_snapshot(progress_only=update.session_id is None)
-
-
-_PASSED_FIELDS = ("id", "identifier", "title", "state")
-"""Issue fields handed to hooks and agents as environment variables (or a workspace name)."""
 
 
 def _agent_kind(settings: WorkflowSettings, name: str) -> AgentKindSettings:

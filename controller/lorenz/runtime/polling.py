@@ -201,6 +201,7 @@ class Polling:
             if self._prove_leadership is not None:
                 await self._prove_leadership()
             await self._reconciling.heartbeat_claims()
+            paused = self._reconciling.write_failure
             await self._reloading.reload_if_changed()
             settings = self._parts.settings
             validate_dispatch(settings)
@@ -228,7 +229,7 @@ class Polling:
             self._last_eligible = len(eligible)
             if not dry_run:
                 self._parts.timers.sync(self._parts.orchestrator.retry_deadlines())
-            for candidate in eligible:
+            for candidate in eligible if paused is None else ():
                 if self._parts.status.stopped or self._parts.status.draining:
                     break
                 if dry_run:
@@ -246,7 +247,11 @@ class Polling:
                 elif self._parts.orchestrator.available_slots() <= 0:
                     # NB: the global cap is full; every later candidate would be skipped too.
                     break
-            self._last_poll_error = None
+            # NB: a paused dispatch is the poll's error until it resumes (``lorenz status``);
+            # the dispatch_paused event logged it once.
+            self._last_poll_error = (
+                None if paused is None else self._parts.reporting.scrub(describe_error(paused))
+            )
             self._last_poll_at = self._parts.clock.now()
             self._parts.reporting.event(
                 EventType.POLL_COMPLETED,

@@ -15,21 +15,23 @@ from pathlib import Path
 from typing import Protocol
 
 from lorenz.agents import AdoptionCanceller, DroppedAdoption, RunPlacement
+from lorenz.claims.errors import ClaimStoreWriteFailed
 from lorenz.model import (
+    AbortReason,
     EventType,
     Issue,
     LorenzError,
     RetryEntry,
     RunOutcome,
     SlotKey,
+    StopReason,
     parse_slot_key,
 )
 from lorenz.orchestrator import Released
-from lorenz.policies import StopReason
 from lorenz.runtime.blocking import Blocking
 from lorenz.runtime.parts import RuntimeParts
 from lorenz.runtime.reporting import describe_error
-from lorenz.runtime.runs import AbortReason, ActiveRun, PendingExit, TerminalGrace
+from lorenz.runtime.runs import ActiveRun, PendingExit, TerminalGrace
 from lorenz.workspaces import PRESERVING_CODES, Workspace, WorkspaceCleanupError
 from lorenz.workspaces.keys import workspace_key
 
@@ -66,6 +68,14 @@ class Reconciling:
         self._graces: dict[str, TerminalGrace] = {}
         """Issues that turned terminal mid-turn, by id, while their runs finish the turn."""
         self._startup_cleanup_done = False
+        self._write_failure: ClaimStoreWriteFailed | None = None
+
+    @property
+    def write_failure(self) -> ClaimStoreWriteFailed | None:
+        """Why the claim store refuses writes (full or read-only disk), from the last heartbeat;
+        ``None`` once a heartbeat succeeds. Dispatch is paused while it is set: a claim that
+        cannot be recorded must not be run."""
+        return self._write_failure
 
     def in_grace(self, issue_id: str) -> bool:
         """Whether this issue turned terminal and its runs are finishing their last turn."""
@@ -81,16 +91,41 @@ class Reconciling:
     async def heartbeat_claims(self) -> None:
         """Prove our claims are still ours before this tick mutates anything.
 
+        A store the file system refuses to write (``claim_store_write_failed``: a full or
+        read-only disk) pauses dispatch until a heartbeat is written again (see
+        :attr:`write_failure`): one ``dispatch_paused`` event when it starts, one
+        ``dispatch_resumed`` when it clears.
+
         A store that declared us stale and handed our claims to another owner says so once
         (``claim_owner_lost``): every local run of those slots now belongs to someone else, so
         it is aborted without recording a result, and the slots are forgotten locally.
         """
         try:
             await self._parts.orchestrator.heartbeat()
+        except ClaimStoreWriteFailed as exc:
+            # NB: not raised: the tick goes on (reconciliation, blocked slots, the candidate
+            # read) and only dispatch pauses; the store logged the outage once already.
+            if self._write_failure is None:
+                self._parts.reporting.event(
+                    EventType.DISPATCH_PAUSED,
+                    message=f"dispatch paused: {exc}",
+                    code=exc.code,
+                )
+            self._write_failure = exc
+            return
         except LorenzError as exc:
             if exc.code != "claim_owner_lost":
                 raise
             await self.abandon_runs(reason=str(exc))
+            return
+        if self._write_failure is not None:
+            # A heartbeat was written: the store cleared its condition, and so do we.
+            self._write_failure = None
+            self._parts.reporting.event(
+                EventType.DISPATCH_RESUMED,
+                message="dispatch resumed: the claim store accepts writes again",
+                code=ClaimStoreWriteFailed.code,
+            )
 
     async def abandon_runs(self, *, reason: str) -> None:
         """Abort every local run whose claim we no longer own; record nothing for them."""

@@ -71,7 +71,8 @@ class Reporting:
         self._base_env = base_env
         self._projection = Projection()
         self._redactor = Redactor()
-        self._redactor_key: str | None = None
+        self._redactor_key: tuple[str | None, str | None] = (None, None)
+        """The tracker's API key and webhook secret the redactor was last built with."""
         self._redactor.update(tracker_secrets(api_key=None, environ=base_env))
         self._snapshot: Callable[[], RuntimeSnapshot] | None = None
         self._snapshot_listeners: list[SnapshotListener] = []
@@ -119,7 +120,7 @@ class Reporting:
             slot=retry.slot_index,
             attempt=retry.attempt,
             message=f"{retry.kind.value} retry #{retry.attempt} due {retry.due_at.isoformat()}",
-            retry_kind=retry.kind.value,
+            retry_kind=retry.kind,
             due_at=retry.due_at,
             delay_ms=round(retry.due_at_ms - self._clock.monotonic_ms()),
             error=retry.error,
@@ -135,7 +136,7 @@ class Reporting:
                 slot=retry.slot_index,
                 attempt=retry.attempt,
                 message=f"{retry.kind.value} retry #{retry.attempt} released: {reason}",
-                retry_kind=retry.kind.value,
+                retry_kind=retry.kind,
                 reason=reason,
             )
 
@@ -177,7 +178,7 @@ class Reporting:
             issue=entry.issue,
             slot=entry.slot_index,
             message=finished_as if normal else (error or "run failed"),
-            outcome=outcome.value,
+            outcome=outcome,
         )
 
     def record_run(self, entry: RunningEntry, *, outcome: RunOutcome, error: str | None) -> None:
@@ -294,12 +295,14 @@ class Reporting:
 
     def current_redactor(self) -> Redactor:
         """The redactor for the current settings (rebuilt only when a reload changed the key)."""
-        api_key = self._workflow.current.settings.tracker.api_key
-        if self._redactor_key != api_key:
-            self._redactor.update(
-                tracker_secrets(api_key=api_key, environ=self._base_env)
-            )
-            self._redactor_key = api_key
+        tracker = self._workflow.current.settings.tracker
+        key = (tracker.api_key, tracker.webhook_secret)
+        if self._redactor_key != key:
+            values = tracker_secrets(api_key=tracker.api_key, environ=self._base_env)
+            if tracker.webhook_secret:
+                values.append(tracker.webhook_secret)
+            self._redactor.update(values)
+            self._redactor_key = key
         return self._redactor
 
     def emit_snapshot(self, *, progress_only: bool = False) -> None:

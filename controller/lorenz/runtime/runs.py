@@ -11,22 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import enum
 
-from lorenz.model import Issue, SlotKey
-
-
-class AbortReason(enum.StrEnum):
-    STALLED = "stalled"
-    CANCELED = "canceled"
-    """Reconciliation (or a deleted Claim) stopped the run."""
-    SHUTDOWN = "shutdown"
-    """The runtime is stopping; the abort counts as a clean shutdown, not a failure."""
-    LEADERSHIP_LOST = "leadership_lost"
-    HANDED_OVER = "handed_over"
-    """The runtime stops and leaves the run's detached worker to the next controller: nothing
-    is recorded (its claim stays ``running`` with its spawn intent, for adoption) and no
-    ``after_run`` hook runs here (the adopting controller runs it when the run ends)."""
+from lorenz.model import AbortReason, Issue, SlotKey
 
 
 @dataclasses.dataclass(slots=True)

@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from lorenz.agents import AgentRunner
 from lorenz.config import AgentProtocol, WorkflowSettings
 from lorenz.model import (
+    AbortReason,
     AppStatus,
     Clock,
     EventType,
@@ -49,7 +50,7 @@ from lorenz.runtime.reconciling import Reconciling
 from lorenz.runtime.reloading import Reloading
 from lorenz.runtime.reporting import EventListener, Reporting, SnapshotListener
 from lorenz.runtime.retry_timers import RetryTimers
-from lorenz.runtime.runs import AbortReason, ActiveRuns
+from lorenz.runtime.runs import ActiveRuns
 from lorenz.tasks import BackgroundTasks
 from lorenz.trackers import TrackerClient
 from lorenz.workflow import LoadedWorkflow, WorkflowStamp

@@ -44,7 +44,7 @@ from lorenz.agents import (
     agent_environment,
     build_runner,
 )
-from lorenz.model import AgentUpdate, LorenzError
+from lorenz.model import AgentUpdate, LorenzError, WorkerPhase
 from lorenz.tasks import BackgroundTasks, run_to_completion
 from lorenz.workers.journal import FINAL, JournalWriter, Record, read_journal
 from lorenz.workers.protocol import (
@@ -73,14 +73,6 @@ class ExitStatus(enum.IntEnum):
     FAILED = 1
     SPEC_INVALID = 2
     CANCELED = 3
-
-
-class Phase(enum.StrEnum):
-    STARTING = "starting"
-    PREPARING = "preparing"
-    AGENT = "agent"
-    CLEANUP = "cleanup"
-    FINAL = "final"
 
 
 class _ConnectionClosed(Exception):
@@ -164,7 +156,7 @@ class Worker:
         self.spec = spec
         self.state_dir = state_dir
         self.socket_path = state_dir / SOCKET_NAME
-        self.phase = Phase.STARTING
+        self.phase = WorkerPhase.STARTING
         self._journal = JournalWriter(
             state_dir / "journal.jsonl", max_bytes=spec.journal_max_bytes
         )
@@ -303,10 +295,10 @@ class Worker:
             outcome, error, code = "failed", f"{type(exc).__name__}: {exc}", "worker_crashed"
         finally:
             self._agent_task = None
-        self.phase = Phase.CLEANUP
+        self.phase = WorkerPhase.CLEANUP
         if _is_dir(workspace):
             await self._after_run(workspace)
-        self.phase = Phase.FINAL
+        self.phase = WorkerPhase.FINAL
         status = {
             "success": ExitStatus.SUCCESS,
             "failed": ExitStatus.FAILED,
@@ -331,7 +323,7 @@ class Worker:
     async def _work(self, workspace: Path) -> AgentRunResult:
         """Prepare the workspace, run ``before_run``, then the agent session."""
         spec = self.spec
-        self.phase = Phase.PREPARING
+        self.phase = WorkerPhase.PREPARING
         if spec.create_workspace and not _is_dir(workspace):
             _make_dir(workspace)
             try:
@@ -349,7 +341,7 @@ class Worker:
                 code="workspace_missing",
             )
         await self._hook("before_run", workspace)
-        self.phase = Phase.AGENT
+        self.phase = WorkerPhase.AGENT
         return await build_runner(spec.agent.protocol).run(self._request(workspace))
 
     def _request(self, workspace: Path) -> AgentRunRequest:

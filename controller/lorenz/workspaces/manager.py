@@ -243,11 +243,10 @@ class WorkspaceManager:
         attempt: int | None,
         slot_index: int,
     ) -> dict[str, str]:
-        api_key = self._settings.tracker.api_key
         return hook_environment(
             base=self._base_env if self._base_env is not None else os.environ,
             strip_names=self._secrets,
-            strip_values=frozenset({api_key} if api_key else ()),
+            strip_values=self._secret_values(),
             variables={
                 **run_variables(
                     issue_id=identity.issue_id,
@@ -262,13 +261,18 @@ class WorkspaceManager:
             },
         )
 
+    def _secret_values(self) -> frozenset[str]:
+        """The tracker's secrets by value: the API key and the webhook signing secret (either
+        may be a literal in the workflow, so no variable name gives it away)."""
+        tracker = self._settings.tracker
+        return frozenset(value for value in (tracker.api_key, tracker.webhook_secret) if value)
+
     def _plain_env(self) -> dict[str, str]:
         """The environment for git commands: the parent's, minus tracker secrets."""
-        api_key = self._settings.tracker.api_key
         return hook_environment(
             base=self._base_env if self._base_env is not None else os.environ,
             strip_names=self._secrets,
-            strip_values=frozenset({api_key} if api_key else ()),
+            strip_values=self._secret_values(),
             variables={},
         )
 

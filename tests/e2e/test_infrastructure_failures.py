@@ -1,0 +1,111 @@
+"""Issue #32 point 2 end to end: a host that cannot start workers never spends an issue's retry
+budget.
+
+A real ``lorenz --feature daemon`` on a files tracker runs every agent in a real worker. Its
+worker state root is unusable (a read-only bind mount of it: root ignores permission bits, but
+not a read-only mount), so every launch fails with a host-side code. With
+``retry.max_attempts: 1`` and ``terminal_action: cancel`` one counted failure would cancel the
+issue; these never count (``lorenz.policies.retries.INFRASTRUCTURE_CODES``), so the issue stays
+where it was and runs once the state root is usable again.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.daemon.conftest import daemon_env, daemons, root, runtime_dir
+from tests.daemon.harness import DaemonProcess, read_agent_log, write_daemon_workflow
+
+__all__ = ["daemon_env", "daemons", "root", "runtime_dir"]  # fixtures used here
+
+WAIT_S = 90.0
+"""Hang protection only: failed launches a few hundred ms apart on a loaded 2-core machine."""
+
+HOST_FAILURE = re.compile(r"run_failed (worker_launch_failed|worker_state_error)")
+
+
+@pytest.fixture
+def read_only_state_root(daemon_env: dict[str, str]) -> Iterator[Path]:
+    """The daemon's worker state root, bind-mounted read-only on itself (unmounted after)."""
+    if os.geteuid() != 0:
+        pytest.skip("a bind mount needs root")
+    state_root = Path(daemon_env["LORENZ_WORKER_STATE"])
+    state_root.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "--bind", str(state_root), str(state_root)], check=True)
+    try:
+        subprocess.run(
+            ["mount", "-o", "remount,ro,bind", str(state_root)], check=True
+        )
+        yield state_root
+    finally:
+        # NB: lazy, so a worker that kept a file open cannot keep the mount alive.
+        subprocess.run(["umount", "-l", str(state_root)], check=False)
+
+
+def issue_state(root: Path, identifier: str) -> str:
+    text = (root / "issues" / f"{identifier}.md").read_text(encoding="utf-8")
+    match = re.search(r"^state: (.+)$", text, flags=re.MULTILINE)
+    assert match is not None, text
+    return match.group(1).strip()
+
+
+def test_a_host_that_cannot_start_workers_never_cancels_the_issue(
+    root: Path,
+    daemon_env: dict[str, str],
+    daemons: list[DaemonProcess],
+    read_only_state_root: Path,
+) -> None:
+    workflow = write_daemon_workflow(
+        root,
+        issues=("B-1",),
+        front_matter={
+            "tracker": {
+                "kind": "files",
+                "path": "issues",
+                "active_states": ["Todo"],
+                "terminal_states": ["Done", "Canceled"],
+            },
+            "retry": {
+                "max_attempts": 1,
+                "terminal_action": "cancel",
+                "cancel_state": "Canceled",
+                "backoff": {"initial_ms": 100, "max_ms": 300},
+            },
+        },
+    )
+    daemon = DaemonProcess(
+        workflow, env=daemon_env, args=["--feature", "daemon"], output=root / "daemon.log"
+    )
+    daemons.append(daemon.start())
+    daemon.wait_ready()
+
+    # Three host-side failures in a row: with a budget of one, a counted one would cancel.
+    deadline = time.monotonic() + WAIT_S
+    while len(HOST_FAILURE.findall(daemon.log())) < 3 and "slot_blocked" not in daemon.log():
+        assert daemon.alive(), daemon.log()[-4000:]
+        assert time.monotonic() < deadline, daemon.log()[-4000:]
+        time.sleep(0.05)
+    log = daemon.log()
+    assert "slot_blocked" not in log, log[-4000:]
+    assert "terminal_action" not in log, log[-4000:]
+    assert issue_state(root, "B-1") == "Todo"
+    assert read_agent_log(root / "agent.log") == []
+
+    # Writable again: the next retry's worker starts.
+    subprocess.run(["umount", str(read_only_state_root)], check=True)
+    deadline = time.monotonic() + WAIT_S
+    while not read_agent_log(root / "agent.log"):
+        assert daemon.alive(), daemon.log()[-4000:]
+        assert time.monotonic() < deadline, daemon.log()[-4000:]
+        time.sleep(0.05)
+    assert "terminal_action" not in daemon.log()
+    assert issue_state(root, "B-1") == "Todo"
+    daemon.terminate()
+    assert daemon.wait() == 0, daemon.log()[-4000:]
