@@ -23,6 +23,7 @@ from lorenz.agents.base import (
 )
 from lorenz.agents.environment import TRACKER_SECRET_ENV, agent_environment
 from lorenz.config import AgentProtocol
+from lorenz.model.codes import ErrorCode
 
 _RUNNERS: dict[AgentProtocol, tuple[str, str]] = {
     AgentProtocol.CODEX_APP_SERVER: ("lorenz.agents.codex", "CodexAppServerRunner"),
@@ -54,7 +55,7 @@ def build_runner(protocol: AgentProtocol | str) -> AgentRunner:
         known = ", ".join(p.value for p in AgentProtocol)
         raise AgentRunError(
             f"unknown agent protocol {protocol!r}; use one of: {known}",
-            code="agent_protocol_unavailable",
+            code=ErrorCode.AGENT_PROTOCOL_UNAVAILABLE,
         ) from None
     module_name, class_name = _RUNNERS[key]
     try:
@@ -64,7 +65,7 @@ def build_runner(protocol: AgentProtocol | str) -> AgentRunner:
         raise AgentRunError(
             f"the {key.value!r} agent protocol is not available in this build ({exc}); "
             "pick another agents.<kind>.protocol",
-            code="agent_protocol_unavailable",
+            code=ErrorCode.AGENT_PROTOCOL_UNAVAILABLE,
         ) from exc
     runner: AgentRunner = runner_class()
     return runner

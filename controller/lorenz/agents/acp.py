@@ -68,6 +68,7 @@ from lorenz.agents.jsonrpc import (
 from lorenz.agents.processes import AgentProcess, AgentStdinClosed, spawn_agent
 from lorenz.config import ApprovalMode
 from lorenz.model import AgentUpdate, TokenUsage
+from lorenz.model.codes import ErrorCode
 
 logger = logging.getLogger(__name__)
 
@@ -192,7 +193,7 @@ class _AcpRun:
                         f"startup_timeout_ms={limit_ms}; check that the command starts an ACP "
                         "agent (e.g. `gemini --acp`) and how long its login shell takes: "
                         f"{self.process.stderr_tail(max_bytes=500)}",
-                        code="startup_timeout",
+                        code=ErrorCode.STARTUP_TIMEOUT,
                     )
             async with asyncio.timeout(timeout_s):
                 return await asyncio.shield(request)
@@ -202,7 +203,7 @@ class _AcpRun:
                 f"the ACP agent did not answer {method} within read_timeout_ms={ms}; check that "
                 "the command starts an ACP agent (e.g. `gemini --acp`) or raise "
                 f"read_timeout_ms: {self.process.stderr_tail(max_bytes=500)}",
-                code="read_timeout",
+                code=ErrorCode.READ_TIMEOUT,
             ) from None
         except (ConnectionClosed, AgentStdinClosed):
             raise await self.exited(f"before answering {method}") from None
@@ -218,7 +219,7 @@ class _AcpRun:
         tail = self.process.stderr_tail(max_bytes=1000) or "(no stderr output)"
         return AgentRunError(
             f"the ACP agent exited (status {status}) {when}; its stderr ends with: {tail}",
-            code="agent_exited",
+            code=ErrorCode.AGENT_EXITED,
         )
 
     # -- the run --------------------------------------------------------------------------
@@ -262,7 +263,7 @@ class _AcpRun:
             raise AgentRunError(
                 f"the ACP agent refused initialize ({exc.code}: {exc.message}); check the agent "
                 "command and its version",
-                code="handshake_failed",
+                code=ErrorCode.HANDSHAKE_FAILED,
             ) from None
         except pydantic.ValidationError as exc:
             raise self.protocol_error("initialize", exc) from None
@@ -270,7 +271,7 @@ class _AcpRun:
             raise AgentRunError(
                 f"the ACP agent speaks protocol version {init.protocol_version}, Lorenz speaks "
                 f"{ACP_PROTOCOL_VERSION}; use an agent release that supports ACP v1",
-                code="handshake_failed",
+                code=ErrorCode.HANDSHAKE_FAILED,
             )
         try:
             raw = await self.call(
@@ -289,7 +290,7 @@ class _AcpRun:
                 )
             raise AgentRunError(
                 f"the ACP agent refused session/new ({exc.code}: {exc.message}); {hint}",
-                code="handshake_failed",
+                code=ErrorCode.HANDSHAKE_FAILED,
             ) from None
         except pydantic.ValidationError as exc:
             raise self.protocol_error("session/new", exc) from None
@@ -311,7 +312,7 @@ class _AcpRun:
         return AgentRunError(
             f"the ACP agent answered {what} with an invalid payload ({where}: {why}); "
             "it may speak another ACP version",
-            code="agent_protocol_error",
+            code=ErrorCode.AGENT_PROTOCOL_ERROR,
         )
 
     async def prompt_turn(self, text: str) -> str:
@@ -347,7 +348,7 @@ class _AcpRun:
                 f"turn {turn} did not finish within turn_timeout_ms="
                 f"{self.request.settings.turn_timeout_ms}; the agent was cancelled — raise "
                 "agents.<kind>.turn_timeout_ms if turns legitimately take longer",
-                code="turn_timeout",
+                code=ErrorCode.TURN_TIMEOUT,
             ) from None
         except (ConnectionClosed, AgentStdinClosed):
             self.in_flight = None
@@ -357,7 +358,7 @@ class _AcpRun:
             self.emit("turn_failed", message=f"turn {turn} failed: {exc.message}")
             raise AgentRunError(
                 f"the ACP agent failed turn {turn} ({exc.code}: {exc.message}); see its logs",
-                code="turn_failed",
+                code=ErrorCode.TURN_FAILED,
             ) from None
         self.in_flight = None
         try:
@@ -390,12 +391,12 @@ class _AcpRun:
             raise AgentRunError(
                 f"the agent refused to continue in turn {turn} (stopReason refusal); rephrase "
                 "the issue or the prompt template",
-                code="turn_refused",
+                code=ErrorCode.TURN_REFUSED,
             )
         raise AgentRunError(
             f"turn {turn} was cancelled by the agent (stopReason cancelled) without Lorenz "
             "asking; see the agent's logs",
-            code="turn_interrupted",
+            code=ErrorCode.TURN_INTERRUPTED,
         )
 
     def note_model(self, options: Sequence[Any] | None) -> None:

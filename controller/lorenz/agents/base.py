@@ -17,15 +17,16 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from lorenz.config import AgentKindSettings, HooksSettings, WorkerSettings
 from lorenz.model import AgentUpdate, Issue, LorenzError, SpawnIntent
+from lorenz.model.codes import ErrorCode
 
 
 class AgentRunError(LorenzError):
     """A run failed: ``code`` is one of the runner's documented codes (``turn_failed``, ...)."""
 
-    code = "agent_run_failed"
+    code = ErrorCode.AGENT_RUN_FAILED
 
 
-BUDGET_EXHAUSTED = "budget_exhausted"
+BUDGET_EXHAUSTED = ErrorCode.BUDGET_EXHAUSTED
 """The code of a run stopped because it crossed a spend cap (see docs/budgets.md)."""
 
 MODEL_EVENT = "agent_model"
@@ -115,7 +116,7 @@ class PlacementFailed(LorenzError):
     goes wrong is a failure like any other.
     """
 
-    code = "placement_failed"
+    code = ErrorCode.PLACEMENT_FAILED
 
     def __init__(self, message: str, *, code: str | None = None, reason: str) -> None:
         super().__init__(message, code=code)

@@ -48,6 +48,7 @@ from lorenz.agents.base import (
 )
 from lorenz.agents.processes import AgentProcess, AgentStdinClosed, LineTooLong, spawn_agent
 from lorenz.model import AgentUpdate, TokenUsage
+from lorenz.model.codes import ErrorCode
 
 _MESSAGE_CHARS = 200
 _PAYLOAD_CHARS = 1000
@@ -155,7 +156,7 @@ class _ClaudeRun:
                 raise AgentRunError(
                     "the agent never reported a session_id, so turn "
                     f"{self.turn} cannot --resume it; check that the command prints stream-json",
-                    code="agent_protocol_error",
+                    code=ErrorCode.AGENT_PROTOCOL_ERROR,
                 )
             resume = self.session_id
         command = claude_command(
@@ -191,7 +192,7 @@ class _ClaudeRun:
                     f"turn {self.turn} did not finish within turn_timeout_ms={timeout_ms}; the "
                     "agent was stopped — raise agents.<kind>.turn_timeout_ms if turns "
                     "legitimately take longer",
-                    code="turn_timeout",
+                    code=ErrorCode.TURN_TIMEOUT,
                 ) from None
             with contextlib.suppress(TimeoutError):
                 await process.wait(timeout_s=self.request.settings.read_timeout_ms / 1000)
@@ -247,7 +248,7 @@ class _ClaudeRun:
         return AgentRunError(
             f"the agent exited (status {process.returncode}) in turn {self.turn} without a "
             f"result event{hint}; its stderr ends with: {tail}",
-            code="agent_exited",
+            code=ErrorCode.AGENT_EXITED,
         )
 
     def announce_session(self, *, message: str, payload: dict[str, Any] | None = None) -> None:
@@ -412,12 +413,12 @@ class _ClaudeRun:
                 f"the agent used all its --max-turns ({result.get('num_turns')} agentic turns) in "
                 f"turn {self.turn}; raise agent.max_turns or put a larger --max-turns in the "
                 "command",
-                code="max_turns_reached",
+                code=ErrorCode.MAX_TURNS_REACHED,
             )
         detail = result.get("errors") or result.get("result") or "no detail"
         raise AgentRunError(
             f"turn {self.turn} failed ({subtype or 'error'}): {_clip(str(detail), 300)}",
-            code="turn_failed",
+            code=ErrorCode.TURN_FAILED,
         )
 
 

@@ -51,6 +51,7 @@ from lorenz.agents.jsonrpc import (
 from lorenz.agents.processes import AgentProcess, spawn_agent
 from lorenz.config import ApprovalMode
 from lorenz.model import AgentUpdate, TokenUsage
+from lorenz.model.codes import ErrorCode
 
 logger = logging.getLogger(__name__)
 
@@ -240,7 +241,7 @@ class CodexSession:
             raise AgentRunError(
                 f"thread/start returned no thread id ({_short(result)}); is the command really "
                 "a Codex app-server?",
-                code="agent_protocol_error",
+                code=ErrorCode.AGENT_PROTOCOL_ERROR,
             )
         self.thread_id = thread_id
         self._emit(AgentUpdate(event="thread_started", message=f"thread {thread_id}"))
@@ -278,7 +279,8 @@ class CodexSession:
         turn_id = turn_obj.get("id") if isinstance(turn_obj, Mapping) else None
         if not isinstance(turn_id, str) or not turn_id:
             raise AgentRunError(
-                f"turn/start returned no turn id ({_short(result)})", code="agent_protocol_error"
+                f"turn/start returned no turn id ({_short(result)})",
+                code=ErrorCode.AGENT_PROTOCOL_ERROR,
             )
         self.turn_id = turn_id
         self.session_id = f"{self.thread_id}-{turn_id}"
@@ -328,11 +330,11 @@ class CodexSession:
             return turn_obj
         if status == "interrupted":
             raise AgentRunError(
-                f"turn {turn} was interrupted{_detail(detail)}", code="turn_interrupted"
+                f"turn {turn} was interrupted{_detail(detail)}", code=ErrorCode.TURN_INTERRUPTED
             )
         raise AgentRunError(
             f"turn {turn} failed{_detail(detail or f'with status {status!r}')}",
-            code="turn_failed",
+            code=ErrorCode.TURN_FAILED,
         )
 
     async def _await_turn_end(self, turn_id: str) -> Mapping[str, Any]:
@@ -347,7 +349,7 @@ class CodexSession:
                 raise AgentRunError(
                     f"turn timed out: no message from the agent for "
                     f"{self.settings.turn_timeout_ms} ms (agents.<kind>.turn_timeout_ms)",
-                    code="turn_timeout",
+                    code=ErrorCode.TURN_TIMEOUT,
                 )
             self._turn_end_signal.clear()
             with contextlib.suppress(TimeoutError):
@@ -383,7 +385,7 @@ class CodexSession:
             raise AgentRunError(
                 f"{method} was refused as overloaded {self.runner.overload_attempts} times "
                 f"({exc.error.message}); the run is retried later",
-                code="agent_overloaded",
+                code=ErrorCode.AGENT_OVERLOADED,
             ) from exc
         raise AssertionError("unreachable: tenacity either returns or raises")
 
@@ -408,20 +410,20 @@ class CodexSession:
                         f"{self.settings.startup_timeout_ms} ms "
                         "(agents.<kind>.startup_timeout_ms); check that the command starts "
                         "`codex app-server` and how long its login shell takes",
-                        code="startup_timeout",
+                        code=ErrorCode.STARTUP_TIMEOUT,
                     )
             return await self._guard(request, timeout_s=self._read_timeout_s)
         except TimeoutError:
             raise AgentRunError(
                 f"no response to {method} within {self.settings.read_timeout_ms} ms "
                 "(agents.<kind>.read_timeout_ms)",
-                code="read_timeout",
+                code=ErrorCode.READ_TIMEOUT,
             ) from None
         except JsonRpcError as exc:
             if exc.code == SERVER_OVERLOADED:
                 logger.info("agent overloaded; retrying", extra={"method": method})
                 raise _Overloaded(method, exc) from exc
-            code = "handshake_failed" if stage == "handshake" else "turn_failed"
+            code = ErrorCode.HANDSHAKE_FAILED if stage == "handshake" else ErrorCode.TURN_FAILED
             raise AgentRunError(
                 f"{method} was rejected by the agent: {exc.message} (code {exc.code})", code=code
             ) from exc
@@ -466,7 +468,7 @@ class CodexSession:
         status = "closed its output" if returncode is None else f"exited with status {returncode}"
         hint = " (command not found: check agents.<kind>.command)" if returncode == 127 else ""
         return AgentRunError(
-            f"agent {status}{hint}: {tail or 'no stderr output'}", code="agent_exited"
+            f"agent {status}{hint}: {tail or 'no stderr output'}", code=ErrorCode.AGENT_EXITED
         )
 
     def _fail(self, error: AgentRunError) -> None:
@@ -537,7 +539,7 @@ class CodexSession:
             AgentRunError(
                 f"the agent asked for user input ({method}); Lorenz runs unattended, so the run "
                 "fails — change the prompt or the agent's approval policy",
-                code="input_required",
+                code=ErrorCode.INPUT_REQUIRED,
             )
         )
 

@@ -30,6 +30,7 @@ from lorenz.agents.base import AgentRunError, AgentRunRequest, AgentRunResult, u
 from lorenz.agents.processes import AgentProcess, AgentStdinClosed, LineTooLong, spawn_agent
 from lorenz.agents.usage_file import POLL_INTERVAL_S, USAGE_FILE_ENV, UsageFileReader
 from lorenz.model import AgentUpdate
+from lorenz.model.codes import ErrorCode
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +109,7 @@ class CommandRunner:
             raise AgentRunError(
                 f"the command did not finish within {timeout_ms} ms "
                 "(agents.<kind>.turn_timeout_ms)",
-                code="turn_timeout",
+                code=ErrorCode.TURN_TIMEOUT,
             ) from None
         finally:
             for task in (feeder, tailer):
@@ -122,7 +123,7 @@ class CommandRunner:
             tail = process.stderr_tail(max_bytes=1000) or "no stderr output"
             hint = " (command not found: check agents.<kind>.command)" if returncode == 127 else ""
             raise AgentRunError(
-                f"agent exited with status {returncode}{hint}: {tail}", code="agent_exited"
+                f"agent exited with status {returncode}{hint}: {tail}", code=ErrorCode.AGENT_EXITED
             )
         _emit(request, AgentUpdate(event="turn_completed", message="command exited with 0"))
         return AgentRunResult(turns=1, session_id=session_id, stop_reason="exited")

@@ -43,6 +43,7 @@ from types import TracebackType
 import psutil
 
 from lorenz.agents.base import AgentRunError
+from lorenz.model.codes import ErrorCode
 
 logger = logging.getLogger(__name__)
 
@@ -61,13 +62,13 @@ _EXIT_WAIT_S = 1.0
 class LineTooLong(AgentRunError):
     """A stdout line passed :data:`MAX_LINE_BYTES`; the rest of that line is discarded."""
 
-    code = "agent_line_too_long"
+    code = ErrorCode.AGENT_LINE_TOO_LONG
 
 
 class AgentStdinClosed(AgentRunError):
     """Writing to the agent failed because it closed its stdin (usually: it exited)."""
 
-    code = "agent_exited"
+    code = ErrorCode.AGENT_EXITED
 
 
 class AgentProcess:
@@ -527,7 +528,7 @@ async def spawn_agent(
         raise AgentRunError(
             f"could not start the agent command in {cwd}: {exc.strerror or exc}; "
             "check that the workspace exists and bash is installed",
-            code="agent_spawn_failed",
+            code=ErrorCode.AGENT_SPAWN_FAILED,
         ) from exc
     logger.debug("agent started", extra={"pid": process.pid, "cwd": str(cwd)})
     return AgentProcess(process, command=command)

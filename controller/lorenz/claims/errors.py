@@ -9,12 +9,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from lorenz.model import LorenzError
+from lorenz.model.codes import ErrorCode
 
 
 class ClaimStoreError(LorenzError):
     """Base of every claim-store error."""
 
-    code = "claim_store_error"
+    code = ErrorCode.CLAIM_STORE_ERROR
 
     def __init__(self, message: str, *, path: Path | None = None) -> None:
         super().__init__(message, key_path="claim_store.path" if path is not None else None)
@@ -24,7 +25,7 @@ class ClaimStoreError(LorenzError):
 class ClaimStoreSchemaUnsupported(ClaimStoreError):
     """The file holds a schema this Lorenz does not know; nothing was read or written."""
 
-    code = "claim_store_schema_unsupported"
+    code = ErrorCode.CLAIM_STORE_SCHEMA_UNSUPPORTED
 
     def __init__(self, *, path: Path, version: str | None) -> None:
         if version is None:
@@ -41,7 +42,7 @@ class ClaimStoreSchemaUnsupported(ClaimStoreError):
 class ClaimStoreUnreadable(ClaimStoreError):
     """The file exists but is not a database, or cannot be opened at all."""
 
-    code = "claim_store_unreadable"
+    code = ErrorCode.CLAIM_STORE_UNREADABLE
 
     def __init__(self, *, path: Path, reason: str) -> None:
         super().__init__(
@@ -55,7 +56,7 @@ class ClaimStoreUnreadable(ClaimStoreError):
 class ClaimStoreBusy(ClaimStoreError):
     """Another process kept the store's write lock for longer than the bounded retry."""
 
-    code = "claim_store_busy"
+    code = ErrorCode.CLAIM_STORE_BUSY
 
     def __init__(self, *, path: Path, waited_s: float) -> None:
         super().__init__(
@@ -74,7 +75,7 @@ class ClaimStoreWriteFailed(ClaimStoreError):
     condition (see :attr:`lorenz.claims.SqlClaimStore.write_failure`).
     """
 
-    code = "claim_store_write_failed"
+    code = ErrorCode.CLAIM_STORE_WRITE_FAILED
 
     def __init__(self, *, path: Path, reason: str) -> None:
         super().__init__(
@@ -92,7 +93,7 @@ class ClaimOwnerLost(ClaimStoreError):
     runtime must stop them rather than finish them twice.
     """
 
-    code = "claim_owner_lost"
+    code = ErrorCode.CLAIM_OWNER_LOST
 
     def __init__(self, *, path: Path, owner: str) -> None:
         super().__init__(
@@ -111,7 +112,7 @@ class ClaimGenerationStale(ClaimStoreError):
     so a deposed controller that has not noticed its loss yet cannot overwrite its successor.
     """
 
-    code = "claim_generation_stale"
+    code = ErrorCode.CLAIM_GENERATION_STALE
 
     def __init__(
         self, *, path: Path | None, generation: int | None, current: int, holder: str | None
@@ -132,7 +133,7 @@ class ClaimGenerationStale(ClaimStoreError):
 class ClaimRebindTooLarge(ClaimStoreError):
     """Taking over other owners' claims would rebind more than the bound; nothing was moved."""
 
-    code = "claim_rebind_too_large"
+    code = ErrorCode.CLAIM_REBIND_TOO_LARGE
 
     def __init__(self, *, path: Path, owners: list[str], count: int, limit: int) -> None:
         super().__init__(

@@ -23,9 +23,11 @@ from typing import Any
 
 import yaml
 
-PRICING_INVALID = "pricing_invalid"
+from lorenz.model.codes import ErrorCode
+
+PRICING_INVALID = ErrorCode.PRICING_INVALID
 """The code of a price table (``pricing`` in WORKFLOW.md, or the shipped data) that is malformed."""
-MODEL_UNPRICED = "model_unpriced"
+MODEL_UNPRICED = ErrorCode.MODEL_UNPRICED
 """The code of the warning for a model without a price while a dollar cap is set."""
 
 MAX_PRICE_ENTRIES = 1000

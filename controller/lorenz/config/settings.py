@@ -38,37 +38,38 @@ from lorenz.config.pricing import (
     PricingInvalid,
     parse_price_table,
 )
+from lorenz.model.codes import ErrorCode
 
 RELOAD_KEY = "x-lorenz-reload"
 ENV_KEY = "x-lorenz-env"
 PASSTHROUGH_KEY = "x-lorenz-passthrough"
 
-UNKNOWN_AGENT_KIND = "unknown_agent_kind"
+UNKNOWN_AGENT_KIND = ErrorCode.UNKNOWN_AGENT_KIND
 """The code of a setting that names an agent kind ``agents`` does not define."""
 
-WORKER_POD_SETTINGS_UNUSED = "worker_pod_settings_unused"
+WORKER_POD_SETTINGS_UNUSED = ErrorCode.WORKER_POD_SETTINGS_UNUSED
 """The code of Pod settings given while ``worker.kind`` is not ``pod``."""
-WORKER_KIND_CONFLICT = "worker_kind_conflict"
+WORKER_KIND_CONFLICT = ErrorCode.WORKER_KIND_CONFLICT
 """The code of ``worker.kind: pod`` next to settings only local or SSH workers use."""
-WORKER_POD_VALUE_INVALID = "worker_pod_value_invalid"
+WORKER_POD_VALUE_INVALID = ErrorCode.WORKER_POD_VALUE_INVALID
 """The code of a Pod setting Kubernetes would refuse (a name, a quantity, a toleration)."""
-WORKER_DETACHED_FALSE = "worker_detached_false"
+WORKER_DETACHED_FALSE = ErrorCode.WORKER_DETACHED_FALSE
 """The code of ``worker.detached: false``: runs always execute in detached workers."""
 
 CODED_CONFIG_ERRORS: frozenset[str] = frozenset(
     {
         UNKNOWN_AGENT_KIND,
-        "retry_backoff_alias_conflict",
-        "retry_cancel_state_active",
-        "retry_cancel_state_missing",
-        "retry_escalation_empty",
-        "retry_escalation_label_required",
+        ErrorCode.RETRY_BACKOFF_ALIAS_CONFLICT,
+        ErrorCode.RETRY_CANCEL_STATE_ACTIVE,
+        ErrorCode.RETRY_CANCEL_STATE_MISSING,
+        ErrorCode.RETRY_ESCALATION_EMPTY,
+        ErrorCode.RETRY_ESCALATION_LABEL_REQUIRED,
         WORKER_POD_SETTINGS_UNUSED,
         WORKER_KIND_CONFLICT,
         WORKER_POD_VALUE_INVALID,
         WORKER_DETACHED_FALSE,
         PRICING_INVALID,
-        "budget_cancel_state_missing",
+        ErrorCode.BUDGET_CANCEL_STATE_MISSING,
     }
 )
 """Validation error types raised here whose type is also the stable code the loader reports
@@ -458,7 +459,7 @@ class RetryEscalationSettings(Section):
     def _says_something(self) -> RetryEscalationSettings:
         if not self.comment and self.label is None:
             raise PydanticCustomError(
-                "retry_escalation_empty",
+                ErrorCode.RETRY_ESCALATION_EMPTY,
                 "escalation needs a comment or a label; set comment: true or a label",
             )
         return self
@@ -495,7 +496,7 @@ class RetrySettings(Section):
     def _cancel_needs_state(self) -> RetrySettings:
         if self.terminal_action is TerminalAction.CANCEL and self.cancel_state is None:
             raise PydanticCustomError(
-                "retry_cancel_state_missing",
+                ErrorCode.RETRY_CANCEL_STATE_MISSING,
                 "terminal_action: cancel needs retry.cancel_state (the state to move the issue to)",
             )
         return self
@@ -1409,7 +1410,7 @@ class WorkflowSettings(DocumentedModel):
         if "max_retry_backoff_ms" in self.agent.model_fields_set:
             if "max_ms" in backoff.model_fields_set and backoff.max_ms != alias:
                 raise PydanticCustomError(
-                    "retry_backoff_alias_conflict",
+                    ErrorCode.RETRY_BACKOFF_ALIAS_CONFLICT,
                     "agent.max_retry_backoff_ms ({alias}) is an alias of retry.backoff.max_ms "
                     "({max_ms}); keep only retry.backoff.max_ms",
                     {"alias": alias, "max_ms": backoff.max_ms},
@@ -1426,7 +1427,7 @@ class WorkflowSettings(DocumentedModel):
             active = {state.strip().lower() for state in self.tracker.active_states}
             if cancel.strip().lower() in active:
                 raise PydanticCustomError(
-                    "retry_cancel_state_active",
+                    ErrorCode.RETRY_CANCEL_STATE_ACTIVE,
                     "retry.cancel_state {state!r} is an active state, so the issue would run "
                     "again; name a state outside tracker.active_states",
                     {"state": cancel},
@@ -1434,7 +1435,7 @@ class WorkflowSettings(DocumentedModel):
         label = self.retry.escalate.label
         if label is not None and label.strip().lower() in self.tracker.required_labels:
             raise PydanticCustomError(
-                "retry_escalation_label_required",
+                ErrorCode.RETRY_ESCALATION_LABEL_REQUIRED,
                 "retry.escalate.label {label!r} is one of tracker.required_labels; pick "
                 "another label",
                 {"label": label},
@@ -1459,7 +1460,7 @@ class WorkflowSettings(DocumentedModel):
             and self.retry.cancel_state is None
         ):
             raise PydanticCustomError(
-                "budget_cancel_state_missing",
+                ErrorCode.BUDGET_CANCEL_STATE_MISSING,
                 "{key_path} cancel needs retry.cancel_state (the state to move the issue to)",
                 {"key_path": "budget.on_exhausted"},
             )

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from lorenz.daemon.client import Reply, Unreachable, request
 from lorenz.daemon.discovery import Target, find_target
+from lorenz.model.codes import ErrorCode
 
 if TYPE_CHECKING:
     from lorenz.model import LorenzError
@@ -86,7 +87,7 @@ def attached(args: argparse.Namespace, action: Callable[[Target], int]) -> int:
             message = getattr(exc, "message", str(exc))
             print(json.dumps({"error": {"code": code, "message": message}}, indent=2))
         print(f"lorenz: {exc}", file=sys.stderr)
-        return EXIT_USAGE if code == "control_url_invalid" else EXIT_FAILURE
+        return EXIT_USAGE if code == ErrorCode.CONTROL_URL_INVALID else EXIT_FAILURE
 
 
 def call(

@@ -37,6 +37,7 @@ from aiohttp import web
 from lorenz.daemon.discovery import token_file_for
 from lorenz.daemon.errors import ControlSocketPathTooLong
 from lorenz.daemon.sockets import SUN_PATH_MAX, ensure_private_dir, unix_endpoint
+from lorenz.model.codes import ErrorCode
 from lorenz.server.bodies import parse_json_body, read_empty_object
 from lorenz.server.errors import INVALID_REQUEST_BODY, ApiError
 
@@ -87,7 +88,7 @@ def control_routes(*, daemon: Daemon, include_refresh: bool = True) -> list[web.
         runtime = daemon.runtime
         if runtime is None:
             return error_response(
-                503, code="daemon_starting", message="the runtime is not up yet; retry"
+                503, code=ErrorCode.DAEMON_STARTING, message="the runtime is not up yet; retry"
             )
         return web.json_response(runtime.request_refresh().to_dict(), status=202)
 

@@ -12,12 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from lorenz.model import LorenzError
+from lorenz.model.codes import ErrorCode
 
 
 class DaemonError(LorenzError):
     """Base of this package's errors."""
 
-    code = "daemon_error"
+    code = ErrorCode.DAEMON_ERROR
 
 
 def _start_hint(workflow: Path | str | None) -> str:
@@ -28,7 +29,7 @@ def _start_hint(workflow: Path | str | None) -> str:
 class DaemonNotRunning(DaemonError):
     """No daemon holds the workflow's lease (or its last holder died)."""
 
-    code = "daemon_not_running"
+    code = ErrorCode.DAEMON_NOT_RUNNING
 
     def __init__(
         self,
@@ -50,7 +51,7 @@ class DaemonNotRunning(DaemonError):
 class DaemonUnreachable(DaemonError):
     """A daemon holds the lease, but its control endpoint does not answer."""
 
-    code = "daemon_unreachable"
+    code = ErrorCode.DAEMON_UNREACHABLE
 
     def __init__(
         self, *, endpoint: str | None, lease: Mapping[str, Any] | None, reason: str
@@ -67,7 +68,7 @@ class DaemonUnreachable(DaemonError):
 class DaemonRequestFailed(DaemonError):
     """The daemon answered with an error."""
 
-    code = "daemon_request_failed"
+    code = ErrorCode.DAEMON_REQUEST_FAILED
 
     def __init__(self, *, endpoint: str, path: str, status: int, error: Mapping[str, Any]) -> None:
         detail = error.get("message") or "no details"
@@ -82,7 +83,7 @@ class DaemonRequestFailed(DaemonError):
 class ControlUrlInvalid(DaemonError):
     """``--url`` (or ``--port``) is not something a control client can talk to."""
 
-    code = "control_url_invalid"
+    code = ErrorCode.CONTROL_URL_INVALID
 
     def __init__(self, *, url: str, reason: str) -> None:
         super().__init__(f"{url!r} is not a daemon endpoint: {reason}")
@@ -92,7 +93,7 @@ class ControlUrlInvalid(DaemonError):
 class ControlDirUnsafe(DaemonError):
     """The per-user runtime directory for control sockets cannot be trusted."""
 
-    code = "control_dir_unsafe"
+    code = ErrorCode.CONTROL_DIR_UNSAFE
 
     def __init__(self, *, path: Path, reason: str) -> None:
         super().__init__(
@@ -105,7 +106,7 @@ class ControlDirUnsafe(DaemonError):
 class ControlSocketPathTooLong(DaemonError):
     """A unix socket path must fit in ``sun_path`` (107 bytes on Linux)."""
 
-    code = "control_socket_path_too_long"
+    code = ErrorCode.CONTROL_SOCKET_PATH_TOO_LONG
 
     def __init__(self, *, path: Path, limit: int) -> None:
         super().__init__(
@@ -118,7 +119,7 @@ class ControlSocketPathTooLong(DaemonError):
 class DaemonOrphansAlive(DaemonError):
     """Agents of a dead daemon outlived a SIGKILL: starting now could run an issue twice."""
 
-    code = "daemon_orphans_alive"
+    code = ErrorCode.DAEMON_ORPHANS_ALIVE
 
     def __init__(self, *, pids: Sequence[int], waited_s: float) -> None:
         listed = ", ".join(str(pid) for pid in pids)
@@ -133,7 +134,7 @@ class DaemonOrphansAlive(DaemonError):
 class DaemonStopTimeout(DaemonError):
     """``lorenz stop --wait`` gave up: the daemon accepted the stop but is still running."""
 
-    code = "daemon_stop_timeout"
+    code = ErrorCode.DAEMON_STOP_TIMEOUT
 
     def __init__(self, *, endpoint: str, waited_s: float) -> None:
         super().__init__(
@@ -146,7 +147,7 @@ class DaemonStopTimeout(DaemonError):
 class DaemonRunning(DaemonError):
     """A ``lorenz`` run (``--once``, plain, unmanaged) refused: a live daemon runs the workflow."""
 
-    code = "daemon_running"
+    code = ErrorCode.DAEMON_RUNNING
 
     def __init__(
         self,

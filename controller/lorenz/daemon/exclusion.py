@@ -41,6 +41,7 @@ from lorenz.leadership import (
     read_lease_file,
 )
 from lorenz.model import LorenzError
+from lorenz.model.codes import ErrorCode
 from lorenz.workflow import LoadedWorkflow, load_workflow
 
 logger = logging.getLogger("lorenz.daemon")
@@ -103,7 +104,7 @@ def refuse_beside_daemon(
     )
 
 
-SHARED_PROJECT_CODE = "workflow_shares_tracker_project"
+SHARED_PROJECT_CODE = ErrorCode.WORKFLOW_SHARES_TRACKER_PROJECT
 """The start-up warning: another workflow file beside this one runs the same project."""
 
 MAX_SIBLINGS = 32

@@ -10,12 +10,13 @@ from typing import Any
 
 from lorenz.leadership import DaemonAlreadyRunning, LeadershipLost, LeaseRecord
 from lorenz.model import LorenzError
+from lorenz.model.codes import ErrorCode
 
 
 class OperatorError(LorenzError):
     """Base of every operator error."""
 
-    code = "operator_error"
+    code = ErrorCode.OPERATOR_ERROR
 
 
 class KubeApiError(OperatorError):
@@ -25,7 +26,7 @@ class KubeApiError(OperatorError):
     ``Status.reason`` (``NotFound``, ``AlreadyExists``, ``Conflict``, ``Forbidden``, ...).
     """
 
-    code = "kube_api_error"
+    code = ErrorCode.KUBE_API_ERROR
 
     def __init__(
         self,
@@ -89,7 +90,7 @@ _HINTS = {
 class KubeConfigMissing(OperatorError):
     """Neither a kubeconfig nor an in-cluster ServiceAccount was found."""
 
-    code = "kube_config_missing"
+    code = ErrorCode.KUBE_CONFIG_MISSING
 
     def __init__(self, detail: str) -> None:
         super().__init__(
@@ -101,7 +102,7 @@ class KubeConfigMissing(OperatorError):
 class TrackerSecretMissing(OperatorError):
     """``spec.tracker.apiKeySecretRef`` names a Secret (or key) that cannot be read."""
 
-    code = "tracker_secret_missing"
+    code = ErrorCode.TRACKER_SECRET_MISSING
 
     def __init__(self, *, namespace: str, name: str, key: str, detail: str) -> None:
         super().__init__(
@@ -122,7 +123,7 @@ class LeaseHeldElsewhere(DaemonAlreadyRunning, OperatorError):
     a lost acquire, with its own code: a follower replica is normal, not a misconfiguration.
     """
 
-    code = "lease_held_elsewhere"
+    code = ErrorCode.LEASE_HELD_ELSEWHERE
 
     def __init__(self, *, lease: str, record: LeaseRecord | None) -> None:
         holder = record.holder if record is not None else None
@@ -160,7 +161,7 @@ class LeaseLost(LeadershipLost):
 class TrackerPathOutsideWorkflow(OperatorError):
     """``tracker.path`` leaves the Workflow's own folder on the operator's volume."""
 
-    code = "tracker_path_outside_workflow"
+    code = ErrorCode.TRACKER_PATH_OUTSIDE_WORKFLOW
 
     def __init__(self, *, path: str, why: str) -> None:
         super().__init__(
@@ -173,7 +174,7 @@ class TrackerPathOutsideWorkflow(OperatorError):
 class InvalidOperatorSettings(OperatorError):
     """An operator setting (environment variable or ``lorenz operator`` flag) is invalid."""
 
-    code = "invalid_operator_settings"
+    code = ErrorCode.INVALID_OPERATOR_SETTINGS
 
     def __init__(self, problems: list[str]) -> None:
         super().__init__(

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from lorenz.model import LorenzError
 from lorenz.model.clocks import as_utc
+from lorenz.model.codes import ErrorCode
 
 
 class LeaseStoreKind(enum.StrEnum):
@@ -143,7 +144,7 @@ class LeadershipProvider(Protocol):
 class LeadershipError(LorenzError):
     """Base of every leadership error."""
 
-    code = "leadership_error"
+    code = ErrorCode.LEADERSHIP_ERROR
 
     def __init__(self, message: str, *, path: Path | None = None) -> None:
         super().__init__(message)
@@ -160,7 +161,7 @@ def _owner_text(record: LeaseRecord) -> str:
 class DaemonAlreadyRunning(LeadershipError):
     """A live daemon holds the workflow's lease."""
 
-    code = "daemon_already_running"
+    code = ErrorCode.DAEMON_ALREADY_RUNNING
 
     def __init__(
         self,
@@ -193,7 +194,7 @@ class DaemonAlreadyRunning(LeadershipError):
 class DaemonLockStale(LeadershipError):
     """The lease's holder cannot be proven dead, and it stopped renewing."""
 
-    code = "daemon_lock_stale"
+    code = ErrorCode.DAEMON_LOCK_STALE
 
     def __init__(self, *, path: Path, record: LeaseRecord | None, age_s: float) -> None:
         who = _owner_text(record) if record is not None else "an unreadable lock"
@@ -210,7 +211,7 @@ class DaemonLockStale(LeadershipError):
 class LeadershipLost(LeadershipError):
     """Our lease is gone or held by someone else: stop before mutating anything."""
 
-    code = "leadership_lost"
+    code = ErrorCode.LEADERSHIP_LOST
 
     def __init__(self, *, path: Path | None, holder: str | None) -> None:
         now_held = f"it is now held by {holder}" if holder else "it was removed"
@@ -225,7 +226,7 @@ class LeadershipLost(LeadershipError):
 class DaemonLockUnreadable(LeadershipError):
     """The lease file exists but does not parse."""
 
-    code = "daemon_lock_unreadable"
+    code = ErrorCode.DAEMON_LOCK_UNREADABLE
 
     def __init__(self, *, path: Path, reason: str) -> None:
         super().__init__(
@@ -239,7 +240,7 @@ class DaemonLockUnreadable(LeadershipError):
 class DaemonLockBusy(LeadershipError):
     """Another process kept the lease's guard locked past the bounded wait."""
 
-    code = "daemon_lock_busy"
+    code = ErrorCode.DAEMON_LOCK_BUSY
 
     def __init__(self, *, path: Path, waited_s: float) -> None:
         super().__init__(

@@ -9,11 +9,13 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from lorenz.model.codes import ErrorCode
+
 
 class LorenzError(Exception):
     """Base of every coded error."""
 
-    code: str = "lorenz_error"
+    code: str = ErrorCode.LORENZ_ERROR
 
     def __init__(self, message: str, *, code: str | None = None, key_path: str | None = None):
         super().__init__(message)

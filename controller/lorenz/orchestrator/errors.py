@@ -9,27 +9,28 @@ and the operator knows what to fix.
 from __future__ import annotations
 
 from lorenz.model import LorenzError
+from lorenz.model.codes import ErrorCode
 
 
 class OrchestratorError(LorenzError):
     """Base of the core's coded errors."""
 
-    code = "orchestrator_error"
+    code = ErrorCode.ORCHESTRATOR_ERROR
 
 
 class ClaimRecordInvalid(OrchestratorError):
     """A stored claim cannot be used (its slot key does not match its issue and slot)."""
 
-    code = "claim_record_invalid"
+    code = ErrorCode.CLAIM_RECORD_INVALID
 
 
 class CheckpointInvalid(OrchestratorError):
     """The stored checkpoint is not the shape this version writes."""
 
-    code = "claim_checkpoint_invalid"
+    code = ErrorCode.CLAIM_CHECKPOINT_INVALID
 
 
 class AlreadyStarted(OrchestratorError):
     """``hydrate()`` was called after the orchestrator already holds scheduling state."""
 
-    code = "orchestrator_already_started"
+    code = ErrorCode.ORCHESTRATOR_ALREADY_STARTED

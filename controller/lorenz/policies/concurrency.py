@@ -35,8 +35,9 @@ from collections.abc import Mapping, Sequence
 
 from lorenz.config import AgentSettings
 from lorenz.model import Issue
+from lorenz.model.codes import ErrorCode
 
-HOST_UNREACHABLE_CODE = "worker_host_unreachable"
+HOST_UNREACHABLE_CODE = ErrorCode.WORKER_HOST_UNREACHABLE
 """The failure code of a run whose SSH host could not be reached (see :func:`retry_host`)."""
 
 

@@ -13,13 +13,14 @@ from __future__ import annotations
 import enum
 
 from lorenz.model import RunFailure
+from lorenz.model.codes import ErrorCode
 
 POISON_WORKER_ERROR_CODES: frozenset[str] = frozenset(
     {
         "ssh_timeout",
         "remote_home_lookup_failed",
         "workspace_prepare_failed",
-        "workspace_hook_failed",
+        ErrorCode.WORKSPACE_HOOK_FAILED,
     }
 )
 """Failure codes that take a worker host out of the pool."""

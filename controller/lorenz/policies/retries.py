@@ -29,24 +29,25 @@ import hashlib
 
 from lorenz.config import RetrySettings, TerminalAction
 from lorenz.model import BlockReason, Issue, RetryKind
+from lorenz.model.codes import ErrorCode
 from lorenz.policies.backoff import CONTINUATION_DELAY_MS, retry_plan
 from lorenz.policies.continuations import continuation_limit_reached, next_continuation_streak
 
 QUESTION_CODES: dict[str, BlockReason] = {
-    "input_required": BlockReason.INPUT_REQUIRED,
+    ErrorCode.INPUT_REQUIRED: BlockReason.INPUT_REQUIRED,
     "approval_required": BlockReason.APPROVAL_REQUIRED,
 }
 """Run failure codes that mean "the agent is waiting for a person", not "the run is broken"."""
 
-NEVER_STARTED_CODE = "worker_never_started"
+NEVER_STARTED_CODE = ErrorCode.WORKER_NEVER_STARTED
 """The failure code of a run whose worker never started (a controller killed mid-launch)."""
 
 INFRASTRUCTURE_CODES: frozenset[str] = frozenset({
-    "worker_launch_failed",
-    "worker_launch_timeout",
-    "worker_state_error",
-    "worker_controlled_elsewhere",
-    "claim_store_write_failed",
+    ErrorCode.WORKER_LAUNCH_FAILED,
+    ErrorCode.WORKER_LAUNCH_TIMEOUT,
+    ErrorCode.WORKER_STATE_ERROR,
+    ErrorCode.WORKER_CONTROLLED_ELSEWHERE,
+    ErrorCode.CLAIM_STORE_WRITE_FAILED,
 })
 """Run failure codes that say the host failed the run, not the agent: the launcher could not
 start a worker (a full or read-only state root, a stopped launcher), or another live controller

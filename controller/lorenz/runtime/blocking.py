@@ -14,6 +14,7 @@ import asyncio
 
 from lorenz.config import TerminalAction
 from lorenz.model import ActionOutcome, EventType, LorenzError
+from lorenz.model.codes import ErrorCode
 from lorenz.orchestrator import EligibilityReport
 from lorenz.orchestrator.state import BlockedEntry
 from lorenz.policies.retries import escalation_body
@@ -25,7 +26,7 @@ from lorenz.trackers.writes import IssueWriter
 class TerminalActionUnsupported(LorenzError):
     """The configured tracker cannot apply ``escalate`` or ``cancel``."""
 
-    code = "terminal_action_unsupported"
+    code = ErrorCode.TERMINAL_ACTION_UNSUPPORTED
 
 
 class Blocking:
@@ -100,7 +101,7 @@ class Blocking:
         async with self._lock:
             for blocked in self._parts.orchestrator.pending_terminal_actions():
                 error: str | None = None
-                code = "terminal_action_failed"
+                code: str = ErrorCode.TERMINAL_ACTION_FAILED
                 try:
                     await self._apply(blocked)
                 except asyncio.CancelledError:

@@ -33,6 +33,7 @@ from lorenz.model import (
     SlotKey,
     StopReason,
 )
+from lorenz.model.codes import ErrorCode
 from lorenz.model.variables import run_variables
 from lorenz.orchestrator import DispatchCandidate, Reserved, Skipped, Started
 from lorenz.policies import WorkerHealth, agent_kind_for, classify_worker_outcome
@@ -313,7 +314,7 @@ class Dispatching:
                 + "; ".join(f"{name} {problems[name]}" for name in fields)
                 + ", which cannot be passed to hooks or agents; edit the issue to fix it",
                 reason="issue_field_invalid",
-                code="issue_field_invalid",
+                code=ErrorCode.ISSUE_FIELD_INVALID,
                 fields=fields,
             )
         return True
@@ -518,7 +519,10 @@ class Dispatching:
                 not_placed = exc
             error = RunFailure.from_error(exc)
         except Exception as exc:  # noqa: BLE001 - an uncoded runner crash is a failed run
-            error = RunFailure(code="agent_exited", text=f"agent exited: {describe_error(exc)}")
+            error = RunFailure(
+                code=ErrorCode.AGENT_EXITED,
+                text=f"agent exited: {describe_error(exc)}",
+            )
         finally:
             if workspace is not None and run.reason is not AbortReason.HANDED_OVER:
                 # NB: shielded so that cancellation (stop, stall, reconciliation) still runs
@@ -558,7 +562,7 @@ class Dispatching:
         """
         orchestrator = self._parts.orchestrator
         try:
-            if not run.is_active or (error is not None and error.code == "run_aborted"):
+            if not run.is_active or (error is not None and error.code == ErrorCode.RUN_ABORTED):
                 await orchestrator.cancel_reservation(reservation)
             elif not_placed is not None and error is not None:
                 retry = await orchestrator.give_back(reservation, error=error.text, code=error.code)
@@ -898,7 +902,7 @@ def _agent_kind(settings: WorkflowSettings, name: str) -> AgentKindSettings:
         raise LorenzError(
             f"the agent kind {name!r} this run was dispatched with is no longer defined in "
             "agents; the run is retried with the kind the workflow chooses now",
-            code="unknown_agent_kind",
+            code=ErrorCode.UNKNOWN_AGENT_KIND,
         ) from None
 
 
@@ -922,4 +926,4 @@ def _unbound(reservation: ReservationRecord) -> RunningEntry:
 
 
 def _aborted(reason: AbortReason | None) -> RunFailure:
-    return RunFailure(code="run_aborted", text=f"aborted: {reason}")
+    return RunFailure(code=ErrorCode.RUN_ABORTED, text=f"aborted: {reason}")

@@ -27,6 +27,7 @@ from lorenz.model import (
     StopReason,
     parse_slot_key,
 )
+from lorenz.model.codes import ErrorCode
 from lorenz.orchestrator import Released
 from lorenz.runtime.blocking import Blocking
 from lorenz.runtime.parts import RuntimeParts
@@ -114,7 +115,7 @@ class Reconciling:
             self._write_failure = exc
             return
         except LorenzError as exc:
-            if exc.code != "claim_owner_lost":
+            if exc.code != ErrorCode.CLAIM_OWNER_LOST:
                 raise
             await self.abandon_runs(reason=str(exc))
             return

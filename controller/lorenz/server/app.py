@@ -29,6 +29,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from lorenz.model import LorenzError, RuntimeSnapshot
+from lorenz.model.codes import ErrorCode
 from lorenz.runtime import LorenzRuntime
 from lorenz.server.bodies import MAX_BODY_BYTES, read_empty_object
 from lorenz.server.credentials import token_file_beside, write_token_file
@@ -67,7 +68,7 @@ UNIX_PATH_MAX_BYTES = 107
 class ServerError(LorenzError):
     """The server could not start listening."""
 
-    code = "server_bind_failed"
+    code = ErrorCode.SERVER_BIND_FAILED
 
 
 def _dumps(value: Any) -> str:
@@ -315,7 +316,7 @@ class LorenzServer:
         if port is None and unix_socket is None:
             raise ServerError(
                 "the server has nowhere to listen; set server.port (or --port), or a unix socket",
-                code="server_listener_missing",
+                code=ErrorCode.SERVER_LISTENER_MISSING,
             )
         self._host = host
         self._requested_port = port
@@ -447,7 +448,7 @@ class LorenzServer:
             raise ServerError(
                 f"unix socket path {path} is longer than {UNIX_PATH_MAX_BYTES} bytes; use a "
                 "shorter runtime directory",
-                code="server_socket_path_too_long",
+                code=ErrorCode.SERVER_SOCKET_PATH_TOO_LONG,
             )
         _prepare_socket_directory(path)
         site = web.UnixSite(runner, str(path))
@@ -457,7 +458,7 @@ class LorenzServer:
             raise ServerError(
                 f"cannot listen on unix socket {path}: {exc.strerror or exc}; check the "
                 "directory exists and is writable",
-                code="server_bind_failed",
+                code=ErrorCode.SERVER_BIND_FAILED,
             ) from exc
         self._socket_inode = _secure_socket(path)
 
@@ -489,12 +490,12 @@ def _bind_error(exc: OSError, *, host: str, port: int) -> ServerError:
         return ServerError(
             f"port {port} on {host} is already in use; choose another server.port or --port "
             "(0 picks a free one)",
-            code="server_port_in_use",
+            code=ErrorCode.SERVER_PORT_IN_USE,
         )
     return ServerError(
         f"cannot listen on {host}:{port}: {exc.strerror or exc}; check server.host is an "
         "address of this machine and the port is allowed",
-        code="server_bind_failed",
+        code=ErrorCode.SERVER_BIND_FAILED,
     )
 
 
@@ -518,7 +519,7 @@ def _clear_stale_socket(path: Path) -> None:
     if not stat.S_ISSOCK(mode):
         raise ServerError(
             f"{path} exists and is not a socket; remove it or choose another socket path",
-            code="server_socket_path_taken",
+            code=ErrorCode.SERVER_SOCKET_PATH_TAKEN,
         )
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -532,13 +533,13 @@ def _clear_stale_socket(path: Path) -> None:
         raise ServerError(
             f"cannot check unix socket {path}: {exc.strerror or exc}; remove it or choose "
             "another socket path",
-            code="server_bind_failed",
+            code=ErrorCode.SERVER_BIND_FAILED,
         ) from exc
     finally:
         probe.close()
     raise ServerError(
         f"another process is listening on {path}; stop it first or choose another socket path",
-        code="server_socket_in_use",
+        code=ErrorCode.SERVER_SOCKET_IN_USE,
     )
 
 

@@ -18,10 +18,11 @@ from types import MappingProxyType
 
 from aiohttp import web
 
+from lorenz.model.codes import ErrorCode
 from lorenz.server.errors import ApiError
 
-DASHBOARD_NOT_INSTALLED = "dashboard_not_installed"
-DASHBOARD_ASSET_NOT_FOUND = "dashboard_asset_not_found"
+DASHBOARD_NOT_INSTALLED = ErrorCode.DASHBOARD_NOT_INSTALLED
+DASHBOARD_ASSET_NOT_FOUND = ErrorCode.DASHBOARD_ASSET_NOT_FOUND
 
 STATIC_DIR = Path(__file__).with_name("static")
 """Where the page and its assets live (``package-data`` ships ``server/static/*``)."""

@@ -16,25 +16,26 @@ from collections.abc import Awaitable, Callable, Mapping
 from aiohttp import web
 
 from lorenz.model import LorenzError
+from lorenz.model.codes import ErrorCode
 
 logger = logging.getLogger("lorenz.server")
 
 JSON_CONTENT_TYPE = "application/json"
 
-ROUTE_NOT_FOUND = "route_not_found"
-METHOD_NOT_ALLOWED = "method_not_allowed"
-ISSUE_NOT_FOUND = "issue_not_found"
-INVALID_REQUEST_BODY = "invalid_request_body"
-REQUEST_BODY_TOO_DEEP = "request_body_too_deep"
-UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
-HOST_NOT_ALLOWED = "host_not_allowed"
-PEER_UID_REFUSED = "peer_uid_refused"
-CROSS_ORIGIN_REFUSED = "cross_origin_refused"
-AUTH_TOKEN_MISSING = "auth_token_missing"
-AUTH_TOKEN_INVALID = "auth_token_invalid"
-ORCHESTRATOR_UNAVAILABLE = "orchestrator_unavailable"
-REQUEST_REJECTED = "request_rejected"
-INTERNAL_ERROR = "internal_error"
+ROUTE_NOT_FOUND = ErrorCode.ROUTE_NOT_FOUND
+METHOD_NOT_ALLOWED = ErrorCode.METHOD_NOT_ALLOWED
+ISSUE_NOT_FOUND = ErrorCode.ISSUE_NOT_FOUND
+INVALID_REQUEST_BODY = ErrorCode.INVALID_REQUEST_BODY
+REQUEST_BODY_TOO_DEEP = ErrorCode.REQUEST_BODY_TOO_DEEP
+UNSUPPORTED_MEDIA_TYPE = ErrorCode.UNSUPPORTED_MEDIA_TYPE
+HOST_NOT_ALLOWED = ErrorCode.HOST_NOT_ALLOWED
+PEER_UID_REFUSED = ErrorCode.PEER_UID_REFUSED
+CROSS_ORIGIN_REFUSED = ErrorCode.CROSS_ORIGIN_REFUSED
+AUTH_TOKEN_MISSING = ErrorCode.AUTH_TOKEN_MISSING
+AUTH_TOKEN_INVALID = ErrorCode.AUTH_TOKEN_INVALID
+ORCHESTRATOR_UNAVAILABLE = ErrorCode.ORCHESTRATOR_UNAVAILABLE
+REQUEST_REJECTED = ErrorCode.REQUEST_REJECTED
+INTERNAL_ERROR = ErrorCode.INTERNAL_ERROR
 
 ERROR_CODES: tuple[str, ...] = (
     ROUTE_NOT_FOUND,

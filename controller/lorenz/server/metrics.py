@@ -48,6 +48,7 @@ from lorenz.model import (
     StopReason,
     slot_key,
 )
+from lorenz.model.codes import ErrorCode
 from lorenz.runtime import LorenzRuntime
 
 WORKFLOW_LABEL = "workflow"
@@ -210,7 +211,7 @@ class _Family(Collector):
 
 
 class MetricsLabelInUse(LorenzError):
-    code = "metrics_workflow_label_in_use"
+    code = ErrorCode.METRICS_WORKFLOW_LABEL_IN_USE
 
 
 @dataclasses.dataclass(slots=True)

@@ -38,6 +38,7 @@ from collections.abc import Callable, Mapping
 from aiohttp import hdrs, web
 
 from lorenz.model import RefreshReceipt
+from lorenz.model.codes import ErrorCode
 from lorenz.runtime import LorenzRuntime
 from lorenz.server.errors import ORCHESTRATOR_UNAVAILABLE, ApiError
 from lorenz.server.metrics import LorenzMetrics
@@ -56,7 +57,7 @@ logger = logging.getLogger("lorenz.server.webhooks")
 
 WEBHOOK_ROUTE = "/api/v1/webhooks/{kind}"
 """The route, one per server (the server serves one workflow)."""
-WEBHOOK_NOT_FOUND = "webhook_not_found"
+WEBHOOK_NOT_FOUND = ErrorCode.WEBHOOK_NOT_FOUND
 """404: webhooks are off for this workflow, or the kind is not its tracker's."""
 ACCEPTED = "accepted"
 """Outcome: verified, and a refresh was queued for the issues it names."""

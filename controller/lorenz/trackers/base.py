@@ -12,12 +12,13 @@ from typing import Any, Protocol
 
 from lorenz.config import TrackerSettings, WorkflowSettings
 from lorenz.model import Issue, LorenzError
+from lorenz.model.codes import ErrorCode
 
 
 class TrackerError(LorenzError):
     """A tracker request failed; ``code`` says how (``linear_api_status``, ...)."""
 
-    code = "tracker_error"
+    code = ErrorCode.TRACKER_ERROR
 
     def __init__(
         self,

@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 
 from lorenz.config import TrackerKind, WorkflowSettings
+from lorenz.model.codes import ErrorCode
 from lorenz.trackers.base import TrackerClient, TrackerError
 from lorenz.trackers.files import FilesTracker
 from lorenz.trackers.github import GITHUB_TOKEN_ENV, GitHubTracker
@@ -55,7 +56,7 @@ def build_tracker(
     if kind is None:
         raise TrackerError(
             "tracker.kind is not set; set it to linear, github, gitlab, jira, files or memory",
-            code="missing_tracker_kind",
+            code=ErrorCode.MISSING_TRACKER_KIND,
             key_path="tracker.kind",
         )
     if kind is TrackerKind.MEMORY:
@@ -63,7 +64,7 @@ def build_tracker(
             raise TrackerError(
                 "tracker.kind memory has no issues of its own; pass a MemoryTracker to "
                 "build_tracker (tests and benchmarks) or choose another tracker.kind",
-                code="memory_tracker_needs_instance",
+                code=ErrorCode.MEMORY_TRACKER_NEEDS_INSTANCE,
                 key_path="tracker.kind",
             )
         return memory.with_settings(settings)
@@ -71,7 +72,7 @@ def build_tracker(
         if not tracker.path or not tracker.path.strip():
             raise TrackerError(
                 "tracker.path is not set; point it at the folder of issue files",
-                code="missing_tracker_path",
+                code=ErrorCode.MISSING_TRACKER_PATH,
                 key_path="tracker.path",
             )
         folder = Path(tracker.path).expanduser()
@@ -106,6 +107,6 @@ def build_tracker(
     raise TrackerError(  # pragma: no cover - the settings model admits no other kind
         f"tracker.kind {kind!r} is not supported; "
         "use linear, github, gitlab, jira, files or memory",
-        code="unsupported_tracker_kind",
+        code=ErrorCode.UNSUPPORTED_TRACKER_KIND,
         key_path="tracker.kind",
     )

@@ -47,6 +47,7 @@ import yaml
 
 from lorenz.config import TrackerSettings, WorkflowSettings
 from lorenz.model import BlockerRef, Issue
+from lorenz.model.codes import ErrorCode
 from lorenz.model.issues import normalize_state
 from lorenz.trackers.base import TrackerError, tracker_settings_of
 from lorenz.trackers.writes import has_marker, with_marker
@@ -258,19 +259,19 @@ class IssueFolder:
         except FileNotFoundError:
             raise TrackerError(
                 f"issue folder {self.folder} does not exist; create it or fix tracker.path",
-                code="files_folder_missing",
+                code=ErrorCode.FILES_FOLDER_MISSING,
                 key_path="tracker.path",
             ) from None
         except NotADirectoryError:
             raise TrackerError(
                 f"tracker.path {self.folder} is not a folder; point it at the issues folder",
-                code="files_folder_missing",
+                code=ErrorCode.FILES_FOLDER_MISSING,
                 key_path="tracker.path",
             ) from None
         except OSError as exc:
             raise TrackerError(
                 f"cannot read issue folder {self.folder}: {exc.strerror}; check permissions",
-                code="files_folder_unreadable",
+                code=ErrorCode.FILES_FOLDER_UNREADABLE,
                 key_path="tracker.path",
                 retryable=True,
             ) from exc
@@ -403,7 +404,7 @@ class FilesTracker:
                 record = malformed[issue_id]
                 raise TrackerError(
                     f"issue file {record.path} is malformed ({record.problem}); fix the file",
-                    code="files_malformed_issue",
+                    code=ErrorCode.FILES_MALFORMED_ISSUE,
                 )
         return found
 
@@ -467,7 +468,7 @@ def find_issue_file(folder: Path, id_or_identifier: str) -> Path:
     except OSError:
         raise TrackerError(
             f"issue folder {folder} cannot be read; check the path",
-            code="files_folder_missing",
+            code=ErrorCode.FILES_FOLDER_MISSING,
         ) from None
     for entry in entries:
         if not is_issue_file_name(entry.name) or not entry.is_file():
@@ -486,7 +487,7 @@ def find_issue_file(folder: Path, id_or_identifier: str) -> Path:
             return record.path
     raise TrackerError(
         f"no issue {wanted!r} in {folder}; pass a file path or an existing id/identifier",
-        code="files_issue_not_found",
+        code=ErrorCode.FILES_ISSUE_NOT_FOUND,
     )
 
 
@@ -504,13 +505,13 @@ def set_issue_state(
     The write is atomic. Returns the path written.
     """
     if not new_state.strip():
-        raise TrackerError("the new state must not be blank", code="files_invalid_state")
+        raise TrackerError("the new state must not be blank", code=ErrorCode.FILES_INVALID_STATE)
     path = Path(target)
     if not path.is_file():
         if folder is None:
             raise TrackerError(
                 f"{target} is not a file; pass a path, or an id together with the folder",
-                code="files_issue_not_found",
+                code=ErrorCode.FILES_ISSUE_NOT_FOUND,
             )
         path = find_issue_file(folder, str(target))
     # NB: newline="" keeps CRLF files CRLF: only the changed lines may differ afterwards.
@@ -519,7 +520,7 @@ def set_issue_state(
     if split_front_matter(text) is None:
         raise TrackerError(
             f"issue file {path} has no front matter block; add one starting with '---'",
-            code="files_malformed_issue",
+            code=ErrorCode.FILES_MALFORMED_ISSUE,
         )
     text = replace_front_matter_value(text, "state", yaml_scalar(new_state.strip()))
     stamp = (now or datetime.datetime.now(datetime.UTC)).isoformat(timespec="seconds")
@@ -558,7 +559,7 @@ def escalate_issue_file(
         if parts is None:
             raise TrackerError(
                 f"issue file {path} has no front matter block; add one starting with '---'",
-                code="files_malformed_issue",
+                code=ErrorCode.FILES_MALFORMED_ISSUE,
             )
         changed = False
         if label is not None:

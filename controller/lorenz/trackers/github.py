@@ -34,6 +34,7 @@ from pydantic import Field
 
 from lorenz.config import TrackerSettings, WorkflowSettings
 from lorenz.model import BlockerRef, Issue
+from lorenz.model.codes import ErrorCode
 from lorenz.model.issues import normalize_state
 from lorenz.trackers import httpstack as _httpstack  # noqa: F401 - see its docstring
 from lorenz.trackers.base import TrackerError, tracker_settings_of, unchanged
@@ -224,20 +225,20 @@ class GitHubTracker:
         if not token or not token.strip():
             raise TrackerError(
                 f"no GitHub token; set tracker.api_key or {GITHUB_TOKEN_ENV}",
-                code="missing_tracker_api_key",
+                code=ErrorCode.MISSING_TRACKER_API_KEY,
                 key_path="tracker.api_key",
             )
         repository = (tracker.repository or "").strip()
         if not repository:
             raise TrackerError(
                 "no GitHub repository; set tracker.repository to owner/name",
-                code="missing_tracker_repository",
+                code=ErrorCode.MISSING_TRACKER_REPOSITORY,
                 key_path="tracker.repository",
             )
         if not _REPOSITORY_RE.match(repository):
             raise TrackerError(
                 f"tracker.repository {repository!r} is not owner/name; write it like octo/app",
-                code="invalid_tracker_repository",
+                code=ErrorCode.INVALID_TRACKER_REPOSITORY,
                 key_path="tracker.repository",
             )
         self._settings = tracker
@@ -320,7 +321,7 @@ class GitHubTracker:
                 raise TrackerError(
                     f"GitHub returned a malformed issue {self.repository}#{issue_id} (no number, "
                     "title or open/closed state); retry later",
-                    code="github_unknown_payload",
+                    code=ErrorCode.GITHUB_UNKNOWN_PAYLOAD,
                 )
             issues.append(route(issue))
         return await self._with_blockers(issues)
@@ -395,7 +396,7 @@ class GitHubTracker:
             if not isinstance(page, list):
                 raise TrackerError(
                     "GitHub's issue comments are not a JSON list; check tracker.endpoint",
-                    code="github_unknown_payload",
+                    code=ErrorCode.GITHUB_UNKNOWN_PAYLOAD,
                 )
             if any(isinstance(c, Mapping) and has_marker(c.get("body"), key=key) for c in page):
                 return True
@@ -436,7 +437,7 @@ class GitHubTracker:
             if not isinstance(page, list):
                 raise TrackerError(
                     f"GitHub's {what} is not a JSON list; check tracker.endpoint",
-                    code="github_unknown_payload",
+                    code=ErrorCode.GITHUB_UNKNOWN_PAYLOAD,
                 )
             items.extend(page)
             next_url = response.links.get("next", {}).get("url")
@@ -522,7 +523,7 @@ class GitHubTracker:
                 raise TrackerError(
                     "GitHub did not say who the token belongs to; set tracker.assignee to a "
                     "login instead of 'me'",
-                    code="missing_github_viewer_identity",
+                    code=ErrorCode.MISSING_GITHUB_VIEWER_IDENTITY,
                     key_path="tracker.assignee",
                 )
             self._viewer_login = login
@@ -534,7 +535,7 @@ class GitHubTracker:
         if self._closed:
             raise TrackerError(
                 "this GitHub tracker was closed; build a new one from the settings",
-                code="tracker_closed",
+                code=ErrorCode.TRACKER_CLOSED,
             )
         if self._client is None:
             self._client = httpx.AsyncClient(
@@ -559,7 +560,7 @@ class GitHubTracker:
         except ValueError:
             raise TrackerError(
                 f"GitHub's answer to {what} is not JSON; check tracker.endpoint",
-                code="github_unknown_payload",
+                code=ErrorCode.GITHUB_UNKNOWN_PAYLOAD,
             ) from None
 
     async def _request(
@@ -582,7 +583,7 @@ class GitHubTracker:
             raise TrackerError(
                 f"GitHub rate limit hit for {what}: {exc.detail}; Lorenz retries on a later "
                 "tick (poll less often if this persists)",
-                code="github_rate_limited",
+                code=ErrorCode.GITHUB_RATE_LIMITED,
                 retryable=True,
                 retry_after_ms=exc.retry_after_ms,
             ) from None
@@ -611,7 +612,7 @@ class GitHubTracker:
             raise TrackerError(
                 f"request to GitHub failed for {what}: {type(exc).__name__}: {exc}; "
                 "check the network and tracker.endpoint",
-                code="github_api_request",
+                code=ErrorCode.GITHUB_API_REQUEST,
                 retryable=True,
             ) from exc
         status = response.status_code
@@ -640,7 +641,7 @@ class GitHubTracker:
         )
         raise TrackerError(
             f"GitHub answered HTTP {status} for {what}: {_message(response)}; {hint}",
-            code="github_api_status",
+            code=ErrorCode.GITHUB_API_STATUS,
             retryable=status >= 500,
         )
 

@@ -42,6 +42,7 @@ from pydantic import Field
 
 from lorenz.config import TrackerSettings, WorkflowSettings
 from lorenz.model import BlockerRef, Issue
+from lorenz.model.codes import ErrorCode
 from lorenz.model.issues import normalize_state
 from lorenz.trackers import httpstack as _httpstack  # noqa: F401 - see its docstring
 from lorenz.trackers.base import TrackerError, tracker_settings_of, unchanged
@@ -274,7 +275,7 @@ class GitLabTracker:
         if not token or not token.strip():
             raise TrackerError(
                 f"no GitLab token; set tracker.api_key or {GITLAB_TOKEN_ENV}",
-                code="missing_tracker_api_key",
+                code=ErrorCode.MISSING_TRACKER_API_KEY,
                 key_path="tracker.api_key",
             )
         project = (tracker.project_slug or "").strip().strip("/")
@@ -282,7 +283,7 @@ class GitLabTracker:
             raise TrackerError(
                 "no GitLab project; set tracker.project_slug to its path (group/app) or "
                 "numeric id",
-                code="missing_tracker_project_slug",
+                code=ErrorCode.MISSING_TRACKER_PROJECT_SLUG,
                 key_path="tracker.project_slug",
             )
         if not (project.isdigit() or _PROJECT_PATH_RE.match(project)) or any(
@@ -291,7 +292,7 @@ class GitLabTracker:
             raise TrackerError(
                 f"tracker.project_slug {project!r} is neither a project path nor a numeric "
                 "id; write it like group/app or 4711",
-                code="invalid_tracker_project_slug",
+                code=ErrorCode.INVALID_TRACKER_PROJECT_SLUG,
                 key_path="tracker.project_slug",
             )
         self.options = parse_provider_options(GitLabOptions, tracker.provider, kind="gitlab")
@@ -300,7 +301,7 @@ class GitLabTracker:
             raise TrackerError(
                 f"tracker.provider.state_label_scope {scope!r} is not a label scope; write "
                 "it like status (for labels status::todo)",
-                code="invalid_tracker_config",
+                code=ErrorCode.INVALID_TRACKER_CONFIG,
                 key_path="tracker.provider.state_label_scope",
             )
         unreachable = [s for s in tracker.active_states if normalize_state(s) != OPENED_STATE]
@@ -310,7 +311,7 @@ class GitLabTracker:
                 f"GitLab issues are only opened or closed without state labels, so active state "
                 f"{unreachable[0]!r} is never reached; set active_states: [opened] or "
                 "tracker.provider.state_label_scope (e.g. status for status::todo labels)",
-                code="gitlab_states_need_label_scope",
+                code=ErrorCode.GITLAB_STATES_NEED_LABEL_SCOPE,
                 key_path="tracker.active_states",
             )
         self._settings = tracker
@@ -323,7 +324,7 @@ class GitLabTracker:
             raise TrackerError(
                 f"tracker.endpoint {base!r} is not a GitLab instance URL; write it like "
                 "https://gitlab.example.com",
-                code="invalid_tracker_endpoint",
+                code=ErrorCode.INVALID_TRACKER_ENDPOINT,
                 key_path="tracker.endpoint",
             )
         self._api = _api_base(base)
@@ -399,7 +400,7 @@ class GitLabTracker:
                     raise TrackerError(
                         f"GitLab returned a malformed issue in {self.project} (no iid, title or "
                         "opened/closed state); retry later",
-                        code="gitlab_unknown_payload",
+                        code=ErrorCode.GITLAB_UNKNOWN_PAYLOAD,
                     )
                 if issue.id in batch:
                     found[issue.id] = route(issue)
@@ -466,7 +467,7 @@ class GitLabTracker:
             if not isinstance(page, list):
                 raise TrackerError(
                     f"GitLab's {what} is not a JSON list; check tracker.endpoint",
-                    code="gitlab_unknown_payload",
+                    code=ErrorCode.GITLAB_UNKNOWN_PAYLOAD,
                 )
             items.extend(page)
             next_url = response.links.get("next", {}).get("url")
@@ -475,7 +476,7 @@ class GitLabTracker:
                     raise TrackerError(
                         f"GitLab's next-page link for {what} leaves {self._api}; check "
                         "tracker.endpoint (it must be the URL clients reach the instance at)",
-                        code="gitlab_unknown_payload",
+                        code=ErrorCode.GITLAB_UNKNOWN_PAYLOAD,
                     )
                 url, query = next_url, None  # the next link carries the query
                 continue
@@ -486,7 +487,7 @@ class GitLabTracker:
         raise TrackerError(
             f"GitLab's {what} has more than {self.options.max_pages} pages; raise "
             "tracker.provider.max_pages or narrow the states",
-            code="gitlab_too_many_pages",
+            code=ErrorCode.GITLAB_TOO_MANY_PAGES,
         )
 
     async def _with_blockers(self, issues: list[Issue]) -> list[Issue]:
@@ -569,7 +570,7 @@ class GitLabTracker:
                 raise TrackerError(
                     "GitLab did not say who the token belongs to; set tracker.assignee to a "
                     "username instead of 'me'",
-                    code="missing_gitlab_viewer_identity",
+                    code=ErrorCode.MISSING_GITLAB_VIEWER_IDENTITY,
                     key_path="tracker.assignee",
                 )
             self._viewer_username = username
@@ -602,7 +603,7 @@ class GitLabTracker:
         if not isinstance(item, Mapping) or item.get("state") not in ("opened", "closed"):
             raise TrackerError(
                 f"GitLab returned a malformed issue {issue.identifier}; retry later",
-                code="gitlab_unknown_payload",
+                code=ErrorCode.GITLAB_UNKNOWN_PAYLOAD,
             )
         target = normalize_state(state)
         terminal = target in {normalize_state(s) for s in self._states.terminal}
@@ -625,7 +626,7 @@ class GitLabTracker:
             raise TrackerError(
                 f"GitLab issues without state labels are only opened or closed, not {state!r}; "
                 "set tracker.provider.state_label_scope or choose a terminal state",
-                code="gitlab_state_unreachable",
+                code=ErrorCode.GITLAB_STATE_UNREACHABLE,
                 key_path="tracker.provider.state_label_scope",
             )
         if terminal and item["state"] != "closed":
@@ -644,7 +645,7 @@ class GitLabTracker:
             if not isinstance(page, list):
                 raise TrackerError(
                     "GitLab's issue notes are not a JSON list; check tracker.endpoint",
-                    code="gitlab_unknown_payload",
+                    code=ErrorCode.GITLAB_UNKNOWN_PAYLOAD,
                 )
             if any(isinstance(n, Mapping) and has_marker(n.get("body"), key=key) for n in page):
                 return True
@@ -676,25 +677,25 @@ class GitLabTracker:
             raise TrackerError(
                 f"method {method!r} is not allowed for gitlab_api; allowed: "
                 f"{', '.join(self.options.api_methods)} (tracker.provider.api_methods)",
-                code="gitlab_api_method_refused",
+                code=ErrorCode.GITLAB_API_METHOD_REFUSED,
             )
         relative = await self._tool_path(path)
         params = _tool_query(query)
         if body is not None and verb in ("GET", "DELETE"):
             raise TrackerError(
                 f"gitlab_api {verb} takes no body; put parameters in `query`",
-                code="gitlab_api_body_refused",
+                code=ErrorCode.GITLAB_API_BODY_REFUSED,
             )
         if isinstance(body, Mapping) and TOOL_REFUSED_PARAMETERS & {str(k).lower() for k in body}:
             raise TrackerError(
                 "gitlab_api bodies must not carry sudo or credentials; the call runs as the "
                 "orchestrator's token",
-                code="gitlab_api_body_refused",
+                code=ErrorCode.GITLAB_API_BODY_REFUSED,
             )
         if body is not None and len(json.dumps(body)) > MAX_TOOL_BODY_BYTES:
             raise TrackerError(
                 f"gitlab_api body is larger than {MAX_TOOL_BODY_BYTES} bytes; send less",
-                code="gitlab_api_body_too_large",
+                code=ErrorCode.GITLAB_API_BODY_TOO_LARGE,
             )
         refused = tuple(s for s in range(300, 600) if s != 429)
         response = await self._request(
@@ -716,13 +717,13 @@ class GitLabTracker:
                 raise TrackerError(
                     f"gitlab_api path {path!r} is outside /projects/{self._project_ref}; "
                     "address this project's resources (tracker.provider.api_scope: project)",
-                    code="gitlab_api_path_refused",
+                    code=ErrorCode.GITLAB_API_PATH_REFUSED,
                 )
             if not await self._is_own_project(unquote(segments[1])):
                 raise TrackerError(
                     f"gitlab_api path {path!r} names another project; only "
                     f"/projects/{self._project_ref}/... is allowed (tracker.provider.api_scope)",
-                    code="gitlab_api_path_refused",
+                    code=ErrorCode.GITLAB_API_PATH_REFUSED,
                 )
         return "/" + "/".join(segments)
 
@@ -739,7 +740,7 @@ class GitLabTracker:
                 raise TrackerError(
                     "GitLab returned a malformed project (no id or path_with_namespace); "
                     "check tracker.endpoint",
-                    code="gitlab_unknown_payload",
+                    code=ErrorCode.GITLAB_UNKNOWN_PAYLOAD,
                 )
             self._project_identity = (project_id, full_path)
         project_id, full_path = self._project_identity
@@ -754,7 +755,7 @@ class GitLabTracker:
         if self._closed:
             raise TrackerError(
                 "this GitLab tracker was closed; build a new one from the settings",
-                code="tracker_closed",
+                code=ErrorCode.TRACKER_CLOSED,
             )
         if self._client is None:
             self._client = httpx.AsyncClient(
@@ -778,7 +779,7 @@ class GitLabTracker:
         except ValueError:
             raise TrackerError(
                 f"GitLab's answer to {what} is not JSON; check tracker.endpoint",
-                code="gitlab_unknown_payload",
+                code=ErrorCode.GITLAB_UNKNOWN_PAYLOAD,
             ) from None
 
     async def _request(
@@ -801,7 +802,7 @@ class GitLabTracker:
             raise TrackerError(
                 f"GitLab rate limit hit for {what}: {exc.detail}; Lorenz retries on a later "
                 "tick (poll less often if this persists)",
-                code="gitlab_rate_limited",
+                code=ErrorCode.GITLAB_RATE_LIMITED,
                 retryable=True,
                 retry_after_ms=exc.retry_after_ms,
             ) from None
@@ -827,7 +828,7 @@ class GitLabTracker:
             raise TrackerError(
                 f"request to GitLab failed for {what}: {type(exc).__name__}; check the network "
                 "and tracker.endpoint",
-                code="gitlab_api_request",
+                code=ErrorCode.GITLAB_API_REQUEST,
                 retryable=True,
             ) from exc
         status = response.status_code
@@ -855,7 +856,7 @@ class GitLabTracker:
         )
         raise TrackerError(
             f"GitLab answered HTTP {status} for {what}: {_message(response)}; {hint}",
-            code="gitlab_api_status",
+            code=ErrorCode.GITLAB_API_STATUS,
             retryable=status >= 500,
         )
 
@@ -874,7 +875,7 @@ class GitLabTracker:
                     raise TrackerError(
                         f"GitLab's answer to {what} is larger than {limit} bytes; lower "
                         "tracker.provider.page_size or raise max_response_bytes",
-                        code="gitlab_response_too_large",
+                        code=ErrorCode.GITLAB_RESPONSE_TOO_LARGE,
                     )
                 chunks.append(chunk)
         finally:
@@ -922,7 +923,7 @@ def tool_path_segments(path: Any) -> list[str]:
         return TrackerError(
             f"gitlab_api path {str(path)[:200]!r} refused: {why}; give a path like "
             "/projects/group%2Fapp/issues/1/notes, parameters in `query`",
-            code="gitlab_api_path_refused",
+            code=ErrorCode.GITLAB_API_PATH_REFUSED,
         )
 
     if not isinstance(path, str) or not path.strip():
@@ -953,14 +954,17 @@ def _tool_query(query: Any) -> dict[str, str | list[str]] | None:
     if query is None:
         return None
     if not isinstance(query, Mapping):
-        raise TrackerError("gitlab_api `query` must be an object", code="gitlab_api_query_invalid")
+        raise TrackerError(
+            "gitlab_api `query` must be an object",
+            code=ErrorCode.GITLAB_API_QUERY_INVALID,
+        )
     params: dict[str, str | list[str]] = {}
     for name, value in query.items():
         if str(name).lower() in TOOL_REFUSED_PARAMETERS:
             raise TrackerError(
                 f"gitlab_api query parameter {name!r} is not allowed (impersonation or "
                 "credentials); the call runs as the orchestrator's token",
-                code="gitlab_api_query_invalid",
+                code=ErrorCode.GITLAB_API_QUERY_INVALID,
             )
         if isinstance(value, list) and all(_scalar(v) for v in value):
             params[str(name)] = [_text(v) for v in value]
@@ -970,7 +974,7 @@ def _tool_query(query: Any) -> dict[str, str | list[str]] | None:
             raise TrackerError(
                 f"gitlab_api query parameter {name!r} must be a string, number, boolean or a "
                 "list of them",
-                code="gitlab_api_query_invalid",
+                code=ErrorCode.GITLAB_API_QUERY_INVALID,
             )
     return params
 

@@ -52,6 +52,7 @@ from pydantic import Field
 
 from lorenz.config import TrackerSettings, WorkflowSettings
 from lorenz.model import BlockerRef, Issue
+from lorenz.model.codes import ErrorCode
 from lorenz.model.issues import normalize_state
 from lorenz.trackers import httpstack as _httpstack  # noqa: F401 - see its docstring
 from lorenz.trackers.base import TrackerError, tracker_settings_of, unchanged
@@ -283,14 +284,14 @@ class JiraTracker:
         if not token or not token.strip():
             raise TrackerError(
                 f"no Jira API token; set tracker.api_key or {JIRA_API_TOKEN_ENV}",
-                code="missing_tracker_api_key",
+                code=ErrorCode.MISSING_TRACKER_API_KEY,
                 key_path="tracker.api_key",
             )
         if not email or not email.strip():
             raise TrackerError(
                 f"no Jira account email; set tracker.email or {JIRA_EMAIL_ENV} (the Atlassian "
                 "account the API token belongs to)",
-                code="missing_tracker_email",
+                code=ErrorCode.MISSING_TRACKER_EMAIL,
                 key_path="tracker.email",
             )
         site = (endpoint or tracker.endpoint or "").strip().rstrip("/")
@@ -298,7 +299,7 @@ class JiraTracker:
             raise TrackerError(
                 "no Jira site; set tracker.endpoint to the site URL, like "
                 "https://example.atlassian.net",
-                code="missing_tracker_endpoint",
+                code=ErrorCode.MISSING_TRACKER_ENDPOINT,
                 key_path="tracker.endpoint",
             )
         parts = urlsplit(site)
@@ -306,21 +307,21 @@ class JiraTracker:
             raise TrackerError(
                 f"tracker.endpoint {site!r} is not a site URL; write it like "
                 "https://example.atlassian.net",
-                code="invalid_tracker_endpoint",
+                code=ErrorCode.INVALID_TRACKER_ENDPOINT,
                 key_path="tracker.endpoint",
             )
         project = (tracker.project_slug or "").strip()
         if not project:
             raise TrackerError(
                 "no Jira project; set tracker.project_slug to the project key (like ENG)",
-                code="missing_tracker_project_slug",
+                code=ErrorCode.MISSING_TRACKER_PROJECT_SLUG,
                 key_path="tracker.project_slug",
             )
         if not _PROJECT_KEY_RE.match(project):
             raise TrackerError(
                 f"tracker.project_slug {project!r} is not a Jira project key; use the key "
                 "issue keys start with (ENG for ENG-12)",
-                code="invalid_tracker_project_slug",
+                code=ErrorCode.INVALID_TRACKER_PROJECT_SLUG,
                 key_path="tracker.project_slug",
             )
         self._settings = tracker
@@ -335,7 +336,7 @@ class JiraTracker:
             raise TrackerError(
                 f"tracker.provider.tool_methods has {bad_methods[0]!r}; use some of "
                 f"{', '.join(REST_METHODS)}",
-                code="invalid_tracker_config",
+                code=ErrorCode.INVALID_TRACKER_CONFIG,
                 key_path="tracker.provider.tool_methods",
             )
         self._own_client = http_client is None
@@ -402,14 +403,14 @@ class JiraTracker:
                 raise TrackerError(
                     f"Jira could not return {len(errors)} of the issues asked for "
                     f"({_snippet(json.dumps(errors[:3]))}); Lorenz retries on the next tick",
-                    code="jira_issue_errors",
+                    code=ErrorCode.JIRA_ISSUE_ERRORS,
                     retryable=True,
                 )
             items = body.get("issues")
             if not isinstance(items, list):
                 raise TrackerError(
                     "Jira's bulk fetch answer has no issues list; check tracker.endpoint",
-                    code="jira_unknown_payload",
+                    code=ErrorCode.JIRA_UNKNOWN_PAYLOAD,
                 )
             for item in items:
                 issue = normalize_issue(
@@ -420,7 +421,7 @@ class JiraTracker:
                     raise TrackerError(
                         "Jira returned a malformed issue (no id, key, summary or status); "
                         "retry later",
-                        code="jira_unknown_payload",
+                        code=ErrorCode.JIRA_UNKNOWN_PAYLOAD,
                     )
                 project = issue.native_ref.get("project") if issue.native_ref else None
                 if str(project or "").upper() != self.project_key:
@@ -489,7 +490,7 @@ class JiraTracker:
             if not isinstance(page, list):
                 raise TrackerError(
                     "Jira's search answer has no issues list; check tracker.endpoint",
-                    code="jira_unknown_payload",
+                    code=ErrorCode.JIRA_UNKNOWN_PAYLOAD,
                 )
             items.extend(page)
             token = body.get("nextPageToken")
@@ -500,7 +501,7 @@ class JiraTracker:
             if token in tokens_seen:
                 raise TrackerError(
                     "Jira's search repeated a page token; retry later",
-                    code="jira_unknown_payload",
+                    code=ErrorCode.JIRA_UNKNOWN_PAYLOAD,
                     retryable=True,
                 )
             tokens_seen.add(token)
@@ -509,7 +510,7 @@ class JiraTracker:
             f"Jira's search for project {self.project_key} has more than "
             f"{self.options.max_pages} pages; narrow it with tracker.provider.jql or raise "
             "tracker.provider.max_pages",
-            code="jira_too_many_pages",
+            code=ErrorCode.JIRA_TOO_MANY_PAGES,
             key_path="tracker.provider.max_pages",
         )
 
@@ -536,7 +537,7 @@ class JiraTracker:
                 raise TrackerError(
                     "Jira did not say who the token belongs to; set tracker.assignee to an "
                     "account id instead of 'me'",
-                    code="missing_jira_viewer_identity",
+                    code=ErrorCode.MISSING_JIRA_VIEWER_IDENTITY,
                     key_path="tracker.assignee",
                 )
             self._viewer_id = account
@@ -556,7 +557,7 @@ class JiraTracker:
             raise TrackerError(
                 f"Jira labels cannot contain spaces ({name!r}); set retry.escalate.label to a "
                 "label without spaces",
-                code="invalid_jira_label",
+                code=ErrorCode.INVALID_JIRA_LABEL,
                 key_path="retry.escalate.label",
             )
         if name:
@@ -598,7 +599,7 @@ class JiraTracker:
         if not isinstance(transitions, list):
             raise TrackerError(
                 "Jira's transitions answer has no transitions list; check tracker.endpoint",
-                code="jira_unknown_payload",
+                code=ErrorCode.JIRA_UNKNOWN_PAYLOAD,
             )
         for transition in transitions:
             transition = _mapping(transition)
@@ -619,7 +620,7 @@ class JiraTracker:
         raise TrackerError(
             f"no transition leads {issue.identifier} to {state.strip()!r} (it can go to: "
             f"{', '.join(names) or 'nothing'}); set retry.cancel_state to one of those",
-            code="tracker_state_not_found",
+            code=ErrorCode.TRACKER_STATE_NOT_FOUND,
             key_path="retry.cancel_state",
         )
 
@@ -636,7 +637,7 @@ class JiraTracker:
             if not isinstance(comments, list):
                 raise TrackerError(
                     "Jira's comments answer has no comments list; check tracker.endpoint",
-                    code="jira_unknown_payload",
+                    code=ErrorCode.JIRA_UNKNOWN_PAYLOAD,
                 )
             for item in comments:
                 if has_marker(adf_to_text(_mapping(item).get("body")), key=key):
@@ -669,7 +670,7 @@ class JiraTracker:
             raise TrackerError(
                 f"method {method!r} is not allowed for jira_rest; use one of "
                 f"{', '.join(self.options.tool_methods)}",
-                code="invalid_jira_rest_call",
+                code=ErrorCode.INVALID_JIRA_REST_CALL,
             )
         relative = validate_rest_path(path)
         params = _query_params(query)
@@ -677,14 +678,14 @@ class JiraTracker:
             if verb in ("GET", "DELETE"):
                 raise TrackerError(
                     f"jira_rest sends no body with {verb}; put parameters in `query`",
-                    code="invalid_jira_rest_call",
+                    code=ErrorCode.INVALID_JIRA_REST_CALL,
                 )
             size = len(json.dumps(body).encode())
             if size > self.options.tool_max_body_bytes:
                 raise TrackerError(
                     f"the jira_rest body is {size} bytes, more than the "
                     f"{self.options.tool_max_body_bytes} allowed; send less",
-                    code="invalid_jira_rest_call",
+                    code=ErrorCode.INVALID_JIRA_REST_CALL,
                 )
         response, content = await self._exchange(
             verb,
@@ -711,7 +712,7 @@ class JiraTracker:
         if self._closed:
             raise TrackerError(
                 "this Jira tracker was closed; build a new one from the settings",
-                code="tracker_closed",
+                code=ErrorCode.TRACKER_CLOSED,
             )
         if self._client is None:
             self._client = httpx.AsyncClient(
@@ -738,12 +739,12 @@ class JiraTracker:
             raise TrackerError(
                 f"Jira's answer to {what} is not JSON; check tracker.endpoint (the site URL, "
                 "without /rest/...)",
-                code="jira_unknown_payload",
+                code=ErrorCode.JIRA_UNKNOWN_PAYLOAD,
             ) from None
         if not isinstance(body, Mapping):
             raise TrackerError(
                 f"Jira's answer to {what} is not a JSON object; check tracker.endpoint",
-                code="jira_unknown_payload",
+                code=ErrorCode.JIRA_UNKNOWN_PAYLOAD,
             )
         return body
 
@@ -779,7 +780,7 @@ class JiraTracker:
             raise TrackerError(
                 f"Jira rate limit hit for {what}: {exc.detail}; Lorenz retries on a later tick "
                 "(poll less often if this persists)",
-                code="jira_rate_limited",
+                code=ErrorCode.JIRA_RATE_LIMITED,
                 retryable=True,
                 retry_after_ms=exc.retry_after_ms,
             ) from None
@@ -810,13 +811,13 @@ class JiraTracker:
             raise TrackerError(
                 f"Jira's answer to {what} is larger than {limit} bytes; ask for less (a "
                 "smaller tracker.provider.page_size)",
-                code="jira_response_too_large",
+                code=ErrorCode.JIRA_RESPONSE_TOO_LARGE,
             ) from None
         except httpx.HTTPError as exc:
             raise TrackerError(
                 f"request to Jira failed for {what}: {type(exc).__name__}; check the network "
                 "and tracker.endpoint",
-                code="jira_api_request",
+                code=ErrorCode.JIRA_API_REQUEST,
                 retryable=True,
             ) from exc
         status = response.status_code
@@ -863,7 +864,7 @@ class JiraStatusError(TrackerError):
     recover from a specific one)."""
 
     def __init__(self, message: str, *, messages: Sequence[str], status: int) -> None:
-        super().__init__(message, code="jira_api_status", retryable=status >= 500)
+        super().__init__(message, code=ErrorCode.JIRA_API_STATUS, retryable=status >= 500)
         self.messages = tuple(messages)
         self.status = status
 
@@ -888,7 +889,7 @@ def validate_rest_path(path: Any) -> str:
     if not isinstance(path, str) or not path.strip():
         raise TrackerError(
             "`path` must be a non-empty string like /rest/api/3/issue/ENG-1",
-            code="invalid_jira_rest_call",
+            code=ErrorCode.INVALID_JIRA_REST_CALL,
         )
     text = path.strip()
     problem = None
@@ -907,7 +908,7 @@ def validate_rest_path(path: Any) -> str:
         elif any(code in lowered for code in ("%2e", "%2f", "%5c", "%00", "%25")):
             problem = "must not contain encoded dots, slashes, backslashes, NULs or percents"
     if problem is not None:
-        raise TrackerError(f"jira_rest path {problem}", code="invalid_jira_rest_call")
+        raise TrackerError(f"jira_rest path {problem}", code=ErrorCode.INVALID_JIRA_REST_CALL)
     return text[len(API_PREFIX) :]
 
 
@@ -916,7 +917,8 @@ def _query_params(query: Any) -> dict[str, str | int] | None:
         return None
     if not isinstance(query, Mapping) or len(query) > 50:
         raise TrackerError(
-            "`query` must be an object of at most 50 parameters", code="invalid_jira_rest_call"
+            "`query` must be an object of at most 50 parameters",
+            code=ErrorCode.INVALID_JIRA_REST_CALL,
         )
     params: dict[str, str | int] = {}
     for name, value in query.items():
@@ -929,7 +931,7 @@ def _query_params(query: Any) -> dict[str, str | int] | None:
         else:
             raise TrackerError(
                 f"query parameter {name!r} must be a string, number or boolean",
-                code="invalid_jira_rest_call",
+                code=ErrorCode.INVALID_JIRA_REST_CALL,
             )
     return params
 

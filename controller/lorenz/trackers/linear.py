@@ -29,6 +29,7 @@ from pydantic import Field
 
 from lorenz.config import TrackerSettings, WorkflowSettings
 from lorenz.model import BlockerRef, Issue
+from lorenz.model.codes import ErrorCode
 from lorenz.model.issues import normalize_state
 from lorenz.trackers import httpstack as _httpstack  # noqa: F401 - see its docstring
 from lorenz.trackers.base import TrackerError, tracker_settings_of, unchanged
@@ -301,7 +302,7 @@ def _snippet(text: str) -> str:
 
 def _refused_cursor(err: TrackerError) -> bool:
     """Whether a failed page read is Linear refusing its ``after`` cursor."""
-    return err.code == "linear_graphql_errors" and "cursor" in str(err).lower()
+    return err.code == ErrorCode.LINEAR_GRAPHQL_ERRORS and "cursor" in str(err).lower()
 
 
 def _graphql_errors(body: Any) -> list[Mapping[str, Any]]:
@@ -341,7 +342,7 @@ def count_operations(
     except graphql.GraphQLError as exc:
         raise TrackerError(
             f"the GraphQL document does not parse: {exc.message}; send one valid operation",
-            code="invalid_graphql_operation",
+            code=ErrorCode.INVALID_GRAPHQL_OPERATION,
         ) from None
     operations = [
         definition
@@ -368,14 +369,14 @@ class LinearTracker:
         if not api_key or not api_key.strip():
             raise TrackerError(
                 f"no Linear API key; set tracker.api_key or {LINEAR_API_KEY_ENV}",
-                code="missing_tracker_api_key",
+                code=ErrorCode.MISSING_TRACKER_API_KEY,
                 key_path="tracker.api_key",
             )
         if not tracker.project_slug or not tracker.project_slug.strip():
             raise TrackerError(
                 "no Linear project; set tracker.project_slug to the project's slugId "
                 "(the last segment of the project URL)",
-                code="missing_tracker_project_slug",
+                code=ErrorCode.MISSING_TRACKER_PROJECT_SLUG,
                 key_path="tracker.project_slug",
             )
         self._settings = tracker
@@ -452,7 +453,7 @@ class LinearTracker:
             if not isinstance(page, Mapping):
                 raise TrackerError(
                     "Linear returned issues without pageInfo; check tracker.endpoint",
-                    code="linear_unknown_payload",
+                    code=ErrorCode.LINEAR_UNKNOWN_PAYLOAD,
                 )
             if page.get("hasNextPage") is not True:
                 break
@@ -460,7 +461,7 @@ class LinearTracker:
             if not isinstance(cursor, str) or not cursor:
                 raise TrackerError(
                     "Linear said there is a next page but gave no endCursor; retry later",
-                    code="linear_missing_end_cursor",
+                    code=ErrorCode.LINEAR_MISSING_END_CURSOR,
                     retryable=True,
                 )
             after = cursor
@@ -501,7 +502,7 @@ class LinearTracker:
                     raise TrackerError(
                         "Linear returned a malformed issue (missing id, identifier, title or "
                         "state) while refreshing by id; retry later",
-                        code="linear_unknown_payload",
+                        code=ErrorCode.LINEAR_UNKNOWN_PAYLOAD,
                     )
                 found[issue.id] = route(issue)
         return [found[i] for i in wanted if i in found]
@@ -553,7 +554,7 @@ class LinearTracker:
             raise TrackerError(
                 f"the team of {issue.identifier} has no state {state!r}; set retry.cancel_state "
                 "to one of the team's workflow states",
-                code="tracker_state_not_found",
+                code=ErrorCode.TRACKER_STATE_NOT_FOUND,
                 key_path="retry.cancel_state",
             )
         await self._write(
@@ -600,7 +601,7 @@ class LinearTracker:
         if label_id is None:
             raise TrackerError(
                 "Linear created the escalation label but did not say its id; retry later",
-                code="linear_unknown_payload",
+                code=ErrorCode.LINEAR_UNKNOWN_PAYLOAD,
             )
         return label_id
 
@@ -612,7 +613,7 @@ class LinearTracker:
         if payload.get("success") is not True:
             raise TrackerError(
                 f"Linear did not apply {operation_name}; check the API key's write access",
-                code="linear_write_failed",
+                code=ErrorCode.LINEAR_WRITE_FAILED,
             )
         return payload
 
@@ -627,7 +628,7 @@ class LinearTracker:
         if len(operations) != 1:
             raise TrackerError(
                 f"the document has {len(operations)} operations; send exactly one per call",
-                code="invalid_graphql_operation",
+                code=ErrorCode.INVALID_GRAPHQL_OPERATION,
             )
         name = operations[0].name.value if operations[0].name else None
         return await self._post(query, dict(variables or {}), operation_name=name)
@@ -658,7 +659,7 @@ class LinearTracker:
                 raise TrackerError(
                     "Linear did not say who the API key belongs to; set tracker.assignee to "
                     "a user id instead of 'me'",
-                    code="missing_linear_viewer_identity",
+                    code=ErrorCode.MISSING_LINEAR_VIEWER_IDENTITY,
                     key_path="tracker.assignee",
                 )
             self._viewer_id = viewer_id.strip()
@@ -669,7 +670,7 @@ class LinearTracker:
         if not isinstance(connection, Mapping) or not isinstance(connection.get("nodes"), list):
             raise TrackerError(
                 f"Linear's answer to {operation} has no issues.nodes list; check tracker.endpoint",
-                code="linear_unknown_payload",
+                code=ErrorCode.LINEAR_UNKNOWN_PAYLOAD,
             )
         return dict(connection)
 
@@ -683,13 +684,13 @@ class LinearTracker:
             raise TrackerError(
                 f"Linear rejected {operation_name}: {_describe_errors(errors)}; check "
                 "tracker.project_slug and the state names, or retry later",
-                code="linear_graphql_errors",
+                code=ErrorCode.LINEAR_GRAPHQL_ERRORS,
             )
         data = body.get("data")
         if not isinstance(data, Mapping):
             raise TrackerError(
                 f"Linear's answer to {operation_name} has no data object; check tracker.endpoint",
-                code="linear_unknown_payload",
+                code=ErrorCode.LINEAR_UNKNOWN_PAYLOAD,
             )
         return data
 
@@ -706,7 +707,7 @@ class LinearTracker:
             raise TrackerError(
                 f"Linear rate limit hit for {what}: {exc.detail}; Lorenz retries on a later "
                 "tick (poll less often if this persists)",
-                code="linear_rate_limited",
+                code=ErrorCode.LINEAR_RATE_LIMITED,
                 retryable=True,
                 retry_after_ms=exc.retry_after_ms,
             ) from None
@@ -715,7 +716,7 @@ class LinearTracker:
         if self._closed:
             raise TrackerError(
                 "this Linear tracker was closed; build a new one from the settings",
-                code="tracker_closed",
+                code=ErrorCode.TRACKER_CLOSED,
             )
         if self._client is None:
             self._client = httpx.AsyncClient(
@@ -735,7 +736,7 @@ class LinearTracker:
             raise TrackerError(
                 f"request to Linear failed for {what}: {type(exc).__name__}: {exc}; "
                 "check the network and tracker.endpoint",
-                code="linear_api_request",
+                code=ErrorCode.LINEAR_API_REQUEST,
                 retryable=True,
             ) from exc
         try:
@@ -767,13 +768,13 @@ class LinearTracker:
             raise TrackerError(
                 f"Linear answered HTTP {response.status_code} for {what}: "
                 f"{_snippet(response.text)}; {hint}",
-                code="linear_api_status",
+                code=ErrorCode.LINEAR_API_STATUS,
                 retryable=response.status_code >= 500,
             )
         if not isinstance(body, dict):
             raise TrackerError(
                 f"Linear's answer to {what} is not a JSON object; check tracker.endpoint",
-                code="linear_unknown_payload",
+                code=ErrorCode.LINEAR_UNKNOWN_PAYLOAD,
             )
         return body
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from lorenz.config import TrackerSettings, WorkflowSettings
 from lorenz.model import BlockerRef, Issue
+from lorenz.model.codes import ErrorCode
 from lorenz.model.issues import normalize_state
 from lorenz.trackers.base import TrackerError, tracker_settings_of
 
@@ -32,7 +33,7 @@ def injected_failure() -> TrackerError:
     """The default error :meth:`MemoryTracker.fail_next` raises: a retryable request failure."""
     return TrackerError(
         "injected failure from the memory tracker; it clears by itself",
-        code="tracker_request",
+        code=ErrorCode.TRACKER_REQUEST,
         retryable=True,
     )
 

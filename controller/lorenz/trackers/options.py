@@ -13,6 +13,7 @@ from typing import Annotated, Any, TypeVar
 import pydantic
 from pydantic import Field
 
+from lorenz.model.codes import ErrorCode
 from lorenz.trackers.base import TrackerError
 from lorenz.trackers.throttling import RateLimitPolicy
 
@@ -63,6 +64,6 @@ def parse_provider_options(
         where = ".".join(str(part) for part in error["loc"])
         raise TrackerError(
             f"{error['msg']} (for tracker kind {kind}); fix or remove this key",
-            code="invalid_tracker_config",
+            code=ErrorCode.INVALID_TRACKER_CONFIG,
             key_path=f"tracker.provider.{where}" if where else "tracker.provider",
         ) from None

@@ -43,6 +43,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from lorenz.model import LorenzError
+from lorenz.model.codes import ErrorCode
 
 MAX_WEBHOOK_BODY_BYTES = 1024 * 1024
 """Largest delivery body taken (issue payloads are a few to a few hundred KiB; Jira's carry
@@ -54,13 +55,13 @@ LINEAR_MAX_SKEW_S = 60.0
 MAX_ID_CHARS = 200
 """Longest delivery id, event name or issue id kept (longer ones are cut)."""
 
-WEBHOOK_SIGNATURE_MISSING = "webhook_signature_missing"
-WEBHOOK_SIGNATURE_INVALID = "webhook_signature_invalid"
-WEBHOOK_STALE = "webhook_stale"
-WEBHOOK_BODY_TOO_LARGE = "webhook_body_too_large"
-WEBHOOK_BODY_TOO_DEEP = "webhook_body_too_deep"
-WEBHOOK_BODY_INVALID = "webhook_body_invalid"
-WEBHOOK_REPLAYED = "webhook_replayed"
+WEBHOOK_SIGNATURE_MISSING = ErrorCode.WEBHOOK_SIGNATURE_MISSING
+WEBHOOK_SIGNATURE_INVALID = ErrorCode.WEBHOOK_SIGNATURE_INVALID
+WEBHOOK_STALE = ErrorCode.WEBHOOK_STALE
+WEBHOOK_BODY_TOO_LARGE = ErrorCode.WEBHOOK_BODY_TOO_LARGE
+WEBHOOK_BODY_TOO_DEEP = ErrorCode.WEBHOOK_BODY_TOO_DEEP
+WEBHOOK_BODY_INVALID = ErrorCode.WEBHOOK_BODY_INVALID
+WEBHOOK_REPLAYED = ErrorCode.WEBHOOK_REPLAYED
 
 UNAUTHENTICATED_CODES = frozenset({WEBHOOK_SIGNATURE_MISSING, WEBHOOK_SIGNATURE_INVALID})
 """Refusals that mean "not from the sender" (HTTP 401); every other refusal is a 400."""

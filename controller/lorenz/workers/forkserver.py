@@ -47,6 +47,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
+from lorenz.model.codes import ErrorCode
 from lorenz.workers.launch import LaunchResult, WorkerLaunchError
 from lorenz.workers.spec import RunSpec
 from lorenz.workers.states import HANDLE_ENV
@@ -59,7 +60,7 @@ LAUNCHER_MARK: Final = "launcher"
 _PR_SET_PDEATHSIG: Final = 1
 _GONE: Final[Mapping[str, Any]] = {
     "ok": False,
-    "code": "worker_launch_failed",
+    "code": ErrorCode.WORKER_LAUNCH_FAILED,
     "message": "the worker launcher exited during the launch; the run is retried",
 }
 """The answer of a launcher that is gone (identity-compared: one retry with a new launcher)."""
@@ -199,7 +200,7 @@ def _request(
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             status = _launch_one(request.get("spec"), state_root=state_root)
         except BaseException as exc:  # noqa: BLE001 - reported as the answer, then _exit
-            _write_line(1, {"ok": False, "code": "worker_launch_failed",
+            _write_line(1, {"ok": False, "code": ErrorCode.WORKER_LAUNCH_FAILED,
                             "message": f"the launcher failed: {type(exc).__name__}: {exc}"})
         finally:
             os._exit(status)
@@ -236,7 +237,7 @@ def _child_answer(child: _Child) -> dict[str, Any]:
             value = json.loads(line)
             if isinstance(value, dict):
                 return value
-    return {"ok": False, "code": "worker_launch_failed",
+    return {"ok": False, "code": ErrorCode.WORKER_LAUNCH_FAILED,
             "message": "the launch child ended without an answer (killed?)"}
 
 
@@ -343,7 +344,7 @@ class Launcher:
             return LaunchResult.from_json(result)
         raise WorkerLaunchError(
             str(result.get("message") or "the worker could not be started"),
-            code=str(result.get("code") or "worker_launch_failed"),
+            code=str(result.get("code") or ErrorCode.WORKER_LAUNCH_FAILED),
         )
 
     async def _launch_once(
@@ -364,7 +365,7 @@ class Launcher:
             self._send({"kill": ident})
             raise WorkerLaunchError(
                 f"starting the worker {spec.handle} took longer than {timeout_s:.0f} s",
-                code="worker_launch_timeout",
+                code=ErrorCode.WORKER_LAUNCH_TIMEOUT,
             ) from None
         except (ConnectionError, BrokenPipeError):
             return _GONE
@@ -425,7 +426,7 @@ class Launcher:
             raise WorkerLaunchError(
                 f"could not run {self.command[0]}: {exc.strerror or exc}; check the worker "
                 "command",
-                code="worker_launch_failed",
+                code=ErrorCode.WORKER_LAUNCH_FAILED,
             ) from exc
         self._process = process
         self.starts += 1

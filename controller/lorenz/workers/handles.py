@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Protocol
 
 from lorenz.model import LorenzError
+from lorenz.model.codes import ErrorCode
 from lorenz.workers.client import CallHandlers, ConnectionLost, RecordSink, WorkerConnection
 from lorenz.workers.forkserver import Launcher, parent_death_signal_supported
 from lorenz.workers.journal import JOURNAL_NAME, Record, accepts_after, read_journal
@@ -48,19 +49,19 @@ logger = logging.getLogger(__name__)
 class WorkerGone(LorenzError):
     """The worker ended without a final record (killed, crashed, its host rebooted)."""
 
-    code = "worker_gone"
+    code = ErrorCode.WORKER_GONE
 
 
 class WorkerUnknown(LorenzError):
     """The worker's fate cannot be proven (its host or socket does not answer)."""
 
-    code = "worker_unknown"
+    code = ErrorCode.WORKER_UNKNOWN
 
 
 class SequenceGap(LorenzError):
     """Records did not continue the collected sequence: a bug or a foreign journal."""
 
-    code = "worker_sequence_gap"
+    code = ErrorCode.WORKER_SEQUENCE_GAP
 
 
 class Transport(Protocol):

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from lorenz.model import LorenzError
+from lorenz.model.codes import ErrorCode
 
 JOURNAL_NAME: Final = "journal.jsonl"
 
@@ -59,7 +60,7 @@ the session's start, a moment later, syncs it along."""
 
 
 class JournalCorrupt(LorenzError):
-    code = "worker_journal_corrupt"
+    code = ErrorCode.WORKER_JOURNAL_CORRUPT
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

@@ -34,6 +34,7 @@ import pydantic
 
 from lorenz.agents import TRACKER_SECRET_ENV, agent_environment
 from lorenz.model import LorenzError
+from lorenz.model.codes import ErrorCode
 from lorenz.tasks import install_child_watcher
 from lorenz.workers.journal import JOURNAL_NAME, read_journal
 from lorenz.workers.protocol import SOCKET_NAME
@@ -59,7 +60,7 @@ SPEC_LIMIT_BYTES: Final = 4 * 1024 * 1024
 class WorkerLaunchError(LorenzError):
     """A worker could not be started; ``code`` says why."""
 
-    code = "worker_launch_failed"
+    code = ErrorCode.WORKER_LAUNCH_FAILED
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -126,7 +127,7 @@ async def run_launch_command(
     except OSError as exc:
         raise WorkerLaunchError(
             f"could not run {argv[0]}: {exc.strerror or exc}; check the worker command",
-            code="worker_launch_failed",
+            code=ErrorCode.WORKER_LAUNCH_FAILED,
         ) from exc
     try:
         async with asyncio.timeout(timeout_s):
@@ -137,7 +138,7 @@ async def run_launch_command(
         await process.wait()
         raise WorkerLaunchError(
             f"starting the worker {spec.handle} took longer than {timeout_s:.0f} s",
-            code="worker_launch_timeout",
+            code=ErrorCode.WORKER_LAUNCH_TIMEOUT,
         ) from None
     answer = _last_json_line(out)
     if answer is not None and answer.get("ok") is True:
@@ -149,12 +150,12 @@ async def run_launch_command(
         raise WorkerLaunchError(
             f"the worker host could not be reached: {tail or 'no output'}; check that it is up "
             "and that ssh to it works without a prompt",
-            code="worker_host_unreachable",
+            code=ErrorCode.WORKER_HOST_UNREACHABLE,
         )
     raise WorkerLaunchError(
         f"the worker command exited with status {process.returncode}: "
         f"{tail or 'no output'}",
-        code="worker_launch_failed",
+        code=ErrorCode.WORKER_LAUNCH_FAILED,
     )
 
 
@@ -179,7 +180,8 @@ def read_spec(stream: Any) -> RunSpec:
     raw = stream.read(SPEC_LIMIT_BYTES + 1)
     if len(raw) > SPEC_LIMIT_BYTES:
         raise WorkerStateError(
-            f"the run spec is larger than {SPEC_LIMIT_BYTES} bytes", code="worker_spec_invalid"
+            f"the run spec is larger than {SPEC_LIMIT_BYTES} bytes",
+            code=ErrorCode.WORKER_SPEC_INVALID,
         )
     try:
         return RunSpec.model_validate_json(raw)
@@ -189,7 +191,7 @@ def read_spec(stream: Any) -> RunSpec:
         raise WorkerStateError(
             f"the run spec is invalid at {where or '(root)'}: {first['msg']}; controller and "
             "worker must run compatible lorenz versions",
-            code="worker_spec_invalid",
+            code=ErrorCode.WORKER_SPEC_INVALID,
         ) from None
 
 
@@ -220,7 +222,7 @@ def start_from_spec(
         raise WorkerStateError(
             f"the worker of {spec.handle} already ran and died without a final record; a new "
             "attempt gets a new handle",
-            code="worker_handle_used",
+            code=ErrorCode.WORKER_HANDLE_USED,
         )
     write_spec(state_dir, spec)
     return serve(state_dir, detach=detach, die_with_parent=die_with_parent)
@@ -249,7 +251,7 @@ def serve(state_dir: Path, *, detach: bool, die_with_parent: bool = False) -> in
         if result is None:
             result = {
                 "ok": False,
-                "code": "worker_start_failed",
+                "code": ErrorCode.WORKER_START_FAILED,
                 "message": f"the worker exited before it was ready; see {state_dir / LOG_NAME}",
             }
         answer(result)

@@ -35,6 +35,7 @@ from lorenz.agents import (
 )
 from lorenz.config import AgentProtocol, WorkerSettings, WorkflowSettings
 from lorenz.model import Issue
+from lorenz.model.codes import ErrorCode
 from lorenz.policies.placement import RunLocation, run_location
 from lorenz.workers.journal import DEFAULT_MAX_BYTES as DEFAULT_JOURNAL_MAX_BYTES
 from lorenz.workers.runner import WorkerRunner
@@ -70,7 +71,7 @@ def pod_workspace_path(
 class PodRunnerUnavailable(AgentRunError):
     """``worker.kind: pod`` where nothing places runs in Pods (outside the operator)."""
 
-    code = "worker_kind_unavailable"
+    code = ErrorCode.WORKER_KIND_UNAVAILABLE
 
 
 def remote_workspace_path(

@@ -57,6 +57,7 @@ from lorenz.model import (
     TokenUsage,
     slot_key,
 )
+from lorenz.model.codes import ErrorCode
 from lorenz.policies.retries import NEVER_STARTED_CODE
 from lorenz.workers.client import CallHandlers
 from lorenz.workers.handles import (
@@ -100,7 +101,7 @@ CONTROLLER_MARK_LIMIT: Final = 512
 CONTROLLER_EXIT_WAIT_S: Final = 30.0
 """How long an adoption from a claim waits for the worker's live controller to exit."""
 
-CONTROLLED_ELSEWHERE_CODE: Final = "worker_controlled_elsewhere"
+CONTROLLED_ELSEWHERE_CODE: Final = ErrorCode.WORKER_CONTROLLED_ELSEWHERE
 """The failure of a run whose slot's worker is followed by another live controller."""
 
 _leaving: str | None = None
@@ -305,7 +306,7 @@ class IntentRecorder:
             raise AgentRunError(
                 f"the spawn intent of {self._key} could not be recorded ({exc}); no worker "
                 "was started",
-                code=getattr(exc, "code", "spawn_intent_failed"),
+                code=getattr(exc, "code", ErrorCode.SPAWN_INTENT_FAILED),
             ) from exc
         self._written = intent
         if os.environ.get(PAUSE_AT_SPAWN_PHASE_ENV) == phase.value:
@@ -422,7 +423,7 @@ class WorkerRunner:
             said = "; ".join(f"its {name} {why}" for name, why in sorted(problems.items()))
             raise AgentRunError(
                 f"issue {request.issue.identifier[:60]!r} cannot be run: {said}; edit the issue",
-                code="issue_field_invalid",
+                code=ErrorCode.ISSUE_FIELD_INVALID,
             )
         tools = request.tools.tool_specs() if request.tools is not None else []
         return RunSpec(
@@ -509,7 +510,7 @@ class WorkerRunner:
             raise AgentRunError(
                 f"the reservation of {request.issue.identifier} slot {request.slot_index} was "
                 "given up while its worker started; the slot is dispatched again",
-                code="reservation_lost",
+                code=ErrorCode.RESERVATION_LOST,
             )
 
         def relay(record: Record) -> None:
@@ -627,7 +628,7 @@ class WorkerRunner:
             try:
                 result = await self.transport.launch(spec)
             except WorkerLaunchError as exc:
-                if exc.code == "worker_handle_used":
+                if exc.code == ErrorCode.WORKER_HANDLE_USED:
                     continue
                 raise
             if result.existing in (None, ProbeState.ALIVE.value):
@@ -638,14 +639,14 @@ class WorkerRunner:
                 raise AgentRunError(
                     f"the worker {result.handle} of an earlier run cannot be probed; the run is "
                     "retried later",
-                    code="worker_unknown",
+                    code=ErrorCode.WORKER_UNKNOWN,
                 )
             # "final": an earlier run of this attempt (a continuation), already collected.
         raise AgentRunError(
             f"{MAX_RUNS_PER_ATTEMPT} runs of attempt {request.attempt} of "
             f"{request.issue.identifier} already have state directories; clean the worker "
             "state root",
-            code="worker_handles_exhausted",
+            code=ErrorCode.WORKER_HANDLES_EXHAUSTED,
         )
 
     async def _cancel(self, handle: WorkerHandle, follow: asyncio.Future[Record]) -> None:
@@ -869,7 +870,7 @@ def _result_of(final: Record) -> AgentRunResult:
     code = data.get("error_code")
     raise AgentRunError(
         str(data.get("error") or data.get("reason") or "the run failed"),
-        code=code if isinstance(code, str) else "agent_run_failed",
+        code=code if isinstance(code, str) else ErrorCode.AGENT_RUN_FAILED,
     )
 
 

@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Final
 
+from lorenz.model.codes import ErrorCode
 from lorenz.workers.journal import Record
 from lorenz.workers.launch import (
     LaunchResult,
@@ -68,7 +69,7 @@ def ssh_destination(host: str) -> tuple[str, list[str]]:
     if match is None:
         raise WorkerLaunchError(
             f"{host!r} is not host, host:port or [v6]:port (worker.ssh_hosts)",
-            code="worker_host_invalid",
+            code=ErrorCode.WORKER_HOST_INVALID,
         )
     destination = match["host"]
     if destination.startswith("[") and destination.endswith("]"):

@@ -35,6 +35,7 @@ import psutil
 
 from lorenz.leadership.processes import same_start_time
 from lorenz.model import LorenzError
+from lorenz.model.codes import ErrorCode
 from lorenz.workers.journal import (
     JOURNAL_NAME,
     JournalCorrupt,
@@ -67,7 +68,7 @@ as an orphan."""
 class WorkerStateError(LorenzError):
     """A state directory or its spec cannot be used; ``code`` says why."""
 
-    code = "worker_state_error"
+    code = ErrorCode.WORKER_STATE_ERROR
 
 
 class ProbeState(enum.StrEnum):
@@ -127,7 +128,7 @@ LINK_PARENT_PREFIX: Final = "/tmp/lorenz-"
 class StateRootUnreachable(WorkerStateError):
     """A state root too long for its sockets, and no safe short link to it."""
 
-    code = "worker_state_root_too_long"
+    code = ErrorCode.WORKER_STATE_ROOT_TOO_LONG
 
 
 def default_state_root() -> Path:
@@ -205,14 +206,17 @@ def reachable_state_root(root: Path, *, link_parent: Path | None = None) -> Path
 def create_state_dir(root: Path, handle: str) -> Path:
     """``root/handle`` with mode 0700 (and ``root`` too, when it is created here)."""
     if not is_handle(handle):
-        raise WorkerStateError(f"{handle!r} is not a worker handle", code="worker_handle_invalid")
+        raise WorkerStateError(
+            f"{handle!r} is not a worker handle",
+            code=ErrorCode.WORKER_HANDLE_INVALID,
+        )
     state_dir = root.absolute() / handle
     socket_path = os.fsencode(str(state_dir / SOCKET_NAME))
     if len(socket_path) > SOCKET_PATH_LIMIT:
         raise WorkerStateError(
             f"the control socket path {state_dir / SOCKET_NAME} would be longer than "
             f"{SOCKET_PATH_LIMIT} bytes; use a shorter worker state directory",
-            code="worker_socket_path_too_long",
+            code=ErrorCode.WORKER_SOCKET_PATH_TOO_LONG,
         )
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
     with contextlib.suppress(FileExistsError):
@@ -222,7 +226,7 @@ def create_state_dir(root: Path, handle: str) -> Path:
         raise WorkerStateError(
             f"{state_dir} is not a directory owned by this user; remove it or pick another "
             "worker state directory",
-            code="worker_state_dir_foreign",
+            code=ErrorCode.WORKER_STATE_DIR_FOREIGN,
         )
     os.chmod(state_dir, 0o700)
     return state_dir

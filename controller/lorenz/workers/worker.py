@@ -45,6 +45,7 @@ from lorenz.agents import (
     build_runner,
 )
 from lorenz.model import AgentUpdate, LorenzError, WorkerPhase
+from lorenz.model.codes import ErrorCode
 from lorenz.tasks import BackgroundTasks, run_to_completion
 from lorenz.workers.journal import FINAL, JournalWriter, Record, read_journal
 from lorenz.workers.protocol import (
@@ -194,13 +195,13 @@ class Worker:
             raise WorkerStateError(
                 f"the control socket path {path} is longer than {SOCKET_PATH_LIMIT} bytes; "
                 "use a shorter worker state directory",
-                code="worker_socket_path_too_long",
+                code=ErrorCode.WORKER_SOCKET_PATH_TOO_LONG,
             )
         if self.socket_path.exists():
             if await _socket_answers(path):
                 raise WorkerStateError(
                     f"a worker for {self.spec.handle} is already serving {path}",
-                    code="worker_already_running",
+                    code=ErrorCode.WORKER_ALREADY_RUNNING,
                 )
             self.socket_path.unlink()
         old_umask = os.umask(0o177)
@@ -338,7 +339,7 @@ class Worker:
             raise WorkerStateError(
                 f"workspace {workspace} does not exist on this host; the controller prepares "
                 "it (local placement) or the spec asks the worker to create it (remote)",
-                code="workspace_missing",
+                code=ErrorCode.WORKSPACE_MISSING,
             )
         await self._hook("before_run", workspace)
         self.phase = WorkerPhase.AGENT
@@ -502,7 +503,9 @@ class Worker:
                 try:
                     message = await read_message(reader)
                 except ProtocolError as exc:
-                    client.send({"op": "error", "code": "protocol_error", "message": str(exc)})
+                    client.send(
+                        {"op": "error", "code": ErrorCode.PROTOCOL_ERROR, "message": str(exc)},
+                    )
                     break
                 except (ConnectionError, OSError):
                     break
@@ -538,7 +541,7 @@ class Worker:
         if op == "attach":
             after = message.get("after_seq", 0)
             if not isinstance(after, int) or isinstance(after, bool) or after < 0:
-                client.send({"op": "error", "code": "bad_request", "message": "after_seq"})
+                client.send({"op": "error", "code": ErrorCode.BAD_REQUEST, "message": "after_seq"})
                 return
             # NB: read and subscribe in one step (no await in between): every record is either
             # in this replay or sent live, never both, never neither.
@@ -571,7 +574,9 @@ class Worker:
             if final is not None and message.get("seq") == final.seq:
                 self._acked.set()
         else:
-            client.send({"op": "error", "code": "unknown_op", "message": f"unknown op {op!r}"})
+            client.send(
+                {"op": "error", "code": ErrorCode.UNKNOWN_OP, "message": f"unknown op {op!r}"},
+            )
 
 
 def agent_update_data(update: AgentUpdate) -> dict[str, Any]:
@@ -641,7 +646,7 @@ def load_spec(state_dir: Path) -> RunSpec:
     except OSError as exc:
         raise WorkerStateError(
             f"cannot read the run spec {path}: {exc.strerror or exc}",
-            code="worker_spec_invalid",
+            code=ErrorCode.WORKER_SPEC_INVALID,
         ) from None
     try:
         return RunSpec.model_validate_json(raw)
@@ -651,5 +656,5 @@ def load_spec(state_dir: Path) -> RunSpec:
         raise WorkerStateError(
             f"the run spec {path} is invalid at {where or '(root)'}: {first['msg']}; it was "
             "written by an incompatible lorenz version",
-            code="worker_spec_invalid",
+            code=ErrorCode.WORKER_SPEC_INVALID,
         ) from None

@@ -17,6 +17,7 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 
 from lorenz.model import LorenzError
+from lorenz.model.codes import ErrorCode
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -28,7 +29,7 @@ class ConfigProblem:
     empty when the problem is about the document as a whole."""
     reason: str
     """What is wrong and, where it helps, what to write instead."""
-    code: str = "invalid_workflow_config"
+    code: str = ErrorCode.INVALID_WORKFLOW_CONFIG
     """The stable code this line is reported under."""
 
     def format(self) -> str:
@@ -44,7 +45,7 @@ class WorkflowError(LorenzError):
     (or, on reload, keeps the last good configuration).
     """
 
-    code = "workflow_error"
+    code = ErrorCode.WORKFLOW_ERROR
 
     def problems(self) -> list[ConfigProblem]:
         """This error as printable problems (one, unless it aggregates several)."""
@@ -57,58 +58,58 @@ class MissingWorkflowFile(WorkflowError, OSError):
     Also an :class:`OSError`, so code that guards file access with ``except OSError`` sees it.
     """
 
-    code = "missing_workflow_file"
+    code = ErrorCode.MISSING_WORKFLOW_FILE
 
 
 class WorkflowParseError(WorkflowError):
     """The file is not UTF-8 text, or its YAML front matter is not valid YAML."""
 
-    code = "workflow_parse_error"
+    code = ErrorCode.WORKFLOW_PARSE_ERROR
 
 
 class WorkflowTooLarge(WorkflowError):
     """The workflow file is larger than the limit (1 MiB); it is not parsed."""
 
-    code = "workflow_too_large"
+    code = ErrorCode.WORKFLOW_TOO_LARGE
 
 
 class WorkflowTooComplex(WorkflowError):
     """The front matter nests deeper than 64 levels or has more than 100,000 values once YAML
     aliases are expanded (an alias bomb); the message names the limit."""
 
-    code = "workflow_too_complex"
+    code = ErrorCode.WORKFLOW_TOO_COMPLEX
 
 
 class WorkflowLoadTimeout(WorkflowError):
     """Loading the workflow took longer than the reload time bound (10 s); the last good
     workflow stays in force."""
 
-    code = "workflow_load_timeout"
+    code = ErrorCode.WORKFLOW_LOAD_TIMEOUT
 
 
 class WorkflowFrontMatterNotAMap(WorkflowError):
     """The front matter is valid YAML but not a mapping (a list, a string, a number)."""
 
-    code = "workflow_front_matter_not_a_map"
+    code = ErrorCode.WORKFLOW_FRONT_MATTER_NOT_A_MAP
 
 
 class TemplateParseError(WorkflowError):
     """The prompt body is not a valid Liquid template; the run attempt fails."""
 
-    code = "template_parse_error"
+    code = ErrorCode.TEMPLATE_PARSE_ERROR
 
 
 class TemplateRenderError(WorkflowError):
     """Rendering the prompt failed (unknown variable or filter, bad filter argument); the run
     attempt fails."""
 
-    code = "template_render_error"
+    code = ErrorCode.TEMPLATE_RENDER_ERROR
 
 
 class InvalidWorkflowConfig(WorkflowError):
     """The front matter (or a flag value) does not fit the configuration schema."""
 
-    code = "invalid_workflow_config"
+    code = ErrorCode.INVALID_WORKFLOW_CONFIG
 
     def __init__(self, problems: Sequence[ConfigProblem]):
         self.config_problems: tuple[ConfigProblem, ...] = tuple(problems)
@@ -125,99 +126,99 @@ class InvalidWorkflowConfig(WorkflowError):
 class UnsupportedTrackerKind(WorkflowError):
     """``tracker.kind`` names no tracker adapter this build ships."""
 
-    code = "unsupported_tracker_kind"
+    code = ErrorCode.UNSUPPORTED_TRACKER_KIND
 
 
 class FlagOnlySection(WorkflowError):
     """A flag-only section (``claim_store``, ``daemon``) was written directly in front matter."""
 
-    code = "flag_only_section"
+    code = ErrorCode.FLAG_ONLY_SECTION
 
 
 class UnknownFlag(WorkflowError):
     """A flag key (CLI, front matter ``flags:`` or ``LORENZ_FLAG_*``) is not a known flag."""
 
-    code = "unknown_flag"
+    code = ErrorCode.UNKNOWN_FLAG
 
 
 class UnknownFeature(WorkflowError):
     """A feature name (CLI, front matter ``features:`` or ``LORENZ_FEATURE_*``) is unknown."""
 
-    code = "unknown_feature"
+    code = ErrorCode.UNKNOWN_FEATURE
 
 
 class InvalidFlagSyntax(WorkflowError):
     """A ``--flag`` argument is not ``key=value``."""
 
-    code = "invalid_flag_syntax"
+    code = ErrorCode.INVALID_FLAG_SYNTAX
 
 
 class InvalidFeatureValue(WorkflowError):
     """A ``LORENZ_FEATURE_*`` variable is neither truthy (1/true/yes/on) nor falsy
     (0/false/no/off)."""
 
-    code = "invalid_feature_value"
+    code = ErrorCode.INVALID_FEATURE_VALUE
 
 
 class MissingTrackerKind(WorkflowError):
     """No ``tracker.kind``: nothing can be dispatched."""
 
-    code = "missing_tracker_kind"
+    code = ErrorCode.MISSING_TRACKER_KIND
 
 
 class MissingTrackerApiKey(WorkflowError):
     """A linear, github or jira tracker has no API token after ``$VAR`` and fallback resolution."""
 
-    code = "missing_tracker_api_key"
+    code = ErrorCode.MISSING_TRACKER_API_KEY
 
 
 class MissingTrackerProjectSlug(WorkflowError):
     """A linear or jira tracker has no ``tracker.project_slug``."""
 
-    code = "missing_tracker_project_slug"
+    code = ErrorCode.MISSING_TRACKER_PROJECT_SLUG
 
 
 class MissingTrackerRepository(WorkflowError):
     """A github tracker has no ``tracker.repository``."""
 
-    code = "missing_tracker_repository"
+    code = ErrorCode.MISSING_TRACKER_REPOSITORY
 
 
 class MissingTrackerPath(WorkflowError):
     """A files tracker has no ``tracker.path``."""
 
-    code = "missing_tracker_path"
+    code = ErrorCode.MISSING_TRACKER_PATH
 
 
 class MissingTrackerEndpoint(WorkflowError):
     """A jira tracker has no ``tracker.endpoint`` (Jira Cloud has no one site for everyone)."""
 
-    code = "missing_tracker_endpoint"
+    code = ErrorCode.MISSING_TRACKER_ENDPOINT
 
 
 class MissingTrackerEmail(WorkflowError):
     """A jira tracker has no account email after ``$VAR`` and fallback resolution."""
 
-    code = "missing_tracker_email"
+    code = ErrorCode.MISSING_TRACKER_EMAIL
 
 
 class MissingAgentCommand(WorkflowError):
     """The selected agent kind has a blank ``command``."""
 
-    code = "missing_agent_command"
+    code = ErrorCode.MISSING_AGENT_COMMAND
 
 
 class SshClientMissing(WorkflowError):
     """``worker.ssh_hosts`` is set, but there is no ``ssh`` program on this machine's PATH."""
 
-    code = "ssh_client_missing"
+    code = ErrorCode.SSH_CLIENT_MISSING
 
 
 class SshWorktreeUnsupported(WorkflowError):
     """``worker.ssh_hosts`` is set with ``workspace.kind: worktree``; remote workspaces are
     plain directories (clone in ``hooks.after_create``)."""
 
-    code = "ssh_worktree_unsupported"
+    code = ErrorCode.SSH_WORKTREE_UNSUPPORTED
 
 
 def _all_error_classes(root: type[WorkflowError]) -> Iterable[type[WorkflowError]]:

@@ -34,6 +34,7 @@ from lorenz.config import (
     WorkflowSettings,
 )
 from lorenz.model import Issue, RetryKind
+from lorenz.model.codes import ErrorCode
 from lorenz.workflow.bounded_yaml import MAX_WORKFLOW_BYTES, MAX_YAML_DEPTH
 from lorenz.workflow.documents import decode_workflow_bytes, parse_front_matter, split_front_matter
 from lorenz.workflow.errors import (
@@ -310,7 +311,7 @@ def _problems(exc: pydantic.ValidationError, flags: FlagResolution) -> list[Conf
         reason = str(error["msg"])
         for prefix in _MESSAGE_PREFIXES:
             reason = reason.removeprefix(prefix)
-        code = InvalidWorkflowConfig.code
+        code: str = InvalidWorkflowConfig.code
         kind = error["type"]
         if kind == "extra_forbidden":
             section = model_at(loc[:-1])
@@ -324,7 +325,7 @@ def _problems(exc: pydantic.ValidationError, flags: FlagResolution) -> list[Conf
             code = kind
             key_path = str((error.get("ctx") or {}).get("key_path") or key_path)
         elif loc == ("tracker", "kind") and kind == "enum":
-            code = "unsupported_tracker_kind"
+            code = ErrorCode.UNSUPPORTED_TRACKER_KIND
             reason = (
                 f"{error.get('input')!r} is not a supported tracker kind; use one of "
                 f"{', '.join(sorted(SUPPORTED_TRACKER_KINDS))}"

@@ -17,11 +17,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from lorenz.model import LorenzError
+from lorenz.model.codes import ErrorCode
 
 HOOK_FAILED_PREFIX = "workspace hook failed with status "
 """How the message of a non-zero hook exit starts (for people; decisions read the code)."""
 
-PRESERVING_CODES: frozenset[str] = frozenset({"worktree_dirty", "worktree_foreign"})
+PRESERVING_CODES: frozenset[str] = frozenset({ErrorCode.WORKTREE_DIRTY, ErrorCode.WORKTREE_FOREIGN})
 """Codes meaning "this path was deliberately kept": nothing is wrong with Lorenz itself."""
 
 
@@ -35,7 +36,7 @@ class WorkspaceError(LorenzError):
     ``worktree_foreign`` (and the hook codes of :class:`WorkspaceHookError`).
     """
 
-    code = "workspace_error"
+    code = ErrorCode.WORKSPACE_ERROR
 
     def __init__(self, message: str, *, code: str | None = None, path: Path | None = None):
         super().__init__(message, code=code)
@@ -47,7 +48,7 @@ class WorkspaceHookError(WorkspaceError):
     """A hook exited non-zero (``workspace_hook_failed``) or ran too long
     (``workspace_hook_timeout``)."""
 
-    code = "workspace_hook_failed"
+    code = ErrorCode.WORKSPACE_HOOK_FAILED
 
     def __init__(
         self,

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import BinaryIO, Literal
 
+from lorenz.model.codes import ErrorCode
 from lorenz.secrets import strip_secrets
 from lorenz.workspaces.errors import HOOK_FAILED_PREFIX, WorkspaceHookError
 
@@ -114,7 +115,7 @@ async def run_hook(
             raise WorkspaceHookError(
                 f"workspace hook could not start: hooks.{name} in {cwd}: its environment or "
                 f"script holds a NUL byte ({exc}); remove it from the issue or the hook",
-                code="workspace_hook_invalid_input",
+                code=ErrorCode.WORKSPACE_HOOK_INVALID_INPUT,
                 hook=name,
                 path=cwd,
             ) from exc
@@ -122,7 +123,7 @@ async def run_hook(
             raise WorkspaceHookError(
                 f"workspace hook could not start: hooks.{name} in {cwd} ({exc}); "
                 "check that the workspace exists and that sh is installed",
-                code="workspace_hook_failed",
+                code=ErrorCode.WORKSPACE_HOOK_FAILED,
                 hook=name,
                 path=cwd,
             ) from exc
@@ -148,7 +149,7 @@ async def run_hook(
             f"workspace hook timed out after {timeout_ms} ms: hooks.{name} in {cwd}; "
             f"make the script finish sooner or raise hooks.timeout_ms "
             f"(output: {_one_line(output)})",
-            code="workspace_hook_timeout",
+            code=ErrorCode.WORKSPACE_HOOK_TIMEOUT,
             hook=name,
             path=cwd,
             output=output,
@@ -163,7 +164,7 @@ async def run_hook(
         raise WorkspaceHookError(
             f"{HOOK_FAILED_PREFIX}{status}: hooks.{name} in {cwd}; fix the script "
             f"(output: {_one_line(output)})",
-            code="workspace_hook_failed",
+            code=ErrorCode.WORKSPACE_HOOK_FAILED,
             hook=name,
             path=cwd,
             status=status,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import re
 
+from lorenz.model.codes import ErrorCode
 from lorenz.workspaces.errors import WorkspaceError
 
 STATE_DIR_NAME = ".lorenz"
@@ -42,7 +43,7 @@ def workspace_key(identifier: str) -> str:
     if not identifier:
         raise WorkspaceError(
             "the issue identifier is empty; the tracker must give every issue an identifier",
-            code="workspace_identifier_blank",
+            code=ErrorCode.WORKSPACE_IDENTIFIER_BLANK,
         )
     sanitized = _UNSAFE_CHARS.sub("_", identifier)
     if len(sanitized) > MAX_PLAIN_KEY_CHARS:

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from lorenz.config import WorkflowSettings, WorkspaceKind
 from lorenz.model import Issue
+from lorenz.model.codes import ErrorCode
 from lorenz.model.variables import run_variables
 from lorenz.tasks import run_to_completion
 from lorenz.workspaces.errors import WorkspaceCleanupError, WorkspaceError
@@ -207,7 +208,7 @@ class WorkspaceManager:
             try:
                 return root, check_inside_root(path, root=root, root_resolved=True)
             except WorkspaceError as exc:
-                if exc.code == "workspace_path_unreadable":
+                if exc.code == ErrorCode.WORKSPACE_PATH_UNREADABLE:
                     raise
                 first_error = first_error or exc
         assert first_error is not None
@@ -227,7 +228,7 @@ class WorkspaceManager:
             raise WorkspaceError(
                 f"{path} reaches into the workspace root {root} through a symlink outside it; "
                 "use the path under the root",
-                code="workspace_outside_root",
+                code=ErrorCode.WORKSPACE_OUTSIDE_ROOT,
                 path=path,
             )
         return parent / path.name
@@ -370,7 +371,7 @@ class WorkspaceManager:
         return WorkspaceError(
             f"cannot create workspace directory {path} ({exc.strerror or exc}); "
             "check that workspace.root is a writable directory",
-            code="workspace_create_failed",
+            code=ErrorCode.WORKSPACE_CREATE_FAILED,
             path=path,
         )
 
@@ -521,7 +522,7 @@ class WorkspaceManager:
             raise WorkspaceError(
                 f"workspace {workspace.path} disappeared before the run; "
                 "it will be recreated on the next attempt",
-                code="workspace_missing",
+                code=ErrorCode.WORKSPACE_MISSING,
                 path=workspace.path,
             )
         await self._hook("before_run", workspace=workspace.path,
@@ -702,7 +703,7 @@ class WorkspaceManager:
             raise WorkspaceError(
                 f"cannot remove workspace {path} ({exc.strerror or exc}); "
                 "check permissions and remove it by hand",
-                code="workspace_remove_failed",
+                code=ErrorCode.WORKSPACE_REMOVE_FAILED,
                 path=path,
             ) from exc
 
@@ -779,7 +780,7 @@ class WorkspaceManager:
         except OSError as exc:
             raise WorkspaceError(
                 f"cannot list workspace root {root} ({exc.strerror}); fix its permissions",
-                code="workspace_path_unreadable",
+                code=ErrorCode.WORKSPACE_PATH_UNREADABLE,
                 path=root,
             ) from exc
         found: list[WorkspaceInfo] = []
@@ -852,7 +853,7 @@ def _foreign(path: Path, problem: str) -> WorkspaceError:
     return WorkspaceError(
         f"{path} was preserved: it is not a worktree Lorenz can prove it made ({problem}); "
         "move it away or remove it by hand",
-        code="worktree_foreign",
+        code=ErrorCode.WORKTREE_FOREIGN,
         path=path,
     )
 
@@ -862,6 +863,6 @@ def _dirty(path: Path, changes: str) -> WorkspaceError:
     return WorkspaceError(
         f"{path} was preserved: the worktree has {count} uncommitted change(s); "
         "commit, stash or discard them, then remove it",
-        code="worktree_dirty",
+        code=ErrorCode.WORKTREE_DIRTY,
         path=path,
     )

@@ -15,6 +15,7 @@ import os
 import stat
 from pathlib import Path
 
+from lorenz.model.codes import ErrorCode
 from lorenz.workspaces.errors import WorkspaceError
 
 
@@ -63,7 +64,7 @@ def _unreadable(path: Path, segment: Path, exc: OSError) -> WorkspaceError:
     return WorkspaceError(
         f"cannot examine {segment} while checking workspace path {path} ({exc.strerror}); "
         "fix its permissions or remove the symlink loop",
-        code="workspace_path_unreadable",
+        code=ErrorCode.WORKSPACE_PATH_UNREADABLE,
         path=path,
     )
 
@@ -90,7 +91,7 @@ def check_inside_root(workspace: Path, *, root: Path, root_resolved: bool = Fals
         raise WorkspaceError(
             f"workspace path {workspace} is the workspace root itself; "
             "a workspace must be a directory inside workspace.root",
-            code="workspace_equals_root",
+            code=ErrorCode.WORKSPACE_EQUALS_ROOT,
             path=workspace,
         )
     if canonical.is_relative_to(root_canonical):
@@ -101,12 +102,12 @@ def check_inside_root(workspace: Path, *, root: Path, root_resolved: bool = Fals
         raise WorkspaceError(
             f"workspace path {workspace} leads out of the workspace root {root_canonical} "
             f"through a symlink (really {canonical}); remove the symlink",
-            code="workspace_symlink_escape",
+            code=ErrorCode.WORKSPACE_SYMLINK_ESCAPE,
             path=workspace,
         )
     raise WorkspaceError(
         f"workspace path {workspace} is outside the workspace root {root_canonical}; "
         "workspaces must stay under workspace.root",
-        code="workspace_outside_root",
+        code=ErrorCode.WORKSPACE_OUTSIDE_ROOT,
         path=workspace,
     )

@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from lorenz.model.codes import ErrorCode
 from lorenz.workspaces.errors import WorkspaceError
 from lorenz.workspaces.markers import now_iso, read_json, state_dir, write_json_atomically
 
@@ -147,7 +148,7 @@ class LiveWorktree:
 class GitCommandError(WorkspaceError):
     """A git command exited non-zero (``worktree_git_failed`` unless the caller says more)."""
 
-    code = "worktree_git_failed"
+    code = ErrorCode.WORKTREE_GIT_FAILED
 
     def __init__(self, message: str, *, code: str | None = None, stderr: str = ""):
         super().__init__(message, code=code)
@@ -248,7 +249,7 @@ class GitRepository:
             raise WorkspaceError(
                 f"workspace.repo {self.path} is not a git repository ({exc.message}); "
                 "point workspace.repo at a clone",
-                code="worktree_repo_invalid",
+                code=ErrorCode.WORKTREE_REPO_INVALID,
                 path=self.path,
             ) from exc
         return Path(canonical_text(out.strip()))
@@ -262,7 +263,7 @@ class GitRepository:
             raise WorkspaceError(
                 f"workspace.base_ref {ref!r} does not name a commit in {self.path}; "
                 "set it to an existing branch, tag or commit",
-                code="worktree_base_ref_invalid",
+                code=ErrorCode.WORKTREE_BASE_REF_INVALID,
                 path=self.path,
             )
         return out.strip()

@@ -96,6 +96,7 @@ from lorenz.model import (
     SlotKey,
     SystemClock,
 )
+from lorenz.model.codes import ErrorCode
 from lorenz.orchestrator import Orchestrator
 from lorenz.runtime import LorenzRuntime
 from lorenz.secrets import tracker_secrets
@@ -517,7 +518,7 @@ class WorkflowController:
             self._settings.start_backoff_seconds * 2.0 ** (self._start_failures - 1),
             self._settings.start_backoff_max_seconds,
         )
-        code = str(getattr(exc, "code", None) or "start_failed")
+        code = str(getattr(exc, "code", None) or ErrorCode.START_FAILED)
         message = str(getattr(exc, "message", None) or exc) or type(exc).__name__
         self._degraded = Degradation(
             code=code, message=message, generation=generation, stage="failed to start"
@@ -550,7 +551,7 @@ class WorkflowController:
             raise OperatorError(
                 f"the Workflow's folder {base_dir} cannot be created ({exc.strerror or exc}): "
                 "check the operator's workspace volume",
-                code="workflow_dir_unusable",
+                code=ErrorCode.WORKFLOW_DIR_UNUSABLE,
             ) from exc
         self.holds.holding.clear()  # NB: a new term judges the Claims as they are
         store = HoldingClaimStore(
@@ -784,7 +785,7 @@ class WorkflowController:
             self.status.dirty()
         elif kind is EventType.WORKFLOW_RELOAD_FAILED:
             self._degraded = Degradation(
-                code=event.code or "workflow_reload_failed",
+                code=event.code or ErrorCode.WORKFLOW_RELOAD_FAILED,
                 message=event.message or "",
                 generation=self.candidates.generation,
             )

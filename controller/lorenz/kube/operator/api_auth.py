@@ -32,6 +32,7 @@ from aiohttp import web
 
 from lorenz.kube.clients import KubeApi
 from lorenz.kube.errors import KubeApiError
+from lorenz.model.codes import ErrorCode
 from lorenz.server import ApiError
 
 logger = logging.getLogger("lorenz.kube.api_auth")
@@ -120,7 +121,7 @@ class KubernetesAuth:
             raise ApiError(
                 f"{caller.username} may not {what}; grant it with a Role (or ClusterRole for a "
                 "non-resource URL)",
-                code="forbidden",
+                code=ErrorCode.FORBIDDEN,
                 status=403,
             )
         return await handler(request)
@@ -197,7 +198,7 @@ class KubernetesAuth:
                 "the operator could not ask the Kubernetes API server to check this request "
                 f"({exc.status} {exc.reason}); grant its ServiceAccount create on tokenreviews "
                 "and subjectaccessreviews (the chart does)",
-                code="auth_unavailable",
+                code=ErrorCode.AUTH_UNAVAILABLE,
                 status=503,
             ) from exc
 
@@ -209,7 +210,7 @@ class KubernetesAuth:
 
 
 def _unauthenticated(message: str) -> ApiError:
-    return ApiError(message, code="unauthenticated", status=401)
+    return ApiError(message, code=ErrorCode.UNAUTHENTICATED, status=401)
 
 
 def _refuse_cross_origin(request: web.Request) -> None:
@@ -220,6 +221,6 @@ def _refuse_cross_origin(request: web.Request) -> None:
     if host != request.host:
         raise ApiError(
             f"cross-origin POST from {origin} refused; call the API from a client, not a page",
-            code="cross_origin_refused",
+            code=ErrorCode.CROSS_ORIGIN_REFUSED,
             status=403,
         )

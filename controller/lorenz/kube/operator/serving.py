@@ -32,6 +32,7 @@ from prometheus_client.registry import Collector
 from lorenz.kube.clients import KubeApi
 from lorenz.kube.operator.api_auth import KubernetesAuth
 from lorenz.kube.settings import OperatorSettings
+from lorenz.model.codes import ErrorCode
 from lorenz.server import ApiError, LorenzMetrics
 from lorenz.server.errors import error_middleware
 
@@ -39,8 +40,8 @@ if TYPE_CHECKING:
     from lorenz.kube.operator.process import Supervisor
     from lorenz.runtime import LorenzRuntime
 
-WORKFLOW_NOT_FOUND = "workflow_not_found"
-WORKFLOW_NOT_LED_HERE = "workflow_not_led_here"
+WORKFLOW_NOT_FOUND = ErrorCode.WORKFLOW_NOT_FOUND
+WORKFLOW_NOT_LED_HERE = ErrorCode.WORKFLOW_NOT_LED_HERE
 
 
 class Metrics:

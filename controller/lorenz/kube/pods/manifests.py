@@ -24,6 +24,7 @@ from lorenz.config import WorkerSettings
 from lorenz.kube.api import resources
 from lorenz.kube.api.resources import WorkflowRef, digest
 from lorenz.kube.errors import KubeApiError
+from lorenz.model.codes import ErrorCode
 from lorenz.workers.launch import WorkerLaunchError
 from lorenz.workers.placement import POD_WORKSPACE_ROOT
 from lorenz.workers.spec import RunSpec
@@ -371,8 +372,8 @@ def refused(exc: KubeApiError, *, what: str) -> PlacementFailed | WorkerLaunchEr
     message = f"{what}: {exc.status} {exc.detail or exc.reason}"
     refusal = refusal_reason(exc)
     if refusal is not None:
-        return PlacementFailed(message, code="pod_refused", reason=refusal)
-    return WorkerLaunchError(message, code="pod_refused")
+        return PlacementFailed(message, code=ErrorCode.POD_REFUSED, reason=refusal)
+    return WorkerLaunchError(message, code=ErrorCode.POD_REFUSED)
 
 
 def worker_running(pod: Mapping[str, Any]) -> bool:

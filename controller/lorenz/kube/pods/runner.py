@@ -32,6 +32,7 @@ from lorenz.kube.pods.manifests import (
 )
 from lorenz.kube.pods.transport import AgentAccounts, PodTransport
 from lorenz.model import SlotKey, SpawnIntents, slot_key
+from lorenz.model.codes import ErrorCode
 from lorenz.workers.placement import HOOK_VARIABLE_PREFIX
 from lorenz.workers.runner import WorkerRunner
 from lorenz.workers.spec import HookSpec, RunSpec
@@ -266,7 +267,7 @@ class PodRunners:
             raise AgentRunError(
                 "worker.kind: pod needs an image: set worker.podTemplate.image, or the "
                 "operator's worker_image (the chart sets it to the operator's own image)",
-                code="worker_image_missing",
+                code=ErrorCode.WORKER_IMAGE_MISSING,
             )
         if self._execs is None:
             self._execs = PodExec(self._api.configuration)

@@ -52,6 +52,7 @@ from lorenz.kube.pods.manifests import (
     workspace_claim_manifest,
 )
 from lorenz.kube.pods.watch import WATCHES, RunPodWatch, RunPodWatches
+from lorenz.model.codes import ErrorCode
 from lorenz.workers.journal import Record
 from lorenz.workers.launch import LaunchResult, WorkerLaunchError
 from lorenz.workers.protocol import SOCKET_NAME
@@ -102,7 +103,7 @@ def _account_error(namespace: str, exc: KubeApiError) -> WorkerLaunchError:
         f"the ServiceAccount {namespace}/{AGENT_SERVICE_ACCOUNT} for run Pods could not be "
         f"made: {exc.status} {exc.detail or exc.reason}; create it (no RBAC, "
         "automountServiceAccountToken: false) or set worker.service_account_name",
-        code="pod_service_account_failed",
+        code=ErrorCode.POD_SERVICE_ACCOUNT_FAILED,
     )
 
 
@@ -167,7 +168,7 @@ class PodTransport:
             raise WorkerLaunchError(
                 f"the run spec of {spec.handle} is {len(payload)} bytes, more than a Secret "
                 f"holds ({SPEC_SECRET_LIMIT}); shorten the prompt",
-                code="pod_spec_too_large",
+                code=ErrorCode.POD_SPEC_TOO_LARGE,
             )
         began = time.monotonic()
         manifest = pod_manifest(
@@ -197,13 +198,13 @@ class PodTransport:
             if annotations.get(ANNOTATION_HANDLE) != spec.handle:
                 raise WorkerLaunchError(
                     f"a Pod {self.namespace}/{name} exists that is not this run's; delete it",
-                    code="pod_name_taken",
+                    code=ErrorCode.POD_NAME_TAKEN,
                 ) from exc
             if pod_ended(created) or (created.get("metadata") or {}).get("deletionTimestamp"):
                 # NB: an earlier run of this handle ended (or was stopped: a deleted Claim,
                 # then the same attempt dispatched again); the runner moves to the next one.
                 raise WorkerLaunchError(
-                    f"the Pod of {spec.handle} already ran", code="worker_handle_used"
+                    f"the Pod of {spec.handle} already ran", code=ErrorCode.WORKER_HANDLE_USED
                 ) from exc
         if self.on_pod is not None:
             self.on_pod(name)
@@ -234,7 +235,7 @@ class PodTransport:
             elif seen and watch.synced.is_set():
                 raise WorkerLaunchError(
                     f"the run's Pod {self.namespace}/{name} was deleted while starting",
-                    code="worker_start_failed",
+                    code=ErrorCode.WORKER_START_FAILED,
                 )
             wait = deadline - time.monotonic()
             if found is not None and pod_ended(found):
@@ -243,7 +244,7 @@ class PodTransport:
                 raise WorkerLaunchError(
                     f"the run's Pod {self.namespace}/{name} ended before its worker served: "
                     f"{reason}",
-                    code="worker_start_failed",
+                    code=ErrorCode.WORKER_START_FAILED,
                 )
             if found is not None and worker_running(found):
                 probe = await self._probe_running(spec.handle, found)
@@ -276,8 +277,12 @@ class PodTransport:
                     # NB: never placed (not scheduled, no image, not created): nothing ran,
                     # so the reservation goes back; a worker that ran and did not serve is a
                     # failure of the run.
-                    raise PlacementFailed(message, code="pod_start_timeout", reason=unplaced)
-                raise WorkerLaunchError(message, code="pod_start_timeout")
+                    raise PlacementFailed(
+                        message,
+                        code=ErrorCode.POD_START_TIMEOUT,
+                        reason=unplaced,
+                    )
+                raise WorkerLaunchError(message, code=ErrorCode.POD_START_TIMEOUT)
             await watch.changed(name, timeout_s=max(0.0, wait))
 
     async def _ensure_identity(self) -> None:
@@ -290,7 +295,7 @@ class PodTransport:
             raise WorkerLaunchError(
                 f"worker.service_account_name {named!r} is the operator's own ServiceAccount; "
                 "run Pods never use it: name another or unset it (lorenz-agent)",
-                code="pod_service_account_refused",
+                code=ErrorCode.POD_SERVICE_ACCOUNT_REFUSED,
             )
 
     async def _ensure_workspace_claim(self, spec: RunSpec) -> None:
@@ -307,7 +312,7 @@ class PodTransport:
                 raise WorkerLaunchError(
                     f"the API refused the workspace claim {self.namespace}/{name}: {exc.status} "
                     f"{exc.detail or exc.reason}",
-                    code="pod_refused",
+                    code=ErrorCode.POD_REFUSED,
                 ) from exc
         found = await self.api.get(volume_claims_path(self.namespace, name))
         metadata = found.get("metadata") or {}
@@ -315,14 +320,14 @@ class PodTransport:
             raise WorkerLaunchError(
                 f"a PersistentVolumeClaim {self.namespace}/{name} exists that is not the "
                 f"workspace of {spec.issue.identifier}; delete it",
-                code="pod_name_taken",
+                code=ErrorCode.POD_NAME_TAKEN,
             )
         if metadata.get("deletionTimestamp"):
             # NB: the issue was terminal a moment ago; its claim goes once its last Pod has.
             raise WorkerLaunchError(
                 f"the workspace claim {self.namespace}/{name} of {spec.issue.identifier} is "
                 "still being deleted; the retry makes a new one",
-                code="pod_workspace_terminating",
+                code=ErrorCode.POD_WORKSPACE_TERMINATING,
             )
 
     async def _create_spec_secret(
@@ -379,7 +384,7 @@ class PodTransport:
         raise WorkerLaunchError(
             f"the spec Secret {self.namespace}/{secret_name} of an earlier Pod kept coming "
             "back; delete it",
-            code="pod_name_taken",
+            code=ErrorCode.POD_NAME_TAKEN,
         )
 
     async def probe(self, handle: str) -> Probe:
