@@ -185,7 +185,7 @@ def test_unpriced_model_with_a_dollar_cap_is_a_coded_warning() -> None:
     }
     assert _resolve(base).warnings == ()
     resolved = _resolve({**base, "budget": {"max_usd_per_issue": 1}})
-    (warning,) = resolved.warnings
+    (warning,) = [w for w in resolved.warnings if w.startswith("model_unpriced:")]
     assert warning.startswith("model_unpriced: agents.c runs model 'mystery-9'")
     priced = _resolve(
         {
@@ -194,7 +194,17 @@ def test_unpriced_model_with_a_dollar_cap_is_a_coded_warning() -> None:
             "pricing": {"mystery-*": {"input": 1, "output": 1}},
         }
     )
-    assert priced.warnings == ()
+    assert [w for w in priced.warnings if w.startswith("model_unpriced:")] == []
+
+
+def test_a_set_cap_says_caps_are_not_enforced_yet() -> None:
+    """Until the run loop enforces caps, a user who sets one is told at every load (and by
+    ``lorenz validate``) rather than trusting it."""
+    assert _resolve({}).warnings == ()
+    for budget in ({"max_tokens_per_run": 5}, {"max_tokens_per_issue": 5},
+                   {"max_usd_per_issue": 1}, {"max_usd_per_day": 1}):
+        warnings = _resolve({"budget": budget}).warnings
+        assert [w.split(":")[0] for w in warnings] == ["budget_not_enforced"], budget
 
 
 def test_validate_prints_the_warning_and_succeeds(

@@ -516,7 +516,9 @@ class BudgetSettings(Section):
     """Spend caps: tokens and dollars per run, per issue and per UTC day (``0`` = no cap).
 
     Usage is counted as the agent reports it; dollars are priced with ``pricing`` (or the
-    agent's own ``cost_usd``, which wins). See docs/budgets.md."""
+    agent's own ``cost_usd``, which wins). NB: not enforced yet — the run loop does not stop
+    runs or hold issues back at a cap, and a set cap is the warning ``budget_not_enforced``.
+    See docs/budgets.md."""
 
     max_tokens_per_run: NonNegativeInt = Field(default=0, json_schema_extra=_reload("hot"))
     """Tokens one attempt of one slot may use; ``0`` = no cap."""
@@ -536,6 +538,11 @@ class BudgetSettings(Section):
         default=0.8, gt=0, le=1, allow_inf_nan=False, json_schema_extra=_reload("hot")
     )
     """Share of a cap after which a ``budget_warning`` event and metric are emitted."""
+
+    @property
+    def caps_any(self) -> bool:
+        """Whether any cap, of tokens or of dollars, is set."""
+        return self.caps_usd or self.max_tokens_per_run > 0 or self.max_tokens_per_issue > 0
 
     @property
     def caps_usd(self) -> bool:
@@ -1375,10 +1382,16 @@ class WorkflowSettings(DocumentedModel):
 
         The configured model is what an agent kind's command names (``--model``, ``-m``, Codex
         ``-c model=...``); a kind that names none is priced by the model its agent reports."""
-        if not self.budget.caps_usd:
-            return ()
-        table = self.price_table()
         found: list[str] = []
+        if self.budget.caps_any:
+            # NB: said at every load until the run loop enforces caps, so that no one trusts one.
+            found.append(
+                f"{ErrorCode.BUDGET_NOT_ENFORCED}: budget caps are counted and priced but not "
+                "enforced yet (no run is stopped, no issue held back); see docs/budgets.md"
+            )
+        if not self.budget.caps_usd:
+            return tuple(found)
+        table = self.price_table()
         for name, kind in sorted(self.effective_agents().items()):
             model = command_model(kind.command)
             if model is not None and table.price_for(model) is None:
