@@ -7,11 +7,15 @@ appears after the index first read the root, or one that is collected later, is 
 from __future__ import annotations
 
 import json
+import logging
+import os
 from pathlib import Path
+
+import pytest
 
 from lorenz.workers.runner import COLLECTED_NAME, _StateRootIndex
 from lorenz.workers.spec import HANDLE_PREFIX
-from lorenz.workers.states import SPEC_NAME, mark_collected
+from lorenz.workers.states import SPEC_NAME, list_handles, mark_collected
 
 
 def _run(root: Path, name: str, *, issue_id: str, slot: int = 0, workflow: str = "wf") -> str:
@@ -62,3 +66,31 @@ def test_the_collected_mark_links_the_spec_and_is_seen_by_the_index(tmp_path: Pa
     assert json.loads(mark.read_text())["issue"] == {"id": "i1"}  # the spec stays as it was
     assert (tmp_path / bare / COLLECTED_NAME).read_bytes() == b""
     assert index.uncollected(workflow="wf", issue_id="i1", slot=0) == []
+
+
+
+@pytest.mark.parametrize("broken", ["file", "unreadable"])
+def test_a_broken_state_root_holds_no_handle_and_says_so(
+    tmp_path: Path, broken: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A state root that is a file (or cannot be listed) used to crash a daemon's start-up with
+    a raw NotADirectoryError from the worker inheritance; it holds no handle, with a coded
+    warning, and the launches then fail as host-side failures (issue #32 point 2)."""
+    root = tmp_path / "state"
+    if broken == "file":
+        root.write_text("not a directory")
+    else:
+        root.mkdir()
+        real_listdir = os.listdir
+
+        def refuse(path: str | os.PathLike[str]) -> list[str]:
+            if Path(path) == root:
+                raise PermissionError(13, "Permission denied", str(root))
+            return real_listdir(path)
+
+        # NB: root reads every mode, so the refusal an unprivileged daemon meets is staged.
+        monkeypatch.setattr(os, "listdir", refuse)
+    with caplog.at_level(logging.WARNING, logger="lorenz.workers.states"):
+        assert list_handles(root) == []
+    assert "worker_state_error" in caplog.text
+    assert str(root) in caplog.text

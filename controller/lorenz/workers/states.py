@@ -23,6 +23,7 @@ import dataclasses
 import enum
 import hashlib
 import json
+import logging
 import os
 import shutil
 import stat
@@ -45,6 +46,8 @@ from lorenz.workers.journal import (
 )
 from lorenz.workers.protocol import SOCKET_NAME, SOCKET_PATH_LIMIT, ProtocolError, read_message
 from lorenz.workers.spec import RunSpec, is_handle
+
+logger = logging.getLogger(__name__)
 
 SPEC_NAME: Final = "spec.json"
 STATUS_NAME: Final = "worker.json"
@@ -377,9 +380,22 @@ def prune_state_dirs(
 
 
 def list_handles(root: Path) -> list[str]:
-    """Every run handle with a state directory under ``root`` (sorted)."""
+    """Every run handle with a state directory under ``root`` (sorted).
+
+    A root that is missing, not a directory or unreadable holds no handle this process can
+    follow: ``[]``, with a warning for the last two (NB: not an error, so that a daemon whose
+    state root is broken still starts; its launches then fail with ``worker_state_error``, a
+    host-side failure that is retried without spending the retry budget, and run once the
+    root is usable again).
+    """
     try:
         names = os.listdir(root)
     except FileNotFoundError:
+        return []
+    except (NotADirectoryError, PermissionError) as exc:
+        logger.warning(
+            "worker state root unusable code=%s root=%s error=%s",
+            ErrorCode.WORKER_STATE_ERROR, root, exc,
+        )
         return []
     return sorted(name for name in names if is_handle(name) and (root / name).is_dir())
