@@ -10,9 +10,9 @@ import datetime
 from typing import Any
 
 from lorenz.claims import MemoryClaimStore
+from lorenz.codes import ErrorCode
 from lorenz.config import RetrySettings, TerminalAction
 from lorenz.model import BlockReason, ClaimPhase, ManualClock, RetryKind, SlotKey
-from lorenz.model.codes import ErrorCode
 from lorenz.orchestrator import Finished, Orchestrator
 from lorenz.policies import failure_backoff_ms
 from lorenz.policies.retries import (

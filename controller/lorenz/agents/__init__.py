@@ -22,8 +22,8 @@ from lorenz.agents.base import (
     ToolHandler,
 )
 from lorenz.agents.environment import TRACKER_SECRET_ENV, agent_environment
+from lorenz.codes import ErrorCode
 from lorenz.config import AgentProtocol
-from lorenz.model.codes import ErrorCode
 
 _RUNNERS: dict[AgentProtocol, tuple[str, str]] = {
     AgentProtocol.CODEX_APP_SERVER: ("lorenz.agents.codex", "CodexAppServerRunner"),

@@ -66,9 +66,9 @@ from lorenz.agents.jsonrpc import (
     RequestId,
 )
 from lorenz.agents.processes import AgentProcess, AgentStdinClosed, spawn_agent
+from lorenz.codes import ErrorCode
 from lorenz.config import ApprovalMode
 from lorenz.model import AgentUpdate, TokenUsage
-from lorenz.model.codes import ErrorCode
 
 logger = logging.getLogger(__name__)
 

@@ -15,9 +15,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
+from lorenz.codes import ErrorCode
 from lorenz.config import AgentKindSettings, HooksSettings, WorkerSettings
 from lorenz.model import AgentUpdate, Issue, LorenzError, SpawnIntent
-from lorenz.model.codes import ErrorCode
 
 
 class AgentRunError(LorenzError):

@@ -47,8 +47,8 @@ from lorenz.agents.base import (
     until_stopped,
 )
 from lorenz.agents.processes import AgentProcess, AgentStdinClosed, LineTooLong, spawn_agent
+from lorenz.codes import ErrorCode
 from lorenz.model import AgentUpdate, TokenUsage
-from lorenz.model.codes import ErrorCode
 
 _MESSAGE_CHARS = 200
 _PAYLOAD_CHARS = 1000

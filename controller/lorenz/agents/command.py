@@ -29,8 +29,8 @@ from pathlib import Path
 from lorenz.agents.base import AgentRunError, AgentRunRequest, AgentRunResult, until_stopped
 from lorenz.agents.processes import AgentProcess, AgentStdinClosed, LineTooLong, spawn_agent
 from lorenz.agents.usage_file import POLL_INTERVAL_S, USAGE_FILE_ENV, UsageFileReader
+from lorenz.codes import ErrorCode
 from lorenz.model import AgentUpdate
-from lorenz.model.codes import ErrorCode
 
 logger = logging.getLogger(__name__)
 

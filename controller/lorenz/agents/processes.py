@@ -43,7 +43,7 @@ from types import TracebackType
 import psutil
 
 from lorenz.agents.base import AgentRunError
-from lorenz.model.codes import ErrorCode
+from lorenz.codes import ErrorCode
 
 logger = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from lorenz.codes import ErrorCode
 from lorenz.model import LorenzError
-from lorenz.model.codes import ErrorCode
 
 
 class ClaimStoreError(LorenzError):

@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from lorenz.model.codes import ErrorCode
+from lorenz.codes import ErrorCode
 
 PRICING_INVALID = ErrorCode.PRICING_INVALID
 """The code of a price table (``pricing`` in WORKFLOW.md, or the shipped data) that is malformed."""

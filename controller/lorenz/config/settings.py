@@ -29,6 +29,7 @@ import pydantic
 from pydantic import BeforeValidator, Field
 from pydantic_core import PydanticCustomError
 
+from lorenz.codes import ErrorCode
 from lorenz.config.docstrings import DocumentedModel
 from lorenz.config.pricing import (
     MODEL_UNPRICED,
@@ -38,7 +39,6 @@ from lorenz.config.pricing import (
     PricingInvalid,
     parse_price_table,
 )
-from lorenz.model.codes import ErrorCode
 
 RELOAD_KEY = "x-lorenz-reload"
 ENV_KEY = "x-lorenz-env"

@@ -27,9 +27,9 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from lorenz.codes import ErrorCode
 from lorenz.daemon.client import Reply, Unreachable, request
 from lorenz.daemon.discovery import Target, find_target
-from lorenz.model.codes import ErrorCode
 
 if TYPE_CHECKING:
     from lorenz.model import LorenzError

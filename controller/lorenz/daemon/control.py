@@ -34,10 +34,10 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from lorenz.codes import ErrorCode
 from lorenz.daemon.discovery import token_file_for
 from lorenz.daemon.errors import ControlSocketPathTooLong
 from lorenz.daemon.sockets import SUN_PATH_MAX, ensure_private_dir, unix_endpoint
-from lorenz.model.codes import ErrorCode
 from lorenz.server.bodies import parse_json_body, read_empty_object
 from lorenz.server.errors import INVALID_REQUEST_BODY, ApiError
 

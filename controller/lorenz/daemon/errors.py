@@ -11,8 +11,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from lorenz.codes import ErrorCode
 from lorenz.model import LorenzError
-from lorenz.model.codes import ErrorCode
 
 
 class DaemonError(LorenzError):

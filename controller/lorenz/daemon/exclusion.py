@@ -31,6 +31,7 @@ import socket
 from collections.abc import Mapping
 from pathlib import Path
 
+from lorenz.codes import ErrorCode
 from lorenz.daemon.errors import DaemonRunning
 from lorenz.leadership import (
     DaemonLockUnreadable,
@@ -41,7 +42,6 @@ from lorenz.leadership import (
     read_lease_file,
 )
 from lorenz.model import LorenzError
-from lorenz.model.codes import ErrorCode
 from lorenz.workflow import LoadedWorkflow, load_workflow
 
 logger = logging.getLogger("lorenz.daemon")

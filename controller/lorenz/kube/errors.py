@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from lorenz.codes import ErrorCode
 from lorenz.leadership import DaemonAlreadyRunning, LeadershipLost, LeaseRecord
 from lorenz.model import LorenzError
-from lorenz.model.codes import ErrorCode
 
 
 class OperatorError(LorenzError):

@@ -15,9 +15,9 @@ import enum
 from pathlib import Path
 from typing import Any, Protocol
 
+from lorenz.codes import ErrorCode
 from lorenz.model import LorenzError
 from lorenz.model.clocks import as_utc
-from lorenz.model.codes import ErrorCode
 
 
 class LeaseStoreKind(enum.StrEnum):

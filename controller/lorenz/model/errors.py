@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from lorenz.model.codes import ErrorCode
+from lorenz.codes import ErrorCode
 
 
 class LorenzError(Exception):

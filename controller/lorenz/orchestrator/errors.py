@@ -8,8 +8,8 @@ and the operator knows what to fix.
 
 from __future__ import annotations
 
+from lorenz.codes import ErrorCode
 from lorenz.model import LorenzError
-from lorenz.model.codes import ErrorCode
 
 
 class OrchestratorError(LorenzError):

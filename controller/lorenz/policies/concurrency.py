@@ -33,9 +33,9 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping, Sequence
 
+from lorenz.codes import ErrorCode
 from lorenz.config import AgentSettings
 from lorenz.model import Issue
-from lorenz.model.codes import ErrorCode
 
 HOST_UNREACHABLE_CODE = ErrorCode.WORKER_HOST_UNREACHABLE
 """The failure code of a run whose SSH host could not be reached (see :func:`retry_host`)."""

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import enum
 
+from lorenz.codes import ErrorCode
 from lorenz.model import RunFailure
-from lorenz.model.codes import ErrorCode
 
 POISON_WORKER_ERROR_CODES: frozenset[str] = frozenset(
     {

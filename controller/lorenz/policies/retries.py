@@ -27,9 +27,9 @@ import dataclasses
 import datetime
 import hashlib
 
+from lorenz.codes import ErrorCode
 from lorenz.config import RetrySettings, TerminalAction
 from lorenz.model import BlockReason, Issue, RetryKind
-from lorenz.model.codes import ErrorCode
 from lorenz.policies.backoff import CONTINUATION_DELAY_MS, retry_plan
 from lorenz.policies.continuations import continuation_limit_reached, next_continuation_streak
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import asyncio
 
+from lorenz.codes import ErrorCode
 from lorenz.config import TerminalAction
 from lorenz.model import ActionOutcome, EventType, LorenzError
-from lorenz.model.codes import ErrorCode
 from lorenz.orchestrator import EligibilityReport
 from lorenz.orchestrator.state import BlockedEntry
 from lorenz.policies.retries import escalation_body

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from lorenz.agents import AgentRunRequest, PlacementFailed, RunPlacement
 from lorenz.agents.environment import agent_environment
 from lorenz.claims.errors import ClaimStoreWriteFailed
+from lorenz.codes import ErrorCode
 from lorenz.config import AgentKindSettings, TrackerKind, WorkflowSettings
 from lorenz.model import (
     AbortReason,
@@ -33,7 +34,6 @@ from lorenz.model import (
     SlotKey,
     StopReason,
 )
-from lorenz.model.codes import ErrorCode
 from lorenz.model.variables import run_variables
 from lorenz.orchestrator import DispatchCandidate, Reserved, Skipped, Started
 from lorenz.policies import WorkerHealth, agent_kind_for, classify_worker_outcome

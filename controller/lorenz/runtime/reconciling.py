@@ -16,6 +16,7 @@ from typing import Protocol
 
 from lorenz.agents import AdoptionCanceller, DroppedAdoption, RunPlacement
 from lorenz.claims.errors import ClaimStoreWriteFailed
+from lorenz.codes import ErrorCode
 from lorenz.model import (
     AbortReason,
     EventType,
@@ -27,7 +28,6 @@ from lorenz.model import (
     StopReason,
     parse_slot_key,
 )
-from lorenz.model.codes import ErrorCode
 from lorenz.orchestrator import Released
 from lorenz.runtime.blocking import Blocking
 from lorenz.runtime.parts import RuntimeParts

@@ -28,8 +28,8 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from lorenz.codes import ErrorCode
 from lorenz.model import LorenzError, RuntimeSnapshot
-from lorenz.model.codes import ErrorCode
 from lorenz.runtime import LorenzRuntime
 from lorenz.server.bodies import MAX_BODY_BYTES, read_empty_object
 from lorenz.server.credentials import token_file_beside, write_token_file

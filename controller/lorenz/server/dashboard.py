@@ -18,7 +18,7 @@ from types import MappingProxyType
 
 from aiohttp import web
 
-from lorenz.model.codes import ErrorCode
+from lorenz.codes import ErrorCode
 from lorenz.server.errors import ApiError
 
 DASHBOARD_NOT_INSTALLED = ErrorCode.DASHBOARD_NOT_INSTALLED

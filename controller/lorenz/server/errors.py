@@ -15,8 +15,8 @@ from collections.abc import Awaitable, Callable, Mapping
 
 from aiohttp import web
 
+from lorenz.codes import ErrorCode
 from lorenz.model import LorenzError
-from lorenz.model.codes import ErrorCode
 
 logger = logging.getLogger("lorenz.server")
 

@@ -38,6 +38,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from lorenz.codes import ErrorCode
 from lorenz.model import (
     EventType,
     LorenzError,
@@ -48,7 +49,6 @@ from lorenz.model import (
     StopReason,
     slot_key,
 )
-from lorenz.model.codes import ErrorCode
 from lorenz.runtime import LorenzRuntime
 
 WORKFLOW_LABEL = "workflow"

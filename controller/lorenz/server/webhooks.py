@@ -37,8 +37,8 @@ from collections.abc import Callable, Mapping
 
 from aiohttp import hdrs, web
 
+from lorenz.codes import ErrorCode
 from lorenz.model import RefreshReceipt
-from lorenz.model.codes import ErrorCode
 from lorenz.runtime import LorenzRuntime
 from lorenz.server.errors import ORCHESTRATOR_UNAVAILABLE, ApiError
 from lorenz.server.metrics import LorenzMetrics

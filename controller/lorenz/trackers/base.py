@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from lorenz.codes import ErrorCode
 from lorenz.config import TrackerSettings, WorkflowSettings
 from lorenz.model import Issue, LorenzError
-from lorenz.model.codes import ErrorCode
 
 
 class TrackerError(LorenzError):

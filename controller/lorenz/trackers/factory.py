@@ -13,8 +13,8 @@ from pathlib import Path
 
 import httpx
 
+from lorenz.codes import ErrorCode
 from lorenz.config import TrackerKind, WorkflowSettings
-from lorenz.model.codes import ErrorCode
 from lorenz.trackers.base import TrackerClient, TrackerError
 from lorenz.trackers.files import FilesTracker
 from lorenz.trackers.github import GITHUB_TOKEN_ENV, GitHubTracker

@@ -45,9 +45,9 @@ from typing import Any
 
 import yaml
 
+from lorenz.codes import ErrorCode
 from lorenz.config import TrackerSettings, WorkflowSettings
 from lorenz.model import BlockerRef, Issue
-from lorenz.model.codes import ErrorCode
 from lorenz.model.issues import normalize_state
 from lorenz.trackers.base import TrackerError, tracker_settings_of
 from lorenz.trackers.writes import has_marker, with_marker

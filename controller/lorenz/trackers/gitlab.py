@@ -40,9 +40,9 @@ from urllib.parse import quote, unquote
 import httpx
 from pydantic import Field
 
+from lorenz.codes import ErrorCode
 from lorenz.config import TrackerSettings, WorkflowSettings
 from lorenz.model import BlockerRef, Issue
-from lorenz.model.codes import ErrorCode
 from lorenz.model.issues import normalize_state
 from lorenz.trackers import httpstack as _httpstack  # noqa: F401 - see its docstring
 from lorenz.trackers.base import TrackerError, tracker_settings_of, unchanged

@@ -17,9 +17,9 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from lorenz.codes import ErrorCode
 from lorenz.config import TrackerSettings, WorkflowSettings
 from lorenz.model import BlockerRef, Issue
-from lorenz.model.codes import ErrorCode
 from lorenz.model.issues import normalize_state
 from lorenz.trackers.base import TrackerError, tracker_settings_of
 

@@ -13,7 +13,7 @@ from typing import Annotated, Any, TypeVar
 import pydantic
 from pydantic import Field
 
-from lorenz.model.codes import ErrorCode
+from lorenz.codes import ErrorCode
 from lorenz.trackers.base import TrackerError
 from lorenz.trackers.throttling import RateLimitPolicy
 

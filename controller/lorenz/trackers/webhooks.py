@@ -42,8 +42,8 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from lorenz.codes import ErrorCode
 from lorenz.model import LorenzError
-from lorenz.model.codes import ErrorCode
 
 MAX_WEBHOOK_BODY_BYTES = 1024 * 1024
 """Largest delivery body taken (issue payloads are a few to a few hundred KiB; Jira's carry

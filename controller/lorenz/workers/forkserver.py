@@ -47,7 +47,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from lorenz.model.codes import ErrorCode
+from lorenz.codes import ErrorCode
 from lorenz.workers.launch import LaunchResult, WorkerLaunchError
 from lorenz.workers.spec import RunSpec
 from lorenz.workers.states import HANDLE_ENV

@@ -21,8 +21,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
+from lorenz.codes import ErrorCode
 from lorenz.model import LorenzError
-from lorenz.model.codes import ErrorCode
 from lorenz.workers.client import CallHandlers, ConnectionLost, RecordSink, WorkerConnection
 from lorenz.workers.forkserver import Launcher, parent_death_signal_supported
 from lorenz.workers.journal import JOURNAL_NAME, Record, accepts_after, read_journal

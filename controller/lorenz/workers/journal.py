@@ -31,8 +31,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final
 
+from lorenz.codes import ErrorCode
 from lorenz.model import LorenzError
-from lorenz.model.codes import ErrorCode
 
 JOURNAL_NAME: Final = "journal.jsonl"
 

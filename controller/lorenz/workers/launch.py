@@ -33,8 +33,8 @@ from typing import Any, Final
 import pydantic
 
 from lorenz.agents import TRACKER_SECRET_ENV, agent_environment
+from lorenz.codes import ErrorCode
 from lorenz.model import LorenzError
-from lorenz.model.codes import ErrorCode
 from lorenz.tasks import install_child_watcher
 from lorenz.workers.journal import JOURNAL_NAME, read_journal
 from lorenz.workers.protocol import SOCKET_NAME

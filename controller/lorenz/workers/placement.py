@@ -33,9 +33,9 @@ from lorenz.agents import (
     DroppedAdoption,
     RunPlacement,
 )
+from lorenz.codes import ErrorCode
 from lorenz.config import AgentProtocol, WorkerSettings, WorkflowSettings
 from lorenz.model import Issue
-from lorenz.model.codes import ErrorCode
 from lorenz.policies.placement import RunLocation, run_location
 from lorenz.workers.journal import DEFAULT_MAX_BYTES as DEFAULT_JOURNAL_MAX_BYTES
 from lorenz.workers.runner import WorkerRunner

@@ -47,6 +47,7 @@ from typing import Any, Final, cast
 
 from lorenz.agents import AgentRunError, AgentRunRequest, AgentRunResult, DroppedAdoption
 from lorenz.claims.owners import Liveness, default_owner_id, owner_liveness
+from lorenz.codes import ErrorCode
 from lorenz.model import (
     AgentUpdate,
     ImmediateSpawnIntents,
@@ -57,7 +58,6 @@ from lorenz.model import (
     TokenUsage,
     slot_key,
 )
-from lorenz.model.codes import ErrorCode
 from lorenz.policies.retries import NEVER_STARTED_CODE
 from lorenz.workers.client import CallHandlers
 from lorenz.workers.handles import (

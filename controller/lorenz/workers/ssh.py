@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Final
 
-from lorenz.model.codes import ErrorCode
+from lorenz.codes import ErrorCode
 from lorenz.workers.journal import Record
 from lorenz.workers.launch import (
     LaunchResult,

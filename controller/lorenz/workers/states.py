@@ -34,9 +34,9 @@ from typing import Final
 
 import psutil
 
+from lorenz.codes import ErrorCode
 from lorenz.leadership.processes import same_start_time
 from lorenz.model import LorenzError
-from lorenz.model.codes import ErrorCode
 from lorenz.workers.journal import (
     JOURNAL_NAME,
     JournalCorrupt,

@@ -44,8 +44,8 @@ from lorenz.agents import (
     agent_environment,
     build_runner,
 )
+from lorenz.codes import ErrorCode
 from lorenz.model import AgentUpdate, LorenzError, WorkerPhase
-from lorenz.model.codes import ErrorCode
 from lorenz.tasks import BackgroundTasks, run_to_completion
 from lorenz.workers.journal import FINAL, JournalWriter, Record, read_journal
 from lorenz.workers.protocol import (

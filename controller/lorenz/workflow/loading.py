@@ -27,6 +27,7 @@ from typing import Any
 
 import pydantic
 
+from lorenz.codes import ErrorCode
 from lorenz.config import (
     CODED_CONFIG_ERRORS,
     FLAG_ONLY_SECTIONS,
@@ -34,7 +35,6 @@ from lorenz.config import (
     WorkflowSettings,
 )
 from lorenz.model import Issue, RetryKind
-from lorenz.model.codes import ErrorCode
 from lorenz.workflow.bounded_yaml import MAX_WORKFLOW_BYTES, MAX_YAML_DEPTH
 from lorenz.workflow.documents import decode_workflow_bytes, parse_front_matter, split_front_matter
 from lorenz.workflow.errors import (

@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from lorenz.codes import ErrorCode
 from lorenz.model import LorenzError
-from lorenz.model.codes import ErrorCode
 
 HOOK_FAILED_PREFIX = "workspace hook failed with status "
 """How the message of a non-zero hook exit starts (for people; decisions read the code)."""

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import BinaryIO, Literal
 
-from lorenz.model.codes import ErrorCode
+from lorenz.codes import ErrorCode
 from lorenz.secrets import strip_secrets
 from lorenz.workspaces.errors import HOOK_FAILED_PREFIX, WorkspaceHookError
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import re
 
-from lorenz.model.codes import ErrorCode
+from lorenz.codes import ErrorCode
 from lorenz.workspaces.errors import WorkspaceError
 
 STATE_DIR_NAME = ".lorenz"

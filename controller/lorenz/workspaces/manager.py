@@ -33,9 +33,9 @@ import tempfile
 from collections.abc import Collection, Mapping
 from pathlib import Path
 
+from lorenz.codes import ErrorCode
 from lorenz.config import WorkflowSettings, WorkspaceKind
 from lorenz.model import Issue
-from lorenz.model.codes import ErrorCode
 from lorenz.model.variables import run_variables
 from lorenz.tasks import run_to_completion
 from lorenz.workspaces.errors import WorkspaceCleanupError, WorkspaceError

@@ -15,7 +15,7 @@ import os
 import stat
 from pathlib import Path
 
-from lorenz.model.codes import ErrorCode
+from lorenz.codes import ErrorCode
 from lorenz.workspaces.errors import WorkspaceError
 
 

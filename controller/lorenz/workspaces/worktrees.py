@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from lorenz.model.codes import ErrorCode
+from lorenz.codes import ErrorCode
 from lorenz.workspaces.errors import WorkspaceError
 from lorenz.workspaces.markers import now_iso, read_json, state_dir, write_json_atomically
 

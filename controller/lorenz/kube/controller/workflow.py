@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from lorenz.assembly import assemble_runtime, runs_in_workers, tracker_factory
+from lorenz.codes import ErrorCode
 from lorenz.config import WorkerKind, WorkflowSettings
 from lorenz.kube.api import resources
 from lorenz.kube.api.resources import compact_json
@@ -96,7 +97,6 @@ from lorenz.model import (
     SlotKey,
     SystemClock,
 )
-from lorenz.model.codes import ErrorCode
 from lorenz.orchestrator import Orchestrator
 from lorenz.runtime import LorenzRuntime
 from lorenz.secrets import tracker_secrets

@@ -30,9 +30,9 @@ from typing import Any
 
 from aiohttp import web
 
+from lorenz.codes import ErrorCode
 from lorenz.kube.clients import KubeApi
 from lorenz.kube.errors import KubeApiError
-from lorenz.model.codes import ErrorCode
 from lorenz.server import ApiError
 
 logger = logging.getLogger("lorenz.kube.api_auth")

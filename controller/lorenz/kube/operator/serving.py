@@ -29,10 +29,10 @@ from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from lorenz.codes import ErrorCode
 from lorenz.kube.clients import KubeApi
 from lorenz.kube.operator.api_auth import KubernetesAuth
 from lorenz.kube.settings import OperatorSettings
-from lorenz.model.codes import ErrorCode
 from lorenz.server import ApiError, LorenzMetrics
 from lorenz.server.errors import error_middleware
 

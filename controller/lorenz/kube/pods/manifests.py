@@ -20,11 +20,11 @@ from typing import Any, Final
 from lorenz.agents import (
     PlacementFailed,
 )
+from lorenz.codes import ErrorCode
 from lorenz.config import WorkerSettings
 from lorenz.kube.api import resources
 from lorenz.kube.api.resources import WorkflowRef, digest
 from lorenz.kube.errors import KubeApiError
-from lorenz.model.codes import ErrorCode
 from lorenz.workers.launch import WorkerLaunchError
 from lorenz.workers.placement import POD_WORKSPACE_ROOT
 from lorenz.workers.spec import RunSpec

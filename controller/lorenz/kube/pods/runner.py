@@ -21,6 +21,7 @@ from lorenz.agents import (
     DroppedAdoption,
     RunPlacement,
 )
+from lorenz.codes import ErrorCode
 from lorenz.kube.api.resources import WorkflowRef
 from lorenz.kube.claims.store import ClaimResourceStore
 from lorenz.kube.clients import KubeApi
@@ -32,7 +33,6 @@ from lorenz.kube.pods.manifests import (
 )
 from lorenz.kube.pods.transport import AgentAccounts, PodTransport
 from lorenz.model import SlotKey, SpawnIntents, slot_key
-from lorenz.model.codes import ErrorCode
 from lorenz.workers.placement import HOOK_VARIABLE_PREFIX
 from lorenz.workers.runner import WorkerRunner
 from lorenz.workers.spec import HookSpec, RunSpec

@@ -21,6 +21,7 @@ from typing import Any
 from lorenz.agents import (
     PlacementFailed,
 )
+from lorenz.codes import ErrorCode
 from lorenz.config import WorkerSettings
 from lorenz.kube.api.resources import WorkflowRef
 from lorenz.kube.clients import KubeApi
@@ -52,7 +53,6 @@ from lorenz.kube.pods.manifests import (
     workspace_claim_manifest,
 )
 from lorenz.kube.pods.watch import WATCHES, RunPodWatch, RunPodWatches
-from lorenz.model.codes import ErrorCode
 from lorenz.workers.journal import Record
 from lorenz.workers.launch import LaunchResult, WorkerLaunchError
 from lorenz.workers.protocol import SOCKET_NAME

@@ -8,13 +8,13 @@ import json
 import re
 from pathlib import Path
 
-from lorenz.model.codes import CODE_DOCS, Area, ErrorCode, Kind
-from lorenz.model.errordocs import AREA_TITLES, render_error_docs
+from lorenz.codes import CODE_DOCS, Area, ErrorCode, Kind
+from lorenz.codes.docs import AREA_TITLES, render_error_docs
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "controller" / "lorenz"
 ERRORS_MD = ROOT / "docs" / "errors.md"
-REGISTRY_FILES = {PACKAGE / "model" / "codes.py", PACKAGE / "model" / "errordocs.py"}
+REGISTRY_FILES = {PACKAGE / "codes" / "__init__.py", PACKAGE / "codes" / "docs.py"}
 SNAKE_CASE = re.compile(r"^[a-z][a-z0-9]*(?:_[a-z0-9]+)*$")
 
 
@@ -27,7 +27,7 @@ def _package_trees() -> list[tuple[Path, ast.Module]]:
 
 
 def test_the_committed_docs_are_the_rendered_registry() -> None:
-    # NB: regenerate with `python -m lorenz.model.errordocs > docs/errors.md`.
+    # NB: regenerate with `python -m lorenz.codes.docs > docs/errors.md`.
     assert ERRORS_MD.read_text(encoding="utf-8") == render_error_docs()
 
 

@@ -2,15 +2,15 @@
 
 The page is for browsing: an index of every area with its codes, then one table per area
 (code, kind, meaning, what to do). Each code has an anchor of its own name, so other docs link
-``errors.md#<code>``. ``tests/model/test_codes.py`` compares the committed page with
-:func:`render_error_docs`; regenerate it with ``python -m lorenz.model.errordocs > docs/errors.md``.
+``errors.md#<code>``. ``tests/codes/test_registry.py`` compares the committed page with
+:func:`render_error_docs`; regenerate it with ``python -m lorenz.codes.docs > docs/errors.md``.
 """
 
 from __future__ import annotations
 
 import sys
 
-from lorenz.model.codes import CODE_DOCS, Area, ErrorCode, Kind
+from lorenz.codes import CODE_DOCS, Area, ErrorCode, Kind
 
 AREA_TITLES: dict[Area, str] = {
     Area.CONFIG: "Configuration: WORKFLOW.md, flags, features, environment",
@@ -32,7 +32,7 @@ AREA_TITLES: dict[Area, str] = {
 _INTRO = """\
 # Error codes
 
-<!-- Generated from lorenz/model/codes.py by `python -m lorenz.model.errordocs`; do not edit. -->
+<!-- Generated from lorenz/codes/__init__.py by `python -m lorenz.codes.docs`; do not edit. -->
 
 Every error Lorenz reports carries a stable code: `lorenz validate` prints it, the HTTP API
 answers `{"error": {"code": ..., "message": ...}}`, a Workflow's `Degraded` condition uses it
@@ -45,9 +45,9 @@ ended (or was skipped) with this code, and the retry policy decides what follows
 when nothing narrower fits.
 
 Link to a code as `errors.md#<code>`. In code, name it as `ErrorCode.<NAME>`
-(`from lorenz.model.codes import ErrorCode`). A new code is a member of `ErrorCode` plus its
-entry in `CODE_DOCS` (both in `lorenz/model/codes.py`); then regenerate this page with
-`python -m lorenz.model.errordocs > docs/errors.md` (`tests/model/test_codes.py` checks both).
+(`from lorenz.codes import ErrorCode`). A new code is a member of `ErrorCode` plus its
+entry in `CODE_DOCS` (both in `lorenz/codes/__init__.py`); then regenerate this page with
+`python -m lorenz.codes.docs > docs/errors.md` (`tests/codes/test_registry.py` checks both).
 """
 
 

@@ -5,7 +5,7 @@ it, a Kubernetes condition carries it as its reason, a run's ``last_error`` star
 decisions (retry, block, poison a worker host) compare against it. So codes are written once,
 here, as :class:`ErrorCode` members, and every raise site names a member instead of spelling
 the string again. ``docs/errors.md`` is rendered from :data:`CODE_DOCS`
-(:func:`lorenz.model.errordocs.render_error_docs`) and a test keeps it current.
+(:func:`lorenz.codes.docs.render_error_docs`) and a test keeps it current.
 
 :class:`ErrorCode` is a :class:`enum.StrEnum`: a member *is* its string (it compares equal to
 it, hashes like it, formats and JSON-encodes as it), so code that reads codes back from storage
