@@ -856,7 +856,7 @@ class JiraTracker:
 
 
 class _TooLarge(Exception):
-    pass
+    """A body read past its byte bound (turned into ``jira_response_too_large`` by the caller)."""
 
 
 class JiraStatusError(TrackerError):
