@@ -38,6 +38,7 @@ from lorenz.model import BlockerRef, Issue
 from lorenz.model.issues import normalize_state
 from lorenz.trackers import httpstack as _httpstack  # noqa: F401 - see its docstring
 from lorenz.trackers.base import TrackerError, tracker_settings_of, unchanged
+from lorenz.trackers.connections import TrackerConnection
 from lorenz.trackers.options import ProviderOptions, parse_provider_options
 from lorenz.trackers.throttling import (
     RateLimitExhausted,
@@ -247,15 +248,18 @@ class GitHubTracker:
         self._endpoint = (endpoint or tracker.endpoint or DEFAULT_GITHUB_ENDPOINT).rstrip("/")
         self.options = parse_provider_options(GitHubOptions, tracker.provider, kind="github")
         self._states = LabelStates.from_settings(tracker)
-        self._own_client = http_client is None
-        self._client = http_client
+        self._connection = TrackerConnection(
+            shared=http_client,
+            tracker="GitHub",
+            timeout_ms=self.options.timeout_ms,
+            headers={"User-Agent": "lorenz"},
+        )
         self._wall_clock = wall_clock
         self._throttle = Throttle(policy=self.options.rate_limit_policy(), sleep=sleep)
         assignee = (tracker.assignee or "").strip()
         self._assignee = assignee or None
         self._viewer_login: str | None = None
         self._dependencies_available = self.options.dependencies
-        self._closed = False
 
     @property
     def endpoint(self) -> str:
@@ -327,10 +331,7 @@ class GitHubTracker:
         return await self._with_blockers(issues)
 
     async def close(self) -> None:
-        self._closed = True
-        if self._client is not None and self._own_client:
-            await self._client.aclose()
-        self._client = None
+        await self._connection.close()
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -532,17 +533,7 @@ class GitHubTracker:
     # -- HTTP ---------------------------------------------------------------------------------
 
     def _http(self) -> httpx.AsyncClient:
-        if self._closed:
-            raise TrackerError(
-                "this GitHub tracker was closed; build a new one from the settings",
-                code=ErrorCode.TRACKER_CLOSED,
-            )
-        if self._client is None:
-            self._client = httpx.AsyncClient(
-                timeout=httpx.Timeout(self.options.timeout_ms / 1000.0),
-                headers={"User-Agent": "lorenz"},
-            )
-        return self._client
+        return self._connection.client()
 
     async def _get_json(
         self, path: str, *, what: str, absent: Collection[int] = ()

@@ -46,6 +46,7 @@ from lorenz.model import BlockerRef, Issue
 from lorenz.model.issues import normalize_state
 from lorenz.trackers import httpstack as _httpstack  # noqa: F401 - see its docstring
 from lorenz.trackers.base import TrackerError, tracker_settings_of, unchanged
+from lorenz.trackers.connections import TrackerConnection
 from lorenz.trackers.options import ProviderOptions, parse_provider_options
 from lorenz.trackers.throttling import (
     RateLimitExhausted,
@@ -331,8 +332,12 @@ class GitLabTracker:
         self._states = LabelStates.from_settings(
             tracker, scope=scope.strip() if scope is not None else None
         )
-        self._own_client = http_client is None
-        self._client = http_client
+        self._connection = TrackerConnection(
+            shared=http_client,
+            tracker="GitLab",
+            timeout_ms=self.options.timeout_ms,
+            headers={"User-Agent": "lorenz"},
+        )
         self._wall_clock = wall_clock
         self._throttle = Throttle(policy=self.options.rate_limit_policy(), sleep=sleep)
         assignee = (tracker.assignee or "").strip()
@@ -340,7 +345,6 @@ class GitLabTracker:
         self._viewer_username: str | None = None
         self._project_identity: tuple[int, str] | None = None
         self._links_available = self.options.links
-        self._closed = False
 
     @property
     def api_base(self) -> str:
@@ -407,10 +411,7 @@ class GitLabTracker:
         return await self._with_blockers([found[i] for i in wanted if i in found])
 
     async def close(self) -> None:
-        self._closed = True
-        if self._client is not None and self._own_client:
-            await self._client.aclose()
-        self._client = None
+        await self._connection.close()
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -752,17 +753,7 @@ class GitLabTracker:
         return f"/projects/{self._project_ref}{suffix}"
 
     def _http(self) -> httpx.AsyncClient:
-        if self._closed:
-            raise TrackerError(
-                "this GitLab tracker was closed; build a new one from the settings",
-                code=ErrorCode.TRACKER_CLOSED,
-            )
-        if self._client is None:
-            self._client = httpx.AsyncClient(
-                timeout=httpx.Timeout(self.options.timeout_ms / 1000.0),
-                headers={"User-Agent": "lorenz"},
-            )
-        return self._client
+        return self._connection.client()
 
     async def _get_json(
         self, path: str, *, what: str, absent: Collection[int] = ()

@@ -56,6 +56,7 @@ from lorenz.model import BlockerRef, Issue
 from lorenz.model.issues import normalize_state
 from lorenz.trackers import httpstack as _httpstack  # noqa: F401 - see its docstring
 from lorenz.trackers.base import TrackerError, tracker_settings_of, unchanged
+from lorenz.trackers.connections import TrackerConnection
 from lorenz.trackers.jira_adf import adf_to_text, text_to_adf
 from lorenz.trackers.options import ProviderOptions, parse_provider_options
 from lorenz.trackers.throttling import (
@@ -339,8 +340,12 @@ class JiraTracker:
                 code=ErrorCode.INVALID_TRACKER_CONFIG,
                 key_path="tracker.provider.tool_methods",
             )
-        self._own_client = http_client is None
-        self._client = http_client
+        self._connection = TrackerConnection(
+            shared=http_client,
+            tracker="Jira",
+            timeout_ms=self.options.timeout_ms,
+            headers={"User-Agent": "lorenz"},
+        )
         self._wall_clock = wall_clock
         self._throttle = Throttle(policy=self.options.rate_limit_policy(), sleep=sleep)
         assignee = (tracker.assignee or "").strip()
@@ -348,7 +353,6 @@ class JiraTracker:
         self._viewer_id: str | None = None
         self._unknown_statuses: set[str] = set()
         """Configured state names (normalized) the site said it has no status for."""
-        self._closed = False
 
     @property
     def endpoint(self) -> str:
@@ -430,10 +434,7 @@ class JiraTracker:
         return [found[i] for i in wanted if i in found]
 
     async def close(self) -> None:
-        self._closed = True
-        if self._client is not None and self._own_client:
-            await self._client.aclose()
-        self._client = None
+        await self._connection.close()
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -709,17 +710,7 @@ class JiraTracker:
     # -- HTTP ---------------------------------------------------------------------------------
 
     def _http(self) -> httpx.AsyncClient:
-        if self._closed:
-            raise TrackerError(
-                "this Jira tracker was closed; build a new one from the settings",
-                code=ErrorCode.TRACKER_CLOSED,
-            )
-        if self._client is None:
-            self._client = httpx.AsyncClient(
-                timeout=httpx.Timeout(self.options.timeout_ms / 1000.0),
-                headers={"User-Agent": "lorenz"},
-            )
-        return self._client
+        return self._connection.client()
 
     async def _request_json(
         self,

@@ -33,6 +33,7 @@ from lorenz.model import BlockerRef, Issue
 from lorenz.model.issues import normalize_state
 from lorenz.trackers import httpstack as _httpstack  # noqa: F401 - see its docstring
 from lorenz.trackers.base import TrackerError, tracker_settings_of, unchanged
+from lorenz.trackers.connections import TrackerConnection
 from lorenz.trackers.options import ProviderOptions, parse_provider_options
 from lorenz.trackers.throttling import (
     RateLimitExhausted,
@@ -384,14 +385,17 @@ class LinearTracker:
         self._project_slug = tracker.project_slug.strip()
         self._endpoint = endpoint or tracker.endpoint or DEFAULT_LINEAR_ENDPOINT
         self.options = parse_provider_options(LinearOptions, tracker.provider, kind="linear")
-        self._own_client = http_client is None
-        self._client = http_client
+        self._connection = TrackerConnection(
+            shared=http_client,
+            tracker="Linear",
+            timeout_ms=self.options.timeout_ms,
+            headers={"Content-Type": "application/json", "Accept": "application/json"},
+        )
         self._wall_clock = wall_clock
         self._throttle = Throttle(policy=self.options.rate_limit_policy(), sleep=sleep)
         assignee = (tracker.assignee or "").strip()
         self._assignee = assignee or None
         self._viewer_id: str | None = None
-        self._closed = False
 
     @property
     def endpoint(self) -> str:
@@ -508,10 +512,7 @@ class LinearTracker:
         return [found[i] for i in wanted if i in found]
 
     async def close(self) -> None:
-        self._closed = True
-        if self._client is not None and self._own_client:
-            await self._client.aclose()
-        self._client = None
+        await self._connection.close()
 
     # -- terminal actions (retry.terminal_action) ----------------------------------------------
 
@@ -713,17 +714,7 @@ class LinearTracker:
             ) from None
 
     def _http(self) -> httpx.AsyncClient:
-        if self._closed:
-            raise TrackerError(
-                "this Linear tracker was closed; build a new one from the settings",
-                code=ErrorCode.TRACKER_CLOSED,
-            )
-        if self._client is None:
-            self._client = httpx.AsyncClient(
-                timeout=httpx.Timeout(self.options.timeout_ms / 1000.0),
-                headers={"Content-Type": "application/json", "Accept": "application/json"},
-            )
-        return self._client
+        return self._connection.client()
 
     async def _send(self, payload: dict[str, Any], *, what: str) -> dict[str, Any]:
         client = self._http()
