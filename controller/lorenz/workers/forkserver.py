@@ -455,11 +455,17 @@ class Launcher:
 
     async def close(self) -> None:
         """End the launcher (its launches in flight are killed with it)."""
-        process, self._process = self._process, None
-        reader, self._reader = self._reader, None
         starting, self._starting = self._starting, None
         if starting is not None and not starting.done():
-            starting.cancel()
+            if starting.get_loop() is asyncio.get_running_loop():
+                # NB: not cancelled: the launcher may be forked already, its process not yet
+                # handed back, and a cancelled start would leave it running unowned. A start
+                # is a fork and an exec; the launcher's imports come after it.
+                await asyncio.wait([starting])
+            else:
+                starting.cancel()
+        process, self._process = self._process, None
+        reader, self._reader = self._reader, None
         warming, self._warming = self._warming, None
         if warming is not None and not warming.done() and warming is not asyncio.current_task():
             # NB: a warm-up that has not run yet would start a launcher after this close.
