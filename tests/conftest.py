@@ -57,19 +57,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
-@pytest.fixture(autouse=True)
-def _workers_are_cancelled_with_their_runs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every test starts in a process whose cancelled runs cancel their workers.
-
-    NB: ``leave_workers_running`` is process-wide and one-way on purpose (a deposed controller
-    is on its way out). A daemon run in the test process (a fencing or leadership-loss test)
-    sets it for good; without this reset every later test in that pytest process would leave
-    its workers running on cancel — order-dependent failures in a full run.
-    """
-    monkeypatch.setattr("lorenz.workers.runner._leaving", None)
-
-
-
 STALE_PYENV_LOCK_S = 5.0
 """How old pyenv's rehash lock may get before the suite removes it (a rehash takes ~0.2 s)."""
 

@@ -26,6 +26,7 @@ from lorenz.workflow import LoadedWorkflow, WorkflowStamp
 from lorenz.workspaces import WorkspaceManager
 
 if TYPE_CHECKING:
+    from lorenz.workers.handles import LocalTransport
     from lorenz.workers.placement import SshTransports
 
 IN_PROCESS_RUNS_ENV: Final = "LORENZ_TEST_IN_PROCESS_RUNS"
@@ -72,6 +73,7 @@ def assemble_runtime(
     pods: Callable[[RunPlacement], AgentRunner] | None = None,
     worker_env: Mapping[str, str] | None = None,
     leave_workers: Callable[[], str | None] | None = None,
+    transport: LocalTransport | None = None,
     workers: bool,
 ) -> LorenzRuntime:
     """A runtime for ``workflow``, ready to ``start()``.
@@ -88,7 +90,9 @@ def assemble_runtime(
     claim, under the generation that started it, before the worker starts. ``worker_env`` is
     the environment of local worker processes (``None``: this process's, tracker secrets
     stripped); ``leave_workers`` says when this runtime's stopped runs leave their workers
-    running for the next controller (see ``WorkerRunner.leaving``).
+    running for the next controller (see ``WorkerRunner.leaving``). ``transport`` is the
+    local workers' transport, when the caller built it (:func:`local_worker_transport`) to
+    close its launcher at shutdown; ``None``: one is built here.
 
     ``base_env`` is the environment agents and hooks start from (tracker secrets are stripped
     from it for hooks); ``tracker`` is one already built by ``trackers`` (the host builds it
@@ -116,6 +120,7 @@ def assemble_runtime(
             pods=pods,
             worker_env=worker_env,
             leave_workers=leave_workers,
+            transport=transport,
             workers=workers,
         ),
         tracker_factory=trackers,
@@ -124,6 +129,48 @@ def assemble_runtime(
         prove_leadership=prove_leadership,
         base_env=base_env,
     )
+
+
+def local_worker_transport(
+    workflow: LoadedWorkflow,
+    *,
+    base_env: Mapping[str, str],
+    worker_env: Mapping[str, str] | None = None,
+) -> LocalTransport:
+    """The transport of ``workflow``'s workers on this machine, its launcher warming up.
+
+    Whoever builds it closes it (:meth:`LocalTransport.close`) once no run is in flight: the
+    single host does, at the end of its shutdown; the operator's has no launcher to close.
+    ``worker_env`` as in :func:`assemble_runtime`.
+    """
+    from lorenz.workers.handles import LocalTransport
+    from lorenz.workers.states import state_root_of
+
+    api_key = workflow.settings.tracker.api_key
+    # NB: the operator passes its Workflows' allow-listed environment as ``worker_env``;
+    # the single host gives its workers its own environment and the state root it names.
+    transport = (
+        LocalTransport(env=worker_env)
+        if worker_env is not None
+        else LocalTransport(
+            state_root=state_root_of(base_env),
+            env=base_env,
+            secret_values=[api_key] if api_key else [],
+            # NB: one warm launcher forks the single host's workers (a Python start-up
+            # per run was most of a run's CPU); the operator keeps the launch command.
+            forkserver=True,
+            # NB: the protocols this workflow's agents speak, not every one (the ACP
+            # SDK alone is most of the launcher's start-up and memory).
+            preload=sorted(
+                {kind.protocol.value for kind in workflow.settings.agents.values()}
+            ),
+        )
+    )
+    if not runs_in_pods(workflow.settings.worker):
+        # NB: the launcher starts with the controller (in the background, on the running
+        # loop), not at the first dispatch: its preload is off the first run's path.
+        transport.warm_up()
+    return transport
 
 
 def _runner_factory(
@@ -135,6 +182,7 @@ def _runner_factory(
     pods: Callable[[RunPlacement], AgentRunner] | None = None,
     worker_env: Mapping[str, str] | None = None,
     leave_workers: Callable[[], str | None] | None = None,
+    transport: LocalTransport | None = None,
     workers: bool,
 ) -> Callable[[AgentProtocol], AgentRunner]:
     """Runners that execute each run where the orchestrator placed it.
@@ -156,33 +204,13 @@ def _runner_factory(
     shared: dict[str, SshTransports] = {}
     local: Callable[[AgentProtocol], AgentRunner] = build_runner
     if workers:
-        from lorenz.workers.handles import LocalTransport
         from lorenz.workers.runner import WorkerRunner
-        from lorenz.workers.states import state_root_of
 
-        # NB: the operator passes its Workflows' allow-listed environment as ``worker_env``;
-        # the single host gives its workers its own environment and the state root it names.
-        transport = (
-            LocalTransport(env=worker_env)
-            if worker_env is not None
-            else LocalTransport(
-                state_root=state_root_of(base_env),
-                env=base_env,
-                secret_values=secret_values,
-                # NB: one warm launcher forks the single host's workers (a Python start-up
-                # per run was most of a run's CPU); the operator keeps the launch command.
-                forkserver=True,
-                # NB: the protocols this workflow's agents speak, not every one (the ACP
-                # SDK alone is most of the launcher's start-up and memory).
-                preload=sorted(
-                    {kind.protocol.value for kind in workflow.settings.agents.values()}
-                ),
+        if transport is None:
+            transport = local_worker_transport(
+                workflow, base_env=base_env, worker_env=worker_env
             )
-        )
-        if not runs_in_pods(workflow.settings.worker):
-            # NB: the launcher starts with the controller (in the background, on the running
-            # loop), not at the first dispatch: its preload is off the first run's path.
-            transport.warm_up()
+        local_transport = transport
 
         # NB: asked once, not per dispatch: isinstance() against a runtime-checkable protocol
         # walks its members (~0.05 ms a run on the controller's loop), and the store is fixed.
@@ -195,7 +223,7 @@ def _runner_factory(
             current = generation() if generation is not None else None
             return WorkerRunner(
                 workflow=path,
-                transport=transport,
+                transport=local_transport,
                 generation=current or 0,
                 intents=intents,
                 leaving=leave_workers,

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
+import sys
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from lorenz import assembly
@@ -18,6 +21,7 @@ from lorenz.daemon.shutdown import SHUTDOWN_ORDER, STEP_MESSAGE
 from lorenz.leadership import LeadershipLost
 from lorenz.runtime import LorenzRuntime
 from tests.daemon.harness import call, in_process, read_agent_log, write_daemon_workflow
+from tests.workers.conftest import process_gone
 
 
 @pytest.fixture
@@ -267,3 +271,34 @@ def listening_ports() -> set[int]:
         for c in psutil.Process().net_connections(kind="tcp")
         if c.status == psutil.CONN_LISTEN
     }
+
+
+def _launchers() -> list[psutil.Process]:
+    """This test process's warm launchers (``lorenz worker --launcher``), alive."""
+    found = []
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if "--launcher" in child.cmdline() and child.status() != psutil.STATUS_ZOMBIE:
+                found.append(child)
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the launcher is Linux only")
+async def test_the_host_closes_the_launcher_of_its_workers_when_it_stops(
+    root: Path, daemon_env: dict[str, str]
+) -> None:
+    """The transport the host built (and warmed up) is the one it closes, after the drain."""
+    workers_env = {k: v for k, v in daemon_env.items() if k != assembly.IN_PROCESS_RUNS_ENV}
+    assert assembly.runs_in_workers(workers_env)
+    before = {process.pid for process in _launchers()}
+    workflow = write_daemon_workflow(root, issues=())
+    runtimes: list[LorenzRuntime] = []
+    recurring = HostOptions(workflow_path=str(workflow), tui=False, environ=workers_env)
+    task = asyncio.create_task(run_host(recurring, ready=runtimes.append))
+    await wait_for(lambda: bool(runtimes) and runtimes[0].poll_count >= 1)
+    # NB: the launcher warms up in the background from assembly on, before any dispatch.
+    await wait_for(lambda: any(p.pid not in before for p in _launchers()), timeout_s=60.0)
+    ours = [p for p in _launchers() if p.pid not in before]
+    runtimes[0].stop()
+    assert await asyncio.wait_for(task, 60) == 0
+    assert [p.pid for p in ours if not process_gone(p.pid)] == []

@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from lorenz.model import LorenzError
-from lorenz.workers.forkserver import LAUNCHER_MARK, close_launchers
+from lorenz.workers.forkserver import LAUNCHER_MARK
 from lorenz.workers.handles import LocalTransport, WorkerHandle
 from lorenz.workers.states import HANDLE_ENV, LOG_NAME, STATUS_NAME, create_state_dir, worker_pid
 from tests.workers.conftest import Collected, SpecFactory, base_env, process_gone, wait_until
@@ -57,7 +57,7 @@ async def test_concurrent_launches_fork_their_workers_from_one_launcher(
         launcher_pid = transport.launcher.pid
         assert launcher_pid is not None
     finally:
-        await close_launchers()
+        await transport.close()
     await wait_until(lambda: process_gone(launcher_pid))
 
 

@@ -21,7 +21,7 @@ from lorenz.claims import SqliteClaimStore
 from lorenz.claims.memory import MemoryClaimStore, MemoryClaimTable
 from lorenz.model import AgentUpdate, SlotKey, SpawnPhase
 from lorenz.workers.handles import LocalTransport
-from lorenz.workers.runner import WorkerRunner
+from lorenz.workers.runner import Departure, WorkerRunner
 from lorenz.workers.states import list_handles
 from tests.claims.records import claim
 from tests.workers.conftest import base_env, process_gone, wait_until
@@ -104,15 +104,17 @@ async def test_a_deposed_runner_leaves_its_worker_running(
     state_root: Path,
     tmp_path: Path,
     stores: tuple[SqliteClaimStore, SqliteClaimStore],
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     ours, observer = stores
     gate = tmp_path / "gate"
     kit = Kit(tmp_path, [{"message": "waiting"}, {"gate": str(gate)}])
-    task = asyncio.create_task(make_runner(state_root, tmp_path, ours).run(kit.request()))
+    departure = Departure()
+    runner = make_runner(state_root, tmp_path, ours)
+    runner.leaving = departure
+    task = asyncio.create_task(runner.run(kit.request()))
     await wait_until(lambda: any(u.event == "session_started" for u in kit.updates))
     await observer.fence(2)  # deposed: the next intent write is refused
-    monkeypatch.setattr("lorenz.workers.runner._leaving", "claim_generation_stale")
+    departure.leave(reason="claim_generation_stale")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

@@ -39,7 +39,7 @@ from lorenz.leadership import (
     local_liveness,
 )
 from lorenz.model import ClaimStore, GenerationFence, LorenzError
-from lorenz.workers.runner import leave_workers_running
+from lorenz.workers.runner import Departure
 
 if TYPE_CHECKING:
     from lorenz.config.settings import DaemonSettings, WorkflowSettings
@@ -61,6 +61,7 @@ class Daemon:
         claim_owner: str,
         provider: LeadershipProvider | None = None,
         force: bool = False,
+        departure: Departure | None = None,
     ) -> None:
         self._workflow_path = workflow_path
         self._settings = settings
@@ -79,6 +80,9 @@ class Daemon:
         self._request_stop: Callable[..., None] | None = None
         self.lost: LorenzError | None = None
         """Why this process stopped leading (``leadership_lost``, ``claim_owner_lost``)."""
+        self.departure = departure if departure is not None else Departure()
+        """The runtime's switch that leaves its workers running once leadership is lost (the
+        host passes the same one to the runtime it assembles)."""
 
     # -- lifecycle, in the order the composition root calls it -----------------------------------
 
@@ -331,7 +335,7 @@ class Daemon:
             logger.error("stopping: %s", error)
             # NB: before the runtime stops: its runs' workers belong to whoever leads now, and a
             # live worker is never killed because this process may no longer write.
-            leave_workers_running(reason=error.code)
+            self.departure.leave(reason=error.code)
         if self._stop is not None:
             self._stop()
 

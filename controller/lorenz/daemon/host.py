@@ -14,13 +14,13 @@ import dataclasses
 import logging
 import os
 import signal
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from lorenz.assembly import (
     assemble_runtime,
+    local_worker_transport,
     runs_in_workers,
     tracker_factory,
 )
@@ -37,8 +37,12 @@ from lorenz.orchestrator import Orchestrator
 from lorenz.runtime import LorenzRuntime
 from lorenz.tasks import install_child_watcher, start_up_objects_frozen
 from lorenz.trackers import TrackerClient
+from lorenz.workers.runner import Departure
 from lorenz.workers.states import state_root_of
 from lorenz.workflow import LoadedWorkflow, load_workflow, validate_dispatch
+
+if TYPE_CHECKING:
+    from lorenz.workers.handles import LocalTransport
 
 logger = logging.getLogger("lorenz.daemon")
 
@@ -139,6 +143,9 @@ async def run_host(
     loaded = load(options)
     settings = loaded.settings
     owner = default_owner_id()
+    # NB: one for the runtime's runners, the daemon (leadership lost) and the drain (grace
+    # elapsed): any of them may leave this runtime's workers running for the next controller.
+    departure = Departure()
     daemon: Daemon | None = None
     if wants_daemon(settings, once=options.once):
         # NB: the lease comes before everything else: a second daemon must not poll the
@@ -148,6 +155,7 @@ async def run_host(
             settings=settings.daemon,
             claim_owner=owner,
             force=options.force,
+            departure=departure,
         )
         await daemon.acquire()
     elif options.force:
@@ -167,6 +175,7 @@ async def run_host(
     graceful: shutdown.GracefulStop | None = None
     recovery: RecoveryPasses | None = None
     tracker: TrackerClient | None = None
+    transport: LocalTransport | None = None
     try:
         trackers = tracker_factory(base_dir=loaded.base_dir)
         tracker = trackers(settings)
@@ -206,6 +215,8 @@ async def run_host(
         # an issue when it is dispatched again (see lorenz.daemon.orphans).
         await asyncio.to_thread(kill_orphans, report.taken_over_from - {owner})
         base_env = marked_environment(environ, owner=owner, workflow_key=workflow_key)
+        if workers:
+            transport = local_worker_transport(loaded, base_env=base_env)
         runtime = assemble_runtime(
             workflow=loaded,
             orchestrator=orchestrator,
@@ -221,6 +232,8 @@ async def run_host(
             prove_leadership=daemon.prove if daemon is not None else None,
             claim_store=store,
             generation=(lambda: daemon.generation) if daemon is not None else None,
+            leave_workers=departure,
+            transport=transport,
             workers=workers,
         )
         graceful = shutdown.GracefulStop(
@@ -231,6 +244,7 @@ async def run_host(
             # too, but a plain ``lorenz`` stopped by its user (Ctrl-C, the demo) may have none,
             # and must leave nothing running.
             hand_over=workers and settings.claim_store.backend is not ClaimStoreBackend.MEMORY,
+            departure=departure,
         )
         # NB: before any attachment starts: once the daemon's endpoint is published, SIGTERM
         # must already mean a graceful stop.
@@ -280,11 +294,12 @@ async def run_host(
                         await attachment.stop()
             shutdown.shutdown_step(shutdown.DRAIN_WORKER_POOL)
             await runtime.drain_worker_pool()
-            forkserver = sys.modules.get("lorenz.workers.forkserver")
-            if forkserver is not None:
-                # NB: no run is in flight any more; the workers go on without their launcher.
-                with contextlib.suppress(Exception):
-                    await forkserver.close_launchers()
+        if transport is not None:
+            # NB: no run is in flight any more (or none started); the workers go on without
+            # their launcher.
+            with contextlib.suppress(Exception):
+                await transport.close()
+        if runtime is not None:
             shutdown.shutdown_step(shutdown.STOP_SERVER)
             for attachment in attachments:
                 if shutdown.stops_with_server(attachment):

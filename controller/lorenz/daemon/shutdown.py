@@ -27,7 +27,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Final
 
-from lorenz.workers.runner import leave_workers_running
+from lorenz.workers.runner import Departure
 
 if TYPE_CHECKING:
     from lorenz.runtime import LorenzRuntime
@@ -94,8 +94,17 @@ class GracefulStop:
         grace_s: float = DEFAULT_GRACE_S,
         force_kill: bool = False,
         hand_over: bool,
+        departure: Departure | None = None,
     ) -> None:
+        """``hand_over``: a drain that runs out of time leaves its runs' workers to the next
+        controller (through ``departure``, the one the runtime's runners were given) instead
+        of cancelling them."""
+        if hand_over and departure is None:
+            # NB: a programming error, not a user's: without the runners' departure a hand-over
+            # would cancel the very workers it means to leave running.
+            raise ValueError("hand_over needs the departure the runtime's runners were given")
         self._runtime = runtime
+        self._departure = departure if departure is not None else Departure()
         self._grace_s = max(grace_s, 0.0)
         self._force_kill = force_kill
         self._hand_over = hand_over
@@ -139,7 +148,7 @@ class GracefulStop:
         elif self._hand_over and not self._force_kill and not self._now.is_set():
             logger.info("grace ended with runs in flight; leaving their workers to the next")
             # NB: before stop(): its aborts must leave the workers running, not cancel them.
-            leave_workers_running(reason=GRACE_ELAPSED)
+            self._departure.leave(reason=GRACE_ELAPSED)
             runtime.stop(hand_over=True)
         else:
             logger.info("grace ended with runs in flight; cancelling them")

@@ -42,7 +42,6 @@ import os
 import selectors
 import signal
 import sys
-import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -297,7 +296,6 @@ class Launcher:
         self._ids = itertools.count(1)
         self.starts = 0
         """How many launcher processes this object started (for tests and diagnostics)."""
-        _launchers.add(self)
 
     @property
     def pid(self) -> int | None:
@@ -457,11 +455,17 @@ class Launcher:
 
     async def close(self) -> None:
         """End the launcher (its launches in flight are killed with it)."""
-        process, self._process = self._process, None
-        reader, self._reader = self._reader, None
         starting, self._starting = self._starting, None
         if starting is not None and not starting.done():
-            starting.cancel()
+            if starting.get_loop() is asyncio.get_running_loop():
+                # NB: not cancelled: the launcher may be forked already, its process not yet
+                # handed back, and a cancelled start would leave it running unowned. A start
+                # is a fork and an exec; the launcher's imports come after it.
+                await asyncio.wait([starting])
+            else:
+                starting.cancel()
+        process, self._process = self._process, None
+        reader, self._reader = self._reader, None
         warming, self._warming = self._warming, None
         if warming is not None and not warming.done() and warming is not asyncio.current_task():
             # NB: a warm-up that has not run yet would start a launcher after this close.
@@ -491,19 +495,3 @@ def _consume_start(task: asyncio.Task[asyncio.subprocess.Process]) -> None:
     """A warm-up's failure is the first launch's to report (it starts the launcher again)."""
     if not task.cancelled():
         task.exception()
-
-
-_launchers: weakref.WeakSet[Launcher] = weakref.WeakSet()
-
-
-async def close_launchers() -> None:
-    """Close every launcher this process started on the running loop (a host shutting down).
-
-    NB: a launcher also ends by itself when its controller exits (its stdin ends, and the
-    parent-death signal covers ``kill -9``); closing it here keeps a process that goes on
-    (a test process, a host run twice in one process) from keeping one per host run.
-    """
-    loop = asyncio.get_running_loop()
-    for launcher in list(_launchers):
-        if launcher._loop is loop:
-            await launcher.close()

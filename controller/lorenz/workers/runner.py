@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -103,8 +104,6 @@ CONTROLLER_EXIT_WAIT_S: Final = 30.0
 
 CONTROLLED_ELSEWHERE_CODE: Final = ErrorCode.WORKER_CONTROLLED_ELSEWHERE
 """The failure of a run whose slot's worker is followed by another live controller."""
-
-_leaving: str | None = None
 
 _pruned_roots: set[Path] = set()
 """State roots whose old state directories this process has removed already."""
@@ -218,18 +217,35 @@ def live_controller_of(state_dir: Path, *, me: str) -> str | None:
     return owner if owner_liveness(owner) is Liveness.ALIVE else None
 
 
-def leave_workers_running(*, reason: str) -> None:
-    """From now on, a cancelled run leaves its worker running instead of cancelling it.
+@dataclasses.dataclass(slots=True)
+class Departure:
+    """Whether one runtime's cancelled runs leave their detached workers running.
 
     For a controller that lost the right to write (leadership lost, fenced out by a newer
-    generation, claims taken over): it stops following its runs, and the workers go on for
-    the controller that leads now to adopt. NB: process-wide and one-way, on purpose — such a
-    process is on its way out, and no run of it may be cancelled on its behalf any more.
+    generation, claims taken over) or hands its runs over at the end of a drain: it stops
+    following its runs, and the workers go on for the controller that leads now to adopt.
+    Passed to the runtime's runners as their ``leaving`` (it is called for the reason).
+
+    NB: per runtime, not per process: the operator leads several workflows in one process,
+    and the one it hands over or loses must not make the others' cancelled runs leave their
+    workers behind.
     """
-    global _leaving
-    if _leaving is None:
-        _leaving = reason
-        logger.warning("leaving workers running for the next controller reason=%s", reason)
+
+    reason: str | None = None
+    """Why the runs are left to their workers (``None``: cancelling a run cancels its worker)."""
+
+    def leave(self, *, reason: str) -> None:
+        """From now on, a cancelled run leaves its worker running instead of cancelling it.
+
+        NB: one-way, and the first reason stays: such a controller is on its way out, and no
+        run of it may be cancelled on its behalf any more.
+        """
+        if self.reason is None:
+            self.reason = reason
+            logger.warning("leaving workers running for the next controller reason=%s", reason)
+
+    def __call__(self) -> str | None:
+        return self.reason
 
 
 def agent_update_from(record: Record) -> AgentUpdate:
@@ -397,8 +413,7 @@ class WorkerRunner:
         """The ping interval while following (a missed pong sends the worker to the probes)."""
         self.leaving = leaving
         """Why this controller's runs leave their workers running when cancelled (``None``:
-        they cancel them) — the per-runtime form of :func:`leave_workers_running`, for a
-        process that leads several workflows and hands over one of them (the operator)."""
+        they cancel them); per runtime, see :class:`Departure`."""
 
     @property
     def owner(self) -> str:
@@ -407,7 +422,7 @@ class WorkerRunner:
 
     def _leaves_workers(self) -> bool:
         """Whether a cancelled run leaves its worker running (for the next controller)."""
-        return _leaving is not None or (self.leaving is not None and self.leaving() is not None)
+        return self.leaving is not None and self.leaving() is not None
 
     def placed_at(self, handle: str) -> str | None:
         """Where the worker of ``handle`` runs, as the slot's binding records it (its host)."""
