@@ -203,13 +203,4 @@ def assert_gone(pids: list[int]) -> None:
         assert status == psutil.STATUS_ZOMBIE, f"process {pid} is still alive ({status})"
 
 
-async def wait_for(predicate: Callable[[], bool], *, timeout_s: float = 10.0) -> None:
-    """Poll ``predicate`` (a condition, not a timing assertion)."""
-    import asyncio
-
-    async with asyncio.timeout(timeout_s):
-        while not predicate():
-            await asyncio.sleep(0.01)
-
-
 AwaitableFactory = Callable[[], Awaitable[Any]]

@@ -13,7 +13,7 @@ import json
 import shlex
 import subprocess
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from lorenz.agents.base import AgentRunError, AgentRunRequest
 from lorenz.agents.environment import agent_environment
 from lorenz.config import AgentKindSettings, AgentProtocol, ApprovalMode
 from lorenz.model import AgentUpdate, Issue, TokenUsage
+from tests.waiting import wait_until_async
 
 FAKES = Path(__file__).resolve().parents[1] / "fakes"
 FAKE_AGENT = FAKES / "acp_agent.py"
@@ -140,15 +141,6 @@ def assert_gone(pid: int) -> None:
         return
     except psutil.TimeoutExpired:
         assert proc.status() == psutil.STATUS_ZOMBIE, f"pid {pid} is still running"
-
-
-async def wait_for(predicate: Callable[[], bool], *, what: str) -> None:
-    """Wait for a condition the fake agent brings about (generous bound, not a speed check)."""
-    for _ in range(1500):
-        if predicate():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"never happened: {what}")
 
 
 # -- normal turns ---------------------------------------------------------------------------
@@ -407,12 +399,14 @@ async def test_a_12_mb_line_is_read_whole(tmp_path: Path) -> None:
     result = await AcpRunner().run(harness.request())
 
     assert result.stop_reason == "end_turn"
-    chunks = [u for u in harness.events("notification") if u.message.startswith("agent:")]
+    chunks = [u for u in harness.events("notification") if (u.message or "").startswith("agent:")]
     assert len(chunks) == 2
     assert chunks[0].payload is not None
     assert len(chunks[0].payload["text"]) <= 1000
-    assert chunks[1].message.endswith("xxx and after the huge chunk")
-    assert len(chunks[1].message) < 300
+    second = chunks[1].message
+    assert second is not None
+    assert second.endswith("xxx and after the huge chunk")
+    assert len(second) < 300
 
 
 async def test_garbage_lines_are_reported_and_skipped(tmp_path: Path) -> None:
@@ -420,7 +414,7 @@ async def test_garbage_lines_are_reported_and_skipped(tmp_path: Path) -> None:
     result = await AcpRunner().run(harness.request())
 
     assert result.stop_reason == "end_turn"
-    malformed = [u.message for u in harness.events("malformed")]
+    malformed = [u.message for u in harness.events("malformed") if u.message is not None]
     assert len(malformed) == 2
     assert malformed[0].startswith("ignored a stdout line (not JSON)")
     assert "not a JSON object" in malformed[1]
@@ -455,8 +449,9 @@ async def test_cancel_kills_a_hung_agent_and_its_children(tmp_path: Path) -> Non
     harness = Harness(tmp_path, "acp_hang.json")
     child_file = harness.workspace / "acp_child.pid"
     task = asyncio.create_task(AcpRunner(terminate_grace_s=0.3).run(harness.request()))
-    await wait_for(
+    await wait_until_async(
         lambda: child_file.exists() and "agent: thinking hard" in harness.messages(),
+        timeout=30.0,
         what="the fake agent started its helper and reported progress",
     )
     child_pid = int(child_file.read_text())
@@ -496,7 +491,11 @@ async def test_turn_timeout_kills_an_agent_that_ignores_the_cancel(tmp_path: Pat
 async def test_cancel_during_the_handshake_kills_the_agent(tmp_path: Path) -> None:
     harness = Harness(tmp_path, {"initialize": {"hang": True}})
     task = asyncio.create_task(AcpRunner(terminate_grace_s=0.2).run(harness.request()))
-    await wait_for(lambda: bool(harness.received()), what="initialize reached the agent")
+    await wait_until_async(
+        lambda: bool(harness.received()),
+        timeout=30.0,
+        what="initialize reached the agent",
+    )
     pids = {p.pid for p in psutil.Process().children(recursive=True)}
     task.cancel()
     with pytest.raises(asyncio.CancelledError):

@@ -13,7 +13,7 @@ import json
 import shlex
 import subprocess
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from lorenz.agents.claude import ClaudeStreamRunner, claude_command, usage_from_
 from lorenz.agents.environment import agent_environment
 from lorenz.config import AgentKindSettings, AgentProtocol
 from lorenz.model import AgentUpdate, Issue, TokenUsage
+from tests.waiting import wait_until_async
 
 FAKES = Path(__file__).resolve().parents[1] / "fakes"
 FAKE_CLAUDE = FAKES / "claude_agent.py"
@@ -120,15 +121,6 @@ def assert_gone(pid: int) -> None:
         return
     except psutil.TimeoutExpired:
         assert proc.status() == psutil.STATUS_ZOMBIE, f"pid {pid} is still running"
-
-
-async def wait_for(predicate: Callable[[], bool], *, what: str) -> None:
-    """Wait for a condition the fake brings about (generous bound, not a speed check)."""
-    for _ in range(1500):
-        if predicate():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"never happened: {what}")
 
 
 # -- the command line -----------------------------------------------------------------------
@@ -389,8 +381,9 @@ async def test_cancel_kills_a_hung_invocation_and_its_children(tmp_path: Path) -
     harness = Harness(tmp_path, "claude_hang.json")
     child_file = harness.workspace / "claude_child.pid"
     task = asyncio.create_task(ClaudeStreamRunner(terminate_grace_s=0.3).run(harness.request()))
-    await wait_for(
+    await wait_until_async(
         lambda: child_file.exists() and "agent: thinking hard" in harness.messages(),
+        timeout=30.0,
         what="the fake started its helper and reported progress",
     )
     child_pid = int(child_file.read_text())

@@ -21,8 +21,8 @@ from tests.agents.conftest import (
     StaticTools,
     assert_gone,
     python_command,
-    wait_for,
 )
+from tests.waiting import wait_until_async
 
 FAST = CodexAppServerRunner(overload_initial_delay_s=0.01, overload_max_delay_s=0.05)
 
@@ -443,9 +443,11 @@ async def test_cancelling_a_run_kills_the_agent_and_its_children(
     def child_recorded() -> bool:
         return any("child_pid" in r for r in script.records())
 
-    await wait_for(child_recorded)
-    await wait_for(
-        lambda: "child started" in " ".join(u.message or "" for u in kit.recorder.updates)
+    await wait_until_async(child_recorded, timeout=10.0, what="child_recorded")
+    await wait_until_async(
+        lambda: "child started" in " ".join(u.message or "" for u in kit.recorder.updates),
+        timeout=10.0,
+        what='"child started" in " ".join(u.message or "" for u in kit.recorder.updates)',
     )
     child = next(r["child_pid"] for r in script.records() if "child_pid" in r)
     task.cancel()

@@ -417,8 +417,8 @@ async def model_api() -> AsyncIterator[FakeResponsesApi]:
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     server = site._server
-    assert server is not None
-    api.port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    assert isinstance(server, asyncio.Server)
+    api.port = server.sockets[0].getsockname()[1]
     try:
         yield api
     finally:

@@ -14,7 +14,8 @@ from lorenz.agents.base import AgentRunError
 from lorenz.agents.command import CommandRunner
 from lorenz.agents.processes import MAX_LINE_BYTES
 from lorenz.config import AgentProtocol
-from tests.agents.conftest import RunKit, assert_gone, wait_for
+from tests.agents.conftest import RunKit, assert_gone
+from tests.waiting import wait_until_async
 
 COMMAND = AgentProtocol.COMMAND
 
@@ -186,7 +187,11 @@ async def test_cancelling_the_run_kills_the_command_and_its_children(
         "time.sleep(300)\n",
     )
     task = asyncio.create_task(CommandRunner().run(kit.request(command=command, protocol=COMMAND)))
-    await wait_for(lambda: bool(kit.recorder.of("output")))
+    await wait_until_async(
+        lambda: bool(kit.recorder.of("output")),
+        timeout=10.0,
+        what='bool(kit.recorder.of("output"))',
+    )
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

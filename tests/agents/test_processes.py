@@ -21,7 +21,8 @@ from lorenz.agents.processes import (
     descendant_pids,
     spawn_agent,
 )
-from tests.agents.conftest import assert_gone, base_env, wait_for
+from tests.agents.conftest import assert_gone, base_env
+from tests.waiting import wait_until_async
 
 PY = sys.executable
 
@@ -170,7 +171,11 @@ async def test_terminate_kills_the_whole_tree(tmp_path: Path) -> None:
         line = await proc.read_line(timeout_s=60)
         assert line is not None
         pids.append(int(line))
-    await wait_for(lambda: len(psutil.Process(proc.pid).children(recursive=True)) >= 4)
+    await wait_until_async(
+        lambda: len(psutil.Process(proc.pid).children(recursive=True)) >= 4,
+        timeout=10.0,
+        what="len(psutil.Process(proc.pid).children(recursive=True)) >= 4",
+    )
     descendants = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
     returncode = await proc.terminate(grace_s=0.3)
     assert returncode is not None
@@ -202,7 +207,11 @@ async def test_terminate_follows_the_agents_tree_without_walking_the_process_tab
         line = await proc.read_line(timeout_s=60)
         assert line is not None
         pids.append(int(line))
-    await wait_for(lambda: len(descendant_pids(proc.pid)) >= 3)
+    await wait_until_async(
+        lambda: len(descendant_pids(proc.pid)) >= 3,
+        timeout=10.0,
+        what="len(descendant_pids(proc.pid)) >= 3",
+    )
     walked = {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}
     assert set(descendant_pids(proc.pid)) == walked
 
@@ -246,7 +255,11 @@ async def test_cancelling_terminate_still_kills(tmp_path: Path) -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    await wait_for(lambda: not psutil.pid_exists(proc.pid) or _zombie(proc.pid))
+    await wait_until_async(
+        lambda: not psutil.pid_exists(proc.pid) or _zombie(proc.pid),
+        timeout=10.0,
+        what="not psutil.pid_exists(proc.pid) or _zombie(proc.pid)",
+    )
     assert_gone([proc.pid])
 
 

@@ -86,7 +86,10 @@ async def test_memory_is_the_default(workflow: Path, tmp_path: Path) -> None:
     [(ClaimStoreBackend.SQLITE, SqliteClaimStore), (ClaimStoreBackend.TURSO, TursoClaimStore)],
 )
 async def test_durable_backend_at_the_default_path(
-    backend: ClaimStoreBackend, cls: type, workflow: Path, tmp_path: Path
+    backend: ClaimStoreBackend,
+    cls: type[SqliteClaimStore] | type[TursoClaimStore],
+    workflow: Path,
+    tmp_path: Path,
 ) -> None:
     root = tmp_path / "ws"
     store = await open_claim_store(

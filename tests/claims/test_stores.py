@@ -301,9 +301,9 @@ def _bump_schema(backend: str, path: Path, version: str) -> None:
         return
     import turso
 
-    raw = turso.connect(str(path), experimental_features="multiprocess_wal", isolation_level=None)
-    raw.execute("UPDATE claim_store_meta SET value = ? WHERE key = 'schema_version'", (version,))
-    raw.close()
+    conn = turso.connect(str(path), experimental_features="multiprocess_wal", isolation_level=None)
+    conn.execute("UPDATE claim_store_meta SET value = ? WHERE key = 'schema_version'", (version,))
+    conn.close()
 
 
 def _write_garbage(path: Path) -> None:

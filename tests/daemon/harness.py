@@ -17,7 +17,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ import yaml
 from lorenz.assembly import IN_PROCESS_RUNS_ENV
 from lorenz.daemon.client import Reply, Unreachable, request
 from lorenz.daemon.discovery import lease_file_for, parse_endpoint, read_lease
+from tests.waiting import wait_until
 
 READY_TIMEOUT_S = 60.0
 """Hang protection only (a loaded 2-core machine can be slow to start Python); never asserted."""
@@ -240,9 +240,9 @@ class DaemonProcess:
 
     def wait_ready(self, *, timeout_s: float = READY_TIMEOUT_S) -> dict[str, Any]:
         """Until our lease names us with an endpoint that answers; returns the lease."""
-        deadline = time.monotonic() + timeout_s
         lease_path = lease_file_for(self.workflow)
-        while time.monotonic() < deadline:
+
+        def answering_lease() -> dict[str, Any] | None:
             if not self.alive():
                 raise AssertionError(f"daemon exited early:\n{self.log()[-4000:]}")
             with contextlib.suppress(Exception):
@@ -251,8 +251,13 @@ class DaemonProcess:
                     reply = request(parse_endpoint(lease["endpoint"]), "GET", "/api/v1/daemon")
                     if reply.ok:
                         return lease
-            time.sleep(0.02)
-        raise AssertionError(f"daemon not ready in {timeout_s} s:\n{self.log()[-4000:]}")
+            return None
+
+        return wait_until(
+            answering_lease,
+            timeout=timeout_s,
+            what=lambda: f"the daemon to be ready:\n{self.log()[-4000:]}",
+        )
 
     def kill9(self) -> None:
         assert self.process is not None

@@ -12,23 +12,15 @@ and pointing to ``lorenz refresh``; no agent starts twice and none is cancelled.
 from __future__ import annotations
 
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.daemon.harness import CLI, DaemonProcess, read_agent_log, write_daemon_workflow
+from tests.waiting import wait_until
 
 SECOND_RUN_BOUND_S = 90.0
 """Hang protection only: a refusing run exits long before (a run beside the daemon never)."""
-
-
-def _wait(predicate: object, what: str, *, timeout_s: float = 120.0) -> None:
-    assert callable(predicate)
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def _second(workflow: Path, env: dict[str, str], args: list[str]) -> tuple[int, str, str]:
@@ -67,7 +59,7 @@ def test_a_second_lorenz_beside_a_live_daemon_refuses_and_runs_nothing(
     def started() -> list[str]:
         return [e["slot"] for e in read_agent_log(log) if e["event"] == "start"]
 
-    _wait(lambda: len(started()) == 2, "the daemon's two agents")
+    wait_until(lambda: len(started()) == 2, timeout=120.0, what="the daemon's two agents")
 
     code, out, err = _second(workflow, daemon_env, args)
 
@@ -86,9 +78,10 @@ def test_a_second_lorenz_beside_a_live_daemon_refuses_and_runs_nothing(
     assert daemon.alive()
 
     hold.touch()
-    _wait(
+    wait_until(
         lambda: sum(e["event"] == "end" for e in read_agent_log(log)) == 2,
-        "the daemon's runs to end",
+        timeout=120.0,
+        what="the daemon's runs to end",
     )
     ends = [e for e in read_agent_log(log) if e["event"] == "end"]
     assert [e["rc"] for e in ends] == [0, 0]

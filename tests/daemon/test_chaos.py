@@ -32,9 +32,9 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import psutil
 import pytest
@@ -54,6 +54,7 @@ from tests.daemon.harness import (
     try_state,
     write_daemon_workflow,
 )
+from tests.waiting import wait_until
 
 
 @pytest.fixture
@@ -77,23 +78,6 @@ MIXED = {
 FLAGS = {"flags": {"claim_store.owner_stale_ms": 600000, "claim_store.recovery_interval_ms": 200}}
 BOUND_S = 120.0
 """Hang protection for one wait (a loaded 2-core machine is slow); never asserted as a speed."""
-
-T = TypeVar("T")
-
-
-def wait_for(
-    predicate: Callable[[], T], *, what: str | Callable[[], str], timeout_s: float = BOUND_S
-) -> T:
-    """Poll ``predicate`` until it is truthy; ``what`` (or what it returns then) names it."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            said = what() if callable(what) else what
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {said}")
-        time.sleep(0.02)
 
 
 def owner_of(process: DaemonProcess) -> str:
@@ -171,21 +155,24 @@ def works_every_issue(
             runs.setdefault(entry["slot"], entry)
         return runs if set(runs) >= slots else None
 
-    runs = wait_for(
+    runs = wait_until(
         first_runs,
+        timeout=BOUND_S,
         what=lambda: (
             f"{owner} to run every issue (alive: {survivor.alive()}); it ran "
             f"{sorted({e['slot'] for e in starts_by(log, owner)})}:\n{survivor.log()[-3000:]}"
         ),
     )
     # No claim stays under a dead owner: every row is the survivor's.
-    wait_for(
+    wait_until(
         lambda: {o for o, _, _ in claim_rows(db).values()} <= {owner},
+        timeout=BOUND_S,
         what=f"every claim row to be {owner}'s: {claim_rows(db)}",
     )
     # And nothing is left "claimed elsewhere" (it would be, forever, if a row were stranded).
-    wait_for(
+    wait_until(
         lambda: get_state(lease["endpoint"])["claimed_elsewhere"] == [],
+        timeout=BOUND_S,
         what="claimed_elsewhere to be empty",
     )
     return [runs[slot] for slot in sorted(slots)]
@@ -203,15 +190,20 @@ def test_a_third_daemon_recovers_both_dead_predecessors(
     first = DaemonProcess(workflow, env=daemon_env, args=DAEMON, output=root / "first.log")
     daemons.append(first.start())
     holder = first.wait_ready()["holder"]
-    orphans = wait_for(
+    orphans = wait_until(
         lambda: running_agents(log, holder, count=3),
+        timeout=BOUND_S,
         what="three slow agents",
     )
     first.kill9()
 
     second = DaemonProcess(workflow, env=daemon_env, args=DAEMON, output=root / "second.log")
     daemons.append(second.start())
-    wait_for(lambda: "leadership acquired" in second.log(), what="leadership acquired")
+    wait_until(
+        lambda: "leadership acquired" in second.log(),
+        timeout=BOUND_S,
+        what="leadership acquired",
+    )
     second.kill9()
 
     third = DaemonProcess(workflow, env=daemon_env, args=DAEMON, output=root / "third.log")
@@ -241,7 +233,11 @@ def test_a_daemon_recovers_the_owner_behind_a_lease_taken_by_a_process_that_died
     first = DaemonProcess(workflow, env=daemon_env, args=DAEMON, output=root / "first.log")
     daemons.append(first.start())
     holder = first.wait_ready()["holder"]
-    wait_for(lambda: running_agents(log, holder, count=3), what="three slow agents")
+    wait_until(
+        lambda: running_agents(log, holder, count=3),
+        timeout=BOUND_S,
+        what="three slow agents",
+    )
     first.kill9()
 
     code = (
@@ -280,8 +276,9 @@ def test_a_daemon_after_a_killed_plain_run_works_every_issue(
     plain = DaemonProcess(workflow, env=daemon_env, args=PLAIN, output=root / "plain.log")
     daemons.append(plain.start())
     owner = owner_of(plain)
-    orphans = wait_for(
+    orphans = wait_until(
         lambda: running_agents(log, owner, count=3),
+        timeout=BOUND_S,
         what=f"three slow agents of the plain run:\n{plain.log()[-3000:]}",
     )
     plain.kill9()
@@ -309,16 +306,18 @@ def test_a_running_daemon_recovers_a_plain_run_that_dies_beside_it(
     plain = DaemonProcess(workflow, env=daemon_env, args=PLAIN, output=root / "plain.log")
     daemons.append(plain.start())
     owner = owner_of(plain)
-    orphans = wait_for(
+    orphans = wait_until(
         lambda: running_agents(log, owner, count=3),
+        timeout=BOUND_S,
         what=f"three slow agents of the plain run:\n{plain.log()[-3000:]}",
     )
     daemon = DaemonProcess(workflow, env=daemon_env, args=DAEMON, output=root / "daemon.log")
     daemons.append(daemon.start())
     lease = daemon.wait_ready()
     # The plain run is alive: its slots are refused to the daemon, however often it asks.
-    wait_for(
+    wait_until(
         lambda: len(get_state(lease["endpoint"])["claimed_elsewhere"]) == 3,
+        timeout=BOUND_S,
         what="the daemon to find every slot claimed elsewhere",
     )
     assert starts_by(log, lease["holder"]) == []
@@ -366,10 +365,18 @@ class Round:
         moment = moment or MOMENTS[self.rng.randrange(len(MOMENTS))]
         if moment == "agents_of_its_own":
             owner = self.owners[process.pid]
-            wait_for(lambda: running_agents(self.log, owner), what=f"an agent of {owner}")
+            wait_until(
+                lambda: running_agents(self.log, owner),
+                timeout=BOUND_S,
+                what=f"an agent of {owner}",
+            )
         elif moment == "startup_line":
             line = "leadership acquired" if daemon else "claims hydrated"
-            wait_for(lambda: line in process.log() or not process.alive(), what=line)
+            wait_until(
+                lambda: line in process.log() or not process.alive(),
+                timeout=BOUND_S,
+                what=line,
+            )
         elif moment == "agent_running":
             owner = self.owners[process.pid]
             deadline = time.monotonic() + 10  # a run may find nothing to dispatch: kill anyway
@@ -422,14 +429,24 @@ def chaos_round(
             plain = chaos.start(PLAIN)
             # NB: started first means past its start-up check: a plain run that reaches it
             # after the daemon took the lease refuses (daemon_running) and runs nothing.
-            wait_for(
-                lambda plain=plain: "claims hydrated" in plain.log() or not plain.alive(),
+
+            def past_start_up(plain: DaemonProcess = plain) -> bool:
+                return "claims hydrated" in plain.log() or not plain.alive()
+
+            wait_until(
+                past_start_up,
+                timeout=BOUND_S,
                 what="the plain run past its start-up",
             )
             if not done:
                 owner = chaos.owners[plain.pid]
-                wait_for(
-                    lambda owner=owner: running_agents(chaos.log, owner),
+
+                def agents_of(owner: str = owner) -> list[int]:
+                    return running_agents(chaos.log, owner)
+
+                wait_until(
+                    agents_of,
+                    timeout=BOUND_S,
                     what=f"an agent of {owner}",
                 )
             daemon = chaos.start(DAEMON)
@@ -440,8 +457,13 @@ def chaos_round(
             dead = chaos.owners[plain.pid]
             if dead in {o for o, _, _ in claim_rows(db).values()}:
                 recovered_beside += 1
-            wait_for(
-                lambda dead=dead: dead not in {o for o, _, _ in claim_rows(db).values()},
+
+            def taken_over(dead: str = dead) -> bool:
+                return dead not in {o for o, _, _ in claim_rows(db).values()}
+
+            wait_until(
+                taken_over,
+                timeout=BOUND_S,
                 what=f"the running daemon to take over the dead plain run {dead}",
             )
             assert try_state(lease["endpoint"]) is not None, daemon.log()[-3000:]
@@ -463,7 +485,7 @@ def chaos_round(
     lease = survivor.wait_ready()
     works_every_issue(survivor, issues=names, root=root, db=db, lease=lease)
     # Each issue is *worked*: a run of the survivor's reaches its end mark.
-    wait_for(
+    wait_until(
         lambda: (
             {
                 e["slot"]
@@ -472,6 +494,7 @@ def chaos_round(
             }
             >= {f"{name}#0" for name in names}
         ),
+        timeout=BOUND_S,
         what="a finished run of every issue",
     )
     survivor.terminate()
@@ -535,10 +558,11 @@ def test_the_start_up_sweep_finds_agents_whose_owner_the_store_forgot(tmp_path: 
 
     forgotten, alive, other = spawn(dead, ours), spawn(me.holder, ours), spawn(elsewhere, theirs)
     try:
-        wait_for(
+        wait_until(
             lambda: all(
                 psutil.Process(p.pid).environ().get(WORKFLOW_ENV) for p in (forgotten, other)
             ),
+            timeout=BOUND_S,
             what="the marked processes to start",
         )
         assert dead_owners_of(ours) == {dead}

@@ -40,7 +40,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
@@ -55,6 +55,7 @@ from tests.daemon.harness import (
     read_agent_log,
     write_daemon_workflow,
 )
+from tests.waiting import wait_until
 
 DAEMON = ("--feature", "daemon", "--feature", "durable_claims")
 BOUND_S = 120.0
@@ -134,22 +135,6 @@ ADOPTED = re.compile(r"adopting the worker of a lost controller handle=(\S+) aft
 FAILED_AS_GONE = re.compile(r"run_failed worker_gone: the worker of (\S+) ")
 GONE_ERROR = re.compile(r"the worker of (\S+) ended without a final record")
 ADOPTED_BY_SCAN = re.compile(r"adopting the worker of an earlier controller handle=(\S+)")
-
-T = TypeVar("T")
-
-
-def wait_for(
-    predicate: Callable[[], T], *, what: str | Callable[[], str], timeout_s: float = BOUND_S
-) -> T:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            said = what() if callable(what) else what
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {said}")
-        time.sleep(0.02)
 
 
 def journal_records(state_dir: Path) -> list[dict[str, Any]]:
@@ -273,7 +258,11 @@ class WorkerChaos:
             return
         handle = self.rng.choice(sorted(live))
         os.kill(live[handle], signal.SIGKILL)
-        wait_for(lambda: not pid_alive(live[handle]), what=f"worker {handle} to die")
+        wait_until(
+            lambda: not pid_alive(live[handle]),
+            timeout=BOUND_S,
+            what=f"worker {handle} to die",
+        )
         # NB: classified once it is dead: its journal cannot change any more.
         records = journal_records(self.state / handle)
         self.killed[handle] = "final" if records and records[-1]["kind"] == "final" else "gone"
@@ -286,9 +275,17 @@ class WorkerChaos:
             return lambda: predicate() or not daemon.alive()
 
         if moment == "leadership":
-            wait_for(alive_or(lambda: "leadership acquired" in daemon.log()), what=moment)
+            wait_until(
+                alive_or(lambda: "leadership acquired" in daemon.log()),
+                timeout=BOUND_S,
+                what=moment,
+            )
         elif moment == "hydrated":
-            wait_for(alive_or(lambda: "claims hydrated" in daemon.log()), what=moment)
+            wait_until(
+                alive_or(lambda: "claims hydrated" in daemon.log()),
+                timeout=BOUND_S,
+                what=moment,
+            )
         else:
             daemon.wait_ready()
             if moment == "mid_turn":
@@ -419,9 +416,14 @@ def worker_chaos_round(
         chaos.observe_store()
         return {h for h in awaited | settled if not (state / h / COLLECTED_NAME).exists()}
 
-    wait_for(lambda: not uncollected(), what=lambda: f"collected: {sorted(uncollected())}")
-    wait_for(
+    wait_until(
+        lambda: not uncollected(),
+        timeout=BOUND_S,
+        what=lambda: f"collected: {sorted(uncollected())}",
+    )
+    wait_until(
         lambda: failed_as_gone() >= gone,
+        timeout=BOUND_S,
         what=lambda: f"worker_gone failures of {sorted(gone - failed_as_gone())}",
     )
     marks = read_agent_log(chaos.log)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from lorenz.daemon.discovery import lease_file_for, read_lease
 from tests.daemon.harness import CLI, DaemonProcess, pid_alive, write_daemon_workflow
+from tests.waiting import wait_until
 
 SLOW_AGENT = {"AGENT_MIN_S": "5", "AGENT_MAX_S": "5", "AGENT_FAIL_RATE": "0"}
 
@@ -181,15 +182,15 @@ def test_a_dead_daemon_is_not_running_and_an_unanswering_one_is_unreachable(
 
 
 def _wait_for_log(daemon: DaemonProcess, needle: str) -> str:
-    import time
-
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+    def logged() -> str | None:
         text = daemon.log()
-        if needle in text:
-            return text
-        time.sleep(0.02)
-    raise AssertionError(f"{needle!r} never logged:\n{daemon.log()[-3000:]}")
+        return text if needle in text else None
+
+    return wait_until(
+        logged,
+        timeout=30,
+        what=lambda: f"{needle!r} to be logged:\n{daemon.log()[-3000:]}",
+    )
 
 
 def test_cli_module_imports_stay_light() -> None:

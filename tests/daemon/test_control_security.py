@@ -212,12 +212,15 @@ def test_the_token_goes_only_to_state_changing_requests_on_this_machine(tmp_path
     write_token_file(token_file_for(workflow), "local-secret")
     copy = tmp_path / "copy.token"
     copy.write_text("copied-secret\n", encoding="utf-8")
-    servers = [http.server.ThreadingHTTPServer((address, 0), _Recorder)
-               for address in ("127.0.0.1", "127.0.0.2")]
+    addresses = ("127.0.0.1", "127.0.0.2")
+    servers = [http.server.ThreadingHTTPServer((address, 0), _Recorder) for address in addresses]
     for server in servers:
         threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        local, other = (f"http://{s.server_address[0]}:{s.server_address[1]}" for s in servers)
+        local, other = (
+            f"http://{address}:{s.server_port}"
+            for address, s in zip(addresses, servers, strict=True)
+        )
         cases = [
             (find_target(workflow=str(workflow), url=local), "Bearer local-secret"),
             (find_target(workflow=str(workflow), port=servers[0].server_address[1]),

@@ -19,7 +19,6 @@ import os
 import shutil
 import signal
 import sqlite3
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ from tests.daemon.harness import (
     write_daemon_workflow,
     write_issues,
 )
+from tests.waiting import wait_until
 
 SLOW = {"AGENT_MIN_S": "6", "AGENT_MAX_S": "6", "AGENT_FAIL_RATE": "0"}
 
@@ -45,14 +45,6 @@ def worker_state(runtime_dir: Path) -> Iterator[Path]:
     yield path
     # Workers outlive daemons by design: the test stops the ones it started.
     kill_marked("LORENZ_WORKER_STATE", str(path))
-
-
-def _wait(predicate: object, what: str, *, timeout_s: float = 120.0) -> None:
-    assert callable(predicate)
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 @pytest.mark.parametrize(
@@ -79,7 +71,11 @@ def test_a_run_in_flight_survives_kill_9_of_its_controller_and_is_adopted(
     daemons.append(first.start())
     if mode_args:
         first.wait_ready()
-    _wait(lambda: any(r["event"] == "start" for r in read_agent_log(log)), "the agent to start")
+    wait_until(
+        lambda: any(r["event"] == "start" for r in read_agent_log(log)),
+        timeout=120.0,
+        what="the agent to start",
+    )
     [started] = [r for r in read_agent_log(log) if r["event"] == "start"]
     first.kill9()
     assert pid_alive(started["pid"]), "the agent died with its daemon: it was not detached"
@@ -92,7 +88,7 @@ def test_a_run_in_flight_survives_kill_9_of_its_controller_and_is_adopted(
     def first_run_ended() -> bool:
         return any(r["event"] == "end" and r["pid"] == started["pid"] for r in read_agent_log(log))
 
-    _wait(first_run_ended, "the first agent to end")
+    wait_until(first_run_ended, timeout=120.0, what="the first agent to end")
     records = read_agent_log(log)
     [ended] = [r for r in records if r["event"] == "end" and r["pid"] == started["pid"]]
     assert ended["rc"] == 0, "the adopted agent was stopped instead of finishing"
@@ -106,7 +102,11 @@ def test_a_run_in_flight_survives_kill_9_of_its_controller_and_is_adopted(
     assert not any(r.get("dup") for r in records)
     # Adopted through the claim the worker stands for (a durable store's, or — memory store —
     # one made from the worker's state directory at start-up), never started a second time.
-    _wait(lambda: "adopting the worker of a lost controller" in second.log(), "adoption")
+    wait_until(
+        lambda: "adopting the worker of a lost controller" in second.log(),
+        timeout=120.0,
+        what="adoption",
+    )
     assert "interrupted=0 adopting=1" in second.log()
 
 
@@ -166,10 +166,15 @@ def _a_daemon_with_a_running_worker(
     )
     daemons.append(first.start())
     first.wait_ready()
-    _wait(lambda: any(r["event"] == "start" for r in read_agent_log(log)), "the agent to start")
-    _wait(
+    wait_until(
+        lambda: any(r["event"] == "start" for r in read_agent_log(log)),
+        timeout=120.0,
+        what="the agent to start",
+    )
+    wait_until(
         lambda: any(phase == "running" for _, phase, _, _ in _claim_rows(store)),
-        "the claim to record the running worker",
+        timeout=120.0,
+        what="the claim to record the running worker",
     )
     [(_, _, handle, _)] = _claim_rows(store)
     assert handle is not None
@@ -202,16 +207,17 @@ def test_with_a_durable_store_the_next_daemon_adopts_from_the_claims_intent_at_o
     second = DaemonProcess(workflow, env=env, args=args, output=root / "daemon-1.log")
     daemons.append(second.start())
     second.wait_ready()
-    _wait(
+    wait_until(
         lambda: f"adopting the worker of a lost controller handle={handle}" in second.log(),
-        "adoption from the claim's intent",
+        timeout=120.0,
+        what="adoption from the claim's intent",
     )
     assert "interrupted=0 adopting=1" in second.log()
 
     def first_run_ended() -> bool:
         return any(r["event"] == "end" and r["pid"] == started["pid"] for r in read_agent_log(log))
 
-    _wait(first_run_ended, "the adopted agent to end")
+    wait_until(first_run_ended, timeout=120.0, what="the adopted agent to end")
     records = read_agent_log(log)
     [ended] = [r for r in records if r["event"] == "end" and r["pid"] == started["pid"]]
     assert ended["rc"] == 0
@@ -242,11 +248,16 @@ def test_a_graceful_stop_whose_window_ends_hands_the_worker_to_the_next_daemon(
     second = DaemonProcess(workflow, env=env, args=args, output=root / "daemon-1.log")
     daemons.append(second.start())
     second.wait_ready()
-    _wait(
+    wait_until(
         lambda: f"adopting the worker of a lost controller handle={handle}" in second.log(),
-        "adoption from the claim's intent",
+        timeout=120.0,
+        what="adoption from the claim's intent",
     )
-    _wait(lambda: any(r["event"] == "end" for r in read_agent_log(log)), "the adopted agent to end")
+    wait_until(
+        lambda: any(r["event"] == "end" for r in read_agent_log(log)),
+        timeout=120.0,
+        what="the adopted agent to end",
+    )
     records = read_agent_log(log)
     [ended] = [r for r in records if r["event"] == "end"]
     assert ended["pid"] == started["pid"]
@@ -278,7 +289,11 @@ def _stop_worker(worker_state: Path, handle: str, agent_pid: int) -> None:
     for victim in (pid, agent_pid):
         with contextlib.suppress(ProcessLookupError):
             os.kill(victim, signal.SIGKILL)
-    _wait(lambda: not pid_alive(pid) and not pid_alive(agent_pid), "the worker to die")
+    wait_until(
+        lambda: not pid_alive(pid) and not pid_alive(agent_pid),
+        timeout=120.0,
+        what="the worker to die",
+    )
 
 
 @pytest.mark.parametrize(
@@ -315,7 +330,7 @@ def test_a_controller_killed_in_each_spawn_phase_is_followed_as_the_phase_table_
 
         pid = worker_pid(worker_state / handle)
         assert pid is not None
-        _wait(lambda: not pid_alive(pid), "the unwatched worker to finish")
+        wait_until(lambda: not pid_alive(pid), timeout=120.0, what="the unwatched worker to finish")
     elif worker == "gone":
         _stop_worker(worker_state, handle, started["pid"])
         if phase == "provisioning":
@@ -325,9 +340,10 @@ def test_a_controller_killed_in_each_spawn_phase_is_followed_as_the_phase_table_
     second = DaemonProcess(workflow, env=env, args=args, output=root / "daemon-1.log")
     daemons.append(second.start())
     second.wait_ready()
-    _wait(
+    wait_until(
         lambda: f"adopting the worker of a lost controller handle={handle}" in second.log(),
-        "the successor to probe the recorded handle",
+        timeout=120.0,
+        what="the successor to probe the recorded handle",
     )
     assert "interrupted=0 adopting=1" in second.log()
 
@@ -337,22 +353,31 @@ def test_a_controller_killed_in_each_spawn_phase_is_followed_as_the_phase_table_
     if worker == "gone" and phase == "provisioning":
         # Nothing to find (the launch never answered, no journal): it never started, so the
         # same attempt runs again, not counted as a failure (compensated).
-        _wait(lambda: bool(failure_retries()), "the retry of a worker that never started")
+        wait_until(
+            lambda: bool(failure_retries()),
+            timeout=120.0,
+            what="the retry of a worker that never started",
+        )
         assert "worker_never_started" in json.dumps(failure_retries()[0])
         assert failure_retries()[0].get("attempt") == 0, "the first run again, not attempt 1"
         return
     if worker == "gone":
-        _wait(lambda: bool(failure_retries()), "the failure retry of a gone worker")
+        wait_until(
+            lambda: bool(failure_retries()),
+            timeout=120.0,
+            what="the failure retry of a gone worker",
+        )
         assert "worker_gone" in json.dumps(failure_retries()[0])
         assert failure_retries()[0].get("attempt") == 1
         assert [r for r in read_agent_log(log) if r["event"] == "start"] == [started], (
             "nothing may start before the failure retry is due"
         )
         return
-    _wait(
+    wait_until(
         lambda: any(r["event"] == "end" and r["pid"] == started["pid"]
                     for r in read_agent_log(log)),
-        "the first agent to end",
+        timeout=120.0,
+        what="the first agent to end",
     )
     later_start = min(
         (r["t"] for r in read_agent_log(log) if r["event"] == "start" and r != started),
@@ -398,7 +423,11 @@ def test_a_controller_killed_before_its_worker_started_costs_the_run_no_attempt(
     )
     daemons.append(first.start())
     first.wait_ready()
-    _wait(lambda: f"test pause at spawn phase={phase}" in first.log(), f"the pause at {phase}")
+    wait_until(
+        lambda: f"test pause at spawn phase={phase}" in first.log(),
+        timeout=120.0,
+        what=f"the pause at {phase}",
+    )
     [(_, recorded, handle, _)] = _claim_rows(store)
     assert (recorded, handle is not None) == (phase, True)
     first.kill9()
@@ -408,7 +437,11 @@ def test_a_controller_killed_before_its_worker_started_costs_the_run_no_attempt(
     second = DaemonProcess(workflow, env=env, args=args, output=root / "daemon-1.log")
     daemons.append(second.start())
     second.wait_ready()
-    _wait(lambda: any(r["event"] == "end" for r in read_agent_log(log)), "the run to end")
+    wait_until(
+        lambda: any(r["event"] == "end" for r in read_agent_log(log)),
+        timeout=120.0,
+        what="the run to end",
+    )
     assert "interrupted=0 adopting=1" in second.log()
     [start] = [r for r in read_agent_log(log) if r["event"] == "start"][:1]
     assert start["attempt"] is None, "the run is still the first attempt"
@@ -453,14 +486,26 @@ def test_a_worker_whose_issue_was_closed_while_no_controller_ran_is_cancelled_no
     daemons.append(second.start())
     second.wait_ready()
     assert "interrupted=0 adopting=1" in second.log()
-    _wait(lambda: not pid_alive(started["pid"]), "the agent of the dropped adoption to stop")
-    _wait(lambda: _journal(worker_state, handle)[-1]["kind"] == "final", "its final record")
-    _wait(lambda: _claim_rows(store) == [], "the claim to be released")
+    wait_until(
+        lambda: not pid_alive(started["pid"]),
+        timeout=120.0,
+        what="the agent of the dropped adoption to stop",
+    )
+    wait_until(
+        lambda: _journal(worker_state, handle)[-1]["kind"] == "final",
+        timeout=120.0,
+        what="its final record",
+    )
+    wait_until(lambda: _claim_rows(store) == [], timeout=120.0, what="the claim to be released")
     final = _journal(worker_state, handle)[-1]
     assert final["data"]["outcome"] == "canceled"
     assert final["data"]["reason"].startswith("terminal: ")
-    _wait((worker_state / handle / "collected").exists, "the final record to be collected")
-    _wait(after_run.exists, "after_run of the cancelled run")
+    wait_until(
+        (worker_state / handle / "collected").exists,
+        timeout=120.0,
+        what="the final record to be collected",
+    )
+    wait_until(after_run.exists, timeout=120.0, what="after_run of the cancelled run")
     assert after_run.read_text(encoding="utf-8").split() == ["A-1"]
     records = read_agent_log(log)
     assert [r for r in records if r["event"] == "start"] == [started], "a second agent started"
@@ -493,7 +538,11 @@ def test_without_a_durable_store_a_worker_whose_issue_was_closed_meanwhile_is_ca
     log = root / "agent.log"
     first = DaemonProcess(workflow, env=env, args=[], output=root / "lorenz-0.log")
     daemons.append(first.start())
-    _wait(lambda: any(r["event"] == "start" for r in read_agent_log(log)), "the agent to start")
+    wait_until(
+        lambda: any(r["event"] == "start" for r in read_agent_log(log)),
+        timeout=120.0,
+        what="the agent to start",
+    )
     [started] = [r for r in read_agent_log(log) if r["event"] == "start"]
     first.kill9()
     assert pid_alive(started["pid"])
@@ -502,13 +551,25 @@ def test_without_a_durable_store_a_worker_whose_issue_was_closed_meanwhile_is_ca
 
     second = DaemonProcess(workflow, env=env, args=[], output=root / "lorenz-1.log")
     daemons.append(second.start())
-    _wait(lambda: "interrupted=0 adopting=1" in second.log(), "the worker to be found")
-    _wait(lambda: not pid_alive(started["pid"]), "the agent to stop")
-    _wait((worker_state / handle / "collected").exists, "the final record to be collected")
+    wait_until(
+        lambda: "interrupted=0 adopting=1" in second.log(),
+        timeout=120.0,
+        what="the worker to be found",
+    )
+    wait_until(lambda: not pid_alive(started["pid"]), timeout=120.0, what="the agent to stop")
+    wait_until(
+        (worker_state / handle / "collected").exists,
+        timeout=120.0,
+        what="the final record to be collected",
+    )
     final = _journal(worker_state, handle)[-1]
     assert final["data"]["outcome"] == "canceled"
     assert final["data"]["reason"].startswith("terminal: ")
-    _wait(lambda: "workspace_cleanup removed 1 workspace" in second.log(), "the cleanup")
+    wait_until(
+        lambda: "workspace_cleanup removed 1 workspace" in second.log(),
+        timeout=120.0,
+        what="the cleanup",
+    )
     # after_run ran in the workspace, before the workspace went.
     assert after_run.read_text(encoding="utf-8").split() == [
         "A-1", str(root / "workspaces" / "A-1")

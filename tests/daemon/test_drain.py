@@ -14,6 +14,7 @@ from typing import Any
 from lorenz.daemon.discovery import lease_file_for, read_lease
 from lorenz.daemon.host import HostOptions, run_host
 from tests.daemon.harness import call, in_process, read_agent_log, write_daemon_workflow
+from tests.waiting import wait_until_async
 
 BOUND_S = 100.0
 """Hang protection only; never asserted as a figure."""
@@ -29,13 +30,6 @@ def _options(workflow: Path, env: dict[str, str], *, grace_s: float) -> HostOpti
     )
 
 
-async def _wait_for(predicate: Any, *, timeout_s: float = 60.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, "timed out waiting"
-        await asyncio.sleep(0.05)
-
-
 def _events(log: Path, name: str) -> list[dict[str, Any]]:
     return [e for e in read_agent_log(log) if e["event"] == name]
 
@@ -44,7 +38,11 @@ async def _started(root: Path, daemon_env: dict[str, str], *, seconds: int, grac
     agent = {"AGENT_MIN_S": str(seconds), "AGENT_MAX_S": str(seconds), "AGENT_FAIL_RATE": "0"}
     workflow = write_daemon_workflow(root, issues=("A-1",), agent_env=agent)
     task = asyncio.create_task(run_host(_options(workflow, daemon_env, grace_s=grace_s)))
-    await _wait_for(lambda: len(_events(root / "agent.log", "start")) == 1)
+    await wait_until_async(
+        lambda: len(_events(root / "agent.log", "start")) == 1,
+        timeout=60.0,
+        what='len(_events(root / "agent.log", "start")) == 1',
+    )
     lease = read_lease(lease_file_for(workflow))
     assert lease is not None
     return task, lease["endpoint"]
@@ -72,7 +70,11 @@ async def test_now_ends_a_drain_under_way_and_cancels_the_run(
     caplog.set_level("INFO", logger="lorenz.daemon")
     task, endpoint = await _started(root, daemon_env, seconds=60, grace_s=BOUND_S)
     await _stop(endpoint)
-    await _wait_for(lambda: "draining: no new runs" in caplog.text)
+    await wait_until_async(
+        lambda: "draining: no new runs" in caplog.text,
+        timeout=60.0,
+        what='"draining: no new runs" in caplog.text',
+    )
     assert not task.done()
     await _stop(endpoint, {"now": True})
     assert await asyncio.wait_for(task, BOUND_S) == 0

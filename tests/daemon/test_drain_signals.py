@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import re
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -30,16 +29,9 @@ from tests.daemon.harness import (
     read_agent_log,
     write_daemon_workflow,
 )
+from tests.waiting import wait_until
 
 DAEMON = ["--feature", "daemon", "--feature", "durable_claims"]
-
-
-def _wait(predicate: object, what: str, *, timeout_s: float = 120.0) -> None:
-    assert callable(predicate)
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def _started_daemon(
@@ -55,7 +47,7 @@ def _started_daemon(
     daemon = DaemonProcess(workflow, env=env, args=[*DAEMON, *args], output=root / "daemon.log")
     daemons.append(daemon.start())
     daemon.wait_ready()
-    _wait(lambda: _events(root, "start"), "the agent to start")
+    wait_until(lambda: _events(root, "start"), timeout=120.0, what="the agent to start")
     (agent,) = _events(root, "start")
     return daemon, hold, agent
 
@@ -72,9 +64,17 @@ def test_a_second_signal_during_the_drain_is_logged_and_ignored(
     )
 
     daemon.terminate()
-    _wait(lambda: "draining: no new runs" in daemon.log(), "the drain to begin")
+    wait_until(
+        lambda: "draining: no new runs" in daemon.log(),
+        timeout=120.0,
+        what="the drain to begin",
+    )
     daemon.terminate()
-    _wait(lambda: "again; ignored" in daemon.log(), "the second signal to be logged")
+    wait_until(
+        lambda: "again; ignored" in daemon.log(),
+        timeout=120.0,
+        what="the second signal to be logged",
+    )
     assert not _events(root, "end"), "the second signal cancelled the run in flight"
     assert daemon.alive()
 
@@ -100,7 +100,11 @@ def test_force_kill_cancels_the_workers_a_drain_would_leave_running(
     log = daemon.log()
     if force_kill:
         assert "grace ended with runs in flight; cancelling them" in log
-        _wait(lambda: not pid_alive(int(str(agent["pid"]))), "the agent to be gone")
+        wait_until(
+            lambda: not pid_alive(int(str(agent["pid"]))),
+            timeout=120.0,
+            what="the agent to be gone",
+        )
         (end,) = _events(root, "end")
         assert end["rc"] == -15  # the agent's own SIGTERM mark: cancelled, not crashed
     else:
@@ -117,7 +121,11 @@ def test_stop_force_ends_a_drain_and_cancels_the_run(
         root, daemon_env, daemons, args=["--grace-seconds", "300"]
     )
     daemon.terminate()
-    _wait(lambda: "draining: no new runs" in daemon.log(), "the drain to begin")
+    wait_until(
+        lambda: "draining: no new runs" in daemon.log(),
+        timeout=120.0,
+        what="the drain to begin",
+    )
 
     done = subprocess.run(
         [*CLI, "stop", str(daemon.workflow), "--force", "--wait"],
@@ -130,6 +138,10 @@ def test_stop_force_ends_a_drain_and_cancels_the_run(
 
     assert done.returncode == 0, (done.stdout, done.stderr)
     assert daemon.wait() == 0
-    _wait(lambda: not pid_alive(int(str(agent["pid"]))), "the agent to be gone")
+    wait_until(
+        lambda: not pid_alive(int(str(agent["pid"]))),
+        timeout=120.0,
+        what="the agent to be gone",
+    )
     (end,) = _events(root, "end")
     assert end["rc"] == -15

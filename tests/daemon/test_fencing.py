@@ -17,7 +17,7 @@ import os
 import signal
 import sqlite3
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from tests.daemon.harness import (
     short_runtime_dir,
     write_daemon_workflow,
 )
+from tests.waiting import wait_until
 
 HOLD = "agent-may-end"
 """The file (under the test's root) whose creation lets the held agent end."""
@@ -58,13 +59,6 @@ def worker_state(runtime_dir: Path) -> Iterator[Path]:
     path = runtime_dir / "w"
     yield path
     kill_marked("LORENZ_WORKER_STATE", str(path))
-
-
-def wait_for(predicate: Callable[[], object], what: str, *, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def owner_of(store: Path, pid: int) -> str:
@@ -148,7 +142,11 @@ def test_a_sigstopped_daemon_resumed_after_a_takeover_writes_nothing(
     daemons.append(old.start())
     lease = old.wait_ready()
     assert lease["generation"] >= 1
-    wait_for(lambda: any(r["event"] == "start" for r in read_agent_log(log)), "the agent")
+    wait_until(
+        lambda: any(r["event"] == "start" for r in read_agent_log(log)),
+        timeout=120.0,
+        what="the agent",
+    )
     [started] = [r for r in read_agent_log(log) if r["event"] == "start"]
     old_owner = owner_of(store, old.pid)
     assert fence_of(store) == (lease["generation"], old_owner)
@@ -163,7 +161,11 @@ def test_a_sigstopped_daemon_resumed_after_a_takeover_writes_nothing(
         daemons.append(new.start())
         new_lease = new.wait_ready()
         assert new_lease["generation"] > lease["generation"]
-        wait_for(lambda: (fence_of(store) or (0,))[0] == new_lease["generation"], "the fence")
+        wait_until(
+            lambda: (fence_of(store) or (0,))[0] == new_lease["generation"],
+            timeout=120.0,
+            what="the fence",
+        )
         before = written_by(store, old_owner)
         assert before["claims"], "the old daemon's claim should still be in the store"
     finally:
@@ -184,7 +186,7 @@ def test_a_sigstopped_daemon_resumed_after_a_takeover_writes_nothing(
     def ended() -> bool:
         return any(r["event"] == "end" and r["pid"] == started["pid"] for r in read_agent_log(log))
 
-    wait_for(ended, "the first agent to end")
+    wait_until(ended, timeout=120.0, what="the first agent to end")
     records = read_agent_log(log)
     [end] = [r for r in records if r["event"] == "end" and r["pid"] == started["pid"]]
     assert end["rc"] == 0, "the agent was stopped instead of finishing"
@@ -225,7 +227,7 @@ def test_a_detached_run_records_its_workers_intent_under_the_daemons_generation(
             ).fetchone()
         return row if row is not None and row[1] == "running" else None
 
-    wait_for(running_intent, "the claim to say its worker is running")
+    wait_until(running_intent, timeout=120.0, what="the claim to say its worker is running")
     found = running_intent()
     assert found is not None
     handle, _phase, intent_generation, claim_generation = found

@@ -7,13 +7,14 @@ import contextlib
 import gc
 import logging
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 
-from lorenz import assembly
+from lorenz import assembly, claims, trackers
 from lorenz.daemon import host
 from lorenz.daemon.discovery import lease_file_for, read_lease
 from lorenz.daemon.host import HostOptions, run_host
@@ -21,6 +22,7 @@ from lorenz.daemon.shutdown import SHUTDOWN_ORDER, STEP_MESSAGE
 from lorenz.leadership import LeadershipLost
 from lorenz.runtime import LorenzRuntime
 from tests.daemon.harness import call, in_process, read_agent_log, write_daemon_workflow
+from tests.waiting import wait_until_async
 from tests.workers.conftest import process_gone
 
 
@@ -60,7 +62,7 @@ class Recording:
 
 
 @pytest.fixture
-def journal(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+def journal(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     entries: list[str] = []
     handler = StepRecorder(entries)
     logger = logging.getLogger("lorenz.daemon")
@@ -82,14 +84,6 @@ def options(workflow: Path, env: dict[str, str], *features: str, **kwargs: Any) 
         environ=env,
         **kwargs,
     )
-
-
-async def wait_for(predicate: Any, *, timeout_s: float = 30.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition never became true")
-        await asyncio.sleep(0.02)
 
 
 async def test_shutdown_runs_in_the_seed_order(
@@ -114,8 +108,9 @@ async def test_shutdown_runs_in_the_seed_order(
             lambda loaded, opts: Recording("server", journal, serves=True, probe=lease_state),
         ],
     )
-    real_build_tracker = assembly.build_tracker
-    real_open_store = host.open_claim_store
+    # NB: the functions assembly and host hold (imported from these packages).
+    real_build_tracker = trackers.build_tracker
+    real_open_store = claims.open_claim_store
 
     def build_tracker(settings: Any, **kwargs: Any) -> Any:
         tracker = real_build_tracker(settings, **kwargs)
@@ -125,7 +120,7 @@ async def test_shutdown_runs_in_the_seed_order(
             journal.append("tracker closed")
             await close()
 
-        tracker.close = recorded_close
+        monkeypatch.setattr(tracker, "close", recorded_close)
         return tracker
 
     async def open_claim_store(settings: Any, **kwargs: Any) -> Any:
@@ -136,14 +131,18 @@ async def test_shutdown_runs_in_the_seed_order(
             journal.append(f"claim store closed {lease_state()}")
             await close()
 
-        store.close = recorded_close
+        monkeypatch.setattr(store, "close", recorded_close)
         return store
 
     monkeypatch.setattr(assembly, "build_tracker", build_tracker)
     monkeypatch.setattr(host, "open_claim_store", open_claim_store)
 
     task = asyncio.create_task(run_host(options(workflow, daemon_env, "durable_claims")))
-    await wait_for(lambda: any(e["event"] == "start" for e in read_agent_log(agent_log)))
+    await wait_until_async(
+        lambda: any(e["event"] == "start" for e in read_agent_log(agent_log)),
+        timeout=30.0,
+        what='any(e["event"] == "start" for e in read_agent_log(agent_log))',
+    )
     lease = read_lease(lease_file)
     assert lease is not None
     assert lease["endpoint"].startswith("unix://")
@@ -191,8 +190,16 @@ async def test_a_removed_lease_stops_the_daemon_with_leadership_lost(
     lease_file = lease_file_for(workflow)
     runtimes: list[LorenzRuntime] = []
     task = asyncio.create_task(run_host(options(workflow, daemon_env), ready=runtimes.append))
-    await wait_for(lambda: bool(runtimes) and runtimes[0].poll_count >= 1)
-    await wait_for(lambda: (read_lease(lease_file) or {}).get("endpoint") is not None)
+    await wait_until_async(
+        lambda: bool(runtimes) and runtimes[0].poll_count >= 1,
+        timeout=30.0,
+        what="bool(runtimes) and runtimes[0].poll_count >= 1",
+    )
+    await wait_until_async(
+        lambda: (read_lease(lease_file) or {}).get("endpoint") is not None,
+        timeout=30.0,
+        what='(read_lease(lease_file) or {}).get("endpoint") is not None',
+    )
     polls_before = runtimes[0].poll_count
     lease_file.unlink()  # what a daemon_lock_stale message tells an operator to do
     with pytest.raises(LeadershipLost) as lost:
@@ -215,7 +222,11 @@ async def test_once_and_no_feature_take_no_lease(root: Path, daemon_env: dict[st
     runtimes: list[LorenzRuntime] = []
     recurring = HostOptions(workflow_path=str(workflow), tui=False, environ=daemon_env)
     task = asyncio.create_task(run_host(recurring, ready=runtimes.append))
-    await wait_for(lambda: bool(runtimes) and runtimes[0].poll_count >= 2)
+    await wait_until_async(
+        lambda: bool(runtimes) and runtimes[0].poll_count >= 2,
+        timeout=30.0,
+        what="bool(runtimes) and runtimes[0].poll_count >= 2",
+    )
     assert not lease_dir.exists()
     runtimes[0].stop()
     assert await asyncio.wait_for(task, 60) == 0
@@ -229,7 +240,11 @@ async def test_the_start_up_objects_are_frozen_while_the_host_runs(
     runtimes: list[LorenzRuntime] = []
     recurring = HostOptions(workflow_path=str(workflow), tui=False, environ=daemon_env)
     task = asyncio.create_task(run_host(recurring, ready=runtimes.append))
-    await wait_for(lambda: bool(runtimes) and runtimes[0].poll_count >= 1)
+    await wait_until_async(
+        lambda: bool(runtimes) and runtimes[0].poll_count >= 1,
+        timeout=30.0,
+        what="bool(runtimes) and runtimes[0].poll_count >= 1",
+    )
     assert gc.get_freeze_count() > 0
     runtimes[0].stop()
     assert await asyncio.wait_for(task, 60) == 0
@@ -249,7 +264,11 @@ async def test_with_a_port_the_daemon_serves_the_whole_api_once(
     task = asyncio.create_task(
         run_host(options(workflow, daemon_env, port=0), ready=runtimes.append)
     )
-    await wait_for(lambda: (read_lease(lease_file_for(workflow)) or {}).get("endpoint") is not None)
+    await wait_until_async(
+        lambda: (read_lease(lease_file_for(workflow)) or {}).get("endpoint") is not None,
+        timeout=30.0,
+        what='(read_lease(lease_file_for(workflow)) or {}).get("endpoint") is not None',
+    )
     lease = read_lease(lease_file_for(workflow))
     assert lease is not None
     assert lease["endpoint"].startswith("http://127.0.0.1:")
@@ -295,9 +314,17 @@ async def test_the_host_closes_the_launcher_of_its_workers_when_it_stops(
     runtimes: list[LorenzRuntime] = []
     recurring = HostOptions(workflow_path=str(workflow), tui=False, environ=workers_env)
     task = asyncio.create_task(run_host(recurring, ready=runtimes.append))
-    await wait_for(lambda: bool(runtimes) and runtimes[0].poll_count >= 1)
+    await wait_until_async(
+        lambda: bool(runtimes) and runtimes[0].poll_count >= 1,
+        timeout=60.0,
+        what="the host's first poll",
+    )
     # NB: the launcher warms up in the background from assembly on, before any dispatch.
-    await wait_for(lambda: any(p.pid not in before for p in _launchers()), timeout_s=60.0)
+    await wait_until_async(
+        lambda: any(p.pid not in before for p in _launchers()),
+        timeout=60.0,
+        what="a launcher of this host's, warmed up",
+    )
     ours = [p for p in _launchers() if p.pid not in before]
     runtimes[0].stop()
     assert await asyncio.wait_for(task, 60) == 0

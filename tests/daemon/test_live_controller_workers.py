@@ -12,24 +12,16 @@ with ``worker_controlled_elsewhere``) and exits; the first run's agent ends norm
 from __future__ import annotations
 
 import subprocess
-import time
 from pathlib import Path
 
 from lorenz.claims.owners import default_owner_id
 from lorenz.workers.runner import CONTROLLER_NAME, live_controller_of, record_controller
 from tests.daemon.harness import CLI, DaemonProcess, read_agent_log, write_daemon_workflow
+from tests.waiting import wait_until
 
 HELD = {"AGENT_MIN_S": "0", "AGENT_MAX_S": "0", "AGENT_FAIL_RATE": "0"}
 SECOND_RUN_BOUND_S = 90.0
 """Hang protection only: the second run exits after one tick (an adopter waits for the run)."""
-
-
-def _wait(predicate: object, what: str, *, timeout_s: float = 120.0) -> None:
-    assert callable(predicate)
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def test_a_second_controller_neither_adopts_nor_cancels_a_live_controllers_worker(
@@ -42,11 +34,16 @@ def test_a_second_controller_neither_adopts_nor_cancels_a_live_controllers_worke
     log = root / "agent.log"
     first = DaemonProcess(workflow, env=daemon_env, args=[], output=root / "first.log")
     daemons.append(first.start())
-    _wait(lambda: any(e["event"] == "start" for e in read_agent_log(log)), "the agent")
+    wait_until(
+        lambda: any(e["event"] == "start" for e in read_agent_log(log)),
+        timeout=120.0,
+        what="the agent",
+    )
     state_root = runtime_dir / "w"
-    _wait(
+    wait_until(
         lambda: any((d / CONTROLLER_NAME).exists() for d in state_root.iterdir() if d.is_dir()),
-        "the worker's controller mark",
+        timeout=120.0,
+        what="the worker's controller mark",
     )
 
     try:
@@ -72,7 +69,11 @@ def test_a_second_controller_neither_adopts_nor_cancels_a_live_controllers_worke
     assert first.alive()
 
     hold.touch()
-    _wait(lambda: any(e["event"] == "end" for e in read_agent_log(log)), "the run to end")
+    wait_until(
+        lambda: any(e["event"] == "end" for e in read_agent_log(log)),
+        timeout=120.0,
+        what="the run to end",
+    )
     (end,) = [e for e in read_agent_log(log) if e["event"] == "end"]
     assert end["rc"] == 0
 

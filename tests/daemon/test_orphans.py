@@ -82,9 +82,9 @@ def test_kills_the_marked_processes_of_a_dead_owner(tmp_path: Path) -> None:
         for process in (bystander, live, orphan):
             process.kill()
             process.wait()
-        for process in psutil.process_iter():
+        for leftover in psutil.process_iter():
             try:
-                if process.environ().get(OWNER_ENV) == default_owner_id():
-                    process.kill()
+                if leftover.environ().get(OWNER_ENV) == default_owner_id():
+                    leftover.kill()
             except psutil.Error:
                 pass

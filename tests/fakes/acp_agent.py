@@ -47,14 +47,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from acp import schema
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 VIOLATION_STATUS = 70
 
-CLIENT_TO_AGENT_REQUESTS = {
+CLIENT_TO_AGENT_REQUESTS: dict[str, type[BaseModel]] = {
     "initialize": schema.InitializeRequest,
     "authenticate": schema.AuthenticateRequest,
     "session/new": schema.NewSessionRequest,
@@ -63,7 +63,9 @@ CLIENT_TO_AGENT_REQUESTS = {
     "session/set_mode": schema.SetSessionModeRequest,
     "session/close": schema.CloseSessionRequest,
 }
-CLIENT_TO_AGENT_NOTIFICATIONS = {"session/cancel": schema.CancelNotification}
+CLIENT_TO_AGENT_NOTIFICATIONS: dict[str, type[BaseModel]] = {
+    "session/cancel": schema.CancelNotification
+}
 
 
 class Fake:
@@ -78,7 +80,7 @@ class Fake:
 
     # -- framing ----------------------------------------------------------------------------
 
-    def violation(self, text: str) -> None:
+    def violation(self, text: str) -> NoReturn:
         sys.stderr.write(f"ACP FAKE VIOLATION: {text}\n")
         sys.stderr.flush()
         os._exit(VIOLATION_STATUS)

@@ -314,7 +314,9 @@ class FakeCodex:
         self.record({"turn": self.turn_number, "text": items[0]["text"]})
         turns = self.scenario.get("turns") or [{}]
         spec = turns[min(self.turn_number, len(turns)) - 1]
-        turn = {"id": self.turn_id, "status": "inProgress", "items": [], "error": None}
+        turn: dict[str, Any] = {
+            "id": self.turn_id, "status": "inProgress", "items": [], "error": None
+        }
         self.send({"id": message["id"], "result": {"turn": turn}})
         self.notify("turn/started", {"threadId": self.thread_id, "turn": turn})
         for step in spec.get("steps", []):
@@ -457,7 +459,9 @@ class FakeCodex:
                 raise Violation(f"turn/interrupt names another turn: {params!r}")
             self.record({"interrupted_after": update})
             self.send({"id": message["id"], "result": {}})
-            final = {"id": self.turn_id, "status": "interrupted", "items": [], "error": None}
+            final: dict[str, Any] = {
+                "id": self.turn_id, "status": "interrupted", "items": [], "error": None
+            }
             self.notify("turn/completed", {"threadId": self.thread_id, "turn": final})
             return True
         return False

@@ -336,7 +336,7 @@ def test_a_pod_worker_is_accepted_whole_and_kubectl_explain_shows_it(
 def test_a_claims_spec_is_immutable(
     kube_control_plane: Cluster, kube_namespace: str, lorenz_crds: list[str]
 ) -> None:
-    claim = {
+    claim: dict[str, Any] = {
         "apiVersion": "lorenz.dev/v1alpha1",
         "kind": "Claim",
         "metadata": {"name": "c1"},

@@ -69,14 +69,18 @@ def test_workflows_are_sharded_each_led_by_exactly_one_replica(
         other = b if leader is a else a
         # NB: the bounds are far above the expected second: a loaded machine (the whole
         # suite in parallel on 2 cores) once took over 15 s to show the leader's status.
-        wait_until(lambda n=name, lead=leader: lead.leads(kube.namespace, n) or None,
-                   timeout=120, message="the holder leads")
+
+        def leads(n: str = name, lead: OperatorProcess = leader) -> bool | None:
+            return lead.leads(kube.namespace, n) or None
+
+        wait_until(leads, timeout=120, message="the holder leads")
         assert not other.leads(kube.namespace, name)
-        status = wait_until(
-            lambda n=name: (s := kube.get("workflow", n).get("status")) and s["leader"]["identity"]
-            and s,
-            timeout=120, message="status names the leader",
-        )
+
+        def leader_status(n: str = name) -> Any:
+            s = kube.get("workflow", n).get("status")
+            return s and s["leader"]["identity"] and s
+
+        status = wait_until(leader_status, timeout=120, message="status names the leader")
         assert status["leader"]["identity"] == leader.identity
 
 
@@ -149,8 +153,11 @@ def test_kill_9_failovers_resume_from_claims_and_never_run_a_slot_twice(
         leader.wait(timeout=10)
         live.remove(leader)
         survivor = live[0]
-        wait_until(lambda s=survivor: kube.holder("failover") == s.identity or None,
-                   timeout=120, interval=0.02, message="the survivor takes over")
+
+        def taken_over(s: OperatorProcess = survivor) -> bool | None:
+            return kube.holder("failover") == s.identity or None
+
+        wait_until(taken_over, timeout=120, interval=0.02, message="the survivor takes over")
         live.append(operators(next(identities), namespaces=(kube.namespace,), lease=LEASE,
                               shards=kube.shards))
 

@@ -107,11 +107,13 @@ def test_a_workflow_runs_to_completion(
     # The agent moves its issue to Done just before it exits: depending on which comes first
     # the run finishes (and a continuation retry finds the issue terminal), or reconciliation
     # sees the terminal state and stops it. Either way the run was dispatched and ended.
-    reasons = wait_until(
-        lambda: (r := kube.reasons("demo")) >= {"LeadershipAcquired", "RunStarted"}
-        and r & {"RunFinished", "ReconcileStopped"} and r,
-        timeout=60, message="Events on the Workflow",
-    )
+    def reasons_seen() -> set[str] | None:
+        r = kube.reasons("demo")
+        if not r >= {"LeadershipAcquired", "RunStarted"}:
+            return None
+        return r & {"RunFinished", "ReconcileStopped"} and r
+
+    reasons = wait_until(reasons_seen, timeout=60, message="Events on the Workflow")
     assert "RunFailed" not in reasons
     assert operator.leads(kube.namespace, "demo")
     state = operator.get(f"/api/v1/workflows/{kube.namespace}/demo/state")
@@ -512,8 +514,11 @@ def test_a_workflow_that_cannot_start_is_degraded_and_backs_off_holding_its_leas
     def start_failures() -> list[str]:
         return sorted(e["message"] for e in kube.events("stuck") if e["reason"] == "StartFailed")
 
-    failures = wait_until(lambda: (f := start_failures()) and len(f) >= 2 and f, timeout=60,
-                          message="a second, later start attempt")
+    def failures_seen() -> list[str] | None:
+        f = start_failures()
+        return None if f and len(f) < 2 else f
+
+    failures = wait_until(failures_seen, timeout=60, message="a second, later start attempt")
     # Each failure doubles the wait (5 s, 10 s, ...) instead of retrying at once.
     assert any("attempt 1; next in 5 s" in m for m in failures), failures
     assert any("attempt 2; next in 10 s" in m for m in failures), failures
@@ -541,8 +546,10 @@ def test_agents_get_an_explicit_environment_never_the_operators(
     write_issue(rig.issues_of("envs"), "TASK-1")
     dump = rig.root / "agent-env.txt"
     kube.apply(rig.workflow("envs", agent_env={"AGENT_ENV_DUMP": str(dump)}))
-    names = wait_until(lambda: dump.exists() and dump.read_text().split(), timeout=60,
-                       message="the agent wrote its environment")
+    def env_names() -> list[str] | None:
+        return dump.read_text().split() if dump.exists() else None
+
+    names = wait_until(env_names, timeout=60, message="the agent wrote its environment")
     assert "OPERATOR_CLOUD_TOKEN" not in names
     assert "KUBECONFIG" not in names
     assert not [n for n in names if n.startswith("LORENZ_OPERATOR_")]

@@ -6,7 +6,6 @@ agent that printed what it found), and in a tracker error (an adapter echoing it
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
 import logging
@@ -28,6 +27,7 @@ from lorenz.model import Issue
 from lorenz.runtime import LorenzRuntime
 from lorenz.trackers import TrackerError
 from tests.runtime.harness import LIVE_RUNTIMES, build_rig, write_agent, write_workflow
+from tests.waiting import wait_until_async
 
 SENTINEL = "lin_api_SENTINEL_5b1d0e77c4"
 ENV_SENTINEL = "ghp_ENVSENTINEL_90af11"
@@ -35,12 +35,6 @@ ENV_SENTINEL = "ghp_ENVSENTINEL_90af11"
 
 def _issue(n: int, *, title: str = "Do the thing") -> Issue:
     return Issue(id=f"id-{n}", identifier=f"LOR-{n}", title=title, state="Todo")
-
-
-async def _wait_for(predicate: Any, *, timeout: float = 15.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.02)
 
 
 def _json_lines(text: str) -> list[dict[str, Any]]:
@@ -68,7 +62,11 @@ async def test_an_agent_output_line_with_the_token_is_shown_scrubbed(tmp_path: P
         running = list(rig.orchestrator.state.running.values())
         return (running[0].last_agent_message or "") if running else ""
 
-    await _wait_for(lambda: message().startswith("found"), timeout=60)
+    await wait_until_async(
+        lambda: message().startswith("found"),
+        timeout=60,
+        what='message().startswith("found")',
+    )
     assert message() == f"found {REDACTED} in the config"
     assert SENTINEL not in json.dumps(rig.runtime.snapshot().to_dict())
 
@@ -265,7 +263,11 @@ async def test_run_lines_carry_issue_slot_and_session(tmp_path: Path) -> None:
     await attachment.start(rig.runtime)
     try:
         await rig.runtime.poll_once()
-        await _wait_for(lambda: any(r.session_id for r in rig.runtime.snapshot().lanes.running))
+        await wait_until_async(
+            lambda: any(r.session_id for r in rig.runtime.snapshot().lanes.running),
+            timeout=15.0,
+            what="any(r.session_id for r in rig.runtime.snapshot().lanes.running)",
+        )
         session_id = rig.runtime.snapshot().lanes.running[0].session_id
         marker.write_text("go")
         await rig.runtime.wait_for_runs()

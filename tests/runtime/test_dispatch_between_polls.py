@@ -19,6 +19,7 @@ from lorenz.model import Issue
 from lorenz.trackers.memory import MemoryTracker
 from lorenz.workflow import load_workflow
 from tests.runtime.harness import RuntimeRig, build_rig, write_agent, write_workflow
+from tests.waiting import wait_until_async
 
 WAITS_FOR_GO = """
 ws = pathlib.Path(env["LORENZ_WORKSPACE"])
@@ -67,25 +68,25 @@ def _rig(tmp_path: Path, issues: list[Issue], *, slots: int = 1) -> tuple[Runtim
     return build_rig(wf, reload=False, tracker=tracker), tmp_path / "workspaces"
 
 
-async def _wait_for(predicate: Any, *, timeout: float = 30.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.02)
-
-
 async def test_a_freed_slot_is_filled_from_the_last_list_after_one_by_id_read(
     tmp_path: Path,
 ) -> None:
     rig, workspaces = _rig(tmp_path, [issue(1), issue(2)])
     tracker: CountingTracker = rig.tracker
     loop = asyncio.create_task(rig.runtime.start())
-    await _wait_for((workspaces / "T-1" / "started").exists)
+    await wait_until_async(
+        (workspaces / "T-1" / "started").exists,
+        timeout=30.0,
+        what='(workspaces / "T-1" / "started").exists',
+    )
     assert tracker.scans() == 1
 
     (workspaces / "T-1" / "go").write_text("go")
-    await _wait_for((workspaces / "T-2" / "started").exists)
+    await wait_until_async(
+        (workspaces / "T-2" / "started").exists,
+        timeout=30.0,
+        what='(workspaces / "T-2" / "started").exists',
+    )
 
     # No second scan: T-1's exit and T-2's revalidation shared one by-id read.
     assert tracker.scans() == 1
@@ -103,11 +104,19 @@ async def test_an_issue_closed_since_the_last_poll_does_not_start(tmp_path: Path
     rig, workspaces = _rig(tmp_path, [issue(1), issue(2)])
     tracker: CountingTracker = rig.tracker
     loop = asyncio.create_task(rig.runtime.start())
-    await _wait_for((workspaces / "T-1" / "started").exists)
+    await wait_until_async(
+        (workspaces / "T-1" / "started").exists,
+        timeout=30.0,
+        what='(workspaces / "T-1" / "started").exists',
+    )
 
     tracker.set_state("id-2", "Done")  # someone closes T-2; the cached list still has it
     (workspaces / "T-1" / "go").write_text("go")
-    await _wait_for(lambda: bool(rig.of_type("dispatch_skipped")))
+    await wait_until_async(
+        lambda: bool(rig.of_type("dispatch_skipped")),
+        timeout=30.0,
+        what='bool(rig.of_type("dispatch_skipped"))',
+    )
 
     [skipped] = rig.of_type("dispatch_skipped")
     assert (skipped["identifier"], skipped["reason"]) == ("T-2", "issue_changed")
@@ -125,12 +134,20 @@ async def test_a_clean_exit_of_a_done_issue_releases_it_without_a_continuation(
     rig, workspaces = _rig(tmp_path, [issue(1)])
     tracker: CountingTracker = rig.tracker
     loop = asyncio.create_task(rig.runtime.start())
-    await _wait_for((workspaces / "T-1" / "started").exists)
+    await wait_until_async(
+        (workspaces / "T-1" / "started").exists,
+        timeout=30.0,
+        what='(workspaces / "T-1" / "started").exists',
+    )
 
     # The agent marks its issue Done as its last act, then exits 0 (no poll in between).
     tracker.set_state("id-1", "Done")
     (workspaces / "T-1" / "go").write_text("go")
-    await _wait_for(lambda: bool(rig.of_type("workspace_cleanup")))
+    await wait_until_async(
+        lambda: bool(rig.of_type("workspace_cleanup")),
+        timeout=30.0,
+        what='bool(rig.of_type("workspace_cleanup"))',
+    )
 
     assert tracker.by_id() == [("id-1",)]  # the one read that decided the exit
     [finished] = rig.of_type("run_finished")
@@ -151,11 +168,19 @@ async def test_a_clean_exit_of_an_issue_moved_out_of_the_active_states_keeps_its
     rig, workspaces = _rig(tmp_path, [issue(1)])
     tracker: CountingTracker = rig.tracker
     loop = asyncio.create_task(rig.runtime.start())
-    await _wait_for((workspaces / "T-1" / "started").exists)
+    await wait_until_async(
+        (workspaces / "T-1" / "started").exists,
+        timeout=30.0,
+        what='(workspaces / "T-1" / "started").exists',
+    )
 
     tracker.set_state("id-1", "In Review")  # handed to a person: not active, not terminal
     (workspaces / "T-1" / "go").write_text("go")
-    await _wait_for(lambda: bool(rig.of_type("run_reconciled")))
+    await wait_until_async(
+        lambda: bool(rig.of_type("run_reconciled")),
+        timeout=30.0,
+        what='bool(rig.of_type("run_reconciled"))',
+    )
 
     [released] = rig.of_type("run_reconciled")
     assert (released["identifier"], released["reason"]) == ("T-1", "inactive")
@@ -172,11 +197,19 @@ async def test_an_unreadable_tracker_after_a_clean_exit_keeps_the_continuation(
     rig, workspaces = _rig(tmp_path, [issue(1)])
     tracker: CountingTracker = rig.tracker
     loop = asyncio.create_task(rig.runtime.start())
-    await _wait_for((workspaces / "T-1" / "started").exists)
+    await wait_until_async(
+        (workspaces / "T-1" / "started").exists,
+        timeout=30.0,
+        what='(workspaces / "T-1" / "started").exists',
+    )
 
     tracker.fail_next(methods=["fetch_issues_by_ids"])
     (workspaces / "T-1" / "go").write_text("go")
-    await _wait_for(lambda: bool(rig.of_type("retry_scheduled")))
+    await wait_until_async(
+        lambda: bool(rig.of_type("retry_scheduled")),
+        timeout=30.0,
+        what='bool(rig.of_type("retry_scheduled"))',
+    )
 
     [retry] = rig.of_type("retry_scheduled")
     assert (retry["identifier"], retry["retry_kind"]) == ("T-1", "continuation")

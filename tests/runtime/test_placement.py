@@ -18,7 +18,8 @@ from lorenz.agents import AgentRunError, AgentRunRequest, AgentRunResult, Placem
 from lorenz.model import RetryKind, slot_key
 from lorenz.policies import placement_wait_ms
 from tests.runtime.harness import build_rig, write_agent, write_workflow
-from tests.runtime.test_runtime_loop import RECORDING_AGENT, issue, wait_until
+from tests.runtime.test_runtime_loop import RECORDING_AGENT, issue
+from tests.waiting import wait_until_async
 
 POD = {"worker": {"kind": "pod", "start_timeout_ms": 5000}}
 
@@ -61,7 +62,11 @@ async def test_a_run_that_was_not_placed_gives_its_slot_back_and_counts_no_attem
     await rig.runtime.poll_once()
     key = slot_key("id-1", 0)
     # reserved while being placed, never bound: no run started, none failed
-    await wait_until(lambda: bool(rig.of_type("placement_failed")))
+    await wait_until_async(
+        lambda: bool(rig.of_type("placement_failed")),
+        timeout=10.0,
+        what='bool(rig.of_type("placement_failed"))',
+    )
     [given_back] = rig.of_type("placement_failed")
     assert given_back["reason"] == "unschedulable"
     assert given_back["code"] == "pod_start_timeout"
@@ -79,7 +84,11 @@ async def test_a_run_that_was_not_placed_gives_its_slot_back_and_counts_no_attem
     assert row["kind"] == "placement"
     # after the placement wait the slot is claimed again, as the same first run, and placed
     wait_s = placement_wait_ms() / 1000 + 20
-    await wait_until(lambda: bool(rig.of_type("run_started")), timeout=wait_s)
+    await wait_until_async(
+        lambda: bool(rig.of_type("run_started")),
+        timeout=wait_s,
+        what='bool(rig.of_type("run_started"))',
+    )
     [started] = rig.of_type("run_started")
     assert started["host"] == "lzw-t-1-pod"
     assert runner.placed == [True]
@@ -97,7 +106,11 @@ async def test_an_error_before_placement_that_is_not_about_placing_is_a_failed_r
     ])
     rig = build_rig(wf, issues=[issue(1)], runner_factory=runner)
     await rig.runtime.poll_once()
-    await wait_until(lambda: bool(rig.of_type("retry_scheduled")))
+    await wait_until_async(
+        lambda: bool(rig.of_type("retry_scheduled")),
+        timeout=10.0,
+        what='bool(rig.of_type("retry_scheduled"))',
+    )
     assert rig.of_type("placement_failed") == []
     [failed] = rig.of_type("run_failed")
     assert "worker_image_missing" in failed["message"]

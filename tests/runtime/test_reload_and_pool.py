@@ -11,7 +11,8 @@ import pytest
 
 from lorenz.model import Issue, SlotKey, slot_key
 from tests.runtime.harness import build_rig, write_agent, write_workflow
-from tests.runtime.test_runtime_loop import HEARTBEAT_AGENT, RECORDING_AGENT, issue, wait_until
+from tests.runtime.test_runtime_loop import HEARTBEAT_AGENT, RECORDING_AGENT, issue
+from tests.waiting import wait_until_async
 
 
 async def test_a_broken_reload_keeps_the_last_known_good_workflow_running(
@@ -22,21 +23,37 @@ async def test_a_broken_reload_keeps_the_last_known_good_workflow_running(
     good = wf.read_text()
     rig = build_rig(wf, issues=[issue(1)])
     loop = asyncio.create_task(rig.runtime.start())
-    await wait_until(lambda: slot_key("id-1", 0) in rig.orchestrator.state.running)
+    await wait_until_async(
+        lambda: slot_key("id-1", 0) in rig.orchestrator.state.running,
+        timeout=10.0,
+        what='slot_key("id-1", 0) in rig.orchestrator.state.running',
+    )
 
     wf.write_text("---\ntracker: [unterminated\n---\nbody\n")
-    await wait_until(lambda: bool(rig.of_type("workflow_reload_failed")))
+    await wait_until_async(
+        lambda: bool(rig.of_type("workflow_reload_failed")),
+        timeout=10.0,
+        what='bool(rig.of_type("workflow_reload_failed"))',
+    )
     failure = rig.of_type("workflow_reload_failed")[0]
     assert failure["code"] == "workflow_parse_error"
     assert "keeping the last known good" in failure["message"]
     assert rig.runtime.settings.polling.interval_ms == 50
     assert slot_key("id-1", 0) in rig.orchestrator.state.running, "the live run is untouched"
     polls = rig.runtime.poll_count
-    await wait_until(lambda: rig.runtime.poll_count >= polls + 3)  # the loop lives on
+    await wait_until_async(
+        lambda: rig.runtime.poll_count >= polls + 3,
+        timeout=10.0,
+        what="rig.runtime.poll_count >= polls + 3",
+    )  # the loop lives on
 
     wf.write_text(good.replace("interval_ms: 50", "interval_ms: 70")
                   .replace("max_concurrent_agents: 4", "max_concurrent_agents: 2"))
-    await wait_until(lambda: bool(rig.of_type("workflow_reloaded")))
+    await wait_until_async(
+        lambda: bool(rig.of_type("workflow_reloaded")),
+        timeout=10.0,
+        what='bool(rig.of_type("workflow_reloaded"))',
+    )
     assert rig.runtime.settings.polling.interval_ms == 70
     assert rig.orchestrator.settings.agent.max_concurrent_agents == 2
     assert slot_key("id-1", 0) in rig.orchestrator.state.running
@@ -99,7 +116,11 @@ async def test_pool_governed_dispatch_reserves_then_binds_or_cancels(tmp_path: P
     assert skipped[0]["reason"] == "worker_host_capacity"
     assert skipped[0]["identifier"] != started[0]["identifier"]
     # ...keeps its place (no retry entry consumed), and runs once the host is free again
-    await wait_until(lambda: len(rig.of_type("run_started")) >= 2)
+    await wait_until_async(
+        lambda: len(rig.of_type("run_started")) >= 2,
+        timeout=10.0,
+        what='len(rig.of_type("run_started")) >= 2',
+    )
     await rig.runtime.wait_for_runs()
     started = rig.of_type("run_started")
     assert [e["host"] for e in started[:2]] == ["h1", "h1"]
@@ -120,7 +141,11 @@ async def test_a_stalled_pool_run_poisons_its_worker(tmp_path: Path) -> None:
     rig = build_rig(wf, issues=[Issue(id="id-1", identifier="T-1", title="t", state="Todo")],
                     pool=pool, capacity=Governs(), clock=clock)
     await rig.runtime.poll_once()
-    await wait_until((tmp_path / "workspaces" / "T-1" / "pid").exists)
+    await wait_until_async(
+        (tmp_path / "workspaces" / "T-1" / "pid").exists,
+        timeout=10.0,
+        what='(tmp_path / "workspaces" / "T-1" / "pid").exists',
+    )
     clock.advance(1500)
     await rig.runtime.poll_once()
     await rig.runtime.wait_for_runs()

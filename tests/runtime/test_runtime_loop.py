@@ -17,6 +17,7 @@ from lorenz.daemon.logs import configure_for_workflow
 from lorenz.model import Issue, ManualClock, RetryKind, slot_key
 from lorenz.workflow import load_workflow
 from tests.runtime.harness import build_rig, write_agent, write_workflow
+from tests.waiting import wait_until_async
 
 
 def issue(n: int, *, state: str = "Todo", priority: int | None = 2, **kw: object) -> Issue:
@@ -30,14 +31,6 @@ def issue(n: int, *, state: str = "Todo", priority: int | None = 2, **kw: object
         + datetime.timedelta(minutes=n),
         **kw,  # type: ignore[arg-type]
     )
-
-
-async def wait_until(predicate, *, timeout: float = 10.0, step: float = 0.02) -> None:  # type: ignore[no-untyped-def]
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(step)
 
 
 RECORDING_AGENT = """
@@ -122,7 +115,7 @@ async def test_stalled_run_is_aborted_its_process_killed_and_retried(tmp_path: P
     rig = build_rig(wf, issues=[issue(1)], clock=clock)
     await rig.runtime.poll_once()
     pid_file = tmp_path / "workspaces" / "T-1" / "pid"
-    await wait_until(pid_file.exists)
+    await wait_until_async(pid_file.exists, timeout=10.0, what="pid_file.exists")
     pid = int(pid_file.read_text())
     clock.advance(1001)
     await rig.runtime.poll_once()
@@ -130,8 +123,12 @@ async def test_stalled_run_is_aborted_its_process_killed_and_retried(tmp_path: P
     assert len(stalled) == 1
     assert "stalled for 1001ms" in stalled[0]["message"]
     await rig.runtime.wait_for_runs()
-    await wait_until(lambda: not psutil.pid_exists(pid) or
-                     psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+    await wait_until_async(
+        lambda: not psutil.pid_exists(pid)
+        or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE,
+        timeout=10.0,
+        what=f"process {pid} to be gone or a zombie",
+    )
     retry = rig.orchestrator.state.retry_attempts[slot_key("id-1", 0)]
     assert (retry.kind, retry.attempt) == (RetryKind.FAILURE, 1)
     assert [h["outcome"] for h in rig.runtime.snapshot().to_dict()["run_history"]] == ["stalled"]
@@ -157,7 +154,7 @@ async def test_reconciliation_stops_a_run_whose_issue_left_the_active_states(
     rig = build_rig(wf, issues=[issue(1)])
     await rig.runtime.poll_once()
     ws = tmp_path / "workspaces" / "T-1"
-    await wait_until((ws / "pid").exists)
+    await wait_until_async((ws / "pid").exists, timeout=10.0, what='(ws / "pid").exists')
     pid = int((ws / "pid").read_text())
     rig.tracker.set_state("id-1", new_state)
     await rig.runtime.poll_once()
@@ -174,8 +171,12 @@ async def test_reconciliation_stops_a_run_whose_issue_left_the_active_states(
     assert not rig.orchestrator.state.running
     assert not rig.orchestrator.state.retry_attempts
     assert [h["outcome"] for h in rig.runtime.snapshot().to_dict()["run_history"]] == ["canceled"]
-    await wait_until(lambda: not psutil.pid_exists(pid) or
-                     psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+    await wait_until_async(
+        lambda: not psutil.pid_exists(pid)
+        or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE,
+        timeout=10.0,
+        what=f"process {pid} to be gone or a zombie",
+    )
 
 
 async def test_refresh_failure_keeps_runs_alive(tmp_path: Path) -> None:
@@ -183,7 +184,11 @@ async def test_refresh_failure_keeps_runs_alive(tmp_path: Path) -> None:
     wf = write_workflow(tmp_path, agent_script=agent)
     rig = build_rig(wf, issues=[issue(1)])
     await rig.runtime.poll_once()
-    await wait_until(lambda: (tmp_path / "workspaces" / "T-1" / "pid").exists())
+    await wait_until_async(
+        lambda: (tmp_path / "workspaces" / "T-1" / "pid").exists(),
+        timeout=10.0,
+        what='(tmp_path / "workspaces" / "T-1" / "pid").exists()',
+    )
     rig.tracker.fail_next(1, methods=["fetch_issues_by_ids"])
     rig.tracker.set_state("id-1", "Done")
     await rig.runtime.poll_once()
@@ -200,7 +205,11 @@ async def test_a_failed_dispatch_validation_aborts_the_tick_before_reconciliatio
     wf = write_workflow(tmp_path, agent_script=agent)
     rig = build_rig(wf, issues=[issue(1)])
     await rig.runtime.poll_once()
-    await wait_until(lambda: (tmp_path / "workspaces" / "T-1" / "pid").exists())
+    await wait_until_async(
+        lambda: (tmp_path / "workspaces" / "T-1" / "pid").exists(),
+        timeout=10.0,
+        what='(tmp_path / "workspaces" / "T-1" / "pid").exists()',
+    )
     # Break the dispatch config on disk: the reload keeps the old workflow...
     wf.write_text(wf.read_text().replace("kind: memory", "kind: linear"))
     rig.tracker.reset_counters()
@@ -247,7 +256,11 @@ async def test_concurrent_polls_serialize_and_merge(tmp_path: Path) -> None:
 
     rig.tracker.fetch_candidate_issues = gated_fetch
     first = asyncio.create_task(rig.runtime.poll_once(dry_run=True))
-    await wait_until(lambda: rig.runtime.poll_count == 1)
+    await wait_until_async(
+        lambda: rig.runtime.poll_count == 1,
+        timeout=10.0,
+        what="rig.runtime.poll_count == 1",
+    )
     queued = [asyncio.create_task(rig.runtime.poll_once(dry_run=d)) for d in (True, False, True)]
     await asyncio.sleep(0.05)
     assert not any(t.done() for t in [first, *queued]), "polls must wait for the one running"
@@ -265,9 +278,17 @@ async def test_stop_aborts_runs_as_a_clean_shutdown(tmp_path: Path) -> None:
     wf = write_workflow(tmp_path, agent_script=agent)
     rig = build_rig(wf, issues=[issue(1), issue(2)])
     task = asyncio.create_task(rig.runtime.start())
-    await wait_until(lambda: len(rig.orchestrator.state.running) == 2)
+    await wait_until_async(
+        lambda: len(rig.orchestrator.state.running) == 2,
+        timeout=10.0,
+        what="len(rig.orchestrator.state.running) == 2",
+    )
     ws = tmp_path / "workspaces"
-    await wait_until(lambda: (ws / "T-1" / "pid").exists() and (ws / "T-2" / "pid").exists())
+    await wait_until_async(
+        lambda: (ws / "T-1" / "pid").exists() and (ws / "T-2" / "pid").exists(),
+        timeout=10.0,
+        what='(ws / "T-1" / "pid").exists() and (ws / "T-2" / "pid").exists()',
+    )
     pids = [int((ws / f"T-{n}" / "pid").read_text()) for n in (1, 2)]
     rig.runtime.stop()
     rig.runtime.stop()
@@ -276,8 +297,17 @@ async def test_stop_aborts_runs_as_a_clean_shutdown(tmp_path: Path) -> None:
     retries = rig.orchestrator.state.retry_attempts.values()
     assert sorted((r.kind, r.attempt) for r in retries) == [(RetryKind.CONTINUATION, 1)] * 2
     for pid in pids:
-        await wait_until(lambda pid=pid: not psutil.pid_exists(pid) or
-                         psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+
+        def reaped(pid: int = pid) -> bool:
+            if not psutil.pid_exists(pid):
+                return True
+            return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+
+        await wait_until_async(
+            reaped,
+            timeout=10.0,
+            what=f"process {pid} to be gone or a zombie",
+        )
 
 
 async def test_retry_timer_fires_between_polls(tmp_path: Path) -> None:
@@ -287,7 +317,11 @@ async def test_retry_timer_fires_between_polls(tmp_path: Path) -> None:
     rig = build_rig(wf, issues=[issue(1)])
     task = asyncio.create_task(rig.runtime.start())
     # the continuation retry (1000 ms) re-dispatches long before the 10-minute poll interval
-    await wait_until(lambda: len(rig.of_type("run_started")) >= 2, timeout=60)
+    await wait_until_async(
+        lambda: len(rig.of_type("run_started")) >= 2,
+        timeout=60,
+        what='len(rig.of_type("run_started")) >= 2',
+    )
     second = rig.of_type("run_started")[1]
     assert second["attempt"] == 1
     rig.runtime.stop()
@@ -342,7 +376,11 @@ async def test_refresh_request_is_coalesced_while_polling(tmp_path: Path) -> Non
     assert first.operations == ("poll", "reconcile")
     tracker.gate.set()
     # Both requests merged into one follow-up tick, not two.
-    await wait_until(lambda: rig.runtime.poll_count == 2 and not rig.runtime._polling.in_progress)
+    await wait_until_async(
+        lambda: rig.runtime.poll_count == 2 and not rig.runtime._polling.in_progress,
+        timeout=10.0,
+        what="rig.runtime.poll_count == 2 and not rig.runtime._polling.in_progress",
+    )
     await asyncio.sleep(0.2)
     assert (rig.runtime.poll_count, tracker.scans) == (2, 2)
     assert len(rig.of_type("refresh_requested")) == 2
@@ -444,7 +482,7 @@ async def test_lost_claims_abort_local_runs_without_recording_a_result(tmp_path:
     rig = build_rig(wf, issues=[issue(1)], store=ours)
     await rig.runtime.poll_once()
     pid_file = tmp_path / "workspaces" / "T-1" / "pid"
-    await wait_until(pid_file.exists)
+    await wait_until_async(pid_file.exists, timeout=10.0, what="pid_file.exists")
     pid = int(pid_file.read_text())
     await asyncio.sleep(0.3)  # our heartbeat goes stale...
     taken = await theirs.take_over(from_owners=["host:1:ours"])  # ...and another owner takes over
@@ -455,8 +493,12 @@ async def test_lost_claims_abort_local_runs_without_recording_a_result(tmp_path:
     assert not rig.orchestrator.state.running
     assert not rig.of_type("run_failed")
     assert not rig.of_type("run_finished")
-    await wait_until(lambda: not psutil.pid_exists(pid) or
-                     psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+    await wait_until_async(
+        lambda: not psutil.pid_exists(pid)
+        or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE,
+        timeout=10.0,
+        what=f"process {pid} to be gone or a zombie",
+    )
     # the slot stays the other owner's: we neither released nor re-claimed it
     state = await theirs.load()
     assert [(c.slot_key, c.owner) for c in state.claims] == [

@@ -8,16 +8,15 @@ retry is armed for it — nothing of it is recorded twice or by the run itself.
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import sys
 from pathlib import Path
-from typing import Any
 
 import psutil
 
 from lorenz.model import Issue, SlotKey
 from tests.runtime.harness import RuntimeRig, build_rig, write_agent, write_workflow
+from tests.waiting import wait_until_async
 
 WAITS_FOREVER = """
 ws = pathlib.Path(env["LORENZ_WORKSPACE"])
@@ -32,14 +31,6 @@ def _issue(n: int) -> Issue:
         id=f"id-{n}", identifier=f"T-{n}", title=f"Issue {n}", state="Todo", priority=2,
         created_at=datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC),
     )
-
-
-async def _wait_until(predicate: Any, *, timeout: float = 30.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.02)
 
 
 async def _two_running(tmp_path: Path) -> tuple[RuntimeRig, list[int]]:
@@ -58,8 +49,12 @@ async def _two_running(tmp_path: Path) -> tuple[RuntimeRig, list[int]]:
     pids = []
     for n in (1, 2):
         marker = tmp_path / "workspaces" / f"T-{n}" / "pid"
-        await _wait_until(marker.exists)
-        await _wait_until(lambda marker=marker: marker.read_text().strip() != "")
+        await wait_until_async(marker.exists, timeout=30.0, what="marker.exists")
+
+        def written(marker: Path = marker) -> bool:
+            return marker.read_text().strip() != ""
+
+        await wait_until_async(written, timeout=30.0, what=f"a pid in {marker}")
         pids.append(int(marker.read_text()))
     return rig, pids
 
@@ -96,7 +91,11 @@ async def test_a_reconciled_issue_and_a_deleted_claim_stop_their_runs_alike(
     assert not rig.orchestrator.state.running
     assert not rig.orchestrator.state.retry_attempts
     assert not list(rig.runtime._timers.armed())
-    await _wait_until(lambda: _ended(pid_1) and _ended(pid_2))
+    await wait_until_async(
+        lambda: _ended(pid_1) and _ended(pid_2),
+        timeout=30.0,
+        what="_ended(pid_1) and _ended(pid_2)",
+    )
     # The reconciled issue is released; the slot whose Claim went may run again at once.
     assert [e["identifier"] for e in rig.of_type("run_reconciled")] == ["T-1"]
 

@@ -9,13 +9,13 @@ is cancelled as any terminal stop is.
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
 from lorenz.trackers.files import FilesTracker
 from lorenz.workflow import load_workflow
 from tests.runtime.harness import RuntimeRig, build_rig, write_agent, write_workflow
+from tests.waiting import wait_until_async
 
 MARKS_DONE_THEN_PUSHES = """
 from lorenz.trackers.files import set_issue_state
@@ -53,21 +53,17 @@ def _rig(tmp_path: Path, *, grace_ms: int | None = None) -> RuntimeRig:
     return build_rig(wf, reload=False, tracker=tracker)
 
 
-async def _wait_for(predicate: Any, *, timeout: float = 30.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.02)
-
-
 async def test_the_turn_in_progress_finishes_after_the_agent_marked_its_issue_done(
     tmp_path: Path,
 ) -> None:
     rig = _rig(tmp_path)
     workspace = tmp_path / "workspaces" / "G-1"
     await rig.runtime.poll_once()
-    await _wait_for((workspace / "marked_done").exists)
+    await wait_until_async(
+        (workspace / "marked_done").exists,
+        timeout=30.0,
+        what='(workspace / "marked_done").exists',
+    )
 
     # A poll sees Done while the agent is still pushing: the run is left to finish its turn.
     await rig.runtime.poll_once()
@@ -80,7 +76,11 @@ async def test_the_turn_in_progress_finishes_after_the_agent_marked_its_issue_do
     assert len(rig.of_type("run_finishing")) == 1
 
     (workspace / "go").write_text("go", encoding="utf-8")
-    await _wait_for(lambda: bool(rig.of_type("workspace_cleanup")))
+    await wait_until_async(
+        lambda: bool(rig.of_type("workspace_cleanup")),
+        timeout=30.0,
+        what='bool(rig.of_type("workspace_cleanup"))',
+    )
     await rig.runtime.wait_for_runs()
 
     [history] = rig.runtime.snapshot().to_dict()["run_history"]
@@ -100,11 +100,19 @@ async def test_after_the_grace_a_turn_that_does_not_end_is_cancelled(tmp_path: P
     rig = _rig(tmp_path, grace_ms=300)
     workspace = tmp_path / "workspaces" / "G-1"
     await rig.runtime.poll_once()
-    await _wait_for((workspace / "marked_done").exists)
+    await wait_until_async(
+        (workspace / "marked_done").exists,
+        timeout=30.0,
+        what='(workspace / "marked_done").exists',
+    )
     await rig.runtime.poll_once()
     assert len(rig.of_type("run_finishing")) == 1
 
-    await _wait_for(lambda: bool(rig.of_type("run_canceled")))
+    await wait_until_async(
+        lambda: bool(rig.of_type("run_canceled")),
+        timeout=30.0,
+        what='bool(rig.of_type("run_canceled"))',
+    )
     await rig.runtime.wait_for_runs()
     [canceled] = rig.of_type("run_canceled")
     assert canceled["reason"] == "terminal"
@@ -119,7 +127,11 @@ async def test_a_zero_grace_cancels_at_once(tmp_path: Path) -> None:
     rig = _rig(tmp_path, grace_ms=0)
     workspace = tmp_path / "workspaces" / "G-1"
     await rig.runtime.poll_once()
-    await _wait_for((workspace / "marked_done").exists)
+    await wait_until_async(
+        (workspace / "marked_done").exists,
+        timeout=30.0,
+        what='(workspace / "marked_done").exists',
+    )
     await rig.runtime.poll_once()
     assert rig.of_type("run_finishing") == []
     assert [e["reason"] for e in rig.of_type("run_canceled")] == ["terminal"]

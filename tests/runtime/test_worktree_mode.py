@@ -10,11 +10,11 @@ from __future__ import annotations
 import asyncio
 import datetime
 import subprocess
-from collections.abc import Callable
 from pathlib import Path
 
 from lorenz.model import Issue
 from tests.runtime.harness import build_rig, write_agent, write_workflow
+from tests.waiting import wait_until_async
 
 LEAVES_WORK = """
 ws = pathlib.Path(env["LORENZ_WORKSPACE"])
@@ -47,14 +47,6 @@ def issue(n: int, *, state: str = "Todo") -> Issue:
                  + datetime.timedelta(minutes=n))
 
 
-async def _wait_for(appeared: Callable[[], bool], *, timeout: float = 30.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not appeared():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("the agent did not start in time")
-        await asyncio.sleep(0.02)
-
-
 def _workflow(tmp_path: Path, repo: Path) -> Path:
     agent = write_agent(tmp_path, "leaves_work", LEAVES_WORK)
     return write_workflow(tmp_path, agent_script=agent, front_matter={
@@ -71,7 +63,11 @@ async def test_a_dirty_worktree_of_a_done_issue_is_reported_and_the_tick_goes_on
     rig = build_rig(_workflow(tmp_path, _repo(tmp_path)), issues=[issue(1)])
     await rig.runtime.poll_once()
     worktree = tmp_path / "workspaces" / "T-1"
-    await _wait_for((worktree / "started").exists)
+    await wait_until_async(
+        (worktree / "started").exists,
+        timeout=30.0,
+        what='(worktree / "started").exists',
+    )
 
     rig.tracker.set_state("id-1", "Done")
     rig.tracker.add(issue(2))
@@ -93,8 +89,16 @@ async def test_the_start_up_sweep_goes_on_past_a_preserved_worktree(tmp_path: Pa
     wf = _workflow(tmp_path, repo)
     first = build_rig(wf, issues=[issue(1), issue(2)])
     await first.runtime.poll_once()
-    await _wait_for((tmp_path / "workspaces" / "T-1" / "started").exists)
-    await _wait_for((tmp_path / "workspaces" / "T-2" / "started").exists)
+    await wait_until_async(
+        (tmp_path / "workspaces" / "T-1" / "started").exists,
+        timeout=30.0,
+        what='(tmp_path / "workspaces" / "T-1" / "started").exists',
+    )
+    await wait_until_async(
+        (tmp_path / "workspaces" / "T-2" / "started").exists,
+        timeout=30.0,
+        what='(tmp_path / "workspaces" / "T-2" / "started").exists',
+    )
     first.runtime.stop()
     await asyncio.wait_for(first.runtime.wait_for_runs(), 30)
     # T-1 has uncommitted work; T-2's was committed away, so it is clean.

@@ -103,17 +103,6 @@ async def serve(rig: RuntimeRig, **server_options: Any) -> Served:
     return Served(rig=rig, server=server)
 
 
-async def wait_until(
-    predicate: Callable[[], bool], *, timeout: float = 15.0, step: float = 0.02
-) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(step)
-
-
 async def get_json(
     http: aiohttp.ClientSession, url: str, *, status: int = 200
 ) -> dict[str, Any]:

@@ -14,15 +14,8 @@ import pytest
 from aiohttp import web
 
 from lorenz.server import ERROR_CODES
-from tests.server.helpers import (
-    SENTINEL_SECRET,
-    get_json,
-    issue,
-    make_rig,
-    release,
-    serve,
-    wait_until,
-)
+from tests.server.helpers import SENTINEL_SECRET, get_json, issue, make_rig, release, serve
+from tests.waiting import wait_until_async
 
 
 def _error_of(document: dict[str, Any]) -> tuple[str, str]:
@@ -39,7 +32,11 @@ async def test_state_is_the_runtime_snapshot_with_running_rows(
     rig = make_rig(tmp_path, issues=[issue(1), issue(2)])
     served = await serve(rig)
     await rig.runtime.poll_once()
-    await wait_until(lambda: len(rig.orchestrator.state.running) == 2)
+    await wait_until_async(
+        lambda: len(rig.orchestrator.state.running) == 2,
+        timeout=15.0,
+        what="len(rig.orchestrator.state.running) == 2",
+    )
 
     state = await get_json(http, f"{served.url}/api/v1/state")
 
@@ -70,11 +67,13 @@ async def test_issue_detail_gathers_slots_workspace_events_and_agent_messages(
     rig = make_rig(tmp_path, issues=[issue(1), issue(2)])
     served = await serve(rig)
     await rig.runtime.poll_once()
-    await wait_until(
+    await wait_until_async(
         lambda: any(
             e.issue.identifier == "T-1" and e.last_agent_message == "started work on T-1"
             for e in rig.orchestrator.state.running.values()
-        )
+        ),
+        timeout=15.0,
+        what='a running T-1 whose last agent message is "started work on T-1"',
     )
 
     detail = await get_json(http, f"{served.url}/api/v1/issues/T-1")
@@ -104,7 +103,11 @@ async def test_issue_detail_gathers_slots_workspace_events_and_agent_messages(
 
     # The same issue after its run failed: retrying, with the error and the history entry.
     release(rig, "T-1", fail=True)
-    await wait_until(lambda: "id-1#0" in rig.orchestrator.state.retry_attempts)
+    await wait_until_async(
+        lambda: "id-1#0" in rig.orchestrator.state.retry_attempts,
+        timeout=15.0,
+        what='"id-1#0" in rig.orchestrator.state.retry_attempts',
+    )
     detail = await get_json(http, f"{served.url}/api/v1/issues/T-1")
     assert detail["status"] == "retrying"
     assert detail["running"] == []
@@ -125,7 +128,11 @@ async def test_issue_detail_by_id_and_by_identifier_with_slash_and_hash(
     rig = make_rig(tmp_path, issues=[issue(7, identifier="acme/widgets#7")])
     served = await serve(rig)
     await rig.runtime.poll_once()
-    await wait_until(lambda: len(rig.orchestrator.state.running) == 1)
+    await wait_until_async(
+        lambda: len(rig.orchestrator.state.running) == 1,
+        timeout=15.0,
+        what="len(rig.orchestrator.state.running) == 1",
+    )
 
     encoded = urllib.parse.quote("acme/widgets#7", safe="")
     by_identifier = await get_json(http, f"{served.url}/api/v1/issues/{encoded}")
@@ -189,7 +196,11 @@ async def test_refresh_queues_a_poll_and_answers_202(
         assert result["queued"] is True
         assert result["operations"] == ["poll", "reconcile"]
         assert isinstance(result["coalesced"], bool)
-        await wait_until(lambda before=before: rig.runtime.poll_count > before)  # type: ignore[misc]
+
+        def polled_again(before: int = before) -> bool:
+            return rig.runtime.poll_count > before
+
+        await wait_until_async(polled_again, timeout=15.0, what="another poll")
     await rig.runtime.wait_for_runs()
     assert rig.of_type("refresh_requested")
 
@@ -383,9 +394,17 @@ async def test_no_response_ever_contains_the_tracker_api_key(
     assert rig.runtime.settings.tracker.api_key == SENTINEL_SECRET
     served = await serve(rig, sse_heartbeat=0.05)
     await rig.runtime.poll_once()
-    await wait_until(lambda: len(rig.orchestrator.state.running) == 2)
+    await wait_until_async(
+        lambda: len(rig.orchestrator.state.running) == 2,
+        timeout=15.0,
+        what="len(rig.orchestrator.state.running) == 2",
+    )
     release(rig, "T-2", fail=True)
-    await wait_until(lambda: len(rig.orchestrator.state.retry_attempts) == 1)
+    await wait_until_async(
+        lambda: len(rig.orchestrator.state.retry_attempts) == 1,
+        timeout=15.0,
+        what="len(rig.orchestrator.state.retry_attempts) == 1",
+    )
 
     bodies: list[str] = []
     for path in ("/api/v1/state", "/api/v1/issues/T-1", "/api/v1/issues/T-2", "/metrics",

@@ -30,7 +30,8 @@ import pytest
 from aiohttp import web
 
 from lorenz.server.dashboard import dashboard_routes
-from tests.server.helpers import Served, issue, make_rig, release, serve, wait_until
+from tests.server.helpers import Served, issue, make_rig, release, serve
+from tests.waiting import wait_until_async
 
 pytestmark = pytest.mark.browser
 
@@ -402,7 +403,11 @@ async def test_falls_back_to_polling_when_the_stream_is_unavailable(
     )
     served.rig.tracker.set_state("id-1", "Done")
     release(served.rig, "LOR-1")
-    await wait_until(lambda: not served.rig.runtime.snapshot().to_dict()["running"])
+    await wait_until_async(
+        lambda: not served.rig.runtime.snapshot().to_dict()["running"],
+        timeout=15.0,
+        what='not served.rig.runtime.snapshot().to_dict()["running"]',
+    )
     # The next /api/v1/state poll (every 2 s) moves the card to History.
     await browser.wait_for(_history("LOR-1", "success"))
     await browser.wait_for(f"{_lane_identifiers('running', 'run-card')} === ''")
@@ -435,7 +440,11 @@ async def test_poll_error_banner_and_refresh_button(tmp_path: Path, browser: Chr
     polls = served.rig.runtime.poll_count
     # The button asks the server for a poll; that poll fails and the banner says so.
     await browser.evaluate("document.querySelector('[data-testid=refresh-button]').click()")
-    await wait_until(lambda: served.rig.runtime.poll_count > polls)
+    await wait_until_async(
+        lambda: served.rig.runtime.poll_count > polls,
+        timeout=15.0,
+        what="served.rig.runtime.poll_count > polls",
+    )
     banner = await browser.wait_for(
         "(() => { const b = document.querySelector('[data-testid=poll-error]');"
         " return !b.hidden && b.textContent; })()"

@@ -18,15 +18,8 @@ from lorenz.model import slot_key
 from lorenz.server import LorenzMetrics, MetricsLabelInUse
 from tests.runtime.harness import build_rig, write_agent, write_workflow
 from tests.runtime.test_placement import POD, PodRunnerStandIn
-from tests.server.helpers import (
-    GatedPool,
-    PoolGoverns,
-    issue,
-    make_rig,
-    release,
-    serve,
-    wait_until,
-)
+from tests.server.helpers import GatedPool, PoolGoverns, issue, make_rig, release, serve
+from tests.waiting import wait_until_async
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -70,7 +63,11 @@ async def test_a_successful_run_is_counted_and_timed(
     served = await serve(rig)
     wf = str(rig.workflow.path)
     await rig.runtime.poll_once()
-    await wait_until(lambda: len(rig.orchestrator.state.running) == 1)
+    await wait_until_async(
+        lambda: len(rig.orchestrator.state.running) == 1,
+        timeout=15.0,
+        what="len(rig.orchestrator.state.running) == 1",
+    )
 
     during = await scrape(http, served.url)
     assert value(during, "lorenz_running_slots", workflow=wf) == 1
@@ -157,7 +154,11 @@ async def test_reconcile_stops_are_counted_by_reason(
     served = await serve(rig)
     wf = str(rig.workflow.path)
     await rig.runtime.poll_once()
-    await wait_until(lambda: len(rig.orchestrator.state.running) == 3)
+    await wait_until_async(
+        lambda: len(rig.orchestrator.state.running) == 3,
+        timeout=15.0,
+        what="len(rig.orchestrator.state.running) == 3",
+    )
 
     rig.tracker.set_state("id-1", "Done")  # terminal
     rig.tracker.set_state("id-2", "Backlog")  # no longer active
@@ -165,9 +166,11 @@ async def test_reconcile_stops_are_counted_by_reason(
     # every 50 ms, so only a machine starved for 2 s could make them look stalled too.
     # NB: an output line, not just the session_started message (which comes before the agent's
     # interpreter has even started): T-3's silence is counted from its one line.
-    await wait_until(
+    await wait_until_async(
         lambda: all(e.last_agent_event == "output"
-                    for e in rig.orchestrator.state.running.values())
+                    for e in rig.orchestrator.state.running.values()),
+        timeout=15.0,
+        what='all(e.last_agent_event == "output" for e in rig.orchestrator.state.running.values())',
     )
     # NB: poll until the stall is seen, not for a fixed time: the first poll stops id-1 and
     # id-2, a later one id-3 once it has been silent long enough.
@@ -225,7 +228,11 @@ async def test_dispatch_latency_of_a_pool_run_counts_from_the_tick_that_reserved
     assert value(reserving, "lorenz_dispatch_latency_seconds_count", workflow=wf) == 0
 
     pool.gate.set()
-    await wait_until(lambda: slot_key("id-1", 0) in rig.orchestrator.state.running)
+    await wait_until_async(
+        lambda: slot_key("id-1", 0) in rig.orchestrator.state.running,
+        timeout=15.0,
+        what='slot_key("id-1", 0) in rig.orchestrator.state.running',
+    )
     started = await scrape(http, served.url)
 
     assert value(started, "lorenz_reserving_slots", workflow=wf) == 0
@@ -367,14 +374,22 @@ async def test_a_pod_run_times_its_placement_and_counts_a_placement_failure_by_r
     assert value(fresh, "lorenz_placement_duration_seconds_count", workflow=wf) == 0
 
     await rig.runtime.poll_once()
-    await wait_until(lambda: bool(rig.of_type("placement_failed")))
+    await wait_until_async(
+        lambda: bool(rig.of_type("placement_failed")),
+        timeout=15.0,
+        what='bool(rig.of_type("placement_failed"))',
+    )
     refused = await scrape(http, served.url)
     assert value(refused, "lorenz_placement_failures_total", workflow=wf, reason="quota") == 1
     assert value(refused, "lorenz_placement_duration_seconds_count", workflow=wf) == 0
     assert value(refused, "lorenz_run_outcomes_total", workflow=wf, outcome="failed") == 0
 
     # placed after the placement wait: timed from its reservation to its binding
-    await wait_until(lambda: bool(rig.of_type("run_started")), timeout=30)
+    await wait_until_async(
+        lambda: bool(rig.of_type("run_started")),
+        timeout=30,
+        what='bool(rig.of_type("run_started"))',
+    )
     placed = await scrape(http, served.url)
     assert value(placed, "lorenz_placement_duration_seconds_count", workflow=wf) == 1
     assert value(placed, "lorenz_placement_failures_total", workflow=wf, reason="quota") == 1

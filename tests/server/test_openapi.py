@@ -20,6 +20,7 @@ import requests
 import schemathesis
 from hypothesis import HealthCheck, Phase
 from schemathesis import GenerationMode
+from schemathesis.core.result import Ok
 
 from lorenz.model import SlotKey
 from lorenz.server import openapi_document
@@ -33,8 +34,8 @@ from tests.server.helpers import (
     make_rig,
     release,
     serve,
-    wait_until,
 )
+from tests.waiting import wait_until_async
 
 EXAMPLES_PER_OPERATION = 25
 STREAMING_OPERATIONS = {"streamEvents"}
@@ -77,10 +78,12 @@ async def serve_every_lane(tmp_path: Path) -> Served:
     served = await serve(rig)
     await rig.runtime.poll_once()
     state = rig.orchestrator.state
-    await wait_until(
+    await wait_until_async(
         lambda: "id-1#0" in state.running
         and "id-2#0" in state.reserved
-        and "id-3#0" in state.retry_attempts
+        and "id-3#0" in state.retry_attempts,
+        timeout=15.0,
+        what="id-1#0 running, id-2#0 reserved and id-3#0 retrying",
     )
     return served
 
@@ -139,6 +142,7 @@ def _run_schemathesis(base_url: str, *, headers: dict[str, str]) -> list[str]:
     failures: list[str] = []
     operations = 0
     for result in schema.get_all_operations():
+        assert isinstance(result, Ok), result  # an Err has no operation (ok() would raise)
         operation = result.ok()
         if operation.definition.raw.get("operationId") in STREAMING_OPERATIONS:
             continue

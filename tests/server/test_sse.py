@@ -11,7 +11,8 @@ import pytest
 
 from lorenz.model import RuntimeSnapshot
 from lorenz.server import HUB_KEY, SnapshotHub, encode_event
-from tests.server.helpers import SseReader, issue, make_rig, release, serve, wait_until
+from tests.server.helpers import SseReader, issue, make_rig, release, serve
+from tests.waiting import wait_until_async
 
 
 def _hub(served_app: object) -> SnapshotHub:
@@ -38,7 +39,11 @@ async def test_stream_starts_with_the_current_snapshot_then_follows_runs(
     rig = make_rig(tmp_path, issues=[issue(1)])
     served = await serve(rig)
     await rig.runtime.poll_once()
-    await wait_until(lambda: len(rig.orchestrator.state.running) == 1)
+    await wait_until_async(
+        lambda: len(rig.orchestrator.state.running) == 1,
+        timeout=15.0,
+        what="len(rig.orchestrator.state.running) == 1",
+    )
 
     async with http.get(f"{served.url}/api/v1/events") as response:
         assert response.status == 200
@@ -153,7 +158,11 @@ async def test_fanout_encodes_each_version_once_for_all_clients(
         await rig.runtime.poll_once()
         for reader in readers:
             await reader.snapshot_where(lambda s: len(s["running"]) == 1)
-        await wait_until(lambda: len(rig.orchestrator.state.running) == 1)
+        await wait_until_async(
+            lambda: len(rig.orchestrator.state.running) == 1,
+            timeout=15.0,
+            what="len(rig.orchestrator.state.running) == 1",
+        )
         sends = sum(
             len([f for f in reader.fields if f.get("event") == "snapshot"]) - 1
             for reader in readers
@@ -198,10 +207,18 @@ async def test_disconnect_unsubscribes_and_the_last_client_drops_the_runtime_sub
     assert len(listeners) == 1  # one subscription however many clients
 
     first.close()
-    await wait_until(lambda: hub.client_count == 1)
+    await wait_until_async(
+        lambda: hub.client_count == 1,
+        timeout=15.0,
+        what="hub.client_count == 1",
+    )
     assert hub.subscribed
     second.close()
-    await wait_until(lambda: hub.client_count == 0)
+    await wait_until_async(
+        lambda: hub.client_count == 0,
+        timeout=15.0,
+        what="hub.client_count == 0",
+    )
     assert not hub.subscribed
     assert listeners == []
 

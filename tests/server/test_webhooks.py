@@ -33,7 +33,8 @@ from lorenz.trackers.webhooks import (
 from lorenz.workflow import load_workflow
 from tests.fakes.linear_server import FakeLinearServer
 from tests.runtime.harness import build_rig, write_agent, write_workflow
-from tests.server.helpers import WAITING_AGENT, Served, make_rig, release, serve, wait_until
+from tests.server.helpers import WAITING_AGENT, Served, make_rig, release, serve
+from tests.waiting import wait_until_async
 
 SECRET = "whsec-server-test-7d1f0c"
 TEN_MINUTES_MS = 600_000
@@ -75,7 +76,11 @@ async def linear_served(tmp_path: Path, linear: FakeLinearServer, **tracker: Any
 async def started(served: Served) -> asyncio.Task[None]:
     """Start the runtime loop and wait until its first tick is over (it then sleeps 10 min)."""
     task = asyncio.get_running_loop().create_task(served.rig.runtime.start())
-    await wait_until(lambda: bool(served.rig.of_type("poll_completed")), timeout=30)
+    await wait_until_async(
+        lambda: bool(served.rig.of_type("poll_completed")),
+        timeout=30,
+        what='bool(served.rig.of_type("poll_completed"))',
+    )
     return task
 
 
@@ -222,8 +227,12 @@ async def test_bad_missing_stale_oversized_deep_and_replayed_deliveries_change_n
     status, document = await post(http, served, "linear", headers, body)
     assert status == 202, document
     assert document["event"]["identifiers"] == [issue.identifier]
-    await wait_until(lambda: served.rig.runtime.poll_count > polls)
-    await wait_until(lambda: idle(served))
+    await wait_until_async(
+        lambda: served.rig.runtime.poll_count > polls,
+        timeout=15.0,
+        what="served.rig.runtime.poll_count > polls",
+    )
+    await wait_until_async(lambda: idle(served), timeout=15.0, what="idle(served)")
     refreshes = len(served.rig.of_type("refresh_requested"))
     status, document = await post(http, served, "linear", headers, body)
     assert (status, code(document)) == (400, "webhook_replayed")
@@ -250,7 +259,11 @@ async def test_a_verified_creation_starts_the_agent_long_before_the_poll_would(
     assert status == 202, document
     assert document["refresh"]["queued"] is True
     # NB: only the delivery can explain a start before the 10-minute poll.
-    await wait_until(lambda: run_started_for(served, issue.identifier), timeout=30)
+    await wait_until_async(
+        lambda: run_started_for(served, issue.identifier),
+        timeout=30,
+        what="run_started_for(served, issue.identifier)",
+    )
     latency = time.monotonic() - sent
     assert latency < TEN_MINUTES_MS / 1000.0
     release(served.rig, issue.identifier)
@@ -264,7 +277,11 @@ async def test_a_verified_move_to_a_terminal_state_stops_the_run(
     issue = linear_server.add_issue(title="Will be done elsewhere", state="Todo")
     served = await linear_served(tmp_path, linear_server)
     loop_task = await started(served)
-    await wait_until(lambda: run_started_for(served, issue.identifier), timeout=30)
+    await wait_until_async(
+        lambda: run_started_for(served, issue.identifier),
+        timeout=30,
+        what="run_started_for(served, issue.identifier)",
+    )
 
     linear_server.set_state(issue.id, "Done")
     headers, body = linear_delivery(issue.id, issue.identifier, action="update",
@@ -274,9 +291,15 @@ async def test_a_verified_move_to_a_terminal_state_stops_the_run(
     assert document["event"]["change"] == "state_changed"
     # As reconciliation does: the turn in progress gets its grace, then the run is stopped.
     stops = ("run_finishing", "run_canceled", "workspace_cleanup")
-    await wait_until(lambda: any(
-        '"terminal"' in json.dumps(event) for kind in stops for event in served.rig.of_type(kind)
-    ), timeout=30)
+    await wait_until_async(
+        lambda: any(
+            '"terminal"' in json.dumps(event)
+            for kind in stops
+            for event in served.rig.of_type(kind)
+        ),
+        timeout=30,
+        what="a stop event that names the terminal state",
+    )
     served.rig.runtime.stop()
     await asyncio.wait_for(loop_task, timeout=60)
 
@@ -307,7 +330,7 @@ async def test_a_burst_of_a_thousand_deliveries_costs_few_tracker_reads(
     assert intake is not None
     # Wait for the trailing refresh and the passes it queued to be over.
     await asyncio.sleep(REFRESH_MIN_GAP_S * 2)
-    await wait_until(lambda: idle(served), timeout=30)
+    await wait_until_async(lambda: idle(served), timeout=30, what="idle(served)")
     ticks = served.rig.runtime.poll_count - polls
     tracker_reads = len(linear_server.requests) - reads
     # At most one refresh per gap (plus the leading one), each a pass of a couple of reads.
@@ -373,7 +396,11 @@ async def test_each_senders_good_signature_is_taken_over_http(
     assert status == 202, document
     assert document["event"]["kind"] == kind
     assert document["event"]["issue_ids"]
-    await wait_until(lambda: bool(served.rig.of_type("refresh_requested")))
+    await wait_until_async(
+        lambda: bool(served.rig.of_type("refresh_requested")),
+        timeout=15.0,
+        what='bool(served.rig.of_type("refresh_requested"))',
+    )
     wrong = body.replace(b"7", b"8")
     status, document = await post(http, served, kind, make_headers(body, "ok-2"), wrong)
     if kind == "gitlab":
@@ -419,7 +446,7 @@ async def test_the_coalescer_asks_at_once_then_once_per_gap() -> None:
     for _ in range(50):
         assert coalescer.ask().coalesced
     assert len(asked) == 1
-    await wait_until(lambda: len(asked) == 2, timeout=5)
+    await wait_until_async(lambda: len(asked) == 2, timeout=5, what="len(asked) == 2")
     assert asked[1] - asked[0] >= 0.19
     coalescer.ask()
     coalescer.close()  # a trailing refresh not yet due is dropped

@@ -382,6 +382,7 @@ async def test_refresh_by_ids_types_ids_as_graphql_ids(
     await make_tracker().fetch_issues_by_ids(["x"])
     (definition,) = operation(linear_server).definitions[:1]
     assert isinstance(definition, graphql.OperationDefinitionNode)
+    assert definition.variable_definitions is not None
     types = {
         v.variable.name.value: graphql.print_ast(v.type) for v in definition.variable_definitions
     }

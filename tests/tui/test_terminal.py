@@ -13,13 +13,14 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
+
+from tests.waiting import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LORENZ = Path(sys.executable).parent / "lorenz"
@@ -48,11 +49,12 @@ class Tmux:
 
     def wait_for(self, predicate: object, *, timeout: float = 30.0) -> None:
         assert callable(predicate)
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            if time.monotonic() > deadline:
-                raise AssertionError(f"terminal never got there; screen:\n{self.screen()}")
-            time.sleep(0.05)
+        wait_until(
+            predicate,
+            timeout=timeout,
+            what=lambda: f"the terminal to get there; screen:\n{self.screen()}",
+            interval=0.05,
+        )
 
 
 @pytest.fixture

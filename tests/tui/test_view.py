@@ -9,6 +9,7 @@ import logging
 import sys
 import threading
 from pathlib import Path
+from typing import cast
 
 import pytest
 from rich.console import Console
@@ -17,6 +18,7 @@ from rich.file_proxy import FileProxy
 from lorenz.model import Issue, RuntimeSnapshot
 from lorenz.tui import TerminalView, attachment_factory
 from tests.runtime.harness import build_rig, write_agent, write_workflow
+from tests.waiting import wait_until_async
 
 HIDE_CURSOR = "\x1b[?25l"
 SHOW_CURSOR = "\x1b[?25h"
@@ -26,13 +28,6 @@ def _terminal() -> tuple[Console, io.StringIO]:
     out = io.StringIO()
     console = Console(file=out, force_terminal=True, width=140, height=40, color_system="standard")
     return console, out
-
-
-async def _wait_for(predicate: object, *, timeout: float = 15.0) -> None:
-    assert callable(predicate)
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.02)
 
 
 async def test_mounts_draws_live_and_unmounts_cleanly(tmp_path: Path) -> None:
@@ -60,13 +55,25 @@ async def test_mounts_draws_live_and_unmounts_cleanly(tmp_path: Path) -> None:
     assert isinstance(sys.stdout, FileProxy)
     assert isinstance(sys.stderr, FileProxy)
     await rig.runtime.poll_once()
-    await _wait_for(lambda: "TUI-1" in out.getvalue() and "Shown live" in out.getvalue())
+    await wait_until_async(
+        lambda: "TUI-1" in out.getvalue() and "Shown live" in out.getvalue(),
+        timeout=15.0,
+        what='"TUI-1" in out.getvalue() and "Shown live" in out.getvalue()',
+    )
     frames = view.frames
     # Without new snapshots the view still redraws (countdowns tick) — but stays ≤ 4 fps.
-    await _wait_for(lambda: view.frames > frames)
+    await wait_until_async(
+        lambda: view.frames > frames,
+        timeout=15.0,
+        what="view.frames > frames",
+    )
     release.write_text("go")
     await rig.runtime.wait_for_runs()
-    await _wait_for(lambda: "success" in out.getvalue())
+    await wait_until_async(
+        lambda: "success" in out.getvalue(),
+        timeout=15.0,
+        what='"success" in out.getvalue()',
+    )
     await view.stop()
 
     written = out.getvalue()
@@ -124,7 +131,11 @@ async def test_a_burst_of_changes_builds_a_snapshot_per_frame_not_per_change(
     monkeypatch.setattr(rig.runtime, "snapshot", counted)
     await view.start(rig.runtime)
     try:
-        await _wait_for(lambda: view.frames >= 1)  # the first frame comes at once
+        await wait_until_async(
+            lambda: view.frames >= 1,
+            timeout=15.0,
+            what="view.frames >= 1",
+        )  # the first frame comes at once
         for _ in range(200):
             rig.runtime._emit_snapshot()
         await asyncio.sleep(0.3)
@@ -172,7 +183,8 @@ async def test_log_lines_from_an_early_handler_scroll_above_the_view(tmp_path: P
         assert isinstance(early.stream, FileProxy)
         logging.getLogger("lorenz.test").info("a line printed while the view is up")
         await view.stop()
-        assert early.stream is sys.__stderr__
+        # NB: cast, since the isinstance above narrowed the attribute for mypy, not for Python.
+        assert cast(object, early.stream) is sys.__stderr__
         assert "a line printed while the view is up" in out.getvalue()
     finally:
         root.removeHandler(early)

@@ -188,13 +188,6 @@ class Collected:
                 await self.changed.wait()
 
 
-async def wait_until(predicate: Callable[[], bool], *, timeout_s: float = 60.0) -> None:
-    """Poll a condition (an event in another process), bounded generously."""
-    async with asyncio.timeout(timeout_s):
-        while not predicate():
-            await asyncio.sleep(0.02)
-
-
 def process_gone(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE

@@ -27,7 +27,8 @@ from lorenz.workers.handles import LocalTransport
 from lorenz.workers.runner import WorkerRunner
 from lorenz.workers.states import list_handles, worker_pid
 from tests.claims.records import claim
-from tests.workers.conftest import base_env, process_gone, wait_until
+from tests.waiting import wait_until_async
+from tests.workers.conftest import base_env, process_gone
 from tests.workers.test_runner import Kit
 
 
@@ -77,8 +78,10 @@ async def test_a_resumed_run_re_attaches_after_the_collected_seq_and_starts_noth
     gate = tmp_path / "gate"
     kit = Kit(tmp_path, [{"message": "waiting"}, {"gate": str(gate)}, {"message": "done"}])
     handle = await started_by_lost_controller(state_root, tmp_path, kit)
-    await wait_until(
-        lambda: "session_started" in agent_updates_after(state_root, handle, 0), timeout_s=60
+    await wait_until_async(
+        lambda: "session_started" in agent_updates_after(state_root, handle, 0),
+        timeout=60,
+        what='"session_started" in agent_updates_after(state_root, handle, 0)',
     )
     # The lost controller had collected everything up to the thread's start.
     collected = next(
@@ -90,7 +93,11 @@ async def test_a_resumed_run_re_attaches_after_the_collected_seq_and_starts_noth
     task = asyncio.create_task(
         successor(state_root, tmp_path).run(kit.request(resume=intent(handle, collected)))
     )
-    await wait_until(lambda: any(u.event == "session_started" for u in kit.updates), timeout_s=60)
+    await wait_until_async(
+        lambda: any(u.event == "session_started" for u in kit.updates),
+        timeout=60,
+        what='any(u.event == "session_started" for u in kit.updates)',
+    )
     gate.write_text("open")
     result = await asyncio.wait_for(task, timeout=60)
     assert result.turns == 1
@@ -112,8 +119,10 @@ async def test_a_resumed_run_whose_worker_finished_unwatched_settles_from_its_fi
 ) -> None:
     kit = Kit(tmp_path, [{"fail": "broke while nobody watched"}])
     handle = await started_by_lost_controller(state_root, tmp_path, kit)
-    await wait_until(
-        lambda: any(r["kind"] == "final" for r in journal(state_root, handle)), timeout_s=60
+    await wait_until_async(
+        lambda: any(r["kind"] == "final" for r in journal(state_root, handle)),
+        timeout=60,
+        what='any(r["kind"] == "final" for r in journal(state_root, handle))',
     )
     with pytest.raises(AgentRunError) as caught:
         await successor(state_root, tmp_path).run(kit.request(resume=intent(handle, 1)))
@@ -129,13 +138,15 @@ async def test_a_resumed_run_whose_worker_is_gone_fails_with_worker_gone_and_sta
     handle = await started_by_lost_controller(state_root, tmp_path, kit)
     # NB: the agent writes its pid file when it starts, its start mark only at ``turn/start``:
     # wait for the mark, or the kill can land before the turn began (it did in a full run).
-    await wait_until(
-        lambda: kit.starts() == 1 and worker_pid(state_root / handle) is not None, timeout_s=60
+    await wait_until_async(
+        lambda: kit.starts() == 1 and worker_pid(state_root / handle) is not None,
+        timeout=60,
+        what="kit.starts() == 1 and worker_pid(state_root / handle) is not None",
     )
     pid = worker_pid(state_root / handle)
     assert pid is not None
     os.killpg(os.getpgid(pid), signal.SIGKILL)
-    await wait_until(lambda: process_gone(pid), timeout_s=60)
+    await wait_until_async(lambda: process_gone(pid), timeout=60, what="process_gone(pid)")
     with pytest.raises(LorenzError) as caught:
         await successor(state_root, tmp_path).run(kit.request(resume=intent(handle, 0)))
     assert caught.value.code == "worker_gone"
@@ -149,8 +160,10 @@ async def test_an_intent_naming_another_slots_worker_is_not_attached_to(
     (tmp_path / "other").mkdir()
     other = Kit(tmp_path / "other", [{"message": "not yours"}])
     foreign = await started_by_lost_controller(state_root, tmp_path, other)  # slot 0
-    await wait_until(
-        lambda: any(r["kind"] == "final" for r in journal(state_root, foreign)), timeout_s=60
+    await wait_until_async(
+        lambda: any(r["kind"] == "final" for r in journal(state_root, foreign)),
+        timeout=60,
+        what='any(r["kind"] == "final" for r in journal(state_root, foreign))',
     )
     kit = Kit(tmp_path, [{"message": "mine"}])
     await successor(state_root, tmp_path).run(
@@ -168,7 +181,11 @@ async def test_an_unreachable_worker_is_quarantined_in_the_claim_and_followed_wh
     gate = tmp_path / "gate"
     kit = Kit(tmp_path, [{"message": "waiting"}, {"gate": str(gate)}, {"message": "done"}])
     handle = await started_by_lost_controller(state_root, tmp_path, kit)
-    await wait_until(lambda: worker_pid(state_root / handle) is not None)
+    await wait_until_async(
+        lambda: worker_pid(state_root / handle) is not None,
+        timeout=60.0,
+        what="worker_pid(state_root / handle) is not None",
+    )
     store = await SqliteClaimStore.open(tmp_path / "claims.db", owner="ctl-2")
     try:
         await store.fence(2)
@@ -182,15 +199,19 @@ async def test_an_unreachable_worker_is_quarantined_in_the_claim_and_followed_wh
             quarantine_probe_s=0.2,
         )
         task = asyncio.create_task(runner.run(kit.request(resume=intent(handle, 0))))
-        await wait_until(
-            lambda: any(u.event == "session_started" for u in kit.updates), timeout_s=60
+        await wait_until_async(
+            lambda: any(u.event == "session_started" for u in kit.updates),
+            timeout=60,
+            what='any(u.event == "session_started" for u in kit.updates)',
         )
         pid = worker_pid(state_root / handle)
         assert pid is not None
         os.kill(pid, signal.SIGSTOP)
         try:
-            await wait_until(
-                lambda: any(u.event == "worker_quarantined" for u in kit.updates), timeout_s=120
+            await wait_until_async(
+                lambda: any(u.event == "worker_quarantined" for u in kit.updates),
+                timeout=120,
+                what='any(u.event == "worker_quarantined" for u in kit.updates)',
             )
             [row] = (await store.load()).claims
             assert row.intent is not None

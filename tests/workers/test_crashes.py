@@ -17,6 +17,7 @@ import pytest
 from lorenz.workers.client import CallHandlers
 from lorenz.workers.handles import LocalTransport, WorkerGone, WorkerHandle, launch
 from lorenz.workers.states import ProbeState, probe_local, worker_pid
+from tests.waiting import wait_until_async
 from tests.workers.conftest import (
     SECRET,
     Collected,
@@ -24,7 +25,6 @@ from tests.workers.conftest import (
     base_env,
     environ_of,
     process_gone,
-    wait_until,
 )
 
 CONTROLLER = Path(__file__).resolve().parent / "controller_script.py"
@@ -69,8 +69,10 @@ async def test_kill_9_of_the_controllers_process_group_mid_turn_then_reattach_wi
     controller = start_controller(spec_path, state_root, out1)
     try:
         # Mid-turn: the agent sent its first burst and waits at the gate.
-        await wait_until(
-            lambda: sum(1 for r in read_lines(out1) if r.get("kind") == "agent_update") >= 50
+        await wait_until_async(
+            lambda: sum(1 for r in read_lines(out1) if r.get("kind") == "agent_update") >= 50,
+            timeout=60.0,
+            what='sum(1 for r in read_lines(out1) if r.get("kind") == "agent_update") >= 50',
         )
         os.killpg(controller.pid, signal.SIGKILL)
         controller.wait()
@@ -91,9 +93,17 @@ async def test_kill_9_of_the_controllers_process_group_mid_turn_then_reattach_wi
     successor = start_controller(spec_path, state_root, out2, after_seq=last)
     try:
         # Attached and live before the agent moves on: what follows arrives live.
-        await wait_until(lambda: any("live" in r for r in read_lines(out2)))
+        await wait_until_async(
+            lambda: any("live" in r for r in read_lines(out2)),
+            timeout=60.0,
+            what='any("live" in r for r in read_lines(out2))',
+        )
         scenario_gate.write_text("open")
-        await wait_until(lambda: any("done" in r for r in read_lines(out2)))
+        await wait_until_async(
+            lambda: any("done" in r for r in read_lines(out2)),
+            timeout=60.0,
+            what='any("done" in r for r in read_lines(out2))',
+        )
     finally:
         if successor.poll() is None:
             successor.wait(timeout=60)
@@ -128,7 +138,11 @@ async def test_kill_9_of_the_worker_is_gone_without_a_final_record(
     assert collected.records[-1].kind != "final"
     # The orphaned agent finds its stdout closed once it moves on.
     scenario.open_gate("go")
-    await wait_until(lambda: process_gone(scenario.agent_pid()))
+    await wait_until_async(
+        lambda: process_gone(scenario.agent_pid()),
+        timeout=60.0,
+        what="process_gone(scenario.agent_pid())",
+    )
     # The same handle is never run a second time: a retry is a new attempt, a new handle.
     from lorenz.workers.launch import WorkerLaunchError
 
@@ -157,7 +171,11 @@ async def test_cancel_with_a_reason_stops_the_agent_runs_after_run_and_records_i
         "issue moved to Done"
     ]
     assert (tmp_path / "after").read_text() == "cleaned\n"
-    await wait_until(lambda: process_gone(scenario.agent_pid()))
+    await wait_until_async(
+        lambda: process_gone(scenario.agent_pid()),
+        timeout=60.0,
+        what="process_gone(scenario.agent_pid())",
+    )
 
 
 async def test_sigterm_to_the_worker_cancels_the_run_cleanly(
@@ -175,7 +193,11 @@ async def test_sigterm_to_the_worker_cancels_the_run_cleanly(
     final = await asyncio.wait_for(follow, timeout=60)
     assert final.data["outcome"] == "canceled"
     assert final.data["reason"] == "signal SIGTERM"
-    await wait_until(lambda: process_gone(scenario.agent_pid()))
+    await wait_until_async(
+        lambda: process_gone(scenario.agent_pid()),
+        timeout=60.0,
+        what="process_gone(scenario.agent_pid())",
+    )
 
 
 class TokenTools:
@@ -209,7 +231,11 @@ async def test_tool_calls_run_in_the_controller_and_the_token_never_reaches_the_
     follow = asyncio.create_task(handle.follow(collected))
     await collected.wait_for(lambda rs: any(r.kind == "tool_call" for r in rs))
     assert tools.calls == [("linear_graphql", {"query": "{ viewer { id } }"})]
-    await wait_until(lambda: bool(scenario.answers()))
+    await wait_until_async(
+        lambda: bool(scenario.answers()),
+        timeout=60.0,
+        what="bool(scenario.answers())",
+    )
     answer = scenario.answers()[0]["answer"]
     assert answer["success"] is True
     assert json.loads(answer["contentItems"][0]["text"]) == {"token_tail": SECRET[-4:]}
@@ -232,7 +258,11 @@ async def test_a_tool_call_without_a_controller_fails_after_the_wait_instead_of_
         controller_wait_ms=300,
     )
     await LocalTransport(state_root=state_root, env=base_env()).launch(spec)
-    await wait_until(lambda: bool(scenario.answers()))
+    await wait_until_async(
+        lambda: bool(scenario.answers()),
+        timeout=60.0,
+        what="bool(scenario.answers())",
+    )
     answer = scenario.answers()[0]["answer"]
     assert answer["success"] is False
     assert "no controller" in answer["contentItems"][0]["text"]
@@ -308,7 +338,7 @@ async def kill_controllers_at_random_points(
                         "done" in r for r in lines
                     )
 
-                await wait_until(collected_enough)
+                await wait_until_async(collected_enough, timeout=60.0, what="collected_enough")
                 os.killpg(controller.pid, signal.SIGKILL)
             controller.wait(timeout=120)
         finally:

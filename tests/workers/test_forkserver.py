@@ -22,7 +22,8 @@ from lorenz.model import LorenzError
 from lorenz.workers.forkserver import LAUNCHER_MARK
 from lorenz.workers.handles import LocalTransport, WorkerHandle
 from lorenz.workers.states import HANDLE_ENV, LOG_NAME, STATUS_NAME, create_state_dir, worker_pid
-from tests.workers.conftest import Collected, SpecFactory, base_env, process_gone, wait_until
+from tests.waiting import wait_until_async
+from tests.workers.conftest import Collected, SpecFactory, base_env, process_gone
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="the launcher needs PR_SET_PDEATHSIG (Linux)"
@@ -58,7 +59,11 @@ async def test_concurrent_launches_fork_their_workers_from_one_launcher(
         assert launcher_pid is not None
     finally:
         await transport.close()
-    await wait_until(lambda: process_gone(launcher_pid))
+    await wait_until_async(
+        lambda: process_gone(launcher_pid),
+        timeout=60.0,
+        what="process_gone(launcher_pid)",
+    )
 
 
 async def test_a_warmed_up_launcher_is_running_before_the_first_launch_and_serves_it(
@@ -70,7 +75,11 @@ async def test_a_warmed_up_launcher_is_running_before_the_first_launch_and_serve
         assert transport.warm_up() is True
         assert transport.warm_up() is False, "started once"
         launcher = transport.launcher
-        await wait_until(lambda: launcher.pid is not None and not process_gone(launcher.pid))
+        await wait_until_async(
+            lambda: launcher.pid is not None and not process_gone(launcher.pid),
+            timeout=60.0,
+            what="launcher.pid is not None and not process_gone(launcher.pid)",
+        )
         warmed = launcher.pid
         result = await transport.launch(make_spec()[0])
         assert launcher.pid == warmed
@@ -165,7 +174,11 @@ async def test_a_launcher_that_died_is_started_again_at_the_next_launch(
         dead = transport.launcher.pid
         assert dead is not None
         os.kill(dead, signal.SIGKILL)
-        await wait_until(lambda: process_gone(dead))
+        await wait_until_async(
+            lambda: process_gone(dead),
+            timeout=60.0,
+            what="process_gone(dead)",
+        )
         second = await transport.launch(make_spec()[0])
         assert transport.launcher.starts == 2
         for result in (first, second):
@@ -248,11 +261,15 @@ async def test_a_controller_killed_mid_launch_takes_the_unserving_worker_along(
                 return len(chain) >= 3
             return False
 
-        await wait_until(worker_forked, timeout_s=120)
+        await wait_until_async(worker_forked, timeout=120, what="worker_forked")
         controller.kill()
         controller.wait(timeout=60)
         for pid in [process.pid for process in chain]:
-            await wait_until(functools.partial(process_gone, pid), timeout_s=30)
+            await wait_until_async(
+                functools.partial(process_gone, pid),
+                timeout=30,
+                what="functools.partial(process_gone, pid)",
+            )
         # A worker still alive would now get through its log and bind its socket.
         reader = os.open(state_dir / LOG_NAME, os.O_RDONLY | os.O_NONBLOCK)
         await asyncio.sleep(3.0)

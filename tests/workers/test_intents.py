@@ -24,7 +24,8 @@ from lorenz.workers.handles import LocalTransport
 from lorenz.workers.runner import Departure, WorkerRunner
 from lorenz.workers.states import list_handles
 from tests.claims.records import claim
-from tests.workers.conftest import base_env, process_gone, wait_until
+from tests.waiting import wait_until_async
+from tests.workers.conftest import base_env, process_gone
 from tests.workers.test_runner import Kit
 
 KEY = SlotKey("issue-1#0")
@@ -112,7 +113,11 @@ async def test_a_deposed_runner_leaves_its_worker_running(
     runner = make_runner(state_root, tmp_path, ours)
     runner.leaving = departure
     task = asyncio.create_task(runner.run(kit.request()))
-    await wait_until(lambda: any(u.event == "session_started" for u in kit.updates))
+    await wait_until_async(
+        lambda: any(u.event == "session_started" for u in kit.updates),
+        timeout=60.0,
+        what='any(u.event == "session_started" for u in kit.updates)',
+    )
     await observer.fence(2)  # deposed: the next intent write is refused
     departure.leave(reason="claim_generation_stale")
     task.cancel()
@@ -121,7 +126,7 @@ async def test_a_deposed_runner_leaves_its_worker_running(
     pid = int(kit.pid_file.read_text())
     assert not process_gone(pid), "the deposed runner killed its live worker's agent"
     gate.write_text("go")
-    await wait_until(lambda: process_gone(pid), timeout_s=60)
+    await wait_until_async(lambda: process_gone(pid), timeout=60, what="process_gone(pid)")
 
 
 async def test_a_memory_store_holds_each_records_seq_before_the_record_is_relayed(
@@ -176,7 +181,11 @@ async def test_a_memory_store_that_refuses_an_update_leaves_the_worker_running_t
 
     async def depose() -> None:
         try:
-            await wait_until(lambda: any(u.event == "session_started" for u in kit.updates))
+            await wait_until_async(
+                lambda: any(u.event == "session_started" for u in kit.updates),
+                timeout=60.0,
+                what='any(u.event == "session_started" for u in kit.updates)',
+            )
             await MemoryClaimStore(owner="ctl-2", table=table).fence(2)  # a newer leader
             fenced.append(len(kit.updates))
         finally:

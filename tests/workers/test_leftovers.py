@@ -23,7 +23,8 @@ from lorenz.model import LorenzError, SpawnIntent, SpawnPhase
 from lorenz.workers.handles import LocalTransport
 from lorenz.workers.runner import WorkerRunner
 from lorenz.workers.states import HANDLE_ENV, worker_pid
-from tests.workers.conftest import base_env, process_gone, wait_until
+from tests.waiting import wait_until_async
+from tests.workers.conftest import base_env, process_gone
 from tests.workers.test_runner import Kit
 
 
@@ -47,15 +48,17 @@ async def kill_the_worker_only(
     ``watched``: a runner in this process follows the worker, and may well kill the agent as
     soon as the worker is gone — before this returns.
     """
-    await wait_until(
-        lambda: kit.starts() == 1 and worker_pid(state_root / handle) is not None, timeout_s=60
+    await wait_until_async(
+        lambda: kit.starts() == 1 and worker_pid(state_root / handle) is not None,
+        timeout=60,
+        what="kit.starts() == 1 and worker_pid(state_root / handle) is not None",
     )
     pid = worker_pid(state_root / handle)
     assert pid is not None
     agent = int(kit.pid_file.read_text())
     assert not process_gone(agent)
     os.kill(pid, signal.SIGKILL)
-    await wait_until(lambda: process_gone(pid), timeout_s=60)
+    await wait_until_async(lambda: process_gone(pid), timeout=60, what="process_gone(pid)")
     if not watched:
         assert not process_gone(agent), "the agent outlives its worker: the case this is about"
     return agent
@@ -67,7 +70,11 @@ async def test_a_followed_worker_killed_mid_turn_fails_the_run_only_once_its_age
     kit = silent_kit(tmp_path)
     following = runner(state_root, tmp_path, generation=1)
     run = asyncio.create_task(following.run(kit.request()))
-    await wait_until(lambda: following.last_handle is not None, timeout_s=60)
+    await wait_until_async(
+        lambda: following.last_handle is not None,
+        timeout=60,
+        what="following.last_handle is not None",
+    )
     assert following.last_handle is not None
     agent = await kill_the_worker_only(
         state_root, following.last_handle.handle, kit, watched=True
@@ -104,7 +111,11 @@ async def test_without_claims_a_gone_predecessors_agent_dies_before_the_next_age
     successor = runner(state_root, tmp_path, generation=2)
     run = asyncio.create_task(successor.run(kit.request()))
     try:
-        await wait_until(lambda: kit.starts() == 2, timeout_s=60)
+        await wait_until_async(
+            lambda: kit.starts() == 2,
+            timeout=60,
+            what="kit.starts() == 2",
+        )
         assert process_gone(agent), "two agents of one slot ran at once"
     finally:
         run.cancel()

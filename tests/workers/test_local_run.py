@@ -33,13 +33,13 @@ from lorenz.workers.states import (
     state_root_of,
     worker_pid,
 )
+from tests.waiting import wait_until_async
 from tests.workers.conftest import (
     Collected,
     SpecFactory,
     base_env,
     kill_workers_under,
     process_gone,
-    wait_until,
 )
 
 
@@ -94,7 +94,11 @@ async def test_a_run_executes_hooks_and_agent_and_ends_with_a_final_record(
     on_disk = read_journal(state_dir / "journal.jsonl")
     assert [r.to_json() for r in on_disk] == [r.to_json() for r in collected.records]
     # The ack lets the worker exit at once.
-    await wait_until(lambda: worker_pid(state_dir) is None)
+    await wait_until_async(
+        lambda: worker_pid(state_dir) is None,
+        timeout=60.0,
+        what="worker_pid(state_dir) is None",
+    )
     assert not (state_dir / "control.sock").exists()
 
 
@@ -241,7 +245,11 @@ async def test_probe_reports_final_after_the_worker_exited(
     )
     await handle.follow(Collected())
     assert result.pid is not None
-    await wait_until(lambda: process_gone(result.pid or 0))
+    await wait_until_async(
+        lambda: process_gone(result.pid or 0),
+        timeout=60.0,
+        what="process_gone(result.pid or 0)",
+    )
     probe = await probe_local(state_root / spec.handle)
     assert probe.state is ProbeState.FINAL
     assert probe.final is not None
@@ -446,7 +454,11 @@ async def test_a_command_agents_prompt_file_is_in_the_workers_state_directory(
     else:
         assert result.pid is not None
         os.killpg(os.getpgid(result.pid), signal.SIGKILL)
-        await wait_until(lambda: worker_pid(state_dir) is None)
+        await wait_until_async(
+            lambda: worker_pid(state_dir) is None,
+            timeout=60.0,
+            what="worker_pid(state_dir) is None",
+        )
         gate.write_text("open")  # the agent, in a process group of its own, ends too
         follow.cancel()
         with contextlib.suppress(BaseException):

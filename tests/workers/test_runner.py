@@ -21,7 +21,8 @@ from lorenz.workers.handles import LocalTransport
 from lorenz.workers.runner import WorkerRunner
 from lorenz.workers.spec import HookSpec, RunSpec
 from lorenz.workers.states import COLLECTED_NAME, list_handles
-from tests.workers.conftest import GATED_CODEX, base_env, process_gone, wait_until
+from tests.waiting import wait_until_async
+from tests.workers.conftest import GATED_CODEX, base_env, process_gone
 
 
 class Kit:
@@ -149,7 +150,11 @@ async def test_cancelling_the_runner_cancels_the_worker_and_waits_for_its_end(
     kit = Kit(tmp_path, [{"message": "waiting"}, {"gate": str(tmp_path / "never")}])
     worker_runner = runner(state_root, tmp_path)
     task = asyncio.create_task(worker_runner.run(kit.request()))
-    await wait_until(lambda: any(u.event == "session_started" for u in kit.updates))
+    await wait_until_async(
+        lambda: any(u.event == "session_started" for u in kit.updates),
+        timeout=60.0,
+        what='any(u.event == "session_started" for u in kit.updates)',
+    )
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -168,10 +173,18 @@ async def test_a_restarted_controller_adopts_the_live_worker_instead_of_running_
     predecessor = runner(state_root, tmp_path)
     # What the dead controller did: start the worker; it then died without collecting anything.
     await predecessor.transport.launch(predecessor.spec_for(kit.request()))
-    await wait_until(lambda: kit.starts() == 1)
+    await wait_until_async(
+        lambda: kit.starts() == 1,
+        timeout=60.0,
+        what="kit.starts() == 1",
+    )
     successor = runner(state_root, tmp_path)
     task = asyncio.create_task(successor.run(kit.request()))
-    await wait_until(lambda: any(u.event == "session_started" for u in kit.updates))
+    await wait_until_async(
+        lambda: any(u.event == "session_started" for u in kit.updates),
+        timeout=60.0,
+        what='any(u.event == "session_started" for u in kit.updates)',
+    )
     gate.write_text("open")
     result = await asyncio.wait_for(task, timeout=60)
     assert result.turns == 1
@@ -188,7 +201,11 @@ async def test_a_predecessors_finished_run_is_settled_from_its_final_record(
     spec = predecessor.spec_for(kit.request())
     await predecessor.transport.launch(spec)
     probe_root = state_root / spec.handle
-    await wait_until(lambda: b'"kind":"final"' in (probe_root / "journal.jsonl").read_bytes())
+    await wait_until_async(
+        lambda: b'"kind":"final"' in (probe_root / "journal.jsonl").read_bytes(),
+        timeout=60.0,
+        what='b\'"kind":"final"\' in (probe_root / "journal.jsonl").read_bytes()',
+    )
     with pytest.raises(AgentRunError) as caught:
         await runner(state_root, tmp_path).run(kit.request())
     assert "broke while nobody watched" in caught.value.message

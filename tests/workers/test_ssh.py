@@ -24,6 +24,7 @@ from lorenz.workers.handles import WorkerHandle, WorkerUnknown, launch
 from lorenz.workers.launch import WorkerLaunchError
 from lorenz.workers.ssh import SshTransport, ssh_destination
 from lorenz.workers.states import ProbeState
+from tests.waiting import wait_until_async
 from tests.workers.conftest import (
     SECRET,
     Collected,
@@ -31,7 +32,6 @@ from tests.workers.conftest import (
     environ_of,
     kill_workers_under,
     process_gone,
-    wait_until,
 )
 
 SSHD = Path("/usr/sbin/sshd")
@@ -233,7 +233,11 @@ async def test_tool_calls_come_back_over_the_forwarded_socket_and_the_token_stay
     follow = asyncio.create_task(handle.follow(collected))
     await collected.wait_for(lambda rs: any(r.kind == "tool_call" for r in rs))
     assert tools.calls == [("linear_graphql", {"query": "{ a }"})]
-    await wait_until(lambda: bool(scenario.answers()))
+    await wait_until_async(
+        lambda: bool(scenario.answers()),
+        timeout=60.0,
+        what="bool(scenario.answers())",
+    )
     assert scenario.answers()[0]["answer"]["success"] is True
     assert result.pid is not None
     assert SECRET.encode() not in environ_of(result.pid)
@@ -257,7 +261,11 @@ async def test_cancel_over_ssh_stops_the_remote_agent(
     final = await asyncio.wait_for(follow, timeout=60)
     assert final.data["outcome"] == "canceled"
     assert final.data["reason"] == "issue moved to Done"
-    await wait_until(lambda: process_gone(scenario.agent_pid()))
+    await wait_until_async(
+        lambda: process_gone(scenario.agent_pid()),
+        timeout=60.0,
+        what="process_gone(scenario.agent_pid())",
+    )
 
 
 async def test_a_restarted_controller_adopts_the_remote_worker_without_gap_or_rerun(

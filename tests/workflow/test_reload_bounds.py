@@ -8,7 +8,6 @@ server on an ephemeral port); the test waits on the runtime's own events.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ from lorenz.daemon import host
 from lorenz.daemon.host import HostOptions, run_host
 from lorenz.runtime import LorenzRuntime
 from lorenz.server import app as server_app
+from tests.waiting import wait_until_async
 from tests.workflow.test_bounds import alias_bomb
 
 EVENT_BOUND_S = 60.0
@@ -46,17 +46,6 @@ def workflow_text(tmp_path: Path, *, anchors: str = "", provider: str = "{}") ->
         "---\n"
         "Work on {{ issue.identifier }}.\n"
     )
-
-
-async def wait_for(condition: Callable[[], bool], what: str) -> None:
-    async def poll() -> None:
-        while not condition():
-            await asyncio.sleep(0.02)
-
-    try:
-        await asyncio.wait_for(poll(), timeout=EVENT_BOUND_S)
-    except TimeoutError:
-        pytest.fail(f"timed out waiting for {what}")
 
 
 BOMB_ANCHORS = alias_bomb().split("tracker:", 1)[0]
@@ -93,7 +82,11 @@ async def test_a_hostile_reload_is_refused_and_the_host_keeps_polling_and_servin
     options = HostOptions(workflow_path=str(path), port=0, tui=False, environ={})
     task = asyncio.create_task(run_host(options, ready=ready))
     try:
-        await wait_for(lambda: bool(runtimes) and runtimes[0].poll_count >= 1, "the first poll")
+        await wait_until_async(
+            lambda: bool(runtimes) and runtimes[0].poll_count >= 1,
+            timeout=EVENT_BOUND_S,
+            what="the first poll",
+        )
         runtime = runtimes[0]
         url = servers[0].url
 
@@ -106,14 +99,18 @@ async def test_a_hostile_reload_is_refused_and_the_host_keeps_polling_and_servin
         def refused() -> bool:
             return any(e["type"] == "workflow_reload_failed" for e in events)
 
-        await wait_for(refused, "the reload to be refused")
+        await wait_until_async(refused, timeout=EVENT_BOUND_S, what="the reload to be refused")
         failure = next(e for e in events if e["type"] == "workflow_reload_failed")
         assert failure["code"] == "workflow_too_complex", failure
         assert "limit" in failure["message"]
         assert not any(e["type"] == "workflow_reloaded" for e in events)
 
         polls = runtime.poll_count
-        await wait_for(lambda: runtime.poll_count >= polls + 2, "two more polls")
+        await wait_until_async(
+            lambda: runtime.poll_count >= polls + 2,
+            timeout=EVENT_BOUND_S,
+            what="two more polls",
+        )
         async with httpx.AsyncClient(timeout=EVENT_BOUND_S) as client:
             response = await client.get(f"{url}/healthz")
         assert response.status_code == 200

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,15 +53,6 @@ def existing_root(root: Path) -> Path:
 
 def lexists(path: Path) -> bool:
     return os.path.lexists(path)
-
-
-async def wait_for(predicate: Callable[[], bool], *, attempts: int = 500) -> None:
-    """Poll a condition (not a timing assertion: only a bound against hanging forever)."""
-    for _ in range(attempts):
-        if predicate():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition never became true")
 
 
 def process_gone(pid: int) -> bool:

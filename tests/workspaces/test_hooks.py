@@ -15,7 +15,8 @@ from lorenz.workspaces import (
     run_hook,
 )
 from lorenz.workspaces.hooks import hook_environment
-from tests.workspaces.conftest import process_gone, wait_for
+from tests.waiting import wait_until_async
+from tests.workspaces.conftest import process_gone
 
 
 async def run(script: str, cwd: Path, *, timeout_ms: int = 10000) -> str:
@@ -73,27 +74,43 @@ async def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
     assert error.timeout_ms == 500
     assert "500 ms" in error.message
     grandchild = int((tmp_path / "grandchild.pid").read_text())
-    await wait_for(lambda: process_gone(grandchild))
+    await wait_until_async(
+        lambda: process_gone(grandchild),
+        timeout=5.0,
+        what="process_gone(grandchild)",
+    )
 
 
 async def test_leftover_background_processes_die_when_the_hook_exits(tmp_path: Path) -> None:
     output = await run("sleep 60 & echo $! > bg.pid; echo done", tmp_path)
     assert output.strip() == "done"
     background = int((tmp_path / "bg.pid").read_text())
-    await wait_for(lambda: process_gone(background))
+    await wait_until_async(
+        lambda: process_gone(background),
+        timeout=5.0,
+        what="process_gone(background)",
+    )
 
 
 async def test_cancellation_kills_the_hook(tmp_path: Path) -> None:
     task = asyncio.create_task(run("echo $$ > shell.pid; sleep 60 & echo $! > bg.pid; wait",
                                    tmp_path))
     pid_file = tmp_path / "bg.pid"
-    await wait_for(lambda: pid_file.exists() and pid_file.read_text().strip() != "")
+    await wait_until_async(
+        lambda: pid_file.exists() and pid_file.read_text().strip() != "",
+        timeout=5.0,
+        what='pid_file.exists() and pid_file.read_text().strip() != ""',
+    )
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     for name in ("shell.pid", "bg.pid"):
         pid = int((tmp_path / name).read_text())
-        await wait_for(lambda pid=pid: process_gone(pid))
+
+        def gone(pid: int = pid) -> bool:
+            return process_gone(pid)
+
+        await wait_until_async(gone, timeout=5.0, what=f"process {pid} to be gone")
 
 
 async def test_missing_cwd_is_a_coded_error(tmp_path: Path) -> None:

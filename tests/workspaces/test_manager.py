@@ -23,7 +23,8 @@ from lorenz.workspaces import (
     workspace_key,
 )
 from lorenz.workspaces.markers import WorkspaceMarker
-from tests.workspaces.conftest import lexists, make_issue, make_settings, wait_for
+from tests.waiting import wait_until_async
+from tests.workspaces.conftest import lexists, make_issue, make_settings
 
 
 def manager_for(root: Path, **kwargs: object) -> WorkspaceManager:
@@ -225,7 +226,11 @@ async def test_after_create_timeout_removes_the_new_workspace(root: Path) -> Non
 async def test_cancelled_after_create_removes_the_new_workspace(root: Path) -> None:
     manager = manager_for(root, hooks={"after_create": "touch ../started; sleep 30"})
     task = asyncio.create_task(manager.prepare(make_issue("ABC-1"), slot_index=0, attempt=None))
-    await wait_for(lambda: (root / "started").exists())
+    await wait_until_async(
+        lambda: (root / "started").exists(),
+        timeout=5.0,
+        what='(root / "started").exists()',
+    )
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -341,7 +346,11 @@ async def test_after_run_completes_even_when_cancelled_again_while_running(root:
     manager = manager_for(root, hooks={"after_run": script})
     workspace = await manager.prepare(make_issue("ABC-1"), slot_index=0, attempt=None)
     task = asyncio.create_task(manager.after_run(workspace, attempt=None))
-    await wait_for(lambda: (root / "hook-started").exists())
+    await wait_until_async(
+        lambda: (root / "hook-started").exists(),
+        timeout=5.0,
+        what='(root / "hook-started").exists()',
+    )
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task  # the cancellation is delivered, but only after the hook finished
