@@ -223,6 +223,7 @@ class FakeLinearServer(LoopbackFake):
         self._issues: dict[str, FakeIssue] = {}
         self._relations: dict[str, FakeRelation] = {}
         self._comments: dict[str, FakeComment] = {}
+        self._comment_numbers = itertools.count()
         self.created_labels: list[str] = []
         """Names of the labels clients created (``issueLabelCreate``)."""
         self._numbers: dict[str, itertools.count[int]] = {}
@@ -405,6 +406,37 @@ class FakeLinearServer(LoopbackFake):
         with self._lock:
             issue = self.issue(id_or_identifier)
             return [c.body for c in self._comments.values() if c.issue_id == issue.id]
+
+    def add_comment(
+        self, id_or_identifier: str, body: str, *, user_id: str | None = None
+    ) -> str:
+        """A comment on the issue by ``user_id`` (a seeded user; default: the API key's
+        viewer), posted now (after every earlier comment); returns its id."""
+        with self._lock:
+            issue = self.issue(id_or_identifier)
+            author = user_id if user_id is not None else self.viewer_id
+            if author not in self._users:
+                raise KeyError(f"no user {author!r}; add_user() first")
+            comment = FakeComment(
+                id=_stable_id("comment", f"{issue.id}/{next(self._comment_numbers)}"),
+                issue_id=issue.id,
+                body=body,
+                user_id=author,
+                created_at=_EPOCH + datetime.timedelta(seconds=next(self._clock)),
+            )
+            self._comments[comment.id] = comment
+            return comment.id
+
+    def delete_comment(self, comment_id: str) -> None:
+        """Delete a comment (it no longer shows in the issue's comments)."""
+        with self._lock:
+            del self._comments[comment_id]
+
+    def comment_ids_on(self, id_or_identifier: str) -> list[str]:
+        """The ids of an issue's comments, oldest first."""
+        with self._lock:
+            issue = self.issue(id_or_identifier)
+            return [c.id for c in self._comments.values() if c.issue_id == issue.id]
 
     def set_request_budget(self, *, remaining: int, reset_in_s: float) -> None:
         """Spend the request budget down to ``remaining``; it refills ``reset_in_s`` from now.
@@ -948,7 +980,7 @@ class FakeLinearServer(LoopbackFake):
     def _comment_create(self, changes: Mapping[str, Any]) -> dict[str, Any]:
         issue = self._find_issue(changes.get("issueId") or "")
         comment = FakeComment(
-            id=_stable_id("comment", f"{issue.id}/{len(self._comments)}"),
+            id=_stable_id("comment", f"{issue.id}/{next(self._comment_numbers)}"),
             issue_id=issue.id,
             body=changes.get("body") or "",
             user_id=self.viewer_id,

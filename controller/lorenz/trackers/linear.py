@@ -35,6 +35,14 @@ from lorenz.trackers import httpstack as _httpstack  # noqa: F401 - see its docs
 from lorenz.trackers.base import TrackerError, tracker_settings_of, unchanged
 from lorenz.trackers.connections import TrackerConnection
 from lorenz.trackers.options import ProviderOptions, parse_provider_options
+from lorenz.trackers.questions import (
+    ReadComment,
+    TrackerReply,
+    has_question_marker,
+    parse_comment_time,
+    question_comment,
+    replies_after,
+)
 from lorenz.trackers.throttling import (
     RateLimitExhausted,
     RateLimitHit,
@@ -171,6 +179,16 @@ MOVE_ISSUE_MUTATION = (
     "mutation LorenzMoveIssue($id: String!, $stateId: String!) {"
     " issueUpdate(id: $id, input: {stateId: $stateId}) { success } }"
 )
+QUESTION_COMMENTS_QUERY = (
+    "query LorenzQuestionComments($id: String!, $after: String, $first: Int!) {"
+    " issue(id: $id) { id comments(first: $first, after: $after) {"
+    " nodes { id body createdAt user { id name displayName email } }"
+    " pageInfo { hasNextPage endCursor } } } }"
+)
+QUESTION_COMMENT_MUTATION = (
+    "mutation LorenzQuestionComment($id: String!, $body: String!) {"
+    " commentCreate(input: {issueId: $id, body: $body}) { success } }"
+)
 
 QUERIES = {
     "LorenzIssuesByStates": ISSUES_BY_STATES_QUERY,
@@ -183,6 +201,8 @@ QUERIES = {
     "LorenzEscalationComment": COMMENT_MUTATION,
     "LorenzTeamState": TEAM_STATE_QUERY,
     "LorenzMoveIssue": MOVE_ISSUE_MUTATION,
+    "LorenzQuestionComments": QUESTION_COMMENTS_QUERY,
+    "LorenzQuestionComment": QUESTION_COMMENT_MUTATION,
 }
 """Every document the tracker itself sends, by operation name (tests validate each one)."""
 
@@ -396,6 +416,8 @@ class LinearTracker:
         assignee = (tracker.assignee or "").strip()
         self._assignee = assignee or None
         self._viewer_id: str | None = None
+        self._own_user: tuple[str | None] | None = None
+        """The token's user id for questions (``(None,)``: Linear did not say), asked once."""
 
     @property
     def endpoint(self) -> str:
@@ -617,6 +639,79 @@ class LinearTracker:
                 code=ErrorCode.LINEAR_WRITE_FAILED,
             )
         return payload
+
+    # -- questions (lorenz.trackers.questions) -------------------------------------------------
+
+    async def post_question(self, issue: Issue, *, key: str, body: str) -> bool:
+        """``commentCreate`` with ``key``'s marker, skipped when a comment carries it."""
+        comments = await self._question_comments(issue)
+        if any(has_question_marker(comment.body, key=key) for comment in comments):
+            return False
+        await self._write(
+            QUESTION_COMMENT_MUTATION, {"id": issue.id, "body": question_comment(body, key=key)},
+            operation_name="LorenzQuestionComment", field="commentCreate",
+        )
+        return True
+
+    async def replies_after_question(
+        self, issue: Issue, *, key: str
+    ) -> list[TrackerReply] | None:
+        """The comments after the question, without Lorenz's own (marked, or by the API key's
+        user); the author is the user's e-mail, else display name, else name."""
+        comments = await self._question_comments(issue)
+        own = await self._own_user_id()
+        return replies_after(comments, key=key, own_ids=[own] if own else [])
+
+    async def _question_comments(self, issue: Issue) -> list[ReadComment]:
+        """The issue's comments (bounded pages; one without a time or body is skipped)."""
+        comments: list[ReadComment] = []
+        after: str | None = None
+        for _ in range(MAX_COMMENT_PAGES):
+            data = await self._query(
+                QUESTION_COMMENTS_QUERY, {"id": issue.id, "after": after, "first": 100},
+                operation_name="LorenzQuestionComments",
+            )
+            found = data.get("issue")
+            if not isinstance(found, Mapping):
+                raise TrackerError(
+                    f"Linear did not return issue {issue.identifier} with its comments; "
+                    "check that it still exists",
+                    code=ErrorCode.LINEAR_UNKNOWN_PAYLOAD,
+                )
+            connection = _mapping(found.get("comments"))
+            for node in _nodes(connection):
+                comment_id = _nonblank(node.get("id"))
+                created_at = parse_comment_time(node.get("createdAt"))
+                body = node.get("body")
+                if comment_id is None or created_at is None or not isinstance(body, str):
+                    continue
+                user = _mapping(node.get("user"))
+                comments.append(
+                    ReadComment(
+                        comment_id=comment_id,
+                        body=body,
+                        author=_nonblank(user.get("email"))
+                        or _nonblank(user.get("displayName"))
+                        or _nonblank(user.get("name"))
+                        or "",
+                        author_id=_nonblank(user.get("id")),
+                        created_at=created_at,
+                    )
+                )
+            page = _mapping(connection.get("pageInfo"))
+            after = _nonblank(page.get("endCursor"))
+            if not page.get("hasNextPage") or after is None:
+                break
+        return comments
+
+    async def _own_user_id(self) -> str | None:
+        """The API key's user id (``viewer``), asked once; ``None`` when Linear does not say."""
+        if self._viewer_id is not None:
+            return self._viewer_id
+        if self._own_user is None:
+            data = await self._query(VIEWER_QUERY, {}, operation_name="LorenzViewer")
+            self._own_user = (_nonblank(_mapping(data.get("viewer")).get("id")),)
+        return self._own_user[0]
 
     # -- the linear_graphql tool --------------------------------------------------------------
 
