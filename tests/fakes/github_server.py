@@ -59,6 +59,12 @@ class FakeGitHubIssue:
     blocked_by: list[int] = dataclasses.field(default_factory=list)
     comments: list[str] = dataclasses.field(default_factory=list)
     """Comment bodies, oldest first."""
+    comment_authors: dict[int, str] = dataclasses.field(default_factory=dict)
+    """The login of the comment at an index of :attr:`comments` (else the token's login)."""
+    comment_times: dict[int, datetime.datetime] = dataclasses.field(default_factory=dict)
+    """When the comment at an index was posted (else the fake's epoch)."""
+    deleted_comments: set[int] = dataclasses.field(default_factory=set)
+    """Indexes of :attr:`comments` that were deleted (no longer listed)."""
     created_at: datetime.datetime = _EPOCH
     updated_at: datetime.datetime = _EPOCH
     deleted: bool = False
@@ -197,6 +203,32 @@ class FakeGitHubServer(LoopbackFake):
         """The issue moved to another repository: 301 for the single-issue endpoint."""
         with self._lock:
             self._issues[number].transferred_to = to
+
+    def add_comment(self, number: int, body: str, *, login: str | None = None) -> int:
+        """A comment by ``login`` (default: the token's user), posted now; returns its id."""
+        with self._lock:
+            issue = self.issue(number)
+            issue.comments.append(body)
+            index = len(issue.comments) - 1
+            issue.comment_authors[index] = login or self.login
+            issue.comment_times[index] = _EPOCH + datetime.timedelta(seconds=next(self._clock))
+            return self._comment_json(issue, index)["id"]  # type: ignore[no-any-return]
+
+    def delete_comment(self, number: int, comment_id: int) -> None:
+        """Delete a comment by id (it is no longer listed)."""
+        with self._lock:
+            issue = self.issue(number)
+            issue.deleted_comments.add(comment_id - issue.number * 100000 - 1)
+
+    def comment_ids(self, number: int) -> list[int]:
+        """The ids of the issue's listed comments, oldest first."""
+        with self._lock:
+            issue = self.issue(number)
+            return [
+                issue.number * 100000 + i + 1
+                for i in range(len(issue.comments))
+                if i not in issue.deleted_comments
+            ]
 
     def set_rate_budget(self, *, remaining: int, reset_in_s: float) -> None:
         with self._lock:
@@ -444,9 +476,9 @@ class FakeGitHubServer(LoopbackFake):
         return {
             "id": issue.number * 100000 + index + 1,
             "body": issue.comments[index],
-            "user": {"login": self.login},
-            "created_at": _iso(_EPOCH),
-            "updated_at": _iso(_EPOCH),
+            "user": {"login": issue.comment_authors.get(index, self.login)},
+            "created_at": _iso(issue.comment_times.get(index, _EPOCH)),
+            "updated_at": _iso(issue.comment_times.get(index, _EPOCH)),
         }
 
     def _comment_listing(self, request: web.Request) -> web.Response:
@@ -454,7 +486,12 @@ class FakeGitHubServer(LoopbackFake):
         if isinstance(issue, web.Response):
             return issue
         return self._page(
-            request, [self._comment_json(issue, i) for i in range(len(issue.comments))]
+            request,
+            [
+                self._comment_json(issue, i)
+                for i in range(len(issue.comments))
+                if i not in issue.deleted_comments
+            ],
         )
 
     def _comment_write(self, request: web.Request, body: Any) -> web.Response:
@@ -465,6 +502,9 @@ class FakeGitHubServer(LoopbackFake):
         if not isinstance(text, str) or not text:
             return self._invalid("body is required")
         issue.comments.append(text)
+        issue.comment_times[len(issue.comments) - 1] = _EPOCH + datetime.timedelta(
+            seconds=next(self._clock)
+        )
         self._touch(issue)
         return self._json(201, self._comment_json(issue, len(issue.comments) - 1))
 

@@ -60,6 +60,14 @@ class FakeGitLabIssue:
     assignees: list[str] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
     """Note bodies, oldest first."""
+    note_authors: dict[int, str] = dataclasses.field(default_factory=dict)
+    """The username of the note at an index of :attr:`notes` (else the token's user)."""
+    note_times: dict[int, datetime.datetime] = dataclasses.field(default_factory=dict)
+    """When the note at an index was posted (else the fake's epoch)."""
+    system_notes: set[int] = dataclasses.field(default_factory=set)
+    """Indexes of system notes (GitLab's own "added label ~x" and the like)."""
+    deleted_notes: set[int] = dataclasses.field(default_factory=set)
+    """Indexes of deleted notes (no longer listed)."""
     created_at: datetime.datetime = _EPOCH
     updated_at: datetime.datetime = _EPOCH
     deleted: bool = False
@@ -151,6 +159,34 @@ class FakeGitLabServer(LoopbackFake):
             )
             self._issues[issue.iid] = issue
             return issue
+
+    def add_note(
+        self, iid: int, body: str, *, username: str | None = None, system: bool = False
+    ) -> int:
+        """A note by ``username`` (default: the token's user), posted now; returns its id.
+        ``system``: a note GitLab itself writes (label and state changes)."""
+        with self._lock:
+            issue = self._issues[iid]
+            issue.notes.append(body)
+            index = len(issue.notes) - 1
+            issue.note_authors[index] = username or self.username
+            issue.note_times[index] = _EPOCH + datetime.timedelta(seconds=next(self._clock))
+            if system:
+                issue.system_notes.add(index)
+            return issue.iid * 10000 + index + 1
+
+    def delete_note(self, iid: int, note_id: int) -> None:
+        """Delete a note by id (it is no longer listed)."""
+        with self._lock:
+            self._issues[iid].deleted_notes.add(note_id - iid * 10000 - 1)
+
+    def note_ids(self, iid: int) -> list[int]:
+        """The ids of the issue's listed notes, oldest first."""
+        with self._lock:
+            issue = self._issues[iid]
+            return [
+                iid * 10000 + i + 1 for i in range(len(issue.notes)) if i not in issue.deleted_notes
+            ]
 
     def issue(self, iid: int) -> FakeGitLabIssue:
         with self._lock:
@@ -293,7 +329,11 @@ class FakeGitLabServer(LoopbackFake):
             if not tail and method == "PUT":
                 return self._edit(issue, body)
             if tail == ["notes"] and method == "GET":
-                notes = [self._note_json(issue, i) for i in range(len(issue.notes))]
+                notes = [
+                    self._note_json(issue, i)
+                    for i in range(len(issue.notes))
+                    if i not in issue.deleted_notes
+                ]
                 if request.query.get("sort", "desc") == "desc":
                     notes.reverse()
                 return self._page(request, notes)
@@ -377,6 +417,9 @@ class FakeGitLabServer(LoopbackFake):
         if not isinstance(text, str) or not text:
             return self._json(400, {"error": "body is missing"})
         issue.notes.append(text)
+        issue.note_times[len(issue.notes) - 1] = _EPOCH + datetime.timedelta(
+            seconds=next(self._clock)
+        )
         self._touch(issue)
         return self._json(201, self._note_json(issue, len(issue.notes) - 1))
 
@@ -479,10 +522,10 @@ class FakeGitLabServer(LoopbackFake):
             "id": issue.iid * 10000 + index + 1,
             "type": None,
             "body": issue.notes[index],
-            "author": self._user_json(self.username, 0),
-            "created_at": _iso(_EPOCH),
-            "updated_at": _iso(_EPOCH),
-            "system": False,
+            "author": self._user_json(issue.note_authors.get(index, self.username), 0),
+            "created_at": _iso(issue.note_times.get(index, _EPOCH)),
+            "updated_at": _iso(issue.note_times.get(index, _EPOCH)),
+            "system": index in issue.system_notes,
             "noteable_id": 90000 + issue.iid,
             "noteable_type": "Issue",
             "noteable_iid": issue.iid,

@@ -118,6 +118,10 @@ class FakeJiraIssue:
     """Keys of the issues that block this one (a ``Blocks`` link, seen inward from here)."""
     comments: list[Any] = dataclasses.field(default_factory=list)
     """Comment bodies (ADF), oldest first."""
+    comment_authors: dict[int, str] = dataclasses.field(default_factory=dict)
+    """The account id of the comment at an index of :attr:`comments` (else the token's)."""
+    comment_times: dict[int, datetime.datetime] = dataclasses.field(default_factory=dict)
+    """When the comment at an index was posted (else the fake's epoch)."""
     created: datetime.datetime = _EPOCH
     updated: datetime.datetime = _EPOCH
 
@@ -194,6 +198,8 @@ class FakeJiraServer(LoopbackFake):
         self._reset_at = time.time() + 60
         self._tokens: dict[str, tuple[str, int]] = {}
         self._lock = threading.RLock()
+        self.user_emails: dict[str, str] = {}
+        """E-mail addresses other accounts show (Jira hides them unless the user allows)."""
 
     # -- seeding and moving things ------------------------------------------------------------
 
@@ -265,6 +271,33 @@ class FakeJiraServer(LoopbackFake):
     def comment_texts(self, id_or_key: int | str) -> list[str]:
         with self._lock:
             return [adf_text(body) for body in self.issue(id_or_key).comments if body is not None]
+
+    def add_comment(
+        self, id_or_key: int | str, text: str | dict[str, Any], *, account_id: str | None = None
+    ) -> str:
+        """A comment (plain text or an ADF document) by ``account_id`` (default: the token's
+        account), posted now; returns its id."""
+        with self._lock:
+            issue = self.issue(id_or_key)
+            issue.comments.append(adf(text) if isinstance(text, str) else text)
+            index = len(issue.comments) - 1
+            issue.comment_authors[index] = account_id or self.account_id
+            issue.comment_times[index] = _EPOCH + datetime.timedelta(seconds=next(self._clock))
+            return str(issue.id * 1000 + index)
+
+    def delete_comment(self, id_or_key: int | str, comment_id: str) -> None:
+        """Delete a comment by id (it is no longer listed)."""
+        with self._lock:
+            issue = self.issue(id_or_key)
+            issue.comments[int(comment_id) - issue.id * 1000] = None
+
+    def comment_ids(self, id_or_key: int | str) -> list[str]:
+        """The ids of the issue's listed comments, oldest first."""
+        with self._lock:
+            issue = self.issue(id_or_key)
+            return [
+                str(issue.id * 1000 + i) for i, c in enumerate(issue.comments) if c is not None
+            ]
 
     def set_rate_budget(self, *, remaining: int, reset_in_s: float) -> None:
         with self._lock:
@@ -504,6 +537,11 @@ class FakeJiraServer(LoopbackFake):
         except ValueError:
             return self._errors(400, ["startAt and maxResults must be numbers."])
         present = [(i, c) for i, c in enumerate(issue.comments) if c is not None]
+        order = request.query.get("orderBy", "created").lstrip("+")
+        if order not in ("created", "-created"):
+            return self._errors(400, [f"Invalid orderBy value: {order}"])
+        if order == "-created":
+            present.reverse()
         chunk = present[start : start + size]
         return self._json(
             200,
@@ -577,6 +615,9 @@ class FakeJiraServer(LoopbackFake):
         ):
             return self._field_error("comment", "Comment body is not valid!")
         issue.comments.append(document)
+        issue.comment_times[len(issue.comments) - 1] = _EPOCH + datetime.timedelta(
+            seconds=next(self._clock)
+        )
         self._touch(issue)
         return self._json(201, self._comment_json(issue, len(issue.comments) - 1))
 
@@ -631,7 +672,9 @@ class FakeJiraServer(LoopbackFake):
             "self": f"{self.url}/rest/api/3/user?accountId={account}",
             "accountId": account,
             "accountType": "atlassian",
-            "emailAddress": self.email if account == self.account_id else None,
+            "emailAddress": (
+                self.email if account == self.account_id else self.user_emails.get(account)
+            ),
             "displayName": "Lorenz Bot" if account == self.account_id else f"User {account[:6]}",
             "active": True,
             "timeZone": "Etc/UTC",
@@ -742,10 +785,10 @@ class FakeJiraServer(LoopbackFake):
         return {
             "self": f"{self.url}/rest/api/3/issue/{issue.id}/comment/{issue.id * 1000 + index}",
             "id": str(issue.id * 1000 + index),
-            "author": self._user_json(),
+            "author": self._user_json(issue.comment_authors.get(index)),
             "body": issue.comments[index],
-            "created": _jira_time(_EPOCH),
-            "updated": _jira_time(_EPOCH),
+            "created": _jira_time(issue.comment_times.get(index, _EPOCH)),
+            "updated": _jira_time(issue.comment_times.get(index, _EPOCH)),
             "jsdPublic": True,
         }
 

@@ -48,6 +48,14 @@ from lorenz.trackers.throttling import (
     parse_retry_after,
     seconds_until_epoch,
 )
+from lorenz.trackers.questions import (
+    ReadComment,
+    TrackerReply,
+    has_question_marker,
+    parse_comment_time,
+    question_comment,
+    replies_after,
+)
 from lorenz.trackers.writes import MAX_COMMENT_PAGES, has_marker, with_marker
 
 logger = logging.getLogger(__name__)
@@ -259,6 +267,8 @@ class GitHubTracker:
         assignee = (tracker.assignee or "").strip()
         self._assignee = assignee or None
         self._viewer_login: str | None = None
+        self._own_user: tuple[str | None] | None = None
+        """The token's login for questions (``(None,)``: GitHub would not say), asked once."""
         self._dependencies_available = self.options.dependencies
 
     @property
@@ -406,6 +416,76 @@ class GitHubTracker:
                 return False
             url, query = next_url, None
         return False
+
+    # -- questions (lorenz.trackers.questions) -------------------------------------------------
+
+    async def post_question(self, issue: Issue, *, key: str, body: str) -> bool:
+        """One comment with ``key``'s marker, skipped when a comment already carries it."""
+        base = f"/repos/{self.repository}/issues/{issue.id}"
+        comments = await self._question_comments(base)
+        if any(has_question_marker(comment.body, key=key) for comment in comments):
+            return False
+        await self._write("POST", f"{base}/comments", {"body": question_comment(body, key=key)},
+                          what="question comment")
+        return True
+
+    async def replies_after_question(
+        self, issue: Issue, *, key: str
+    ) -> list[TrackerReply] | None:
+        """The comments after the question, without Lorenz's own (marked, or by the token's
+        login); the author is the commenter's login."""
+        comments = await self._question_comments(f"/repos/{self.repository}/issues/{issue.id}")
+        own = await self._own_login()
+        return replies_after(comments, key=key, own_ids=[own] if own else [])
+
+    async def _question_comments(self, base: str) -> list[ReadComment]:
+        """The issue's comments, oldest first (bounded pages; malformed ones skipped)."""
+        url = f"{self._endpoint}{base}/comments"
+        query: Mapping[str, str | int] | None = {"per_page": 100}
+        comments: list[ReadComment] = []
+        for _ in range(MAX_COMMENT_PAGES):
+            response = await self._request(url, params=query, what="issue comments", absent=())
+            page = self._json(response, what="issue comments")
+            if not isinstance(page, list):
+                raise TrackerError(
+                    "GitHub's issue comments are not a JSON list; check tracker.endpoint",
+                    code=ErrorCode.GITHUB_UNKNOWN_PAYLOAD,
+                )
+            for item in page:
+                if not isinstance(item, Mapping):
+                    continue
+                comment_id = item.get("id")
+                created_at = parse_comment_time(item.get("created_at"))
+                body = item.get("body")
+                if comment_id is None or created_at is None or not isinstance(body, str):
+                    continue
+                user = item.get("user")
+                login = _nonblank(user.get("login")) if isinstance(user, Mapping) else None
+                comments.append(
+                    ReadComment(
+                        comment_id=str(comment_id),
+                        body=body,
+                        author=login or "",
+                        author_id=login,
+                        created_at=created_at,
+                    )
+                )
+            next_url = response.links.get("next", {}).get("url")
+            if not next_url:
+                break
+            url, query = next_url, None
+        return comments
+
+    async def _own_login(self) -> str | None:
+        """The token's login (``GET /user``), asked once; ``None`` when GitHub refuses to say
+        (an app installation token gets 403 there; its comments are told by their marker)."""
+        if self._viewer_login is not None:
+            return self._viewer_login
+        if self._own_user is None:
+            _, body = await self._get_json("/user", what="the token's user", absent=(403,))
+            login = _nonblank(body.get("login")) if isinstance(body, Mapping) else None
+            self._own_user = (login,)
+        return self._own_user[0]
 
     async def _write(self, method: str, path: str, body: Any, *, what: str) -> None:
         await self._request(

@@ -56,6 +56,14 @@ from lorenz.trackers.throttling import (
     parse_retry_after,
     seconds_until_epoch,
 )
+from lorenz.trackers.questions import (
+    ReadComment,
+    TrackerReply,
+    has_question_marker,
+    parse_comment_time,
+    question_comment,
+    replies_after,
+)
 from lorenz.trackers.writes import MAX_COMMENT_PAGES, has_marker, with_marker
 
 logger = logging.getLogger(__name__)
@@ -343,6 +351,8 @@ class GitLabTracker:
         assignee = (tracker.assignee or "").strip()
         self._assignee = assignee or None
         self._viewer_username: str | None = None
+        self._own_user: tuple[str | None] | None = None
+        """The token's username for questions (``(None,)``: GitLab did not say), asked once."""
         self._project_identity: tuple[int, str] | None = None
         self._links_available = self.options.links
 
@@ -655,6 +665,79 @@ class GitLabTracker:
                 return False
             query = {"per_page": 100, "sort": "asc", "page": int(next_page)}
         return False
+
+    # -- questions (lorenz.trackers.questions) -------------------------------------------------
+
+    async def post_question(self, issue: Issue, *, key: str, body: str) -> bool:
+        """One note with ``key``'s marker, skipped when a note already carries it."""
+        base = self._project_path(f"/issues/{issue.id}")
+        notes = await self._question_notes(base)
+        if any(has_question_marker(note.body, key=key) for note in notes):
+            return False
+        await self._write("POST", f"{base}/notes", {"body": question_comment(body, key=key)},
+                          what="question note")
+        return True
+
+    async def replies_after_question(
+        self, issue: Issue, *, key: str
+    ) -> list[TrackerReply] | None:
+        """The notes after the question, without system notes and Lorenz's own (marked, or by
+        the token's user); the author is the note author's username."""
+        notes = await self._question_notes(self._project_path(f"/issues/{issue.id}"))
+        own = await self._own_username()
+        return replies_after(notes, key=key, own_ids=[own] if own else [])
+
+    async def _question_notes(self, base: str) -> list[ReadComment]:
+        """The issue's notes by people, oldest first (bounded pages; system notes, which
+        GitLab writes for label and state changes, and malformed ones skipped)."""
+        url = f"{self._api}{base}/notes"
+        query: Mapping[str, Any] = {"per_page": 100, "sort": "asc", "order_by": "created_at"}
+        notes: list[ReadComment] = []
+        for _ in range(MAX_COMMENT_PAGES):
+            response = await self._request(url, params=query, what="issue notes", absent=())
+            page = self._json(response, what="issue notes")
+            if not isinstance(page, list):
+                raise TrackerError(
+                    "GitLab's issue notes are not a JSON list; check tracker.endpoint",
+                    code=ErrorCode.GITLAB_UNKNOWN_PAYLOAD,
+                )
+            for item in page:
+                if not isinstance(item, Mapping) or item.get("system") is True:
+                    continue
+                note_id = item.get("id")
+                created_at = parse_comment_time(item.get("created_at"))
+                body = item.get("body")
+                if note_id is None or created_at is None or not isinstance(body, str):
+                    continue
+                author = item.get("author")
+                username = (
+                    _nonblank(author.get("username")) if isinstance(author, Mapping) else None
+                )
+                notes.append(
+                    ReadComment(
+                        comment_id=str(note_id),
+                        body=body,
+                        author=username or "",
+                        author_id=username,
+                        created_at=created_at,
+                    )
+                )
+            next_page = response.headers.get("x-next-page", "").strip()
+            if not next_page.isdigit():
+                break
+            query = {**query, "page": int(next_page)}
+        return notes
+
+    async def _own_username(self) -> str | None:
+        """The token's username (``GET /user``), asked once; ``None`` when GitLab does not say
+        (a job token has no user; Lorenz's notes are still told by their marker)."""
+        if self._viewer_username is not None:
+            return self._viewer_username
+        if self._own_user is None:
+            _, body = await self._get_json("/user", what="the token's user", absent=(403, 404))
+            username = _nonblank(body.get("username")) if isinstance(body, Mapping) else None
+            self._own_user = (username,)
+        return self._own_user[0]
 
     async def _write(self, method: str, path: str, body: Any, *, what: str) -> None:
         await self._request(

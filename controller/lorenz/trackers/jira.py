@@ -59,6 +59,14 @@ from lorenz.trackers.base import TrackerError, tracker_settings_of, unchanged
 from lorenz.trackers.connections import TrackerConnection
 from lorenz.trackers.jira_adf import adf_to_text, text_to_adf
 from lorenz.trackers.options import ProviderOptions, parse_provider_options
+from lorenz.trackers.questions import (
+    ReadComment,
+    TrackerReply,
+    bounded_question,
+    has_question_marker,
+    question_marker,
+    replies_after,
+)
 from lorenz.trackers.throttling import (
     RateLimitExhausted,
     RateLimitHit,
@@ -351,6 +359,8 @@ class JiraTracker:
         assignee = (tracker.assignee or "").strip()
         self._assignee = assignee or None
         self._viewer_id: str | None = None
+        self._own_user: tuple[str | None] | None = None
+        """The token's account id for questions (``(None,)``: Jira did not say), asked once."""
         self._unknown_statuses: set[str] = set()
         """Configured state names (normalized) the site said it has no status for."""
 
@@ -648,6 +658,82 @@ class JiraTracker:
             if not comments or not isinstance(total, int) or start >= total:
                 return False
         return False
+
+    # -- questions (lorenz.trackers.questions) -------------------------------------------------
+
+    async def post_question(self, issue: Issue, *, key: str, body: str) -> bool:
+        """One ADF comment ending in ``key``'s marker (as a code line, like an escalation),
+        skipped when a comment already carries it."""
+        base = f"issue/{issue.id}"
+        comments = await self._question_comments(base)
+        if any(has_question_marker(comment.body, key=key) for comment in comments):
+            return False
+        document = text_to_adf(bounded_question(body), code_line=question_marker(key))
+        await self._request(
+            "POST", f"{base}/comment", json_body={"body": document}, what="question comment"
+        )
+        return True
+
+    async def replies_after_question(
+        self, issue: Issue, *, key: str
+    ) -> list[TrackerReply] | None:
+        """The comments after the question (ADF rendered to text), without Lorenz's own
+        (marked, or by the token's account); the author is the e-mail address when Jira shows
+        it, else the account id."""
+        comments = await self._question_comments(f"issue/{issue.id}")
+        own = await self._own_account()
+        return replies_after(comments, key=key, own_ids=[own] if own else [])
+
+    async def _question_comments(self, base: str) -> list[ReadComment]:
+        """The issue's comments, oldest first (bounded pages; malformed ones skipped)."""
+        comments: list[ReadComment] = []
+        start = 0
+        for _ in range(MAX_COMMENT_PAGES):
+            page = await self._request_json(
+                "GET",
+                f"{base}/comment",
+                params={"startAt": start, "maxResults": COMMENT_PAGE_SIZE, "orderBy": "created"},
+                what="issue comments",
+            )
+            items = page.get("comments")
+            if not isinstance(items, list):
+                raise TrackerError(
+                    "Jira's comments answer has no comments list; check tracker.endpoint",
+                    code=ErrorCode.JIRA_UNKNOWN_PAYLOAD,
+                )
+            for item in items:
+                item = _mapping(item)
+                comment_id = _nonblank(item.get("id"))
+                created_at = parse_timestamp(item.get("created"))
+                text = adf_to_text(item.get("body"))
+                if comment_id is None or created_at is None or text is None:
+                    continue
+                author = _mapping(item.get("author"))
+                account = _nonblank(author.get("accountId"))
+                comments.append(
+                    ReadComment(
+                        comment_id=comment_id,
+                        body=text,
+                        author=_nonblank(author.get("emailAddress")) or account or "",
+                        author_id=account,
+                        created_at=created_at,
+                    )
+                )
+            total = page.get("total")
+            start += len(items)
+            if not items or not isinstance(total, int) or start >= total:
+                break
+        return comments
+
+    async def _own_account(self) -> str | None:
+        """The token's account id (``GET myself``), asked once; ``None`` when Jira does not
+        say (Lorenz's comments are still told by their marker)."""
+        if self._viewer_id is not None:
+            return self._viewer_id
+        if self._own_user is None:
+            body = await self._request_json("GET", "myself", what="the token's user")
+            self._own_user = (_nonblank(body.get("accountId")),)
+        return self._own_user[0]
 
     # -- the agents' tool ---------------------------------------------------------------------
 
