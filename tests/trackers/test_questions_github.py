@@ -89,7 +89,8 @@ async def test_replies_are_the_comments_after_the_question_without_lorenz_own(
         ("octocat", "Postgres, please.", str(first)),
         ("hubot", "Agreed", str(second)),
     ]
-    assert replies is not None and replies[0].created_at < replies[1].created_at
+    assert replies is not None
+    assert replies[0].created_at < replies[1].created_at
     await github.replies_after_question(issue, key=KEY)
     assert len(github_server.requests_to("/user")) == 1  # asked once
 

@@ -91,7 +91,8 @@ async def test_replies_are_the_notes_after_the_question_without_lorenz_own(
         ("alice", "Postgres, please.", str(first)),
         ("bob", "Agreed", str(second)),
     ]
-    assert replies is not None and replies[0].created_at < replies[1].created_at
+    assert replies is not None
+    assert replies[0].created_at < replies[1].created_at
     await gitlab.replies_after_question(issue, key=KEY)
     assert len([r for r in gitlab_server.requests if r.path.endswith("/user")]) == 1
 

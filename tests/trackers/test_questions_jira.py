@@ -104,7 +104,8 @@ async def test_replies_are_the_comments_after_the_question_without_lorenz_own(
         ("alice@example.com", "Postgres,\n\nplease.", first),
         (BOB, "Agreed", second),  # no e-mail shown: the account id
     ]
-    assert replies is not None and replies[0].created_at < replies[1].created_at
+    assert replies is not None
+    assert replies[0].created_at < replies[1].created_at
     await jira.replies_after_question(issue, key=KEY)
     assert len(jira_server.requests_to("/myself")) == 1
 

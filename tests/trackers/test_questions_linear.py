@@ -8,6 +8,7 @@ key's own user), oldest first, bounded in length, read across comment pages.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -165,7 +166,7 @@ async def test_tracker_failures_raise_the_coded_linear_errors(
     linear_server: FakeLinearServer,
     linear: LinearTracker,
     kind: str,
-    options: dict[str, int],
+    options: dict[str, Any],
     code: str,
 ) -> None:
     issue = await _issue(linear, linear_server)

@@ -18,6 +18,24 @@ moves an issue. Each file is YAML front matter followed by the description::
     ---
     The description, in Markdown.
 
+An agent's question (:mod:`lorenz.trackers.questions`) is written into the issue file as a
+comment under a ``## Comments`` section, and a person answers by adding one below it::
+
+    ## Comments
+
+    ### Lorenz · 2026-01-02T03:04:05Z
+
+    <!-- lorenz-question: lz-0123abcd -->
+    Which database should the migration target?
+
+    ### alice · 2026-01-02T04:00:00Z
+
+    Postgres, please.
+
+Each comment is a ``### <author>`` heading (`` · <ISO time>`` optional; without it the file's
+modification time stands in) followed by its text, up to the next ``###`` heading or the end of
+the section (the next ``#``/``##`` heading, or the end of the file).
+
 The folder is re-read on every call, so an edit is seen by the next tick; a parsed file is
 cached by its ``stat`` stamp, so an unchanged folder costs one ``stat`` per file. Writes made
 here (:func:`set_issue_state`) are atomic (temp file + rename) and touch only the lines they
@@ -50,6 +68,14 @@ from lorenz.config import TrackerSettings, WorkflowSettings
 from lorenz.model import BlockerRef, Issue
 from lorenz.model.issues import normalize_state
 from lorenz.trackers.base import TrackerError, tracker_settings_of
+from lorenz.trackers.questions import (
+    ReadComment,
+    TrackerReply,
+    bounded_question,
+    has_question_marker,
+    question_marker,
+    replies_after,
+)
 from lorenz.trackers.writes import has_marker, with_marker
 
 logger = logging.getLogger(__name__)
@@ -428,6 +454,21 @@ class FilesTracker:
         """Set the issue file's ``state:`` (the ``retry.terminal_action: cancel`` write)."""
         await asyncio.to_thread(set_issue_state, self._issue_path(issue), state)
 
+    async def post_question(self, issue: Issue, *, key: str, body: str) -> bool:
+        """Add the question as a comment by ``Lorenz`` under the file's ``## Comments``
+        (made at the end when missing), unless the file already carries ``key``'s marker."""
+        return await asyncio.to_thread(
+            post_question_to_file, self._issue_path(issue), key=key, body=body
+        )
+
+    async def replies_after_question(
+        self, issue: Issue, *, key: str
+    ) -> list[TrackerReply] | None:
+        """The comments below the question in the file's ``## Comments``, in file order,
+        without Lorenz's own (author ``Lorenz``, or any Lorenz marker)."""
+        path = self._issue_path(issue)
+        return await asyncio.to_thread(read_replies_in_file, path, key=key)
+
     def _issue_path(self, issue: Issue) -> Path:
         return find_issue_file(self.folder, issue.id)
 
@@ -582,6 +623,188 @@ def escalate_issue_file(
             )
             write_atomically(path, text)
         return changed
+
+
+COMMENTS_HEADING = "## Comments"
+"""The section of an issue file that holds comments (questions and their answers)."""
+FILES_OWN_AUTHOR = "Lorenz"
+"""The author Lorenz writes on its comments (a person's comment by that name counts as its)."""
+MAX_FILE_COMMENTS = 1000
+"""Comments read from one file at most (the first ones; a question further down is not seen)."""
+_SECTION_RE = re.compile(r"^#{1,2}\s+\S")
+_COMMENTS_RE = re.compile(r"^##\s+comments\s*$", re.IGNORECASE)
+_COMMENT_RE = re.compile(r"^###\s+(?P<heading>\S.*?)\s*$")
+_FENCE_RE = re.compile(r"^\s{0,3}(```|~~~)")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _CommentsSection:
+    start: int
+    """Index of the ``## Comments`` line."""
+    end: int
+    """Index of the first line after the section (the next section's heading, or the end)."""
+
+
+def _body_lines(text: str) -> tuple[list[str], int]:
+    """The file's lines (ends kept) and the index of the first body line after the front
+    matter (0 when there is none)."""
+    lines = text.splitlines(keepends=True)
+    if lines and lines[0].removeprefix("\ufeff").strip() == FENCE:
+        for index in range(1, len(lines)):
+            if lines[index].strip() in FENCE_ENDINGS:
+                return lines, index + 1
+    return lines, 0
+
+
+def _comments_section(lines: list[str], first: int) -> _CommentsSection | None:
+    """Where the first ``## Comments`` section is (headings inside code fences do not count)."""
+    fenced = False
+    start: int | None = None
+    for index in range(first, len(lines)):
+        line = lines[index].rstrip("\r\n")
+        if _FENCE_RE.match(line):
+            fenced = not fenced
+            continue
+        if fenced:
+            continue
+        if start is None:
+            if _COMMENTS_RE.match(line):
+                start = index
+        elif _SECTION_RE.match(line):
+            return _CommentsSection(start=start, end=index)
+    return None if start is None else _CommentsSection(start=start, end=len(lines))
+
+
+def _comment_heading(heading: str, *, fallback: datetime.datetime) -> tuple[str, datetime.datetime]:
+    """``alice · 2026-01-02T04:00:00Z`` → the author and the time (the fallback without one)."""
+    author, _, stamp = heading.rpartition("·")
+    if author.strip():
+        moment = _timestamp(stamp.strip())
+        if moment is not None:
+            return author.strip(), moment
+    return heading.strip(), fallback
+
+
+def parse_file_comments(text: str, *, fallback_time: datetime.datetime) -> list[ReadComment]:
+    """The comments of an issue file's ``## Comments`` section, in file order (at most
+    :data:`MAX_FILE_COMMENTS`); ``fallback_time`` stands in for a heading without a time."""
+    lines, first = _body_lines(text)
+    section = _comments_section(lines, first)
+    if section is None:
+        return []
+    comments: list[ReadComment] = []
+    heading: str | None = None
+    body: list[str] = []
+    fenced = False
+
+    def flush() -> None:
+        if heading is None or len(comments) >= MAX_FILE_COMMENTS:
+            return
+        author, moment = _comment_heading(heading, fallback=fallback_time)
+        comments.append(
+            ReadComment(
+                comment_id=f"comment-{len(comments) + 1}",
+                body="".join(body).strip(),
+                author=author,
+                author_id=author,
+                created_at=moment,
+            )
+        )
+
+    for line in lines[section.start + 1 : section.end]:
+        bare = line.rstrip("\r\n")
+        if _FENCE_RE.match(bare):
+            fenced = not fenced
+        match = None if fenced else _COMMENT_RE.match(bare)
+        if match is not None:
+            flush()
+            heading, body = match.group("heading"), []
+        elif heading is not None:
+            body.append(line)
+    flush()
+    return comments
+
+
+def read_replies_in_file(path: Path, *, key: str) -> list[TrackerReply] | None:
+    """The replies below the question ``key`` in one issue file (see :func:`parse_file_comments`
+    and :func:`~lorenz.trackers.questions.replies_after`)."""
+    try:
+        with path.open(encoding="utf-8", newline="") as handle:
+            text = handle.read()
+        mtime = path.stat().st_mtime
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TrackerError(
+            f"issue file {path} cannot be read ({exc}); check the file",
+            code=ErrorCode.FILES_MALFORMED_ISSUE,
+        ) from exc
+    fallback = datetime.datetime.fromtimestamp(mtime, tz=datetime.UTC)
+    comments = parse_file_comments(text, fallback_time=fallback)
+    return replies_after(comments, key=key, own_ids=[FILES_OWN_AUTHOR], by_time=False)
+
+
+def _escaped_headings(text: str) -> str:
+    """``text`` with a backslash before each heading line outside code fences, so that a
+    question's own headings neither start a comment nor end the section; a code fence left open
+    is closed."""
+    fence: str | None = None
+    lines = []
+    for line in text.replace("\r\n", "\n").split("\n"):
+        opening = _FENCE_RE.match(line)
+        if opening is not None:
+            fence = None if fence is not None else opening.group(1)
+        elif fence is None and line.lstrip(" ").startswith("#"):
+            line = "\\" + line.lstrip(" ")
+        lines.append(line)
+    if fence is not None:
+        lines.append(fence)
+    return "\n".join(lines)
+
+
+def post_question_to_file(
+    path: Path, *, key: str, body: str, now: datetime.datetime | None = None
+) -> bool:
+    """Write the question ``key`` into one issue file as a comment; ``True`` when it wrote.
+
+    The comment goes at the end of the ``## Comments`` section (before the next section's
+    heading), or in a new section at the end of the file; a file that already carries the
+    marker is left alone. ``updated_at:`` is bumped when the file has one.
+    """
+    with _WRITE_LOCK:
+        with path.open(encoding="utf-8", newline="") as handle:
+            text = handle.read()
+        if split_front_matter(text) is None:
+            raise TrackerError(
+                f"issue file {path} has no front matter block; add one starting with '---'",
+                code=ErrorCode.FILES_MALFORMED_ISSUE,
+            )
+        if has_question_marker(text, key=key):
+            return False
+        moment = (now or datetime.datetime.now(datetime.UTC)).astimezone(datetime.UTC)
+        stamp = moment.isoformat(timespec="seconds").replace("+00:00", "Z")
+        newline = "\r\n" if "\r\n" in text else "\n"
+        comment = (
+            f"### {FILES_OWN_AUTHOR} · {stamp}{newline}{newline}"
+            + f"{question_marker(key)}\n{_escaped_headings(bounded_question(body))}"
+            .replace("\r\n", "\n")
+            .replace("\n", newline)
+            + newline
+        )
+        lines, first = _body_lines(text)
+        section = _comments_section(lines, first)
+        if section is None:
+            text = text.rstrip("\r\n") + f"{newline}{newline}{COMMENTS_HEADING}{newline}{newline}"
+            text += comment
+        else:
+            before = "".join(lines[: section.end]).rstrip("\r\n")
+            after = "".join(lines[section.end :])
+            text = f"{before}{newline}{newline}{comment}"
+            if after:
+                text += newline + after
+        text = replace_front_matter_value(
+            text, "updated_at", stamp, add_if_missing=False
+        )
+        write_atomically(path, text)
+        return True
 
 
 _PLAIN_SCALAR = re.compile(r"[A-Za-z0-9][A-Za-z0-9 _./()-]*")

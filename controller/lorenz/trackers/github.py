@@ -40,14 +40,6 @@ from lorenz.trackers import httpstack as _httpstack  # noqa: F401 - see its docs
 from lorenz.trackers.base import TrackerError, tracker_settings_of, unchanged
 from lorenz.trackers.connections import TrackerConnection
 from lorenz.trackers.options import ProviderOptions, parse_provider_options
-from lorenz.trackers.throttling import (
-    RateLimitExhausted,
-    RateLimitHit,
-    Sleep,
-    Throttle,
-    parse_retry_after,
-    seconds_until_epoch,
-)
 from lorenz.trackers.questions import (
     ReadComment,
     TrackerReply,
@@ -55,6 +47,14 @@ from lorenz.trackers.questions import (
     parse_comment_time,
     question_comment,
     replies_after,
+)
+from lorenz.trackers.throttling import (
+    RateLimitExhausted,
+    RateLimitHit,
+    Sleep,
+    Throttle,
+    parse_retry_after,
+    seconds_until_epoch,
 )
 from lorenz.trackers.writes import MAX_COMMENT_PAGES, has_marker, with_marker
 

@@ -134,7 +134,11 @@ def bounded_reply(body: str) -> str:
 
 
 def replies_after(
-    comments: Iterable[ReadComment], *, key: str, own_ids: Iterable[str] = ()
+    comments: Iterable[ReadComment],
+    *,
+    key: str,
+    own_ids: Iterable[str] = (),
+    by_time: bool = True,
 ) -> list[TrackerReply] | None:
     """The replies after the question ``key`` among ``comments`` (as listed, oldest first).
 
@@ -142,9 +146,13 @@ def replies_after(
     comment carrying the marker is the question (a second one, left by a replay, is Lorenz's
     own and skipped like any other); what follows it, minus Lorenz's own comments (any Lorenz
     marker, or an author in ``own_ids``, compared case-insensitively), are the replies, at most
-    :data:`MAX_REPLIES`.
+    :data:`MAX_REPLIES`. ``by_time=False`` keeps the listed order as it is (the files tracker,
+    where the order in the file is what a person meant and times may be missing).
     """
-    ordered = sorted(comments, key=lambda comment: comment.created_at)
+    if by_time:
+        ordered = sorted(comments, key=lambda comment: comment.created_at)
+    else:
+        ordered = list(comments)
     found = next(
         (i for i, comment in enumerate(ordered) if has_question_marker(comment.body, key=key)),
         None,
