@@ -205,3 +205,22 @@ async def test_a_missing_or_broken_file_is_a_coded_error(
         with pytest.raises(TrackerError) as raised:
             await call
         assert raised.value.code == ErrorCode.FILES_ISSUE_NOT_FOUND
+
+
+async def test_comment_headings_take_either_separator_and_keep_odd_names_whole(
+    folder: Path, tracker: FilesTracker
+) -> None:
+    path = folder / "demo-1.md"
+    issue = await _issue(tracker, path, HEADER + "Body.\n")
+    assert await tracker.post_question(issue, key=KEY, body=QUESTION)
+    _append(
+        path,
+        "\n### erin - 2026-03-04T07:00:00+01:00\n\nOne.\n"
+        "\n### Anne - the reviewer\n\nTwo.\n",
+    )
+    replies = await tracker.replies_after_question(issue, key=KEY) or []
+    assert [(r.author, r.body) for r in replies] == [
+        ("erin", "One."),
+        ("Anne - the reviewer", "Two."),
+    ]
+    assert replies[0].created_at == datetime.datetime(2026, 3, 4, 6, 0, tzinfo=datetime.UTC)

@@ -32,9 +32,10 @@ comment under a ``## Comments`` section, and a person answers by adding one belo
 
     Postgres, please.
 
-Each comment is a ``### <author>`` heading (`` · <ISO time>`` optional; without it the file's
-modification time stands in) followed by its text, up to the next ``###`` heading or the end of
-the section (the next ``#``/``##`` heading, or the end of the file).
+Each comment is a ``### <author>`` heading (`` · <ISO time>`` or `` - <ISO time>`` optional;
+without it the file's modification time stands in) followed by its text, up to the next
+``###`` heading or the end of the section (the next ``#``/``##`` heading, or the end of the
+file).
 
 The folder is re-read on every call, so an edit is seen by the next tick; a parsed file is
 cached by its ``stat`` stamp, so an unchanged folder costs one ``stat`` per file. Writes made
@@ -676,12 +677,14 @@ def _comments_section(lines: list[str], first: int) -> _CommentsSection | None:
 
 
 def _comment_heading(heading: str, *, fallback: datetime.datetime) -> tuple[str, datetime.datetime]:
-    """``alice · 2026-01-02T04:00:00Z`` → the author and the time (the fallback without one)."""
-    author, _, stamp = heading.rpartition("·")
-    if author.strip():
-        moment = _timestamp(stamp.strip())
-        if moment is not None:
-            return author.strip(), moment
+    """``alice · 2026-01-02T04:00:00Z`` (or ``alice - …``) → the author and the time (the
+    fallback when there is none, or it does not parse)."""
+    for separator in ("·", " - "):
+        author, _, stamp = heading.rpartition(separator)
+        if author.strip():
+            moment = _timestamp(stamp.strip())
+            if moment is not None:
+                return author.strip(), moment
     return heading.strip(), fallback
 
 
