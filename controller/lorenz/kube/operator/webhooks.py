@@ -157,8 +157,7 @@ class WebhookServer:
     def _intake(self, key: tuple[str, str], runtime: LorenzRuntime) -> WebhookIntake:
         intake = self._intakes.get(key)
         if intake is None or intake.runtime is not runtime:
-            if intake is not None:
-                intake.close()
+            self._prune()
             intake = WebhookIntake(
                 runtime=runtime,
                 metrics=self._metrics,
@@ -167,6 +166,24 @@ class WebhookServer:
             )
             self._intakes[key] = intake
         return intake
+
+    def _prune(self) -> None:
+        """Drop the intakes of runtimes that are no longer their Workflow's here, and the
+        replay logs of Workflows no longer watched.
+
+        NB: an intake holds its runtime; without this a stopped runtime (leadership moved,
+        the Workflow deleted or reloaded into a new runtime) would stay in memory. Run when an
+        intake is made, which is when runtimes change hands; a stale intake never answers (a
+        delivery always goes to the Workflow's current runtime), it only waits to be dropped.
+        """
+        workflows = self._supervisor.workflows
+        for key, intake in list(self._intakes.items()):
+            watched = workflows.get(key)
+            if watched is None or watched.runtime is not intake.runtime:
+                intake.close()
+                del self._intakes[key]
+        for key in [key for key in self._deliveries if key not in workflows]:
+            del self._deliveries[key]
 
     async def _forward(self, request: web.Request, watched: Watched) -> web.StreamResponse:
         """Pass the delivery on to the replica that leads the Workflow (module docstring)."""
