@@ -32,7 +32,7 @@ import dataclasses
 import datetime
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from lorenz.kube.api import resources
@@ -242,7 +242,7 @@ async def _release_workflow(
 
 
 def uninstalled_conditions(
-    conditions: list[Mapping[str, Any]], *, now: datetime.datetime | None = None
+    conditions: Sequence[Mapping[str, Any]], *, now: datetime.datetime | None = None
 ) -> list[dict[str, Any]] | None:
     """``conditions`` with ``Ready`` and ``Leading`` set to ``False`` (reason
     :data:`UNINSTALLED_REASON`); ``None`` when there is nothing to change."""
