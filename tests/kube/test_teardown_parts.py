@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+from typing import Any
 
 from lorenz.kube.operator.teardown import UNINSTALLED_REASON, uninstalled_conditions
 
@@ -10,7 +11,7 @@ AT = datetime.datetime(2026, 12, 7, 8, 0, tzinfo=datetime.UTC)
 
 
 def test_ready_and_leading_become_false_and_the_rest_is_kept() -> None:
-    before = [
+    before: list[dict[str, Any]] = [
         {"type": "Ready", "status": "True", "reason": "Polling", "message": "ok",
          "lastTransitionTime": "2026-12-01T00:00:00Z", "observedGeneration": 3},
         {"type": "Leading", "status": "True", "reason": "LeaseHeld", "message": "x",
