@@ -143,6 +143,10 @@ def render_operator(*, helm: Path | None = None) -> str:
             "--namespace",
             NAMESPACE,
             "--skip-crds",  # 01-crds.yaml has them
+            # NB: Helm's hooks (the pre-delete teardown Job) mean nothing to kubectl apply,
+            # which would run the teardown at once; deploy/README.md says to run
+            # `lorenz teardown` before `kubectl delete -f deploy/`.
+            "--no-hooks",
         ],
         capture_output=True,
         text=True,

@@ -223,7 +223,10 @@ def test_defaults_render_the_expected_objects(defaults: list[dict[str, Any]]) ->
         "ClusterRoleBinding",
         "ClusterRoleBinding",
         "Deployment",
+        "Job",  # the pre-delete teardown hook
         "Role",  # the Leases, in the release namespace only
+        "Role",  # the teardown hook's (pre-delete)
+        "RoleBinding",
         "RoleBinding",
         "Service",
         "ServiceAccount",
@@ -691,3 +694,68 @@ def test_notes_name_the_release_and_the_crd_upgrade_step(tmp_path: Path) -> None
     notes = result.stdout.split("NOTES:", 1)[1]
     assert 'release "demo" in namespace "ops"' in notes
     assert "kubectl apply --server-side -f <chart>/crds/" in notes
+
+
+def _hooks(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [o for o in objects if "helm.sh/hook" in (o["metadata"].get("annotations") or {})]
+
+
+def test_uninstall_runs_the_teardown_first_with_the_rights_it_needs(
+    defaults: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    hooks = _hooks(defaults)
+    assert sorted(o["kind"] for o in hooks) == ["Job", "Role", "RoleBinding"]
+    for hook in hooks:
+        annotations = hook["metadata"]["annotations"]
+        assert annotations["helm.sh/hook"] == "pre-delete"
+        assert "before-hook-creation" in annotations["helm.sh/hook-delete-policy"]
+    weights = {o["kind"]: int(o["metadata"]["annotations"]["helm.sh/hook-weight"]) for o in hooks}
+    assert weights["Role"] < weights["Job"]
+    assert weights["RoleBinding"] < weights["Job"]
+    job = one(hooks, "Job")
+    pod = job["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "lorenz"
+    (container,) = pod["containers"]
+    assert container["args"] == ["teardown", "--deployment", "lorenz", "--timeout", "90"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["LORENZ_OPERATOR_LEASE_NAMESPACE"] == "lorenz-system"
+    assert env["LORENZ_OPERATOR_LEASE_NAME_PREFIX"] == "lorenz"
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    # NB: the teardown waits for the Deployment's Pods: its own must not be one of them.
+    selector = one(defaults, "Deployment")["spec"]["selector"]["matchLabels"]
+    labels = job["spec"]["template"]["metadata"]["labels"]
+    assert not all(labels.get(k) == v for k, v in selector.items())
+    role = one([o for o in hooks if o["kind"] == "Role"], "Role")
+    rules = {(r["apiGroups"][0], r["resources"][0]): r["verbs"] for r in role["rules"]}
+    assert rules == {
+        ("apps", "deployments"): ["get"],
+        ("apps", "deployments/scale"): ["get", "patch"],
+        ("", "pods"): ["list"],
+        ("coordination.k8s.io", "leases"): ["list", "delete"],
+    }
+    off = render(tmp=tmp_path, values={"uninstall": {"teardown": False}})
+    assert not _hooks(off)
+    later = one(_hooks(render(tmp=tmp_path, values={"uninstall": {"timeoutSeconds": 300}})),
+                "Job")
+    assert later["spec"]["template"]["spec"]["containers"][0]["args"][-1] == "300"
+
+
+def test_the_webhook_service_is_off_by_default_and_routes_to_the_webhook_port(
+    defaults: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    assert len(by_kind(defaults, "Service")) == 1
+    assert "LORENZ_OPERATOR_WEBHOOK_PORT" not in {e["name"] for e in _container(defaults)["env"]}
+    objects = render(tmp=tmp_path, values={"webhooks": {"enabled": True},
+                                           "networkPolicy": {"enabled": True}})
+    service = next(s for s in by_kind(objects, "Service")
+                   if s["metadata"]["name"] == "lorenz-webhooks")
+    assert service["spec"]["ports"] == [
+        {"name": "webhooks", "port": 8090, "targetPort": "webhooks", "protocol": "TCP"}
+    ]
+    container = _container(objects)
+    assert {"name": "webhooks", "containerPort": 8090, "protocol": "TCP"} in container["ports"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["LORENZ_OPERATOR_WEBHOOK_PORT"] == "8090"
+    ingress = one(objects, "NetworkPolicy")["spec"]["ingress"]
+    assert {"ports": [{"port": "webhooks", "protocol": "TCP"}]} in ingress  # from anywhere
+

@@ -131,7 +131,9 @@ def _status_of(call: Any) -> int:
 @contextlib.contextmanager
 def _installed(cluster: Cluster, namespace: str, *values: str) -> Iterator[None]:
     """`helm install` (never --wait: pods stay Pending here), `helm uninstall` afterwards so
-    the cluster-scoped ClusterRole and binding go too."""
+    the cluster-scoped ClusterRole and binding go too (``--no-hooks``: no kubelet here runs
+    the pre-delete teardown Job, which Helm would wait for; tests/kube/test_uninstall.py
+    runs it)."""
     args = ["install", RELEASE, str(CHART), "-n", namespace]
     for value in values:
         args += ["--set", value]
@@ -140,7 +142,9 @@ def _installed(cluster: Cluster, namespace: str, *values: str) -> Iterator[None]
     try:
         yield
     finally:
-        cluster.helm("uninstall", RELEASE, "-n", namespace, "--wait=false", check=False)
+        cluster.helm(
+            "uninstall", RELEASE, "-n", namespace, "--wait=false", "--no-hooks", check=False
+        )
 
 
 @pytest.fixture

@@ -73,7 +73,7 @@ def test_apply_order_and_contents() -> None:
 
 
 def test_operator_manifests_are_the_chart_without_helm_bookkeeping(tmp_path: Path) -> None:
-    chart = render(tmp=tmp_path, extra=["--skip-crds"])
+    chart = render(tmp=tmp_path, extra=["--skip-crds", "--no-hooks"])
     plain = _documents(generator.OPERATOR_FILE)
     text = generator.OPERATOR_FILE.read_text()
     assert "helm.sh/chart" not in text

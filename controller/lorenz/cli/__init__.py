@@ -79,6 +79,10 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "refresh": Subcommand("lorenz.cli.refresh", "Ask the running daemon to poll now."),
     "stop": Subcommand("lorenz.cli.stop", "Ask the running daemon to shut down gracefully."),
     "operator": Subcommand("lorenz.cli.operator", "Run the Kubernetes operator."),
+    "teardown": Subcommand(
+        "lorenz.cli.teardown",
+        "Stop an operator release: Leases, run Pods, finalizers (Helm's pre-delete hook).",
+    ),
     "crds": Subcommand("lorenz.cli.crds", "Print the Kubernetes CustomResourceDefinitions."),
     "worker": Subcommand("lorenz.cli.worker", "Execute one run (started by a controller)."),
 }

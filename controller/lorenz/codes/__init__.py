@@ -267,6 +267,7 @@ class ErrorCode(enum.StrEnum):
     WEBHOOK_BODY_TOO_LARGE = "webhook_body_too_large"
     WEBHOOK_BODY_TOO_DEEP = "webhook_body_too_deep"
     WEBHOOK_BODY_INVALID = "webhook_body_invalid"
+    WEBHOOK_NOT_LED_HERE = "webhook_not_led_here"
 
     # operator: the Kubernetes operator, its API and the Pods of runs
     OPERATOR_ERROR = "operator_error"
@@ -1394,6 +1395,12 @@ CODE_DOCS: Final[Mapping[ErrorCode, CodeDoc]] = MappingProxyType({
     _C.WEBHOOK_BODY_INVALID: _webhooks(
         "A webhook body is not a UTF-8 JSON object (400).",
         "Send the tracker's JSON delivery (`Content-Type: application/json`).",
+    ),
+    _C.WEBHOOK_NOT_LED_HERE: _webhooks(
+        "A delivery to the operator's webhook Service reached a replica that does not lead "
+        "the Workflow, and could not be forwarded to the one that does (503, `Retry-After`).",
+        "Nothing: the sender's retry or the backstop poll picks the change up; if it repeats, "
+        "check that replicas reach each other's webhook port.",
     ),
     # -- operator ------------------------------------------------------------------------------
     _C.OPERATOR_ERROR: _operator(

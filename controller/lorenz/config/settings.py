@@ -170,7 +170,8 @@ class TrackerSettings(Section):
     docs/webhooks.md) and makes ``polling.interval_ms`` default to 300000 (5 min) instead of
     30000 unless ``polling.interval_ms`` is set: polling becomes the backstop for lost
     deliveries. Unset, the route answers 404. A ``$VAR`` that resolves to an empty string
-    counts as unset."""
+    counts as unset. In Kubernetes use ``webhookSecretRef`` on the Workflow instead (the
+    operator's webhook Service)."""
 
     project_slug: str | None = Field(default=None, json_schema_extra=_reload("hot"))
     """Linear project ``slugId`` (the last segment of the project URL), the Jira project key

@@ -100,16 +100,26 @@ class KubeConfigMissing(OperatorError):
 
 
 class TrackerSecretMissing(OperatorError):
-    """``spec.tracker.apiKeySecretRef`` names a Secret (or key) that cannot be read."""
+    """``spec.tracker.apiKeySecretRef`` (or ``webhookSecretRef``) names a Secret (or key) that
+    cannot be read."""
 
     code = ErrorCode.TRACKER_SECRET_MISSING
 
-    def __init__(self, *, namespace: str, name: str, key: str, detail: str) -> None:
+    def __init__(
+        self,
+        *,
+        namespace: str,
+        name: str,
+        key: str,
+        detail: str,
+        field: str = "tracker.apiKeySecretRef",
+    ) -> None:
+        what = "webhook secret" if field == "tracker.webhookSecretRef" else "tracker API key"
         super().__init__(
-            f"the tracker API key Secret {namespace}/{name} key {key!r} cannot be used "
-            f"({detail}); create it with `kubectl create secret generic {name} -n {namespace} "
-            f"--from-literal={key}=<token>` and set the lorenz.dev/refresh annotation",
-            key_path="tracker.apiKeySecretRef",
+            f"the {what} Secret {namespace}/{name} key {key!r} (named by {field}) cannot be "
+            f"used ({detail}); create it with `kubectl create secret generic {name} -n "
+            f"{namespace} --from-literal={key}=<value>` and set the lorenz.dev/refresh annotation",
+            key_path=field,
         )
         self.namespace = namespace
         self.name = name

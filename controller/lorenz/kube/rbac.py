@@ -40,8 +40,9 @@ RULE_REASONS: Final[dict[tuple[str, str], str]] = {
     ),
     (API_GROUP, "claims/status"): "claim state (phase, attempt, owner, due time) with CAS",
     ("", "secrets"): (
-        "read the tracker API key named by spec.tracker.apiKeySecretRef; create and delete "
-        "the per-run spec Secret of a run's Pod (worker.kind: pod)"
+        "read the tracker API key and webhook secret named by spec.tracker.apiKeySecretRef "
+        "and webhookSecretRef; create and delete the per-run spec Secret of a run's Pod "
+        "(worker.kind: pod)"
     ),
     ("", "pods"): (
         "runs in Pods (worker.kind: pod): create the run's Pod, watch the namespace's run "

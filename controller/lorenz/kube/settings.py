@@ -169,6 +169,12 @@ class OperatorSettings(pydantic.BaseModel):
     """Port of the metrics (``/metrics``) and snapshot API (``/api/v1/workflows``) server;
     unset disables it, 0 picks a free port."""
 
+    webhook_port: int | None = Field(default=None, ge=0, le=65535)
+    """Port of the webhook Service's route ``POST /webhooks/<namespace>/<workflow>`` (on
+    ``api_host``, no token: deliveries are verified by their signature, see docs/webhooks.md);
+    unset disables it, 0 picks a free port. Every replica needs the same port: a replica that
+    does not lead a Workflow forwards its deliveries to the leader's."""
+
     api_auth: Literal["kubernetes", "none"] = "kubernetes"
     """Who may call the API: ``kubernetes`` — a bearer token the API server accepts
     (TokenReview) whose user may read the Workflow in its namespace (SubjectAccessReview), as

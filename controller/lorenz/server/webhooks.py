@@ -184,7 +184,7 @@ class WebhookIntake:
             self._count(kind, ORCHESTRATOR_UNAVAILABLE)
             raise _stopped()
         try:
-            body = await _read_bounded(request)
+            body = await read_bounded(request)
             event = self.take(kind=kind, headers=dict(request.headers), body=body, secret=secret)
         except WebhookRefused as refusal:
             raise self._refused(kind, refusal) from None
@@ -244,7 +244,7 @@ def _stopped() -> ApiError:
     )
 
 
-async def _read_bounded(request: web.Request) -> bytes:
+async def read_bounded(request: web.Request) -> bytes:
     """The body, or :func:`body_too_large` as soon as it is over the cap (declared or read)."""
     declared = request.content_length
     if declared is not None and declared > MAX_WEBHOOK_BODY_BYTES:

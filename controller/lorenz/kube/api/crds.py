@@ -10,7 +10,8 @@ What *is* written here is what only the Kubernetes shape has:
 
 * the keys the operator owns and a Workflow therefore cannot set (:data:`OPERATOR_OWNED`),
 * the keys whose default differs in a Workflow (:data:`OPERATOR_DEFAULTS`: runs in Pods),
-* ``spec.prompt`` (the body of WORKFLOW.md) and ``spec.tracker.apiKeySecretRef``,
+* ``spec.prompt`` (the body of WORKFLOW.md), ``spec.tracker.apiKeySecretRef`` and
+  ``spec.tracker.webhookSecretRef``,
 * the CEL rules for checks that span fields — the same checks WORKFLOW.md gets at dispatch
   preflight, moved to admission so ``kubectl apply`` names the field at once,
 * printer columns, short names and the status subresource.
@@ -38,7 +39,7 @@ OPERATOR_OWNED: Final[Mapping[str, str]] = {
     "logging": "the operator process logs; runtime events become Kubernetes Events",
     "workspace.root": "workspaces live on the operator's volume, one folder per Workflow",
     "tracker.api_key": "use tracker.apiKeySecretRef",
-    "tracker.webhook_secret": "webhooks reach the operator through its webhook Service",
+    "tracker.webhook_secret": "use tracker.webhookSecretRef (the operator's webhook Service)",
 }
 """WORKFLOW.md keys a Workflow spec leaves out, and why (docs/operator.md lists them)."""
 
@@ -55,6 +56,9 @@ its author wrote; the CEL rules below treat an unset ``worker.kind`` as ``pod``.
 
 PROMPT_FIELD: Final = "prompt"
 SECRET_REF_FIELD: Final = "apiKeySecretRef"
+WEBHOOK_SECRET_REF_FIELD: Final = "webhookSecretRef"
+WEBHOOK_TRACKER_KINDS: Final = ("linear", "github", "gitlab", "jira")
+"""Tracker kinds that can push signed webhooks (:data:`lorenz.trackers.webhooks.WEBHOOK_KINDS`)."""
 INLINE_KEY_FIELD: Final = "apiKey"
 
 HEADER: Final = (
@@ -103,6 +107,20 @@ def workflow_spec_schema() -> dict[str, Any]:
         "description": (
             "The Secret key (same namespace) that holds the tracker API token. The operator "
             "reads no environment variables for a Workflow."
+        ),
+        "required": ["name", "key"],
+        "properties": {
+            "name": {"type": "string", "minLength": 1, "description": "Secret name."},
+            "key": {"type": "string", "minLength": 1, "description": "Key in the Secret."},
+        },
+    }
+    tracker["properties"][WEBHOOK_SECRET_REF_FIELD] = {
+        "type": "object",
+        "description": (
+            "The Secret key (same namespace) that holds the webhook signing secret (GitLab: "
+            "the secret token). Set, the operator's webhook Service takes this Workflow's "
+            "deliveries at /webhooks/<namespace>/<name>, and polling.intervalMs defaults to "
+            "300000 (5 min, the backstop); see docs/webhooks.md."
         ),
         "required": ["name", "key"],
         "properties": {
@@ -185,6 +203,14 @@ def workflow_spec_schema() -> dict[str, Any]:
             reason="FieldValueRequired",
             field_path=f".{SECRET_REF_FIELD}",
         ),
+        _rule(
+            f"!has(self.{WEBHOOK_SECRET_REF_FIELD}) || self.kind in "
+            f"[{', '.join(repr(kind) for kind in WEBHOOK_TRACKER_KINDS)}]",
+            "tracker.webhookSecretRef only applies when tracker.kind is linear, github, gitlab "
+            "or jira (the trackers that sign webhooks); remove it",
+            reason="FieldValueForbidden",
+            field_path=f".{WEBHOOK_SECRET_REF_FIELD}",
+        ),
     ]
     workspace = properties["workspace"]
     workspace["x-kubernetes-validations"] = [
@@ -242,6 +268,16 @@ def workflow_spec_schema() -> dict[str, Any]:
             f"!(self.tracker.{SECRET_REF_FIELD}.name in self.worker.podTemplate.envFromSecrets)",
             "worker.podTemplate.envFromSecrets must not name the tracker's Secret: the tracker "
             "token never enters a run's Pod",
+            reason="FieldValueForbidden",
+            field_path=".worker.podTemplate.envFromSecrets",
+        ),
+        _rule(
+            f"!has(self.tracker.{WEBHOOK_SECRET_REF_FIELD}) || !has(self.worker) || "
+            "!has(self.worker.podTemplate) || !has(self.worker.podTemplate.envFromSecrets) || "
+            f"!(self.tracker.{WEBHOOK_SECRET_REF_FIELD}.name in "
+            "self.worker.podTemplate.envFromSecrets)",
+            "worker.podTemplate.envFromSecrets must not name the webhook secret's Secret: "
+            "whoever holds it can forge deliveries",
             reason="FieldValueForbidden",
             field_path=".worker.podTemplate.envFromSecrets",
         ),

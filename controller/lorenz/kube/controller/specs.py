@@ -6,7 +6,10 @@ pipeline (:func:`lorenz.workflow.settings_from_mapping`) that reads WORKFLOW.md,
 file with the same content behave identically. What differs is decided here:
 
 * keys are camelCase in the spec and mapped back by the generated table (:mod:`.casing`);
-* ``spec.prompt`` is the template; ``spec.tracker.apiKeySecretRef`` is read from the Secret;
+* ``spec.prompt`` is the template; ``spec.tracker.apiKeySecretRef`` is read from the Secret,
+  and so is ``spec.tracker.webhookSecretRef`` (it becomes ``tracker.webhook_secret``, which
+  turns the Workflow's route of the operator's webhook Service on and makes polling the 5 min
+  backstop, exactly as the key does in a WORKFLOW.md);
 * nothing comes from the operator's environment: no ``$VAR`` values, no ``LINEAR_API_KEY``
   fallback, no ``LORENZ_FLAG_*`` — a Workflow is self-contained, and its author cannot read the
   operator pod's environment through it;
@@ -35,7 +38,12 @@ from typing import Any
 import yaml
 
 from lorenz.kube.api.casing import front_matter_from_spec
-from lorenz.kube.api.crds import OPERATOR_DEFAULTS, PROMPT_FIELD, SECRET_REF_FIELD
+from lorenz.kube.api.crds import (
+    OPERATOR_DEFAULTS,
+    PROMPT_FIELD,
+    SECRET_REF_FIELD,
+    WEBHOOK_SECRET_REF_FIELD,
+)
 from lorenz.kube.api.resources import WorkflowRef
 from lorenz.kube.clients import KubeApi, secret_path
 from lorenz.kube.errors import KubeApiError, TrackerPathOutsideWorkflow, TrackerSecretMissing
@@ -65,38 +73,44 @@ def generation_of(body: Mapping[str, Any]) -> int:
     return int((body.get("metadata") or {}).get("generation") or 0)
 
 
-def secret_ref_of(spec: Mapping[str, Any]) -> tuple[str, str] | None:
-    """``(name, key)`` of ``spec.tracker.apiKeySecretRef``, if set."""
-    ref = (spec.get("tracker") or {}).get(SECRET_REF_FIELD)
+def secret_ref_of(
+    spec: Mapping[str, Any], *, field: str = SECRET_REF_FIELD
+) -> tuple[str, str] | None:
+    """``(name, key)`` of ``spec.tracker.<field>`` (``apiKeySecretRef`` unless told), if set."""
+    ref = (spec.get("tracker") or {}).get(field)
     if not isinstance(ref, Mapping) or not ref.get("name") or not ref.get("key"):
         return None
     return str(ref["name"]), str(ref["key"])
 
 
-async def read_secret_key(api: KubeApi, *, namespace: str, name: str, key: str) -> str:
-    """The decoded value of one Secret key; :class:`TrackerSecretMissing` if unusable."""
+async def read_secret_key(
+    api: KubeApi, *, namespace: str, name: str, key: str, field: str = SECRET_REF_FIELD
+) -> str:
+    """The decoded value of one Secret key; :class:`TrackerSecretMissing` (naming
+    ``tracker.<field>``) if unusable."""
+    named = f"tracker.{field}"
+
+    def missing(detail: str) -> TrackerSecretMissing:
+        return TrackerSecretMissing(
+            namespace=namespace, name=name, key=key, detail=detail, field=named
+        )
+
     try:
         secret = await api.get(secret_path(namespace, name))
     except KubeApiError as exc:
-        detail = "no such Secret" if exc.not_found else f"{exc.status} {exc.reason}"
-        raise TrackerSecretMissing(namespace=namespace, name=name, key=key, detail=detail) from exc
+        raise missing("no such Secret" if exc.not_found else f"{exc.status} {exc.reason}") from exc
     data = secret.get("data") or {}
     if key in data:
         try:
             value = base64.b64decode(str(data[key])).decode("utf-8")
         except (ValueError, UnicodeDecodeError) as exc:
-            raise TrackerSecretMissing(
-                namespace=namespace, name=name, key=key, detail="the value is not UTF-8"
-            ) from exc
+            raise missing("the value is not UTF-8") from exc
     elif key in (secret.get("stringData") or {}):
         value = str(secret["stringData"][key])
     else:
-        known = ", ".join(sorted(data)) or "none"
-        raise TrackerSecretMissing(
-            namespace=namespace, name=name, key=key, detail=f"no such key; keys: {known}"
-        )
+        raise missing(f"no such key; keys: {', '.join(sorted(data)) or 'none'}")
     if not value.strip():
-        raise TrackerSecretMissing(namespace=namespace, name=name, key=key, detail="it is empty")
+        raise missing("it is empty")
     return value.strip()
 
 
@@ -171,12 +185,14 @@ def workflow_from_spec(
     *,
     workflow_dir: Path,
     api_key: str | None,
+    webhook_secret: str | None = None,
     secret_digest: str = "",
     continuation_ceiling: int = 0,
 ) -> LoadedWorkflow:
     """The loaded workflow of a Workflow object; raises the loader's coded errors.
 
-    ``api_key`` is the Secret's value (``None`` when the spec names none); ``secret_digest``
+    ``api_key`` is the Secret's value (``None`` when the spec names none), ``webhook_secret``
+    the value ``tracker.webhookSecretRef`` names (``None``: webhooks off); ``secret_digest``
     goes into the stamp so that a changed Secret reloads; ``continuation_ceiling`` is the
     operator's bound on ``agent.max_continuation_runs`` (:func:`apply_continuation_ceiling`).
     """
@@ -186,6 +202,7 @@ def workflow_from_spec(
     tracker = spec.get("tracker")
     if isinstance(tracker, dict):
         tracker.pop(SECRET_REF_FIELD, None)
+        tracker.pop(WEBHOOK_SECRET_REF_FIELD, None)
     front_matter = front_matter_from_spec(spec)
     confine_tracker_path(front_matter.get("tracker"), workflow_dir=workflow_dir)
     raw = copy.deepcopy(front_matter)
@@ -194,6 +211,8 @@ def workflow_from_spec(
         workspace["root"] = str(workflow_dir / WORKSPACES_DIR)
     if api_key is not None and isinstance(front_matter.get("tracker"), dict):
         front_matter["tracker"]["api_key"] = api_key
+    if webhook_secret is not None and isinstance(front_matter.get("tracker"), dict):
+        front_matter["tracker"]["webhook_secret"] = webhook_secret
     # NB: after ``raw`` (the rendered WORKFLOW.md shows what the spec says), before validation:
     # the model's own default is local, the single-host kind.
     apply_operator_defaults(front_matter)
@@ -227,17 +246,28 @@ async def load_workflow_object(
 ) -> LoadedWorkflow:
     """:func:`workflow_from_spec` with the tracker Secret read from the API."""
     ref = workflow_ref(body)
-    api_key: str | None = None
+    spec = body.get("spec") or {}
+    values: dict[str, str | None] = {}
+    for field in (SECRET_REF_FIELD, WEBHOOK_SECRET_REF_FIELD):
+        secret = secret_ref_of(spec, field=field)
+        if secret is not None:
+            name, key = secret
+            values[field] = await read_secret_key(
+                api, namespace=ref.namespace, name=name, key=key, field=field
+            )
+    api_key = values.get(SECRET_REF_FIELD)
+    webhook_secret = values.get(WEBHOOK_SECRET_REF_FIELD)
     digest = ""
-    secret = secret_ref_of(body.get("spec") or {})
-    if secret is not None:
-        name, key = secret
-        api_key = await read_secret_key(api, namespace=ref.namespace, name=name, key=key)
+    if api_key is not None:
         digest = hashlib.sha256(api_key.encode()).hexdigest()
+    if webhook_secret is not None:
+        # NB: a changed webhook secret reloads too (the route verifies with the new one).
+        digest += ":" + hashlib.sha256(webhook_secret.encode()).hexdigest()
     return workflow_from_spec(
         body,
         workflow_dir=workflow_dir,
         api_key=api_key,
+        webhook_secret=webhook_secret,
         secret_digest=digest,
         continuation_ceiling=continuation_ceiling,
     )

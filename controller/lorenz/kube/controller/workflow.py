@@ -765,11 +765,13 @@ class WorkflowController:
     # -- runtime output --------------------------------------------------------------------
 
     def _remember_secrets(self, settings: WorkflowSettings) -> None:
-        """Have the process log scrub this Workflow's tracker token (from its Secret)."""
+        """Have the process log scrub this Workflow's tracker token and webhook secret (from
+        its Secrets)."""
         if self._log_secrets is not None:
-            self._log_secrets(
-                tracker_secrets(api_key=settings.tracker.api_key, environ=self._base_env)
-            )
+            values = tracker_secrets(api_key=settings.tracker.api_key, environ=self._base_env)
+            if settings.tracker.webhook_secret:
+                values.append(settings.tracker.webhook_secret)
+            self._log_secrets(values)
 
     def _on_runtime_event(self, event: RuntimeEvent) -> None:
         kind = event.type

@@ -555,8 +555,12 @@ async def run_operator(
     server = serving.OperatorServer(
         supervisor=supervisor, metrics=metrics, settings=settings, auth=auth
     )
+    from lorenz.kube.operator.webhooks import WebhookServer
+
+    webhooks = WebhookServer(supervisor=supervisor, metrics=metrics.lorenz, settings=settings)
     try:
         await server.start()
+        await webhooks.start()
         coordinator.start()
         registry = build_registry(supervisor)
         ready_flag = asyncio.Event()
@@ -564,10 +568,11 @@ async def run_operator(
         async def announce() -> None:
             await ready_flag.wait()
             logger.info(
-                "Operator running identity=%s namespaces=%s api=%s",
+                "Operator running identity=%s namespaces=%s api=%s webhooks=%s",
                 settings.identity,
                 ",".join(settings.namespaces) or "<all>",
                 server.url or "off",
+                webhooks.url or "off",
             )
             if ready is not None:
                 ready(supervisor)
@@ -588,6 +593,8 @@ async def run_operator(
     finally:
         await supervisor.shutdown()
         # NB: the operator is exiting: a server that fails to stop changes nothing.
+        with contextlib.suppress(Exception):
+            await webhooks.stop()
         with contextlib.suppress(Exception):
             await server.stop()
         await lease_api.close()
