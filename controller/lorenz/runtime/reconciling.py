@@ -38,6 +38,10 @@ from lorenz.workspaces.keys import workspace_key
 
 logger = logging.getLogger("lorenz.runtime")
 
+STALL_STOP_INLINE_S = 5.0
+"""How long a tick waits for a stalled run's agent to stop before leaving the rest (and the
+slot's retry) to the background."""
+
 
 class PendingExits(Protocol):
     """The clean exits waiting for their decision (dispatch keeps them; see
@@ -70,6 +74,8 @@ class Reconciling:
         """Issues that turned terminal mid-turn, by id, while their runs finish the turn."""
         self._startup_cleanup_done = False
         self._write_failure: ClaimStoreWriteFailed | None = None
+        self._stopping_stalled: set[SlotKey] = set()
+        """Stalled slots whose agent is being stopped; each ends with its retry after."""
 
     @property
     def write_failure(self) -> ClaimStoreWriteFailed | None:
@@ -197,7 +203,58 @@ class Reconciling:
             return None
 
     async def reconcile_stalled_runs(self) -> None:
-        for stalled in await self._parts.orchestrator.finish_stalled():
+        """Stop each stalled run's agent, then end its slot with a failure retry.
+
+        NB: the kill path first. A stalled run's worker may be frozen (stopped, wedged) while
+        its agent still works: the run's task is cancelled — the runner asks its worker to
+        end the run and, without a final record, kills the worker's process group and waits
+        for it (:mod:`lorenz.workers.leftovers`) — and only once that task ended is the retry
+        written. Until then the slot stays running, counted against concurrency: a retry must
+        never start beside a possibly live agent. A stop that outlasts
+        :data:`STALL_STOP_INLINE_S` goes on in the background, so the tick is not held up.
+        """
+        stalled = self._parts.orchestrator.stalled_runs()
+        now_stalled: dict[SlotKey, float] = {}
+        for key, silent_ms in stalled.items():
+            if key in self._stopping_stalled:
+                continue  # NB: its agent is being stopped; the slot ends when that is done
+            run = self._parts.runs.get(key)
+            task = run.task if run is not None else None
+            if run is None or task is None or task.done():
+                now_stalled[key] = silent_ms
+                continue
+            run.finish_externally(AbortReason.STALLED)
+            logger.warning(
+                "run stalled after %d ms without agent activity; stopping its agent slot=%s",
+                int(silent_ms),
+                key,
+            )
+            done, _ = await asyncio.wait({task}, timeout=STALL_STOP_INLINE_S)
+            if done:
+                now_stalled[key] = silent_ms
+                continue
+            self._stopping_stalled.add(key)
+            self._parts.background.spawn(
+                self.finish_stalled_after(task, key=key, silent_ms=silent_ms),
+                name=f"lorenz-stall-stop:{key}",
+            )
+        if now_stalled:
+            await self.finish_stalled(now_stalled)
+
+    async def finish_stalled_after(
+        self, task: asyncio.Task[None], *, key: SlotKey, silent_ms: float
+    ) -> None:
+        """End a stalled slot once its run's task (its agent) is over."""
+        try:
+            await asyncio.wait({task})
+            await self.finish_stalled({key: silent_ms})
+            if not self._parts.status.stopped:
+                self._parts.timers.sync(self._parts.orchestrator.retry_deadlines())
+        finally:
+            self._stopping_stalled.discard(key)
+
+    async def finish_stalled(self, silent: dict[SlotKey, float]) -> None:
+        for stalled in await self._parts.orchestrator.finish_stalled(silent=silent):
             entry = stalled.entry
             run = self._parts.runs.get(entry.key)
             if run is not None:
