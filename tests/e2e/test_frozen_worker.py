@@ -11,6 +11,7 @@ of the slot at once, and the retry starts once the first agent is gone.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -71,10 +72,8 @@ def stopped_workers() -> Iterator[list[int]]:
     stopped: list[int] = []
     yield stopped
     for pid in stopped:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
 
 
 def test_a_frozen_worker_is_killed_before_its_slot_is_retried(

@@ -9,6 +9,7 @@ go. Stopping runs from outside (a deleted ``Claim``) lives here too.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -19,6 +20,7 @@ from lorenz.claims.errors import ClaimStoreWriteFailed
 from lorenz.codes import ErrorCode
 from lorenz.model import (
     AbortReason,
+    DispatchPause,
     EventType,
     Issue,
     LorenzError,
@@ -74,6 +76,7 @@ class Reconciling:
         """Issues that turned terminal mid-turn, by id, while their runs finish the turn."""
         self._startup_cleanup_done = False
         self._write_failure: ClaimStoreWriteFailed | None = None
+        self._write_failure_since: datetime.datetime | None = None
         self._stopping_stalled: set[SlotKey] = set()
         """Stalled slots whose agent is being stopped; each ends with its retry after."""
 
@@ -83,6 +86,18 @@ class Reconciling:
         ``None`` once a heartbeat succeeds. Dispatch is paused while it is set: a claim that
         cannot be recorded must not be run."""
         return self._write_failure
+
+    @property
+    def write_pause(self) -> DispatchPause | None:
+        """:attr:`write_failure` as the snapshot shows it (``poll.dispatch_paused``)."""
+        failure = self._write_failure
+        if failure is None:
+            return None
+        return DispatchPause(
+            code=failure.code,
+            message=self._parts.reporting.scrub(describe_error(failure)),
+            since=self._write_failure_since or self._parts.clock.now(),
+        )
 
     def in_grace(self, issue_id: str) -> bool:
         """Whether this issue turned terminal and its runs are finishing their last turn."""
@@ -113,6 +128,7 @@ class Reconciling:
             # NB: not raised: the tick goes on (reconciliation, blocked slots, the candidate
             # read) and only dispatch pauses; the store logged the outage once already.
             if self._write_failure is None:
+                self._write_failure_since = self._parts.clock.now()
                 self._parts.reporting.event(
                     EventType.DISPATCH_PAUSED,
                     message=f"dispatch paused: {exc}",
