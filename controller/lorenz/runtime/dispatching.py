@@ -34,6 +34,7 @@ from lorenz.model import (
     RunOutcome,
     SlotKey,
     StopReason,
+    slot_key,
 )
 from lorenz.model.variables import run_variables
 from lorenz.orchestrator import DispatchCandidate, Reserved, Skipped, Started
@@ -215,6 +216,8 @@ class Dispatching:
             and self._parts.candidates
         ):
             room = self._parts.orchestrator.available_slots() + len(exits)
+            if self._host_fault is not None:
+                room = min(room, 0 if self.probe_in_flight() else 1)  # NB: one probe at a time
             exiting = {pending.issue_id for pending in exits}
             if room > 0:
                 cached = list(self._parts.candidates.values())
@@ -276,6 +279,12 @@ class Dispatching:
         if probing and self.probe_in_flight():
             return None  # NB: paused by a host fault: one probe run at a time
         if self.refuse_unpassable(issue, slot=candidate.slot_index):
+            return None
+        previous = self._parts.runs.get(slot_key(issue.id, candidate.slot_index))
+        if previous is not None and previous.task is not None and not previous.task.done():
+            # NB: the slot's last run is still being stopped (its worker asked to end it, or
+            # killed and waited for): never a second agent beside one that may still live.
+            # Its end nudges a pass, which comes back here.
             return None
         result = await self._parts.orchestrator.claim(candidate)
         if isinstance(result, Skipped):
