@@ -568,6 +568,7 @@ class Dispatching:
                 placement=placement,
                 resume=entry.resume,
                 on_placed=placed if not bound else None,
+                on_launch=lambda up: self.on_launch(run, launching=up),
             )
             await runner.run(request)
             normal = True
@@ -943,6 +944,13 @@ class Dispatching:
             return False
         issue = found[0] if found else None
         return self._parts.orchestrator.reconciliation_decision(issue) is None
+
+    def on_launch(self, run: ActiveRun, *, launching: bool) -> None:
+        """The run's worker launch began (``True``) or answered (see ``on_launch`` of
+        :class:`~lorenz.agents.AgentRunRequest`)."""
+        run.launching = launching
+        if not launching:
+            run.launched_at_ms = self._parts.clock.monotonic_ms()
 
     def on_agent_update(self, key: SlotKey, update: AgentUpdate) -> None:
         if self._probe is not None and self._probe.key == key:

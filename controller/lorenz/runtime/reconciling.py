@@ -231,10 +231,19 @@ class Reconciling:
         """
         stalled = self._parts.orchestrator.stalled_runs()
         now_stalled: dict[SlotKey, float] = {}
+        now_ms = self._parts.clock.monotonic_ms()
         for key, silent_ms in stalled.items():
             if key in self._stopping_stalled:
                 continue  # NB: its agent is being stopped; the slot ends when that is done
             run = self._parts.runs.get(key)
+            if run is not None and run.launching:
+                continue  # NB: a launch has its own bound (worker_launch_timeout: a host fault)
+            if run is not None and run.launched_at_ms is not None:
+                since_launch = now_ms - run.launched_at_ms
+                if since_launch < silent_ms:
+                    if since_launch <= self._parts.settings.agent_kind().stall_timeout_ms:
+                        continue  # NB: the agent's silence counts from its worker's launch
+                    silent_ms = since_launch
             task = run.task if run is not None else None
             if run is None or task is None or task.done():
                 now_stalled[key] = silent_ms

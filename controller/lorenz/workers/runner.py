@@ -506,13 +506,18 @@ class WorkerRunner:
             if recorder is not None:
                 await recorder.require(first.handle, SpawnPhase.PROVISIONING)
             found = await self._predecessor(request)
-            name = (
-                found
-                if found is not None
-                else await self._start_or_cancel(
-                    request, recorder=recorder, handlers=handlers, first=first
-                )
-            )
+            if found is not None:
+                name = found
+            else:
+                if request.on_launch is not None:
+                    request.on_launch(True)
+                try:
+                    name = await self._start_or_cancel(
+                        request, recorder=recorder, handlers=handlers, first=first
+                    )
+                finally:
+                    if request.on_launch is not None:
+                        request.on_launch(False)
         self._record_controller(name)
         handle = WorkerHandle(
             transport=self.transport,
