@@ -231,6 +231,7 @@ class Reconciling:
         """
         stalled = self._parts.orchestrator.stalled_runs()
         now_stalled: dict[SlotKey, float] = {}
+        stopping: dict[SlotKey, tuple[asyncio.Task[None], float]] = {}
         now_ms = self._parts.clock.monotonic_ms()
         for key, silent_ms in stalled.items():
             if key in self._stopping_stalled:
@@ -254,8 +255,14 @@ class Reconciling:
                 int(silent_ms),
                 key,
             )
-            done, _ = await asyncio.wait({task}, timeout=STALL_STOP_INLINE_S)
-            if done:
+            stopping[key] = (task, silent_ms)
+        if stopping:
+            # NB: all of them at once: each run's stop goes on concurrently with the others.
+            await asyncio.wait(
+                {task for task, _ in stopping.values()}, timeout=STALL_STOP_INLINE_S
+            )
+        for key, (task, silent_ms) in stopping.items():
+            if task.done():
                 now_stalled[key] = silent_ms
                 continue
             self._stopping_stalled.add(key)
