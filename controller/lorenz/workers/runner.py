@@ -691,8 +691,10 @@ class WorkerRunner:
             while not follow.done() and loop.time() < deadline:
                 with contextlib.suppress(BaseException):
                     await asyncio.wait_for(asyncio.shield(follow), timeout=CANCEL_PROBE_S)
-                if follow.done():
-                    break
+                if follow.done() or not isinstance(self.transport, LocalTransport):
+                    # NB: only this host's processes can be killed: a remote worker that does
+                    # not answer is waited for (its host may come back with the final record).
+                    continue
                 with contextlib.suppress(Exception):
                     probe = await self.transport.probe(handle.handle)
                     if probe.state is ProbeState.UNKNOWN:
