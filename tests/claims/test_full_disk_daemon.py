@@ -102,6 +102,7 @@ def test_a_full_claim_store_disk_pauses_dispatch_until_space_returns(
     poll = poll_block(endpoint)
     assert poll["candidates"] == 1
     assert "claim_store_write_failed" in poll["last_error"]
+    assert poll["dispatch_paused"]["code"] == "claim_store_write_failed", poll
     assert read_agent_log(root / "agent.log") == []
     log = daemon.log()
     assert log.count("dispatch paused") == 1, log[-4000:]
@@ -115,6 +116,7 @@ def test_a_full_claim_store_disk_pauses_dispatch_until_space_returns(
         assert time.monotonic() < deadline, daemon.log()[-4000:]
         time.sleep(0.05)
     assert poll_block(endpoint)["last_error"] is None
+    assert poll_block(endpoint)["dispatch_paused"] is None
     daemon.terminate()
     assert daemon.wait() == 0, daemon.log()[-4000:]
     assert "Traceback" not in daemon.log()

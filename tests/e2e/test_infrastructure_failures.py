@@ -13,15 +13,25 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.daemon.conftest import daemon_env, daemons, root, runtime_dir
-from tests.daemon.harness import DaemonProcess, read_agent_log, write_daemon_workflow
+from tests.daemon.harness import (
+    CLI,
+    DaemonProcess,
+    get_state,
+    read_agent_log,
+    write_daemon_workflow,
+    write_issues,
+)
+from tests.waiting import wait_until
 
 __all__ = ["daemon_env", "daemons", "root", "runtime_dir"]  # fixtures used here
 
@@ -107,5 +117,128 @@ def test_a_host_that_cannot_start_workers_never_cancels_the_issue(
         time.sleep(0.05)
     assert "terminal_action" not in daemon.log()
     assert issue_state(root, "B-1") == "Todo"
+    daemon.terminate()
+    assert daemon.wait() == 0, daemon.log()[-4000:]
+
+
+def test_a_host_that_cannot_start_workers_pauses_dispatch_until_a_probe_starts_one(
+    root: Path,
+    daemon_env: dict[str, str],
+    daemons: list[DaemonProcess],
+    read_only_state_root: Path,
+) -> None:
+    """The host fault pauses dispatch with its code — the snapshot, ``lorenz status`` — one
+    probe run at a time goes on, and dispatch resumes by itself once a worker starts."""
+    workflow = write_daemon_workflow(
+        root,
+        issues=("P-1", "P-2", "P-3"),
+        front_matter={"retry": {"backoff": {"initial_ms": 100, "max_ms": 300}}},
+    )
+    daemon = DaemonProcess(
+        workflow, env=daemon_env, args=["--feature", "daemon"], output=root / "daemon.log"
+    )
+    daemons.append(daemon.start())
+    endpoint = daemon.wait_ready()["endpoint"]
+
+    paused = wait_until(
+        lambda: get_state(endpoint)["poll"]["dispatch_paused"],
+        timeout=WAIT_S,
+        what=lambda: "dispatch to pause; daemon log tail:\n" + daemon.log()[-3000:],
+    )
+    assert paused["code"] in ("worker_launch_failed", "worker_state_error"), paused
+    assert paused["since"]
+    # Several more failed probes: one at a time, each a retry that counts nothing.
+    wait_until(
+        lambda: len(HOST_FAILURE.findall(daemon.log())) >= 6,
+        timeout=WAIT_S,
+        what=lambda: "more failed probes; daemon log tail:\n" + daemon.log()[-3000:],
+    )
+    log = daemon.log()
+    assert log.count("type=dispatch_paused") == 1, log[-4000:]
+    assert "slot_blocked" not in log, log[-4000:]
+    status = subprocess.run(
+        [*CLI, "status", str(workflow)],
+        env=daemon_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert "PAUSED" in status.stdout, status.stdout + status.stderr
+    assert paused["code"] in status.stdout, status.stdout
+    assert read_agent_log(root / "agent.log") == []
+
+    subprocess.run(["umount", str(read_only_state_root)], check=True)
+    wait_until(
+        lambda: "dispatch_resumed" in daemon.log(),
+        timeout=WAIT_S,
+        what=lambda: "dispatch to resume; daemon log tail:\n" + daemon.log()[-3000:],
+    )
+    wait_until(
+        lambda: {e["slot"] for e in read_agent_log(root / "agent.log")}
+        >= {"P-1#0", "P-2#0", "P-3#0"},
+        timeout=WAIT_S,
+        what=lambda: "every issue's agent; daemon log tail:\n" + daemon.log()[-3000:],
+    )
+    assert get_state(endpoint)["poll"]["dispatch_paused"] is None
+    daemon.terminate()
+    assert daemon.wait() == 0, daemon.log()[-4000:]
+
+
+def launcher_of(daemon: DaemonProcess) -> int | None:
+    """The pid of the daemon's warm worker launcher (``lorenz worker --launcher``), once up."""
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        cmdline = process.info["cmdline"] or []
+        if "--launcher" in cmdline and str(daemon.pid) in cmdline:
+            return int(process.info["pid"])
+    return None
+
+
+def test_a_stopped_launcher_times_out_launches_as_a_host_fault(
+    root: Path, daemon_env: dict[str, str], daemons: list[DaemonProcess]
+) -> None:
+    """SIGSTOP of the launcher: the launch times out (the launch bound, 60 s) — a host fault,
+    never an agent failure: with a budget of one nothing is blocked, dispatch pauses with
+    ``worker_launch_timeout``, and resumes by itself once the launcher runs again."""
+    workflow = write_daemon_workflow(
+        root,
+        issues=(),
+        front_matter={
+            "retry": {
+                "max_attempts": 1,
+                "terminal_action": "block",
+                "backoff": {"initial_ms": 100, "max_ms": 300},
+            },
+        },
+    )
+    daemon = DaemonProcess(
+        workflow, env=daemon_env, args=["--feature", "daemon"], output=root / "daemon.log"
+    )
+    daemons.append(daemon.start())
+    endpoint = daemon.wait_ready()["endpoint"]
+    launcher = wait_until(
+        lambda: launcher_of(daemon), timeout=WAIT_S, what="the daemon's worker launcher"
+    )
+    os.kill(launcher, signal.SIGSTOP)
+    try:
+        write_issues(root / "issues", ["L-1"])
+        paused = wait_until(
+            lambda: get_state(endpoint)["poll"]["dispatch_paused"],
+            timeout=WAIT_S + 60,
+            what=lambda: "dispatch to pause; daemon log tail:\n" + daemon.log()[-3000:],
+        )
+        assert paused["code"] == "worker_launch_timeout", paused
+        log = daemon.log()
+        assert "run_failed worker_launch_timeout" in log, log[-4000:]
+        assert "slot_blocked" not in log, log[-4000:]
+        assert read_agent_log(root / "agent.log") == []
+    finally:
+        os.kill(launcher, signal.SIGCONT)
+    wait_until(
+        lambda: "dispatch_resumed" in daemon.log() and read_agent_log(root / "agent.log"),
+        timeout=WAIT_S + 60,
+        what=lambda: "dispatch to resume; daemon log tail:\n" + daemon.log()[-3000:],
+    )
+    assert "slot_blocked" not in daemon.log()
     daemon.terminate()
     assert daemon.wait() == 0, daemon.log()[-4000:]

@@ -10,6 +10,7 @@ import datetime
 
 from lorenz.model import (
     AppStatus,
+    DispatchPause,
     OrchestratorSnapshot,
     PollStatus,
     RetryRow,
@@ -49,6 +50,7 @@ def runtime_snapshot(
     count: int = 0,
     interval_ms: int = 30000,
     last_error: str | None = None,
+    dispatch_paused: DispatchPause | None = None,
     running: int = 0,
     retrying: int = 0,
     usage: UsageTotals | None = None,
@@ -59,7 +61,7 @@ def runtime_snapshot(
         poll=PollStatus(
             status="idle", interval_ms=interval_ms, candidates=candidates, eligible=eligible,
             last_poll_at=last_poll_at, next_poll_at=next_poll_at, last_error=last_error,
-            count=count,
+            count=count, dispatch_paused=dispatch_paused,
         ),
         lanes=OrchestratorSnapshot(
             generated_at=AT,

@@ -20,6 +20,7 @@ from lorenz.kube.controller.status import (
     workflow_status,
 )
 from lorenz.kube.errors import KubeApiError
+from lorenz.model import DispatchPause
 from tests.cluster.cluster import Cluster
 from tests.kube.snapshots import runtime_snapshot
 
@@ -69,6 +70,25 @@ def test_a_rejected_spec_is_degraded_while_the_last_good_one_keeps_running() -> 
     assert "running generation 2" in found["Degraded"]["message"]
     assert found["Ready"]["status"] == "True"  # the kept workflow still polls
     assert status["observedGeneration"] == 3
+
+
+def test_a_paused_dispatch_degrades_the_workflow_with_the_fault_code() -> None:
+    # Issue #32 point 2: a host fault (runs cannot be placed or launched, the claim store
+    # refuses writes) pauses dispatch; the Workflow says so in Degraded, with the fault's code.
+    paused = DispatchPause(
+        code="placement_failed", message="0/3 nodes are available", since=NOW
+    )
+    snapshot = runtime_snapshot(
+        last_poll_at=NOW, last_error=paused.message, dispatch_paused=paused
+    )
+    found = conditions_of(workflow_status(inputs(snapshot=snapshot), [], NOW))
+    assert found["Degraded"]["status"] == "True"
+    assert found["Degraded"]["reason"] == "placement_failed"
+    assert "dispatch paused" in found["Degraded"]["message"]
+    assert "0/3 nodes are available" in found["Degraded"]["message"]
+    # Resumed: the next snapshot has no pause, and the condition clears.
+    found = conditions_of(workflow_status(inputs(), [], LATER))
+    assert found["Degraded"]["status"] == "False"
 
 
 def test_without_a_runtime_the_degradation_is_why_it_is_not_ready() -> None:

@@ -114,7 +114,7 @@ STATE = {"object": [
     ["poll", {"object": [
         ["status", "string"], ["interval_ms", "number"], ["candidates", "number"],
         ["eligible", "number"], ["last_poll_at", "string"], ["next_poll_at", "null"],
-        ["last_error", "null"], ["count", "number"],
+        ["last_error", "null"], ["count", "number"], ["dispatch_paused", "null"],
     ]}],
     ["running", {"array": [RUNNING_ROW]}],
     ["reserving", {"array": [RESERVING_ROW]}],

@@ -263,3 +263,16 @@ async def test_finished_state_directories_are_pruned_after_the_retention_but_evi
     )
     await worker_runner.run(kit.request())
     assert "lzw-RECENT-s0-a0-g0-000000000000" not in list_handles(state_root)
+
+
+async def test_the_launch_is_reported_before_and_after_it_answers(
+    state_root: Path, tmp_path: Path
+) -> None:
+    # Issue #32 point 2: the runtime's stall clock does not run while a worker is launched;
+    # the runner says when the launch begins and when it answered — before any agent record.
+    kit = Kit(tmp_path, [{"message": "one"}])
+    seen: list[tuple[bool, int]] = []
+    request = kit.request(on_launch=lambda up: seen.append((up, len(kit.updates))))
+    await runner(state_root, tmp_path).run(request)
+    assert seen == [(True, 0), (False, 0)]
+    assert kit.updates

@@ -181,6 +181,11 @@ honours it (the assembly's runner factory picks one for such requests)."""
     with where it runs (the Pod's name); the runtime binds the slot's reservation then.
     ``False``: the reservation is gone (swept, cancelled) and the runner stops the worker.
     Until it was called, a :class:`PlacementFailed` gives the reservation back."""
+    on_launch: Callable[[bool], None] | None = None
+    """Told ``True`` when the runner begins launching the run's worker and ``False`` once the
+    launch answered or failed. The launch has a bound of its own (``worker_launch_timeout``, a
+    host fault), so the runtime's stall clock does not run meanwhile: a stopped launcher is
+    never taken for a silent agent."""
     stop: TurnStop | None = None
     """Set by the runtime to stop the current turn at once (a spend cap crossed): the runner
     stops the agent as its protocol allows and fails the run with the stop's code. ``None``:

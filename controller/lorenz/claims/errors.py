@@ -130,6 +130,11 @@ class ClaimGenerationStale(ClaimStoreError):
         self.holder = holder
 
 
+MAX_REBIND = 1_000
+"""Claims one take-over may move to us at most; above it the take-over fails closed
+(``claim_rebind_too_large``) and moves nothing — recovery is bounded, never a broad sweep."""
+
+
 class ClaimRebindTooLarge(ClaimStoreError):
     """Taking over other owners' claims would rebind more than the bound; nothing was moved."""
 

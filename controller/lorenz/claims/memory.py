@@ -13,9 +13,10 @@ import copy
 import dataclasses
 import datetime
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
-from lorenz.claims.errors import ClaimGenerationStale
+from lorenz.claims.errors import MAX_REBIND, ClaimGenerationStale, ClaimRebindTooLarge
 from lorenz.claims.spend import (
     DAY_SPEND_KEPT,
     ISSUE_SPEND_KEPT,
@@ -164,8 +165,16 @@ class MemoryClaimStore:
             del self._table.claims[key]
 
     async def take_over(self, *, from_owners: Iterable[str]) -> list[ClaimRecord]:
+        """Re-own the claims of ``from_owners``; above :data:`~lorenz.claims.sql.MAX_REBIND`
+        of them nothing moves (``claim_rebind_too_large``), as in the SQL stores."""
         self._check_fence()
         owners = set(from_owners) - {self._owner}
+        count = sum(1 for record in self._table.claims.values() if record.owner in owners)
+        if count > MAX_REBIND:
+            # NB: counted before the first row changes: nothing is rebound.
+            raise ClaimRebindTooLarge(
+                path=Path(":memory:"), owners=sorted(owners), count=count, limit=MAX_REBIND
+            )
         taken: list[ClaimRecord] = []
         for record in self._table.claims.values():
             if record.owner in owners:

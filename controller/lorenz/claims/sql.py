@@ -32,6 +32,9 @@ from typing import Any, ClassVar, Protocol, Self, TypeVar
 import tenacity
 
 from lorenz.claims.errors import (
+    MAX_REBIND as MAX_REBIND,  # NB: re-exported: tests and tools import it from here
+)
+from lorenz.claims.errors import (
     ClaimGenerationStale,
     ClaimOwnerLost,
     ClaimRebindTooLarge,
@@ -78,9 +81,6 @@ DEFAULT_OWNER_STALE_MS = 30_000
 EVENTS_KEPT = 500
 """How many recent mutation events the ``events`` table keeps."""
 
-MAX_REBIND = 1_000
-"""Claims one take-over may move to us at most; above it the take-over fails closed
-(``claim_rebind_too_large``) and moves nothing — recovery is bounded, never a broad sweep."""
 
 BUSY_DEADLINE_S = 10.0
 """How long one operation keeps retrying a locked database before ``claim_store_busy``."""

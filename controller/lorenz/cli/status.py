@@ -121,6 +121,9 @@ def render(status: dict[str, Any]) -> str:
         if poll.get("last_error"):
             parts.append(f"last error: {poll['last_error']}")
         row("poll", "; ".join(parts))
+        paused = poll.get("dispatch_paused")
+        if isinstance(paused, dict):
+            row("dispatch", f"PAUSED since {paused.get('since')} ({paused.get('code')})")
     config_error = status.get("config_error")
     if isinstance(config_error, dict):
         row(

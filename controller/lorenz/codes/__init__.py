@@ -889,7 +889,8 @@ CODE_DOCS: Final[Mapping[ErrorCode, CodeDoc]] = MappingProxyType({
     ),
     _C.PLACEMENT_FAILED: _run(
         "The run could not be placed (its Pod unscheduled, its image not pulled, a quota); "
-        "nothing started, so its reservation is given back and no attempt is counted.",
+        "nothing started, so its reservation is given back and no attempt is counted; dispatch "
+        "pauses (one probe run at a time) until a run is placed again.",
         "Read the reason (Kubernetes' words); fix the Pod template or wait for room.",
     ),
     _C.TERMINAL_ACTION_FAILED: _run(
@@ -957,13 +958,18 @@ CODE_DOCS: Final[Mapping[ErrorCode, CodeDoc]] = MappingProxyType({
         kind=Kind.OUTCOME,
     ),
     _C.WORKER_LAUNCH_FAILED: _worker(
-        "The worker command could not be run, or exited before it reported ready.",
-        "Check the worker command and the output the message quotes.",
+        "The worker command could not be run, or exited before it reported ready; counted "
+        "against no retry budget, and dispatch pauses until a probe run's worker starts.",
+        "Check the worker command, the output the message quotes and the worker state root "
+        "(full, read-only?); dispatch resumes by itself.",
         kind=Kind.OUTCOME,
     ),
     _C.WORKER_LAUNCH_TIMEOUT: _worker(
-        "Starting the worker took longer than the launch bound.",
-        "Check the host's load; the run is retried.",
+        "Starting the worker took longer than the launch bound (a loaded host, a stopped "
+        "launcher); counted against no retry budget, and dispatch pauses until a probe run's "
+        "worker starts.",
+        "Check the host's load and the launcher process; the run is retried and dispatch "
+        "resumes by itself.",
         kind=Kind.OUTCOME,
     ),
     _C.WORKER_START_FAILED: _worker(

@@ -27,10 +27,13 @@ class EventType(enum.StrEnum):
     DRY_RUN = "dry_run"
     DISPATCH_SKIPPED = "dispatch_skipped"
     DISPATCH_PAUSED = "dispatch_paused"
-    """The claim store refuses writes (``claim_store_write_failed``): nothing is dispatched
-    until a heartbeat is written again."""
+    """A fault of the host pauses dispatch (its code in the event and in the snapshot's
+    ``poll.dispatch_paused``): the claim store refuses writes (``claim_store_write_failed``:
+    nothing is dispatched until a heartbeat is written again), or workers cannot be launched
+    or placed (``worker_launch_failed`` …: one probe run at a time until one starts)."""
     DISPATCH_RESUMED = "dispatch_resumed"
-    """The claim store accepts writes again: dispatch goes on."""
+    """The fault cleared (the store accepts writes, a probe run's worker started): dispatch
+    goes on."""
     RUN_RESERVING = "run_reserving"
     RUN_STARTED = "run_started"
     RUN_UPDATE = "run_update"

@@ -238,6 +238,27 @@ class AppStatus(enum.StrEnum):
     STOPPED = "stopped"
 
 
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class DispatchPause:
+    """Why nothing new is dispatched right now: a fault of the host, not of any issue.
+
+    The claim store refuses writes (``claim_store_write_failed``), or workers cannot be
+    launched or placed (``worker_launch_failed``, ``worker_launch_timeout``,
+    ``worker_state_error``, ``placement_failed``). Runs under way go on; dispatch resumes by
+    itself once the fault clears (a heartbeat written, a probe run's worker started).
+    """
+
+    code: str
+    """The stable code of the fault."""
+    message: str
+    """What failed (scrubbed), and what to do."""
+    since: datetime.datetime
+    """When the pause began."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, "since": self.since.isoformat()}
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class PollStatus:
     """The poll loop: whether a tick is under way, what the last one saw, when the next is due."""
@@ -254,6 +275,8 @@ class PollStatus:
     """The last tick's error (scrubbed), ``None`` once a tick succeeds."""
     count: int
     """Ticks started since the runtime started."""
+    dispatch_paused: DispatchPause | None = None
+    """Set while dispatch is paused by a fault of the host (see :class:`DispatchPause`)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -265,6 +288,9 @@ class PollStatus:
             "next_poll_at": iso_or_none(self.next_poll_at),
             "last_error": self.last_error,
             "count": self.count,
+            "dispatch_paused": (
+                self.dispatch_paused.to_dict() if self.dispatch_paused is not None else None
+            ),
         }
 
 

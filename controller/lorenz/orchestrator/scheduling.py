@@ -22,7 +22,7 @@ import asyncio
 import dataclasses
 import datetime
 import secrets
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import cast
 
 from lorenz.config import TerminalAction, WorkflowSettings
@@ -900,11 +900,19 @@ class Orchestrator:
                 count_continuation=count_continuation,
             )
 
-    async def finish_stalled(self) -> tuple[StalledRun, ...]:
-        """End every running slot past the stall threshold with a failure retry."""
+    async def finish_stalled(
+        self, *, silent: Mapping[SlotKey, float] | None = None
+    ) -> tuple[StalledRun, ...]:
+        """End every running slot past the stall threshold with a failure retry.
+
+        ``silent``: only these slots, with how long each was silent when its stall was seen
+        (the runtime stops a stalled run's agent first and ends its slot after; an update that
+        came in meanwhile does not undo the stall).
+        """
         async with self._lock:
             stalled: list[StalledRun] = []
-            for key, silent_ms in self.stalled_runs().items():
+            found = self.stalled_runs() if silent is None else silent
+            for key, silent_ms in found.items():
                 error = stall_error(silent_ms)
                 finished = await self._finish_locked(key, normal=False, error=error, release=False)
                 if finished is not None and (

@@ -56,6 +56,17 @@ against ``retry.max_attempts`` and never leads to a terminal action: cancelling 
 because a disk was full would lose work that no agent ever started."""
 
 
+HOST_FAULT_CODES: frozenset[str] = frozenset({
+    ErrorCode.WORKER_LAUNCH_FAILED,
+    ErrorCode.WORKER_LAUNCH_TIMEOUT,
+    ErrorCode.WORKER_STATE_ERROR,
+    ErrorCode.PLACEMENT_FAILED,
+})
+"""Run failure codes that say *this host* cannot start runs now (a full or read-only state
+root, a stopped launcher, runs that cannot be placed): besides not counting (see
+:data:`INFRASTRUCTURE_CODES`), one pauses dispatch until a probe run's worker starts."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class RetryDecision:
     """What to do with a slot whose run just ended."""

@@ -23,6 +23,7 @@ from lorenz.config import AgentKindSettings, TrackerKind, WorkflowSettings
 from lorenz.model import (
     AbortReason,
     AgentUpdate,
+    DispatchPause,
     EventType,
     Issue,
     LorenzError,
@@ -33,11 +34,13 @@ from lorenz.model import (
     RunOutcome,
     SlotKey,
     StopReason,
+    slot_key,
 )
 from lorenz.model.variables import run_variables
 from lorenz.orchestrator import DispatchCandidate, Reserved, Skipped, Started
 from lorenz.policies import WorkerHealth, agent_kind_for, classify_worker_outcome
 from lorenz.policies.placement import RunLocation, run_location
+from lorenz.policies.retries import HOST_FAULT_CODES
 from lorenz.runtime.blocking import Blocking
 from lorenz.runtime.parts import RuntimeParts
 from lorenz.runtime.reconciling import Reconciling
@@ -98,6 +101,54 @@ class Dispatching:
         self._pass_wanted = False
         self._pass_task: asyncio.Task[None] | None = None
         self._pass_wake = asyncio.Event()
+        self._host_fault: DispatchPause | None = None
+        self._probe: ActiveRun | None = None
+        """The one run dispatched while a host fault pauses dispatch (its outcome decides)."""
+
+    @property
+    def host_fault(self) -> DispatchPause | None:
+        """Why this host cannot start runs now (a launch, placement or worker-state fault),
+        ``None`` once a probe run's worker started.
+
+        While it is set, dispatch is paused except for one *probe* run at a time: whichever
+        eligible slot comes next (a tick or a pass) is started, and its outcome decides —
+        its worker started (an agent update, or an end that is not a host fault): dispatch
+        resumes (``dispatch_resumed``); the same fault again: still paused, and the next pass
+        probes again. The probe's failure never counts against ``retry.max_attempts``
+        (:data:`~lorenz.policies.retries.INFRASTRUCTURE_CODES`)."""
+        return self._host_fault
+
+    def note_host_fault(self, *, code: str, text: str) -> None:
+        """A run failed because this host could not start or place it: pause dispatch."""
+        if self._host_fault is not None:
+            return
+        message = (
+            f"{text} — new runs wait until this host can start workers again (one probe run "
+            "at a time; dispatch resumes by itself)"
+        )
+        self._host_fault = DispatchPause(
+            code=code, message=self._parts.reporting.scrub(message), since=self._parts.clock.now()
+        )
+        self._parts.reporting.event(
+            EventType.DISPATCH_PAUSED, message=f"dispatch paused: {text}", code=code
+        )
+
+    def clear_host_fault(self, *, why: str) -> None:
+        """A run's worker started (or a run ended for a reason of its own): dispatch resumes."""
+        fault = self._host_fault
+        if fault is None:
+            return
+        self._host_fault = None
+        self._probe = None
+        self._parts.reporting.event(
+            EventType.DISPATCH_RESUMED, message=f"dispatch resumed: {why}", code=fault.code
+        )
+        self.nudge()
+
+    def probe_in_flight(self) -> bool:
+        """Whether the run probing a paused host is still going."""
+        probe = self._probe
+        return probe is not None and probe.task is not None and not probe.task.done()
 
     def wake_passes(self) -> None:
         """The runtime stops: cut a pass's batching wait short (it then sees the stop)."""
@@ -165,6 +216,8 @@ class Dispatching:
             and self._parts.candidates
         ):
             room = self._parts.orchestrator.available_slots() + len(exits)
+            if self._host_fault is not None:
+                room = min(room, 0 if self.probe_in_flight() else 1)  # NB: one probe at a time
             exiting = {pending.issue_id for pending in exits}
             if room > 0:
                 cached = list(self._parts.candidates.values())
@@ -222,7 +275,16 @@ class Dispatching:
             return None  # NB: a drain starts nothing, wherever the candidate came from
         if self._reconciling.write_failure is not None:
             return None  # NB: a claim the store cannot record must not be run (paused)
+        probing = self._host_fault is not None
+        if probing and self.probe_in_flight():
+            return None  # NB: paused by a host fault: one probe run at a time
         if self.refuse_unpassable(issue, slot=candidate.slot_index):
+            return None
+        previous = self._parts.runs.get(slot_key(issue.id, candidate.slot_index))
+        if previous is not None and previous.task is not None and not previous.task.done():
+            # NB: the slot's last run is still being stopped (its worker asked to end it, or
+            # killed and waited for): never a second agent beside one that may still live.
+            # Its end nudges a pass, which comes back here.
             return None
         result = await self._parts.orchestrator.claim(candidate)
         if isinstance(result, Skipped):
@@ -244,6 +306,8 @@ class Dispatching:
             await self.withdraw(run, result)
             return None
         self._parts.runs.register(run)
+        if probing:
+            self._probe = run
         if isinstance(result, Started):
             self._parts.reporting.event(
                 EventType.RUN_STARTED,
@@ -504,6 +568,7 @@ class Dispatching:
                 placement=placement,
                 resume=entry.resume,
                 on_placed=placed if not bound else None,
+                on_launch=lambda up: self.on_launch(run, launching=up),
             )
             await runner.run(request)
             normal = True
@@ -566,6 +631,7 @@ class Dispatching:
                 await orchestrator.cancel_reservation(reservation)
             elif not_placed is not None and error is not None:
                 retry = await orchestrator.give_back(reservation, error=error.text, code=error.code)
+                self.note_host_fault(code=error.code, text=error.text)
                 if retry is not None:
                     self._parts.reporting.event(
                         EventType.PLACEMENT_FAILED,
@@ -617,9 +683,16 @@ class Dispatching:
                     run, key=key, normal=normal, text=text
                 )
             elif run.is_active and normal:
+                if run is self._probe:
+                    self.clear_host_fault(why="the probe run's worker ran its agent")
                 run.exited = True
                 await self.settle_clean_exit(run)
             elif run.is_active:
+                code = error.code if error is not None else None
+                if code in HOST_FAULT_CODES and error is not None:
+                    self.note_host_fault(code=error.code, text=error.text)
+                elif run is self._probe and code != ErrorCode.RUN_ABORTED:
+                    self.clear_host_fault(why=f"the probe run ended with {code}, not a host fault")
                 finished = await self._parts.orchestrator.finish(
                     key,
                     normal=normal,
@@ -872,7 +945,18 @@ class Dispatching:
         issue = found[0] if found else None
         return self._parts.orchestrator.reconciliation_decision(issue) is None
 
+    def on_launch(self, run: ActiveRun, *, launching: bool) -> None:
+        """The run's worker launch began (``True``) or answered (see ``on_launch`` of
+        :class:`~lorenz.agents.AgentRunRequest`)."""
+        run.launching = launching
+        if not launching:
+            run.launched_at_ms = self._parts.clock.monotonic_ms()
+
     def on_agent_update(self, key: SlotKey, update: AgentUpdate) -> None:
+        if self._probe is not None and self._probe.key == key:
+            # NB: the probe's agent spoke, so its worker started: the fault is over. (Runs
+            # started before the fault prove nothing about launching now.)
+            self.clear_host_fault(why="the probe run's worker started")
         if update.message:
             scrubbed = self._parts.reporting.scrub(update.message)
             if scrubbed != update.message:  # NB: a copy only when there was a secret in it

@@ -15,7 +15,7 @@ import contextlib
 import datetime
 from collections.abc import Awaitable, Callable
 
-from lorenz.model import AppStatus, EventType, PollStatus, RefreshReceipt
+from lorenz.model import AppStatus, DispatchPause, EventType, PollStatus, RefreshReceipt
 from lorenz.runtime.blocking import Blocking
 from lorenz.runtime.dispatching import Dispatching
 from lorenz.runtime.parts import RuntimeParts
@@ -84,7 +84,13 @@ class Polling:
             next_poll_at=self.next_poll_at,
             last_error=self._last_poll_error,
             count=self.count,
+            dispatch_paused=self.dispatch_pause(),
         )
+
+    def dispatch_pause(self) -> DispatchPause | None:
+        """Why dispatch is paused now, if it is: the claim store refuses writes, or this host
+        cannot start workers (see :attr:`.dispatching.Dispatching.host_fault`)."""
+        return self._reconciling.write_pause or self._dispatching.host_fault
 
     async def run(self, *, dry_run: bool) -> None:
         """The recurring loop: a tick, then wait the interval (or a wake-up), until stopped."""
@@ -249,9 +255,8 @@ class Polling:
                     break
             # NB: a paused dispatch is the poll's error until it resumes (``lorenz status``);
             # the dispatch_paused event logged it once.
-            self._last_poll_error = (
-                None if paused is None else self._parts.reporting.scrub(describe_error(paused))
-            )
+            pause = self.dispatch_pause()
+            self._last_poll_error = None if pause is None else pause.message
             self._last_poll_at = self._parts.clock.now()
             self._parts.reporting.event(
                 EventType.POLL_COMPLETED,

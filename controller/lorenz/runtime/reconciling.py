@@ -9,6 +9,7 @@ go. Stopping runs from outside (a deleted ``Claim``) lives here too.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -19,6 +20,7 @@ from lorenz.claims.errors import ClaimStoreWriteFailed
 from lorenz.codes import ErrorCode
 from lorenz.model import (
     AbortReason,
+    DispatchPause,
     EventType,
     Issue,
     LorenzError,
@@ -37,6 +39,10 @@ from lorenz.workspaces import PRESERVING_CODES, Workspace, WorkspaceCleanupError
 from lorenz.workspaces.keys import workspace_key
 
 logger = logging.getLogger("lorenz.runtime")
+
+STALL_STOP_INLINE_S = 5.0
+"""How long a tick waits for a stalled run's agent to stop before leaving the rest (and the
+slot's retry) to the background."""
 
 
 class PendingExits(Protocol):
@@ -70,6 +76,9 @@ class Reconciling:
         """Issues that turned terminal mid-turn, by id, while their runs finish the turn."""
         self._startup_cleanup_done = False
         self._write_failure: ClaimStoreWriteFailed | None = None
+        self._write_failure_since: datetime.datetime | None = None
+        self._stopping_stalled: set[SlotKey] = set()
+        """Stalled slots whose agent is being stopped; each ends with its retry after."""
 
     @property
     def write_failure(self) -> ClaimStoreWriteFailed | None:
@@ -77,6 +86,18 @@ class Reconciling:
         ``None`` once a heartbeat succeeds. Dispatch is paused while it is set: a claim that
         cannot be recorded must not be run."""
         return self._write_failure
+
+    @property
+    def write_pause(self) -> DispatchPause | None:
+        """:attr:`write_failure` as the snapshot shows it (``poll.dispatch_paused``)."""
+        failure = self._write_failure
+        if failure is None:
+            return None
+        return DispatchPause(
+            code=failure.code,
+            message=self._parts.reporting.scrub(describe_error(failure)),
+            since=self._write_failure_since or self._parts.clock.now(),
+        )
 
     def in_grace(self, issue_id: str) -> bool:
         """Whether this issue turned terminal and its runs are finishing their last turn."""
@@ -107,6 +128,7 @@ class Reconciling:
             # NB: not raised: the tick goes on (reconciliation, blocked slots, the candidate
             # read) and only dispatch pauses; the store logged the outage once already.
             if self._write_failure is None:
+                self._write_failure_since = self._parts.clock.now()
                 self._parts.reporting.event(
                     EventType.DISPATCH_PAUSED,
                     message=f"dispatch paused: {exc}",
@@ -197,7 +219,74 @@ class Reconciling:
             return None
 
     async def reconcile_stalled_runs(self) -> None:
-        for stalled in await self._parts.orchestrator.finish_stalled():
+        """Stop each stalled run's agent, then end its slot with a failure retry.
+
+        NB: the kill path first. A stalled run's worker may be frozen (stopped, wedged) while
+        its agent still works: the run's task is cancelled — the runner asks its worker to
+        end the run and, without a final record, kills the worker's process group and waits
+        for it (:mod:`lorenz.workers.leftovers`) — and only once that task ended is the retry
+        written. Until then the slot stays running, counted against concurrency: a retry must
+        never start beside a possibly live agent. A stop that outlasts
+        :data:`STALL_STOP_INLINE_S` goes on in the background, so the tick is not held up.
+        """
+        stalled = self._parts.orchestrator.stalled_runs()
+        now_stalled: dict[SlotKey, float] = {}
+        stopping: dict[SlotKey, tuple[asyncio.Task[None], float]] = {}
+        now_ms = self._parts.clock.monotonic_ms()
+        for key, silent_ms in stalled.items():
+            if key in self._stopping_stalled:
+                continue  # NB: its agent is being stopped; the slot ends when that is done
+            run = self._parts.runs.get(key)
+            if run is not None and run.launching:
+                continue  # NB: a launch has its own bound (worker_launch_timeout: a host fault)
+            if run is not None and run.launched_at_ms is not None:
+                since_launch = now_ms - run.launched_at_ms
+                if since_launch < silent_ms:
+                    if since_launch <= self._parts.settings.agent_kind().stall_timeout_ms:
+                        continue  # NB: the agent's silence counts from its worker's launch
+                    silent_ms = since_launch
+            task = run.task if run is not None else None
+            if run is None or task is None or task.done():
+                now_stalled[key] = silent_ms
+                continue
+            run.finish_externally(AbortReason.STALLED)
+            logger.warning(
+                "run stalled after %d ms without agent activity; stopping its agent slot=%s",
+                int(silent_ms),
+                key,
+            )
+            stopping[key] = (task, silent_ms)
+        if stopping:
+            # NB: all of them at once: each run's stop goes on concurrently with the others.
+            await asyncio.wait(
+                {task for task, _ in stopping.values()}, timeout=STALL_STOP_INLINE_S
+            )
+        for key, (task, silent_ms) in stopping.items():
+            if task.done():
+                now_stalled[key] = silent_ms
+                continue
+            self._stopping_stalled.add(key)
+            self._parts.background.spawn(
+                self.finish_stalled_after(task, key=key, silent_ms=silent_ms),
+                name=f"lorenz-stall-stop:{key}",
+            )
+        if now_stalled:
+            await self.finish_stalled(now_stalled)
+
+    async def finish_stalled_after(
+        self, task: asyncio.Task[None], *, key: SlotKey, silent_ms: float
+    ) -> None:
+        """End a stalled slot once its run's task (its agent) is over."""
+        try:
+            await asyncio.wait({task})
+            await self.finish_stalled({key: silent_ms})
+            if not self._parts.status.stopped:
+                self._parts.timers.sync(self._parts.orchestrator.retry_deadlines())
+        finally:
+            self._stopping_stalled.discard(key)
+
+    async def finish_stalled(self, silent: dict[SlotKey, float]) -> None:
+        for stalled in await self._parts.orchestrator.finish_stalled(silent=silent):
             entry = stalled.entry
             run = self._parts.runs.get(entry.key)
             if run is not None:

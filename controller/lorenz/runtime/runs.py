@@ -28,6 +28,10 @@ class ActiveRun:
     """The slot is bound and its agent run under way (not just reserving a worker)."""
     exited: bool = False
     """The agent run is over; the slot is being settled (no turn is in progress)."""
+    launching: bool = False
+    """Its worker is being launched: the launch's own bound applies, not the stall timeout."""
+    launched_at_ms: float | None = None
+    """When its worker's launch answered (monotonic ms): the stall clock starts again there."""
 
     @property
     def is_active(self) -> bool:

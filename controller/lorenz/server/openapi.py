@@ -85,6 +85,9 @@ SCHEMAS: dict[str, Any] = {
             "next_poll_at": _nullable(_TIME),
             "last_error": _nullable(_STR),
             "count": _COUNT,
+            "dispatch_paused": _nullable(
+                _object({"code": _STR, "message": _STR, "since": _TIME})
+            ),
         }
     ),
     "RunningRow": _object(

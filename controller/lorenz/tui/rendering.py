@@ -92,7 +92,17 @@ def render_snapshot(
                 ),
             )
         )
-    if snapshot.poll.last_error:
+    paused = snapshot.poll.dispatch_paused
+    if paused is not None:
+        parts.append(
+            Text.assemble(
+                ("dispatch paused: ", "bold red"),
+                (f"{paused.code} ", "bold red"),
+                (paused.message, "red"),
+                (f" (since {paused.since.isoformat()})", "dim"),
+            )
+        )
+    elif snapshot.poll.last_error:
         parts.append(
             Text.assemble(("last poll failed: ", "bold red"), (snapshot.poll.last_error, "red"))
         )

@@ -18,8 +18,10 @@ process that carries the run's handle in its environment is killed with its proc
 waited for: ``LORENZ_WORKER_HANDLE`` is set on the launch command (the worker it forks inherits
 it), and the worker gives it to its agent and hooks, whose children inherit it. A handle names
 one run only (a retry is a new attempt and a new handle), so the mark cannot hit another run's
-processes. Only ``gone`` leads here: a worker that is ``unknown`` (its pid lives but does not
-answer) may still be working and is never touched.
+processes. ``gone`` leads here, and so does a run the controller cancels (a stall, a stopped
+issue) whose worker did not end it: a frozen worker (SIGSTOP, wedged) reads no cancel while its
+agent goes on working, and the slot's retry must not start beside that agent. A worker that is
+merely ``unknown`` while nobody asked it to stop is quarantined, never touched.
 
 This sees the processes of this host only: for a worker placed over SSH the leftovers live on
 the remote host and still end by themselves (at their next write or read).
@@ -43,23 +45,33 @@ logger = logging.getLogger(__name__)
 KILL_WAIT_S: Final = 10.0
 
 
-def find_leftovers(handle: str) -> list[psutil.Process]:
-    """The processes of this user that carry ``handle`` as their worker's mark."""
+def find_leftovers(handle: str, *, worker: int | None = None) -> list[psutil.Process]:
+    """The processes of this user that carry ``handle`` as their worker's mark, and the
+    ``worker`` pid itself if it still runs (a worker forked by the warm launcher carries the
+    launcher's environment, not the mark)."""
     me = os.getpid()
     found: list[psutil.Process] = []
+    if worker is not None and worker != me:
+        with contextlib.suppress(psutil.Error):
+            process = psutil.Process(worker)
+            if process.status() != psutil.STATUS_ZOMBIE:
+                found.append(process)
     for process in psutil.process_iter():
         if process.pid == me:
             continue
         try:
-            if process.environ().get(HANDLE_ENV) == handle:
+            if process.environ().get(HANDLE_ENV) == handle and process not in found:
                 found.append(process)
         except (psutil.Error, OSError):
             continue  # gone meanwhile, another user's, a kernel thread
     return found
 
 
-def kill_leftovers(handle: str, *, wait_s: float = KILL_WAIT_S) -> list[int]:
-    """SIGKILL every process (and the group it leads) marked with ``handle``; wait for them.
+def kill_leftovers(
+    handle: str, *, wait_s: float = KILL_WAIT_S, worker: int | None = None
+) -> list[int]:
+    """SIGKILL every process (and the group it leads) marked with ``handle``, and the
+    ``worker`` pid (see :func:`find_leftovers`); wait for them.
 
     Scans again until a scan finds nothing: a launch command killed here may have forked its
     worker just before (the child carries the mark too). Returns the pids killed. NB: blocking
@@ -70,7 +82,7 @@ def kill_leftovers(handle: str, *, wait_s: float = KILL_WAIT_S) -> list[int]:
     deadline = time.monotonic() + wait_s
     alive: list[psutil.Process] = []
     while True:
-        leftovers = find_leftovers(handle)
+        leftovers = find_leftovers(handle, worker=worker)
         if not leftovers:
             alive = []
             break

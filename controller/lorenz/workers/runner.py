@@ -82,11 +82,16 @@ from lorenz.workers.states import (
     ProbeState,
     mark_collected,
     prune_state_dirs,
+    worker_pid,
 )
 
 logger = logging.getLogger(__name__)
 
 CANCEL_WAIT_S: Final = 60.0
+"""How long a cancelled run's worker may take to end the run before its processes are killed."""
+
+CANCEL_PROBE_S: Final = 2.0
+"""While a cancel is waited for, the worker is probed this often (a frozen one is killed)."""
 
 MAX_RUNS_PER_ATTEMPT: Final = 10_000
 
@@ -501,13 +506,18 @@ class WorkerRunner:
             if recorder is not None:
                 await recorder.require(first.handle, SpawnPhase.PROVISIONING)
             found = await self._predecessor(request)
-            name = (
-                found
-                if found is not None
-                else await self._start_or_cancel(
-                    request, recorder=recorder, handlers=handlers, first=first
-                )
-            )
+            if found is not None:
+                name = found
+            else:
+                if request.on_launch is not None:
+                    request.on_launch(True)
+                try:
+                    name = await self._start_or_cancel(
+                        request, recorder=recorder, handlers=handlers, first=first
+                    )
+                finally:
+                    if request.on_launch is not None:
+                        request.on_launch(False)
         self._record_controller(name)
         handle = WorkerHandle(
             transport=self.transport,
@@ -665,17 +675,40 @@ class WorkerRunner:
         )
 
     async def _cancel(self, handle: WorkerHandle, follow: asyncio.Future[Record]) -> None:
-        """Cancel the worker's run and wait (bounded) for its final record."""
-        if not await handle.cancel("the controller aborted the run"):
-            follow.cancel()
-            return
-        # NB: no final record within the wait: the run is cancelled below anyway.
-        with contextlib.suppress(BaseException):
-            await asyncio.wait_for(asyncio.shield(follow), timeout=CANCEL_WAIT_S)
-        if follow.done() and not follow.cancelled() and follow.exception() is None:
-            self._mark_collected(handle.handle)
-        else:
-            follow.cancel()
+        """Cancel the worker's run and wait (bounded) for its final record; without one, kill
+        what the run has running on this host before returning.
+
+        NB: a worker that does not end its run is not proof that its agent stopped: a frozen
+        worker (SIGSTOP, a wedged process) reads no cancel while its agent goes on working, and
+        the caller settles the slot — a retry — as soon as this returns. So the wait ends early
+        once a probe finds the worker not answering (``unknown``: its pid lives, its socket is
+        silent), and then, as after :data:`CANCEL_WAIT_S`, every process of the run (the
+        worker, its agent, a hook: :mod:`lorenz.workers.leftovers`) is killed and waited for.
+        """
+        if await handle.cancel("the controller aborted the run"):
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + CANCEL_WAIT_S
+            while not follow.done() and loop.time() < deadline:
+                with contextlib.suppress(BaseException):
+                    await asyncio.wait_for(asyncio.shield(follow), timeout=CANCEL_PROBE_S)
+                if follow.done() or not isinstance(self.transport, LocalTransport):
+                    # NB: only this host's processes can be killed: a remote worker that does
+                    # not answer is waited for (its host may come back with the final record).
+                    continue
+                with contextlib.suppress(Exception):
+                    probe = await self.transport.probe(handle.handle)
+                    if probe.state is ProbeState.UNKNOWN:
+                        logger.warning(
+                            "the worker does not answer its cancel (frozen?); killing its "
+                            "processes handle=%s",
+                            handle.handle,
+                        )
+                        break
+            if follow.done() and not follow.cancelled() and follow.exception() is None:
+                self._mark_collected(handle.handle)
+                return
+        follow.cancel()
+        await self._kill_leftovers(handle.handle)
 
     async def cancel_adoption(self, dropped: DroppedAdoption) -> bool:
         """Cancel the worker a dropped adoption would have followed; see
@@ -846,7 +879,9 @@ class WorkerRunner:
     async def _kill_leftovers(self, name: str) -> None:
         """Kill what the gone worker ``name`` left running (its agent, a hook), on this host."""
         if isinstance(self.transport, LocalTransport):
-            await asyncio.to_thread(kill_leftovers, name)
+            # NB: the pid is read before anything is killed: a dead worker's is no proof.
+            worker = worker_pid(self.transport.state_dir(name))
+            await asyncio.to_thread(kill_leftovers, name, worker=worker)
 
     def _mark_collected(self, name: str) -> None:
         root = getattr(self.transport, "state_root", None)

@@ -25,7 +25,7 @@ from lorenz.kube.api.statuses import (
     reason_from_code,
     status_from_snapshot,
 )
-from lorenz.model import RuntimeSnapshot, SlotKey
+from lorenz.model import DispatchPause, RuntimeSnapshot, SlotKey
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -94,6 +94,13 @@ def ready_condition(inputs: StatusInputs) -> tuple[ConditionStatus, str, str]:
     )
 
 
+def dispatch_pause_of(inputs: StatusInputs) -> DispatchPause | None:
+    """Why the running runtime pauses dispatch, from its last snapshot (``None``: it does not)."""
+    if not inputs.running or inputs.snapshot is None:
+        return None
+    return inputs.snapshot.poll.dispatch_paused
+
+
 def workflow_status(
     inputs: StatusInputs, previous: Sequence[Condition], now: datetime.datetime
 ) -> dict[str, Any]:
@@ -116,6 +123,16 @@ def workflow_status(
             f"{degradation.message}",
         )
         degraded_generation = degradation.generation
+    elif (paused := dispatch_pause_of(inputs)) is not None:
+        # NB: the spec is fine, the host is not (the claim store refuses writes, run Pods
+        # cannot be placed or started): runs under way go on, nothing new starts until a
+        # probe succeeds; the reason is the fault's code.
+        degraded = (
+            "True",
+            reason_from_code(paused.code),
+            f"dispatch paused since {paused.since.isoformat()}: {paused.message}",
+        )
+        degraded_generation = applied if applied is not None else inputs.generation
     else:
         degraded = ("False", "SpecApplied", f"generation {applied} applied")
         degraded_generation = applied if applied is not None else inputs.generation

@@ -204,12 +204,22 @@
     setText('poll-counts', formatInt(poll.candidates) + ' / ' + formatInt(poll.eligible));
 
     var banner = $('poll-error');
-    if (poll.last_error) {
+    var paused = poll.dispatch_paused;
+    if (paused) {
+      // A fault of the host (claim store, worker launch or placement): nothing new starts.
       banner.hidden = false;
       banner.textContent = '';
+      banner.setAttribute('data-code', paused.code);
+      banner.appendChild(el('strong', { text: 'Dispatch paused (' + paused.code + '): ' }));
+      banner.appendChild(document.createTextNode(paused.message));
+    } else if (poll.last_error) {
+      banner.hidden = false;
+      banner.textContent = '';
+      banner.removeAttribute('data-code');
       banner.appendChild(el('strong', { text: 'Last poll failed: ' }));
       banner.appendChild(document.createTextNode(poll.last_error));
     } else {
+      banner.removeAttribute('data-code');
       banner.hidden = true;
       banner.textContent = '';
     }
