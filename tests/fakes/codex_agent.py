@@ -18,6 +18,8 @@ Scenario keys (all optional)::
                       title, cwd, client_name}: what the client must send (null = absent)
     initialize       {no_response, error, exit, delay_s, overload_times}
     thread_start     {no_response, error, overload_times, result}
+    thread_resume    {error}: thread/resume answers the thread it was asked for (recorded as
+                     {"resume": THREAD_ID}) unless an error is set; later turns run on it
     turn_start       {no_response, error, overload_times}
     turns            [{steps: [...], status: completed|failed|interrupted, error: "msg",
                        completion: "turn/completed" | "turn/failed" | "none"}]
@@ -157,6 +159,11 @@ class FakeCodex:
             self.initialized = True
         elif method == "thread/start":
             self.on_thread_start(message)
+        elif method == "thread/resume":
+            self.on_thread_resume(message)
+        elif method == "turn/interrupt":
+            self.record({"interrupt": (message.get("params") or {}).get("turnId")})
+            self.send({"id": message["id"], "result": {}})
         elif method == "turn/start":
             self.on_turn_start(message)
         else:
@@ -289,6 +296,22 @@ class FakeCodex:
         result = self.scenario.get("thread_start", {}).get("result", default_result)
         self.send({"id": message["id"], "result": result})
         self.notify("thread/started", {"thread": thread})
+
+    def on_thread_resume(self, message: dict[str, Any]) -> None:
+        params = self.check_request(message)
+        thread_id = params.get("threadId")
+        if not isinstance(thread_id, str) or not thread_id:
+            raise Violation(f"thread/resume needs a threadId: {params!r}")
+        cwd = params.get("cwd")
+        if not isinstance(cwd, str) or not cwd.startswith("/"):
+            raise Violation(f"thread/resume.cwd must be an absolute path, got {cwd!r}")
+        self.record({"resume": thread_id})
+        error = self.scenario.get("thread_resume", {}).get("error")
+        if error:
+            self.send({"id": message["id"], "error": {"code": -32600, "message": error}})
+            return
+        self.thread_id = thread_id
+        self.send({"id": message["id"], "result": {"thread": {"id": thread_id}}})
 
     def on_turn_start(self, message: dict[str, Any]) -> None:
         params = self.check_request(message)

@@ -502,6 +502,40 @@ class RetrySettings(Section):
         return self
 
 
+DEFAULT_ANSWER_TEMPLATE = "The answer to your question: {{ answer }}"
+"""``input.answer_template`` unless set."""
+
+
+class InputSettings(Section):
+    """Questions agents ask: the slot waits, the question goes to the tracker, the answer
+    resumes the same session (docs/questions.md)."""
+
+    waiting_state: str | None = Field(default=None, json_schema_extra=_reload("hot"))
+    """Tracker state to move a waiting issue to (``null``: it stays where it is). NB: a state
+    outside ``tracker.active_states`` releases the waiting slot on the next poll."""
+    waiting_label: str | None = Field(default=None, json_schema_extra=_reload("hot"))
+    """Label added to a waiting issue (``null``: none)."""
+    timeout_ms: PositiveInt | None = Field(default=None, json_schema_extra=_reload("hot"))
+    """How long a question may wait for its answer; past it the slot takes
+    ``retry.terminal_action`` (``cancel`` counts as ``block``, as for every question).
+    ``null``: it waits for ever."""
+    answer_template: str = Field(
+        default=DEFAULT_ANSWER_TEMPLATE, min_length=1, max_length=20_000,
+        json_schema_extra=_reload("hot"),
+    )
+    """The resumed turn's input, a strict Liquid template over ``answer`` (the text),
+    ``question`` (the question's text) and ``issue`` (as in the prompt)."""
+    answer_authors: tuple[str, ...] | None = Field(default=None, json_schema_extra=_reload("hot"))
+    """Who may answer on the tracker (comment authors as the tracker names them: login, email
+    or display name; compared case-insensitively). ``null``: anyone but Lorenz itself. The CLI,
+    the API and the dashboard are authenticated by the server's own rules instead."""
+
+    @pydantic.field_validator("waiting_state", "waiting_label", mode="before")
+    @classmethod
+    def _blank_is_none(cls, value: Any) -> Any:
+        return _strip_blank_to_none(value)
+
+
 def _usd(value: Any) -> Any:
     # NB: a dollar amount from YAML: ints and floats, never bools (True would be $1).
     if isinstance(value, bool):
@@ -620,6 +654,9 @@ class ApprovalMode(enum.StrEnum):
     """Decline every approval request (the default: the agent works inside its sandbox)."""
     ALLOW = "allow"
     """Approve every request: high trust, opt in only for sandboxed hosts."""
+    ASK = "ask"
+    """Ask a person: the request becomes a question on the issue and the slot waits for the
+    answer, which resumes the session (docs/questions.md). Nothing is approved meanwhile."""
 
 
 class AgentKindSettings(Section):
@@ -1366,6 +1403,8 @@ class WorkflowSettings(DocumentedModel):
     """Daemon mode (filled from flags and features by the loader)."""
     budget: BudgetSettings = Field(default_factory=BudgetSettings)
     """Spend caps in tokens and USD (see docs/budgets.md)."""
+    input: InputSettings = Field(default_factory=InputSettings)
+    """Agents' questions: the waiting lane and its answers (see docs/questions.md)."""
     pricing: PriceMap = Field(default_factory=dict, json_schema_extra=_reload("hot"))
     """USD per million tokens by model name glob, ``{input, cached_input, output}``; looked up
     before the shipped default table (``lorenz/config/prices.yaml``). The agent's own cost, when
