@@ -20,6 +20,7 @@ Scenario keys (all optional)::
     thread_start     {no_response, error, overload_times, result}
     thread_resume    {error}: thread/resume answers the thread it was asked for (recorded as
                      {"resume": THREAD_ID}) unless an error is set; later turns run on it
+    resumed_turns    the turns played after a thread/resume (default: ``turns``)
     turn_start       {no_response, error, overload_times}
     turns            [{steps: [...], status: completed|failed|interrupted, error: "msg",
                        completion: "turn/completed" | "turn/failed" | "none"}]
@@ -80,6 +81,7 @@ class FakeCodex:
         self.server_request_seq = 0
         self.overloads: dict[str, int] = {}
         self.item_seq = 0
+        self.resumed = False
         self.stdin = sys.stdin.buffer
         self.stdout = sys.stdout.buffer
 
@@ -311,6 +313,7 @@ class FakeCodex:
             self.send({"id": message["id"], "error": {"code": -32600, "message": error}})
             return
         self.thread_id = thread_id
+        self.resumed = True
         self.send({"id": message["id"], "result": {"thread": {"id": thread_id}}})
 
     def on_turn_start(self, message: dict[str, Any]) -> None:
@@ -336,6 +339,8 @@ class FakeCodex:
         self.turn_id = f"turn-{self.turn_number}"
         self.record({"turn": self.turn_number, "text": items[0]["text"]})
         turns = self.scenario.get("turns") or [{}]
+        if getattr(self, "resumed", False) and "resumed_turns" in self.scenario:
+            turns = self.scenario["resumed_turns"] or [{}]
         spec = turns[min(self.turn_number, len(turns)) - 1]
         turn: dict[str, Any] = {
             "id": self.turn_id, "status": "inProgress", "items": [], "error": None

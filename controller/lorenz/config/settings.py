@@ -511,8 +511,9 @@ class InputSettings(Section):
     resumes the same session (docs/questions.md)."""
 
     waiting_state: str | None = Field(default=None, json_schema_extra=_reload("hot"))
-    """Tracker state to move a waiting issue to (``null``: it stays where it is). NB: a state
-    outside ``tracker.active_states`` releases the waiting slot on the next poll."""
+    """Tracker state to move a waiting issue to (``null``: it stays where it is); one of
+    ``tracker.active_states`` (an issue outside them is no candidate, and its slot would be
+    released). The answer does not move it back: the resumed agent moves it on."""
     waiting_label: str | None = Field(default=None, json_schema_extra=_reload("hot"))
     """Label added to a waiting issue (``null``: none)."""
     timeout_ms: PositiveInt | None = Field(default=None, json_schema_extra=_reload("hot"))
@@ -1483,6 +1484,16 @@ class WorkflowSettings(DocumentedModel):
                     "retry.cancel_state {state!r} is an active state, so the issue would run "
                     "again; name a state outside tracker.active_states",
                     {"state": cancel},
+                )
+        waiting = self.input.waiting_state
+        if waiting is not None:
+            active = {state.strip().lower() for state in self.tracker.active_states}
+            if waiting.strip().lower() not in active:
+                raise PydanticCustomError(
+                    ErrorCode.INPUT_WAITING_STATE_INACTIVE,
+                    "input.waiting_state {state!r} is not an active state, so a waiting issue "
+                    "would be released; add it to tracker.active_states",
+                    {"state": waiting},
                 )
         label = self.retry.escalate.label
         if label is not None and label.strip().lower() in self.tracker.required_labels:

@@ -475,10 +475,11 @@ class Orchestrator:
         failure retry due at once, with a fresh retry budget."""
         async with self._lock:
             state = self._state
+            # NB: a waiting slot waits for its answer, not for a refresh.
             chosen = [
                 blocked
                 for blocked in state.blocked.values()
-                if issue_id is None or blocked.issue_id == issue_id
+                if (issue_id is None or blocked.issue_id == issue_id) and not blocked.waiting
             ]
             if not chosen:
                 return ()

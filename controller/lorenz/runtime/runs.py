@@ -13,6 +13,7 @@ import asyncio
 import dataclasses
 
 from lorenz.model import AbortReason, Issue, SlotKey
+from lorenz.model.questions import AgentQuestion
 
 
 @dataclasses.dataclass(slots=True)
@@ -28,6 +29,8 @@ class ActiveRun:
     """The slot is bound and its agent run under way (not just reserving a worker)."""
     exited: bool = False
     """The agent run is over; the slot is being settled (no turn is in progress)."""
+    question: AgentQuestion | None = None
+    """The run ended because its agent asked this: the slot waits for an answer."""
 
     @property
     def is_active(self) -> bool:

@@ -5,6 +5,10 @@ that move, issues that vanish, requests that fail for a while — without a netw
 This one keeps issues in a dict the test owns, counts every call so a test can assert that an
 empty refresh made no request, and can be told to fail its next requests.
 
+It also carries questions (:mod:`lorenz.trackers.questions`): each issue has a list of
+comments; Lorenz's are written by :data:`MEMORY_OWN_AUTHOR`, a test adds a person's reply with
+:meth:`MemoryTracker.add_comment`.
+
 Several :class:`MemoryTracker` objects may share one board: :meth:`MemoryTracker.with_settings`
 gives a reconfigured tracker (new active states after a reload) over the same issues, counters
 and injected failures, which is what a hot reload of a memory-backed workflow needs.
@@ -14,6 +18,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import datetime
+import itertools
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -22,11 +28,22 @@ from lorenz.config import TrackerSettings, WorkflowSettings
 from lorenz.model import BlockerRef, Issue
 from lorenz.model.issues import normalize_state
 from lorenz.trackers.base import TrackerError, tracker_settings_of
+from lorenz.trackers.questions import (
+    ReadComment,
+    TrackerReply,
+    has_question_marker,
+    question_comment,
+    replies_after,
+)
 
 FETCH_CANDIDATES = "fetch_candidate_issues"
 FETCH_BY_IDS = "fetch_issues_by_ids"
 FETCH_BY_STATES = "fetch_issues_by_states"
-METHODS = (FETCH_CANDIDATES, FETCH_BY_IDS, FETCH_BY_STATES)
+POST_QUESTION = "post_question"
+READ_REPLIES = "replies_after_question"
+METHODS = (FETCH_CANDIDATES, FETCH_BY_IDS, FETCH_BY_STATES, POST_QUESTION, READ_REPLIES)
+MEMORY_OWN_AUTHOR = "lorenz"
+"""The author of the comments this tracker posts (its "token's own user")."""
 
 
 def injected_failure() -> TrackerError:
@@ -57,6 +74,26 @@ class _Board:
         self.requests: collections.Counter[str] = collections.Counter()
         self.failures: collections.deque[_PendingFailure] = collections.deque()
         self.close_count = 0
+        self.comments: dict[str, list[ReadComment]] = {}
+        """Comments per issue id, oldest first."""
+        self.comment_ids = itertools.count(1)
+        self.last_comment_at = datetime.datetime.min.replace(tzinfo=datetime.UTC)
+
+    def comment(self, issue_id: str, *, author: str, body: str) -> ReadComment:
+        """Append a comment (times strictly increase, so order never ties)."""
+        now = datetime.datetime.now(datetime.UTC)
+        if now <= self.last_comment_at:
+            now = self.last_comment_at + datetime.timedelta(microseconds=1)
+        self.last_comment_at = now
+        comment = ReadComment(
+            comment_id=f"comment-{next(self.comment_ids)}",
+            body=body,
+            author=author,
+            author_id=author,
+            created_at=now,
+        )
+        self.comments.setdefault(issue_id, []).append(comment)
+        return comment
 
 
 class MemoryTracker:
@@ -120,6 +157,25 @@ class MemoryTracker:
         """Make an issue invisible (deleted, moved out of the project)."""
         self._require(issue_id)
         del self._board.issues[issue_id]
+
+    def add_comment(self, issue_id: str, *, author: str, body: str) -> str:
+        """A comment by ``author`` (a person's reply); returns its id."""
+        self._require(issue_id)
+        return self._board.comment(issue_id, author=author, body=body).comment_id
+
+    def comments_on(self, issue_id: str) -> list[TrackerReply]:
+        """Every comment on an issue, oldest first, Lorenz's included."""
+        return [
+            TrackerReply(
+                author=c.author, body=c.body, created_at=c.created_at, comment_id=c.comment_id
+            )
+            for c in self._board.comments.get(issue_id, [])
+        ]
+
+    def delete_comment(self, issue_id: str, comment_id: str) -> None:
+        """Remove one comment (a person deleting the question, say)."""
+        comments = self._board.comments.get(issue_id, [])
+        self._board.comments[issue_id] = [c for c in comments if c.comment_id != comment_id]
 
     def fail_next(
         self,
@@ -188,7 +244,41 @@ class MemoryTracker:
         # view (same board) keeps serving.
         self._board.close_count += 1
 
+    # -- questions (lorenz.trackers.questions) -------------------------------------------------
+
+    async def post_question(self, issue: Issue, *, key: str, body: str) -> bool:
+        """A comment by :data:`MEMORY_OWN_AUTHOR` carrying ``key``'s marker, once."""
+        self._board.calls[POST_QUESTION] += 1
+        self._request(POST_QUESTION)
+        self._known(issue)
+        comments = self._board.comments.get(issue.id, [])
+        if any(has_question_marker(c.body, key=key) for c in comments):
+            return False
+        self._board.comment(
+            issue.id, author=MEMORY_OWN_AUTHOR, body=question_comment(body, key=key)
+        )
+        return True
+
+    async def replies_after_question(
+        self, issue: Issue, *, key: str
+    ) -> list[TrackerReply] | None:
+        """Comments after the question, without Lorenz's (see
+        :func:`~lorenz.trackers.questions.replies_after`)."""
+        self._board.calls[READ_REPLIES] += 1
+        self._request(READ_REPLIES)
+        self._known(issue)
+        return replies_after(
+            self._board.comments.get(issue.id, []), key=key, own_ids=[MEMORY_OWN_AUTHOR]
+        )
+
     # -- internals ----------------------------------------------------------------------------
+
+    def _known(self, issue: Issue) -> None:
+        if issue.id not in self._board.issues:
+            raise TrackerError(
+                f"issue {issue.identifier} is not on the memory tracker board; it was removed",
+                code=ErrorCode.TRACKER_REQUEST,
+            )
 
     def _require(self, issue_id: str) -> Issue:
         try:
