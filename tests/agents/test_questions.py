@@ -111,7 +111,8 @@ async def test_codex_thread_that_cannot_be_resumed_starts_a_new_one_told_the_que
     assert [r for r in script.received() if r.get("method") == "thread/start"]
     (turn,) = [r for r in records if "turn" in r and "text" in r]
     assert turn["text"] == new_session_summary(resume)
-    assert "Which port?" in turn["text"] and "8080" in turn["text"]
+    assert "Which port?" in turn["text"]
+    assert "8080" in turn["text"]
     assert "thread_resume_refused" in kit.recorder.events()
 
 
