@@ -21,6 +21,7 @@ from tests.runtime.questions_rig import (
     waiting_rows,
 )
 from tests.server.helpers import Served, serve
+from tests.server.test_metrics import scrape, value
 
 
 async def waiting_server(tmp_path: Path, **front_matter: Any) -> Served:
@@ -50,6 +51,11 @@ async def test_an_answer_through_the_api_resumes_the_waiting_thread(
 ) -> None:
     served = await waiting_server(tmp_path)
     url = f"{served.url}/api/v1/issues/T-1/answer"
+    wf = str(served.rig.workflow.path)
+    before = await scrape(http, served.url)
+    assert value(before, "lorenz_waiting_slots", workflow=wf) == 1
+    assert value(before, "lorenz_blocked_slots", workflow=wf) == 0
+    assert value(before, "lorenz_answer_wait_seconds_count", workflow=wf) == 0
 
     status, body = await post(http, url, {"text": "Postgres"}, headers=served.auth)
 
@@ -63,6 +69,9 @@ async def test_an_answer_through_the_api_resumes_the_waiting_thread(
     await until(lambda: len(turn_texts(tmp_path, "T-1")) == 2, what="the resumed turn")
     assert {"resume": "thr-T-1"} in records(tmp_path, "T-1")
     assert turn_texts(tmp_path, "T-1")[1] == "The answer to your question: Postgres"
+    after = await scrape(http, served.url)
+    assert value(after, "lorenz_waiting_slots", workflow=wf) == 0
+    assert value(after, "lorenz_answer_wait_seconds_count", workflow=wf) == 1
 
     # Answered already: nothing waits any more.
     status, body = await post(http, url, {"text": "again"}, headers=served.auth)
