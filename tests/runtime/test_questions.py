@@ -6,7 +6,14 @@ turn's input, and ``input.timeout_ms`` ends the wait with the terminal action.""
 from __future__ import annotations
 
 import asyncio
+import json
+import shlex
+import sys
+from collections.abc import Callable
 from pathlib import Path
+
+import pytest
+import yaml
 
 from lorenz.model import slot_key
 from lorenz.trackers.memory import MemoryTracker
@@ -157,3 +164,135 @@ async def test_a_question_left_unanswered_past_the_timeout_takes_the_terminal_ac
     assert blocked["terminal_action"] == "block"
     # No answer, no resume: the slot is not retried.
     assert len(turn_texts(tmp_path, "T-1")) == 1
+
+
+# -- Claude Code and ACP through the runtime ------------------------------------------------------
+
+FAKES = Path(__file__).resolve().parent.parent / "fakes"
+
+
+def _workflow_for(tmp_path: Path, *, protocol: str, command: str, **kind: object) -> Path:
+    config = {
+        "tracker": {"kind": "memory"},
+        "polling": {"interval_ms": 100},
+        "workspace": {"root": str(tmp_path / "workspaces")},
+        "agent": {"kind": "asker", "max_concurrent_agents": 1, "max_turns": 1},
+        "agents": {
+            "asker": {
+                "protocol": protocol,
+                "command": command,
+                "stall_timeout_ms": 60000,
+                "turn_timeout_ms": 60000,
+                **kind,
+            }
+        },
+    }
+    path = tmp_path / "WORKFLOW.md"
+    path.write_text(
+        f"---\n{yaml.safe_dump(config)}---\nWork on {{{{ issue.identifier }}}}\n",
+        encoding="utf-8",
+    )
+    return path
+
+
+def _claude(tmp_path: Path) -> tuple[Path, Callable[[Path], tuple[str | None, str]]]:
+    session = "5e551011-0000-4000-8000-00000000c1a0"
+    result: dict[str, object] = {
+        "type": "result", "subtype": "success", "is_error": False, "num_turns": 1,
+        "result": "ok", "usage": {"input_tokens": 1, "output_tokens": 1},
+    }
+    ask = {
+        "tool_name": "AskUserQuestion",
+        "tool_input": {"questions": [{"question": "Keep the old table?", "header": "Schema",
+                                      "options": [{"label": "Keep"}, {"label": "Drop"}]}]},
+    }
+    scenario = tmp_path / "claude.json"
+    scenario.write_text(json.dumps({
+        "session_id": session,
+        "invocations": [
+            {"events": [{"type": "system", "subtype": "init"},
+                        {**result, "permission_denials": [ask]}]},
+            {"events": [{"type": "system", "subtype": "init"}, result]},
+        ],
+    }), encoding="utf-8")
+    command = " ".join(
+        shlex.quote(str(p)) for p in (sys.executable, FAKES / "claude_agent.py", scenario)
+    ) + " -p --output-format stream-json --verbose"
+
+    def resumed(workspace: Path) -> tuple[str | None, str]:
+        lines = (workspace / "claude_invocations.jsonl").read_text().splitlines()
+        if len(lines) < 2:
+            return None, ""
+        second = json.loads(lines[1])
+        argv = second["argv"]
+        return argv[argv.index("--resume") + 1], second["prompt"].strip()
+
+    return _workflow_for(tmp_path, protocol="claude-stream-json", command=command), resumed
+
+
+def _acp(tmp_path: Path) -> tuple[Path, Callable[[Path], tuple[str | None, str]]]:
+    permission = {"permission": {
+        "toolCall": {"toolCallId": "e1", "title": "Drop the old table", "kind": "edit"},
+        "options": [{"optionId": "y", "name": "Allow", "kind": "allow_once"},
+                    {"optionId": "n", "name": "Reject", "kind": "reject_once"}],
+    }}
+    scenario = tmp_path / "acp.json"
+    scenario.write_text(json.dumps({
+        "initialize": {"loadSession": True},
+        "session": {"sessionId": "sess-rt"},
+        "turns": [{"steps": [permission, {"hang": "stop_on_cancel"}], "stopReason": "end_turn"}],
+        "loaded_turns": [{"steps": [{"message": "resumed"}], "stopReason": "end_turn"}],
+    }), encoding="utf-8")
+    command = " ".join(
+        shlex.quote(str(p)) for p in (sys.executable, FAKES / "acp_agent.py", scenario)
+    )
+
+    def resumed(workspace: Path) -> tuple[str | None, str]:
+        loads = workspace / "acp_loads.jsonl"
+        prompts = workspace / "acp_prompts.jsonl"
+        if not loads.exists() or not prompts.exists():
+            return None, ""
+        (load,) = [json.loads(line) for line in loads.read_text().splitlines()]
+        last = json.loads(prompts.read_text().splitlines()[-1])
+        return (load["sessionId"], last["text"]) if last["loaded"] else (None, "")
+
+    return (
+        _workflow_for(tmp_path, protocol="acp", command=command, approvals="ask"),
+        resumed,
+    )
+
+
+@pytest.mark.parametrize(
+    ("make", "session", "question"),
+    [
+        (_claude, "5e551011-0000-4000-8000-00000000c1a0", "Schema — Keep the old table?"),
+        (_acp, "sess-rt", "May I: Drop the old table?"),
+    ],
+    ids=["claude", "acp"],
+)
+async def test_claude_and_acp_questions_reach_the_tracker_and_a_reply_resumes_the_session(
+    tmp_path: Path,
+    make: Callable[[Path], tuple[Path, Callable[[Path], tuple[str | None, str]]]],
+    session: str,
+    question: str,
+) -> None:
+    workflow, resumed = make(tmp_path)
+    rig = build(tmp_path, workflow, [issue(1)])
+    tracker: MemoryTracker = rig.tracker
+    task = asyncio.create_task(rig.runtime.start())
+    try:
+        await until(
+            lambda: bool(waiting_rows(rig)) and waiting_rows(rig)[0]["posted"],
+            what="T-1 waiting with its question posted",
+        )
+        (row,) = waiting_rows(rig)
+        assert (row["question"], row["session_id"]) == (question, session)
+        (posted,) = tracker.comments_on("id-1")
+        assert question.split("—")[-1].strip() in posted.body
+        tracker.add_comment("id-1", author="alice", body="Keep it.")
+        workspace = Path(row["workspace_path"])
+        await until(lambda: resumed(workspace)[0] is not None, what="the resumed session")
+    finally:
+        rig.runtime.stop()
+        await asyncio.wait_for(task, WAIT_S)
+    assert resumed(workspace) == (session, "The answer to your question: Keep it.")
