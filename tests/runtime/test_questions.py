@@ -296,3 +296,25 @@ async def test_claude_and_acp_questions_reach_the_tracker_and_a_reply_resumes_th
         rig.runtime.stop()
         await asyncio.wait_for(task, WAIT_S)
     assert resumed(workspace) == (session, "The answer to your question: Keep it.")
+
+
+async def test_a_deleted_question_is_posted_again(tmp_path: Path) -> None:
+    workflow = codex_workflow(tmp_path, scenarios={"T-1": asking_scenario(tmp_path, "T-1")})
+    rig = build(tmp_path, workflow, [issue(1)])
+    tracker: MemoryTracker = rig.tracker
+    task = asyncio.create_task(rig.runtime.start())
+    try:
+        await until(
+            lambda: bool(waiting_rows(rig)) and waiting_rows(rig)[0]["posted"],
+            what="T-1 waiting with its question posted",
+        )
+        (first,) = tracker.comments_on("id-1")
+        tracker.delete_comment("id-1", first.comment_id)
+        await until(lambda: bool(tracker.comments_on("id-1")), what="the question posted again")
+        (again,) = tracker.comments_on("id-1")
+        assert again.comment_id != first.comment_id
+        assert again.body == first.body
+        assert waiting_rows(rig)
+    finally:
+        rig.runtime.stop()
+        await asyncio.wait_for(task, WAIT_S)

@@ -88,6 +88,9 @@ class Blocking:
         post its question)."""
         if blocked.waiting:
             self.questions.on_waiting(blocked)
+            if not self._parts.status.stopped:
+                # NB: the pass that posts its question (and reports a wait that ended).
+                self._parts.background.spawn(self.apply_pending(), name="lorenz-questions")
             return
         self._parts.reporting.event(
             EventType.SLOT_BLOCKED,

@@ -94,7 +94,8 @@ class Questions:
         """NB: one pass at a time: a question's own pass and a tick's must not both post."""
 
     def on_waiting(self, blocked: BlockedEntry) -> None:
-        """A run's end put its slot in the waiting lane: say so, and post the question."""
+        """A run's end put its slot in the waiting lane: say so (the caller starts a
+        :meth:`sync` pass, which posts the question)."""
         question = blocked.question
         self._parts.reporting.event(
             EventType.INPUT_REQUESTED,
@@ -105,8 +106,6 @@ class Questions:
             reason=question.source if question is not None else "input_required",
             attempt=blocked.attempt,
         )
-        if not self._parts.status.stopped:
-            self._parts.background.spawn(self.sync(), name="lorenz-questions")
 
     async def sync(self) -> list[BlockedEntry]:
         """Post what is not posted, read the replies of what is, and end the waits past
@@ -170,6 +169,13 @@ class Questions:
             )
             return
         replies = await tracker.replies_after_question(issue, key=blocked.action_key)
+        if replies is None:
+            # NB: the question comment is gone (deleted by someone): post it again, so that
+            # there is something to reply to (idempotent by its key, like the first time).
+            await tracker.post_question(
+                issue, key=blocked.action_key, body=question_body(blocked)
+            )
+            return
         if not replies:
             return
         reply = first_allowed_reply(replies, authors=self._parts.settings.input.answer_authors)
