@@ -92,6 +92,8 @@ class Questions:
         self._parts = parts
         self._lock = asyncio.Lock()
         """NB: one pass at a time: a question's own pass and a tick's must not both post."""
+        self._unposted: set[str] = set()
+        """Waits already told that their tracker carries no questions (said once each)."""
 
     def on_waiting(self, blocked: BlockedEntry) -> None:
         """A run's end put its slot in the waiting lane: say so (the caller starts a
@@ -155,7 +157,17 @@ class Questions:
     async def _sync_one(self, blocked: BlockedEntry) -> None:
         tracker = self._parts.tracker.current
         if not isinstance(tracker, QuestionChannel):
-            return  # NB: nothing to post on; the CLI, the API and the dashboard still answer.
+            # NB: nothing to post on; the CLI, the API and the dashboard still answer.
+            if blocked.action_key not in self._unposted:
+                self._unposted.add(blocked.action_key)
+                logger.warning(
+                    "%s: tracker.kind %s cannot carry questions; %s's question is only shown "
+                    "(answer it with lorenz answer, the API or the dashboard)",
+                    ErrorCode.QUESTION_CHANNEL_UNSUPPORTED,
+                    self._parts.settings.tracker.kind,
+                    blocked.identifier,
+                )
+            return
         issue = await self._issue(blocked)
         if issue is None:
             return  # gone from the tracker: the next poll releases the slot
