@@ -36,6 +36,10 @@ interval until the client sends ``session/cancel``; each update is appended to
 ``acp_spend.jsonl`` before it is sent, and ``{"cancelled_after": n}`` when the cancel came).
 
 ``session.model`` (optional) is offered as the session's ``model`` config option.
+
+``initialize.loadSession: true`` advertises ``loadSession``; ``session/load`` of the scenario's
+session is then answered (``null``, after one replayed ``user_message_chunk``), recorded in
+``acp_loads.jsonl``, and the prompts that follow play ``loaded_turns`` instead of ``turns``.
 """
 
 from __future__ import annotations
@@ -77,6 +81,7 @@ class Fake:
         self.cancelled = False
         self.initialized = False
         self.prompts = 0
+        self.loaded = False
 
     # -- framing ----------------------------------------------------------------------------
 
@@ -148,6 +153,10 @@ class Fake:
                 self.violation(f"{method} before initialize")
             elif method == "session/new":
                 self.on_new_session(message)
+            elif method == "session/load" and self.scenario.get("initialize", {}).get(
+                "loadSession"
+            ):
+                self.on_load_session(message)
             elif method == "session/prompt":
                 self.on_prompt(message)
             else:
@@ -178,7 +187,7 @@ class Fake:
                 "result": {
                     "protocolVersion": spec.get("protocolVersion", 1),
                     "agentCapabilities": {
-                        "loadSession": False,
+                        "loadSession": bool(spec.get("loadSession", False)),
                         "promptCapabilities": {"image": False, "audio": False},
                     },
                     "agentInfo": {"name": "fake-acp", "version": "1.0"},
@@ -214,6 +223,20 @@ class Fake:
             ]
         self.send({"id": message["id"], "result": result})
 
+    def on_load_session(self, message: dict[str, Any]) -> None:
+        params = message["params"]
+        if params["sessionId"] != self.session_id:
+            self.send({"id": message["id"], "error": {"code": -32002, "message": "no session"}})
+            return
+        if os.path.realpath(params["cwd"]) != os.path.realpath(self.cwd):
+            self.violation(f"session/load cwd {params['cwd']!r} is not {self.cwd}")
+        self.record("acp_loads.jsonl", {"sessionId": params["sessionId"]})
+        self.update(
+            {"sessionUpdate": "user_message_chunk", "content": {"type": "text", "text": "old"}}
+        )
+        self.loaded = True
+        self.send({"id": message["id"], "result": None})
+
     def on_prompt(self, message: dict[str, Any]) -> None:
         params = message["params"]
         if params["sessionId"] != self.session_id:
@@ -221,7 +244,8 @@ class Fake:
         blocks = params["prompt"]
         if not blocks or any(block.get("type") != "text" for block in blocks):
             self.violation(f"prompt must be non-empty text blocks: {blocks!r}")
-        turns = self.scenario.get("turns", [])
+        turns = self.scenario.get("loaded_turns" if self.loaded else "turns", [])
+        self.record("acp_prompts.jsonl", {"text": blocks[0]["text"], "loaded": self.loaded})
         if self.prompts >= len(turns):
             self.violation(f"prompt {self.prompts + 1} but the scenario has {len(turns)} turns")
         turn = turns[self.prompts]

@@ -18,6 +18,9 @@ Scenario keys (all optional)::
                       title, cwd, client_name}: what the client must send (null = absent)
     initialize       {no_response, error, exit, delay_s, overload_times}
     thread_start     {no_response, error, overload_times, result}
+    thread_resume    {error}: thread/resume answers the thread it was asked for (recorded as
+                     {"resume": THREAD_ID}) unless an error is set; later turns run on it
+    resumed_turns    the turns played after a thread/resume (default: ``turns``)
     turn_start       {no_response, error, overload_times}
     turns            [{steps: [...], status: completed|failed|interrupted, error: "msg",
                        completion: "turn/completed" | "turn/failed" | "none"}]
@@ -78,6 +81,7 @@ class FakeCodex:
         self.server_request_seq = 0
         self.overloads: dict[str, int] = {}
         self.item_seq = 0
+        self.resumed = False
         self.stdin = sys.stdin.buffer
         self.stdout = sys.stdout.buffer
 
@@ -157,6 +161,11 @@ class FakeCodex:
             self.initialized = True
         elif method == "thread/start":
             self.on_thread_start(message)
+        elif method == "thread/resume":
+            self.on_thread_resume(message)
+        elif method == "turn/interrupt":
+            self.record({"interrupt": (message.get("params") or {}).get("turnId")})
+            self.send({"id": message["id"], "result": {}})
         elif method == "turn/start":
             self.on_turn_start(message)
         else:
@@ -290,6 +299,23 @@ class FakeCodex:
         self.send({"id": message["id"], "result": result})
         self.notify("thread/started", {"thread": thread})
 
+    def on_thread_resume(self, message: dict[str, Any]) -> None:
+        params = self.check_request(message)
+        thread_id = params.get("threadId")
+        if not isinstance(thread_id, str) or not thread_id:
+            raise Violation(f"thread/resume needs a threadId: {params!r}")
+        cwd = params.get("cwd")
+        if not isinstance(cwd, str) or not cwd.startswith("/"):
+            raise Violation(f"thread/resume.cwd must be an absolute path, got {cwd!r}")
+        self.record({"resume": thread_id})
+        error = self.scenario.get("thread_resume", {}).get("error")
+        if error:
+            self.send({"id": message["id"], "error": {"code": -32600, "message": error}})
+            return
+        self.thread_id = thread_id
+        self.resumed = True
+        self.send({"id": message["id"], "result": {"thread": {"id": thread_id}}})
+
     def on_turn_start(self, message: dict[str, Any]) -> None:
         params = self.check_request(message)
         if params.get("threadId") != self.thread_id:
@@ -313,6 +339,8 @@ class FakeCodex:
         self.turn_id = f"turn-{self.turn_number}"
         self.record({"turn": self.turn_number, "text": items[0]["text"]})
         turns = self.scenario.get("turns") or [{}]
+        if getattr(self, "resumed", False) and "resumed_turns" in self.scenario:
+            turns = self.scenario["resumed_turns"] or [{}]
         spec = turns[min(self.turn_number, len(turns)) - 1]
         turn: dict[str, Any] = {
             "id": self.turn_id, "status": "inProgress", "items": [], "error": None

@@ -172,7 +172,7 @@ def _run_schemathesis(base_url: str, *, headers: dict[str, str]) -> list[str]:
             # NB: schemathesis reports failures as a BaseExceptionGroup, not an Exception.
             except (Exception, BaseExceptionGroup) as exc:
                 failures.append(f"{operation.label} [{mode}]: {exc}")
-    assert operations == 6, (operations, failures)
+    assert operations == 7, (operations, failures)
     return failures
 
 

@@ -120,6 +120,7 @@ STATE = {"object": [
     ["reserving", {"array": [RESERVING_ROW]}],
     ["retrying", {"array": [RETRY_ROW]}],
     ["blocked", {"array": []}],
+    ["waiting", {"array": []}],
     ["usage_totals", {"object": [
         ["input_tokens", "number"], ["output_tokens", "number"], ["total_tokens", "number"],
         ["seconds_running", "number"], ["cost_usd", "number"],

@@ -11,7 +11,9 @@ import importlib
 from collections.abc import Collection
 
 from lorenz.agents.base import (
+    QUESTION_EVENT,
     AdoptionCanceller,
+    AgentAsked,
     AgentRunError,
     AgentRunner,
     AgentRunRequest,
@@ -72,8 +74,10 @@ def build_runner(protocol: AgentProtocol | str) -> AgentRunner:
 
 
 __all__ = [
+    "QUESTION_EVENT",
     "TRACKER_SECRET_ENV",
     "AdoptionCanceller",
+    "AgentAsked",
     "AgentRunError",
     "AgentRunRequest",
     "AgentRunResult",

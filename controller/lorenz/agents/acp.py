@@ -31,7 +31,11 @@ Decisions (also in ``docs/agents.md``):
 * Permissions follow ``agents.<kind>.approvals``: ``allow`` selects an ``allow_once`` option
   (else ``allow_always``), ``deny`` a ``reject_once`` option (else ``reject_always``); when no
   option of the wanted family is offered, or a cancel is under way, the answer is the
-  ``cancelled`` outcome.
+  ``cancelled`` outcome. ``ask`` turns a permission request into a *question*: it is answered
+  ``cancelled``, the turn is cancelled and the run ends with
+  :class:`~lorenz.agents.base.AgentAsked`; the answer's run continues the session with
+  ``session/load`` when the agent advertises ``loadSession``, else in a new session whose first
+  prompt says what was asked (``docs/questions.md``).
 * Usage: ``PromptResponse.usage`` (still unstable in ACP) counts the tokens of *that turn*; the
   runner sums turns into run totals. ``usage_update.cost`` is the session's cumulative cost and
   is reported as is when its currency is USD. ``usage_update.used``/``size`` describe the context
@@ -52,6 +56,8 @@ from acp import schema
 import lorenz
 from lorenz.agents.base import (
     MODEL_EVENT,
+    QUESTION_EVENT,
+    AgentAsked,
     AgentRunError,
     AgentRunRequest,
     AgentRunResult,
@@ -69,6 +75,7 @@ from lorenz.agents.processes import AgentProcess, AgentStdinClosed, spawn_agent
 from lorenz.codes import ErrorCode
 from lorenz.config import ApprovalMode
 from lorenz.model import AgentUpdate, TokenUsage
+from lorenz.model.questions import AgentQuestion, new_session_summary, question_of
 
 logger = logging.getLogger(__name__)
 
@@ -137,6 +144,12 @@ class _AcpRun:
         """The model of the session, when the agent offers a ``model`` config option."""
         self.transcript = ""
         self.tool_titles: dict[str, str] = {}
+        self.question: AgentQuestion | None = None
+        """A permission request ``approvals: ask`` turned into a question (the run ends)."""
+        self.first_prompt = request.prompt
+        self.replaying = False
+        """``session/load`` replays the history as updates: they are not this run's output."""
+        self._asking: asyncio.Task[None] | None = None
 
     # -- reporting ------------------------------------------------------------------------
 
@@ -235,7 +248,7 @@ class _AcpRun:
                 break
             self.turn = turn
             if turn == 1:
-                text = self.request.prompt
+                text = self.first_prompt
             else:
                 text = self.request.continuation_prompt(turn, max_turns)
             stop_reason = await self.prompt_turn(text)
@@ -273,6 +286,25 @@ class _AcpRun:
                 f"{ACP_PROTOCOL_VERSION}; use an agent release that supports ACP v1",
                 code=ErrorCode.HANDSHAKE_FAILED,
             )
+        answer = self.request.answer
+        if answer is not None:
+            capabilities = init.agent_capabilities
+            if (
+                answer.session_id is not None
+                and capabilities is not None
+                and capabilities.load_session
+                and await self.load_session(answer.session_id, timeout_s=read_timeout_s)
+            ):
+                self.first_prompt = answer.text
+                agent = init.agent_info
+                self.emit(
+                    "handshake_completed",
+                    message=f"ACP agent {agent.name if agent else 'unknown'} session "
+                    f"{answer.session_id} loaded",
+                )
+                return
+            # NB: no loadSession (or the agent refused it): a new session, told what was asked.
+            self.first_prompt = new_session_summary(answer)
         try:
             raw = await self.call(
                 "session/new",
@@ -302,6 +334,30 @@ class _AcpRun:
             message=f"ACP agent {agent.name if agent else 'unknown'} "
             f"{agent.version if agent else ''}".strip(),
         )
+
+    async def load_session(self, session_id: str, *, timeout_s: float) -> bool:
+        """``session/load`` a saved session (an answered question); ``False`` if refused."""
+        self.replaying = True
+        try:
+            await self.call(
+                "session/load",
+                {
+                    "sessionId": session_id,
+                    "cwd": str(self.request.workspace.resolve()),
+                    "mcpServers": [],
+                },
+                timeout_s=timeout_s,
+            )
+        except JsonRpcError as exc:
+            self.emit(
+                "session_load_refused",
+                message=f"the agent refused session/load ({exc.code}: {_clip(exc.message)})",
+            )
+            return False
+        finally:
+            self.replaying = False
+        self.session_id = session_id
+        return True
 
     def protocol_error(self, what: str, exc: pydantic.ValidationError) -> AgentRunError:
         errors = exc.errors()
@@ -361,6 +417,9 @@ class _AcpRun:
                 code=ErrorCode.TURN_FAILED,
             ) from None
         self.in_flight = None
+        if self.question is not None:
+            self.emit("turn_completed", message=f"turn {turn} ended: a question was asked")
+            raise AgentAsked(self.question)
         try:
             response = schema.PromptResponse.model_validate(raw)
         except pydantic.ValidationError as exc:
@@ -476,6 +535,8 @@ class _AcpRun:
             or ask.tool_call.tool_call_id
         )
         approvals = self.request.settings.approvals
+        if approvals is ApprovalMode.ASK and not self.cancelling:
+            return self._ask_permission(ask, title=title)
         option = (
             None if self.cancelling else choose_permission_option(ask.options, approvals=approvals)
         )
@@ -503,7 +564,30 @@ class _AcpRun:
         )
         return {"outcome": {"outcome": "selected", "optionId": option.option_id}}
 
+    def _ask_permission(
+        self, ask: schema.RequestPermissionRequest, *, title: str
+    ) -> dict[str, Any]:
+        """``approvals: ask``: the request becomes the run's question; it is answered
+        ``cancelled`` and the turn is cancelled, so the run ends with the question."""
+        if self.question is None:
+            self.question = question_of(
+                texts=[f"May I: {title}?"],
+                options=[option.name for option in ask.options],
+                session_id=self.session_id,
+                turn=max(self.turn, 1),
+                source="session/request_permission",
+            )
+            self.emit(
+                QUESTION_EVENT,
+                message=_clip(f"question: {self.question.text}"),
+                payload={"question": self.question.to_json()},
+            )
+            self._asking = asyncio.ensure_future(self.cancel_in_flight())
+        return {"outcome": {"outcome": "cancelled"}}
+
     def _on_notification(self, method: str, params: Mapping[str, Any], size: int) -> None:
+        if self.replaying:
+            return  # NB: session/load's replay of the history, not this run's work.
         if method != "session/update":
             self.emit(
                 "notification", message=f"agent notification {method}", payload={"method": method}

@@ -18,12 +18,31 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 from lorenz.codes import ErrorCode
 from lorenz.config import AgentKindSettings, HooksSettings, WorkerSettings
 from lorenz.model import AgentUpdate, Issue, LorenzError, SpawnIntent
+from lorenz.model.questions import AgentQuestion, SessionResume
 
 
 class AgentRunError(LorenzError):
     """A run failed: ``code`` is one of the runner's documented codes (``turn_failed``, ...)."""
 
     code = ErrorCode.AGENT_RUN_FAILED
+
+
+class AgentAsked(AgentRunError):
+    """The agent asked a question: the run ends with it (code ``input_required``), its slot
+    waits for an answer, and the answer resumes ``question.session_id`` (docs/questions.md)."""
+
+    code = ErrorCode.INPUT_REQUIRED
+
+    def __init__(self, question: AgentQuestion) -> None:
+        super().__init__(
+            f"the agent asked for input ({question.source or 'a question'}): "
+            f"{question.text[:300]}"
+        )
+        self.question = question
+
+
+QUESTION_EVENT = "agent_question"
+"""The event of the update a runner emits when it captured a question (``payload.question``)."""
 
 
 BUDGET_EXHAUSTED = ErrorCode.BUDGET_EXHAUSTED
@@ -190,6 +209,12 @@ honours it (the assembly's runner factory picks one for such requests)."""
     """Set by the runtime to stop the current turn at once (a spend cap crossed): the runner
     stops the agent as its protocol allows and fails the run with the stop's code. ``None``:
     only cancelling the run's task stops it (the process group is killed then)."""
+    answer: SessionResume | None = None
+    """Continue a saved session instead of starting one: the runner resumes
+    ``answer.session_id`` (Codex ``thread/resume``, Claude Code ``--resume``, ACP
+    ``session/load``) and sends ``answer.text`` as the first turn's input (``prompt`` is then
+    not sent). A protocol or agent that cannot resume starts a new session whose first input is
+    :func:`~lorenz.model.questions.new_session_summary`."""
     scratch_dir: Path | None = None
     """A private directory for the run's own files (the command runner's prompt file): the
     worker's state directory, which outlives a worker killed mid-run as its evidence. ``None``:

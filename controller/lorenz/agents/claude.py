@@ -20,6 +20,11 @@ Decisions (also in ``docs/agents.md``):
 * ``approvals`` does not apply: print mode never asks. Permissions are whatever the command
   sets (``--permission-mode``, ``--allowedTools``); the tools Claude was refused are reported
   from ``result.permission_denials``.
+* A question: print mode cannot ask, so Claude Code's ``AskUserQuestion`` ends up in
+  ``result.permission_denials`` (``tool_input.questions[{question, header, options[{label}]}]``).
+  Such a turn ends the run with :class:`~lorenz.agents.base.AgentAsked` carrying the questions
+  and the session id; the answer's run is ``--resume <session>`` with the rendered answer as
+  its prompt (``docs/questions.md``).
 * ``read_timeout_ms`` bounds how long a process may linger after its ``result``;
   ``turn_timeout_ms`` bounds each invocation.
 * Tokens: input = ``input_tokens`` + ``cache_creation_input_tokens`` +
@@ -41,6 +46,8 @@ from typing import Any
 
 from lorenz.agents.base import (
     MODEL_EVENT,
+    QUESTION_EVENT,
+    AgentAsked,
     AgentRunError,
     AgentRunRequest,
     AgentRunResult,
@@ -49,6 +56,12 @@ from lorenz.agents.base import (
 from lorenz.agents.processes import AgentProcess, AgentStdinClosed, LineTooLong, spawn_agent
 from lorenz.codes import ErrorCode
 from lorenz.model import AgentUpdate, TokenUsage
+from lorenz.model.questions import (
+    AgentQuestion,
+    new_session_summary,
+    question_of,
+    question_parts,
+)
 
 _MESSAGE_CHARS = 200
 _PAYLOAD_CHARS = 1000
@@ -121,6 +134,8 @@ class _ClaudeRun:
         self.model: str | None = None
         """The model of the session, from its ``system``/``init`` event."""
         self.session_announced = False
+        self.resuming = False
+        """Turn 1 continues a saved session (an answered question) with ``--resume``."""
 
     def emit(self, event: str, **fields: Any) -> None:
         self.request.on_update(AgentUpdate(event=event, pid=self.pid, **fields))
@@ -137,21 +152,25 @@ class _ClaudeRun:
     async def drive(self) -> AgentRunResult:
         max_turns = self.request.max_turns
         subtype: str | None = None
+        first = self.request.prompt
+        answer = self.request.answer
+        if answer is not None:
+            if answer.session_id is not None:
+                self.session_id, self.resuming, first = answer.session_id, True, answer.text
+            else:
+                first = new_session_summary(answer)
         for turn in range(1, max_turns + 1):
             if turn > 1 and not await self.request.issue_is_active():
                 break
             self.turn = turn
-            if turn == 1:
-                text = self.request.prompt
-            else:
-                text = self.request.continuation_prompt(turn, max_turns)
+            text = first if turn == 1 else self.request.continuation_prompt(turn, max_turns)
             subtype = await self.invoke(text)
         return AgentRunResult(turns=self.turn, session_id=self.session_id, stop_reason=subtype)
 
     async def invoke(self, text: str) -> str:
         """One turn = one process; returns the ``result`` subtype (``success``)."""
         resume = None
-        if self.turn > 1:
+        if self.turn > 1 or self.resuming:
             if self.session_id is None:
                 raise AgentRunError(
                     "the agent never reported a session_id, so turn "
@@ -385,6 +404,7 @@ class _ClaudeRun:
                 f"{', '.join(names)}",
                 payload={"type": "permission_denials", "count": len(denials), "tools": names},
             )
+        question = self.question_in(denials)
         subtype = str(result.get("subtype") or "")
         summary = {
             "subtype": subtype,
@@ -400,7 +420,11 @@ class _ClaudeRun:
                 cost_usd=cost_usd,
                 payload=summary,
             )
+            if question is not None:
+                raise AgentAsked(question)
             return subtype
+        if question is not None:
+            raise AgentAsked(question)
         self.emit(
             "turn_failed",
             message=f"turn {self.turn} ended: {subtype or 'error'}",
@@ -420,6 +444,36 @@ class _ClaudeRun:
             f"turn {self.turn} failed ({subtype or 'error'}): {_clip(str(detail), 300)}",
             code=ErrorCode.TURN_FAILED,
         )
+
+    def question_in(self, denials: Any) -> AgentQuestion | None:
+        """The question of an ``AskUserQuestion`` the turn's permissions denied, if any."""
+        texts: list[str] = []
+        options: list[str] = []
+        for denial in _list(denials)[:20]:
+            if not isinstance(denial, dict) or denial.get("tool_name") != ASK_USER_QUESTION:
+                continue
+            found_texts, found_options = question_parts(_dict(denial.get("tool_input")))
+            texts += found_texts or ["The agent asked a question."]
+            options += found_options
+        if not texts:
+            return None
+        question = question_of(
+            texts=texts,
+            options=options,
+            session_id=self.session_id,
+            turn=self.turn,
+            source=ASK_USER_QUESTION,
+        )
+        self.emit(
+            QUESTION_EVENT,
+            message=_clip(f"question: {question.text}"),
+            payload={"question": question.to_json()},
+        )
+        return question
+
+
+ASK_USER_QUESTION = "AskUserQuestion"
+"""Claude Code's question tool; print mode denies it (``result.permission_denials``)."""
 
 
 def _dict(value: Any) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The ``codex-app-server`` runner: drives ``codex app-server`` over its stdio JSON-RPC protocol.
+r"""The ``codex-app-server`` runner: drives ``codex app-server`` over its stdio JSON-RPC protocol.
 
 One run is one app-server process and one thread: ``initialize`` → ``initialized`` →
 ``thread/start`` → ``turn/start`` … ``turn/completed``, then further turns on the same thread
@@ -11,8 +11,11 @@ The choices this module makes where the protocol leaves them to the client (see
 
 * approvals follow ``agents.<kind>.approvals``: ``deny`` (default) declines, ``allow`` accepts
   for the session; permission requests get everything requested or nothing;
-* requests for user input (``item/tool/requestUserInput``, MCP elicitations) fail the run with
-  ``input_required`` — nobody is there to answer;
+* a request for user input (``item/tool/requestUserInput``, an MCP elicitation, an
+  input-required notification) is a *question*: it is captured (text, options, the thread id),
+  the turn is interrupted and the run ends with :class:`~lorenz.agents.base.AgentAsked`
+  (``input_required``); the slot waits for an answer, and the next run ``thread/resume``\ s the
+  same thread with the answer as its first turn input (see ``docs/questions.md``);
 * the default turn sandbox is ``workspaceWrite`` limited to the workspace;
 * ``turn_timeout_ms`` is the longest *silence* during a turn, ``read_timeout_ms`` bounds each
   request/response after the first; ``startup_timeout_ms`` bounds the first (``initialize``),
@@ -34,6 +37,8 @@ import tenacity
 import lorenz
 from lorenz.agents.base import (
     MODEL_EVENT,
+    QUESTION_EVENT,
+    AgentAsked,
     AgentRunError,
     AgentRunRequest,
     AgentRunResult,
@@ -52,6 +57,12 @@ from lorenz.agents.processes import AgentProcess, spawn_agent
 from lorenz.codes import ErrorCode
 from lorenz.config import ApprovalMode
 from lorenz.model import AgentUpdate, TokenUsage
+from lorenz.model.questions import (
+    AgentQuestion,
+    new_session_summary,
+    question_of,
+    question_parts,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +97,9 @@ _FILE_APPROVAL = "item/fileChange/requestApproval"
 _PERMISSIONS_APPROVAL = "item/permissions/requestApproval"
 _LEGACY_APPROVALS = frozenset({"execCommandApproval", "applyPatchApproval"})
 _TOOL_CALL = "item/tool/call"
+_APPROVALS = frozenset(
+    {_COMMAND_APPROVAL, _FILE_APPROVAL, _PERMISSIONS_APPROVAL, *_LEGACY_APPROVALS}
+)
 
 
 def default_turn_sandbox_policy(workspace: str) -> dict[str, Any]:
@@ -172,6 +186,9 @@ class CodexSession:
         self.turns_completed = 0
         self.model: str | None = None
         """The model ``thread/start`` answered with (``None``: not reported)."""
+        self.turn = 0
+        self.question: AgentQuestion | None = None
+        """The question the agent asked in the current turn (the run ends with it)."""
         self.decisions: list[tuple[str, Any]] = []
         """``(method, answer)`` for every approval-type request answered (for tests, logs)."""
         self._loop = asyncio.get_running_loop()
@@ -192,10 +209,17 @@ class CodexSession:
 
     async def run(self) -> AgentRunResult:
         await self.initialize()
-        await self.start_thread()
         request = self.request
-        turn = 1
         prompt = request.prompt
+        answer = request.answer
+        if answer is None:
+            await self.start_thread()
+        elif answer.session_id is not None and await self.resume_thread(answer.session_id):
+            prompt = answer.text
+        else:
+            await self.start_thread()
+            prompt = new_session_summary(answer)
+        turn = 1
         while True:
             await self.run_turn(prompt, turn=turn)
             if turn >= request.max_turns:
@@ -261,8 +285,36 @@ class CodexSession:
             )
         return thread_id
 
+    async def resume_thread(self, thread_id: str) -> bool:
+        """``thread/resume`` a saved thread (a question's answer continues it); ``False`` when
+        the server refuses (the thread is gone): the caller starts a new one instead."""
+        params: dict[str, Any] = {"threadId": thread_id, "cwd": self.workspace}
+        if self.settings.approval_policy is not None:
+            params["approvalPolicy"] = self.settings.approval_policy
+        if self.settings.thread_sandbox:
+            params["sandbox"] = self.settings.thread_sandbox
+        if self.tool_specs:
+            params["dynamicTools"] = self.tool_specs
+        try:
+            result = await self._call("thread/resume", params, stage="handshake")
+        except AgentRunError as exc:
+            if exc.code != ErrorCode.HANDSHAKE_FAILED:
+                raise
+            self._emit(
+                AgentUpdate(
+                    event="thread_resume_refused", message=exc.message[:MESSAGE_LIMIT_CHARS]
+                )
+            )
+            return False
+        thread = result.get("thread") if isinstance(result, Mapping) else None
+        resumed = thread.get("id") if isinstance(thread, Mapping) else None
+        self.thread_id = resumed if isinstance(resumed, str) and resumed else thread_id
+        self._emit(AgentUpdate(event="thread_resumed", message=f"thread {self.thread_id}"))
+        return True
+
     async def run_turn(self, text: str, *, turn: int) -> Mapping[str, Any]:
         assert self.thread_id is not None
+        self.turn = turn
         issue = self.request.issue
         params: dict[str, Any] = {
             "threadId": self.thread_id,
@@ -299,6 +351,12 @@ class CodexSession:
             on_stop=self.interrupt_turn,
             grace_s=self.runner.terminate_grace_s,
         )
+        if self.question is not None:
+            # NB: the agent waits on its question; end the turn before the run ends with it,
+            # bounded: the thread is saved either way, and the next run resumes it.
+            with contextlib.suppress(TimeoutError, AgentRunError):
+                await asyncio.wait_for(self.interrupt_turn(), timeout=self.runner.terminate_grace_s)
+            raise AgentAsked(self.question)
         return self._finish_turn(ended, turn=turn)
 
     async def interrupt_turn(self) -> None:
@@ -340,6 +398,8 @@ class CodexSession:
     async def _await_turn_end(self, turn_id: str) -> Mapping[str, Any]:
         timeout_s = self.settings.turn_timeout_ms / 1000
         while True:
+            if self.question is not None:
+                return {"__method__": "question"}
             ended = self._turn_ends.pop(turn_id, None) or self._turn_ends.pop(None, None)
             if ended is not None:
                 return ended
@@ -510,7 +570,7 @@ class CodexSession:
         if method in INPUT_REQUIRED_NOTIFICATIONS or (
             method.startswith("turn/") and _signals_input_required(params)
         ):
-            self._input_required(method)
+            self._input_required(method, params)
             return
         self._emit(
             AgentUpdate(
@@ -533,19 +593,43 @@ class CodexSession:
             )
         )
 
-    def _input_required(self, method: str) -> None:
+    def _input_required(self, method: str, params: Mapping[str, Any]) -> None:
+        """The agent asked: keep the (first) question and end the turn waiting for it."""
         self._emit(AgentUpdate(event="turn_input_required", message=method))
-        self._fail(
-            AgentRunError(
-                f"the agent asked for user input ({method}); Lorenz runs unattended, so the run "
-                "fails — change the prompt or the agent's approval policy",
-                code=ErrorCode.INPUT_REQUIRED,
+        if self.question is not None:
+            return
+        texts, options = question_parts(params)
+        if method in _APPROVALS:
+            what = params.get("command") or params.get("reason") or params.get("grantRoot")
+            texts = [f"May I go ahead ({method}): {_short(what) if what else 'see the thread'}?"]
+            options = ["yes", "no"]
+        self.question = question_of(
+            texts=texts,
+            options=options,
+            session_id=self.thread_id,
+            turn=max(self.turn, 1),
+            source=method,
+        )
+        self._emit(
+            AgentUpdate(
+                event=QUESTION_EVENT,
+                message=f"question: {self.question.text}"[:MESSAGE_LIMIT_CHARS],
+                payload={"question": self.question.to_json()},
             )
         )
+        self._turn_end_signal.set()
 
     async def _on_request(
         self, request_id: RequestId, method: str, params: Mapping[str, Any]
     ) -> Any:
+        if self.settings.approvals is ApprovalMode.ASK and method in _APPROVALS:
+            # NB: ``approvals: ask``: a person decides; the request becomes the question.
+            self._input_required(method, params)
+            if method == _PERMISSIONS_APPROVAL:
+                return permissions_answer(ApprovalMode.DENY, params)
+            if method in _LEGACY_APPROVALS:
+                return legacy_decision_for(ApprovalMode.DENY)
+            return decision_for(ApprovalMode.DENY, params)
         if method in (_COMMAND_APPROVAL, _FILE_APPROVAL):
             return self._decide(method, decision_for(self.settings.approvals, params))
         if method == _PERMISSIONS_APPROVAL:
@@ -553,10 +637,12 @@ class CodexSession:
         if method in _LEGACY_APPROVALS:
             return self._decide(method, legacy_decision_for(self.settings.approvals))
         if method in INPUT_REQUIRED_REQUESTS:
-            self._input_required(method)
+            self._input_required(method, params)
             if method == "mcpServer/elicitation/request":
                 return {"action": "cancel"}
-            raise JsonRpcError(-32000, "user input is not available: Lorenz runs unattended")
+            raise JsonRpcError(
+                -32000, "the question was sent to the issue tracker; the answer resumes this thread"
+            )
         if method == _TOOL_CALL:
             return await self._call_tool(params)
         self._emit(AgentUpdate(event="unsupported_request", message=method))

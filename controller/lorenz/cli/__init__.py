@@ -78,6 +78,9 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "status": Subcommand("lorenz.cli.status", "Show the running daemon's state."),
     "refresh": Subcommand("lorenz.cli.refresh", "Ask the running daemon to poll now."),
     "stop": Subcommand("lorenz.cli.stop", "Ask the running daemon to shut down gracefully."),
+    "answer": Subcommand(
+        "lorenz.cli.answer", "Answer the question a waiting issue's agent asked."
+    ),
     "operator": Subcommand("lorenz.cli.operator", "Run the Kubernetes operator."),
     "teardown": Subcommand(
         "lorenz.cli.teardown",

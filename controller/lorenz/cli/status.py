@@ -83,6 +83,12 @@ def collect(target: Any) -> dict[str, Any]:
         "poll": source.get("poll"),
         # The reload error in force (the daemon runs the last good workflow meanwhile).
         "config_error": source.get("config_error"),
+        # Issues whose agent asked a question (`lorenz answer` answers them).
+        "waiting": [
+            {key: row.get(key) for key in ("identifier", "question", "asked_at")}
+            for row in (source.get("waiting") or ())
+            if isinstance(row, dict)
+        ],
     }
 
 
@@ -110,6 +116,10 @@ def render(status: dict[str, Any]) -> str:
         row("lease", f"{info.get('leadership_store')} {info.get('lease_path') or ''}".strip())
     lanes = status.get("lanes") or {}
     row("lanes", ", ".join(f"{lane} {lanes.get(lane, 0)}" for lane in LANES))
+    for waiting in status.get("waiting") or ():
+        question = " ".join(str(waiting.get("question") or "").split())
+        question = question if len(question) <= 120 else question[:119] + "…"
+        row("waiting", f"{waiting.get('identifier')} (since {waiting.get('asked_at')}): {question}")
     poll = status.get("poll") or {}
     if poll:
         parts = [str(poll.get("status") or "?")]

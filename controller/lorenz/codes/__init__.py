@@ -56,6 +56,7 @@ class ErrorCode(enum.StrEnum):
     RETRY_BACKOFF_ALIAS_CONFLICT = "retry_backoff_alias_conflict"
     RETRY_CANCEL_STATE_ACTIVE = "retry_cancel_state_active"
     RETRY_CANCEL_STATE_MISSING = "retry_cancel_state_missing"
+    INPUT_WAITING_STATE_INACTIVE = "input_waiting_state_inactive"
     RETRY_ESCALATION_EMPTY = "retry_escalation_empty"
     RETRY_ESCALATION_LABEL_REQUIRED = "retry_escalation_label_required"
     WORKER_DETACHED_FALSE = "worker_detached_false"
@@ -144,6 +145,10 @@ class ErrorCode(enum.StrEnum):
     PLACEMENT_FAILED = "placement_failed"
     TERMINAL_ACTION_FAILED = "terminal_action_failed"
     TERMINAL_ACTION_UNSUPPORTED = "terminal_action_unsupported"
+    ISSUE_NOT_WAITING = "issue_not_waiting"
+    ANSWER_INVALID = "answer_invalid"
+    QUESTION_CHANNEL_UNSUPPORTED = "question_channel_unsupported"
+    QUESTION_POST_FAILED = "question_post_failed"
 
     # budget: token and dollar caps, model prices
     PRICING_INVALID = "pricing_invalid"
@@ -518,6 +523,11 @@ CODE_DOCS: Final[Mapping[ErrorCode, CodeDoc]] = MappingProxyType({
         "again.",
         "Name a state outside `tracker.active_states`.",
     ),
+    _C.INPUT_WAITING_STATE_INACTIVE: _config(
+        "`input.waiting_state` is not one of `tracker.active_states`, so a waiting issue would "
+        "leave the candidates and its slot would be released.",
+        "Add the state to `tracker.active_states`, or unset `input.waiting_state`.",
+    ),
     _C.RETRY_CANCEL_STATE_MISSING: _config(
         "`retry.terminal_action: cancel` without `retry.cancel_state`.",
         "Set `retry.cancel_state` to the state to move the issue to.",
@@ -868,9 +878,10 @@ CODE_DOCS: Final[Mapping[ErrorCode, CodeDoc]] = MappingProxyType({
         "Raise `agent.max_turns`, or put a larger `--max-turns` in the command.",
     ),
     _C.INPUT_REQUIRED: _agent(
-        "The agent asked for user input; Lorenz runs unattended, so the slot is blocked at "
-        "once (no retry).",
-        "Answer in the issue and refresh, or change the prompt or the approval policy.",
+        "The agent asked for user input: the slot waits for an answer (the `waiting` lane; no "
+        "retry, no failure counted) and the question is posted on the issue.",
+        "Answer it: a reply on the issue, `lorenz answer`, the API or the dashboard "
+        "(docs/questions.md).",
     ),
     # -- run -----------------------------------------------------------------------------------
     _C.RUN_ABORTED: _run(
@@ -903,6 +914,29 @@ CODE_DOCS: Final[Mapping[ErrorCode, CodeDoc]] = MappingProxyType({
         "The tracker cannot apply the configured terminal action, or `cancel` has no "
         "`retry.cancel_state` any more.",
         "Use `retry.terminal_action: block`, or set `retry.cancel_state`.",
+        kind=Kind.ERROR,
+    ),
+    _C.ISSUE_NOT_WAITING: _run(
+        "An answer was given for an issue none of whose slots waits for one (never asked, "
+        "answered already, or released).",
+        "Check `lorenz status` (the waiting lane) and the identifier.",
+        kind=Kind.ERROR,
+    ),
+    _C.ANSWER_INVALID: _run(
+        "An answer was empty, longer than 20000 characters, or not text.",
+        "Send the answer as non-empty text (`--text`, or `{\"text\": ...}`).",
+        kind=Kind.ERROR,
+    ),
+    _C.QUESTION_CHANNEL_UNSUPPORTED: _run(
+        "The tracker cannot carry questions (no comments), so a waiting slot's question is only "
+        "shown, not posted.",
+        "Answer with `lorenz answer`, the API or the dashboard.",
+        kind=Kind.ERROR,
+    ),
+    _C.QUESTION_POST_FAILED: _run(
+        "Posting a waiting slot's question (or reading the replies, or its waiting state or "
+        "label) failed; it is tried again on the next poll.",
+        "Read the error; check the tracker's access.",
         kind=Kind.ERROR,
     ),
     # -- budget -------------------------------------------------------------------------------

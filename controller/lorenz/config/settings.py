@@ -503,6 +503,41 @@ class RetrySettings(Section):
         return self
 
 
+DEFAULT_ANSWER_TEMPLATE = "The answer to your question: {{ answer }}"
+"""``input.answer_template`` unless set."""
+
+
+class InputSettings(Section):
+    """Questions agents ask: the slot waits, the question goes to the tracker, the answer
+    resumes the same session (docs/questions.md)."""
+
+    waiting_state: str | None = Field(default=None, json_schema_extra=_reload("hot"))
+    """Tracker state to move a waiting issue to (``null``: it stays where it is); one of
+    ``tracker.active_states`` (an issue outside them is no candidate, and its slot would be
+    released). The answer does not move it back: the resumed agent moves it on."""
+    waiting_label: str | None = Field(default=None, json_schema_extra=_reload("hot"))
+    """Label added to a waiting issue (``null``: none)."""
+    timeout_ms: PositiveInt | None = Field(default=None, json_schema_extra=_reload("hot"))
+    """How long a question may wait for its answer; past it the slot takes
+    ``retry.terminal_action`` (``cancel`` counts as ``block``, as for every question).
+    ``null``: it waits for ever."""
+    answer_template: str = Field(
+        default=DEFAULT_ANSWER_TEMPLATE, min_length=1, max_length=20_000,
+        json_schema_extra=_reload("hot"),
+    )
+    """The resumed turn's input, a strict Liquid template over ``answer`` (the text),
+    ``question`` (the question's text) and ``issue`` (as in the prompt)."""
+    answer_authors: tuple[str, ...] | None = Field(default=None, json_schema_extra=_reload("hot"))
+    """Who may answer on the tracker (comment authors as the tracker names them: login, email
+    or display name; compared case-insensitively). ``null``: anyone but Lorenz itself. The CLI,
+    the API and the dashboard are authenticated by the server's own rules instead."""
+
+    @pydantic.field_validator("waiting_state", "waiting_label", mode="before")
+    @classmethod
+    def _blank_is_none(cls, value: Any) -> Any:
+        return _strip_blank_to_none(value)
+
+
 def _usd(value: Any) -> Any:
     # NB: a dollar amount from YAML: ints and floats, never bools (True would be $1).
     if isinstance(value, bool):
@@ -621,6 +656,9 @@ class ApprovalMode(enum.StrEnum):
     """Decline every approval request (the default: the agent works inside its sandbox)."""
     ALLOW = "allow"
     """Approve every request: high trust, opt in only for sandboxed hosts."""
+    ASK = "ask"
+    """Ask a person: the request becomes a question on the issue and the slot waits for the
+    answer, which resumes the session (docs/questions.md). Nothing is approved meanwhile."""
 
 
 class AgentKindSettings(Section):
@@ -1367,6 +1405,8 @@ class WorkflowSettings(DocumentedModel):
     """Daemon mode (filled from flags and features by the loader)."""
     budget: BudgetSettings = Field(default_factory=BudgetSettings)
     """Spend caps in tokens and USD (see docs/budgets.md)."""
+    input: InputSettings = Field(default_factory=InputSettings)
+    """Agents' questions: the waiting lane and its answers (see docs/questions.md)."""
     pricing: PriceMap = Field(default_factory=dict, json_schema_extra=_reload("hot"))
     """USD per million tokens by model name glob, ``{input, cached_input, output}``; looked up
     before the shipped default table (``lorenz/config/prices.yaml``). The agent's own cost, when
@@ -1445,6 +1485,16 @@ class WorkflowSettings(DocumentedModel):
                     "retry.cancel_state {state!r} is an active state, so the issue would run "
                     "again; name a state outside tracker.active_states",
                     {"state": cancel},
+                )
+        waiting = self.input.waiting_state
+        if waiting is not None:
+            active = {state.strip().lower() for state in self.tracker.active_states}
+            if waiting.strip().lower() not in active:
+                raise PydanticCustomError(
+                    ErrorCode.INPUT_WAITING_STATE_INACTIVE,
+                    "input.waiting_state {state!r} is not an active state, so a waiting issue "
+                    "would be released; add it to tracker.active_states",
+                    {"state": waiting},
                 )
         label = self.retry.escalate.label
         if label is not None and label.strip().lower() in self.tracker.required_labels:

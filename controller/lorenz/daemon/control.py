@@ -222,6 +222,18 @@ DAEMON_SCHEMA: dict[str, Any] = {
         },
         "poll": {"type": ["object", "null"]},
         "config_error": {"type": ["object", "null"]},
+        "waiting": {
+            "type": "array",
+            "description": "Issues waiting for an answer to their agent's question.",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "identifier": {"type": "string"},
+                    "question": {"type": "string"},
+                    "asked_at": {"type": "string"},
+                },
+            },
+        },
     },
 }
 STOP_SCHEMA: dict[str, Any] = {

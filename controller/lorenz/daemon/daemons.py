@@ -39,6 +39,7 @@ from lorenz.leadership import (
     local_liveness,
 )
 from lorenz.model import ClaimStore, GenerationFence, LorenzError
+from lorenz.model.snapshots import WaitingRow
 from lorenz.workers.runner import Departure
 
 if TYPE_CHECKING:
@@ -315,6 +316,7 @@ class Daemon:
                 "retrying": len(lanes.retrying),
                 "blocked": len(lanes.blocked),
             }
+            info["waiting"] = waiting_summary(lanes.waiting)
             info["poll"] = snapshot.poll.to_dict()
             info["config_error"] = (
                 snapshot.config_error.to_dict() if snapshot.config_error is not None else None
@@ -409,4 +411,16 @@ def with_control_transport(
         lambda loaded, options: control_transport(
             daemon, settings=loaded.settings, port=options.port, environ=options.environ
         ),
+    ]
+
+
+def waiting_summary(rows: Sequence[WaitingRow]) -> list[dict[str, Any]]:
+    """The waiting lane as ``lorenz status`` shows it: who waits, since when, for what."""
+    return [
+        {
+            "identifier": row.identifier,
+            "question": row.question,
+            "asked_at": row.asked_at.isoformat(),
+        }
+        for row in rows
     ]

@@ -67,6 +67,11 @@ class EventType(enum.StrEnum):
     """A blocked slot retries again (refresh, issue changed) or was released."""
     TERMINAL_ACTION = "terminal_action"
     """An ``escalate`` or ``cancel`` was applied to a blocked slot's issue (or failed)."""
+    INPUT_REQUESTED = "input_requested"
+    """An agent asked a question: its slot waits (the ``waiting`` lane) for an answer."""
+    INPUT_ANSWERED = "input_answered"
+    """A waiting slot got its answer (``reason``: ``tracker``, ``cli``, ``api``,
+    ``dashboard``): its next run resumes the session; ``duration_ms`` is the time to answer."""
     REFRESH_REQUESTED = "refresh_requested"
     STOPPING = "stopping"
 

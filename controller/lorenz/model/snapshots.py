@@ -186,6 +186,41 @@ class BlockedRow:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class WaitingRow:
+    """A slot waiting for the answer to its agent's question (the ``waiting`` lane): it holds
+    no concurrency and is not retried; an answer resumes the question's session."""
+
+    slot_key: str
+    issue_id: str
+    identifier: str
+    slot_index: int
+    question: str
+    options: tuple[str, ...]
+    session_id: str | None
+    """The session an answer resumes (``None``: a new one starts)."""
+    turn: int
+    asked_at: datetime.datetime
+    posted: bool
+    """Whether the question is on the tracker yet."""
+    workspace_path: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "slot_key": self.slot_key,
+            "issue_id": self.issue_id,
+            "identifier": self.identifier,
+            "slot_index": self.slot_index,
+            "question": self.question,
+            "options": list(self.options),
+            "session_id": self.session_id,
+            "turn": self.turn,
+            "asked_at": iso_or_none(self.asked_at),
+            "posted": self.posted,
+            "workspace_path": self.workspace_path,
+        }
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class RunIdentity:
     """Which issue, slot and session one in-flight slot key belongs to — nothing else.
 
@@ -215,6 +250,8 @@ class OrchestratorSnapshot:
     rate_limits: Mapping[str, Any] | None
     claimed_elsewhere: tuple[str, ...] = ()
     """Slot keys other live owners hold (durable stores only)."""
+    waiting: tuple[WaitingRow, ...] = ()
+    """Slots waiting for an answer to their agent's question, oldest first."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -223,6 +260,7 @@ class OrchestratorSnapshot:
             "reserving": [row.to_dict() for row in self.reserving],
             "retrying": [row.to_dict() for row in self.retrying],
             "blocked": [row.to_dict() for row in self.blocked],
+            "waiting": [row.to_dict() for row in self.waiting],
             "usage_totals": self.usage_totals.to_dict(),
             "rate_limits": dict(self.rate_limits) if self.rate_limits is not None else None,
             "claimed_elsewhere": list(self.claimed_elsewhere),

@@ -13,7 +13,14 @@ operator's ``Claim`` checkpoint resource)::
      "usage_totals": {"input_tokens": …, "output_tokens": …, "total_tokens": …,
                       "seconds_running": …, "cost_usd": …},
      "failure_streaks": [{"slot_key": "<issue id>#<slot>", "failures": 2}, …],   # when any
-     "blocked": [{"slot_key": …, "issue_id": …, "reason": …, …}, …]}             # when any
+     "blocked": [{"slot_key": …, "issue_id": …, "reason": …, …}, …],            # when any
+     "resumes": [{"slot_key": …, "session_id": …, "answer": …, "text": …,
+                  "question": {…}}, …]}                                           # when any
+
+A waiting slot is a blocked entry with ``waiting: true``, its ``question`` (text, options,
+session id, turn) and ``question_posted``; an answered one becomes a pending retry plus its
+``resumes`` entry, which lives until the resumed run ends. Both are optional keys: a checkpoint
+written before questions existed reads as before, and an older reader ignores them.
 
 NB: lists of objects, not maps keyed by slot key: the Kubernetes store camelCases every
 mapping key of the checkpoint, which would mangle issue ids. Reading is forgiving: a part that
@@ -37,6 +44,7 @@ from lorenz.model import (
     slot_key,
     stored_failure_code,
 )
+from lorenz.model.questions import AgentQuestion, SessionResume
 from lorenz.orchestrator.errors import CheckpointInvalid
 from lorenz.orchestrator.state import BlockedEntry
 
@@ -56,6 +64,8 @@ class Checkpoint:
     """Consecutive failed runs per slot (slots at 0 are left out)."""
     blocked: tuple[BlockedEntry, ...] = ()
     """Blocked slots, in slot key order."""
+    resumes: Mapping[SlotKey, SessionResume] = dataclasses.field(default_factory=dict)
+    """Answered questions whose slot's next run resumes the session."""
     schema: int = CHECKPOINT_SCHEMA
 
     @classmethod
@@ -65,12 +75,14 @@ class Checkpoint:
         usage_totals: UsageTotals,
         failure_streaks: Mapping[SlotKey, int],
         blocked: Mapping[SlotKey, BlockedEntry],
+        resumes: Mapping[SlotKey, SessionResume] | None = None,
     ) -> Checkpoint:
         """The checkpoint of the orchestrator's state (its maps, as it keeps them)."""
         return cls(
             usage_totals=usage_totals,
             failure_streaks=dict(sorted(failure_streaks.items())),
             blocked=tuple(entry for _, entry in sorted(blocked.items())),
+            resumes=dict(sorted((resumes or {}).items())),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -84,6 +96,10 @@ class Checkpoint:
             ]
         if self.blocked:
             document["blocked"] = [blocked_to_checkpoint(entry) for entry in self.blocked]
+        if self.resumes:
+            document["resumes"] = [
+                {"slot_key": key, **resume.to_json()} for key, resume in self.resumes.items()
+            ]
         return document
 
     @classmethod
@@ -98,10 +114,14 @@ class Checkpoint:
         streaks, blocked, problem = _read_retry_state(document)
         if problem is not None:
             problems.append(problem)
+        resumes, resume_problem = read_resumes(document)
+        if resume_problem is not None:
+            problems.append(resume_problem)
         checkpoint = cls(
             usage_totals=totals if isinstance(totals, UsageTotals) else None,
             failure_streaks=streaks,
             blocked=blocked,
+            resumes=resumes,
         )
         return checkpoint, tuple(problems)
 
@@ -124,6 +144,7 @@ class Checkpoint:
             },
             blocked={entry.key: entry for entry in self.blocked if entry.key in pending},
             problem=problem,
+            resumes={key: r for key, r in self.resumes.items() if key in recovered},
         )
 
 
@@ -135,7 +156,32 @@ class RetryStateRestore:
     blocked: dict[SlotKey, BlockedEntry]
     """Blocked slots; each replaces the pending retry recovered for the same slot."""
     problem: CheckpointInvalid | None
+    resumes: dict[SlotKey, SessionResume] = dataclasses.field(default_factory=dict)
+    """Answered questions of recovered slots: their next run resumes the session."""
 
+
+
+def read_resumes(
+    checkpoint: Mapping[str, Any],
+) -> tuple[dict[SlotKey, SessionResume], CheckpointInvalid | None]:
+    """The checkpoint's answered questions; an unreadable entry is left out and reported."""
+    rows = checkpoint.get("resumes") if isinstance(checkpoint, Mapping) else None
+    found: dict[SlotKey, SessionResume] = {}
+    if rows is None:
+        return found, None
+    problem: CheckpointInvalid | None = None
+    for item in rows if isinstance(rows, list) else [None]:
+        resume = SessionResume.from_json(item)
+        key = item.get("slot_key") if isinstance(item, Mapping) else None
+        if resume is None or not isinstance(key, str):
+            problem = CheckpointInvalid(
+                "the claim store checkpoint has an unreadable answered question; that slot "
+                "starts a new session instead of resuming (delete the checkpoint row to "
+                "silence this)",
+            )
+            continue
+        found[_AS_SLOT_KEY(key)] = resume
+    return found, problem
 
 
 def checkpoint_usage(checkpoint: Mapping[str, Any]) -> UsageTotals | CheckpointInvalid:
@@ -233,6 +279,15 @@ def blocked_to_checkpoint(blocked: BlockedEntry) -> dict[str, Any]:
         "issue_version": blocked.issue_version,
         "host": blocked.host,
         "workspace_path": blocked.workspace_path,
+        **(
+            {
+                "question": blocked.question.to_json(),
+                "waiting": blocked.waiting,
+                "question_posted": blocked.question_posted,
+            }
+            if blocked.question is not None
+            else {}
+        ),
     }
 
 
@@ -261,6 +316,9 @@ def blocked_from_checkpoint(item: Any) -> BlockedEntry | None:
         for optional in (error, action_error, version, host, workspace):
             if optional is not None and not isinstance(optional, str):
                 return None
+        question = AgentQuestion.from_json(item.get("question"))
+        if item.get("question") is not None and question is None:
+            return None
         return BlockedEntry(
             issue_id=issue_id,
             identifier=identifier,
@@ -278,6 +336,9 @@ def blocked_from_checkpoint(item: Any) -> BlockedEntry | None:
             host=host,
             workspace_path=workspace,
             error_code=stored_failure_code(error),
+            question=question,
+            waiting=question is not None and item.get("waiting") is True,
+            question_posted=item.get("question_posted") is True,
         )
     except (KeyError, TypeError, ValueError):
         return None

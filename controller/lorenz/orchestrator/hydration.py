@@ -51,6 +51,7 @@ from lorenz.model import (
     parse_slot_key,
     stored_failure_code,
 )
+from lorenz.model.questions import SessionResume
 from lorenz.orchestrator.checkpoints import Checkpoint, RetryStateRestore
 from lorenz.orchestrator.errors import CheckpointInvalid, ClaimRecordInvalid
 from lorenz.orchestrator.state import BlockedEntry
@@ -97,6 +98,8 @@ class HydrationPlan:
     """Blocked slots restored from the checkpoint (each without a retry of its own)."""
     failure_streaks: dict[SlotKey, int]
     """Consecutive failures per recovered slot, from the checkpoint."""
+    resumes: dict[SlotKey, SessionResume] = dataclasses.field(default_factory=dict)
+    """Answered questions of recovered slots (their next run resumes the session)."""
     foreign: dict[SlotKey, str]
     """Slots of live other owners (slot: owner), left alone and re-checked later."""
     usage_totals: UsageTotals | None
@@ -164,6 +167,7 @@ def plan_hydration(
         slots=slots,
         blocked=restore.blocked,
         failure_streaks=restore.failure_streaks,
+        resumes=restore.resumes,
         foreign=foreign_claims(by_key, recovered=recovered, own=own, stale=stale),
         usage_totals=usage_totals,
         taken_over_from=stale | ({own} if own_rows else frozenset()),

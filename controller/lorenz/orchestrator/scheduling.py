@@ -45,6 +45,7 @@ from lorenz.model import (
     UsageTotals,
     slot_key,
 )
+from lorenz.model.questions import AgentQuestion, SessionResume
 from lorenz.orchestrator.checkpoints import Checkpoint
 from lorenz.orchestrator.errors import AlreadyStarted, CheckpointInvalid, ClaimRecordInvalid
 from lorenz.orchestrator.hydration import (
@@ -89,6 +90,7 @@ from lorenz.policies import (
 )
 from lorenz.policies.admission import Admitted, admission
 from lorenz.policies.retries import (
+    QUESTION_CODES,
     issue_version,
     settle_decision,
     terminal_action_key,
@@ -270,6 +272,7 @@ class Orchestrator:
                 state.usage_totals = plan.usage_totals
             state.failure_streaks.update(plan.failure_streaks)
             state.blocked.update(plan.blocked)
+            state.resumes.update(plan.resumes)
             slots = plan.slots
             await self._persist_recovered(
                 list(slots.interrupted), recovered_usage=slots.usage, owner=own, now=wall
@@ -416,6 +419,8 @@ class Orchestrator:
                 state.failure_streaks.pop(key, None)
                 released.append(blocked)
                 continue
+            if blocked.waiting:
+                continue  # NB: an answer ends the wait, not a change (the question is one).
             version = issue_version(issue)
             if blocked.issue_version is None:
                 if blocked.action_done:
@@ -470,10 +475,11 @@ class Orchestrator:
         failure retry due at once, with a fresh retry budget."""
         async with self._lock:
             state = self._state
+            # NB: a waiting slot waits for its answer, not for a refresh.
             chosen = [
                 blocked
                 for blocked in state.blocked.values()
-                if issue_id is None or blocked.issue_id == issue_id
+                if (issue_id is None or blocked.issue_id == issue_id) and not blocked.waiting
             ]
             if not chosen:
                 return ()
@@ -483,6 +489,80 @@ class Orchestrator:
                 await self._unblock_locked(blocked, now_ms=now_ms, wall=wall)
             await self._save_checkpoint()
             return tuple(chosen)
+
+    # -- questions ------------------------------------------------------------------------
+
+    def waiting_slots(self) -> tuple[BlockedEntry, ...]:
+        """Slots waiting for an answer, oldest question first."""
+        return tuple(
+            sorted(
+                (b for b in self._state.blocked.values() if b.waiting),
+                key=lambda b: (b.blocked_at, b.key),
+            )
+        )
+
+    def session_resume(self, key: SlotKey) -> SessionResume | None:
+        """The answered question the slot's next run resumes, if any."""
+        return self._state.resumes.get(key)
+
+    async def record_question_posted(self, key: SlotKey, *, action_key: str) -> bool:
+        """The question of a waiting slot is on the tracker; ``False`` when that wait is over."""
+        async with self._lock:
+            blocked = self._state.blocked.get(key)
+            if blocked is None or not blocked.waiting or blocked.action_key != action_key:
+                return False
+            if not blocked.question_posted:
+                blocked.question_posted = True
+                await self._save_checkpoint()
+            return True
+
+    async def answer(
+        self, key: SlotKey, *, action_key: str, resume: SessionResume
+    ) -> RetryEntry | None:
+        """Answer a waiting slot: its next run (due at once, same attempt, no failure counted)
+        resumes the session with ``resume``. ``None`` when that wait is over already."""
+        async with self._lock:
+            state = self._state
+            blocked = state.blocked.get(key)
+            if blocked is None or not blocked.waiting or blocked.action_key != action_key:
+                return None
+            del state.blocked[key]
+            now_ms = self._clock.monotonic_ms()
+            wall = self._clock.now()
+            retry = self._blocked_retry(blocked, now_ms=now_ms)
+            retry.kind = RetryKind.CONTINUATION
+            retry.due_at = wall
+            state.retry_attempts[key] = retry
+            state.resumes[key] = resume
+            if blocked.failures:
+                state.failure_streaks[key] = blocked.failures
+            await self._store.save(retry_record(retry, owner=self._store.owner, now=wall))
+            await self._save_checkpoint()
+            return retry
+
+    async def stop_waiting(self, key: SlotKey, *, action_key: str) -> BlockedEntry | None:
+        """A question went unanswered past ``input.timeout_ms``: the slot stays blocked and
+        takes the terminal action (``cancel`` counts as ``block``, as for any question)."""
+        async with self._lock:
+            blocked = self._state.blocked.get(key)
+            if blocked is None or not blocked.waiting or blocked.action_key != action_key:
+                return None
+            action = self._settings.retry.terminal_action
+            if action is TerminalAction.CANCEL:
+                action = TerminalAction.BLOCK
+            wall = self._clock.now()
+            blocked.waiting = False
+            blocked.action = action
+            blocked.action_key = terminal_action_key(
+                issue_id=blocked.issue_id,
+                slot_index=blocked.slot_index,
+                blocked_at=wall,
+                reason=blocked.reason,
+            )
+            blocked.action_done = action is TerminalAction.BLOCK
+            blocked.action_error = None
+            await self._save_checkpoint()
+            return blocked
 
     def pending_terminal_actions(self) -> tuple[BlockedEntry, ...]:
         """Blocked slots whose escalation or cancel has not been applied yet (oldest first)."""
@@ -876,6 +956,7 @@ class Orchestrator:
         release: bool = False,
         failure_code: str | None = None,
         count_continuation: bool = True,
+        question: AgentQuestion | None = None,
     ) -> Finished | None:
         """End a running slot and schedule its retry; ``None`` if ``key`` is not running.
 
@@ -893,11 +974,14 @@ class Orchestrator:
         (``policies.continuations``): its agent keeps stopping without moving the issue.
         ``count_continuation=False`` is for a clean end the agent did not choose (the runtime
         shutting down): the continuation is written, and the count neither grows nor blocks.
+        A ``question`` (the run ended because the agent asked) makes the blocked slot
+        *waiting* (:attr:`BlockedEntry.waiting`): no failure is counted, no terminal action is
+        taken, and an answer (:meth:`answer`) resumes the question's session.
         """
         async with self._lock:
             return await self._finish_locked(
                 key, normal=normal, error=error, release=release, failure_code=failure_code,
-                count_continuation=count_continuation,
+                count_continuation=count_continuation, question=question,
             )
 
     async def finish_stalled(
@@ -932,11 +1016,13 @@ class Orchestrator:
         release: bool,
         failure_code: str | None = None,
         count_continuation: bool = True,
+        question: AgentQuestion | None = None,
     ) -> Finished | None:
         state = self._state
         entry = state.running.pop(key, None)
         if entry is None:
             return None
+        state.resumes.pop(key, None)  # NB: the run that resumed the session is over.
         state.claimed.discard(key)
         self._forget_session(key)
         now_ms = self._clock.monotonic_ms()
@@ -970,6 +1056,14 @@ class Orchestrator:
             state.continuation_streaks[key] = decision.continuations
         else:
             state.continuation_streaks.pop(key, None)
+        waiting = question is not None and decision.blocked in QUESTION_CODES.values()
+        if waiting:
+            # NB: a question is not a failure: the streak stays as it was before this run.
+            decision = dataclasses.replace(
+                decision,
+                failures=state.failure_streaks.get(key, 0),
+                action=TerminalAction.BLOCK,
+            )
         if decision.blocked is not None:
             assert decision.action is not None
             blocked = BlockedEntry(
@@ -992,6 +1086,8 @@ class Orchestrator:
                 host=entry.host,
                 workspace_path=entry.workspace_path,
                 error_code=failure_code,
+                question=question if waiting else None,
+                waiting=waiting,
             )
             state.blocked[key] = blocked
             state.failure_streaks.pop(key, None)  # kept in the entry; an unblock starts at 0
@@ -1172,6 +1268,11 @@ class Orchestrator:
             usage_totals=state.usage_totals,
             failure_streaks=state.failure_streaks,
             blocked=state.blocked,
+            resumes={
+                key: resume
+                for key, resume in state.resumes.items()
+                if key in state.retry_attempts or key in state.claimed
+            },
         )
         await self._store.save_checkpoint(checkpoint.to_json())
 

@@ -21,6 +21,7 @@ from lorenz.model.snapshots import (
     RetryRow,
     RunIdentity,
     RunningRow,
+    WaitingRow,
 )
 from lorenz.orchestrator.state import BlockedEntry, OrchestratorState
 
@@ -123,6 +124,24 @@ def blocked_row(key: SlotKey, blocked: BlockedEntry) -> BlockedRow:
     )
 
 
+def waiting_row(key: SlotKey, blocked: BlockedEntry) -> WaitingRow:
+    """A slot waiting for an answer, with its question."""
+    question = blocked.question
+    return WaitingRow(
+        slot_key=key,
+        issue_id=blocked.issue_id,
+        identifier=blocked.identifier,
+        slot_index=blocked.slot_index,
+        question=question.text if question is not None else (blocked.error or ""),
+        options=question.options if question is not None else (),
+        session_id=question.session_id if question is not None else None,
+        turn=question.turn if question is not None else 1,
+        asked_at=blocked.blocked_at,
+        posted=blocked.question_posted,
+        workspace_path=blocked.workspace_path,
+    )
+
+
 def totals_with_running(totals: UsageTotals, running: tuple[RunningRow, ...]) -> UsageTotals:
     """Ended runs' totals plus the usage, cost and run time of the runs still going."""
     input_tokens, output_tokens, total_tokens = (
@@ -190,6 +209,14 @@ def orchestrator_snapshot(
             for key, blocked in sorted(
                 state.blocked.items(), key=lambda item: (item[1].blocked_at, item[0])
             )
+            if not blocked.waiting
+        ),
+        waiting=tuple(
+            waiting_row(key, blocked)
+            for key, blocked in sorted(
+                state.blocked.items(), key=lambda item: (item[1].blocked_at, item[0])
+            )
+            if blocked.waiting
         ),
         usage_totals=totals_with_running(state.usage_totals, running),
         rate_limits=dict(state.rate_limits) if state.rate_limits is not None else None,

@@ -30,6 +30,7 @@ from lorenz.model import (
     SlotKey,
     UsageTotals,
 )
+from lorenz.model.questions import AgentQuestion, SessionResume
 
 
 @dataclasses.dataclass(slots=True)
@@ -70,6 +71,14 @@ class BlockedEntry:
     workspace_path: str | None = None
     error_code: str | None = None
     """The stable code of the failure in ``error``, when it has one."""
+    question: AgentQuestion | None = None
+    """What the agent asked, when it asked (``input_required``)."""
+    waiting: bool = False
+    """The slot waits for an answer (the ``waiting`` lane): no terminal action yet, no
+    unblocking on a change of the issue; an answer resumes the question's session. Past
+    ``input.timeout_ms`` it stops waiting and takes the terminal action like any block."""
+    question_posted: bool = False
+    """The question is on the tracker (posted once, under ``action_key``)."""
 
     @property
     def key(self) -> SlotKey:
@@ -99,6 +108,9 @@ class OrchestratorState:
     """Slots that stopped retrying until a refresh or a change of their issue."""
     failure_streaks: dict[SlotKey, int] = dataclasses.field(default_factory=dict)
     """Consecutive failed runs per slot (absent = 0): what ``retry.max_attempts`` counts."""
+    resumes: dict[SlotKey, SessionResume] = dataclasses.field(default_factory=dict)
+    """Answered questions whose slot's next run continues the session (persisted in the
+    checkpoint until that run ends)."""
     continuation_streaks: dict[SlotKey, int] = dataclasses.field(default_factory=dict)
     """Clean runs in a row per slot (absent = 0): what ``agent.max_continuation_runs`` counts
     (memory only: a restart starts every count again)."""

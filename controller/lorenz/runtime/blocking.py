@@ -6,6 +6,9 @@ An ``escalate`` or ``cancel`` is applied right after the block, and again on eve
 it has no receipt (the tracker was down, the process died in between): the action's
 idempotency key makes a replay post nothing twice. A refresh (API, ``lorenz refresh``)
 unblocks every blocked slot before the tick that follows it reads the board.
+
+A *waiting* slot (its agent asked a question) is blocked too, but its business is
+:mod:`.questions`: posting the question and reading the answer, on the same passes.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from lorenz.orchestrator import EligibilityReport
 from lorenz.orchestrator.state import BlockedEntry
 from lorenz.policies.retries import escalation_body
 from lorenz.runtime.parts import RuntimeParts
+from lorenz.runtime.questions import Questions
 from lorenz.runtime.reporting import describe_error
 from lorenz.trackers.writes import IssueWriter
 
@@ -43,6 +47,8 @@ class Blocking:
         """NB: one pass over the pending actions at a time: a block's own pass and a tick's
         pass must not both post before either has written its receipt."""
         self._unblock_requested = False
+        self.questions = Questions(parts=parts)
+        """Waiting slots: their questions and answers."""
 
     def request_unblock(self) -> None:
         """A refresh was asked for: the next tick unblocks every blocked slot first."""
@@ -78,7 +84,14 @@ class Blocking:
         return bool(report.unblocked)
 
     def on_blocked(self, blocked: BlockedEntry) -> None:
-        """A run's end blocked its slot: say so, and start its terminal action."""
+        """A run's end blocked its slot: say so, and start its terminal action (a waiting slot:
+        post its question)."""
+        if blocked.waiting:
+            self.questions.on_waiting(blocked)
+            if not self._parts.status.stopped:
+                # NB: the pass that posts its question (and reports a wait that ended).
+                self._parts.background.spawn(self.apply_pending(), name="lorenz-questions")
+            return
         self._parts.reporting.event(
             EventType.SLOT_BLOCKED,
             issue_id=blocked.issue_id,
@@ -97,7 +110,11 @@ class Blocking:
         self._parts.background.spawn(self.apply_pending(), name="lorenz-terminal-actions")
 
     async def apply_pending(self) -> None:
-        """Apply every terminal action that has no receipt yet; failures are kept and shown."""
+        """Apply every terminal action that has no receipt yet; failures are kept and shown.
+        Waiting slots go first: their questions are posted, answers read, and those past
+        ``input.timeout_ms`` become blocked slots whose terminal action is applied here."""
+        for expired in await self.questions.sync():
+            self.on_blocked(expired)
         async with self._lock:
             for blocked in self._parts.orchestrator.pending_terminal_actions():
                 error: str | None = None

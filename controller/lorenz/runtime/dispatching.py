@@ -15,7 +15,7 @@ import logging
 from pathlib import Path
 from typing import Any, Protocol
 
-from lorenz.agents import AgentRunRequest, PlacementFailed, RunPlacement
+from lorenz.agents import AgentAsked, AgentRunRequest, PlacementFailed, RunPlacement
 from lorenz.agents.environment import agent_environment
 from lorenz.claims.errors import ClaimStoreWriteFailed
 from lorenz.codes import ErrorCode
@@ -569,6 +569,7 @@ class Dispatching:
                 resume=entry.resume,
                 on_placed=placed if not bound else None,
                 on_launch=lambda up: self.on_launch(run, launching=up),
+                answer=self._parts.orchestrator.session_resume(key),
             )
             await runner.run(request)
             normal = True
@@ -582,6 +583,8 @@ class Dispatching:
         except LorenzError as exc:
             if isinstance(exc, PlacementFailed) and not bound:
                 not_placed = exc
+            if isinstance(exc, AgentAsked):
+                run.question = exc.question
             error = RunFailure.from_error(exc)
         except Exception as exc:  # noqa: BLE001 - an uncoded runner crash is a failed run
             error = RunFailure(
@@ -698,6 +701,7 @@ class Dispatching:
                     normal=normal,
                     error=text,
                     failure_code=error.code if error is not None else None,
+                    question=run.question,
                 )
                 if finished is not None:
                     self._parts.reporting.run_ended(

@@ -13,6 +13,7 @@ import asyncio
 import dataclasses
 
 from lorenz.model import AbortReason, Issue, SlotKey
+from lorenz.model.questions import AgentQuestion
 
 
 @dataclasses.dataclass(slots=True)
@@ -32,6 +33,8 @@ class ActiveRun:
     """Its worker is being launched: the launch's own bound applies, not the stall timeout."""
     launched_at_ms: float | None = None
     """When its worker's launch answered (monotonic ms): the stall clock starts again there."""
+    question: AgentQuestion | None = None
+    """The run ended because its agent asked this: the slot waits for an answer."""
 
     @property
     def is_active(self) -> bool:

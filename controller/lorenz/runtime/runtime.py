@@ -46,6 +46,7 @@ from lorenz.runtime.dispatching import Dispatching, WorkerPool, WorkerSlot
 from lorenz.runtime.parts import RuntimeParts, RuntimeStatus
 from lorenz.runtime.polling import Polling
 from lorenz.runtime.providers import InForce
+from lorenz.runtime.questions import AnswerReceipt
 from lorenz.runtime.reconciling import Reconciling
 from lorenz.runtime.reloading import Reloading
 from lorenz.runtime.reporting import EventListener, Reporting, SnapshotListener
@@ -169,6 +170,16 @@ class LorenzRuntime:
     def request_refresh(self) -> RefreshReceipt:
         """Queue an immediate poll and reconcile pass (coalesced with one already under way)."""
         return self._polling.request_refresh()
+
+    async def answer(self, identifier: str, *, text: object, source: str) -> AnswerReceipt:
+        """Answer the question a waiting issue's agent asked (``identifier``: the issue's
+        identifier or id); its slots resume their sessions with it at once. Raises
+        :class:`~.questions.AnswerRefused` (``issue_not_waiting``, ``answer_invalid``) or
+        ``template_render_error``."""
+        receipt = await self._blocking.questions.answer(identifier, text=text, source=source)
+        self._dispatching.nudge()
+        self._emit_snapshot()
+        return receipt
 
     def subscribe(
         self, listener: SnapshotListener, *, agent_progress: bool = True

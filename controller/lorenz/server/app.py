@@ -31,6 +31,7 @@ from aiohttp import web
 from lorenz.codes import ErrorCode
 from lorenz.model import LorenzError, RuntimeSnapshot
 from lorenz.runtime import LorenzRuntime
+from lorenz.server.answers import answer_routes
 from lorenz.server.bodies import MAX_BODY_BYTES, read_empty_object
 from lorenz.server.credentials import token_file_beside, write_token_file
 from lorenz.server.errors import (
@@ -238,6 +239,7 @@ def build_app(
     )
     app.router.add_routes(list(extra_routes))
     app.router.add_routes(webhook_routes(webhooks))
+    app.router.add_routes(answer_routes(runtime))
     app.router.add_routes(list(static_routes))
 
     detachers: list[Callable[[], None]] = []

@@ -52,6 +52,9 @@ ERROR_CODES: tuple[str, ...] = (
     ORCHESTRATOR_UNAVAILABLE,
     REQUEST_REJECTED,
     INTERNAL_ERROR,
+    ErrorCode.ISSUE_NOT_WAITING,
+    ErrorCode.ANSWER_INVALID,
+    ErrorCode.TEMPLATE_RENDER_ERROR,
 )
 """Every code an API response can carry (docs/api.md lists them with their statuses)."""
 

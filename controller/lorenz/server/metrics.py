@@ -58,6 +58,8 @@ RUN_DURATION_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0,
                         7200.0, 14400.0)
 DISPATCH_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
                             5.0, 10.0, 30.0, 60.0)
+ANSWER_BUCKETS = (60.0, 300.0, 900.0, 1800.0, 3600.0, 4 * 3600.0, 12 * 3600.0, 86400.0, 3 * 86400.0)
+"""``lorenz_answer_wait_seconds`` buckets: a person answers in minutes to days."""
 PLACEMENT_BUCKETS = (0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 PLACEMENT_REASONS = ("unschedulable", "image_pull", "container_config", "start_timeout", "quota")
 """``lorenz_placement_failures_total`` reasons (``PlacementFailed.reason`` of the Pod runner)."""
@@ -298,6 +300,12 @@ class LorenzMetrics:
             wf, registry=self.registry, buckets=PLACEMENT_BUCKETS,
             zeros=one, roster=self._attached,
         )
+        self._answer_wait = _Family(
+            "lorenz_answer_wait_seconds",
+            "An agent's question to its answer (any channel): how long the slot waited.",
+            wf, registry=self.registry, buckets=ANSWER_BUCKETS,
+            zeros=one, roster=self._attached,
+        )
         self._placement_failures = _Family(
             "lorenz_placement_failures",
             "Runs not placed, their reservation given back, by reason (unschedulable, "
@@ -372,6 +380,7 @@ class LorenzMetrics:
             "placement": self._placement,
             "placement_failures": self._placement_failures,
             "webhooks": self._webhooks,
+            "answer_wait": self._answer_wait,
         }
 
     def count_webhook(self, *, workflow: str, tracker: str, outcome: str) -> None:
@@ -436,6 +445,8 @@ class LorenzMetrics:
                 self._child(feed, "reconcile_stops", STALLED_REASON).inc()
         elif kind is EventType.RETRY_SCHEDULED:
             self._child(feed, "retries", event.retry_kind or "unknown").inc()
+        elif kind is EventType.INPUT_ANSWERED and event.duration_ms is not None:
+            self._child(feed, "answer_wait").observe(max(event.duration_ms / 1000.0, 0.0))
         elif kind is EventType.STOPPING:
             feed.reserved_at.clear()
             feed.tick_starts.clear()
@@ -499,6 +510,11 @@ class _StateCollector(Collector):
                 "lorenz_blocked_slots", "Slots waiting for operator input.",
                 labels=[WORKFLOW_LABEL],
             ),
+            "waiting": GaugeMetricFamily(
+                "lorenz_waiting_slots",
+                "Slots waiting for the answer to their agent's question.",
+                labels=[WORKFLOW_LABEL],
+            ),
         }
         tokens = CounterMetricFamily(
             "lorenz_tokens", "Agent tokens used (ended runs plus runs in flight), by direction.",
@@ -510,7 +526,9 @@ class _StateCollector(Collector):
                 gauges["running"].add_metric([label], len(state.running))
                 gauges["reserving"].add_metric([label], len(state.reserved))
                 gauges["retrying"].add_metric([label], len(state.retry_attempts))
-                gauges["blocked"].add_metric([label], len(state.blocked))
+                waiting = sum(1 for blocked in state.blocked.values() if blocked.waiting)
+                gauges["blocked"].add_metric([label], len(state.blocked) - waiting)
+                gauges["waiting"].add_metric([label], waiting)
                 totals = state.usage_totals
                 input_tokens = totals.input_tokens
                 output_tokens = totals.output_tokens

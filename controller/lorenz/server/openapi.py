@@ -172,6 +172,32 @@ SCHEMAS: dict[str, Any] = {
             "or approval) until a refresh or a change of its issue in the tracker."
         ),
     ),
+    "WaitingRow": _object(
+        {
+            "slot_key": _STR,
+            "issue_id": _STR,
+            "identifier": _STR,
+            "slot_index": _COUNT,
+            "question": _STR,
+            "options": {"type": "array", "items": _STR},
+            "session_id": _nullable(_STR),
+            "turn": {"type": "integer", "minimum": 1},
+            "asked_at": _TIME,
+            "posted": _BOOL,
+            "workspace_path": _nullable(_STR),
+        },
+        description="A slot waiting for the answer to its agent's question (no concurrency "
+        "held, no retry); an answer resumes the session (docs/questions.md).",
+    ),
+    "AnswerAccepted": _object(
+        {
+            "identifier": _STR,
+            "slot_keys": {"type": "array", "items": _STR},
+            "session_ids": {"type": "array", "items": _nullable(_STR)},
+            "resumed": _BOOL,
+        },
+        description="The waiting slots the answer resumes, with the sessions they continue.",
+    ),
     "Event": _object(
         {
             "type": {"type": "string", "enum": list(EVENT_TYPES)},
@@ -216,6 +242,7 @@ SCHEMAS: dict[str, Any] = {
             "reserving": {"type": "array", "items": _ref("ReservingRow")},
             "retrying": {"type": "array", "items": _ref("RetryRow")},
             "blocked": {"type": "array", "items": _ref("BlockedRow")},
+            "waiting": {"type": "array", "items": _ref("WaitingRow")},
             "usage_totals": _ref("UsageTotals"),
             "rate_limits": _nullable({"type": "object"}),
             "claimed_elsewhere": {"type": "array", "items": _STR},
@@ -408,6 +435,56 @@ PATHS: dict[str, Any] = {
                 "405": _NOT_ALLOWED,
                 "413": _error("The body is over 64 KiB (`request_rejected`)."),
                 "415": _error("A body declared as anything but JSON (`unsupported_media_type`)."),
+                "503": _error("The runtime has stopped (`orchestrator_unavailable`)."),
+            },
+        }
+    },
+    "/api/v1/issues/{identifier}/answer": {
+        "post": {
+            "operationId": "answerIssue",
+            "summary": "Answer the question a waiting issue's agent asked; its session resumes",
+            "security": [{"bearerToken": []}, {}],
+            "parameters": [
+                {"name": "identifier", "in": "path", "required": True, "schema": _STR,
+                 "description": "The issue's identifier (or id)."}
+            ],
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {
+                        "schema": _object(
+                            {
+                                "text": {"type": "string", "minLength": 1, "maxLength": 20000},
+                                "source": {"type": "string",
+                                           "enum": ["cli", "dashboard", "api"]},
+                            },
+                            optional=("source",),
+                        )
+                    }
+                },
+            },
+            "responses": {
+                "202": _json(_ref("AnswerAccepted"), "Answered: the slots resume at once."),
+                "400": _error(
+                    "No usable `text` (`answer_invalid`), a body that is not such an object "
+                    "(`invalid_request_body`), or one that nests too deep "
+                    "(`request_body_too_deep`)."
+                ),
+                "401": _error(
+                    "Over TCP: no bearer token (`auth_token_missing`) or not this server's "
+                    "(`auth_token_invalid`)."
+                ),
+                "403": _error(
+                    "A foreign Host header (`host_not_allowed`) or a cross-origin sender "
+                    "(`cross_origin_refused`)."
+                ),
+                "404": _error("No slot of the issue waits for an answer (`issue_not_waiting`)."),
+                "405": _NOT_ALLOWED,
+                "413": _error("The body is over 64 KiB (`request_rejected`)."),
+                "415": _error("A body declared as anything but JSON (`unsupported_media_type`)."),
+                "422": _error(
+                    "`input.answer_template` failed to render (`template_render_error`)."
+                ),
                 "503": _error("The runtime has stopped (`orchestrator_unavailable`)."),
             },
         }

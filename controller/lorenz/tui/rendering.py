@@ -30,6 +30,7 @@ from lorenz.model import (
     RuntimeSnapshot,
 )
 from lorenz.model.clocks import as_utc
+from lorenz.model.snapshots import WaitingRow
 
 MAX_ROWS_PER_LANE = 8
 """Rows shown per lane before the rest are summed up as "… and N more"."""
@@ -112,6 +113,8 @@ def render_snapshot(
     parts.append(_retrying(lanes.retrying, now=at, limit=max_rows_per_lane))
     if lanes.blocked:
         parts.append(_blocked(lanes.blocked, now=at, limit=max_rows_per_lane))
+    if lanes.waiting:
+        parts.append(_waiting(lanes.waiting, now=at, limit=max_rows_per_lane))
     if snapshot.run_history:
         parts.append(_history(snapshot.run_history, limit=min(max_rows_per_lane, 5)))
     parts.append(_events(snapshot.recent_events, limit=max_events))
@@ -269,6 +272,21 @@ def _blocked(rows: Sequence[BlockedRow], *, now: datetime.datetime, limit: int) 
             Text(row.identifier),
             format_duration(_since(row.blocked_at, now=now)),
             Text(_one_line(row.error or ""), style="red"),
+        )
+    _more(table, rows, limit=limit, empty="none")
+    return table
+
+
+def _waiting(rows: Sequence[WaitingRow], *, now: datetime.datetime, limit: int) -> Table:
+    table = _lane("Waiting for an answer", len(rows), style="yellow")
+    table.add_column("issue", no_wrap=True, style="bold")
+    table.add_column("asked", justify="right", no_wrap=True)
+    table.add_column("question", ratio=1, no_wrap=True, overflow="ellipsis")
+    for row in rows[:limit]:
+        table.add_row(
+            Text(row.identifier),
+            format_duration(_since(row.asked_at, now=now)),
+            Text(_one_line(row.question), style="yellow"),
         )
     _more(table, rows, limit=limit, empty="none")
     return table

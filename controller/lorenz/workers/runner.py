@@ -46,7 +46,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final, cast
 
-from lorenz.agents import AgentRunError, AgentRunRequest, AgentRunResult, DroppedAdoption
+from lorenz.agents import (
+    AgentAsked,
+    AgentRunError,
+    AgentRunRequest,
+    AgentRunResult,
+    DroppedAdoption,
+)
 from lorenz.claims.owners import Liveness, default_owner_id, owner_liveness
 from lorenz.codes import ErrorCode
 from lorenz.model import (
@@ -59,6 +65,7 @@ from lorenz.model import (
     TokenUsage,
     slot_key,
 )
+from lorenz.model.questions import AgentQuestion
 from lorenz.policies.retries import NEVER_STARTED_CODE
 from lorenz.workers.client import CallHandlers
 from lorenz.workers.handles import (
@@ -463,6 +470,7 @@ class WorkerRunner:
             workspace=str(request.workspace.absolute()),
             hooks=self.hooks,
             env=dict(request.env),
+            answer=request.answer.to_json() if request.answer is not None else None,
             tools=tools,
             controller_wait_ms=self.controller_wait_ms,
             journal_max_bytes=self.journal_max_bytes,
@@ -917,6 +925,9 @@ def _result_of(final: Record) -> AgentRunResult:
             if isinstance(data.get("stop_reason"), str)
             else None,
         )
+    question = AgentQuestion.from_json(data.get("question"))
+    if question is not None:
+        raise AgentAsked(question)
     code = data.get("error_code")
     raise AgentRunError(
         str(data.get("error") or data.get("reason") or "the run failed"),

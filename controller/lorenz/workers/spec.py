@@ -161,6 +161,9 @@ class RunSpec(SpecModel):
     host: str | None = Field(default=None, max_length=1000)
     """The ``worker.ssh_hosts`` entry the run is placed on (``None``: the controller's host).
     A successor controller reaches the worker through it (probe, attach, cancel)."""
+    answer: dict[str, Any] | None = None
+    """An answered question's session to continue (:class:`~lorenz.model.questions.SessionResume`
+    as JSON): the agent resumes it with the rendered answer as its first input."""
     tools: list[dict[str, Any]] = Field(default_factory=list)
     """Specs of the host-side tools the controller executes (``linear_graphql``)."""
     controller_wait_ms: int = Field(default=300_000, gt=0)

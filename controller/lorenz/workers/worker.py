@@ -46,6 +46,7 @@ from lorenz.agents import (
 )
 from lorenz.codes import ErrorCode
 from lorenz.model import AgentUpdate, LorenzError, WorkerPhase
+from lorenz.model.questions import AgentQuestion, SessionResume
 from lorenz.tasks import BackgroundTasks, run_to_completion
 from lorenz.workers.journal import FINAL, JournalWriter, Record, read_journal
 from lorenz.workers.protocol import (
@@ -277,6 +278,7 @@ class Worker:
         )
         workspace = Path(spec.workspace)
         outcome, error, code = "success", None, None
+        question: AgentQuestion | None = None
         result: AgentRunResult | None = None
         work = asyncio.create_task(self._work(workspace))
         self._agent_task = work
@@ -291,6 +293,8 @@ class Worker:
             error = self._cancel_reason or "canceled"
         except LorenzError as exc:
             outcome, error, code = "failed", exc.message, exc.code
+            asked = getattr(exc, "question", None)
+            question = asked if isinstance(asked, AgentQuestion) else None
         except Exception as exc:
             logger.exception("the run crashed")
             outcome, error, code = "failed", f"{type(exc).__name__}: {exc}", "worker_crashed"
@@ -317,6 +321,7 @@ class Worker:
                 "turns": result.turns if result else None,
                 "session_id": result.session_id if result else None,
                 "stop_reason": result.stop_reason if result else None,
+                "question": question.to_json() if question is not None else None,
                 "exit_status": int(status),
             },
         )
@@ -360,6 +365,7 @@ class Worker:
             issue_is_active=self._issue_is_active,
             continuation_prompt=spec.continuation_prompt,
             tools=ForwardedTools(self, spec.tools) if spec.tools else None,
+            answer=SessionResume.from_json(spec.answer) if spec.answer is not None else None,
             scratch_dir=self.state_dir,
         )
 

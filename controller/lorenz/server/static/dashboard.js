@@ -165,6 +165,7 @@
     renderLane('reserving', s.reserving || [], reservingCard, 'none');
     renderLane('retrying', s.retrying || [], retryCard, 'none');
     renderLane('blocked', s.blocked || [], blockedCard, 'none');
+    renderWaiting(s.waiting || []);
     renderHistory(s.run_history || []);
     renderEvents(s.recent_events || []);
     renderFooter(s);
@@ -417,6 +418,83 @@
       el('div', { class: 'fields' }, [field('blocked', ticking('since', row.blocked_at))]),
       row.error ? errorNode(row.error, 'blocked-error') : null
     ]);
+  }
+
+  // The waiting lane: each card has an answer box. NB: rebuilt only when its rows change, so
+  // that a snapshot arriving while someone types neither wipes the text nor steals the focus.
+  var waitingShown = null;
+  var answerDrafts = {};
+
+  function renderWaiting(rows) {
+    var signature = JSON.stringify(rows);
+    if (signature === waitingShown) return;
+    waitingShown = signature;
+    renderLane('waiting', rows, waitingCard, 'none');
+  }
+
+  function waitingCard(row) {
+    var box = el('textarea', { testid: 'answer-text' });
+    box.setAttribute('aria-label', 'answer to ' + row.identifier);
+    box.value = answerDrafts[row.slot_key] || '';
+    box.addEventListener('input', function () { answerDrafts[row.slot_key] = box.value; });
+    var notice = el('p', { class: 'answer-notice', testid: 'answer-notice' });
+    notice.hidden = true;
+    var button = el('button', { testid: 'answer-button', text: 'Answer' });
+    button.setAttribute('type', 'button');
+    button.addEventListener('click', function () {
+      sendAnswer(row, box.value, button, notice);
+    });
+    var options = row.options && row.options.length
+      ? field('options', row.options.join(' · '), { testid: 'waiting-options' }) : null;
+    return el('article', {
+      class: 'card waiting', testid: 'waiting-card', data: { 'slot-key': row.slot_key }
+    }, [
+      el('div', { class: 'card-head' }, [identifierNode(row)]),
+      el('p', { class: 'question', testid: 'waiting-question', text: row.question }),
+      el('div', { class: 'fields' }, [
+        field('asked', ticking('since', row.asked_at)),
+        options,
+        field('on tracker', row.posted ? 'posted' : 'not yet')
+      ]),
+      box, button, notice
+    ]);
+  }
+
+  function sendAnswer(row, text, button, notice) {
+    if (!text.trim()) {
+      notice.textContent = 'Write an answer first.';
+      notice.hidden = false;
+      return;
+    }
+    var headers = { Accept: 'application/json', 'Content-Type': 'application/json' };
+    var token = storedToken();
+    if (token) headers.Authorization = 'Bearer ' + token;
+    button.disabled = true;
+    notice.hidden = true;
+    fetch('/api/v1/issues/' + encodeURIComponent(row.identifier) + '/answer', {
+      method: 'POST', headers: headers,
+      body: JSON.stringify({ text: text, source: 'dashboard' })
+    })
+      .then(function (response) {
+        if (response.ok) {
+          delete answerDrafts[row.slot_key];
+          notice.hidden = true;
+          return null;
+        }
+        return response.json().then(function (body) {
+          var error = (body && body.error) || {};
+          notice.textContent = response.status === 401
+            ? 'Answering needs the server\'s token: open this page as ' +
+              window.location.origin + '/#token=<the token file beside the lease>'
+            : 'Answer refused (' + (error.code || response.status) + '): ' + (error.message || '');
+          notice.hidden = false;
+        });
+      })
+      .catch(function () {
+        notice.textContent = 'The server could not be reached; try again.';
+        notice.hidden = false;
+      })
+      .then(function () { button.disabled = false; });
   }
 
   function renderHistory(rows) {
