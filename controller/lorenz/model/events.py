@@ -65,6 +65,12 @@ class EventType(enum.StrEnum):
     TERMINAL_ACTION = "terminal_action"
     """An ``escalate`` or ``cancel`` was applied to a blocked slot's issue (or failed)."""
     REFRESH_REQUESTED = "refresh_requested"
+    BUDGET_WARNING = "budget_warning"
+    """A run's, its issue's or the day's spend reached ``budget.warn_at`` of a cap."""
+    BUDGET_EXHAUSTED = "budget_exhausted"
+    """A run crossed a spend cap and is being stopped (``budget_exhausted``)."""
+    BUDGET_HELD = "budget_held"
+    """An issue was not dispatched: its spend, or the day's, is at a cap (the ``budget`` lane)."""
     STOPPING = "stopping"
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from lorenz.agents import AgentRunRequest, PlacementFailed, RunPlacement
+from lorenz.agents.base import TurnStop
 from lorenz.agents.environment import agent_environment
 from lorenz.claims.errors import ClaimStoreWriteFailed
 from lorenz.codes import ErrorCode
@@ -43,6 +44,7 @@ from lorenz.runtime.parts import RuntimeParts
 from lorenz.runtime.reconciling import Reconciling
 from lorenz.runtime.reporting import describe_error
 from lorenz.runtime.runs import ActiveRun, PendingExit
+from lorenz.runtime.spending import RunMeter
 from lorenz.runtime.tools import tracker_tools
 from lorenz.tasks import run_to_completion
 from lorenz.workflow import continuation_prompt, render_prompt
@@ -173,6 +175,8 @@ class Dispatching:
                 ):
                     if candidate.issue.id in exiting:
                         continue
+                    if self._parts.spending.is_held(candidate.issue.id):
+                        continue  # NB: in the budget lane; the next tick checks it again
                     chosen.append(candidate)
                     if len(chosen) >= room:
                         break
@@ -224,6 +228,8 @@ class Dispatching:
             return None  # NB: a claim the store cannot record must not be run (paused)
         if self.refuse_unpassable(issue, slot=candidate.slot_index):
             return None
+        if await self._parts.spending.holds(issue, slot=candidate.slot_index):
+            return None  # NB: a cap of the issue or of the day is reached: the budget lane
         result = await self._parts.orchestrator.claim(candidate)
         if isinstance(result, Skipped):
             if result.reason in ("worker_host_capacity", "claimed_elsewhere"):
@@ -410,6 +416,7 @@ class Dispatching:
         cancelled_from_outside = False
         bound = reservation is None
         workspace_path: str | None = None
+        meter: RunMeter | None = None
 
         async def placed(where: str | None) -> bool:
             nonlocal entry, bound
@@ -481,6 +488,19 @@ class Dispatching:
                 await placed(None)
             prompt = render_prompt(workflow, issue=issue, attempt=entry.attempt)
             runner = self._parts.runner_factory(kind.protocol)
+            # Spend control: the meter counts each update against the caps before the update
+            # is applied, and stops the turn through ``stop`` the moment a cap is crossed.
+            stop = TurnStop()
+            await self._parts.spending.load(issue)
+            meter = self._parts.spending.meter(
+                key=key, slot_index=entry.slot_index, issue=issue, command=kind.command,
+                stop=stop,
+            )
+
+            def on_update(update: AgentUpdate) -> None:
+                meter.observe(update)
+                self.on_agent_update(key, update)
+
             request = AgentRunRequest(
                 issue=issue,
                 attempt=entry.attempt,
@@ -497,13 +517,14 @@ class Dispatching:
                     kind=kind,
                     remote=placement is not None,
                 ),
-                on_update=lambda update: self.on_agent_update(key, update),
+                on_update=on_update,
                 issue_is_active=lambda: self.issue_still_active(issue.id),
                 continuation_prompt=continuation_prompt,
                 tools=tracker_tools(self._parts.tracker.current),
                 placement=placement,
                 resume=entry.resume,
                 on_placed=placed if not bound else None,
+                stop=stop,
             )
             await runner.run(request)
             normal = True
@@ -524,6 +545,8 @@ class Dispatching:
                 text=f"agent exited: {describe_error(exc)}",
             )
         finally:
+            if meter is not None:
+                self._parts.spending.forget(meter)
             if workspace is not None and run.reason is not AbortReason.HANDED_OVER:
                 # NB: shielded so that cancellation (stop, stall, reconciliation) still runs
                 # after_run; the hook is bounded by hooks.timeout_ms inside the manager. The
