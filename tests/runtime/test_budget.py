@@ -20,6 +20,7 @@ from lorenz.model import BlockReason, Issue, slot_key
 from lorenz.policies.budget import day_key
 from tests.agents.conftest import FAKE_CODEX, assert_gone, python_command
 from tests.runtime.harness import RuntimeRig, build_rig, write_agent, write_workflow
+from tests.waiting import wait_until_async
 
 WAIT_S = 60.0
 """Generous: agents spend every 0.2-0.5 s, on a loaded machine."""
@@ -81,12 +82,7 @@ def codex_workflow(tmp_path: Path, *, budget: dict[str, Any]) -> tuple[Path, Pat
 
 
 async def wait_for(condition: Any, *, what: str) -> None:
-    try:
-        async with asyncio.timeout(WAIT_S):
-            while not condition():
-                await asyncio.sleep(0.05)
-    except TimeoutError:
-        raise AssertionError(f"timed out waiting for {what}") from None
+    await wait_until_async(condition, timeout=WAIT_S, what=what)
 
 
 async def stop(rig: RuntimeRig, task: asyncio.Task[None]) -> None:
