@@ -104,6 +104,9 @@ class Spending:
         self._writes: set[asyncio.Task[None]] = set()
         self._meters: dict[SlotKey, RunMeter] = {}
         self._held: dict[str, BudgetHoldRow] = {}
+        self.charged_usd = 0.0
+        """USD this process charged so far (``lorenz_spend_usd_total``)."""
+        self.charged_tokens = 0
 
     @property
     def ledger(self) -> SpendLedger:
@@ -145,6 +148,8 @@ class Spending:
             return
         day = self.today()
         delta = Spend(tokens=max(tokens, 0), usd=max(usd, 0.0))
+        self.charged_usd += delta.usd
+        self.charged_tokens += delta.tokens
         self._identifiers[issue_id] = identifier
         self._issue_pending[issue_id] = self._issue_pending.get(issue_id, Spend()) + delta
         self._day_pending[day] = self._day_pending.get(day, Spend()) + delta
