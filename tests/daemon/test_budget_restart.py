@@ -22,6 +22,7 @@ from lorenz.claims import store_path
 from lorenz.config.settings import ClaimStoreSettings
 from lorenz.policies.budget import day_key
 from tests.daemon.harness import DaemonProcess, get_state, in_process, write_daemon_workflow
+from tests.daemon.test_cli import lorenz
 from tests.waiting import wait_until
 
 WAIT_S = 60.0
@@ -114,6 +115,12 @@ def test_a_restart_mid_day_keeps_the_days_spend(
     (blocked,) = state["blocked"]
     assert blocked["reason"] == "budget_exhausted"
     assert state["budget"]["remaining_usd"] == 0.0
+    if stop == "kill9":
+        # ``lorenz status`` (over the daemon's unix socket) shows the day's spend and cap.
+        status = lorenz("status", "WORKFLOW.md", env=daemon_env, cwd=root)
+        assert status.returncode == 0, status.stderr
+        (spend_row,) = [line for line in status.stdout.splitlines() if "spend" in line]
+        assert f"of {CAP_USD:g} USD (0.0000 left)" in spend_row, status.stdout
     second.terminate()
     second.wait()
     total = stored_day_usd(db)

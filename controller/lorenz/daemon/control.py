@@ -222,6 +222,7 @@ DAEMON_SCHEMA: dict[str, Any] = {
         },
         "poll": {"type": ["object", "null"]},
         "config_error": {"type": ["object", "null"]},
+        "budget": {"type": "object"},
     },
 }
 STOP_SCHEMA: dict[str, Any] = {
