@@ -69,6 +69,8 @@ class EventType(enum.StrEnum):
     """A run's, its issue's or the day's spend reached ``budget.warn_at`` of a cap."""
     BUDGET_EXHAUSTED = "budget_exhausted"
     """A run crossed a spend cap and is being stopped (``budget_exhausted``)."""
+    RUN_SPEND = "run_spend"
+    """What a run spent, when it ends (only while a ``budget`` cap is set)."""
     BUDGET_HELD = "budget_held"
     """An issue was not dispatched: its spend, or the day's, is at a cap (the ``budget`` lane)."""
     STOPPING = "stopping"
@@ -102,6 +104,8 @@ class EventDetails(TypedDict, total=False):
     kept: Sequence[str]
     removed: Sequence[str]
     aborted: int
+    tokens: int
+    usd: float
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -142,6 +146,10 @@ class RuntimeEvent:
     """Workspaces removed (paths, or identifiers for the startup sweep)."""
     aborted: int | None = None
     """Runs aborted because their claims were lost."""
+    tokens: int | None = None
+    """Tokens spent (``run_spend``: by the run; ``budget_*``: what the cap counts)."""
+    usd: float | None = None
+    """USD spent (``run_spend``: by the run)."""
     slot_key: str | None = None
     """``run_update``: the slot whose agent reported."""
     agent_event: str | None = None

@@ -198,8 +198,22 @@ class Spending:
         return meter
 
     def forget(self, meter: RunMeter) -> None:
+        """The run ended: drop its meter, and say what it spent (``run_spend``, while a cap
+        is set)."""
         if self._meters.get(meter.key) is meter:
             del self._meters[meter.key]
+        if self._settings().budget.caps_any and (meter.run.tokens or meter.run.usd):
+            issue = meter.issue
+            total = self.issue_total(issue.id)
+            self._reporting.event(
+                EventType.RUN_SPEND,
+                issue=issue,
+                slot=meter.slot_index,
+                message=f"run spent {meter.run.tokens} tokens, {meter.run.usd:.4f} USD "
+                f"(issue {total.usd:.4f} USD, model {meter.model or 'unknown'})",
+                tokens=meter.run.tokens,
+                usd=round(meter.run.usd, 6),
+            )
 
     # -- admission ------------------------------------------------------------------------------
 
@@ -326,9 +340,9 @@ class RunMeter:
         stop: TurnStop,
     ) -> None:
         self.key = key
-        self._slot_index = slot_index
+        self.slot_index = slot_index
+        self.issue = issue
         self._spending = spending
-        self._issue = issue
         self._stop = stop
         self._configured_model = configured_model
         self._reported_model: str | None = None
@@ -352,8 +366,8 @@ class RunMeter:
     def row(self) -> RunSpendRow:
         return RunSpendRow(
             slot_key=str(self.key),
-            issue_id=self._issue.id,
-            identifier=self._issue.identifier,
+            issue_id=self.issue.id,
+            identifier=self.issue.identifier,
             spend=_figures(self.run),
             model=self.model,
         )
@@ -436,8 +450,8 @@ class RunMeter:
             self._unpriced_said = True
             self._spending.event(
                 EventType.BUDGET_WARNING,
-                issue=self._issue,
-                slot=self._slot_index,
+                issue=self.issue,
+                slot=self.slot_index,
                 message=f"{MODEL_UNPRICED}: model {self.model or '(unknown)'} has no price and "
                 "the agent reports no cost; add it under pricing (its tokens still count "
                 "against token caps)",
@@ -448,8 +462,8 @@ class RunMeter:
         self._charged_usd += usd
         self.run = Spend(tokens=self.run.tokens + delta.tokens, usd=self.run.usd + usd)
         self._spending.charge(
-            issue_id=self._issue.id,
-            identifier=self._issue.identifier,
+            issue_id=self.issue.id,
+            identifier=self.issue.identifier,
             tokens=delta.tokens,
             usd=usd,
         )
@@ -458,7 +472,7 @@ class RunMeter:
     def _check(self, settings: WorkflowSettings) -> None:
         totals = SpendTotals(
             run=self.run,
-            issue=self._spending.issue_total(self._issue.id),
+            issue=self._spending.issue_total(self.issue.id),
             day=self._spending.day_total(),
         )
         verdict = check_caps(totals, settings=settings.budget)
@@ -468,8 +482,8 @@ class RunMeter:
                 self._warned.add(check.cap)
                 self._spending.event(
                     EventType.BUDGET_WARNING,
-                    issue=self._issue,
-                    slot=self._slot_index,
+                    issue=self.issue,
+                    slot=self.slot_index,
                     message=f"{check.share:.0%} of "
                     + _cap_text(check.cap, spent=check.spent, limit=check.limit),
                     reason=check.cap.value,
@@ -482,8 +496,8 @@ class RunMeter:
             self._stop.request(reason=reason)
             self._spending.event(
                 EventType.BUDGET_EXHAUSTED,
-                issue=self._issue,
-                slot=self._slot_index,
+                issue=self.issue,
+                slot=self.slot_index,
                 message=f"{reason}; stopping the run",
                 reason=worst.cap.value,
                 code=ErrorCode.BUDGET_EXHAUSTED,

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any, Final, cast
 
 from lorenz.agents import AgentRunError, AgentRunRequest, AgentRunResult, DroppedAdoption
+from lorenz.agents.base import TurnStop
 from lorenz.claims.owners import Liveness, default_owner_id, owner_liveness
 from lorenz.codes import ErrorCode
 from lorenz.model import (
@@ -540,7 +541,7 @@ class WorkerRunner:
         while True:
             follow = asyncio.ensure_future(handle.follow(relay))
             try:
-                final = await asyncio.shield(follow)
+                final = await self._follow_until_stopped(handle, follow, stop=request.stop)
                 break
             except asyncio.CancelledError:
                 if self._leaves_workers():
@@ -664,9 +665,38 @@ class WorkerRunner:
             code=ErrorCode.WORKER_HANDLES_EXHAUSTED,
         )
 
-    async def _cancel(self, handle: WorkerHandle, follow: asyncio.Future[Record]) -> None:
+    async def _follow_until_stopped(
+        self, handle: WorkerHandle, follow: asyncio.Future[Record], *, stop: TurnStop | None
+    ) -> Record:
+        """The worker's final record; or, when ``stop`` is requested first (a spend cap
+        crossed, see docs/budgets.md), cancel the worker's run with the stop's reason, wait
+        (bounded) for its end, and raise the stop's error.
+
+        NB: like ``asyncio.shield``, a cancellation of this call leaves ``follow`` running
+        (``asyncio.wait`` does not cancel what it waits for): the caller decides its fate.
+        """
+        if stop is None:
+            return await asyncio.shield(follow)
+        stopper = asyncio.ensure_future(stop.wait())
+        watched: set[asyncio.Future[Any]] = {follow, stopper}
+        try:
+            await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopper.cancel()
+        if follow.done():
+            return follow.result()
+        await self._cancel(handle, follow, reason=stop.reason or "the run was stopped")
+        raise stop.error()
+
+    async def _cancel(
+        self,
+        handle: WorkerHandle,
+        follow: asyncio.Future[Record],
+        *,
+        reason: str = "the controller aborted the run",
+    ) -> None:
         """Cancel the worker's run and wait (bounded) for its final record."""
-        if not await handle.cancel("the controller aborted the run"):
+        if not await handle.cancel(reason):
             follow.cancel()
             return
         # NB: no final record within the wait: the run is cancelled below anyway.
