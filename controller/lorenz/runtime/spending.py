@@ -63,6 +63,8 @@ logger = logging.getLogger("lorenz.runtime")
 
 ISSUES_SHOWN = 50
 """Issues whose spend the snapshot lists (the highest first)."""
+ISSUES_KNOWN = 10_000
+"""Issues whose totals this process keeps in memory (the least recently read are dropped)."""
 
 
 def _spend(total: SpendTotal) -> Spend:
@@ -138,8 +140,21 @@ class Spending:
                 logger.exception("reading the spend ledger failed issue=%s", issue.identifier)
                 return
             self._identifiers[issue.id] = issue.identifier
+            self._issue_confirmed.pop(issue.id, None)  # NB: re-inserted last: the newest
             self._issue_confirmed[issue.id] = _spend(issue_total)
             self._day_confirmed[day] = _spend(day_total)
+            self._bound()
+
+    def _bound(self) -> None:
+        """Keep the issues known here bounded (the ledger keeps them all; a dropped one is
+        read again before its next run or dispatch)."""
+        while len(self._issue_confirmed) > ISSUES_KNOWN:
+            oldest = next(iter(self._issue_confirmed))
+            del self._issue_confirmed[oldest]
+            if oldest not in self._issue_pending:
+                self._identifiers.pop(oldest, None)
+        for day in [d for d in self._day_confirmed if d != self.today()][:-7]:
+            self._day_confirmed.pop(day, None)
 
     def charge(self, *, issue_id: str, identifier: str, tokens: int, usd: float) -> None:
         """Count one priced delta now (the totals include it at once) and write it to the
