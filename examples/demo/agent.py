@@ -16,7 +16,10 @@ Environment (set by the Lorenz runtime):
   ``LORENZ_TRACKER_PATH`` (the files tracker's folder) by identifier, id or file name;
 * ``LORENZ_DEMO_DONE_STATE`` — the state to move to (default ``Done``);
 * ``LORENZ_DEMO_STEP_DELAY`` — seconds between progress lines (default ``0.3``), so a run is
-  visible on the dashboard for a moment.
+  visible on the dashboard for a moment;
+* ``LORENZ_USAGE_FILE`` — where it reports made-up token usage after each step (running
+  totals, as a real agent's would grow), priced as ``gpt-5-mini`` by Lorenz's price table: the
+  demo's spend column (see docs/budgets.md).
 
 Exit status: 0 on success, 2 when the issue file cannot be found (the message says which
 variables to set). Standard library only: it must run with any ``python3``.
@@ -47,6 +50,27 @@ def read_prompt() -> str:
 
 def say(message: str) -> None:
     print(f"[demo-agent] {message}", flush=True)
+
+
+class Usage:
+    """Made-up token usage, reported as running totals through ``LORENZ_USAGE_FILE``."""
+
+    def __init__(self) -> None:
+        self.path = os.environ.get("LORENZ_USAGE_FILE")
+        self.input_tokens = 0
+        self.output_tokens = 0
+
+    def step(self, *, read: int, written: int) -> None:
+        self.input_tokens += read
+        self.output_tokens += written
+        if not self.path:
+            return
+        line = (
+            f'{{"input_tokens": {self.input_tokens}, "output_tokens": {self.output_tokens}, '
+            '"model": "gpt-5-mini"}\n'
+        )
+        with open(self.path, "a", encoding="utf-8") as out:
+            out.write(line)
 
 
 def front_matter_bounds(lines: list[str]) -> tuple[int, int] | None:
@@ -138,11 +162,14 @@ def main() -> int:
     workspace = Path(os.environ.get("LORENZ_WORKSPACE") or os.getcwd())
 
     prompt = read_prompt()
+    usage = Usage()
     first_line = next((line for line in prompt.splitlines() if line.strip()), "(empty prompt)")
     say(f"working on {identifier}: {first_line[:120]}")
+    usage.step(read=len(prompt) * 4 + 8000, written=400)
     time.sleep(delay)
 
     say("reading the workspace")
+    usage.step(read=12000, written=900)
     time.sleep(delay)
 
     notes = workspace / "NOTES.md"
@@ -150,6 +177,7 @@ def main() -> int:
     with notes.open("a", encoding="utf-8") as out:
         out.write(f"- {stamp} {identifier}: handled by the Lorenz demo agent\n")
     say(f"appended a note to {notes.name}")
+    usage.step(read=6000, written=1500)
     time.sleep(delay)
 
     issue_file = find_issue_file()

@@ -25,10 +25,22 @@ def main(work: Path) -> int:
     for kind in sorted(counts):
         print(f"  {kind:32} {counts[kind]}")
     print("\nRuns:")
+    print(f"  {'at':8} {'event':18} {'issue':8} {'spend':>10}  message")
+    # NB: a run's ``run_spend`` comes just before its end event (only while a budget cap is set).
+    spent: dict[str, float] = {}
+    total = 0.0
     for event in events:
+        identifier = event.get("identifier", "")
+        if event["type"] == "run_spend":
+            spent[identifier] = float(event.get("usd") or 0.0)
+            total += spent[identifier]
+            continue
         if event["type"] in ("run_started", "run_finished", "run_failed", "workspace_cleanup"):
-            print(f"  {event['at'][11:19]} {event['type']:18} {event.get('identifier', ''):8} "
+            usd = spent.pop(identifier, None) if event["type"] != "run_started" else None
+            spend = f"${usd:.4f}" if usd is not None else ""
+            print(f"  {event['at'][11:19]} {event['type']:18} {identifier:8} {spend:>10}  "
                   f"{event.get('message', '')}")
+    print(f"\nSpend: ${total:.4f} in all (priced as gpt-5-mini; see docs/budgets.md)")
     done = all("state: Done" in p.read_text() or "state: Backlog" in p.read_text()
                for p in (work / "issues").glob("*.md"))
     print("\nAll active issues done." if done else "\nSome issues are not done.")

@@ -363,3 +363,67 @@ async def test_workflows_listing_their_claims_at_once_share_one_list(
     before = lister.lists
     assert len((await store.load()).claims) == 4
     assert lister.lists == before + 1
+
+
+async def test_a_new_leader_continues_the_days_spend_from_the_workflow_status(
+    kube_api: KubeApi, workflow: WorkflowRef
+) -> None:
+    """The spend ledger lives in ``status.spend.ledger``: a leader killed without closing has
+    flushed its charges within a second, and the next leader's first load continues the day's
+    and the issue's counts; the deposed one writes nothing more."""
+    day = "2026-12-07"
+    old_lease = Leadership("old")
+    old = store_for(kube_api, workflow, "old", old_lease)
+    await old.load()
+    await old.add_spend(issue_id="id-1", identifier="ISSUE-1", day=day, tokens=1000, usd=0.25)
+    charge = await old.add_spend(
+        issue_id="id-2", identifier="ISSUE-2", day=day, tokens=500, usd=0.5
+    )
+    assert (charge.day.tokens, charge.day.usd) == (1500, 0.75)
+    path = workflows_path(workflow.namespace, workflow.name)
+
+    async def stored_ledger() -> Any:
+        return ((await kube_api.get(path)).get("status") or {}).get("spend", {}).get("ledger")
+
+    async with asyncio.timeout(30):  # the flush is due within a second
+        while not await stored_ledger():
+            await asyncio.sleep(0.05)
+    # The old leader dies (no close) and loses its Lease; the new one takes over.
+    old_lease.writable = False
+    new = store_for(kube_api, workflow, "new", Leadership("new"))
+    await new.load()
+    assert await new.day_spend(day) == charge.day
+    assert (await new.issue_spend("id-1")).usd == 0.25
+    again = await new.add_spend(
+        issue_id="id-1", identifier="ISSUE-1", day=day, tokens=100, usd=0.125
+    )
+    assert (again.day.tokens, again.day.usd) == (1600, 0.875)
+    assert (again.issue.tokens, again.issue.usd) == (1100, 0.375)
+    # The deposed leader's late charge is kept in its memory only: its write is refused.
+    await old.add_spend(issue_id="id-3", identifier="ISSUE-3", day=day, tokens=7, usd=7.0)
+    await new.close()  # graceful: the last charges are written at once
+    await old.close()
+    ledger = await stored_ledger()
+    assert ledger["days"] == [{"day": day, "tokens": 1600, "usd": 0.875}]
+    assert [row["identifier"] for row in ledger["issues"]] == ["ISSUE-2", "ISSUE-1"]
+    third = store_for(kube_api, workflow, "third", Leadership("third"))
+    await third.load()
+    assert (await third.day_spend(day)).usd == 0.875
+    assert (await third.issue_spend("id-3")).usd == 0.0
+
+
+async def test_a_malformed_stored_ledger_is_read_as_far_as_it_is_valid(
+    kube_api: KubeApi, workflow: WorkflowRef
+) -> None:
+    path = workflows_path(workflow.namespace, workflow.name, status=True)
+    await kube_api.merge_patch(path, {"status": {"spend": {"ledger": {
+        "days": [{"day": "2026-12-07", "tokens": 10, "usd": 0.5}, {"day": "x", "usd": -1},
+                 "garbage"],
+        "issues": [{"id": "id-1", "identifier": "I-1", "tokens": 10, "usd": 0.5, "at": 1},
+                   {"id": "id-2", "identifier": "I-2", "tokens": True, "usd": 1}],
+    }}}})
+    store = store_for(kube_api, workflow, "leader", Leadership("leader"))
+    await store.load()
+    assert (await store.day_spend("2026-12-07")).usd == 0.5
+    assert (await store.day_spend("x")).usd == 0.0
+    assert [row.issue_id for row in await store.issue_spends()] == ["id-1"]

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 from typing import Any
 
 import pytest
 
 from lorenz.kube.api import resources
+from lorenz.kube.api.crds import workflow_crd
 from lorenz.kube.api.resources import WorkflowRef
 from lorenz.kube.api.statuses import Condition
 from lorenz.kube.clients import KubeApi, claims_path, workflows_path
@@ -21,6 +23,7 @@ from lorenz.kube.controller.status import (
 )
 from lorenz.kube.errors import KubeApiError
 from lorenz.model import DispatchPause
+from lorenz.model.spending import BudgetSnapshot, SpendFigures
 from tests.cluster.cluster import Cluster
 from tests.kube.snapshots import runtime_snapshot
 
@@ -134,6 +137,25 @@ def test_only_the_poll_bookkeeping_of_an_idle_tick_may_wait() -> None:
     never_polled = workflow_status(inputs(snapshot=runtime_snapshot()), [], NOW)
     assert not only_bookkeeping_changed(polled(1), never_polled)
 
+
+
+def test_the_spend_summary_is_in_the_status_while_a_cap_is_set_and_leaves_the_ledger_alone(
+) -> None:
+    """``status.spend`` (the SPEND column) says the day's spend against its cap; it never
+    carries ``ledger``, which the claim store writes (a null there would delete it)."""
+    assert "spend" not in workflow_status(inputs(), [], NOW)
+    budget = BudgetSnapshot(
+        day="2026-12-07", day_spend=SpendFigures(tokens=4200, usd=0.4217), max_usd_per_day=5.0,
+    )
+    snapshot = dataclasses.replace(runtime_snapshot(), budget=budget)
+    spend = workflow_status(inputs(snapshot=snapshot), [], NOW)["spend"]
+    assert spend == {
+        "day": "2026-12-07", "usdToday": 0.4217, "tokensToday": 4200, "maxUsdPerDay": 5.0,
+        "held": 0, "summary": "0.42/5.00 USD",
+    }
+    columns = {c["name"]: c for c in workflow_crd()["spec"]["versions"][0]
+               ["additionalPrinterColumns"]}
+    assert columns["Spend"]["jsonPath"] == ".status.spend.summary"
 
 def test_removing_the_finalizer_tests_the_list_not_the_resource_version() -> None:
     metadata = {"resourceVersion": "7", "finalizers": ["a/b", resources.CLEANUP_FINALIZER]}

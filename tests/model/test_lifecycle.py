@@ -27,6 +27,7 @@ WIRE_VALUES: dict[type[enum.StrEnum], set[str]] = {
     lifecycle.StopReason: {"terminal", "unrouted", "blocked", "inactive", "missing"},
     lifecycle.BlockReason: {
         "retry_budget_exhausted", "input_required", "approval_required", "continuation_limit",
+        "budget_exhausted",  # NB: added with spend control (#36); the others are unchanged
     },
     lifecycle.AbortReason: {
         "stalled", "canceled", "shutdown", "leadership_lost", "handed_over",

@@ -197,14 +197,13 @@ def test_unpriced_model_with_a_dollar_cap_is_a_coded_warning() -> None:
     assert [w for w in priced.warnings if w.startswith("model_unpriced:")] == []
 
 
-def test_a_set_cap_says_caps_are_not_enforced_yet() -> None:
-    """Until the run loop enforces caps, a user who sets one is told at every load (and by
-    ``lorenz validate``) rather than trusting it."""
+def test_a_set_cap_is_enforced_so_it_warns_of_nothing() -> None:
+    """The run loop enforces caps (tests/runtime/test_budget.py): the former
+    ``budget_not_enforced`` warning is gone, and a cap alone warns of nothing."""
     assert _resolve({}).warnings == ()
     for budget in ({"max_tokens_per_run": 5}, {"max_tokens_per_issue": 5},
                    {"max_usd_per_issue": 1}, {"max_usd_per_day": 1}):
-        warnings = _resolve({"budget": budget}).warnings
-        assert [w.split(":")[0] for w in warnings] == ["budget_not_enforced"], budget
+        assert _resolve({"budget": budget}).warnings == (), budget
 
 
 def test_validate_prints_the_warning_and_succeeds(

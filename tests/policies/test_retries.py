@@ -354,3 +354,34 @@ async def test_an_unreadable_checkpoint_entry_is_reported_and_the_slot_retries()
     assert [p.code for p in report.problems] == ["claim_checkpoint_invalid"]
     assert second.state.blocked == {}
     assert K1 in second.state.retry_attempts
+
+
+def test_a_run_stopped_at_a_spend_cap_is_blocked_with_the_budgets_action() -> None:
+    """``budget_exhausted`` is never retried, whatever ``retry.max_attempts`` leaves, and its
+    terminal action is ``budget.on_exhausted`` (here escalate), not ``retry.terminal_action``."""
+    decision = settle_decision(
+        normal=False, failure_code="budget_exhausted", previous_attempt=None,
+        previous_failures=0, retry=RetrySettings(max_attempts=5),
+        on_budget_exhausted=TerminalAction.ESCALATE,
+    )
+    assert decision.blocked is BlockReason.BUDGET_EXHAUSTED
+    assert decision.action is TerminalAction.ESCALATE
+    assert decision.kind is None
+    body = escalation_body(identifier="ABC-1", reason=BlockReason.BUDGET_EXHAUSTED, failures=1,
+                           detail="spend cap reached: budget.max_usd_per_issue 5 USD")
+    assert body.startswith("Lorenz stopped the agent working on ABC-1: it reached a spend cap")
+    assert body.endswith("> spend cap reached: budget.max_usd_per_issue 5 USD")
+
+
+async def test_the_orchestrator_blocks_a_capped_run_with_budget_on_exhausted() -> None:
+    orchestrator, _, clock = make(config=settings(
+        retry={"terminal_action": "escalate"}, budget={"on_exhausted": "block"},
+    ))
+    finished = await _fail(orchestrator, clock, code="budget_exhausted",
+                           error="budget_exhausted: spend cap reached")
+    blocked = finished.blocked
+    assert blocked is not None
+    assert blocked.reason is BlockReason.BUDGET_EXHAUSTED
+    assert blocked.action is TerminalAction.BLOCK
+    assert blocked.action_done  # block: nothing to apply
+    assert K1 not in orchestrator.state.retry_attempts

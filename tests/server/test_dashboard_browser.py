@@ -30,7 +30,7 @@ import pytest
 from aiohttp import web
 
 from lorenz.server.dashboard import dashboard_routes
-from tests.server.helpers import Served, issue, make_rig, release, serve
+from tests.server.helpers import WAITING_AGENT, Served, issue, make_rig, release, serve
 from tests.waiting import wait_until_async
 
 pytestmark = pytest.mark.browser
@@ -489,6 +489,78 @@ async def test_a_failed_reload_shows_a_banner_until_the_workflow_is_fixed(
     await served.rig.runtime.poll_once()
     await browser.wait_for(hidden)
     assert browser.errors == []
+
+
+SPENDING_AGENT = """
+cost = 0.6 if env["LORENZ_ISSUE_IDENTIFIER"] == "LOR-2" else 0.25
+pathlib.Path(env["LORENZ_USAGE_FILE"]).write_text(
+    json.dumps({"input_tokens": 500, "cost_usd": cost}) + "\\n")
+""" + WAITING_AGENT
+"""Reports its cost once (0.6 USD on LOR-2, over its cap; 0.25 USD elsewhere), then waits."""
+
+
+async def test_spend_per_run_and_issue_the_days_total_and_the_budget_lane(
+    tmp_path: Path, browser: Chromium
+) -> None:
+    rig = make_rig(
+        tmp_path,
+        issues=[issue(1, identifier="LOR-1"), issue(2, identifier="LOR-2")],
+        agent_body=SPENDING_AGENT,
+        front_matter={
+            "polling": {"interval_ms": 60000},
+            "budget": {"max_usd_per_issue": 0.5, "max_usd_per_day": 5},
+        },
+    )
+    served = await serve(rig, static_routes=dashboard_routes())
+    loop = _start_loop(served)
+    await browser.open(served.url + "/")
+    # LOR-1 runs, and its card says what the run and the issue spent.
+    spend = await browser.wait_for(
+        "(() => { const c = document.querySelector('[data-slot-key=\"id-1#0\"] "
+        "[data-testid=card-spend]'); return c && c.textContent; })()"
+    )
+    assert spend == "$0.25 run · $0.25 issue"
+    # LOR-2 crossed its cap at once: stopped, blocked (budget_exhausted).
+    await browser.wait_for(f"{_lane_identifiers('blocked', 'blocked-card')} === 'LOR-2'")
+    day = await browser.wait_for(
+        "(() => { const t = document.querySelector('[data-testid=budget-day]').textContent;"
+        " return t === '$0.85 / $5.00' && t; })()"
+    )
+    assert day == "$0.85 / $5.00"
+    assert await browser.evaluate(
+        "document.querySelector('[data-testid=budget-total]').hidden"
+    ) is False
+    # A refresh unblocks it, but its spend is at its cap: it waits in the Budget lane.
+    rig.runtime.request_refresh()
+    await browser.wait_for(f"{_lane_identifiers('budget', 'budget-card')} === 'LOR-2'")
+    card = await browser.evaluate(
+        "(() => { const c = document.querySelector('[data-testid=budget-card]'); return {"
+        "cap: c.querySelector('[data-testid=card-cap]').textContent,"
+        "spent: c.querySelector('[data-testid=card-spent]').textContent}; })()"
+    )
+    assert card == {"cap": "usd_per_issue", "spent": "$0.60 / $0.50"}
+    assert browser.errors == []
+    release(rig, "LOR-1")
+    rig.runtime.stop()
+    await loop
+
+
+async def test_without_a_budget_cap_the_spend_parts_stay_hidden(
+    tmp_path: Path, browser: Chromium
+) -> None:
+    served = await _served(tmp_path, issues=[issue(1, identifier="LOR-1")])
+    loop = _start_loop(served)
+    await browser.open(served.url + "/")
+    await browser.wait_for(f"{_lane_identifiers('running', 'run-card')} === 'LOR-1'")
+    hidden = await browser.evaluate(
+        "[document.querySelector('[data-testid=budget-total]').hidden,"
+        " document.querySelector('[data-testid=lane-budget]').hidden,"
+        " document.querySelectorAll('[data-testid=card-spend]').length]"
+    )
+    assert hidden == [True, True, 0]
+    release(served.rig, "LOR-1")
+    served.rig.runtime.stop()
+    await loop
 
 
 def _synthetic_snapshot(*, running: int) -> dict[str, Any]:

@@ -469,3 +469,32 @@ async def test_an_attached_runtime_shows_every_known_series_at_zero_until_touche
     assert value(after, "lorenz_poll_duration_seconds_created", **label) == created
     assert value(after, "lorenz_run_outcomes_total", outcome="success", **label) == 0
     assert len(after) == len(samples)
+
+
+async def test_spend_and_the_days_remaining_budget_are_exposed(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    agent = write_agent(
+        tmp_path,
+        "reports_usage",
+        "pathlib.Path(env['LORENZ_USAGE_FILE']).write_text(json.dumps("
+        "{'input_tokens': 100, 'output_tokens': 20, 'cost_usd': 0.25}) + '\\n')\n",
+    )
+    workflow = write_workflow(
+        tmp_path, agent_script=agent, front_matter={"budget": {"max_usd_per_day": 10}}
+    )
+    rig = build_rig(workflow, issues=[issue(1)])
+    served = await serve(rig)
+    wf = str(workflow)
+    before = await scrape(http, served.url)
+    assert value(before, "lorenz_spend_usd_total", workflow=wf) == 0
+    assert value(before, "lorenz_budget_remaining_usd", workflow=wf) == 10
+
+    await rig.runtime.poll_once(wait_for_runs=True)
+    samples = await scrape(http, served.url)
+
+    assert rig.of_type("run_finished"), rig.events
+    assert value(samples, "lorenz_spend_usd_total", workflow=wf) == 0.25
+    assert value(samples, "lorenz_budget_remaining_usd", workflow=wf) == 9.75
+    assert value(samples, "lorenz_tokens_total", workflow=wf, direction="input") == 100
+    assert value(samples, "lorenz_tokens_total", workflow=wf, direction="output") == 20

@@ -29,6 +29,7 @@ from lorenz.model import (
     TokenUsage,
     UsageTotals,
 )
+from lorenz.model.spending import BudgetHoldRow, BudgetSnapshot, RunSpendRow, SpendFigures
 from lorenz.tui import render_snapshot
 from lorenz.tui.rendering import describe_rate_limits, format_countdown, format_duration
 from tests.runtime.harness import build_rig, write_agent, write_workflow
@@ -285,3 +286,37 @@ async def test_renders_a_live_runtime_snapshot(tmp_path: Path) -> None:
     assert "continuation" in next(line for line in text.splitlines() if "LIVE-1" in line)
     assert "success" in text
     assert "run_finished" in text
+
+
+def test_budget_line_spend_column_and_budget_lane() -> None:
+    """With a cap set, the view shows the day's spend against it, each run's spend, and the
+    issues held back at a cap (the ``budget`` lane)."""
+    base = _snapshot()
+    running = base.lanes.running[0]
+    budget = BudgetSnapshot(
+        day="2026-12-07",
+        day_spend=SpendFigures(tokens=12345, usd=0.42),
+        max_usd_per_day=1.0,
+        held=(
+            BudgetHoldRow(issue_id="id-7", identifier="LOR-7", cap="usd_per_issue", limit=0.5,
+                          spent=0.51, held_at=_at(-30)),
+        ),
+        runs=(
+            RunSpendRow(slot_key=running.slot_key, issue_id=running.issue_id,
+                        identifier=running.identifier, spend=SpendFigures(tokens=900, usd=0.25),
+                        model="gpt-5"),
+        ),
+    )
+    text = _text(dataclasses.replace(base, budget=budget), width=200)
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("spend today")]
+    assert "$0.42 of $1.00 (0.58 left)" in line
+    assert "tokens 12,345" in line
+    assert "held 1" in line
+    (row,) = [ln for ln in text.splitlines() if running.identifier in ln and "$" in ln]
+    assert row.rstrip().endswith("$0.25")
+    (held,) = [ln for ln in text.splitlines() if "LOR-7" in ln]
+    assert "usd_per_issue" in held
+    assert "$0.51/$0.50" in held
+    assert "30s" in held
+    assert "Budget 1" in text
+    assert "spend today" not in _text(base)

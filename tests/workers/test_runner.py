@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from lorenz.agents import AgentRunError, AgentRunRequest
+from lorenz.agents.base import TurnStop
 from lorenz.agents.codex import CodexAppServerRunner
 from lorenz.config import AgentKindSettings
 from lorenz.model import AgentUpdate, Issue
@@ -70,6 +71,10 @@ class Kit:
 
     def starts(self) -> int:
         return self.marks.read_text().split().count("start") if self.marks.exists() else 0
+
+
+FAKE_CODEX = Path(__file__).resolve().parent.parent / "fakes" / "codex_agent.py"
+"""The scripted Codex app-server of the agent tests (its ``spend`` step keeps spending)."""
 
 
 def runner(state_root: Path, tmp_path: Path) -> WorkerRunner:
@@ -276,3 +281,44 @@ async def test_the_launch_is_reported_before_and_after_it_answers(
     await runner(state_root, tmp_path).run(request)
     assert seen == [(True, 0), (False, 0)]
     assert kit.updates
+async def test_a_spend_cap_stops_the_workers_agent_mid_turn(
+    state_root: Path, tmp_path: Path
+) -> None:
+    """A run in a detached worker (the default) is stopped at a spend cap as one in process:
+    the stop request cancels the worker's run with its reason, the agent is gone, and the run
+    fails with ``budget_exhausted`` after the crossing update (or one more)."""
+    record = tmp_path / "codex-record.jsonl"
+    scenario = tmp_path / "spend.json"
+    scenario.write_text(json.dumps({
+        "record": str(record),
+        "turns": [{"steps": [{"spend": {"input": 900, "output": 100, "interval_s": 0.3}}]}],
+    }))
+    command = " ".join(shlex.quote(p) for p in (sys.executable, str(FAKE_CODEX), str(scenario)))
+    kit = Kit(tmp_path, [])
+    stop = TurnStop()
+    usage: list[int] = []
+
+    def on_update(update: AgentUpdate) -> None:
+        kit.updates.append(update)
+        if update.usage is not None:
+            usage.append(update.usage.total_tokens)
+            if update.usage.total_tokens >= 3000:
+                stop.request(reason="spend cap reached: budget.max_tokens_per_run 3000 tokens")
+
+    request = kit.request(
+        settings=AgentKindSettings(command=command, read_timeout_ms=30000),
+        on_update=on_update,
+        stop=stop,
+    )
+    with pytest.raises(AgentRunError) as caught:
+        await runner(state_root, tmp_path).run(request)
+    assert caught.value.code == "budget_exhausted"
+    assert usage[:3] == [1000, 2000, 3000]
+    assert len(usage) <= 4  # the crossing update, at most one more
+    pids = [u.pid for u in kit.updates if u.pid is not None]
+    assert pids
+    assert all(process_gone(pid) for pid in pids)
+    (name,) = list_handles(state_root)
+    final = json.loads((state_root / name / "journal.jsonl").read_text().splitlines()[-1])
+    assert final["data"]["outcome"] == "canceled"
+    assert "budget.max_tokens_per_run" in json.dumps(final["data"])

@@ -68,6 +68,11 @@ class MemoryClaimStore:
         return self._owner
 
     @property
+    def table(self) -> MemoryClaimTable:
+        """What the store holds (the operator's spend ledger serializes its spend part)."""
+        return self._table
+
+    @property
     def durable(self) -> bool:
         return False
 

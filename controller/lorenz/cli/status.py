@@ -89,6 +89,8 @@ def collect(target: Any) -> dict[str, Any]:
             for row in (source.get("waiting") or ())
             if isinstance(row, dict)
         ],
+        # Spend control, while a budget cap is set (docs/budgets.md).
+        "budget": source.get("budget") if isinstance(source.get("budget"), dict) else None,
     }
 
 
@@ -134,6 +136,9 @@ def render(status: dict[str, Any]) -> str:
         paused = poll.get("dispatch_paused")
         if isinstance(paused, dict):
             row("dispatch", f"PAUSED since {paused.get('since')} ({paused.get('code')})")
+    budget = status.get("budget")
+    if isinstance(budget, dict):
+        row("spend", _budget_text(budget))
     config_error = status.get("config_error")
     if isinstance(config_error, dict):
         row(
@@ -144,6 +149,25 @@ def render(status: dict[str, Any]) -> str:
     if info.get("last_heartbeat_error"):
         row("warning", f"heartbeat failing: {info['last_heartbeat_error']}")
     return "\n".join(lines)
+
+
+def _budget_text(budget: dict[str, Any]) -> str:
+    """``today 0.4200 of 1.00 USD (0.5800 left), 12345 tokens; 1 held: T-1 (usd_per_issue)``."""
+    spend = budget.get("day_spend") or {}
+    usd = float(spend.get("usd") or 0.0)
+    cap = float(budget.get("max_usd_per_day") or 0.0)
+    text = f"{budget.get('day') or 'today'} {usd:.4f}"
+    left = float(budget.get("remaining_usd") or 0.0)
+    text += f" of {cap:g} USD ({left:.4f} left)" if cap else " USD"
+    text += f", {int(spend.get('tokens') or 0)} tokens"
+    held = budget.get("held") or []
+    if held:
+        names = ", ".join(
+            f"{row.get('issue_identifier')} ({row.get('cap')})" for row in held[:5]
+        )
+        more = f" and {len(held) - 5} more" if len(held) > 5 else ""
+        text += f"; {len(held)} held: {names}{more}"
+    return text
 
 
 def _heartbeat_text(info: dict[str, Any], lease: dict[str, Any]) -> str | None:

@@ -153,7 +153,6 @@ class ErrorCode(enum.StrEnum):
     # budget: token and dollar caps, model prices
     PRICING_INVALID = "pricing_invalid"
     MODEL_UNPRICED = "model_unpriced"
-    BUDGET_NOT_ENFORCED = "budget_not_enforced"
     BUDGET_CANCEL_STATE_MISSING = "budget_cancel_state_missing"
     BUDGET_EXHAUSTED = "budget_exhausted"
 
@@ -950,12 +949,6 @@ CODE_DOCS: Final[Mapping[ErrorCode, CodeDoc]] = MappingProxyType({
         "A warning: a dollar cap is set and an agent kind's command names a model no price "
         "matches; its tokens still count against token caps.",
         "Add the model under `pricing`.",
-    ),
-    _C.BUDGET_NOT_ENFORCED: _budget(
-        "A warning: a token or dollar cap is set, but caps are counted and priced only; the run "
-        "loop does not stop runs or hold issues back at a cap yet.",
-        "Watch spend yourself meanwhile (agents' usage is in the snapshot and metrics); "
-        "docs/budgets.md says what is in place.",
     ),
     _C.BUDGET_CANCEL_STATE_MISSING: _budget(
         "`budget.on_exhausted: cancel` without `retry.cancel_state`.",

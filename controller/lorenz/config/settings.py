@@ -552,8 +552,9 @@ class BudgetSettings(Section):
     """Spend caps: tokens and dollars per run, per issue and per UTC day (``0`` = no cap).
 
     Usage is counted as the agent reports it; dollars are priced with ``pricing`` (or the
-    agent's own ``cost_usd``, which wins). NB: not enforced yet — the run loop does not stop
-    runs or hold issues back at a cap, and a set cap is the warning ``budget_not_enforced``.
+    agent's own ``cost_usd``, which wins). A run that crosses a cap is stopped within one usage
+    update (``budget_exhausted``, not retried, ``on_exhausted`` runs once); an issue at its cap,
+    or any issue while the day's budget is spent, is not dispatched (the ``budget`` lane).
     See docs/budgets.md."""
 
     max_tokens_per_run: NonNegativeInt = Field(default=0, json_schema_extra=_reload("hot"))
@@ -1424,12 +1425,6 @@ class WorkflowSettings(DocumentedModel):
         The configured model is what an agent kind's command names (``--model``, ``-m``, Codex
         ``-c model=...``); a kind that names none is priced by the model its agent reports."""
         found: list[str] = []
-        if self.budget.caps_any:
-            # NB: said at every load until the run loop enforces caps, so that no one trusts one.
-            found.append(
-                f"{ErrorCode.BUDGET_NOT_ENFORCED}: budget caps are counted and priced but not "
-                "enforced yet (no run is stopped, no issue held back); see docs/budgets.md"
-            )
         if not self.budget.caps_usd:
             return tuple(found)
         table = self.price_table()

@@ -234,6 +234,7 @@ DAEMON_SCHEMA: dict[str, Any] = {
                 },
             },
         },
+        "budget": {"type": "object"},
     },
 }
 STOP_SCHEMA: dict[str, Any] = {

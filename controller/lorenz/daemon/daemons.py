@@ -321,6 +321,8 @@ class Daemon:
             info["config_error"] = (
                 snapshot.config_error.to_dict() if snapshot.config_error is not None else None
             )
+            if snapshot.budget is not None:
+                info["budget"] = snapshot.budget.to_dict()
         return info
 
     # -- internals ----------------------------------------------------------------------------

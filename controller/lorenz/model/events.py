@@ -73,6 +73,14 @@ class EventType(enum.StrEnum):
     """A waiting slot got its answer (``reason``: ``tracker``, ``cli``, ``api``,
     ``dashboard``): its next run resumes the session; ``duration_ms`` is the time to answer."""
     REFRESH_REQUESTED = "refresh_requested"
+    BUDGET_WARNING = "budget_warning"
+    """A run's, its issue's or the day's spend reached ``budget.warn_at`` of a cap."""
+    BUDGET_EXHAUSTED = "budget_exhausted"
+    """A run crossed a spend cap and is being stopped (``budget_exhausted``)."""
+    RUN_SPEND = "run_spend"
+    """What a run spent, when it ends (only while a ``budget`` cap is set)."""
+    BUDGET_HELD = "budget_held"
+    """An issue was not dispatched: its spend, or the day's, is at a cap (the ``budget`` lane)."""
     STOPPING = "stopping"
 
 
@@ -104,6 +112,8 @@ class EventDetails(TypedDict, total=False):
     kept: Sequence[str]
     removed: Sequence[str]
     aborted: int
+    tokens: int
+    usd: float
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -144,6 +154,10 @@ class RuntimeEvent:
     """Workspaces removed (paths, or identifiers for the startup sweep)."""
     aborted: int | None = None
     """Runs aborted because their claims were lost."""
+    tokens: int | None = None
+    """Tokens spent (``run_spend``: by the run; ``budget_*``: what the cap counts)."""
+    usd: float | None = None
+    """USD spent (``run_spend``: by the run)."""
     slot_key: str | None = None
     """``run_update``: the slot whose agent reported."""
     agent_event: str | None = None

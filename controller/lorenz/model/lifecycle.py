@@ -137,6 +137,9 @@ class BlockReason(enum.StrEnum):
     CONTINUATION_LIMIT = "continuation_limit"
     """``agent.max_continuation_runs`` clean runs in a row left the issue active: the agent
     ends without moving it, and running it again would only repeat that."""
+    BUDGET_EXHAUSTED = "budget_exhausted"
+    """The run crossed a spend cap (``budget``) and was stopped; ``budget.on_exhausted`` is its
+    terminal action."""
 
 
 class AbortReason(enum.StrEnum):

@@ -22,6 +22,7 @@ from typing import Any, Literal
 from lorenz.model.clocks import iso_or_none
 from lorenz.model.events import RuntimeEvent
 from lorenz.model.lifecycle import RunOutcome
+from lorenz.model.spending import BudgetSnapshot
 from lorenz.model.usage import TokenUsage, UsageTotals
 
 
@@ -399,6 +400,8 @@ class RuntimeSnapshot:
     """Newest first."""
     log_file: str | None
     config_error: ConfigError | None
+    budget: BudgetSnapshot | None = None
+    """Spend control (``budget`` in the document): present while a ``budget`` cap is set."""
 
     @property
     def generated_at(self) -> datetime.datetime:
@@ -407,7 +410,7 @@ class RuntimeSnapshot:
     def to_dict(self) -> dict[str, Any]:
         lanes = self.lanes.to_dict()
         # NB: the key order is part of the wire shape (tests/server/test_wire_shape.py).
-        return {
+        document = {
             "generated_at": lanes.pop("generated_at"),
             "app_status": self.app_status.value,
             "workflow_path": self.workflow_path,
@@ -418,6 +421,9 @@ class RuntimeSnapshot:
             "log_file": self.log_file,
             "config_error": self.config_error.to_dict() if self.config_error else None,
         }
+        if self.budget is not None:
+            document["budget"] = self.budget.to_dict()
+        return document
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -170,6 +170,11 @@ class Orchestrator:
         return self._settings
 
     @property
+    def claim_store(self) -> ClaimStore:
+        """The claim store (the runtime's spend ledger lives beside the claims in it)."""
+        return self._store
+
+    @property
     def state(self) -> OrchestratorState:
         """The live state, for reading only (the runtime never writes it)."""
         return self._state
@@ -1045,6 +1050,7 @@ class Orchestrator:
             max_continuation_runs=(
                 self._settings.agent.max_continuation_runs if count_continuation else 0
             ),
+            on_budget_exhausted=self._settings.budget.on_exhausted,
         )
         if decision.failures:
             state.failure_streaks[key] = decision.failures

@@ -16,6 +16,10 @@ An agent that asks for input or approval (failure codes ``input_required`` and
 Its question is what the lane shows. ``cancel`` does not apply to it (an agent with a question
 is not a broken issue); ``escalate`` does, so the question reaches the tracker.
 
+A run stopped at a spend cap (failure code ``budget_exhausted``) is blocked at once too: running
+it again would spend past the cap. Its terminal action is ``budget.on_exhausted``, not
+``retry.terminal_action``.
+
 Everything here is pure and deterministic. The idempotency key of a terminal action is derived
 from the persisted block record alone, so replaying an action after a crash (before its receipt
 was written) finds the same key and the tracker adapter can see that it already happened.
@@ -38,6 +42,9 @@ QUESTION_CODES: dict[str, BlockReason] = {
     "approval_required": BlockReason.APPROVAL_REQUIRED,
 }
 """Run failure codes that mean "the agent is waiting for a person", not "the run is broken"."""
+
+BUDGET_EXHAUSTED_CODE = ErrorCode.BUDGET_EXHAUSTED
+"""The failure code of a run stopped at a spend cap: blocked at once, never retried."""
 
 NEVER_STARTED_CODE = ErrorCode.WORKER_NEVER_STARTED
 """The failure code of a run whose worker never started (a controller killed mid-launch)."""
@@ -95,12 +102,14 @@ def settle_decision(
     retry: RetrySettings,
     previous_continuations: int = 0,
     max_continuation_runs: int = 0,
+    on_budget_exhausted: TerminalAction = TerminalAction.BLOCK,
 ) -> RetryDecision:
     """The decision for a run that ended cleanly (``normal``) or failed with ``failure_code``.
 
     ``previous_continuations`` clean runs in a row came before this one; past
     ``max_continuation_runs`` of them a clean exit blocks the slot (``continuation_limit``)
-    instead of scheduling a continuation (``0``: never).
+    instead of scheduling a continuation (``0``: never). A run stopped at a spend cap is
+    blocked with ``on_budget_exhausted`` (``budget.on_exhausted``) as its terminal action.
     """
     if normal:
         attempt, delay = retry_plan(
@@ -143,6 +152,9 @@ def settle_decision(
         return RetryDecision(failures=max(previous_failures, 0), kind=RetryKind.FAILURE,
                              attempt=attempt, delay_ms=delay)
     failures = max(previous_failures, 0) + 1
+    if failure_code == BUDGET_EXHAUSTED_CODE:
+        return RetryDecision(failures=failures, attempt=attempt,
+                             blocked=BlockReason.BUDGET_EXHAUSTED, action=on_budget_exhausted)
     question = QUESTION_CODES.get(failure_code or "")
     if question is not None:
         action = (
@@ -189,6 +201,12 @@ def escalation_body(
             f"The agent working on {identifier} kept ending its runs cleanly while the issue "
             "stayed active (agent.max_continuation_runs), so Lorenz stopped running it. Move "
             "the issue on, or change it (or refresh Lorenz) to run the agent again."
+        )
+    elif reason is BlockReason.BUDGET_EXHAUSTED:
+        head = (
+            f"Lorenz stopped the agent working on {identifier}: it reached a spend cap "
+            "(budget). Raise the cap, or wait for the UTC day to turn for the daily one, then "
+            "change the issue or refresh Lorenz to run it again."
         )
     elif reason is BlockReason.INPUT_REQUIRED:
         head = (

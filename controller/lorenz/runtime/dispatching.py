@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from lorenz.agents import AgentAsked, AgentRunRequest, PlacementFailed, RunPlacement
+from lorenz.agents.base import TurnStop
 from lorenz.agents.environment import agent_environment
 from lorenz.claims.errors import ClaimStoreWriteFailed
 from lorenz.codes import ErrorCode
@@ -46,6 +47,7 @@ from lorenz.runtime.parts import RuntimeParts
 from lorenz.runtime.reconciling import Reconciling
 from lorenz.runtime.reporting import describe_error
 from lorenz.runtime.runs import ActiveRun, PendingExit
+from lorenz.runtime.spending import RunMeter
 from lorenz.runtime.tools import tracker_tools
 from lorenz.tasks import run_to_completion
 from lorenz.workflow import continuation_prompt, render_prompt
@@ -226,6 +228,8 @@ class Dispatching:
                 ):
                     if candidate.issue.id in exiting:
                         continue
+                    if self._parts.spending.is_held(candidate.issue.id):
+                        continue  # NB: in the budget lane; the next tick checks it again
                     chosen.append(candidate)
                     if len(chosen) >= room:
                         break
@@ -286,6 +290,8 @@ class Dispatching:
             # killed and waited for): never a second agent beside one that may still live.
             # Its end nudges a pass, which comes back here.
             return None
+        if await self._parts.spending.holds(issue, slot=candidate.slot_index):
+            return None  # NB: a cap of the issue or of the day is reached: the budget lane
         result = await self._parts.orchestrator.claim(candidate)
         if isinstance(result, Skipped):
             if result.reason in ("worker_host_capacity", "claimed_elsewhere"):
@@ -474,6 +480,7 @@ class Dispatching:
         cancelled_from_outside = False
         bound = reservation is None
         workspace_path: str | None = None
+        meter: RunMeter | None = None
 
         async def placed(where: str | None) -> bool:
             nonlocal entry, bound
@@ -545,6 +552,19 @@ class Dispatching:
                 await placed(None)
             prompt = render_prompt(workflow, issue=issue, attempt=entry.attempt)
             runner = self._parts.runner_factory(kind.protocol)
+            # Spend control: the meter counts each update against the caps before the update
+            # is applied, and stops the turn through ``stop`` the moment a cap is crossed.
+            stop = TurnStop()
+            await self._parts.spending.load(issue)
+            meter = self._parts.spending.meter(
+                key=key, slot_index=entry.slot_index, issue=issue, command=kind.command,
+                stop=stop,
+            )
+
+            def on_update(update: AgentUpdate) -> None:
+                meter.observe(update)
+                self.on_agent_update(key, update)
+
             request = AgentRunRequest(
                 issue=issue,
                 attempt=entry.attempt,
@@ -561,7 +581,7 @@ class Dispatching:
                     kind=kind,
                     remote=placement is not None,
                 ),
-                on_update=lambda update: self.on_agent_update(key, update),
+                on_update=on_update,
                 issue_is_active=lambda: self.issue_still_active(issue.id),
                 continuation_prompt=continuation_prompt,
                 tools=tracker_tools(self._parts.tracker.current),
@@ -570,6 +590,7 @@ class Dispatching:
                 on_placed=placed if not bound else None,
                 on_launch=lambda up: self.on_launch(run, launching=up),
                 answer=self._parts.orchestrator.session_resume(key),
+                stop=stop,
             )
             await runner.run(request)
             normal = True
@@ -592,6 +613,8 @@ class Dispatching:
                 text=f"agent exited: {describe_error(exc)}",
             )
         finally:
+            if meter is not None:
+                self._parts.spending.forget(meter)
             if workspace is not None and run.reason is not AbortReason.HANDED_OVER:
                 # NB: shielded so that cancellation (stop, stall, reconciliation) still runs
                 # after_run; the hook is bounded by hooks.timeout_ms inside the manager. The

@@ -21,6 +21,7 @@ from lorenz.runtime.providers import InForce
 from lorenz.runtime.reporting import Reporting
 from lorenz.runtime.retry_timers import RetryTimers
 from lorenz.runtime.runs import ActiveRuns
+from lorenz.runtime.spending import Spending
 from lorenz.tasks import BackgroundTasks
 from lorenz.trackers import TrackerClient
 from lorenz.workflow import LoadedWorkflow
@@ -68,6 +69,8 @@ class RuntimeParts:
     dispatch between polls picks from it."""
     base_env: Mapping[str, str]
     """The environment agents and hooks start from (this process's unless given)."""
+    spending: Spending
+    """Spend control: run meters, the issue and day totals, the ``budget`` lane."""
 
     @property
     def settings(self) -> WorkflowSettings:

@@ -27,6 +27,7 @@ import os
 from collections.abc import Awaitable, Callable, Mapping
 
 from lorenz.agents import AgentRunner
+from lorenz.claims.spend import SpendLedger
 from lorenz.config import AgentProtocol, WorkflowSettings
 from lorenz.model import (
     AbortReason,
@@ -52,6 +53,7 @@ from lorenz.runtime.reloading import Reloading
 from lorenz.runtime.reporting import EventListener, Reporting, SnapshotListener
 from lorenz.runtime.retry_timers import RetryTimers
 from lorenz.runtime.runs import ActiveRuns
+from lorenz.runtime.spending import Spending
 from lorenz.tasks import BackgroundTasks
 from lorenz.trackers import TrackerClient
 from lorenz.workflow import LoadedWorkflow, WorkflowStamp
@@ -82,12 +84,14 @@ class LorenzRuntime:
         clock = clock or SystemClock()
         in_force = InForce(workflow)
         environ = dict(os.environ if base_env is None else base_env)
+        reporting = Reporting(clock=clock, workflow=in_force, base_env=environ)
+        store = orchestrator.claim_store
         self._parts = RuntimeParts(
             orchestrator=orchestrator,
             workspaces=workspaces,
             runs=ActiveRuns(),
             timers=RetryTimers(clock=clock),
-            reporting=Reporting(clock=clock, workflow=in_force, base_env=environ),
+            reporting=reporting,
             clock=clock,
             background=BackgroundTasks(name="runtime", log=logger),
             workflow=in_force,
@@ -96,6 +100,12 @@ class LorenzRuntime:
             status=RuntimeStatus(),
             candidates={},
             base_env=environ,
+            spending=Spending(
+                reporting=reporting,
+                clock=clock,
+                settings=lambda: in_force.current.settings,
+                ledger=store if isinstance(store, SpendLedger) else None,
+            ),
         )
         tick_lock = asyncio.Lock()
         self._reporting = self._parts.reporting
@@ -249,6 +259,7 @@ class LorenzRuntime:
             # continuation that nobody waits for and that the shutdown kills moments later.
             status.once = True
             await self.poll_once(dry_run=dry_run, wait_for_runs=True)
+            await self._parts.spending.flush()
             status.app = AppStatus.STOPPED
             self._reporting.emit_snapshot()
             return
@@ -256,6 +267,7 @@ class LorenzRuntime:
             await self._polling.run(dry_run=dry_run)
         finally:
             await self._dispatching.settle_runs()
+            await self._parts.spending.flush()
             status.app = AppStatus.STOPPED
             self._reporting.emit_snapshot()
 
@@ -303,8 +315,14 @@ class LorenzRuntime:
         return await self._dispatching.wait_for_runs_within(grace_s=grace_s, cut_short=cut_short)
 
     async def wait_for_runs(self) -> None:
-        """Wait until every run in flight has settled."""
+        """Wait until every run in flight has settled (and its spend is written)."""
         await self._dispatching.wait_for_runs()
+        await self._parts.spending.flush()
+
+    @property
+    def spending(self) -> Spending:
+        """Spend control: totals, meters and the ``budget`` lane (see :mod:`.spending`)."""
+        return self._parts.spending
 
     async def drain_worker_pool(self) -> None:
         """Bounded async teardown of a worker pool (separate from :meth:`stop`)."""
@@ -331,4 +349,5 @@ def _snapshot(*, parts: RuntimeParts, polling: Polling, reloading: Reloading) ->
         run_history=parts.reporting.run_history(),
         log_file=parts.settings.logging.log_file,
         config_error=reloading.config_error,
+        budget=parts.spending.snapshot(candidates=parts.candidates.keys()),
     )

@@ -520,6 +520,17 @@ class _StateCollector(Collector):
             "lorenz_tokens", "Agent tokens used (ended runs plus runs in flight), by direction.",
             labels=[WORKFLOW_LABEL, "direction"],
         )
+        spend = CounterMetricFamily(
+            "lorenz_spend_usd",
+            "USD this process charged to the spend ledger (priced tokens, or the agent's own "
+            "cost).",
+            labels=[WORKFLOW_LABEL],
+        )
+        remaining = GaugeMetricFamily(
+            "lorenz_budget_remaining_usd",
+            "What budget.max_usd_per_day leaves of the UTC day's spend (only while it is set).",
+            labels=[WORKFLOW_LABEL],
+        )
         if fill:
             for label, feed in self._feeds.items():
                 state = feed.runtime.orchestrator.state
@@ -537,8 +548,15 @@ class _StateCollector(Collector):
                     output_tokens += entry.usage.output_tokens
                 tokens.add_metric([label, "input"], input_tokens)
                 tokens.add_metric([label, "output"], output_tokens)
+                spending = feed.runtime.spending
+                spend.add_metric([label], spending.charged_usd)
+                cap = feed.runtime.settings.budget.max_usd_per_day
+                if cap > 0:
+                    remaining.add_metric([label], max(cap - spending.day_total().usd, 0.0))
         yield from gauges.values()
         yield tokens
+        yield spend
+        yield remaining
 
 
 def _slot_of(event: RuntimeEvent) -> SlotKey | None:

@@ -264,8 +264,15 @@ SCHEMAS: dict[str, Any] = {
                 "type": "object",
                 "description": "Present when the long-lived daemon runs this workflow.",
             },
+            "budget": {
+                "type": "object",
+                "description": "Spend control, present while a `budget` cap is set: `day` "
+                "(UTC), `day_spend` {tokens, usd}, `max_usd_per_day`, `remaining_usd`, `held` "
+                "(the budget lane: issue, cap, limit, spent, held_at), `runs` and `issues` "
+                "(spend per run in flight and per issue); see docs/budgets.md.",
+            },
         },
-        optional=("daemon",),
+        optional=("daemon", "budget"),
         description="The whole runtime at one instant (also each SSE `snapshot` event).",
     ),
     "ConfigError": _object(

@@ -31,6 +31,7 @@ from lorenz.model import (
 )
 from lorenz.model.clocks import as_utc
 from lorenz.model.snapshots import WaitingRow
+from lorenz.model.spending import BudgetHoldRow, BudgetSnapshot
 
 MAX_ROWS_PER_LANE = 8
 """Rows shown per lane before the rest are summed up as "… and N more"."""
@@ -107,7 +108,15 @@ def render_snapshot(
         parts.append(
             Text.assemble(("last poll failed: ", "bold red"), (snapshot.poll.last_error, "red"))
         )
-    parts.append(_running(lanes.running, now=at, limit=max_rows_per_lane))
+    budget = snapshot.budget
+    if budget is not None:
+        parts.append(_budget_line(budget))
+    run_spend = (
+        {row.slot_key: row.spend.usd for row in budget.runs} if budget is not None else None
+    )
+    parts.append(_running(lanes.running, now=at, limit=max_rows_per_lane, spend=run_spend))
+    if budget is not None and budget.held:
+        parts.append(_held(budget.held, now=at, limit=max_rows_per_lane))
     if lanes.reserving:
         parts.append(_reserving(lanes.reserving, now=at, limit=max_rows_per_lane))
     parts.append(_retrying(lanes.retrying, now=at, limit=max_rows_per_lane))
@@ -189,7 +198,53 @@ def _lane(title: str, count: int, *, style: str) -> Table:
     return table
 
 
-def _running(rows: Sequence[RunningRow], *, now: datetime.datetime, limit: int) -> Table:
+def _budget_line(budget: BudgetSnapshot) -> Text:
+    """``spend today $0.42 of $1.00 (0.58 left)  12,345 tokens  held 1``."""
+    line = Text()
+    line.append("spend today ", style="dim")
+    line.append(f"${budget.day_spend.usd:.2f}", style="bold")
+    remaining = budget.remaining_usd
+    if remaining is not None:
+        line.append(f" of ${budget.max_usd_per_day:.2f}", style="bold")
+        line.append(f" ({remaining:.2f} left)", style="red" if remaining <= 0 else "dim")
+    line.append("  tokens ", style="dim")
+    line.append(format_int(budget.day_spend.tokens), style="bold")
+    if budget.held:
+        line.append("  held ", style="dim")
+        line.append(str(len(budget.held)), style="bold red")
+    return line
+
+
+def _held(rows: Sequence[BudgetHoldRow], *, now: datetime.datetime, limit: int) -> Table:
+    table = _lane("Budget", len(rows), style="red")
+    table.add_column("issue", no_wrap=True, style="bold")
+    table.add_column("cap", no_wrap=True)
+    table.add_column("spent / limit", justify="right", no_wrap=True)
+    table.add_column("held for", justify="right", no_wrap=True)
+    for row in rows[:limit]:
+        tokens = row.cap.startswith("tokens")
+        figures = (
+            f"{format_int(int(row.spent))}/{format_int(int(row.limit))}"
+            if tokens
+            else f"${row.spent:.2f}/${row.limit:.2f}"
+        )
+        table.add_row(
+            Text(row.identifier),
+            Text(row.cap, style="red"),
+            figures,
+            format_duration(_since(row.held_at, now=now)),
+        )
+    _more(table, rows, limit=limit, empty="none")
+    return table
+
+
+def _running(
+    rows: Sequence[RunningRow],
+    *,
+    now: datetime.datetime,
+    limit: int,
+    spend: Mapping[str, float] | None = None,
+) -> Table:
     table = _lane("Running", len(rows), style="blue")
     table.add_column("issue", no_wrap=True, style="bold")
     table.add_column("title", ratio=3, no_wrap=True, overflow="ellipsis")
@@ -200,12 +255,14 @@ def _running(rows: Sequence[RunningRow], *, now: datetime.datetime, limit: int) 
     table.add_column("elapsed", justify="right", no_wrap=True)
     table.add_column("last agent event", ratio=4, no_wrap=True, overflow="ellipsis")
     table.add_column("tokens in/out", justify="right", no_wrap=True)
+    if spend is not None:
+        table.add_column("spend", justify="right", no_wrap=True)
     for row in rows[:limit]:
         event = Text(row.last_agent_event or "—", style="cyan")
         if row.last_agent_message:
             event.append(" ")
             event.append(_one_line(row.last_agent_message), style="default")
-        table.add_row(
+        cells: list[RenderableType] = [
             Text(row.identifier),
             Text(_one_line(row.title or "")),
             str(row.slot_index),
@@ -215,7 +272,10 @@ def _running(rows: Sequence[RunningRow], *, now: datetime.datetime, limit: int) 
             format_duration(_since(row.started_at, now=now)),
             event,
             f"{format_int(row.usage.input_tokens)}/{format_int(row.usage.output_tokens)}",
-        )
+        ]
+        if spend is not None:
+            cells.append(f"${spend.get(row.slot_key, 0.0):.2f}")
+        table.add_row(*cells)
     _more(table, rows, limit=limit, empty="no runs in flight")
     return table
 

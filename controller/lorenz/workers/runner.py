@@ -53,6 +53,7 @@ from lorenz.agents import (
     AgentRunResult,
     DroppedAdoption,
 )
+from lorenz.agents.base import TurnStop
 from lorenz.claims.owners import Liveness, default_owner_id, owner_liveness
 from lorenz.codes import ErrorCode
 from lorenz.model import (
@@ -558,7 +559,7 @@ class WorkerRunner:
         while True:
             follow = asyncio.ensure_future(handle.follow(relay))
             try:
-                final = await asyncio.shield(follow)
+                final = await self._follow_until_stopped(handle, follow, stop=request.stop)
                 break
             except asyncio.CancelledError:
                 if self._leaves_workers():
@@ -682,7 +683,36 @@ class WorkerRunner:
             code=ErrorCode.WORKER_HANDLES_EXHAUSTED,
         )
 
-    async def _cancel(self, handle: WorkerHandle, follow: asyncio.Future[Record]) -> None:
+    async def _follow_until_stopped(
+        self, handle: WorkerHandle, follow: asyncio.Future[Record], *, stop: TurnStop | None
+    ) -> Record:
+        """The worker's final record; or, when ``stop`` is requested first (a spend cap
+        crossed, see docs/budgets.md), cancel the worker's run with the stop's reason, wait
+        (bounded) for its end, and raise the stop's error.
+
+        NB: like ``asyncio.shield``, a cancellation of this call leaves ``follow`` running
+        (``asyncio.wait`` does not cancel what it waits for): the caller decides its fate.
+        """
+        if stop is None:
+            return await asyncio.shield(follow)
+        stopper = asyncio.ensure_future(stop.wait())
+        watched: set[asyncio.Future[Any]] = {follow, stopper}
+        try:
+            await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopper.cancel()
+        if follow.done():
+            return follow.result()
+        await self._cancel(handle, follow, reason=stop.reason or "the run was stopped")
+        raise stop.error()
+
+    async def _cancel(
+        self,
+        handle: WorkerHandle,
+        follow: asyncio.Future[Record],
+        *,
+        reason: str = "the controller aborted the run",
+    ) -> None:
         """Cancel the worker's run and wait (bounded) for its final record; without one, kill
         what the run has running on this host before returning.
 
@@ -693,7 +723,7 @@ class WorkerRunner:
         silent), and then, as after :data:`CANCEL_WAIT_S`, every process of the run (the
         worker, its agent, a hook: :mod:`lorenz.workers.leftovers`) is killed and waited for.
         """
-        if await handle.cancel("the controller aborted the run"):
+        if await handle.cancel(reason):
             loop = asyncio.get_running_loop()
             deadline = loop.time() + CANCEL_WAIT_S
             while not follow.done() and loop.time() < deadline:

@@ -370,6 +370,12 @@ def workflow_crd() -> dict[str, Any]:
             ),
             _column("Running", ".status.lanes.running", type_="integer"),
             _column("Retrying", ".status.lanes.retrying", type_="integer"),
+            _column(
+                "Spend",
+                ".status.spend.summary",
+                description="USD spent this UTC day (against budget.maxUsdPerDay), while a "
+                "budget cap is set",
+            ),
             _column("Leader", ".status.leader.identity", description="the Lease holder"),
             _column("Last Poll", ".status.poll.lastPollAt", type_="date"),
             _column(

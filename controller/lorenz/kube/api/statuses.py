@@ -142,6 +142,28 @@ class UsageStatus(WireModel):
     """Cost reported by agents that report it."""
 
 
+class SpendStatus(WireModel):
+    """Spend control (docs/budgets.md): the UTC day's spend against its cap, and the durable
+    ledger a new leader continues the count from."""
+
+    day: str | None = None
+    """The UTC day counted (``2026-12-07``)."""
+    usd_today: float = 0.0
+    """USD spent by the Workflow's runs this UTC day."""
+    tokens_today: int = 0
+    """Tokens spent this UTC day."""
+    max_usd_per_day: float = 0.0
+    """``budget.maxUsdPerDay`` (``0``: no daily cap)."""
+    held: int = 0
+    """Issues held back at a cap (the ``budget`` lane)."""
+    summary: str | None = None
+    """What ``kubectl get workflows`` shows (``0.42/5.00 USD``)."""
+    ledger: dict[str, Any] | None = Field(default=None, json_schema_extra={PASSTHROUGH_KEY: True})
+    """Spend per issue and per day (written by the leader's claim store, read by the next
+    leader's): ``{"days": {day: {tokens, usd}}, "issues": {id: {identifier, tokens, usd,
+    at}}}``, bounded."""
+
+
 class LeaderStatus(WireModel):
     """The replica that runs this Workflow (the Lease holder)."""
 
@@ -184,6 +206,8 @@ class WorkflowStatus(WireModel):
         default=None, json_schema_extra={PASSTHROUGH_KEY: True}
     )
     """The orchestrator's checkpoint (usage totals) that survives a failover."""
+    spend: SpendStatus | None = None
+    """Spend control, while a ``budget`` cap is set; its ``ledger`` survives a failover."""
 
 
 def condition(
@@ -262,7 +286,28 @@ def status_from_snapshot(
             for row in sorted(lanes.running, key=lambda row: (row.started_at, row.slot_key))
             if row.host
         ][:PLACEMENTS_SHOWN],
+        **_spend_status(snapshot),
     }
+
+
+def _spend_status(snapshot: RuntimeSnapshot) -> dict[str, Any]:
+    """``spend`` (without its ledger, which the claim store writes) while a cap is set."""
+    budget = snapshot.budget
+    if budget is None:
+        return {}
+    usd = round(budget.day_spend.usd, 6)
+    cap = budget.max_usd_per_day
+    spend = SpendStatus(
+        day=budget.day,
+        usd_today=usd,
+        tokens_today=budget.day_spend.tokens,
+        max_usd_per_day=cap,
+        held=len(budget.held),
+        summary=f"{usd:.2f}/{cap:.2f} USD" if cap > 0 else f"{usd:.2f} USD",
+    ).wire()
+    # NB: the ledger is the claim store's to write; a null here would delete it (merge patch).
+    del spend["ledger"]
+    return {"spend": spend}
 
 
 # -- Claim ----------------------------------------------------------------------------------

@@ -23,6 +23,9 @@ takes a Workflow over rebuilds the scheduling state from them (``load``), and so
 ``take_over``       status writes (CAS) that set the owner to us.
 ``save_checkpoint`` merge-patch ``status.checkpoint`` of the Workflow.
 ``heartbeat``       nothing: the Lease renewal *is* the heartbeat.
+``add_spend``       the spend ledger (:mod:`.spending`): in memory, written whole to
+                    ``status.spend.ledger`` of the Workflow at most once a second and at
+                    close; read from there at a term's first load.
 ==================  ===========================================================================
 
 Conflicts (409) are retried with a fresh read, never by overwriting: after the re-read the
@@ -62,11 +65,14 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
 from lorenz.claims import ClaimGenerationStale
+from lorenz.claims.memory import MemoryClaimStore
+from lorenz.claims.spend import IssueSpend, SpendCharge, SpendTotal, check_charge
 from lorenz.kube.api import resources
 from lorenz.kube.api.casing import camel_keys, snake_keys
 from lorenz.kube.api.resources import WorkflowRef
 from lorenz.kube.api.statuses import claim_spec, claim_status, record_from_claim
 from lorenz.kube.claims.lists import ClaimLister
+from lorenz.kube.claims.spending import SPEND_FLUSH_S, ledger_document, spend_book
 from lorenz.kube.clients import KubeApi, claims_path, workflows_path
 from lorenz.kube.errors import KubeApiError, LeaseLost
 from lorenz.model import (
@@ -138,6 +144,12 @@ class ClaimResourceStore:
         (:meth:`note_pod`); every status write of the slot carries them."""
         self.fenced_writes = 0
         """Mutations refused because this replica may not write (lost or expiring lease)."""
+        self._spend: MemoryClaimStore | None = None
+        """The spend ledger, once read from the Workflow's status (see :mod:`.spending`)."""
+        self._spend_seed: object = None
+        """``status.spend.ledger`` as the term's first load read it."""
+        self._spend_flush: asyncio.Task[None] | None = None
+        self._spend_dirty = False
         self.fenced_out: ClaimGenerationStale | None = None
         """Why every write is refused, once a Claim showed a newer leader generation."""
         self.loaded = asyncio.Event()
@@ -335,6 +347,16 @@ class ClaimResourceStore:
             raise self.fenced_out
 
     async def close(self) -> None:
+        if self._spend_flush is not None:
+            self._spend_flush.cancel()
+            self._spend_flush = None
+        if self._spend_dirty:
+            # NB: a graceful stop writes the last charges; a failed write is only logged.
+            try:
+                await self._write_spend()
+            except Exception:  # closing must not fail on it
+                logger.exception("spend ledger not written at close workflow=%s",
+                                 self._workflow.display)
         self._drop_all_pending()
         self._held.clear()
         self._pods.clear()
@@ -607,8 +629,83 @@ class ClaimResourceStore:
                 if exc.not_found:
                     return None
                 raise
-        checkpoint = (workflow.get("status") or {}).get("checkpoint")
+        status = workflow.get("status") or {}
+        spend = status.get("spend") if isinstance(status, Mapping) else None
+        if self._spend is None and isinstance(spend, Mapping):
+            self._spend_seed = spend.get("ledger")
+        checkpoint = status.get("checkpoint") if isinstance(status, Mapping) else None
         return snake_keys(dict(checkpoint)) if isinstance(checkpoint, Mapping) else None
+
+    # -- the spend ledger (lorenz.claims.spend.SpendLedger) -------------------------------------
+
+    async def add_spend(
+        self, *, issue_id: str, identifier: str, day: str, tokens: int, usd: float
+    ) -> SpendCharge:
+        check_charge(tokens=tokens, usd=usd)
+        book = await self._spend_book()
+        charge = await book.add_spend(
+            issue_id=issue_id, identifier=identifier, day=day, tokens=tokens, usd=usd
+        )
+        self._spend_dirty = True
+        if self._spend_flush is None or self._spend_flush.done():
+            self._spend_flush = asyncio.get_running_loop().create_task(
+                self._flush_spend_later(), name=f"lorenz-spend-flush:{self._workflow.display}"
+            )
+        return charge
+
+    async def issue_spend(self, issue_id: str) -> SpendTotal:
+        return await (await self._spend_book()).issue_spend(issue_id)
+
+    async def day_spend(self, day: str) -> SpendTotal:
+        return await (await self._spend_book()).day_spend(day)
+
+    async def issue_spends(self, *, limit: int = 100) -> list[IssueSpend]:
+        return await (await self._spend_book()).issue_spends(limit=limit)
+
+    async def _spend_book(self) -> MemoryClaimStore:
+        if self._spend is None:
+            seed = self._spend_seed
+            if seed is None:
+                try:
+                    workflow = await self._api.get(
+                        workflows_path(self._workflow.namespace, self._workflow.name)
+                    )
+                except KubeApiError as exc:
+                    if not exc.not_found:
+                        raise
+                    workflow = {}
+                status = workflow.get("status") or {}
+                spend = status.get("spend") if isinstance(status, Mapping) else None
+                seed = spend.get("ledger") if isinstance(spend, Mapping) else None
+            if self._spend is None:  # NB: a concurrent first read may have filled it
+                self._spend = spend_book(seed)
+        return self._spend
+
+    async def _flush_spend_later(self) -> None:
+        await asyncio.sleep(SPEND_FLUSH_S)
+        try:
+            await self._write_spend()
+        except Exception:  # kept dirty: the next charge or close writes it
+            logger.exception("spend ledger write failed workflow=%s", self._workflow.display)
+
+    async def _write_spend(self) -> None:
+        """Write the whole ledger to ``status.spend.ledger`` (only the leader writes it)."""
+        book = self._spend
+        if book is None or self.fenced_out is not None or not self._may_write():
+            return
+        self._spend_dirty = False
+        path = workflows_path(self._workflow.namespace, self._workflow.name, status=True)
+        try:
+            await self._api.merge_patch(
+                path, {"status": {"spend": {"ledger": ledger_document(book)}}}
+            )
+        except KubeApiError as exc:
+            if not exc.not_found:
+                self._spend_dirty = True
+                raise
+        except BaseException:
+            self._spend_dirty = True
+            raise
 
 
 def _only_seq_moved(before: SpawnIntent | None, after: SpawnIntent) -> bool:

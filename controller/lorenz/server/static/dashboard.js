@@ -29,6 +29,8 @@
   var QUIET_EVENTS = { poll_completed: 1, dry_run: 1, refresh_requested: 1 };
 
   var current = null;          // the newest snapshot applied
+  var spendBySlot = {};        // slot key -> its run's spend (while a budget cap is set)
+  var spendByIssue = {};       // issue id -> its spend over all runs
   var currentAt = 0;           // its generated_at, ms since epoch (server clock)
   var clockOffsetMs = 0;       // server wall clock minus this browser's
   var snapshotCount = 0;
@@ -161,11 +163,18 @@
     renderHeader(s);
     renderConfigError(s.config_error);
     renderTotals(s);
+    spendBySlot = {};
+    spendByIssue = {};
+    if (s.budget) {
+      (s.budget.runs || []).forEach(function (r) { spendBySlot[r.slot_key] = r; });
+      (s.budget.issues || []).forEach(function (r) { spendByIssue[r.issue_id] = r; });
+    }
     renderLane('running', s.running || [], runningCard, 'no runs in flight');
     renderLane('reserving', s.reserving || [], reservingCard, 'none');
     renderLane('retrying', s.retrying || [], retryCard, 'none');
     renderLane('blocked', s.blocked || [], blockedCard, 'none');
     renderWaiting(s.waiting || []);
+    renderBudget(s.budget);
     renderHistory(s.run_history || []);
     renderEvents(s.recent_events || []);
     renderFooter(s);
@@ -247,6 +256,52 @@
       title: error.since, text: ' — since ' + String(error.since || '?') +
         '; still running the last good workflow'
     }));
+  }
+
+  // Spend control, while a budget cap is set: the day's spend against its cap, and the
+  // issues held back at a cap (the budget lane).
+  function renderBudget(budget) {
+    var total = $('budget-total');
+    var lane = $('lane-budget');
+    if (!budget) {
+      total.hidden = true;
+      lane.hidden = true;
+      return;
+    }
+    total.hidden = false;
+    lane.hidden = false;
+    var day = budget.day_spend || {};
+    var text = formatUsd(day.usd);
+    if (Number(budget.max_usd_per_day) > 0) {
+      text += ' / ' + formatUsd(budget.max_usd_per_day);
+    }
+    setText('budget-day', text);
+    $('budget-day').setAttribute('title', budget.day + ': ' + formatInt(day.tokens) + ' tokens');
+    renderLane('budget', budget.held || [], budgetCard, 'none');
+  }
+
+  function formatUsd(value) {
+    var n = Number(value) || 0;
+    return '$' + n.toFixed(n > 0 && n < 0.1 ? 4 : 2);
+  }
+
+  function budgetCard(row) {
+    var tokens = String(row.cap || '').indexOf('tokens') === 0;
+    var figures = tokens
+      ? formatInt(row.spent) + ' / ' + formatInt(row.limit) + ' tokens'
+      : formatUsd(row.spent) + ' / ' + formatUsd(row.limit);
+    return el('article', {
+      class: 'card budget', testid: 'budget-card', data: { 'issue-id': row.issue_id }
+    }, [
+      el('div', { class: 'card-head' }, [
+        el('span', { class: 'identifier', testid: 'card-identifier', text: row.issue_identifier })
+      ]),
+      el('div', { class: 'fields' }, [
+        field('cap', row.cap, { testid: 'card-cap' }),
+        field('spent', figures, { testid: 'card-spent' }),
+        field('held', ticking('since', row.held_at, { testid: 'card-held' }))
+      ])
+    ]);
   }
 
   function renderTotals(s) {
@@ -369,10 +424,21 @@
         field('host', row.host || 'local', { testid: 'card-host' }),
         field('turns', formatInt(row.turn_count), { testid: 'card-turns' }),
         field('tokens', formatInt(usage.input_tokens) + ' in · ' + formatInt(usage.output_tokens) + ' out',
-          { testid: 'card-tokens' })
+          { testid: 'card-tokens' }),
+        spendField(row)
       ]),
       lastEvent
     ]);
+  }
+
+  // "$0.25 run · $0.90 issue" while a budget cap is set; nothing otherwise.
+  function spendField(row) {
+    var run = spendBySlot[row.slot_key];
+    if (!run) return null;
+    var issue = spendByIssue[row.issue_id];
+    var text = formatUsd(run.usd) + ' run';
+    if (issue) text += ' · ' + formatUsd(issue.usd) + ' issue';
+    return field('spend', text, { testid: 'card-spend' });
   }
 
   function reservingCard(row) {
