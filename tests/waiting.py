@@ -20,6 +20,14 @@ T = TypeVar("T")
 POLL_INTERVAL_S = 0.02
 """How often the predicate is called: small, since it is a cheap in-process check."""
 
+HANG_GUARD_FLOOR_S = 60.0
+"""The least time any wait allows, whatever bound its caller names.
+
+NB: a bound here only stops a hang; it never checks speed. Bounds of 5–15 s, written on an idle
+machine for a process to start or a poll to come round, were missed at load 25 on 2 cores (the
+suite's three groups beside other work); a passing wait ends as soon as its condition holds, so
+the floor costs nothing but the time a failing test takes to say so."""
+
 What = str | Callable[[], str]
 """What is awaited: a text, or a callable that describes the state at the moment of failure."""
 
@@ -45,6 +53,7 @@ def wait_until(
     interval: float = POLL_INTERVAL_S,
 ) -> T:
     """Call ``predicate`` until it returns something truthy, and return that."""
+    timeout = max(timeout, HANG_GUARD_FLOOR_S)
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -63,6 +72,7 @@ async def wait_until_async(
     interval: float = POLL_INTERVAL_S,
 ) -> T:
     """Like `wait_until`, but sleeps on the running event loop so its tasks make progress."""
+    timeout = max(timeout, HANG_GUARD_FLOOR_S)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while True:
