@@ -5,8 +5,7 @@
 # and the helm CLI (the control plane); kubelet and kube-scheduler from k8s.io/kubernetes,
 # containerd v2 with its runc shim and ctr, runc, the bridge/host-local/loopback CNI plugins and
 # a tiny sandbox ("pause") command (the test node, tests/cluster/node.py); the kwok controller
-# from sigs.k8s.io/kwok, with the Stage files of its module (fake nodes: tests/cluster/kwok.py);
-# kube-network-policies from sigs.k8s.io/kube-network-policies (NetworkPolicy on the test node).
+# from sigs.k8s.io/kwok, with the Stage files of its module (fake nodes: tests/cluster/kwok.py).
 # Pins live in tests/cluster/versions.env.
 #
 # Output: ${LORENZ_K8S_CACHE:-$HOME/.cache/lorenz/k8s}/<K8S_VERSION>/bin/, outside the checkout.
@@ -40,7 +39,7 @@ fi
 # they are what most cluster tests need; the node's binaries last).
 names=(etcd kube-apiserver kube-controller-manager kubectl helm
   kube-scheduler kubelet containerd containerd-shim-runc-v2 ctr runc pause
-  bridge host-local loopback kwok kube-network-policies)
+  bridge host-local loopback kwok)
 module_of() {
   case "$1" in
     etcd) echo etcd ;;
@@ -52,7 +51,6 @@ module_of() {
     pause) echo pause ;;
     bridge | host-local | loopback) echo cni ;;
     kwok) echo kwok ;;
-    kube-network-policies) echo netpol ;;
   esac
 }
 pin_of() {
@@ -65,7 +63,6 @@ pin_of() {
     pause) echo "pause=local" ;;
     cni) echo "cni-plugins=$CNI_PLUGINS_VERSION" ;;
     kwok) echo "kwok=$KWOK_VERSION" ;;
-    netpol) echo "kube-network-policies=$KUBE_NETWORK_POLICIES_VERSION" ;;
   esac
 }
 # What a binary's stamp must say: its pin and a hash of the sources that produce it (hashed once
@@ -191,10 +188,6 @@ prepared_dir() { # module; sets $dir (not printed: a subshell would lose the cac
         ;;
       pause) prepared[$mod]=$(scratch_copy pause) ;;
       kwok) prepared[$mod]=$(prepare_tool kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok) ;;
-      netpol)
-        prepared[$mod]=$(prepare_tool netpol "$KUBE_NETWORK_POLICIES_VERSION" \
-          sigs.k8s.io/kube-network-policies/cmd)
-        ;;
     esac
   fi
   dir=${prepared[$mod]}
@@ -276,10 +269,6 @@ build_one() { # name
     kwok)
       prepared_dir kwok
       target=sigs.k8s.io/kwok/cmd/kwok
-      ;;
-    netpol)
-      prepared_dir netpol
-      target=sigs.k8s.io/kube-network-policies/cmd
       ;;
     cni)
       prepared_dir cni

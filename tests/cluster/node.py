@@ -18,11 +18,7 @@ module adds one, built by tests/cluster/build.sh like the rest:
   Service IP (10.0.0.1:443 — there is no kube-proxy), and the API server reaches the kubelet
   through its egress-selector CONNECT proxy;
 - kube-scheduler runs on the host, next to the API server (one per control plane, shared with
-  the kwok fake nodes: tests/cluster/scheduler.py);
-- NetworkPolicies are enforced: kube-network-policies runs beside the kubelet in the node's
-  namespaces (nftables + NFQUEUE in its network namespace; bridged pod-to-pod traffic reaches
-  those hooks through br_netfilter), as the ServiceAccount `kube-system/kube-network-policies`
-  of its upstream manifest.
+  the kwok fake nodes: tests/cluster/scheduler.py).
 
 Logs (containerd, kubelet, kube-scheduler, the namespace set-up) go to the control plane's log
 directory, which the pytest summary prints.
@@ -71,7 +67,6 @@ NODE_BINARIES = (
     "bridge",
     "host-local",
     "loopback",
-    "kube-network-policies",
 )
 # Test pods must tolerate this taint: it keeps the Pods of other tests (Deployments that used
 # to stay Pending for lack of a node) off the node.
@@ -115,7 +110,6 @@ class Node:
     # copy of the image per container: tens of seconds for the project's image on a busy host)
     snapshotter: str = "native"
     _kubelet: _Process | None = field(default=None, repr=False)
-    _network_policies: _Process | None = field(default=None, repr=False)
 
     name: str = NODE_NAME
 
@@ -156,7 +150,6 @@ class Node:
             self._start_scheduler()
             self._start_kubelet()
             self._wait_ready()
-            self._start_network_policies()
         except BaseException:
             self.stop()
             raise
@@ -568,101 +561,6 @@ state = "{self.dir / "containerd-state"}"
             ),
         )
         self.timings["kubelet spawned"] = time.monotonic() - began
-
-    def _start_network_policies(self) -> None:
-        """kube-network-policies, as its upstream DaemonSet runs it: in-cluster config with a
-        ServiceAccount token (ClusterRole: list/watch pods, namespaces, networkpolicies)."""
-        began = time.monotonic()
-        account = "kube-network-policies"
-        self.cluster.apply(
-            [
-                {
-                    "apiVersion": "rbac.authorization.k8s.io/v1",
-                    "kind": "ClusterRole",
-                    "metadata": {"name": account},
-                    "rules": [
-                        {
-                            "apiGroups": [""],
-                            "resources": ["pods", "namespaces"],
-                            "verbs": ["list", "watch"],
-                        },
-                        {
-                            "apiGroups": ["networking.k8s.io"],
-                            "resources": ["networkpolicies"],
-                            "verbs": ["list", "watch"],
-                        },
-                    ],
-                },
-                {
-                    "apiVersion": "rbac.authorization.k8s.io/v1",
-                    "kind": "ClusterRoleBinding",
-                    "metadata": {"name": account},
-                    "roleRef": {
-                        "apiGroup": "rbac.authorization.k8s.io",
-                        "kind": "ClusterRole",
-                        "name": account,
-                    },
-                    "subjects": [
-                        {"kind": "ServiceAccount", "name": account, "namespace": "kube-system"}
-                    ],
-                },
-            ]
-        )
-        token = self.cluster.mint_service_account_token(
-            namespace="kube-system", name=account, duration_seconds=48 * 3600
-        )
-        secrets = self.dir / "netpol-serviceaccount"
-        secrets.mkdir(parents=True, exist_ok=True)
-        (secrets / "token").write_text(token)
-        (secrets / "ca.crt").write_bytes(self.cluster.ca_pem)
-        # NB: client-go's in-cluster config reads /var/run/secrets/kubernetes.io/serviceaccount
-        # (compiled-in paths): a private mount namespace of its own, with a tmpfs over /run,
-        # puts them there without touching the host's or the node's /run. NRI is off (no NRI
-        # socket in containerd here): Pod IPs come from the API.
-        script = (
-            "mount -t tmpfs -o mode=0755 lorenz-netpol-run /run"
-            " && mkdir -p /run/secrets/kubernetes.io/serviceaccount"
-            f" && cp {secrets}/token {secrets}/ca.crt /run/secrets/kubernetes.io/serviceaccount/"
-            f' && exec "$0" "$@"'
-        )
-        self._network_policies = self._spawn(
-            "kube-network-policies",
-            self._nsenter(
-                [
-                    "env",
-                    f"KUBERNETES_SERVICE_HOST={KUBERNETES_SERVICE_IP}",
-                    "KUBERNETES_SERVICE_PORT=443",
-                    "unshare",
-                    "--mount",
-                    "--propagation=private",
-                    "sh",
-                    "-euc",
-                    script,
-                    str(self.binaries.path("kube-network-policies")),
-                    f"--hostname-override={NODE_NAME}",
-                    "--disable-nri",
-                    "--metrics-bind-address=127.0.0.1:9080",
-                    "--v=2",
-                ]
-            ),
-        )
-        # Ready when its nftables table is in the node's network namespace (the first sync
-        # follows the informers' sync).
-        proc = self._network_policies
-
-        def synced() -> bool:
-            code = proc.exited()
-            if code is not None:
-                raise NodeError(
-                    f"kube-network-policies exited with {code}; log {proc.log}:\n{proc.tail()}"
-                )
-            return "Syncing nftables rules" in proc.log.read_text(errors="replace")
-
-        try:
-            wait_until(synced, timeout=60.0, interval=0.2, message="kube-network-policies")
-        except TimeoutError as err:
-            raise NodeError(f"{err}; log {proc.log}:\n{proc.tail()}") from err
-        self.timings["network policies"] = time.monotonic() - began
 
     def _wait_ready(self) -> None:
         began = time.monotonic()
