@@ -223,6 +223,7 @@ def test_defaults_render_the_expected_objects(defaults: list[dict[str, Any]]) ->
         "ClusterRoleBinding",
         "ClusterRoleBinding",
         "Deployment",
+        "NetworkPolicy",  # the operator's, on by default (#37)
         "Role",  # the Leases, in the release namespace only
         "RoleBinding",
         "Service",
@@ -554,7 +555,7 @@ def test_rbac_and_service_account_can_be_brought_by_the_user(tmp_path: Path) -> 
         values={"serviceAccount": {"create": False, "name": "mine"}, "rbac": {"create": False}},
     )
     kinds = {obj["kind"] for obj in objects}
-    assert kinds == {"Deployment", "Service"}
+    assert kinds == {"Deployment", "Service", "NetworkPolicy"}  # the policy: on by default
     assert one(objects, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == "mine"
 
 
