@@ -23,7 +23,7 @@ POLL_INTERVAL_S = 0.02
 HANG_GUARD_FLOOR_S = 60.0
 """The least time any wait allows, whatever bound its caller names.
 
-NB: a bound here only stops a hang; it never checks speed. Bounds of 5–15 s, written on an idle
+NB: a bound here only stops a hang; it never checks speed. Bounds of 5 to 15 s, written on an idle
 machine for a process to start or a poll to come round, were missed at load 25 on 2 cores (the
 suite's three groups beside other work); a passing wait ends as soon as its condition holds, so
 the floor costs nothing but the time a failing test takes to say so."""

@@ -224,6 +224,7 @@ def test_defaults_render_the_expected_objects(defaults: list[dict[str, Any]]) ->
         "ClusterRoleBinding",
         "Deployment",
         "Job",  # the pre-delete teardown hook
+        "NetworkPolicy",  # the operator's, on by default (#37)
         "Role",  # the Leases, in the release namespace only
         "Role",  # the teardown hook's (pre-delete)
         "RoleBinding",
@@ -474,10 +475,15 @@ def test_a_network_policy_admits_only_the_api_and_probe_ports(tmp_path: Path) ->
     policy = one(objects, "NetworkPolicy")
     api, probes = policy["spec"]["ingress"]
     assert api["ports"] == [{"port": "http", "protocol": "TCP"}]
-    assert api["from"] == [{"podSelector": {}}]
+    # The release namespace's pods, but never a run Pod (#37).
+    assert api["from"] == [{"podSelector": {"matchExpressions": [
+        {"key": "lorenz.dev/handle", "operator": "DoesNotExist"}]}}]
     assert probes["ports"] == [{"port": "probes", "protocol": "TCP"}]
     assert policy["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "lorenz"
-    assert not by_kind(render(tmp=tmp_path), "NetworkPolicy")
+    # On by default (#37); off on request.
+    assert one(render(tmp=tmp_path), "NetworkPolicy") == policy
+    assert not by_kind(render(tmp=tmp_path, values={"networkPolicy": {"enabled": False}}),
+                       "NetworkPolicy")
 
 
 def test_run_pods_get_a_network_policy_on_request(tmp_path: Path) -> None:
@@ -552,7 +558,7 @@ def test_rbac_and_service_account_can_be_brought_by_the_user(tmp_path: Path) -> 
         values={"serviceAccount": {"create": False, "name": "mine"}, "rbac": {"create": False}},
     )
     kinds = {obj["kind"] for obj in objects}
-    assert kinds == {"Deployment", "Service"}
+    assert kinds == {"Deployment", "Service", "NetworkPolicy"}  # the policy: on by default
     assert one(objects, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == "mine"
 
 

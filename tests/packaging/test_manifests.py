@@ -67,7 +67,8 @@ def test_apply_order_and_contents() -> None:
     assert kinds == [
         ["Namespace"],
         ["CustomResourceDefinition"] * len(list((REPO / "crds").glob("*.yaml"))),
-        ["ServiceAccount", "ClusterRole", "ClusterRole", "ClusterRoleBinding",
+        ["NetworkPolicy",  # the operator's, on by default (#37)
+         "ServiceAccount", "ClusterRole", "ClusterRole", "ClusterRoleBinding",
          "ClusterRoleBinding", "Role", "RoleBinding", "Service", "Deployment"],
     ]
 

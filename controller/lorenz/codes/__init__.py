@@ -298,6 +298,7 @@ class ErrorCode(enum.StrEnum):
     POD_NAME_TAKEN = "pod_name_taken"
     POD_SERVICE_ACCOUNT_REFUSED = "pod_service_account_refused"
     POD_SERVICE_ACCOUNT_FAILED = "pod_service_account_failed"
+    POD_NETWORK_POLICY_FAILED = "pod_network_policy_failed"
     POD_WORKSPACE_TERMINATING = "pod_workspace_terminating"
 
     # general
@@ -1548,6 +1549,13 @@ CODE_DOCS: Final[Mapping[ErrorCode, CodeDoc]] = MappingProxyType({
     _C.POD_SERVICE_ACCOUNT_FAILED: _operator(
         "The operator could not read or create the `lorenz-agent` ServiceAccount for run Pods.",
         "Create it yourself, or grant the operator serviceaccounts get/create.",
+        kind=Kind.OUTCOME,
+    ),
+    _C.POD_NETWORK_POLICY_FAILED: _operator(
+        "The operator could not create or update the NetworkPolicy of a Workflow's run Pods "
+        "(`lorenz-runs-<workflow>`); no run Pod starts without it.",
+        "Grant the operator networkpolicies get/create/update in the Workflow's namespace "
+        "(the chart does).",
         kind=Kind.OUTCOME,
     ),
     _C.POD_WORKSPACE_TERMINATING: _operator(

@@ -21,6 +21,7 @@ relative paths resolve against the directory of WORKFLOW.md).
 from __future__ import annotations
 
 import enum
+import ipaddress
 import re
 import shlex
 from typing import Annotated, Any, Literal
@@ -1174,6 +1175,58 @@ class PodWorkspaceSettings(Section):
         return self
 
 
+def _cidr(value: str, *, key_path: str) -> str:
+    try:
+        return str(ipaddress.ip_network(value.strip(), strict=True))
+    except ValueError:
+        raise _pod_value_error(
+            key_path,
+            "{cidr!r} is not a network in CIDR notation with its host bits zero "
+            "(e.g. 203.0.113.0/24, 0.0.0.0/0, 2001:db8::/32)",
+            cidr=value,
+        ) from None
+
+
+class EgressRuleSettings(Section):
+    """One destination a run Pod may open connections to (``kind: pod``), besides DNS."""
+
+    cidr: str = Field(max_length=64, json_schema_extra=_reload("new-runs"))
+    """The destination network (``203.0.113.0/24``; ``0.0.0.0/0`` for anywhere — then list
+    the cluster's own networks in ``except_cidrs``: run Pods never reach the API server, the
+    operator or another namespace through a rule of the operator's own, but a CIDR you give
+    is taken as given)."""
+    except_cidrs: tuple[str, ...] = Field(
+        default=(), max_length=32, json_schema_extra=_reload("new-runs")
+    )
+    """Networks inside ``cidr`` that stay out of reach (the Pod and Service networks)."""
+    ports: tuple[Annotated[int, Field(ge=1, le=65535)], ...] = Field(
+        default=(), max_length=32, json_schema_extra=_reload("new-runs")
+    )
+    """Destination ports; empty = every port."""
+    protocol: Literal["TCP", "UDP"] = Field(default="TCP", json_schema_extra=_reload("new-runs"))
+    """The protocol of ``ports``."""
+
+    @pydantic.field_validator("cidr")
+    @classmethod
+    def _network(cls, value: str) -> str:
+        return _cidr(value, key_path="worker.egress.cidr")
+
+    @pydantic.field_validator("except_cidrs")
+    @classmethod
+    def _networks(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(_cidr(one, key_path="worker.egress.except_cidrs") for one in value)
+
+    def manifest(self) -> dict[str, Any]:
+        """The NetworkPolicy egress rule (``to`` one ipBlock, on ``ports``)."""
+        block: dict[str, Any] = {"cidr": self.cidr}
+        if self.except_cidrs:
+            block["except"] = list(self.except_cidrs)
+        rule: dict[str, Any] = {"to": [{"ipBlock": block}]}
+        if self.ports:
+            rule["ports"] = [{"port": port, "protocol": self.protocol} for port in self.ports]
+        return rule
+
+
 class WorkerSettings(Section):
     """Where runs execute: locally, or on SSH hosts."""
 
@@ -1222,6 +1275,14 @@ class WorkerSettings(Section):
     mounted). Never the operator's own."""
     workspace: PodWorkspaceSettings = Field(default_factory=PodWorkspaceSettings)
     """The run's workspace volume (``kind: pod``)."""
+    egress: tuple[EgressRuleSettings, ...] = Field(
+        default=(), max_length=32, json_schema_extra=_reload("new-runs")
+    )
+    """Where the run's Pod may connect besides DNS (``kind: pod``), e.g. the git host and the
+    model API: the operator keeps a NetworkPolicy per Workflow that admits no ingress to its
+    run Pods and, as egress, only DNS (port 53 to the ``kube-system`` namespace) and these
+    rules. Empty: DNS only. Enforced only where the cluster's network plugin enforces
+    NetworkPolicies (docs/operator.md)."""
     start_timeout_ms: PositiveInt = Field(default=120000, json_schema_extra=_reload("new-runs"))
     """How long a run's Pod may take to be scheduled, pull its image and serve the worker
     (``kind: pod``); past it the Pod is deleted and the run fails with the reason."""

@@ -66,6 +66,11 @@ RULE_REASONS: Final[dict[tuple[str, str], str]] = {
         "channel (a WebSocket GET, authorized as get and create)"
     ),
     ("", "events"): "post Kubernetes Events on the Workflow (kubectl describe)",
+    ("networking.k8s.io", "networkpolicies"): (
+        "run Pods' network: create the Workflow's lorenz-runs-<workflow> NetworkPolicy (no "
+        "ingress; egress to DNS and worker.egress) before its first run Pod, read it and "
+        "update it when worker.egress changes"
+    ),
 }
 """Why each resource is in :data:`OPERATOR_RULES` (docs and tests read this)."""
 
@@ -119,6 +124,11 @@ OPERATOR_RULES: Final[list[PolicyRule]] = [
         "apiGroups": [""],
         "resources": ["events"],
         "verbs": ["create"],
+    },
+    {
+        "apiGroups": ["networking.k8s.io"],
+        "resources": ["networkpolicies"],
+        "verbs": ["get", "create", "update"],
     },
 ]
 """Every verb the operator calls on the Workflows' side, per resource: the rules of its

@@ -263,6 +263,61 @@ def run_labels(*, spec: RunSpec, workflow: WorkflowRef) -> dict[str, str]:
     }
 
 
+RUN_POLICY_PREFIX: Final = "lorenz-runs-"
+DNS_NAMESPACE: Final = "kube-system"
+"""Where run Pods may send DNS queries (port 53): the cluster DNS runs there."""
+
+
+def run_network_policy_name(workflow: WorkflowRef) -> str:
+    """``lorenz-runs-<workflow>``, shortened with a digest past a name's 253 characters."""
+    name = RUN_POLICY_PREFIX + workflow.name
+    if len(name) <= 253:
+        return name
+    hashed = digest(workflow.namespace, workflow.name)
+    return f"{name[: 252 - len(hashed)]}-{hashed}"
+
+
+def run_network_policy_manifest(*, workflow: WorkflowRef, worker: WorkerSettings) -> dict[str, Any]:
+    """The NetworkPolicy of one Workflow's run Pods: no ingress (the operator reaches a worker
+    through the API's exec channel, never the Pod network); egress to DNS in the
+    ``kube-system`` namespace and to ``worker.egress``, nothing else — not the API server, not
+    the operator, not another namespace. Owned by the Workflow: deleted with it."""
+    dns = {
+        "to": [
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": DNS_NAMESPACE}}}
+        ],
+        "ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}],
+    }
+    metadata: dict[str, Any] = {
+        "name": run_network_policy_name(workflow),
+        "namespace": workflow.namespace,
+        "labels": {LABEL_MANAGED: "lorenz", LABEL_WORKFLOW: label_value(workflow.name)},
+    }
+    if workflow.uid:
+        metadata["ownerReferences"] = [workflow_owner(workflow)]
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": metadata,
+        "spec": {
+            "podSelector": {
+                "matchLabels": {
+                    LABEL_MANAGED: "lorenz",
+                    LABEL_WORKFLOW: label_value(workflow.name),
+                }
+            },
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [],
+            "egress": [dns, *(rule.manifest() for rule in worker.egress)],
+        },
+    }
+
+
+def network_policies_path(namespace: str, name: str | None = None) -> str:
+    base = f"/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies"
+    return base if name is None else f"{base}/{name}"
+
+
 def volume_claims_path(namespace: str, name: str | None = None) -> str:
     base = f"/api/v1/namespaces/{namespace}/persistentvolumeclaims"
     return base if name is None else f"{base}/{name}"

@@ -23,7 +23,7 @@ from lorenz.agents import (
 )
 from lorenz.codes import ErrorCode
 from lorenz.config import WorkerSettings
-from lorenz.kube.api.resources import WorkflowRef
+from lorenz.kube.api.resources import WorkflowRef, digest
 from lorenz.kube.clients import KubeApi
 from lorenz.kube.errors import KubeApiError
 from lorenz.kube.pods.execs import PodExec, PodExecError
@@ -37,6 +37,7 @@ from lorenz.kube.pods.manifests import (
     SPEC_SECRET_LIMIT,
     STATE_ROOT,
     agent_service_account_manifest,
+    network_policies_path,
     placement_reason,
     pod_ended,
     pod_manifest,
@@ -45,6 +46,7 @@ from lorenz.kube.pods.manifests import (
     pods_path,
     refused,
     run_labels,
+    run_network_policy_manifest,
     secrets_path,
     service_accounts_path,
     volume_claims_path,
@@ -107,6 +109,66 @@ def _account_error(namespace: str, exc: KubeApiError) -> WorkerLaunchError:
     )
 
 
+POLICY_DIGEST_ANNOTATION = "lorenz.dev/policy-digest"
+"""On the run Pods' NetworkPolicy: the digest of the spec (and owner) the operator wrote, so a
+changed ``worker.egress`` is noticed without comparing against the API server's defaults."""
+
+
+class RunNetworkPolicies:
+    """The ``lorenz-runs-<workflow>`` NetworkPolicies this operator has made sure of.
+
+    A Workflow's policy is created (or brought up to date) before the first run Pod of each
+    ``worker.egress`` it sees, once per process; a launch never creates a run Pod that no
+    policy selects."""
+
+    def __init__(self) -> None:
+        self._ensured: dict[tuple[str, str], str] = {}
+        self._lock = asyncio.Lock()
+
+    async def ensure(self, api: KubeApi, *, workflow: WorkflowRef, worker: WorkerSettings) -> None:
+        manifest = run_network_policy_manifest(workflow=workflow, worker=worker)
+        metadata = manifest["metadata"]
+        name = metadata["name"]
+        key = (workflow.namespace, name)
+        want = digest(
+            json.dumps([manifest["spec"], metadata.get("ownerReferences")], sort_keys=True)
+        )
+        if self._ensured.get(key) == want:
+            return
+        metadata["annotations"] = {POLICY_DIGEST_ANNOTATION: want}
+        async with self._lock:
+            if self._ensured.get(key) == want:
+                return
+            try:
+                await api.create(network_policies_path(workflow.namespace), manifest)
+            except KubeApiError as exc:
+                if exc.status != 409:
+                    raise _policy_error(workflow.namespace, name, exc) from exc
+                try:
+                    found = await api.get(network_policies_path(workflow.namespace, name))
+                    annotations = (found.get("metadata") or {}).get("annotations") or {}
+                    if annotations.get(POLICY_DIGEST_ANNOTATION) != want:
+                        version = (found.get("metadata") or {}).get("resourceVersion")
+                        metadata["resourceVersion"] = version
+                        await api.replace(network_policies_path(workflow.namespace, name), manifest)
+                except KubeApiError as again:
+                    raise _policy_error(workflow.namespace, name, again) from again
+            self._ensured[key] = want
+
+
+def _policy_error(namespace: str, name: str, exc: KubeApiError) -> WorkerLaunchError:
+    return WorkerLaunchError(
+        f"the NetworkPolicy {namespace}/{name} of the run Pods could not be made: "
+        f"{exc.status} {exc.detail or exc.reason}; grant the operator networkpolicies "
+        "get/create/update in this namespace",
+        code=ErrorCode.POD_NETWORK_POLICY_FAILED,
+    )
+
+
+RUN_POLICIES = RunNetworkPolicies()
+"""The process's run Pod NetworkPolicies (every transport shares it unless given another)."""
+
+
 class PodTransport:
     """Workers in Pods of one Workflow's namespace (one transport per run's settings)."""
 
@@ -124,8 +186,11 @@ class PodTransport:
         accounts: AgentAccounts | None = None,
         operator_account: tuple[str, str] | None = None,
         watches: RunPodWatches | None = None,
+        policies: RunNetworkPolicies | None = None,
     ) -> None:
         self.api = api
+        self.policies = policies if policies is not None else RUN_POLICIES
+        """The run Pods' NetworkPolicies made sure of (the process's, by default)."""
         self.watches = watches if watches is not None else WATCHES
         """Where this transport's namespace watch is shared (the process's, by default)."""
         self._watch: RunPodWatch | None = None
@@ -175,6 +240,8 @@ class PodTransport:
             spec=spec, workflow=self.workflow, worker=self.worker, image=self.image
         )
         await self._ensure_identity()
+        # NB: before the Pod: a run Pod is never, even briefly, selected by no policy.
+        await self.policies.ensure(self.api, workflow=self.workflow, worker=self.worker)
         await self._ensure_workspace_claim(spec)
         # NB: the Pod first, then its spec Secret owned by it (uid and all): a launch that
         # dies between the two leaves a Pod (which its Claim's intent names: adopted or swept),
