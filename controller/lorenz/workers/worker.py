@@ -179,7 +179,14 @@ class Worker:
     def journal(self, kind: str, data: Mapping[str, Any]) -> Record:
         """Write a record, then send it to every attached client (in that order, always)."""
         record = self._journal.append(kind, data)
-        line = encode({"op": "record", "record": record.to_json()})
+        # NB: the journal's own line spliced into the message, not the record encoded again:
+        # the same JSON object (a client decodes it alike), one encoding per record.
+        # A record whose payload the journal dropped still goes out whole to who is attached.
+        journaled = self._journal.last_line
+        if journaled is not None:
+            line = b'{"op":"record","record":' + journaled[:-1] + b"}\n"
+        else:
+            line = encode({"op": "record", "record": record.to_json()})
         for client in list(self._clients):
             if client.attached:
                 client.send_raw(line)
