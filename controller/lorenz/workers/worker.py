@@ -173,6 +173,7 @@ class Worker:
         self._server: asyncio.Server | None = None
         self._agent_task: asyncio.Task[AgentRunResult] | None = None
         self._senders = BackgroundTasks(name="worker-senders", log=logger)
+        self._serving: set[asyncio.Task[Any]] = set()
 
     # -- the journal ---------------------------------------------------------------------
 
@@ -253,6 +254,14 @@ class Worker:
         # NB: let every sender flush what it has queued (the final record above all): exiting
         # with buffered lines would cut a client's last message in half.
         await self._senders.wait(timeout_s=5.0)
+        # NB: then end the connections still open (a controller that acked and stays attached):
+        # a connection's task left waiting for its next line is cancelled by asyncio.run, and
+        # Python 3.11's stream server logs that cancellation as an error with its traceback.
+        serving = [task for task in self._serving if task is not asyncio.current_task()]
+        for client in list(self._clients):
+            client.writer.close()
+        if serving:
+            await asyncio.wait(serving, timeout=1.0)
         self._journal.close()
 
     def cancel(self, reason: str) -> None:
@@ -494,6 +503,10 @@ class Worker:
             return
         client = _Client(writer=writer)
         self._clients.add(client)
+        serving = asyncio.current_task()
+        if serving is not None:
+            self._serving.add(serving)
+            serving.add_done_callback(self._serving.discard)
         sender = self._senders.spawn(self._send_loop(client), name="lorenz-worker-sender")
         client.send(
             {
