@@ -229,19 +229,33 @@ class Worker:
             await self.close()
             return ExitStatus(int(self._journal.final.data.get("exit_status", 1)))
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.cancel, f"signal {signal.Signals(sig).name}")
-        loop.add_signal_handler(signal.SIGHUP, lambda: None)
-        self._run_task = asyncio.create_task(self._execute())
+
+        def on_signal(signum: int, _frame: object) -> None:
+            loop.call_soon_threadsafe(self.cancel, f"signal {signal.Signals(signum).name}")
+
+        # NB: plain handlers that hand over to the loop, not loop.add_signal_handler: on Python
+        # 3.11 each add (and each remove at the loop's close) checks the signal against
+        # signal.valid_signals(), ~64 enum members built per call — about a tenth of a short
+        # run's worker CPU. SIGHUP gets a Python no-op (not SIG_IGN, which the agent and hooks
+        # would inherit through exec): a closed terminal does not end the run.
+        previous = {sig: signal.getsignal(sig) for sig in _RUN_SIGNALS}
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGHUP, _ignore_signal)
         try:
-            final = await asyncio.shield(self._run_task)
-        except asyncio.CancelledError:
-            final = await self._run_task
-        if self.spec.linger_ms > 0 and not self._acked.is_set():
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.spec.linger_ms / 1000):
-                    await self._acked.wait()
-        await self.close()
+            self._run_task = asyncio.create_task(self._execute())
+            try:
+                final = await asyncio.shield(self._run_task)
+            except asyncio.CancelledError:
+                final = await self._run_task
+            if self.spec.linger_ms > 0 and not self._acked.is_set():
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.spec.linger_ms / 1000):
+                        await self._acked.wait()
+            await self.close()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
         return ExitStatus(int(final.data["exit_status"]))
 
     async def close(self) -> None:
@@ -597,6 +611,13 @@ class Worker:
             client.send(
                 {"op": "error", "code": ErrorCode.UNKNOWN_OP, "message": f"unknown op {op!r}"},
             )
+
+
+_RUN_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def _ignore_signal(_signum: int, _frame: object) -> None:
+    pass
 
 
 def agent_update_data(update: AgentUpdate) -> dict[str, Any]:
