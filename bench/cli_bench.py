@@ -26,7 +26,11 @@ and then linger) with ``python -c 'lorenz.cli.main()' WORKFLOW.md`` and prints:
   (psutil ``memory_full_info().pss``, sampled every 0.25 s) and the PSS per extra live run,
   the first dispatch latency (the ``lorenz`` process's first tracker request, when the waiting
   issues first appear to it, to the first agent's start; also from the process's start) and
-  the peak number of agents alive at once (and their mean over the drain).
+  the peak number of agents alive at once (and their mean over the drain);
+* the orchestration CPU by process: each launcher, launch child and worker writes its own
+  ``RUSAGE_SELF`` as it ends (``lorenz.workers.profiling``, through ``LORENZ_PROFILE_DIR``);
+  with ``LORENZ_PROFILE_CPROFILE=1`` in the bench's environment each also writes a cProfile
+  (kept in ``LORENZ_PROFILE_DIR`` when the bench is given one).
 
 The drain ends when every issue is Done and every run that started has ended (its end logged);
 then the process gets SIGTERM. Runs: ``.venv/bin/python bench/cli_bench.py``; side by side with
