@@ -26,7 +26,11 @@ and then linger) with ``python -c 'lorenz.cli.main()' WORKFLOW.md`` and prints:
   (psutil ``memory_full_info().pss``, sampled every 0.25 s) and the PSS per extra live run,
   the first dispatch latency (the ``lorenz`` process's first tracker request, when the waiting
   issues first appear to it, to the first agent's start; also from the process's start) and
-  the peak number of agents alive at once (and their mean over the drain).
+  the peak number of agents alive at once (and their mean over the drain);
+* the orchestration CPU by process: each launcher, launch child and worker writes its own
+  ``RUSAGE_SELF`` as it ends (``lorenz.workers.profiling``, through ``LORENZ_PROFILE_DIR``);
+  with ``LORENZ_PROFILE_CPROFILE=1`` in the bench's environment each also writes a cProfile
+  (kept in ``LORENZ_PROFILE_DIR`` when the bench is given one).
 
 The drain ends when every issue is Done and every run that started has ended (its end logged);
 then the process gets SIGTERM. Runs: ``.venv/bin/python bench/cli_bench.py``; side by side with
@@ -271,6 +275,15 @@ def drain(args: argparse.Namespace, tmp: Path, linear: FakeLinearServer) -> dict
                "TMPDIR": str(tmp), "LORENZ_BENCH_LEDGER": str(ledger)}
     if os.environ.get("PYTHONPATH"):
         environ["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    # NB: every launcher, launch child and worker writes its CPU at its end (lorenz.workers.
+    # profiling); LORENZ_PROFILE_DIR given to the bench keeps them there, with
+    # LORENZ_PROFILE_CPROFILE=1 a cProfile of each too.
+    profile_dir = Path(os.environ.get("LORENZ_PROFILE_DIR") or tmp / "profile")
+    profile_dir.mkdir(parents=True, exist_ok=True)
+    (profile_dir / "cpu.txt").unlink(missing_ok=True)
+    environ["LORENZ_PROFILE_DIR"] = str(profile_dir)
+    if os.environ.get("LORENZ_PROFILE_CPROFILE"):
+        environ["LORENZ_PROFILE_CPROFILE"] = os.environ["LORENZ_PROFILE_CPROFILE"]
     done_id = next(s.id for s in linear._states.values() if s.name == "Done")
     tree = Tree()
     tree_before = tree.cpu_s()
@@ -345,6 +358,7 @@ def drain(args: argparse.Namespace, tmp: Path, linear: FakeLinearServer) -> dict
     tree_s = tree.cpu_s() - tree_before
     tree.close()
     agents = agent_ledger(ledger)
+    breakdown = cpu_breakdown(profile_dir / "cpu.txt")
     first_agent = agents["first_agent_start"]
     requests = [r for r in linear.requests if r.operation_name != AGENT_OPERATION]
     by_operation = collections.Counter(r.operation_name or "?" for r in requests)
@@ -377,7 +391,20 @@ def drain(args: argparse.Namespace, tmp: Path, linear: FakeLinearServer) -> dict
                                         else float("nan")),
         "peak_live_agents": agents["peak_live_agents"],
         "mean_live_agents": agents["mean_live_agents"],
+        "breakdown": breakdown,
     }
+
+
+def cpu_breakdown(path: Path) -> dict[str, tuple[int, float]]:
+    """Processes and CPU seconds per kind (launcher, launch, worker) from their end lines."""
+    kinds: dict[str, tuple[int, float]] = {}
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            words = line.split()
+            if len(words) >= 4:
+                count, total = kinds.get(words[0], (0, 0.0))
+                kinds[words[0]] = (count + 1, total + float(words[2]) + float(words[3]))
+    return kinds
 
 
 def _no_login_shell(workflow: Path) -> None:
@@ -427,6 +454,21 @@ def report(args: argparse.Namespace, figures: dict[str, Any]) -> None:
     print(f"peak live agents            {figures['peak_live_agents']:6d}   "
           f"(of {args.slots} slots; {figures['mean_live_agents']:.1f} on average from the "
           "first agent's start to the last one's end)")
+    breakdown = figures.get("breakdown") or {}
+    if breakdown:
+        counted = figures["lorenz_cpu_s"] + figures["agents_cpu_s"]
+        print("orchestration CPU by process (ms per run):")
+        runs = max(1, figures["agents"])
+        print(f"  lorenz (controller)       {figures['lorenz_cpu_s']:6.2f} s "
+              f"{1000 * figures['lorenz_cpu_s'] / runs:6.1f}  "
+              f"(after its first request {figures['lorenz_cpu_after_first_request_s']:.2f} s)")
+        for kind, (count, cpu) in sorted(breakdown.items()):
+            counted += cpu
+            print(f"  {kind:<10} x{count:<4}       {cpu:6.2f} s {1000 * cpu / runs:6.1f}  "
+                  f"({1000 * cpu / max(1, count):.1f} ms each)")
+        rest = figures["tree_cpu_s"] - counted
+        print(f"  the rest (bash, agents' exec, unreported ends) {rest:6.2f} s "
+              f"{1000 * rest / runs:6.1f}")
 
 
 FIGURES = (("lorenz_cpu_s", "lorenz CPU"),

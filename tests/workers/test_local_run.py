@@ -102,6 +102,38 @@ async def test_a_run_executes_hooks_and_agent_and_ends_with_a_final_record(
     assert not (state_dir / "control.sock").exists()
 
 
+async def test_a_controller_still_attached_at_the_exit_is_let_go_without_an_error(
+    state_root: Path, make_spec: SpecFactory
+) -> None:
+    # NB: Python 3.11's stream server logged the connection's task, cancelled by asyncio.run,
+    # as an error with a traceback (and its CPU) when a worker exited with a client attached.
+    spec, _scenario = make_spec(turns=[{"steps": [{"message": "one"}]}])
+    transport = LocalTransport(state_root=state_root, env=base_env())
+    _, result = await launch(spec, transport=transport)
+    reader, writer = await asyncio.open_unix_connection(result.socket)
+    writer.write(b'{"op":"attach","after_seq":0,"role":"controller"}\n')
+    await writer.drain()
+    final_seq = None
+    async with asyncio.timeout(120):
+        while final_seq is None:
+            line = await reader.readline()
+            assert line, "the worker closed before its final record"
+            message = json.loads(line)
+            if message["op"] == "record" and message["record"]["kind"] == "final":
+                final_seq = message["record"]["seq"]
+    writer.write(b'{"op":"ack","seq":%d}\n' % final_seq)
+    await writer.drain()
+    async with asyncio.timeout(120):
+        while await reader.readline():
+            pass  # NB: attached until the worker itself ends the connection
+    writer.close()
+    state_dir = state_root / spec.handle
+    await wait_until_async(
+        lambda: worker_pid(state_dir) is None, timeout=60.0, what="the worker exited"
+    )
+    assert " ERROR " not in (state_dir / "worker.log").read_text()
+
+
 async def test_state_directory_socket_and_files_are_private(
     state_root: Path, make_spec: SpecFactory
 ) -> None:

@@ -186,10 +186,24 @@ async def _feed_prompt(process: AgentProcess, prompt: str) -> None:
             await process.close_stdin()
 
 
+_IDLE_POLL_INTERVAL_S = 0.5
+"""The slowest the usage file is read while nothing is appended to it."""
+
+
 async def _tail_usage(usage: UsageFileReader) -> None:
+    # NB: every POLL_INTERVAL_S while the agent reports, backing off (doubling) to
+    # _IDLE_POLL_INTERVAL_S while it does not: most agents report rarely or never, and a poll
+    # every 50 ms for a whole run was most of an idle worker's wake-ups. The latency of a
+    # report after a quiet spell is at most half a second; the final poll reads the rest.
+    interval = POLL_INTERVAL_S
     while True:
+        before = usage.offset
         usage.poll()
-        await asyncio.sleep(POLL_INTERVAL_S)
+        if usage.offset != before:
+            interval = POLL_INTERVAL_S
+        else:
+            interval = min(interval * 2, _IDLE_POLL_INTERVAL_S)
+        await asyncio.sleep(interval)
 
 
 def _emit(request: AgentRunRequest, update: AgentUpdate) -> None:

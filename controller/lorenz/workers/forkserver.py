@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import functools
 import gc
 import itertools
 import json
@@ -47,6 +48,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from lorenz.codes import ErrorCode
+from lorenz.workers import profiling
 from lorenz.workers.launch import LaunchResult, WorkerLaunchError
 from lorenz.workers.spec import RunSpec
 from lorenz.workers.states import HANDLE_ENV
@@ -78,10 +80,16 @@ def set_parent_death_signal(signum: int) -> bool:
     if not parent_death_signal_supported():
         return False
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return int(libc.prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)) == 0
+        return int(_libc().prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)) == 0
     except (OSError, AttributeError):
         return False
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    # NB: loaded once (in the launcher, before its forks): a CDLL is a dlopen and ~60 attribute
+    # lookups, and a launch child and its worker each set the signal twice.
+    return ctypes.CDLL(None, use_errno=True)
 
 
 # -- the launcher process (``lorenz worker --launcher``) ---------------------------------------
@@ -110,6 +118,7 @@ def serve_launches(
     if not set_parent_death_signal(signal.SIGKILL) or os.getppid() != parent:
         return 1  # NB: the controller is gone already (or cannot take us along): no launches
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    profiling.begin("launcher")
     _preload(protocols=preload)
     selector = selectors.DefaultSelector()
     selector.register(0, selectors.EVENT_READ, None)
@@ -143,6 +152,7 @@ def serve_launches(
         for child in children.values():
             with contextlib.suppress(OSError):
                 os.kill(child.pid, signal.SIGKILL)
+        profiling.end("launcher")
 
 
 def _preload(*, protocols: Sequence[str] | None = None) -> None:
@@ -157,6 +167,7 @@ def _preload(*, protocols: Sequence[str] | None = None) -> None:
     from lorenz.agents import preload_runners
 
     preload_runners(protocols)
+    _libc()
     # NB: the imported modules are never freed: keep the collector (in every forked child too)
     # from walking them, and from touching their pages (copy-on-write stays shared).
     gc.freeze()
@@ -184,6 +195,7 @@ def _request(
     if pid == 0:  # the launch child
         status = 1
         try:
+            profiling.begin("launch")
             set_parent_death_signal(signal.SIGKILL)
             if os.getppid() != launcher:
                 os._exit(1)
@@ -202,6 +214,7 @@ def _request(
             _write_line(1, {"ok": False, "code": ErrorCode.WORKER_LAUNCH_FAILED,
                             "message": f"the launcher failed: {type(exc).__name__}: {exc}"})
         finally:
+            profiling.end("launch")
             os._exit(status)
     os.close(write_fd)
     children[read_fd] = _Child(ident=ident, pid=pid, fd=read_fd)

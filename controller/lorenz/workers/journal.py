@@ -94,8 +94,12 @@ class Record:
         return self.kind == FINAL
 
 
+def _encode_whole(record: Record) -> bytes:
+    return json.dumps(record.to_json(), separators=(",", ":"), default=str).encode()
+
+
 def encode_record(record: Record) -> bytes:
-    line = json.dumps(record.to_json(), separators=(",", ":"), default=str).encode()
+    line = _encode_whole(record)
     if len(line) > RECORD_LIMIT_BYTES:
         data = {k: v for k, v in record.data.items() if k != "payload"}
         data["payload_dropped_bytes"] = len(line)
@@ -130,6 +134,9 @@ class JournalWriter:
         self._fd = fd
         self._size = good_bytes
         self._unsynced = False
+        self.last_line: bytes | None = None
+        """The line of the newest record this writer appended, when it is the whole record
+        (``None``: none yet, or its payload was dropped to fit)."""
         self.syncs = 0
         """How many times the file was synced to disk (for tests and diagnostics)."""
         self.compactions = 0
@@ -152,7 +159,9 @@ class JournalWriter:
         record = Record(
             seq=self._last_seq + 1, kind=kind, time_ms=int(time.time() * 1000), data=data
         )
-        line = encode_record(record)
+        line = _encode_whole(record)
+        whole = len(line) <= RECORD_LIMIT_BYTES
+        line = line + b"\n" if whole else encode_record(record)
         if self._size + len(line) > self.max_bytes and not record.is_final:
             self._drop_middle()
         view = memoryview(line)
@@ -161,6 +170,7 @@ class JournalWriter:
             view = view[written:]
         self._size += len(line)
         self._last_seq = record.seq
+        self.last_line = line if whole else None
         if record.is_final:
             self._final = record
         self._unsynced = True

@@ -36,6 +36,7 @@ from lorenz.agents import TRACKER_SECRET_ENV, agent_environment
 from lorenz.codes import ErrorCode
 from lorenz.model import LorenzError
 from lorenz.tasks import install_child_watcher
+from lorenz.workers import profiling
 from lorenz.workers.journal import JOURNAL_NAME, read_journal
 from lorenz.workers.protocol import SOCKET_NAME
 from lorenz.workers.spec import RunSpec
@@ -204,6 +205,11 @@ def start_from_spec(
     :mod:`lorenz.workers.forkserver`, whose launch children call this).
     """
     state_dir = create_state_dir(state_root, spec.handle)
+    if _is_empty_dir(state_dir):
+        # NB: a new run's directory (the usual launch): no journal, no status, no socket, so
+        # the probe could only say "gone, never ran"; skip its event loop and connect attempt.
+        write_spec(state_dir, spec)
+        return serve(state_dir, detach=detach, die_with_parent=die_with_parent, spec=spec)
     probe = asyncio.run(probe_local(state_dir, timeout_s=2.0))
     journal = read_journal(state_dir / JOURNAL_NAME) if probe.state is ProbeState.GONE else []
     if probe.state is not ProbeState.GONE:
@@ -225,17 +231,26 @@ def start_from_spec(
             code=ErrorCode.WORKER_HANDLE_USED,
         )
     write_spec(state_dir, spec)
-    return serve(state_dir, detach=detach, die_with_parent=die_with_parent)
+    return serve(state_dir, detach=detach, die_with_parent=die_with_parent, spec=spec)
 
 
-def serve(state_dir: Path, *, detach: bool, die_with_parent: bool = False) -> int:
+def _is_empty_dir(path: Path) -> bool:
+    with os.scandir(path) as entries:
+        return next(entries, None) is None
+
+
+def serve(
+    state_dir: Path, *, detach: bool, die_with_parent: bool = False, spec: RunSpec | None = None
+) -> int:
     """Run the worker of ``state_dir``; with ``detach``, in a new session, answering once
     its socket is bound (the answer is one JSON line on stdout).
 
     ``die_with_parent`` (with ``detach``): the forked worker is killed if this process ends
-    before the worker's socket is bound and its status written.
+    before the worker's socket is bound and its status written. ``spec``: the spec just
+    written there (``None``: read from ``state_dir``).
     """
-    spec = load_spec(state_dir)
+    if spec is None:
+        spec = load_spec(state_dir)
     if not detach:
         return asyncio.run(_serve(spec, state_dir, ready_fd=None))
     read_fd, write_fd = os.pipe()
@@ -260,6 +275,7 @@ def serve(state_dir: Path, *, detach: bool, die_with_parent: bool = False) -> in
     os.close(read_fd)
     status = int(ExitStatus.FAILED)
     try:
+        profiling.begin("worker")
         if die_with_parent:
             from lorenz.workers.forkserver import set_parent_death_signal
 
@@ -278,6 +294,7 @@ def serve(state_dir: Path, *, detach: bool, die_with_parent: bool = False) -> in
         logger.exception("the worker failed")
     finally:
         logging.shutdown()
+        profiling.end("worker")
         os._exit(status)
 
 

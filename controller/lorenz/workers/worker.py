@@ -174,13 +174,21 @@ class Worker:
         self._server: asyncio.Server | None = None
         self._agent_task: asyncio.Task[AgentRunResult] | None = None
         self._senders = BackgroundTasks(name="worker-senders", log=logger)
+        self._serving: set[asyncio.Task[Any]] = set()
 
     # -- the journal ---------------------------------------------------------------------
 
     def journal(self, kind: str, data: Mapping[str, Any]) -> Record:
         """Write a record, then send it to every attached client (in that order, always)."""
         record = self._journal.append(kind, data)
-        line = encode({"op": "record", "record": record.to_json()})
+        # NB: the journal's own line spliced into the message, not the record encoded again:
+        # the same JSON object (a client decodes it alike), one encoding per record.
+        # A record whose payload the journal dropped still goes out whole to who is attached.
+        journaled = self._journal.last_line
+        if journaled is not None:
+            line = b'{"op":"record","record":' + journaled[:-1] + b"}\n"
+        else:
+            line = encode({"op": "record", "record": record.to_json()})
         for client in list(self._clients):
             if client.attached:
                 client.send_raw(line)
@@ -222,19 +230,33 @@ class Worker:
             await self.close()
             return ExitStatus(int(self._journal.final.data.get("exit_status", 1)))
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.cancel, f"signal {signal.Signals(sig).name}")
-        loop.add_signal_handler(signal.SIGHUP, lambda: None)
-        self._run_task = asyncio.create_task(self._execute())
+
+        def on_signal(signum: int, _frame: object) -> None:
+            loop.call_soon_threadsafe(self.cancel, f"signal {signal.Signals(signum).name}")
+
+        # NB: plain handlers that hand over to the loop, not loop.add_signal_handler: on Python
+        # 3.11 each add (and each remove at the loop's close) checks the signal against
+        # signal.valid_signals(), ~64 enum members built per call — about a tenth of a short
+        # run's worker CPU. SIGHUP gets a Python no-op (not SIG_IGN, which the agent and hooks
+        # would inherit through exec): a closed terminal does not end the run.
+        previous = {sig: signal.getsignal(sig) for sig in _RUN_SIGNALS}
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGHUP, _ignore_signal)
         try:
-            final = await asyncio.shield(self._run_task)
-        except asyncio.CancelledError:
-            final = await self._run_task
-        if self.spec.linger_ms > 0 and not self._acked.is_set():
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.spec.linger_ms / 1000):
-                    await self._acked.wait()
-        await self.close()
+            self._run_task = asyncio.create_task(self._execute())
+            try:
+                final = await asyncio.shield(self._run_task)
+            except asyncio.CancelledError:
+                final = await self._run_task
+            if self.spec.linger_ms > 0 and not self._acked.is_set():
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.spec.linger_ms / 1000):
+                        await self._acked.wait()
+            await self.close()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
         return ExitStatus(int(final.data["exit_status"]))
 
     async def close(self) -> None:
@@ -247,6 +269,14 @@ class Worker:
         # NB: let every sender flush what it has queued (the final record above all): exiting
         # with buffered lines would cut a client's last message in half.
         await self._senders.wait(timeout_s=5.0)
+        # NB: then end the connections still open (a controller that acked and stays attached):
+        # a connection's task left waiting for its next line is cancelled by asyncio.run, and
+        # Python 3.11's stream server logs that cancellation as an error with its traceback.
+        serving = [task for task in self._serving if task is not asyncio.current_task()]
+        for client in list(self._clients):
+            client.writer.close()
+        if serving:
+            await asyncio.wait(serving, timeout=1.0)
         self._journal.close()
 
     def cancel(self, reason: str) -> None:
@@ -493,6 +523,10 @@ class Worker:
             return
         client = _Client(writer=writer)
         self._clients.add(client)
+        serving = asyncio.current_task()
+        if serving is not None:
+            self._serving.add(serving)
+            serving.add_done_callback(self._serving.discard)
         sender = self._senders.spawn(self._send_loop(client), name="lorenz-worker-sender")
         client.send(
             {
@@ -583,6 +617,13 @@ class Worker:
             client.send(
                 {"op": "error", "code": ErrorCode.UNKNOWN_OP, "message": f"unknown op {op!r}"},
             )
+
+
+_RUN_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def _ignore_signal(_signum: int, _frame: object) -> None:
+    pass
 
 
 def agent_update_data(update: AgentUpdate) -> dict[str, Any]:

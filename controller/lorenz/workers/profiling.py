@@ -1,0 +1,64 @@
+"""Where a run's CPU goes outside the controller: per-process figures for ``bench/cli_bench.py``.
+
+A run's orchestration is spread over processes the controller cannot see into: the launcher,
+one launch child per run (forked from the launcher, it forks the worker and answers) and the
+worker. Their CPU is counted in the bench's whole-tree figure, but not split. With
+``LORENZ_PROFILE_DIR`` set in the controller's environment (the bench sets it; nothing else
+should), each of these processes appends one line to ``DIR/cpu.txt`` as it ends — its kind,
+pid and the CPU it used since its fork or exec (``RUSAGE_SELF``) — and with
+``LORENZ_PROFILE_CPROFILE=1`` also writes a cProfile of itself to ``DIR/<kind>-<pid>.prof``
+(which inflates the CPU figures: read them from a run without it). Unset, everything here is
+one environment lookup.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import os
+import resource
+import time
+from typing import Final
+
+PROFILE_DIR_ENV: Final = "LORENZ_PROFILE_DIR"
+CPROFILE_ENV: Final = "LORENZ_PROFILE_CPROFILE"
+
+_profiler: cProfile.Profile | None = None
+
+
+def begin(kind: str) -> None:
+    """In a process just forked (or started) as ``kind``: start its profile if asked for.
+
+    NB: a profiler inherited across the fork (the launch child's, in its worker) is stopped
+    first, so each process profiles only itself.
+    """
+    global _profiler
+    if _profiler is not None:
+        _profiler.disable()
+        _profiler = None
+    if os.environ.get(PROFILE_DIR_ENV) and os.environ.get(CPROFILE_ENV) == "1":
+        _profiler = cProfile.Profile(time.process_time)  # NB: CPU, not wall (a loaded host)
+        _profiler.enable()
+
+
+def end(kind: str) -> None:
+    """As the process ends (before ``os._exit``): its CPU line, and its profile if one runs."""
+    global _profiler
+    directory = os.environ.get(PROFILE_DIR_ENV)
+    if not directory:
+        return
+    pid = os.getpid()
+    try:
+        if _profiler is not None:
+            _profiler.disable()
+            _profiler.dump_stats(os.path.join(directory, f"{kind}-{pid}.prof"))
+            _profiler = None
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        line = f"{kind} {pid} {usage.ru_utime!r} {usage.ru_stime!r} {usage.ru_minflt}\n"
+        fd = os.open(os.path.join(directory, "cpu.txt"),
+                     os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
+    except OSError:
+        pass  # NB: a figure for the bench, never a reason for a run to fail
