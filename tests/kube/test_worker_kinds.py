@@ -65,3 +65,64 @@ def test_a_workflow_without_worker_kind_runs_in_a_pod_and_local_stays_in_the_ope
     )
     wait_until(lambda: run_pods(kube, "bare") == [] or None, timeout=30,
                message="the run's Pod deleted with its Workflow")
+
+
+def test_local_runs_are_refused_unless_the_platform_team_allows_them(
+    kube_control_plane: Cluster,
+    kube: Kube,
+    rig: Rig,
+    operators: Callable[..., OperatorProcess],
+) -> None:
+    """#37 point 1: ``worker.kind: local`` would hand the tenant the operator's token. With the
+    operator's default (``--local-runs`` off) the Workflow is ``Degraded`` with
+    ``local_runs_forbidden`` and no agent runs; allowed only for other namespaces, the same.
+    A spec change back to the default kind runs at once."""
+    from tests.kube.test_operator import condition, wait_condition
+
+    off = operators("no-local", namespaces=(kube.namespace,), local_runs=False,
+                    extra_args=("--worker-image", "localhost/lorenz:absent"))
+    write_issue(rig.issues_of("inside"), "TASK-1")
+    kube.apply(rig.workflow("inside", seconds=0.2))
+    workflow = wait_condition(kube, "inside", "Degraded", "True", reason="local_runs_forbidden",
+                              timeout=60)
+    message = condition(workflow, "Degraded")["message"]  # type: ignore[index]
+    assert "worker.kind local" in message
+    assert "--local-runs" in message
+    assert rig.runs() == []
+    assert issue_state(rig.issues_of("inside"), "TASK-1") == "Todo"
+    assert run_pods(kube, "inside") == []
+    off.stop()
+
+    elsewhere = operators(
+        "local-elsewhere", namespaces=(kube.namespace,),
+        extra_args=("--local-runs-namespaces", "some-other-team",
+                    "--worker-image", "localhost/lorenz:absent"),
+    )
+    kube_control_plane.kubectl(
+        "annotate", "workflow", "inside", "-n", kube.namespace, "lorenz.dev/refresh=1",
+        "--overwrite",
+    )
+
+    def refused_by_elsewhere() -> bool | None:
+        workflow = kube.get("workflow", "inside")
+        leader = ((workflow.get("status") or {}).get("leader") or {}).get("identity") or ""
+        found = condition(workflow, "Degraded") or {}
+        return (leader.startswith("local-elsewhere") and found.get("status") == "True"
+                and found.get("reason") == "local_runs_forbidden") or None
+
+    wait_until(refused_by_elsewhere, timeout=60,
+               message="the Workflow refused by the operator that allows local elsewhere")
+    assert rig.runs() == []
+
+    # The default kind (a Pod of its own) is what the Workflow gets once it stops asking.
+    kube_control_plane.kubectl(
+        "patch", "workflow", "inside", "-n", kube.namespace, "--type=json",
+        "-p", '[{"op": "remove", "path": "/spec/worker"}]',
+    )
+    wait_until(lambda: run_pods(kube, "inside") or None, timeout=60, message="the run's Pod")
+    wait_condition(kube, "inside", "Degraded", "False", timeout=60)
+    assert rig.runs() == []
+    assert elsewhere.alive
+    kube_control_plane.kubectl(
+        "delete", "workflow", "inside", "-n", kube.namespace, "--wait=true", "--timeout=60s"
+    )

@@ -16,7 +16,9 @@ file with the same content behave identically. What differs is decided here:
 * a key the spec leaves unset gets the operator's default where it has one
   (:data:`~lorenz.kube.api.crds.OPERATOR_DEFAULTS`): ``worker.kind`` is ``pod``, each run in a Pod
   of its own; ``local`` (a worker inside the operator's Pod, unisolated) only when the spec
-  says so.
+  says so *and* the platform team allowed it for the namespace (``--local-runs``); otherwise
+  the spec is refused with :class:`~lorenz.kube.errors.LocalRunsForbidden`. NB: CEL at
+  admission cannot see an operator flag, so this is the one place that decides.
 
 The :class:`~lorenz.workflow.WorkflowStamp` of the result is derived from the spec and the
 Secret's content, so the runtime's transactional reload runs exactly when either changed.
@@ -34,11 +36,17 @@ from typing import Any
 
 import yaml
 
+from lorenz.config import WorkerKind
 from lorenz.kube.api.casing import front_matter_from_spec
 from lorenz.kube.api.crds import OPERATOR_DEFAULTS, PROMPT_FIELD, SECRET_REF_FIELD
 from lorenz.kube.api.resources import WorkflowRef
 from lorenz.kube.clients import KubeApi, secret_path
-from lorenz.kube.errors import KubeApiError, TrackerPathOutsideWorkflow, TrackerSecretMissing
+from lorenz.kube.errors import (
+    KubeApiError,
+    LocalRunsForbidden,
+    TrackerPathOutsideWorkflow,
+    TrackerSecretMissing,
+)
 from lorenz.policies import DEFAULT_MAX_CONTINUATION_RUNS
 from lorenz.workflow import (
     DEFAULT_WORKFLOW_FILENAME,
@@ -222,10 +230,24 @@ def workflow_from_spec(
     )
 
 
+def refuse_local_runs(loaded: LoadedWorkflow, *, namespace: str, allowed: bool) -> None:
+    """Raise :class:`LocalRunsForbidden` when ``loaded`` runs its agents in the operator's Pod
+    (``worker.kind: local``) and the operator does not allow that in ``namespace``."""
+    if loaded.settings.worker.kind is WorkerKind.LOCAL and not allowed:
+        raise LocalRunsForbidden(namespace=namespace)
+
+
 async def load_workflow_object(
-    body: Mapping[str, Any], *, api: KubeApi, workflow_dir: Path, continuation_ceiling: int = 0
+    body: Mapping[str, Any],
+    *,
+    api: KubeApi,
+    workflow_dir: Path,
+    allow_local: bool,
+    continuation_ceiling: int = 0,
 ) -> LoadedWorkflow:
-    """:func:`workflow_from_spec` with the tracker Secret read from the API."""
+    """:func:`workflow_from_spec` with the tracker Secret read from the API, refused when it
+    asks for ``worker.kind: local`` and ``allow_local`` is false (the operator's
+    :meth:`~lorenz.kube.settings.OperatorSettings.allows_local_runs` for its namespace)."""
     ref = workflow_ref(body)
     api_key: str | None = None
     digest = ""
@@ -234,13 +256,15 @@ async def load_workflow_object(
         name, key = secret
         api_key = await read_secret_key(api, namespace=ref.namespace, name=name, key=key)
         digest = hashlib.sha256(api_key.encode()).hexdigest()
-    return workflow_from_spec(
+    loaded = workflow_from_spec(
         body,
         workflow_dir=workflow_dir,
         api_key=api_key,
         secret_digest=digest,
         continuation_ceiling=continuation_ceiling,
     )
+    refuse_local_runs(loaded, namespace=ref.namespace, allowed=allow_local)
+    return loaded
 
 
 def failed_stamp(body: Mapping[str, Any], error: BaseException) -> WorkflowStamp:

@@ -173,6 +173,7 @@ class WorkflowController:
             api=api,
             workflow_dir=self.workflow_dir,
             retry_period_s=settings.retry_period_seconds,
+            allow_local=settings.allows_local_runs(self.ref.namespace),
             continuation_ceiling=settings.max_continuation_runs,
         )
         self.events = EventPoster(
@@ -498,6 +499,7 @@ class WorkflowController:
                 body,
                 api=self._api,
                 workflow_dir=self.workflow_dir,
+                allow_local=self._settings.allows_local_runs(self.ref.namespace),
                 continuation_ceiling=self._settings.max_continuation_runs,
             )
             validate_dispatch(loaded.settings)
