@@ -28,6 +28,9 @@ class ActiveRun:
     """The slot is bound and its agent run under way (not just reserving a worker)."""
     exited: bool = False
     """The agent run is over; the slot is being settled (no turn is in progress)."""
+    placing: bool = False
+    """The slot is reserved and its worker being placed (a Pod of its own, bound once it
+    serves): the worker, and its agent, may already run, named by the Claim's spawn intent."""
 
     @property
     def is_active(self) -> bool:
