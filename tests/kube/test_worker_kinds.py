@@ -126,3 +126,34 @@ def test_local_runs_are_refused_unless_the_platform_team_allows_them(
     kube_control_plane.kubectl(
         "delete", "workflow", "inside", "-n", kube.namespace, "--wait=true", "--timeout=60s"
     )
+
+
+def test_runs_that_keep_failing_to_be_placed_make_the_workflow_degraded(
+    kube_control_plane: Cluster,
+    kube: Kube,
+    rig: Rig,
+    operators: Callable[..., OperatorProcess],
+) -> None:
+    """#37 point 6: a Workflow whose runs are never placed (here: no node at all; on a cluster,
+    an image that does not pull) says so as ``Degraded``, with the placement failure's code as
+    the reason, after three in a row; not only in ``PlacementFailed`` Events."""
+    from tests.kube.test_operator import condition, wait_condition
+
+    operators("unplaced", namespaces=(kube.namespace,),
+              extra_args=("--worker-image", "localhost/lorenz:absent"))
+    write_issue(rig.issues_of("unplaced"), "TASK-1")
+    workflow = rig.workflow("unplaced", seconds=0.2)
+    workflow["spec"]["worker"] = {"startTimeoutMs": 2000}  # pod, the default kind
+    kube.apply(workflow)
+    wait_condition(kube, "unplaced", "Ready", "True", timeout=60)
+    found = wait_condition(kube, "unplaced", "Degraded", "True", reason="pod_start_timeout",
+                           timeout=180)
+    message = condition(found, "Degraded")["message"]  # type: ignore[index]
+    assert "cannot place its runs" in message
+    assert "3 runs in a row were not placed" in message
+    assert "start_timeout" in message
+    assert "PlacementFailed" in kube.reasons("unplaced")
+    assert rig.runs() == []
+    kube_control_plane.kubectl(
+        "delete", "workflow", "unplaced", "-n", kube.namespace, "--wait=true", "--timeout=60s"
+    )
