@@ -270,9 +270,12 @@ class OperatorProcess:
         shards: int | None = None,
         new_session: bool = False,
         prelude: str = "",
+        local_runs: bool = True,
     ) -> None:
         """``prelude``: Python run in the operator process before lorenz starts (a test's
-        instrumentation, e.g. a counter around a method)."""
+        instrumentation, e.g. a counter around a method). ``local_runs``: ``--local-runs``
+        (on here, unlike the operator's default: :meth:`Rig.workflow`'s runs are local, the
+        agent script being on this machine)."""
         self.cluster = cluster
         self.new_session = new_session
         """Start the operator as a process group (and session) of its own, so a test can kill
@@ -302,6 +305,7 @@ class OperatorProcess:
             "--api-auth", "none",
             "--liveness-endpoint", "",
             "--log-level", "debug",
+            "--local-runs", "true" if local_runs else "false",
             *extra_args,
         ]
         if namespaces:

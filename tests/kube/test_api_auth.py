@@ -107,3 +107,5 @@ def test_the_api_needs_a_token_whose_user_may_read_that_workflow(
     assert status == 403  # a non-resource URL needs its own grant
     status, body = call(operator, "/healthz")
     assert status == 200  # an open path
+    # Open to any Pod that reaches the port: ok or not, nothing about the Workflows (#37).
+    assert body == {"status": "ok"}

@@ -427,3 +427,37 @@ async def test_a_malformed_stored_ledger_is_read_as_far_as_it_is_valid(
     assert (await store.day_spend("2026-12-07")).usd == 0.5
     assert (await store.day_spend("x")).usd == 0.0
     assert [row.issue_id for row in await store.issue_spends()] == ["id-1"]
+@pytest.mark.parametrize("first", ["intent", "bind"])
+async def test_a_bind_and_an_intent_write_that_race_both_land(
+    kube_api: KubeApi, workflow: WorkflowRef, first: str
+) -> None:
+    """#37: the bind of a run in a Pod (``save``, phase ``Running``) and the intent write after
+    its launch answered (``probing``) go out with one resourceVersion; the one that conflicts
+    is written again from the fresh Claim, so neither undoes the other — never a Claim that
+    says ``Reserved / spawn_requested`` while its agent runs (whichever wins the race)."""
+    from lorenz.model import SpawnIntent, SpawnPhase
+
+    leadership = Leadership("leader")
+    store = store_for(kube_api, workflow, "leader", leadership)
+    key = SlotKey("ISSUE-1#0")
+    assert await store.acquire(record(phase=ClaimPhase.RESERVED, started_at=None))
+    handle = "wf-issue-1-0-g1-r0"
+    requested = SpawnIntent(handle=handle, phase=SpawnPhase.SPAWN_REQUESTED, generation=None)
+    assert await store.record_intent(key, requested)
+    probing = SpawnIntent(handle=handle, phase=SpawnPhase.PROBING, generation=None)
+    bind = store.save(record(phase=ClaimPhase.RUNNING, turn_count=1))
+    intent = store.record_intent(key, probing)
+    # NB: both requests leave before either answers (the first await of each is its PATCH).
+    if first == "intent":
+        await asyncio.gather(intent, bind)
+    else:
+        await asyncio.gather(bind, intent)
+    status = (await claim_object(kube_api, workflow, "ISSUE-1#0"))["status"]
+    assert status["phase"] == "Running"
+    assert status["turnCount"] == 1
+    assert status["intent"]["phase"] == "probing"
+    assert status["intent"]["handle"] == handle
+    held = store.held[key].record
+    assert (held.phase, held.intent.phase if held.intent else None) == (
+        ClaimPhase.RUNNING, SpawnPhase.PROBING,
+    )

@@ -214,6 +214,56 @@ def test_unknown_fields_fail_strict_validation_and_are_pruned_otherwise(
             "spec.worker.podTemplate.envFromSecrets",
             "must not name the tracker's Secret",
         ),
+        # #37 point 2: the tracker's Secret mounted as a volume (the file holds the token).
+        (
+            {
+                "tracker": {"kind": "linear", "projectSlug": "b",
+                            "apiKeySecretRef": {"name": "linear-b", "key": "token"}},
+                "worker": {"podTemplate": {"volumes": [
+                    {"name": "cache", "mountPath": "/cache", "emptyDir": {}},
+                    {"name": "trk", "mountPath": "/home/lorenz/trk", "secret": "linear-b"},
+                ]}},
+            },
+            "spec.worker.podTemplate.volumes",
+            "must not mount the tracker's Secret (tracker.apiKeySecretRef): the tracker token "
+            "never enters a run's Pod",
+        ),
+        # Any other volume kind (a projected Secret, the node's disk) is pruned by the schema
+        # and then has no source: refused, never stored as a volume without one.
+        (
+            {"worker": {"podTemplate": {"volumes": [
+                {"name": "trk", "mountPath": "/trk",
+                 "projected": {"sources": [{"secret": {"name": "linear-b"}}]}},
+            ]}}},
+            "spec.worker.podTemplate.volumes[0]",
+            "names exactly one of secret, configMap, persistentVolumeClaim, emptyDir",
+        ),
+        (
+            {"worker": {"podTemplate": {"volumes": [
+                {"name": "two", "mountPath": "/two", "secret": "model", "emptyDir": {}},
+            ]}}},
+            "spec.worker.podTemplate.volumes[0]",
+            "names exactly one of",
+        ),
+        # #37 point 6: a Secret of another namespace cannot be named.
+        (
+            {"tracker": {"kind": "linear", "projectSlug": "a",
+                         "apiKeySecretRef": {"name": "team-a/linear-a", "key": "token"}}},
+            "spec.tracker.apiKeySecretRef",
+            "must be the name of a Secret in the Workflow's own namespace",
+        ),
+        (
+            {"worker": {"podTemplate": {"envFromSecrets": ["team-a/model"]}}},
+            "spec.worker.podTemplate.envFromSecrets[0]",
+            "no 'namespace/' prefix",
+        ),
+        (
+            {"worker": {"podTemplate": {"volumes": [
+                {"name": "m", "mountPath": "/m", "secret": "team-a/model"},
+            ]}}},
+            "spec.worker.podTemplate.volumes[0].secret",
+            "Secret in the Workflow's own namespace",
+        ),
     ],
 )
 def test_cel_rules_reject_cross_field_violations_naming_the_field(
@@ -285,6 +335,11 @@ POD_WORKER: dict[str, Any] = {
             }
         },
         "envFromSecrets": ["model"],
+        "runtimeClassName": "gvisor",
+        "volumes": [
+            {"name": "agent-config", "mountPath": "/etc/agent", "configMap": "agent-config"},
+            {"name": "model-key", "mountPath": "/etc/model", "secret": "model", "readOnly": True},
+        ],
     },
     "serviceAccountName": "lorenz-agent",
     "workspace": {"emptyDir": {"sizeLimit": "10Gi"}},
@@ -313,13 +368,15 @@ def test_a_pod_worker_is_accepted_whole_and_kubectl_explain_shows_it(
         environ={},
     ).settings
     assert settings.worker.pod_template.env_from_secrets == ("model",)
+    assert settings.worker.pod_template.runtime_class_name == "gvisor"
+    assert [v.name for v in settings.worker.pod_template.volumes] == ["agent-config", "model-key"]
     assert settings.worker.workspace.empty_dir.size_limit == "10Gi"
 
     explained = kube_control_plane.kubectl(
         "explain", "workflows.spec.worker.podTemplate", "--api-version=lorenz.dev/v1alpha1"
     ).stdout
     for field in ("image", "resources", "nodeSelector", "tolerations", "affinity",
-                  "envFromSecrets"):
+                  "envFromSecrets", "runtimeClassName"):
         assert field in explained, explained
     kind = kube_control_plane.kubectl(
         "explain", "workflows.spec.worker.kind", "--api-version=lorenz.dev/v1alpha1"
@@ -330,6 +387,24 @@ def test_a_pod_worker_is_accepted_whole_and_kubectl_explain_shows_it(
     assert "default" not in crds.workflow_spec_schema()["properties"]["worker"]["properties"][
         "kind"
     ]
+
+
+@pytest.mark.cluster
+def test_an_agent_env_takes_strings_only_so_no_secret_key_ref_reaches_a_run(
+    kube_control_plane: Cluster, kube_namespace: str, lorenz_crds: list[str]
+) -> None:
+    """#37 point 2: a Pod's ``env[].valueFrom.secretKeyRef`` has no counterpart in a Workflow:
+    an agent's ``env`` holds plain strings, so a reference to the tracker's Secret is refused
+    with or without strict validation."""
+    body = with_spec("env-ref")
+    body["spec"]["agents"]["script"]["env"] = {
+        "TOKEN": {"valueFrom": {"secretKeyRef": {"name": "linear-b", "key": "token"}}}
+    }
+    stderr = rejected(kube_control_plane, kube_namespace, body)
+    assert "spec.agents.script.env.TOKEN" in stderr, stderr
+    # Unchecked by the client, the API server still refuses it: no string, no Workflow.
+    stderr = rejected(kube_control_plane, kube_namespace, body, validate="false")
+    assert "spec.agents.script.env.TOKEN" in stderr, stderr
 
 
 @pytest.mark.cluster

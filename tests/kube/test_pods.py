@@ -819,3 +819,46 @@ async def test_kubectl_get_claims_shows_the_pod_its_phase_and_node(
     assert claim["status"]["node"] == "fake-7"
     assert await store.note_pod(key, phase="Failed", node="fake-7")
     assert patches() == before + 3
+
+
+@pytest.mark.cluster
+async def test_a_runtime_class_reaches_the_pod_and_one_that_does_not_exist_is_refused(
+    kube_control_plane: Cluster, kube_api: KubeApi, restricted_namespace: str
+) -> None:
+    """``worker.podTemplate.runtimeClassName`` (#37 point 6) is the Pod's ``runtimeClassName``;
+    the API server admits the Pod when the RuntimeClass exists and refuses it otherwise. NB: no
+    sandbox runs here: the test node's containerd has the ``runc`` handler only, so this checks
+    the pass-through and the API's admission, not gVisor or Kata themselves."""
+    ns = restricted_namespace
+    runtime_class = f"sandbox-{ns}"[:63]
+    await kube_api.create(
+        "/apis/node.k8s.io/v1/runtimeclasses",
+        {
+            "apiVersion": "node.k8s.io/v1",
+            "kind": "RuntimeClass",
+            "metadata": {"name": runtime_class},
+            "handler": "runsc",
+        },
+    )
+    try:
+        workflow = WorkflowRef(namespace=ns, name="pods", uid=None)
+        for name, wanted in (("sandboxed", runtime_class), ("missing", "no-such-runtime")):
+            spec = run_spec(name.upper() + "-1")
+            worker = pod_worker(pod_template={"runtime_class_name": wanted})
+            manifest = pod_manifest(
+                spec=spec, workflow=workflow, worker=worker, image="localhost/lorenz:absent"
+            )
+            assert manifest["spec"]["runtimeClassName"] == wanted
+            manifest["spec"]["serviceAccountName"] = "default"
+            if name == "sandboxed":
+                created = await kube_api.create(f"/api/v1/namespaces/{ns}/pods", manifest)
+                assert created["spec"]["runtimeClassName"] == runtime_class
+            else:
+                with pytest.raises(KubeApiError) as refused:
+                    await kube_api.create(f"/api/v1/namespaces/{ns}/pods", manifest)
+                assert "no-such-runtime" in str(refused.value)
+        assert "runtimeClassName" not in pod_manifest(
+            spec=run_spec(), workflow=workflow, worker=pod_worker(), image="x"
+        )["spec"]
+    finally:
+        await kube_api.delete(f"/apis/node.k8s.io/v1/runtimeclasses/{runtime_class}")

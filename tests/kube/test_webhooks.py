@@ -233,7 +233,7 @@ def test_admission_keeps_webhook_secret_refs_to_webhook_trackers(
         "worker": {"podTemplate": {"envFromSecrets": ["hook"]}},
     })
     refused = refused_apply(kube, manifest)
-    assert "must not name the webhook secret's Secret" in refused
+    assert "must not name the tracker's Secret (tracker.webhookSecretRef)" in refused
 
 
 def refused_apply(kube: Kube, manifest: dict[str, Any]) -> str:

@@ -297,7 +297,10 @@ def install(
                         "durationSeconds": 6,
                         "renewDeadlineSeconds": 4,
                         "retryPeriodSeconds": 1,
-                    }
+                    },
+                    # NB: this install's Workflows run their agent in the operator's Pod
+                    # (worker.kind: local, off by default since #37), in its one namespace.
+                    "localRuns": {"enabled": True, "namespaces": [namespace]},
                 },
             }
         )

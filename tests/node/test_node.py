@@ -178,3 +178,55 @@ def test_port_forward_reaches_a_pod(
     finally:
         forward.terminate()
         forward.wait(timeout=10)
+
+
+def test_a_runtime_class_selects_the_nodes_handler_and_an_unknown_handler_never_runs(
+    kube_control_plane: Cluster,
+    kube_node: Node,
+    node_images: NodeImages,
+    restricted_namespace: str,
+) -> None:
+    """``worker.podTemplate.runtimeClassName`` (#37) on a real node. The test node's containerd
+    has one handler, ``runc`` (tests/cluster/node.py): a RuntimeClass naming it runs the Pod; one
+    naming ``runsc`` (gVisor, not installed here) never starts — the platform team must install
+    the handler its RuntimeClass names. No sandboxed runtime is exercised by the suite."""
+    classes = {"runc": unique_name("rc-runc"), "runsc": unique_name("rc-runsc")}
+    for handler, name in classes.items():
+        kube_control_plane.apply({
+            "apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
+            "metadata": {"name": name}, "handler": handler,
+        })
+    try:
+        runs = pod(unique_name("runc"), image=node_images.project, command=["true"])
+        runs["spec"]["runtimeClassName"] = classes["runc"]
+        kube_control_plane.apply(runs, namespace=restricted_namespace)
+        body = wait_for_phase(
+            kube_control_plane, namespace=restricted_namespace, name=runs["metadata"]["name"],
+            phases=("Succeeded", "Failed"),
+        )
+        assert body["status"]["phase"] == "Succeeded", body["status"]
+        assert body["spec"]["runtimeClassName"] == classes["runc"]
+
+        never = pod(unique_name("runsc"), image=node_images.project, command=["true"])
+        never["spec"]["runtimeClassName"] = classes["runsc"]
+        kube_control_plane.apply(never, namespace=restricted_namespace)
+        name = never["metadata"]["name"]
+
+        def sandbox_refused() -> str | None:
+            events = kube_control_plane.kubectl_json(
+                "get", "events", "-n", restricted_namespace,
+                "--field-selector", f"involvedObject.name={name}",
+            )["items"]
+            return next((e["message"] for e in events
+                         if e.get("reason") == "FailedCreatePodSandBox"), None)
+
+        message = wait_until(sandbox_refused, timeout=120, interval=1.0,
+                             message="the kubelet reports the missing runsc handler")
+        assert "runsc" in message
+        phase = kube_control_plane.kubectl_json(
+            "get", "pod", name, "-n", restricted_namespace
+        )["status"]["phase"]
+        assert phase == "Pending"
+    finally:
+        for name in classes.values():
+            kube_control_plane.kubectl("delete", "runtimeclass", name, check=False)

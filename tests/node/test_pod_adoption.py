@@ -85,7 +85,7 @@ def replicas(
     """Start operator replicas on the host (one shard: one candidate leader at a time)."""
     started: list[OperatorProcess] = []
 
-    def start(identity: str) -> OperatorProcess:
+    def start(identity: str, prelude: str = "") -> OperatorProcess:
         operator = OperatorProcess(
             host_rig.cluster,
             identity=identity,
@@ -95,6 +95,7 @@ def replicas(
             lease_namespace=host_rig.namespace,
             shards=1,
             new_session=True,
+            prelude=prelude,
         )
         started.append(operator)
         return operator.start()
@@ -260,6 +261,84 @@ def test_a_killed_leaders_run_pod_is_adopted_by_the_other_replica_and_runs_once(
                message="the Claim released")
     assert "worker_gone" not in b.log()
     delete_workflow(rig, "adopt")
+
+
+LAUNCH_NEVER_ANSWERS = """
+import asyncio
+from lorenz.kube.pods import transport as _transport
+_launch = _transport.PodTransport.launch
+async def _launch_that_never_answers(self, spec):
+    await _launch(self, spec)
+    # NB: the Pod is created and its worker serves (its agent runs); the controller never
+    # learns it, so the slot is never bound: the Claim stays Reserved / spawn_requested.
+    await asyncio.Event().wait()
+_transport.PodTransport.launch = _launch_that_never_answers
+"""
+"""A replica whose Pod launches never answer: a run stays reserved while its agent works."""
+
+
+def reserved_claim(kube: Kube, *, owner: str) -> dict[str, Any] | None:
+    """The Claim ``owner`` holds still ``Reserved``, its intent naming the run's Pod."""
+    for claim in kube.items("claims"):
+        status = claim.get("status") or {}
+        intent = status.get("intent") or {}
+        if (status.get("owner") == owner and status.get("phase") == "Reserved"
+                and intent.get("phase") == "spawn_requested"):
+            return claim
+    return None
+
+
+def test_a_run_still_reserved_when_its_operator_stops_is_adopted_not_run_again(
+    host_rig: HostRig, replicas: Callable[..., OperatorProcess]
+) -> None:
+    """#37 point 3: the operator stops (SIGTERM, as when its Pod is deleted) while a run's Pod
+    runs its agent and the Claim still says ``Reserved / spawn_requested`` (here: a launch
+    that never answers). The next leader adopts that Pod; the agent is started once."""
+    rig = host_rig
+    kube = Kube(rig.cluster, rig.namespace, shards=1)
+    a = replicas("reserved-a", prelude=LAUNCH_NEVER_ANSWERS)
+    kube.apply(pod_workflow(rig, name="reserved", seconds=40.0))
+    issue = rig.linear.add_issue(title="reserved when its operator stops")
+    try:
+        claim = wait_until(lambda: reserved_claim(kube, owner="reserved-a"), timeout=300,
+                           interval=0.5, message="A's run reserved, its spawn intent recorded")
+        wait_until(lambda: started_runs(rig, issue.id) or None, timeout=300, interval=0.5,
+                   message="the agent in the Pod started")
+    except TimeoutError as err:
+        raise AssertionError(f"{err}\n{diagnose(rig, a)}") from err
+    handle = claim["status"]["intent"]["handle"]
+    name = pod_name(handle)
+    uid = pod_uid(rig, name)
+    assert uid is not None
+    (agent,) = started_runs(rig, issue.id)
+    assert agent.pod == name
+    assert kube.get("claims", claim["metadata"]["name"])["status"]["phase"] == "Reserved"
+    b = replicas("reserved-b")
+
+    a.kill_group(signal.SIGTERM)  # a graceful stop: A hands the Workflow over
+    a.wait(timeout=90)
+    assert not agent.ended, "the agent ended before its operator went: nothing to adopt"
+    try:
+        wait_until(lambda: kube.holder("reserved") == "reserved-b" or None, timeout=180,
+                   interval=0.2, message="B takes over")
+        wait_until(
+            lambda: f"adopting the worker of a lost controller handle={handle}" in b.log()
+            or None, timeout=180, message="B adopts A's run Pod",
+        )
+        wait_until(
+            lambda: (rig.linear.state_of(issue.id) == "Done"
+            and any(r.ended for r in rig.recorder.runs_of(issue.id))) or None,
+            timeout=300, interval=0.5, message="the adopted run finishes the issue",
+        )
+    except TimeoutError as err:
+        raise AssertionError(f"{err}\n{diagnose(rig, a, b)}") from err
+    assert "orphan run Pods deleted" not in b.log()
+    (run,) = started_runs(rig, issue.id)  # one agent start for the attempt
+    assert (run.run, run.pod) == (agent.run, name)
+    assert run.ended
+    assert run.stopped_at is None
+    wait_pod_gone(rig, name, uid)
+    delete_workflow(rig, "reserved")
 
 
 def test_a_deleted_claim_or_a_terminal_issue_stops_the_agent_and_removes_pod_and_secret(

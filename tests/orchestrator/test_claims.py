@@ -368,8 +368,8 @@ async def test_a_retry_that_was_not_placed_keeps_its_attempt_and_failure_count()
     assert failed is not None
     assert failed.attempt == 1
     assert orchestrator.state.failure_streaks == {key(1): 1}
-    for _ in range(3):  # however often the cluster has no room for it
-        clock.advance(failed.due_at_ms - clock.monotonic_ms() + placement_wait_ms())
+    for n in range(1, 4):  # however often the cluster has no room for it
+        clock.advance(failed.due_at_ms - clock.monotonic_ms() + placement_wait_ms(n))
         [candidate] = await orchestrator.eligible_issues([issue(1)])
         reservation = (await reserve(orchestrator, candidate)).reservation
         assert reservation.attempt == 1
@@ -377,12 +377,14 @@ async def test_a_retry_that_was_not_placed_keeps_its_attempt_and_failure_count()
         assert back is not None
         assert (back.kind, back.attempt) == (RetryKind.FAILURE, 1)
         assert back.error == "quota"
-        assert back.due_at_ms == clock.monotonic_ms() + placement_wait_ms()
+        # the wait doubles with each failure in a row (#37); the attempt does not move
+        assert back.due_at_ms == clock.monotonic_ms() + placement_wait_ms(n)
+        assert placement_wait_ms(n) == 5000 * 2 ** (n - 1)
         assert orchestrator.state.failure_streaks == {key(1): 1}
         assert store.claims[key(1)].attempt == 1
         failed = back
     # the run that is finally placed and fails is the second failure, not the fifth
-    clock.advance(placement_wait_ms())
+    clock.advance(placement_wait_ms(3))
     [candidate] = await orchestrator.eligible_issues([issue(1)])
     reservation = (await reserve(orchestrator, candidate)).reservation
     assert await orchestrator.bind_reservation(reservation, host="lzw-b") is not None
@@ -390,3 +392,28 @@ async def test_a_retry_that_was_not_placed_keeps_its_attempt_and_failure_count()
     assert finished is not None
     assert finished.blocked is not None
     assert finished.blocked.failures == 2
+
+
+async def test_placement_waits_double_in_a_row_and_start_over_once_a_run_is_placed() -> None:
+    """#37: an image that never pulls is not tried every 5 s for ever."""
+    orchestrator, _store, clock = make(config=settings(worker=POD_WORKER))
+    waits = []
+    for _ in range(3):
+        [candidate] = await orchestrator.eligible_issues([issue(1)])
+        reservation = (await reserve(orchestrator, candidate)).reservation
+        back = await orchestrator.give_back(reservation, error="ErrImagePull", code="x")
+        assert back is not None
+        waits.append(back.due_at_ms - clock.monotonic_ms())
+        clock.advance(back.due_at_ms - clock.monotonic_ms())
+    assert waits == [5000, 10000, 20000]
+    assert placement_wait_ms(100) == 300_000  # capped
+    [candidate] = await orchestrator.eligible_issues([issue(1)])
+    reservation = (await reserve(orchestrator, candidate)).reservation
+    assert await orchestrator.bind_reservation(reservation, host="lzw-pod") is not None
+    await orchestrator.finish(key(1), normal=True)
+    clock.advance(60_000)
+    [candidate] = await orchestrator.eligible_issues([issue(1)])
+    reservation = (await reserve(orchestrator, candidate)).reservation
+    back = await orchestrator.give_back(reservation, error="ErrImagePull", code="x")
+    assert back is not None
+    assert back.due_at_ms - clock.monotonic_ms() == placement_wait_ms()

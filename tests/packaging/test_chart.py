@@ -308,6 +308,9 @@ def test_operator_settings_come_from_the_environment(defaults: list[dict[str, An
         "LORENZ_OPERATOR_DRAIN_TIMEOUT_SECONDS": "30",
         "LORENZ_OPERATOR_API_AUTH": "kubernetes",
         "LORENZ_OPERATOR_API_OPEN_PATHS": "/healthz",
+        # worker.kind: local (agents in the operator's Pod, with its token) is off (#37).
+        "LORENZ_OPERATOR_LOCAL_RUNS": "false",
+        "LORENZ_OPERATOR_LOCAL_RUNS_NAMESPACES": "",
         # Runs in Pods (worker.kind: pod) without an image of their own use the operator's.
         "LORENZ_OPERATOR_WORKER_IMAGE": "lorenz:0.1.0",
     }
@@ -320,6 +323,8 @@ def test_operator_settings_come_from_the_environment(defaults: list[dict[str, An
     assert settings.api_port == 9090
     assert settings.liveness_endpoint == "http://0.0.0.0:8080/healthz"
     assert settings.worker_image == "lorenz:0.1.0"
+    assert settings.local_runs is False
+    assert not settings.allows_local_runs("lorenz-system")
     for name in env:
         assert name.removeprefix(ENV_PREFIX).lower() in OperatorSettings.model_fields, name
 
@@ -393,6 +398,47 @@ def test_notes_name_only_paths_that_exist_and_the_real_secret_field(tmp_path: Pa
         assert (base / path).exists(), path
     assert "apiKeySecretRef" in notes
     assert "secretKeyRef" not in notes.replace("apiKeySecretRef", "")
+
+
+def test_local_runs_are_off_unless_turned_on_for_listed_namespaces(tmp_path: Path) -> None:
+    assert _default_values()["operator"]["localRuns"] == {"enabled": False, "namespaces": []}
+    assert OperatorSettings.model_fields["local_runs"].default is False
+    objects = render(tmp=tmp_path, values={
+        "operator": {"localRuns": {"enabled": True, "namespaces": ["team-a", "team-b"]}}
+    })
+    env = _operator_env(objects)
+    assert env["LORENZ_OPERATOR_LOCAL_RUNS"] == "true"
+    assert env["LORENZ_OPERATOR_LOCAL_RUNS_NAMESPACES"] == "team-a,team-b"
+    settings = load_settings(environ={
+        "LORENZ_OPERATOR_LOCAL_RUNS": env["LORENZ_OPERATOR_LOCAL_RUNS"],
+        "LORENZ_OPERATOR_LOCAL_RUNS_NAMESPACES": env["LORENZ_OPERATOR_LOCAL_RUNS_NAMESPACES"],
+    })
+    assert settings.allows_local_runs("team-b")
+    assert not settings.allows_local_runs("team-c")
+    everywhere = load_settings(environ={"LORENZ_OPERATOR_LOCAL_RUNS": "true"})
+    assert everywhere.allows_local_runs("team-c")
+    bad = template(tmp=tmp_path, values={"operator": {"localRuns": {"namespaces": ["Team/A"]}}},
+                   check=False)
+    assert bad.returncode != 0
+
+
+def test_notes_show_how_to_scrape_metrics_with_a_token(tmp_path: Path) -> None:
+    def notes(*flags: str) -> str:
+        result = helm("install", "demo", str(CHART), "--dry-run=client", "--namespace", "ops",
+                      *flags, check=False)
+        assert result.returncode == 0, result.stderr
+        return result.stdout.split("NOTES:", 1)[1]
+
+    secured = notes()
+    assert 'curl -H "Authorization: Bearer $TOKEN" http://127.0.0.1:9090/metrics' in secured
+    assert "kubectl -n ops create token metrics-reader" in secured
+    assert "--non-resource-url=/metrics" in secured
+    assert "curl http://127.0.0.1:9090/metrics" not in secured
+    for flags in (("--set", "operator.apiAuth=none"),
+                  ("--set", "operator.apiOpenPaths={/healthz,/metrics}")):
+        open_notes = notes(*flags)
+        assert "curl http://127.0.0.1:9090/metrics" in open_notes
+        assert "Bearer" not in open_notes
 
 
 def test_advertise_url_can_be_set(tmp_path: Path) -> None:

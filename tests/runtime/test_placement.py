@@ -12,12 +12,15 @@ real one runs on the node fixture, tests/node/test_pod_runs.py).
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Mapping
 from pathlib import Path
 
 from lorenz.agents import AgentRunError, AgentRunRequest, AgentRunResult, PlacementFailed
-from lorenz.model import RetryKind, slot_key
+from lorenz.claims import MemoryClaimStore
+from lorenz.model import ClaimPhase, ClaimRecord, RetryKind, SlotKey, slot_key
 from lorenz.policies import placement_wait_ms
-from tests.runtime.harness import build_rig, write_agent, write_workflow
+from tests.runtime.harness import RuntimeRig, build_rig, write_agent, write_workflow
 from tests.runtime.test_runtime_loop import RECORDING_AGENT, issue
 from tests.waiting import wait_until_async
 
@@ -117,3 +120,71 @@ async def test_an_error_before_placement_that_is_not_about_placing_is_a_failed_r
     retry = rig.orchestrator.state.retry_attempts[slot_key("id-1", 0)]
     assert (retry.kind, retry.attempt) == (RetryKind.FAILURE, 1)
     assert rig.orchestrator.state.failure_streaks == {slot_key("id-1", 0): 1}
+
+
+def claims_of(rig: RuntimeRig) -> Mapping[SlotKey, ClaimRecord]:
+    assert isinstance(rig.store, MemoryClaimStore)
+    return rig.store.claims
+
+
+class PlacingForever:
+    """A runner whose worker is placed (its Pod created, its agent started) but whose launch
+    has not answered yet: it never calls ``on_placed`` until cancelled."""
+
+    def __init__(self) -> None:
+        self.launched = asyncio.Event()
+        self.cancelled = False
+
+    def __call__(self, protocol: object) -> PlacingForever:
+        del protocol
+        return self
+
+    async def run(self, request: AgentRunRequest) -> AgentRunResult:
+        self.launched.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+        raise AssertionError("unreachable")
+
+
+async def test_a_hand_over_while_the_worker_is_placed_keeps_the_reservation_for_the_next_leader(
+    tmp_path: Path,
+) -> None:
+    """#37 point 3: a replica handing a Workflow over (an operator Pod deleted) while a run's
+    Pod is created but not bound yet must not give the reservation back: its Claim keeps
+    saying ``Reserved`` (with the spawn intent the runner wrote), so the next leader adopts
+    the Pod instead of sweeping it as an orphan and running the agent again."""
+    agent = write_agent(tmp_path, "agent", RECORDING_AGENT)
+    wf = write_workflow(tmp_path, agent_script=agent, front_matter=POD)
+    runner = PlacingForever()
+    rig = build_rig(wf, issues=[issue(1)], runner_factory=runner)
+    loop = asyncio.create_task(rig.runtime.start())
+    await asyncio.wait_for(runner.launched.wait(), timeout=30)
+    key = slot_key("id-1", 0)
+    assert claims_of(rig)[key].phase is ClaimPhase.RESERVED
+    rig.runtime.stop(hand_over=True)
+    await asyncio.wait_for(loop, 30)
+    assert runner.cancelled
+    kept = claims_of(rig)[key]
+    assert kept.phase is ClaimPhase.RESERVED  # not released, not a pending retry
+    assert rig.of_type("placement_failed") == []
+    assert rig.of_type("run_started") == []
+    assert rig.of_type("run_failed") == []
+
+
+async def test_a_plain_stop_while_the_worker_is_placed_gives_the_reservation_back(
+    tmp_path: Path,
+) -> None:
+    """Without a hand-over (the runtime's runs are cancelled, their workers with them) the
+    reservation is given back as before: nothing of the slot is left for anyone."""
+    agent = write_agent(tmp_path, "agent", RECORDING_AGENT)
+    wf = write_workflow(tmp_path, agent_script=agent, front_matter=POD)
+    runner = PlacingForever()
+    rig = build_rig(wf, issues=[issue(1)], runner_factory=runner)
+    loop = asyncio.create_task(rig.runtime.start())
+    await asyncio.wait_for(runner.launched.wait(), timeout=30)
+    rig.runtime.stop()
+    await asyncio.wait_for(loop, 30)
+    assert slot_key("id-1", 0) not in claims_of(rig)

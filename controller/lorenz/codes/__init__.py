@@ -293,6 +293,7 @@ class ErrorCode(enum.StrEnum):
     AUTH_UNAVAILABLE = "auth_unavailable"
     WORKER_IMAGE_MISSING = "worker_image_missing"
     POD_START_TIMEOUT = "pod_start_timeout"
+    LOCAL_RUNS_FORBIDDEN = "local_runs_forbidden"
     POD_REFUSED = "pod_refused"
     POD_SPEC_TOO_LARGE = "pod_spec_too_large"
     POD_NAME_TAKEN = "pod_name_taken"
@@ -1516,6 +1517,14 @@ CODE_DOCS: Final[Mapping[ErrorCode, CodeDoc]] = MappingProxyType({
         "`worker.kind: pod` without an image; the run fails.",
         "Set `worker.podTemplate.image`, or the operator's `--worker-image`.",
         kind=Kind.OUTCOME,
+    ),
+    _C.LOCAL_RUNS_FORBIDDEN: _operator(
+        "A Workflow asks for `worker.kind: local` (the agent inside the operator's Pod, with "
+        "its ServiceAccount) and the operator does not allow it in that namespace "
+        "(`Degraded` reason; no run starts).",
+        "Remove `worker.kind: local` so each run gets a Pod of its own; on a single-team "
+        "cluster the platform team may allow it (`--local-runs`, the chart's "
+        "`operator.localRuns`).",
     ),
     _C.POD_START_TIMEOUT: _operator(
         "The run's Pod did not serve within `worker.startTimeoutMs` (unschedulable, image, "

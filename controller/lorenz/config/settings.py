@@ -1082,6 +1082,13 @@ class PodTemplateSettings(Section):
     """A Kubernetes ``affinity`` (node, Pod and anti-affinity), passed to the Pod unchanged;
     the API server checks it when the Pod is created (a refusal fails the run with its
     reason)."""
+    runtime_class_name: str | None = Field(
+        default=None, max_length=253, json_schema_extra=_reload("new-runs")
+    )
+    """A RuntimeClass of the cluster (``gvisor``, ``kata``) for the run's Pod: a sandboxed
+    runtime puts a kernel boundary between the agent and the node. Passed to the Pod as
+    ``runtimeClassName``; the platform team provides the RuntimeClass and its handler on the
+    nodes (the API server refuses a Pod that names one that does not exist)."""
     env_from_secrets: tuple[Annotated[str, Field(max_length=253)], ...] = Field(
         default=(), max_length=32, json_schema_extra=_reload("new-runs")
     )
@@ -1109,6 +1116,10 @@ class PodTemplateSettings(Section):
                 )
         for name in self.env_from_secrets:
             _dns_subdomain(name, key_path="worker.pod_template.env_from_secrets")
+        if self.runtime_class_name is not None:
+            _dns_subdomain(
+                self.runtime_class_name, key_path="worker.pod_template.runtime_class_name"
+            )
         for key, value in self.node_selector.items():
             _label_key(key, key_path="worker.pod_template.node_selector")
             if len(value) > 63 or not _LABEL_VALUE.match(value):

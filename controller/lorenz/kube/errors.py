@@ -191,3 +191,25 @@ class InvalidOperatorSettings(OperatorError):
             "invalid operator settings: " + "; ".join(problems) + "; see `lorenz operator --help`"
         )
         self.problems = problems
+
+
+class LocalRunsForbidden(OperatorError):
+    """A Workflow asks for ``worker.kind: local`` where the operator does not allow it.
+
+    A local run is an agent inside the operator's own Pod: it shares the operator's
+    filesystem and ServiceAccount token, so on a cluster with more than one team it would hand
+    that token to any tenant. The platform team allows it per namespace (``--local-runs``).
+    """
+
+    code = ErrorCode.LOCAL_RUNS_FORBIDDEN
+
+    def __init__(self, *, namespace: str) -> None:
+        super().__init__(
+            f"worker.kind local runs the agent inside the operator's Pod, with the operator's "
+            f"credentials, and this operator does not allow it in namespace {namespace!r}: "
+            "remove worker.kind: local so each run gets a Pod of its own (a platform team may "
+            "allow local runs on a single-team cluster: --local-runs, the chart's "
+            "operator.localRuns)",
+            key_path="worker.kind",
+        )
+        self.namespace = namespace

@@ -204,8 +204,20 @@ class OperatorSettings(pydantic.BaseModel):
     ``worker.podTemplate.image``; the chart sets the operator's own image. Unset, such a run
     fails with ``worker_image_missing``."""
 
+    local_runs: bool = False
+    """Allow ``worker.kind: local``: a Workflow's agents then run inside this operator's own
+    Pod, with its filesystem and its ServiceAccount token (which reads every Workflow's tracker
+    Secret). Only for a single-team cluster, where whoever writes a Workflow may hold the
+    operator's rights anyway. Off, a Workflow that asks for it is ``Degraded``
+    (``local_runs_forbidden``) and runs nothing."""
+
+    local_runs_namespaces: tuple[str, ...] = ()
+    """With ``local_runs`` on, the namespaces whose Workflows may use it; empty = every
+    namespace this operator serves."""
+
     @pydantic.field_validator(
-        "namespaces", "agent_env_passthrough", "api_open_paths", mode="before"
+        "namespaces", "agent_env_passthrough", "api_open_paths", "local_runs_namespaces",
+        mode="before",
     )
     @classmethod
     def _split(cls, value: Any) -> Any:
@@ -234,6 +246,13 @@ class OperatorSettings(pydantic.BaseModel):
             renew_deadline_s=self.renew_deadline_seconds,
             retry_period_s=self.retry_period_seconds,
         )
+
+    def allows_local_runs(self, namespace: str) -> bool:
+        """Whether a Workflow of ``namespace`` may run its agents in this process
+        (``worker.kind: local``)."""
+        if not self.local_runs:
+            return False
+        return not self.local_runs_namespaces or namespace in self.local_runs_namespaces
 
     def workflow_dir(self, namespace: str, name: str) -> Path:
         """The folder of one Workflow on the workspace volume."""

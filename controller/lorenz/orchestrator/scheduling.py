@@ -155,6 +155,9 @@ class Orchestrator:
         self._store = store
         self._clock = clock
         self._capacity: CapacityProbe = capacity if capacity is not None else StaticCapacity()
+        self._placement_failures: dict[SlotKey, int] = {}
+        """Placement failures in a row per slot (the placement wait doubles with each; the
+        slot's next bind forgets them). NB: in memory: a restart starts the wait over."""
         self._state = OrchestratorState()
         self._lock = asyncio.Lock()
         self._slot_span = settings.agent.ensemble_size
@@ -788,6 +791,7 @@ class Orchestrator:
                 resume=retry.resume if retry is not None else None,
             )
             del state.reserved[key]
+            self._placement_failures.pop(key, None)
             state.running[key] = entry
             await self._store.save(
                 running_record(entry, owner=self._store.owner, now=entry.started_at)
@@ -812,7 +816,8 @@ class Orchestrator:
     ) -> RetryEntry | None:
         """A reservation whose run could not be placed: release it without counting anything.
 
-        The slot waits for placement (``placement_wait_ms``) and is then claimed again: a retry
+        The slot waits for placement (``placement_wait_ms``, doubling with each failure of the
+        slot in a row) and is then claimed again: a retry
         it had consumed comes back with its attempt and kind, due no sooner than that, carrying
         ``error``; a first run comes back as a ``placement`` retry (still a first run). Neither
         the attempt nor the failure streak moves, so ``retry.max_attempts`` and the backoff
@@ -828,7 +833,8 @@ class Orchestrator:
             state.claimed.discard(key)
             now_ms = self._clock.monotonic_ms()
             wall = self._clock.now()
-            wait = placement_wait_ms()
+            failures = self._placement_failures[key] = self._placement_failures.get(key, 0) + 1
+            wait = placement_wait_ms(failures)
             consumed = current.consumed_retry
             if consumed is not None:
                 due_ms = max(consumed.due_at_ms, now_ms + wait)

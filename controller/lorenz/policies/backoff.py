@@ -81,6 +81,13 @@ a quota full) waits before it is claimed again: long enough not to hammer the AP
 enough that a freed node or quota is used soon."""
 
 
-def placement_wait_ms() -> int:
-    """The wait after a placement failure (no backoff: nothing ran, nothing failed)."""
-    return PLACEMENT_WAIT_MS
+PLACEMENT_WAIT_MAX_MS = 300_000
+"""The longest wait between two placements of one slot that keep failing."""
+
+
+def placement_wait_ms(failures: int = 1) -> int:
+    """The wait after the ``failures``-th placement failure in a row of one slot: nothing
+    ran, so nothing counts as a failed attempt, but an image that never pulls must not be
+    tried every 5 s for ever (#37): the wait doubles with each failure in a row, up to
+    :data:`PLACEMENT_WAIT_MAX_MS`."""
+    return int(min(PLACEMENT_WAIT_MS * 2 ** max(failures - 1, 0), PLACEMENT_WAIT_MAX_MS))

@@ -592,6 +592,8 @@ class Dispatching:
                 answer=self._parts.orchestrator.session_resume(key),
                 stop=stop,
             )
+            # NB: from here the worker may be placed (a Pod created) before the slot binds.
+            run.placing = not bound
             await runner.run(request)
             normal = True
         except asyncio.CancelledError:
@@ -653,7 +655,17 @@ class Dispatching:
         """
         orchestrator = self._parts.orchestrator
         try:
-            if not run.is_active or (error is not None and error.code == ErrorCode.RUN_ABORTED):
+            if run.reason is AbortReason.HANDED_OVER:
+                # Left to its worker while it was being placed: the Claim stays reserved with
+                # its spawn intent, for the next controller to adopt (or prove never started).
+                # NB: giving the reservation back dropped the intent, and the next controller
+                # then deleted the run's Pod as an orphan and ran the agent again (#37).
+                logger.info(
+                    "run left to its worker while being placed slot=%s", reservation.key
+                )
+            elif not run.is_active or (
+                error is not None and error.code == ErrorCode.RUN_ABORTED
+            ):
                 await orchestrator.cancel_reservation(reservation)
             elif not_placed is not None and error is not None:
                 retry = await orchestrator.give_back(reservation, error=error.text, code=error.code)

@@ -35,6 +35,9 @@ class ActiveRun:
     """When its worker's launch answered (monotonic ms): the stall clock starts again there."""
     question: AgentQuestion | None = None
     """The run ended because its agent asked this: the slot waits for an answer."""
+    placing: bool = False
+    """The slot is reserved and its worker being placed (a Pod of its own, bound once it
+    serves): the worker, and its agent, may already run, named by the Claim's spawn intent."""
 
     @property
     def is_active(self) -> bool:

@@ -276,7 +276,9 @@ class LorenzRuntime:
 
         ``hand_over``: a run whose agent is under way is left to its detached worker for the
         next controller to adopt (see :attr:`AbortReason.HANDED_OVER`); the caller has made the
-        runner leave workers running. Runs that have not started yet stop as a clean shutdown.
+        runner leave workers running. So is a run whose worker is being placed (a Pod created,
+        not bound yet): its agent may already run, and the Claim's spawn intent names it (#37).
+        Runs that have not started yet stop as a clean shutdown.
         """
         status = self._parts.status
         if status.stopped:
@@ -286,7 +288,7 @@ class LorenzRuntime:
             status.app = AppStatus.STOPPING
         self._reconciling.end_all_graces()
         for run in self._parts.runs.all():
-            handed = hand_over and run.started and not run.exited
+            handed = hand_over and (run.started or run.placing) and not run.exited
             run.finish_externally(AbortReason.HANDED_OVER if handed else AbortReason.SHUTDOWN)
         self._parts.timers.cancel_all()
         self._polling.stop()

@@ -226,7 +226,9 @@ class ClaimResourceStore:
             current = held.record
             if current.owner not in ("", self._owner) and current.owner == self._holder():
                 return False
-        return await self._write_status(held, self._kept(mine, held))
+        return await self._write_status(
+            held, self._kept(mine, held), redo=lambda fresh: self._kept(mine, fresh)
+        )
 
     async def save(self, record: ClaimRecord) -> None:
         self._check_fence(None, key=record.slot_key)
@@ -242,7 +244,12 @@ class ClaimResourceStore:
         pending = self._pending_seq.get(record.slot_key)
         self._drop_pending(record.slot_key)
         kept = self._kept(mine, held, pending=pending)
-        if await self._write_status(held, kept) and kept.intent is not None:
+        written = await self._write_status(
+            held, kept, redo=lambda fresh: self._kept(
+                mine, fresh, pending=_still_newer(pending, fresh.record.intent)
+            )
+        )
+        if written and self._held[record.slot_key].record.intent is not None:
             self._intent_written_at[record.slot_key] = time.monotonic()
 
     async def record_intent(self, key: SlotKey, intent: SpawnIntent | None) -> bool:
@@ -323,7 +330,9 @@ class ClaimResourceStore:
             if not self._writable("take_over", key):
                 break
             mine = self._mine(held.record)  # NB: the intent comes along: it is adopted
-            if await self._write_status(held, mine):
+            if await self._write_status(
+                held, mine, redo=lambda fresh: self._mine(fresh.record)
+            ):
                 taken.append(copy.copy(mine))
         return taken
 
@@ -378,7 +387,7 @@ class ClaimResourceStore:
             return False
         if self.fenced_out is not None or not self._may_write():
             return False
-        return await self._write_status(held, held.record)
+        return await self._write_status(held, held.record, redo=lambda fresh: fresh.record)
 
     def remember_pod(self, key: SlotKey, *, phase: str | None, node: str | None) -> bool:
         """Note the phase and node of the slot's run Pod for the slot's next status write (no
@@ -470,10 +479,12 @@ class ClaimResourceStore:
         return dataclasses.replace(mine, intent=pending or held.record.intent)
 
     async def _write_intent(self, held: HeldClaim, intent: SpawnIntent | None) -> bool:
-        record = dataclasses.replace(
-            held.record, owner=self._owner, generation=self._generation, intent=intent
-        )
-        written = await self._write_status(held, record)
+        def with_intent(claim: HeldClaim) -> ClaimRecord:
+            return dataclasses.replace(
+                claim.record, owner=self._owner, generation=self._generation, intent=intent
+            )
+
+        written = await self._write_status(held, with_intent(held), redo=with_intent)
         if written:
             self._intent_written_at[held.record.slot_key] = time.monotonic()
         return written
@@ -571,8 +582,24 @@ class ClaimResourceStore:
                 return None
             raise
 
-    async def _write_status(self, held: HeldClaim, record: ClaimRecord) -> bool:
-        """CAS-write ``record`` as the status; on conflict re-read and re-decide."""
+    async def _write_status(
+        self,
+        held: HeldClaim,
+        record: ClaimRecord,
+        *,
+        redo: Callable[[HeldClaim], ClaimRecord],
+    ) -> bool:
+        """CAS-write ``record`` as the status; on conflict re-read and re-decide.
+
+        ``redo`` makes the record again from the Claim as re-read after a conflict: each write
+        changes only what it is about (an intent write the intent, a save the run's fields
+        with the intent kept, a Pod note nothing but the Pod's fields), and takes the rest from
+        the fresh Claim. NB: writing ``record`` again as it was undid the write that won: the
+        bind of a run (``save``, phase ``Running``) and the intent write after its launch
+        (``probing``) race with one resourceVersion, and the loser's retry put back either
+        ``Reserved`` or ``spawn_requested`` — a Claim that said ``Reserved /
+        spawn_requested`` while its agent ran (#37).
+        """
         for _ in range(MAX_CONFLICT_RETRIES):
             self._check_fence(held.record, key=record.slot_key)
             if not self._writable("status", record.slot_key):
@@ -600,6 +627,7 @@ class ClaimResourceStore:
                     self._forget(record.slot_key, held)
                     return False
                 held = self._entry(fresh, current)
+                record = redo(held)
                 continue
             held = self._entry(written, record)
             self._held[record.slot_key] = held
@@ -706,6 +734,15 @@ class ClaimResourceStore:
         except BaseException:
             self._spend_dirty = True
             raise
+
+
+def _still_newer(pending: SpawnIntent | None, stored: SpawnIntent | None) -> SpawnIntent | None:
+    """``pending`` (a seq waiting for its write slot) if it only moves the seq of ``stored``,
+    the intent a fresh read found; ``None`` when ``stored`` moved on meanwhile (a new phase or
+    handle written by another write), which then stays."""
+    if pending is None or stored is None or not _only_seq_moved(stored, pending):
+        return None
+    return pending if pending.last_seq >= stored.last_seq else None
 
 
 def _only_seq_moved(before: SpawnIntent | None, after: SpawnIntent) -> bool:

@@ -40,12 +40,15 @@ class SpecCandidates:
         api: KubeApi,
         workflow_dir: Path,
         retry_period_s: float,
+        allow_local: bool,
         continuation_ceiling: int = 0,
     ) -> None:
         self._api = api
         self._workflow_dir = workflow_dir
         self._retry_period_s = retry_period_s
         self._continuation_ceiling = continuation_ceiling
+        self._allow_local = allow_local
+        """Whether ``worker.kind: local`` is allowed in the Workflow's namespace."""
         self.candidate: LoadedWorkflow | BaseException | None = None
         self.stamp: WorkflowStamp | None = None
         self.generation = 0
@@ -67,6 +70,7 @@ class SpecCandidates:
                     body,
                     api=self._api,
                     workflow_dir=self._workflow_dir,
+                    allow_local=self._allow_local,
                     continuation_ceiling=self._continuation_ceiling,
                 )
                 break

@@ -19,7 +19,9 @@ file with the same content behave identically. What differs is decided here:
 * a key the spec leaves unset gets the operator's default where it has one
   (:data:`~lorenz.kube.api.crds.OPERATOR_DEFAULTS`): ``worker.kind`` is ``pod``, each run in a Pod
   of its own; ``local`` (a worker inside the operator's Pod, unisolated) only when the spec
-  says so.
+  says so *and* the platform team allowed it for the namespace (``--local-runs``); otherwise
+  the spec is refused with :class:`~lorenz.kube.errors.LocalRunsForbidden`. NB: CEL at
+  admission cannot see an operator flag, so this is the one place that decides.
 
 The :class:`~lorenz.workflow.WorkflowStamp` of the result is derived from the spec and the
 Secret's content, so the runtime's transactional reload runs exactly when either changed.
@@ -37,6 +39,7 @@ from typing import Any
 
 import yaml
 
+from lorenz.config import WorkerKind
 from lorenz.kube.api.casing import front_matter_from_spec
 from lorenz.kube.api.crds import (
     OPERATOR_DEFAULTS,
@@ -46,7 +49,12 @@ from lorenz.kube.api.crds import (
 )
 from lorenz.kube.api.resources import WorkflowRef
 from lorenz.kube.clients import KubeApi, secret_path
-from lorenz.kube.errors import KubeApiError, TrackerPathOutsideWorkflow, TrackerSecretMissing
+from lorenz.kube.errors import (
+    KubeApiError,
+    LocalRunsForbidden,
+    TrackerPathOutsideWorkflow,
+    TrackerSecretMissing,
+)
 from lorenz.policies import DEFAULT_MAX_CONTINUATION_RUNS
 from lorenz.workflow import (
     DEFAULT_WORKFLOW_FILENAME,
@@ -241,10 +249,24 @@ def workflow_from_spec(
     )
 
 
+def refuse_local_runs(loaded: LoadedWorkflow, *, namespace: str, allowed: bool) -> None:
+    """Raise :class:`LocalRunsForbidden` when ``loaded`` runs its agents in the operator's Pod
+    (``worker.kind: local``) and the operator does not allow that in ``namespace``."""
+    if loaded.settings.worker.kind is WorkerKind.LOCAL and not allowed:
+        raise LocalRunsForbidden(namespace=namespace)
+
+
 async def load_workflow_object(
-    body: Mapping[str, Any], *, api: KubeApi, workflow_dir: Path, continuation_ceiling: int = 0
+    body: Mapping[str, Any],
+    *,
+    api: KubeApi,
+    workflow_dir: Path,
+    allow_local: bool,
+    continuation_ceiling: int = 0,
 ) -> LoadedWorkflow:
-    """:func:`workflow_from_spec` with the tracker Secret read from the API."""
+    """:func:`workflow_from_spec` with the tracker Secret read from the API, refused when it
+    asks for ``worker.kind: local`` and ``allow_local`` is false (the operator's
+    :meth:`~lorenz.kube.settings.OperatorSettings.allows_local_runs` for its namespace)."""
     ref = workflow_ref(body)
     spec = body.get("spec") or {}
     values: dict[str, str | None] = {}
@@ -263,7 +285,7 @@ async def load_workflow_object(
     if webhook_secret is not None:
         # NB: a changed webhook secret reloads too (the route verifies with the new one).
         digest += ":" + hashlib.sha256(webhook_secret.encode()).hexdigest()
-    return workflow_from_spec(
+    loaded = workflow_from_spec(
         body,
         workflow_dir=workflow_dir,
         api_key=api_key,
@@ -271,6 +293,8 @@ async def load_workflow_object(
         secret_digest=digest,
         continuation_ceiling=continuation_ceiling,
     )
+    refuse_local_runs(loaded, namespace=ref.namespace, allowed=allow_local)
+    return loaded
 
 
 def failed_stamp(body: Mapping[str, Any], error: BaseException) -> WorkflowStamp:

@@ -108,6 +108,11 @@ logger = logging.getLogger("lorenz.kube.controllers")
 
 T = TypeVar("T")
 
+PLACEMENT_FAILURES_DEGRADE = 3
+"""Runs in a row that could not be placed (``placement_failed``: an image that does not pull,
+no node that fits, a full quota) before the Workflow says so as ``Degraded``: one is a busy
+cluster, three in a row is something to fix."""
+
 class RuntimeAttacher(Protocol):
     """Where a runtime is announced while it runs (the shared metrics registry)."""
 
@@ -173,6 +178,7 @@ class WorkflowController:
             api=api,
             workflow_dir=self.workflow_dir,
             retry_period_s=settings.retry_period_seconds,
+            allow_local=settings.allows_local_runs(self.ref.namespace),
             continuation_ceiling=settings.max_continuation_runs,
         )
         self.events = EventPoster(
@@ -217,6 +223,10 @@ class WorkflowController:
         self._degraded: Degradation | None = None
         self._start_failures = 0
         """Failed starts in a row (the backoff doubles with each; a good poll resets it)."""
+        self._placement_failures = 0
+        """Runs in a row that were not placed (a run that starts, or a new spec, resets it)."""
+        self._placement_degraded: Degradation | None = None
+        """Set once :data:`PLACEMENT_FAILURES_DEGRADE` runs in a row were not placed."""
         self._term_object: Mapping[str, Any] | None = None
         """The Workflow as read after the current term began (see :meth:`_lead`), for the
         term's first claim store; taken once."""
@@ -498,6 +508,7 @@ class WorkflowController:
                 body,
                 api=self._api,
                 workflow_dir=self.workflow_dir,
+                allow_local=self._settings.allows_local_runs(self.ref.namespace),
                 continuation_ceiling=self._settings.max_continuation_runs,
             )
             validate_dispatch(loaded.settings)
@@ -779,6 +790,7 @@ class WorkflowController:
             if self.runtime is not None:
                 self._remember_secrets(self.runtime.settings)
             self._degraded = None
+            self._placement_failures, self._placement_degraded = 0, None
             self._applied_generation = self.candidates.generation
             candidate = self.candidates.candidate
             if isinstance(candidate, LoadedWorkflow):
@@ -791,6 +803,11 @@ class WorkflowController:
                 message=event.message or "",
                 generation=self.candidates.generation,
             )
+            self.status.dirty()
+        elif kind is EventType.PLACEMENT_FAILED:
+            self._placement_failed(event)
+        elif kind is EventType.RUN_STARTED and self._placement_failures:
+            self._placement_failures, self._placement_degraded = 0, None
             self.status.dirty()
         elif (
             kind is EventType.WORKSPACE_CLEANUP
@@ -806,6 +823,22 @@ class WorkflowController:
         if kind is not EventType.LEADERSHIP_LOST:
             self.events.runtime_event(event)
         self.holds.on_runtime_event(event)
+
+    def _placement_failed(self, event: RuntimeEvent) -> None:
+        """One more run that was not placed: ``Degraded`` (with the failure's own code as the
+        reason) once :data:`PLACEMENT_FAILURES_DEGRADE` came in a row, until a run starts.
+        NB: the ``PlacementFailed`` Events alone were only seen by ``kubectl describe``."""
+        self._placement_failures += 1
+        if self._placement_failures < PLACEMENT_FAILURES_DEGRADE:
+            return
+        self._placement_degraded = Degradation(
+            code=event.code or ErrorCode.PLACEMENT_FAILED,
+            message=f"{self._placement_failures} runs in a row were not placed; the last "
+            f"({event.reason or 'unknown'}): {event.message or ''}",
+            generation=self._applied_generation or self._generation,
+            stage="cannot place its runs",
+        )
+        self.status.dirty()
 
     def _continuation_limit(self) -> int:
         """``agent.max_continuation_runs`` of the runtime in force (the operator's flag when
@@ -833,7 +866,7 @@ class WorkflowController:
             generation=self._generation,
             applied_generation=self._applied_generation,
             candidate_generation=self.candidates.generation,
-            degraded=self._degraded,
+            degraded=self._degraded or self._placement_degraded,
             running=self.runtime is not None,
             snapshot=runtime.snapshot() if runtime is not None else None,
             nodes=self.store.pod_nodes() if self.store is not None else {},

@@ -183,7 +183,11 @@ class OperatorServer:
         return web.Response(body=body, headers={"Content-Type": content_type})
 
     async def _health(self, request: web.Request) -> web.StreamResponse:
-        return _json({"status": "ok", **self._supervisor.probe()})
+        # NB: an open path (the readiness probe sends no token), reachable from any Pod that
+        # reaches the port: it says ok or not, never how many Workflows there are (#37).
+        if self._supervisor.healthy():
+            return _json({"status": "ok"})
+        return _json({"status": "not ok"}, status=503)
 
     async def _list(self, request: web.Request) -> web.StreamResponse:
         rows = []

@@ -228,6 +228,8 @@ def pod_manifest(
         pod_spec["tolerations"] = [t.manifest() for t in template.tolerations]
     if template.affinity:
         pod_spec["affinity"] = json.loads(json.dumps(template.affinity))
+    if template.runtime_class_name:
+        pod_spec["runtimeClassName"] = template.runtime_class_name
     metadata: dict[str, Any] = {
         "name": name,
         "namespace": workflow.namespace,
