@@ -1,10 +1,10 @@
 """Spend control in the run loop, against scripted agents that keep spending until stopped.
 
 A run that crosses a cap is stopped mid-turn within one usage update (Codex: ``turn/interrupt``;
-ACP: ``session/cancel``; Claude Code and a ``command`` agent: the process group), fails with ``budget_exhausted``, is not retried, and
-``budget.on_exhausted`` runs once; an issue at its cap, or any issue while the day's budget is
-spent, waits in the ``budget`` lane until a reload raises the cap. The ledger (sqlite here) is
-the truth across a restart.
+ACP: ``session/cancel``; Claude Code and a ``command`` agent: its process group), fails with
+``budget_exhausted``, is not retried, and ``budget.on_exhausted`` runs once; an issue at its
+cap, or any issue while the day's budget is spent, waits in the ``budget`` lane until a reload
+raises the cap. The ledger (sqlite here) is the truth across a restart.
 """
 
 from __future__ import annotations

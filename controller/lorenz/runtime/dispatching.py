@@ -591,6 +591,7 @@ class Dispatching:
                 on_launch=lambda up: self.on_launch(run, launching=up),
                 answer=self._parts.orchestrator.session_resume(key),
                 stop=stop,
+                on_replayed=meter.replayed,
             )
             await runner.run(request)
             normal = True

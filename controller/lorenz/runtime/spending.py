@@ -408,6 +408,7 @@ class RunMeter:
         self.run = Spend()
         self._warned: set[CapName] = set()
         self._unpriced_said = False
+        self._replaying = False
         self.verdict = BudgetVerdict(status=BudgetStatus.OK)
 
     @property
@@ -422,6 +423,18 @@ class RunMeter:
             spend=_figures(self.run),
             model=self.model,
         )
+
+    def replayed(self, update: AgentUpdate) -> None:
+        """Take in an update an earlier controller of this run already charged (an adopted
+        run's journal): the run's totals and the session's counters move, nothing is charged
+        again, no cap is checked; never raises."""
+        self._replaying = True
+        try:
+            self._observe(update)
+        except Exception:
+            logger.exception("replaying an agent update failed slot=%s", self.key)
+        finally:
+            self._replaying = False
 
     def observe(self, update: AgentUpdate) -> None:
         """Meter one update; never raises (it runs in the runner's update callback)."""
@@ -512,6 +525,8 @@ class RunMeter:
             return
         self._charged_usd += usd
         self.run = Spend(tokens=self.run.tokens + delta.tokens, usd=self.run.usd + usd)
+        if self._replaying:
+            return
         self._spending.charge(
             issue_id=self.issue.id,
             identifier=self.issue.identifier,
