@@ -5,7 +5,9 @@ claim store) runs a ``command`` agent that keeps reporting growing costs through
 ``LORENZ_USAGE_FILE``; the daily cap is ``budget.max_usd_per_day``. The daemon is killed with
 SIGKILL part-way to the cap (or stopped with SIGTERM); the next daemon on the same store starts
 from the day's total in the ledger, not from zero, and stops the run at the cap on the combined
-total: the day never spends more than the cap plus one usage update.
+total: the day never spends more than the cap plus one usage update. A run in a detached worker
+that outlives its daemon is adopted by the next one, which charges only what its session spent
+after what the first daemon had charged.
 """
 
 from __future__ import annotations
