@@ -5,7 +5,9 @@ claim store) runs a ``command`` agent that keeps reporting growing costs through
 ``LORENZ_USAGE_FILE``; the daily cap is ``budget.max_usd_per_day``. The daemon is killed with
 SIGKILL part-way to the cap (or stopped with SIGTERM); the next daemon on the same store starts
 from the day's total in the ledger, not from zero, and stops the run at the cap on the combined
-total: the day never spends more than the cap plus one usage update.
+total: the day never spends more than the cap plus one usage update. A run in a detached worker
+that outlives its daemon is adopted by the next one, which charges only what its session spent
+after what the first daemon had charged.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from lorenz.assembly import IN_PROCESS_RUNS_ENV
 from lorenz.claims import store_path
 from lorenz.config.settings import ClaimStoreSettings
 from lorenz.policies.budget import day_key
@@ -126,3 +129,85 @@ def test_a_restart_mid_day_keeps_the_days_spend(
     total = stored_day_usd(db)
     assert CAP_USD - 1e-9 <= total <= CAP_USD + STEP_USD + 1e-9
     assert day_usd(state) <= total + 1e-9
+
+
+ADOPTED_SPENDER = """\
+import json, os, pathlib, sys, time
+sys.stdin.read()
+usage = pathlib.Path(os.environ['LORENZ_USAGE_FILE'])
+spent = pathlib.Path(sys.argv[1])
+n = 0
+while True:
+    n += 1
+    cost = round(n * %r, 6)
+    spent.write_text(str(cost))
+    with usage.open('a') as out:
+        out.write(json.dumps({'input_tokens': n * 100, 'cost_usd': cost}) + '\\n')
+    time.sleep(0.2)
+"""
+
+
+def test_an_adopted_run_charges_only_what_its_session_spent_since_the_restart(
+    root: Path, daemon_env: dict[str, str], daemons: list[DaemonProcess]
+) -> None:
+    """A run in a detached worker outlives its daemon (``kill -9``); the next daemon adopts it.
+    The agent's session reports running totals from its start: the new daemon counts on from
+    the totals its predecessor already charged (the worker's journal up to the claim's
+    ``last_seq``), so the day's ledger matches what the agent spent (give or take the one
+    update in flight at the kill) and the run gets its whole budget, not what is left of it
+    after charging the session's first part twice."""
+    env = {k: v for k, v in daemon_env.items() if k != IN_PROCESS_RUNS_ENV}
+    root.mkdir(parents=True)
+    spender = root / "spender.py"
+    spender.write_text(ADOPTED_SPENDER % STEP_USD, encoding="utf-8")
+    spent = root / "spent.txt"
+    store = root / "claims.db"
+    workflow = write_daemon_workflow(
+        root,
+        issues=("A-1",),
+        agent_command=f"{sys.executable} {spender} {spent}",
+        front_matter={
+            "agent": {"max_concurrent_agents": 1},
+            "budget": {"max_usd_per_day": CAP_USD},
+            "flags": {"claim_store.path": str(store), "daemon.heartbeat_ms": 200},
+        },
+    )
+    args = ["--feature", "daemon", "--feature", "durable_claims"]
+    first = DaemonProcess(workflow, env=env, args=args, output=root / "daemon-1.log")
+    daemons.append(first.start())
+    lease = first.wait_ready()
+    wait_until(
+        lambda: day_usd(get_state(lease["endpoint"])) >= 0.2,
+        timeout=WAIT_S,
+        what="the first daemon to spend 0.2 USD",
+    )
+    first.kill9()
+    before = stored_day_usd(store)
+    assert 0.2 - 1e-9 <= before < CAP_USD
+
+    second = DaemonProcess(workflow, env=env, args=args, output=root / "daemon-2.log")
+    daemons.append(second.start())
+    lease = second.wait_ready()
+    wait_until(
+        lambda: "adopting the worker of a lost controller" in second.log(),
+        timeout=WAIT_S,
+        what="the run to be adopted",
+    )
+    state = wait_until(
+        lambda: (s := get_state(lease["endpoint"]))["blocked"] and s,
+        timeout=WAIT_S,
+        what="the adopted run to be stopped at the day's cap",
+    )
+    (blocked,) = state["blocked"]
+    assert blocked["reason"] == "budget_exhausted"
+    second.terminate()
+    second.wait()
+    agent_spent = float(spent.read_text())
+    total = stored_day_usd(store)
+    # Had the session's first part been charged again, the ledger would exceed the agent's own
+    # figure by ``before`` (0.2 USD or more), and the run would have stopped near
+    # ``CAP_USD - before``.
+    assert abs(total - agent_spent) <= STEP_USD + 1e-9, (total, agent_spent, before)
+    # NB: no bound near the cap: while no daemon watched, the worker's agent kept spending;
+    # the adopted run is stopped at the first relayed update past the cap.
+    assert total >= CAP_USD - 1e-9

@@ -1,10 +1,10 @@
 """Spend control in the run loop, against scripted agents that keep spending until stopped.
 
 A run that crosses a cap is stopped mid-turn within one usage update (Codex: ``turn/interrupt``;
-a ``command`` agent: its process group), fails with ``budget_exhausted``, is not retried, and
-``budget.on_exhausted`` runs once; an issue at its cap, or any issue while the day's budget is
-spent, waits in the ``budget`` lane until a reload raises the cap. The ledger (sqlite here) is
-the truth across a restart.
+ACP: ``session/cancel``; Claude Code and a ``command`` agent: its process group), fails with
+``budget_exhausted``, is not retried, and ``budget.on_exhausted`` runs once; an issue at its
+cap, or any issue while the day's budget is spent, waits in the ``budget`` lane until a reload
+raises the cap. The ledger (sqlite here) is the truth across a restart.
 """
 
 from __future__ import annotations
@@ -15,10 +15,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from lorenz.claims.sqlite import SqliteClaimStore
 from lorenz.model import BlockReason, Issue, slot_key
 from lorenz.policies.budget import day_key
-from tests.agents.conftest import FAKE_CODEX, assert_gone, python_command
+from tests.agents.conftest import FAKE_CODEX, FAKES, assert_gone, python_command
 from tests.runtime.harness import RuntimeRig, build_rig, write_agent, write_workflow
 from tests.waiting import wait_until_async
 
@@ -79,6 +81,35 @@ def codex_workflow(tmp_path: Path, *, budget: dict[str, Any]) -> tuple[Path, Pat
         "budget": budget,
     })
     return path, record
+
+
+def scripted_workflow(
+    tmp_path: Path, *, protocol: str, command: str, budget: dict[str, Any]
+) -> Path:
+    agent = write_agent(tmp_path, "unused", "pass\n")
+    return write_workflow(tmp_path, agent_script=agent, front_matter={
+        "agents": {"test": {
+            "protocol": protocol,
+            "command": command,
+            "stall_timeout_ms": 60000,
+            "turn_timeout_ms": 60000,
+        }},
+        "budget": budget,
+    })
+
+
+def processes_running(marker: str) -> list[int]:
+    """Pids of live processes whose command line names ``marker`` (a scenario's path)."""
+    found = []
+    for process in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if process.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            if any(marker in part for part in process.info["cmdline"] or ()):
+                found.append(process.pid)
+        except psutil.Error:
+            continue
+    return found
 
 
 async def wait_for(condition: Any, *, what: str) -> None:
@@ -225,3 +256,76 @@ async def test_no_caps_no_budget_block_in_the_snapshot_and_runs_as_before(tmp_pa
     assert rig.of_type("budget_warning") == []
     assert rig.of_type("budget_held") == []
 
+
+
+async def test_claude_run_is_stopped_at_its_token_cap_mid_turn(tmp_path: Path) -> None:
+    """Claude Code (stream-json): an assistant message with usage every 0.3 s, forever; the
+    update that crosses the cap stops the run by its process group, mid-turn."""
+    scenario = tmp_path / "claude-scenario.json"
+    scenario.write_text(json.dumps({"invocations": [{"events": [
+        {"type": "system", "subtype": "init", "model": "claude-sonnet-4-5", "tools": []},
+        {"_spend": {"input": 1000, "output": 100, "interval_s": 0.3}},
+    ]}]}))
+    command = python_command(FAKES / "claude_agent.py", str(scenario))
+    workflow = scripted_workflow(
+        tmp_path, protocol="claude-stream-json",
+        command=f"{command} -p --output-format stream-json --verbose",
+        budget={"max_tokens_per_run": 3300},
+    )
+    rig = build_rig(workflow, issues=[issue()])
+    state = rig.orchestrator.state
+    task = asyncio.create_task(rig.runtime.start())
+    try:
+        await wait_for(lambda: KEY in state.blocked, what="the slot to be blocked")
+        await rig.runtime.spending.flush()
+    finally:
+        await stop(rig, task)
+    assert state.blocked[KEY].reason is BlockReason.BUDGET_EXHAUSTED
+    assert KEY not in state.retry_attempts
+    assert [e["reason"] for e in rig.of_type("budget_exhausted")] == ["tokens_per_run"]
+    (failed,) = rig.of_type("run_failed")
+    assert failed["message"].startswith("budget_exhausted"), failed
+    assert len(rig.of_type("run_started")) == 1
+    spent = await rig.runtime.spending.ledger.issue_spend("id-1")
+    assert spent.tokens in (3300, 4400)  # the crossing update, at most one more
+    # The process group is gone, and it wrote at most one update after the crossing one (the
+    # one it may have written while its stop was on the way).
+    assert processes_running(str(scenario)) == []
+    written = records(tmp_path / "workspaces" / "T-1" / "claude_spend.jsonl")
+    assert 3 <= len(written) <= 5
+
+
+async def test_acp_run_is_cancelled_at_the_issue_cap_mid_turn(tmp_path: Path) -> None:
+    """ACP: a ``usage_update`` whose cumulative cost grows 0.1 USD every 0.3 s until the
+    client cancels; the update that crosses the cap sends ``session/cancel``, once."""
+    scenario = tmp_path / "acp-scenario.json"
+    scenario.write_text(json.dumps({
+        "session": {"sessionId": "sess-1"},
+        "turns": [{"steps": [{"spend": {"cost": 0.1, "interval_s": 0.3}}],
+                   "stopReason": "cancelled"}],
+    }))
+    workflow = scripted_workflow(
+        tmp_path, protocol="acp",
+        command=python_command(FAKES / "acp_agent.py", str(scenario)),
+        budget={"max_usd_per_issue": 0.5},
+    )
+    rig = build_rig(workflow, issues=[issue()])
+    state = rig.orchestrator.state
+    task = asyncio.create_task(rig.runtime.start())
+    try:
+        await wait_for(lambda: KEY in state.blocked, what="the slot to be blocked")
+        await rig.runtime.spending.flush()
+    finally:
+        await stop(rig, task)
+    assert state.blocked[KEY].reason is BlockReason.BUDGET_EXHAUSTED
+    assert KEY not in state.retry_attempts
+    assert [e["reason"] for e in rig.of_type("budget_exhausted")] == ["usd_per_issue"]
+    (failed,) = rig.of_type("run_failed")
+    assert failed["message"].startswith("budget_exhausted"), failed
+    assert len(rig.of_type("run_started")) == 1
+    spent = await rig.runtime.spending.ledger.issue_spend("id-1")
+    assert 0.5 - 1e-9 <= spent.usd <= 0.6 + 1e-9  # the crossing update, at most one more
+    written = records(tmp_path / "workspaces" / "T-1" / "acp_spend.jsonl")
+    (cancelled_after,) = [r["cancelled_after"] for r in written if "cancelled_after" in r]
+    assert 5 <= cancelled_after <= 6
+    assert processes_running(str(scenario)) == []

@@ -3,11 +3,15 @@ own cost over the table's estimate, a new session's counters, the warning and th
 
 from __future__ import annotations
 
+import asyncio
 import datetime
+import sqlite3
 from pathlib import Path
 from typing import Any
 
 from lorenz.agents.base import MODEL_EVENT, TurnStop
+from lorenz.claims.spend import SpendCharge
+from lorenz.claims.sqlite import SqliteClaimStore
 from lorenz.model import AgentUpdate, Issue, ManualClock, RuntimeEvent, TokenUsage, slot_key
 from lorenz.runtime.providers import InForce
 from lorenz.runtime.reporting import Reporting
@@ -124,3 +128,54 @@ async def test_the_day_turning_starts_a_new_days_total(tmp_path: Path) -> None:
     await spending.flush()
     assert (await spending.ledger.day_spend("2026-12-07")).usd == 3.0
     assert (await spending.ledger.day_spend("2026-12-08")).usd == 1.0
+
+
+class FailsOnce(SqliteClaimStore):
+    """A real sqlite ledger whose first ``add_spend`` fails (a locked file, a full disk)."""
+
+    failures = 1
+
+    async def add_spend(
+        self, *, issue_id: str, identifier: str, day: str, tokens: int, usd: float
+    ) -> SpendCharge:
+        if self.failures:
+            self.failures -= 1
+            raise sqlite3.OperationalError("database is locked")
+        return await super().add_spend(
+            issue_id=issue_id, identifier=identifier, day=day, tokens=tokens, usd=usd
+        )
+
+
+async def test_a_charge_the_store_refused_goes_with_the_next_write(tmp_path: Path) -> None:
+    """A failed ledger write is not lost: it still counts here, and the next update's write
+    (or a flush) stores it, so the durable ledger does not undercount."""
+    spending, _, _ = rig(tmp_path, {"max_tokens_per_issue": 100_000})
+    store = await FailsOnce.open(tmp_path / "claims.db", owner="host:1:test")
+    try:
+        spending = Spending(
+            reporting=spending._reporting, clock=spending._clock,
+            settings=spending._settings, ledger=store,
+        )
+        run, _ = meter(spending)
+        run.observe(usage(1000))
+        await spending.flush()  # the first write failed; flush tried it once more
+        assert store.failures == 0
+        assert (await store.issue_spend("id-1")).tokens == 1000
+        assert spending.unsaved.tokens == 0
+
+        store.failures = 1
+        run.observe(usage(3000))  # +2000, refused
+        while spending._writes:
+            await asyncio.gather(*list(spending._writes))
+        assert spending.unsaved.tokens == 2000
+        assert spending.issue_total("id-1").tokens == 3000  # still counted here
+        assert (await store.issue_spend("id-1")).tokens == 1000
+        run.observe(usage(3500))  # +500: written together with the refused 2000
+        while spending._writes:
+            await asyncio.gather(*list(spending._writes))
+        assert spending.unsaved.tokens == 0
+        assert (await store.issue_spend("id-1")).tokens == 3500
+        assert (await store.day_spend(spending.today())).tokens == 3500
+        assert spending.issue_total("id-1").tokens == 3500
+    finally:
+        await store.close()

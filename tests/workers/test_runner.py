@@ -16,7 +16,7 @@ import pytest
 from lorenz.agents import AgentRunError, AgentRunRequest
 from lorenz.agents.base import TurnStop
 from lorenz.agents.codex import CodexAppServerRunner
-from lorenz.config import AgentKindSettings
+from lorenz.config import AgentKindSettings, AgentProtocol
 from lorenz.model import AgentUpdate, Issue
 from lorenz.workers.handles import LocalTransport
 from lorenz.workers.runner import WorkerRunner
@@ -322,3 +322,61 @@ async def test_a_spend_cap_stops_the_workers_agent_mid_turn(
     final = json.loads((state_root / name / "journal.jsonl").read_text().splitlines()[-1])
     assert final["data"]["outcome"] == "canceled"
     assert "budget.max_tokens_per_run" in json.dumps(final["data"])
+
+
+@pytest.mark.parametrize("protocol", [AgentProtocol.CLAUDE_STREAM_JSON, AgentProtocol.ACP])
+async def test_a_spend_cap_stops_the_workers_claude_or_acp_agent_mid_turn(
+    state_root: Path, tmp_path: Path, protocol: AgentProtocol
+) -> None:
+    """As for Codex above: Claude Code (its process group) and ACP (``session/cancel``, then
+    the process group) in a detached worker stop at the update that crosses the cap (or one
+    more), and the run fails with ``budget_exhausted``."""
+    scenario = tmp_path / "spend.json"
+    fakes = FAKE_CODEX.parent
+    if protocol is AgentProtocol.CLAUDE_STREAM_JSON:
+        scenario.write_text(json.dumps({"invocations": [{"events": [
+            {"_spend": {"input": 1000, "output": 100, "interval_s": 0.3}},
+        ]}]}))
+        fake = fakes / "claude_agent.py"
+        flags = " -p --output-format stream-json --verbose"
+    else:
+        scenario.write_text(json.dumps({
+            "session": {"sessionId": "sess-1"},
+            "turns": [{"steps": [{"spend": {"cost": 0.1, "interval_s": 0.3}}],
+                       "stopReason": "cancelled"}],
+        }))
+        fake, flags = fakes / "acp_agent.py", ""
+    command = " ".join(shlex.quote(p) for p in (sys.executable, str(fake), str(scenario)))
+    kit = Kit(tmp_path, [])
+    stop = TurnStop()
+    spent: list[float] = []
+
+    def on_update(update: AgentUpdate) -> None:
+        kit.updates.append(update)
+        if protocol is AgentProtocol.CLAUDE_STREAM_JSON and update.usage is not None:
+            spent.append(update.usage.total_tokens)
+        elif protocol is AgentProtocol.ACP and update.cost_usd is not None:
+            spent.append(round(update.cost_usd, 6))
+        else:
+            return
+        if spent[-1] >= (3300 if protocol is AgentProtocol.CLAUDE_STREAM_JSON else 0.3):
+            stop.request(reason="spend cap reached: the third update")
+
+    request = kit.request(
+        settings=AgentKindSettings(command=command + flags, protocol=protocol,
+                                   read_timeout_ms=30000),
+        on_update=on_update,
+        stop=stop,
+    )
+    with pytest.raises(AgentRunError) as caught:
+        await runner(state_root, tmp_path).run(request)
+    assert caught.value.code == "budget_exhausted"
+    first = [1100, 2200, 3300] if protocol is AgentProtocol.CLAUDE_STREAM_JSON else [0.1, 0.2, 0.3]
+    assert spent[:3] == first
+    assert len(spent) <= 4  # the crossing update, at most one more
+    pids = [u.pid for u in kit.updates if u.pid is not None]
+    assert pids
+    assert all(process_gone(pid) for pid in pids)
+    (name,) = list_handles(state_root)
+    final = json.loads((state_root / name / "journal.jsonl").read_text().splitlines()[-1])
+    assert final["data"]["outcome"] == "canceled"

@@ -209,6 +209,10 @@ honours it (the assembly's runner factory picks one for such requests)."""
     """Set by the runtime to stop the current turn at once (a spend cap crossed): the runner
     stops the agent as its protocol allows and fails the run with the stop's code. ``None``:
     only cancelling the run's task stops it (the process group is killed then)."""
+    on_replayed: Callable[[AgentUpdate], None] | None = None
+    """An adopted run (``resume``): told, before the first relayed update, each update its
+    lost controller already received (the worker's journal up to ``resume.last_seq``), so the
+    spend meter counts on from the totals already charged instead of from zero."""
     answer: SessionResume | None = None
     """Continue a saved session instead of starting one: the runner resumes
     ``answer.session_id`` (Codex ``thread/resume``, Claude Code ``--resume``, ACP

@@ -591,6 +591,7 @@ class Dispatching:
                 on_launch=lambda up: self.on_launch(run, launching=up),
                 answer=self._parts.orchestrator.session_resume(key),
                 stop=stop,
+                on_replayed=meter.replayed,
             )
             # NB: from here the worker may be placed (a Pod created) before the slot binds.
             run.placing = not bound

@@ -16,7 +16,8 @@ spend ledger, :mod:`lorenz.claims.spend`); this module is the I/O between them a
 
 NB: the ledger is the truth across restarts: totals are read from it before a run starts and
 before a dispatch, never kept only here. A process killed with ``kill -9`` loses at most the
-charges it had not written yet (one update's worth in practice).
+charges it had not written yet (one update's worth in practice). A write the store refuses is
+not lost: its charge is kept and written with the next one (or the next load, or flush).
 """
 
 from __future__ import annotations
@@ -104,6 +105,9 @@ class Spending:
         self._day_confirmed: dict[str, Spend] = {}
         self._day_pending: dict[str, Spend] = {}
         self._writes: set[asyncio.Task[None]] = set()
+        self._unsaved: dict[tuple[str, str], tuple[str, Spend]] = {}
+        """Charges not stored yet, by (issue id, day): the identifier and the sum. A write
+        that fails leaves its charge here, and the next write (or load, or flush) takes it."""
         self._meters: dict[SlotKey, RunMeter] = {}
         self._held: dict[str, BudgetHoldRow] = {}
         self.charged_usd = 0.0
@@ -133,6 +137,8 @@ class Spending:
         """Read the issue's and today's totals from the ledger (the truth across restarts)."""
         day = self.today()
         async with self._lock:
+            if self._unsaved:  # NB: first, so the totals read include them
+                await self._write_unsaved()
             try:
                 issue_total = await self._ledger.issue_spend(issue.id)
                 day_total = await self._ledger.day_spend(day)
@@ -177,6 +183,19 @@ class Spending:
 
     async def _write(self, *, issue_id: str, identifier: str, day: str, delta: Spend) -> None:
         async with self._lock:
+            key = (issue_id, day)
+            earlier = self._unsaved.pop(key, None)
+            self._unsaved[key] = (identifier, delta + earlier[1] if earlier else delta)
+            wrote = await self._write_unsaved()
+        if wrote:
+            self._reporting.emit_snapshot(progress_only=True)
+
+    async def _write_unsaved(self) -> bool:
+        """Write every charge not written yet, oldest first (the caller holds the lock); one
+        that fails stays to go with the next write. Whether anything was written."""
+        wrote = False
+        for key, (identifier, delta) in list(self._unsaved.items()):
+            issue_id, day = key
             try:
                 answer = await self._ledger.add_spend(
                     issue_id=issue_id,
@@ -185,19 +204,36 @@ class Spending:
                     tokens=delta.tokens,
                     usd=delta.usd,
                 )
-            except Exception:  # kept as pending: it still counts in this process
-                logger.exception("writing a spend charge failed issue=%s", identifier)
-                return
+            except Exception:  # kept: it counts here, and goes with the next write
+                logger.exception(
+                    "writing a spend charge failed issue=%s; it is tried again with the next "
+                    "update", identifier,
+                )
+                return wrote  # NB: the store is failing: the rest waits too (and keeps order)
+            del self._unsaved[key]
+            wrote = True
             self._issue_pending[issue_id] = _minus(self._issue_pending.get(issue_id), delta)
             self._day_pending[day] = _minus(self._day_pending.get(day), delta)
             self._issue_confirmed[issue_id] = _spend(answer.issue)
             self._day_confirmed[day] = _spend(answer.day)
-        self._reporting.emit_snapshot(progress_only=True)
+        return wrote
 
     async def flush(self) -> None:
-        """Wait until every charge made so far is written (a graceful stop, tests)."""
+        """Wait until every charge made so far is written (a graceful stop, tests); charges
+        an earlier write failed to store are tried once more."""
         while self._writes:
             await asyncio.gather(*list(self._writes), return_exceptions=True)
+        if self._unsaved:
+            async with self._lock:
+                await self._write_unsaved()
+
+    @property
+    def unsaved(self) -> Spend:
+        """Charges counted here that the ledger has not stored yet (a failed write)."""
+        total = Spend()
+        for _, delta in self._unsaved.values():
+            total = total + delta
+        return total
 
     # -- runs -----------------------------------------------------------------------------------
 
@@ -372,6 +408,7 @@ class RunMeter:
         self.run = Spend()
         self._warned: set[CapName] = set()
         self._unpriced_said = False
+        self._replaying = False
         self.verdict = BudgetVerdict(status=BudgetStatus.OK)
 
     @property
@@ -386,6 +423,18 @@ class RunMeter:
             spend=_figures(self.run),
             model=self.model,
         )
+
+    def replayed(self, update: AgentUpdate) -> None:
+        """Take in an update an earlier controller of this run already charged (an adopted
+        run's journal): the run's totals and the session's counters move, nothing is charged
+        again, no cap is checked; never raises."""
+        self._replaying = True
+        try:
+            self._observe(update)
+        except Exception:
+            logger.exception("replaying an agent update failed slot=%s", self.key)
+        finally:
+            self._replaying = False
 
     def observe(self, update: AgentUpdate) -> None:
         """Meter one update; never raises (it runs in the runner's update callback)."""
@@ -476,6 +525,8 @@ class RunMeter:
             return
         self._charged_usd += usd
         self.run = Spend(tokens=self.run.tokens + delta.tokens, usd=self.run.usd + usd)
+        if self._replaying:
+            return
         self._spending.charge(
             issue_id=self.issue.id,
             identifier=self.issue.identifier,

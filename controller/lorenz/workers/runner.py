@@ -509,6 +509,8 @@ class WorkerRunner:
             logger.info(
                 "adopting the worker of a lost controller handle=%s after_seq=%s", name, last_seq
             )
+            if request.on_replayed is not None and last_seq:
+                await self._replay(name, last_seq=last_seq, to=request.on_replayed)
         else:
             # NB: built once: the intent names its handle, and the first launch sends it.
             first = self.spec_for(request)
@@ -824,6 +826,20 @@ class WorkerRunner:
         except Exception:  # noqa: BLE001 - unreadable is not proof of nothing: a failure
             return False
         return not records
+
+    async def _replay(
+        self, name: str, *, last_seq: int, to: Callable[[AgentUpdate], None]
+    ) -> None:
+        """Tell ``to`` the agent updates of ``name``'s journal up to ``last_seq`` (what the lost
+        controller received); a journal that cannot be read is logged and skipped."""
+        try:
+            records = await self.transport.read_journal(name, after_seq=0)
+        except Exception:  # the run is adopted anyway; its spend may then overcount
+            logger.exception("reading an adopted worker's journal failed handle=%s", name)
+            return
+        for record in records:
+            if record.seq <= last_seq and record.kind == "agent_update":
+                to(agent_update_from(record))
 
     def _adoptable(self, resume: SpawnIntent | None, *, issue_id: str, slot: int) -> str | None:
         """The handle of ``resume`` if it may be adopted (or cancelled) for this slot.
