@@ -151,3 +151,23 @@ class ClaimRebindTooLarge(ClaimStoreError):
         self.owners = owners
         self.count = count
         self.limit = limit
+
+
+class ClaimRecoveryTooLarge(ClaimStoreError):
+    """A bounded recovery read found more claims than the bound; nothing was recovered.
+
+    Same code as :class:`ClaimRebindTooLarge` (the same rule: recovery is bounded and fails
+    closed), raised by ``load(bound=...)`` before any row is moved, released or retried.
+    """
+
+    code = ErrorCode.CLAIM_REBIND_TOO_LARGE
+
+    def __init__(self, *, path: Path | None, where: str, limit: int) -> None:
+        super().__init__(
+            f"{where} holds more than {limit} claims of this workflow; recovery reads at most "
+            f"{limit} and recovered nothing (fail closed) — a workflow never holds that many, "
+            f"so look at the store (an owner id reused by many processes, a copied file, "
+            f"leftover Claims) before starting again",
+            path=path,
+        )
+        self.limit = limit

@@ -38,6 +38,7 @@ from lorenz.claims.errors import (
     ClaimGenerationStale,
     ClaimOwnerLost,
     ClaimRebindTooLarge,
+    ClaimRecoveryTooLarge,
     ClaimStoreBusy,
     ClaimStoreSchemaUnsupported,
     ClaimStoreUnreadable,
@@ -620,9 +621,12 @@ class SqlClaimStore(abc.ABC):
         the claim is absent or another owner's. Fenced like every write."""
         return await self._run(lambda: self._intent_sync(key, intent))
 
-    async def load(self) -> StoredState:
-        """Every claim (of every owner), the checkpoint, and the owners that are stale now."""
-        return await self._run(self._load_sync)
+    async def load(self, *, bound: int | None = None) -> StoredState:
+        """Every claim (of every owner), the checkpoint, and the owners that are stale now.
+
+        With ``bound``, the read itself is bounded (``LIMIT bound + 1``) and more rows than
+        ``bound`` fail closed (``claim_rebind_too_large``)."""
+        return await self._run(lambda: self._load_sync(bound=bound))
 
     async def acquire(self, record: ClaimRecord) -> bool:
         """Claim ``record.slot_key``; ``False`` when any other owner's row holds it.
@@ -964,9 +968,18 @@ class SqlClaimStore(abc.ABC):
             return False
         return heartbeat_ms is None or self._is_stale(heartbeat_ms, now_ms)
 
-    def _load_sync(self) -> StoredState:
+    def _load_sync(self, *, bound: int | None = None) -> StoredState:
         def body(conn: DbConnection) -> StoredState:
-            claims = [_claim_from_row(row) for row in conn.execute(_SELECT_CLAIMS).fetchall()]
+            if bound is None:
+                rows = conn.execute(_SELECT_CLAIMS).fetchall()
+            else:
+                # NB: one row past the bound proves "too many" without reading them all.
+                rows = conn.execute(f"{_SELECT_CLAIMS} LIMIT ?", (bound + 1,)).fetchall()
+                if len(rows) > bound:
+                    raise ClaimRecoveryTooLarge(
+                        path=self._path, where=f"claim store {self._path}", limit=bound
+                    )
+            claims = [_claim_from_row(row) for row in rows]
             row = conn.execute("SELECT body FROM checkpoint WHERE id = 1").fetchone()
             checkpoint = json.loads(row[0]) if row is not None else None
             stale = self._stale_set(conn, self._now_ms())

@@ -48,8 +48,13 @@ class ClaimStore(Protocol):
         """Whether claims survive this process (``memory`` does not)."""
         ...
 
-    async def load(self) -> StoredState:
-        """Read all claims and the checkpoint (used once, at start-up or takeover)."""
+    async def load(self, *, bound: int | None = None) -> StoredState:
+        """Read all claims and the checkpoint (used once, at start-up or takeover).
+
+        With ``bound``, at most ``bound + 1`` claim rows are read, and more than ``bound``
+        raises a coded error (``claim_rebind_too_large``) instead of returning: recovery is
+        bounded and fails closed, never a sweep of whatever the store holds.
+        """
         ...
 
     async def acquire(self, record: ClaimRecord) -> bool:

@@ -25,9 +25,11 @@ The rules, in one place:
   pending retries only (an entry without its row is stale and dropped); a blocked slot
   replaces the pending retry recovered for it.
 
-At start-up the whole of it is one plan: :func:`owners_to_take_over` names the stale owners
-whose rows the store moves to us, and :func:`plan_hydration` turns what was read and what was
-moved into a :class:`HydrationPlan`, which ``hydrate()`` applies as it is.
+At start-up the read is bounded: the store reads at most :data:`RECOVERY_BOUND` rows and
+fails closed above it (nothing recovered, moved or retried). The whole of it is one plan:
+:func:`owners_to_take_over` names the stale owners whose rows the store moves to us, and
+:func:`plan_hydration` turns what was read and what was moved into a :class:`HydrationPlan`,
+which ``hydrate()`` applies as it is.
 """
 
 from __future__ import annotations
@@ -56,6 +58,10 @@ from lorenz.orchestrator.checkpoints import Checkpoint, RetryStateRestore
 from lorenz.orchestrator.errors import CheckpointInvalid, ClaimRecordInvalid
 from lorenz.orchestrator.state import BlockedEntry
 from lorenz.policies import failure_backoff_ms, next_failure_attempt
+
+RECOVERY_BOUND = 1_000
+"""Claim rows a start-up reads at most: above it the store's bounded read fails closed
+(``claim_rebind_too_large``) and nothing is recovered, like a take-over above the same bound."""
 
 _ZERO_USAGE = TokenUsage()
 _AS_SLOT_KEY = cast("Callable[[str], SlotKey]", str)

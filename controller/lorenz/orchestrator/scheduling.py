@@ -49,6 +49,7 @@ from lorenz.model.questions import AgentQuestion, SessionResume
 from lorenz.orchestrator.checkpoints import Checkpoint
 from lorenz.orchestrator.errors import AlreadyStarted, CheckpointInvalid, ClaimRecordInvalid
 from lorenz.orchestrator.hydration import (
+    RECOVERY_BOUND,
     RecoveredSlots,
     owners_to_take_over,
     plan_hydration,
@@ -253,7 +254,7 @@ class Orchestrator:
                 raise AlreadyStarted(
                     "hydrate() runs once, before the first dispatch; create a new orchestrator",
                 )
-            stored = await self._store.load()
+            stored = await self._store.load(bound=RECOVERY_BOUND)
             own = self._store.owner
             valid = valid_records(stored.claims)
             stale = owners_to_take_over(valid, stored=stored)
