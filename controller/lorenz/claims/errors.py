@@ -153,21 +153,25 @@ class ClaimRebindTooLarge(ClaimStoreError):
         self.limit = limit
 
 
-class ClaimRecoveryTooLarge(ClaimStoreError):
+class ClaimRecoveryTooLarge(ClaimRebindTooLarge):
     """A bounded recovery read found more claims than the bound; nothing was recovered.
 
-    Same code as :class:`ClaimRebindTooLarge` (the same rule: recovery is bounded and fails
-    closed), raised by ``load(bound=...)`` before any row is moved, released or retried.
+    A kind of :class:`ClaimRebindTooLarge` (same code, same rule: recovery is bounded and
+    fails closed), raised by ``load(bound=...)`` before any row is moved, released or retried,
+    so whoever handles a too-large take-over handles this one too.
     """
 
-    code = ErrorCode.CLAIM_REBIND_TOO_LARGE
-
     def __init__(self, *, path: Path | None, where: str, limit: int) -> None:
-        super().__init__(
+        # NB: not the parent's constructor (no owners were named yet); its fields are set below.
+        ClaimStoreError.__init__(
+            self,
             f"{where} holds more than {limit} claims of this workflow; recovery reads at most "
             f"{limit} and recovered nothing (fail closed) — a workflow never holds that many, "
             f"so look at the store (an owner id reused by many processes, a copied file, "
             f"leftover Claims) before starting again",
             path=path,
         )
+        self.owners: list[str] = []
+        self.count = limit + 1
+        """At least this many (the read stops one past the bound)."""
         self.limit = limit
