@@ -21,7 +21,8 @@ The rules, in one place:
   running with its intent, so a second crash before the dispatch finds it again;
 * any other recovered ``running`` or ``reserved`` row is a run that died with its owner: a
   failure retry with the next attempt and the configured backoff, its usage added to the totals;
-* from the checkpoint: usage totals, and failure streaks and blocked slots for the recovered
+* from the checkpoint: usage totals, and failure streaks (with the retry budget each was
+  decided under: it keeps deciding that streak) and blocked slots for the recovered
   pending retries only (an entry without its row is stale and dropped); a blocked slot
   replaces the pending retry recovered for it.
 
@@ -56,7 +57,7 @@ from lorenz.model import (
 from lorenz.model.questions import SessionResume
 from lorenz.orchestrator.checkpoints import Checkpoint, RetryStateRestore
 from lorenz.orchestrator.errors import CheckpointInvalid, ClaimRecordInvalid
-from lorenz.orchestrator.state import BlockedEntry
+from lorenz.orchestrator.state import BlockedEntry, RetryBudget
 from lorenz.policies import failure_backoff_ms, next_failure_attempt
 
 RECOVERY_BOUND = 1_000
@@ -106,6 +107,9 @@ class HydrationPlan:
     """Consecutive failures per recovered slot, from the checkpoint."""
     resumes: dict[SlotKey, SessionResume] = dataclasses.field(default_factory=dict)
     """Answered questions of recovered slots (their next run resumes the session)."""
+    retry_budgets: dict[SlotKey, RetryBudget] = dataclasses.field(default_factory=dict)
+    """The recorded retry budgets of recovered slots' failure streaks (they decide the rest
+    of those streaks, not the current settings)."""
     foreign: dict[SlotKey, str]
     """Slots of live other owners (slot: owner), left alone and re-checked later."""
     usage_totals: UsageTotals | None
@@ -174,6 +178,7 @@ def plan_hydration(
         blocked=restore.blocked,
         failure_streaks=restore.failure_streaks,
         resumes=restore.resumes,
+        retry_budgets=restore.retry_budgets,
         foreign=foreign_claims(by_key, recovered=recovered, own=own, stale=stale),
         usage_totals=usage_totals,
         taken_over_from=stale | ({own} if own_rows else frozenset()),
