@@ -31,7 +31,7 @@ class ClaimStoreSchemaUnsupported(ClaimStoreError):
         if version is None:
             what = "has tables but no claim_store_meta table (not a Lorenz claim store)"
         else:
-            what = f"has schema_version {version!r}, this Lorenz supports 1, 2 and 3"
+            what = f"has schema_version {version!r}, this Lorenz supports 1 to 4"
         super().__init__(
             f"claim store {path} {what}; upgrade Lorenz or set claim_store.path to another file",
             path=path,

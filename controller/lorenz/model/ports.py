@@ -27,6 +27,10 @@ class StoredState:
     """The last orchestrator checkpoint (usage totals, completed ids, ...), if any."""
     stale_owners: frozenset[str] = frozenset()
     """Owners whose heartbeat is older than the stale threshold at read time."""
+    retry_ready_in_ms: Mapping[SlotKey, float] = dataclasses.field(default_factory=dict)
+    """Per pending retry, milliseconds until it is due on the *store's* clock (negative:
+    overdue), where the store has a clock of its own; a slot left out falls back to its
+    wall-clock ``due_at`` against the reader's clock."""
 
 
 class ClaimStore(Protocol):

@@ -11,8 +11,10 @@ The rules, in one place:
 * a row whose slot key does not match its issue and slot index is a problem, never recovered;
 * rows of our own owner (a previous life) and of stale owners are recovered; rows of live
   other owners are *foreign* (left alone, re-checked later);
-* a recovered ``retry_pending`` row comes back as that retry, its wall-clock due time mapped
-  onto this process's monotonic clock, its attempt kept;
+* a recovered ``retry_pending`` row comes back as that retry, its attempt kept, due after
+  the time left on the *store's* clock where the store has one (SQLite/Turso: the delay the
+  writer set, counted from the store's own time of that write), else its wall-clock due time
+  mapped onto this process's monotonic clock;
 * a recovered ``running`` or ``reserved`` row whose spawn intent names a worker that may
   still exist (any phase but ``compensated``) is a run to *adopt*: an ``adoption`` retry, due
   at once, its attempt kept, carrying the intent (the run re-attaches after ``last_seq``; the
@@ -158,6 +160,7 @@ def plan_hydration(
         now_ms=now_ms,
         wall=wall,
         backoff=backoff,
+        ready_in_ms=stored.retry_ready_in_ms,
     )
     problems: list[ClaimRecordInvalid | CheckpointInvalid] = list(valid.problems)
     usage_totals: UsageTotals | None = None
@@ -237,10 +240,16 @@ def retry_of_recovered(
     now_ms: float,
     wall: datetime.datetime,
     backoff: RetryBackoffSettings,
+    ready_in_ms: float | None = None,
 ) -> RetryEntry:
-    """The retry a recovered row comes back as (see the module's rules)."""
+    """The retry a recovered row comes back as (see the module's rules).
+
+    ``ready_in_ms``: when the store has a clock of its own, how long until the pending retry
+    is due on it; it replaces the wall-clock ``due_at`` (which the writer's clock set)."""
     if record.phase is ClaimPhase.RETRY_PENDING:
         due_at = record.due_at or wall
+        if ready_in_ms is not None:
+            due_at = wall + datetime.timedelta(milliseconds=ready_in_ms)
         return RetryEntry(
             issue_id=record.issue_id,
             identifier=record.identifier,
@@ -313,6 +322,7 @@ def recover_slots(
     now_ms: float,
     wall: datetime.datetime,
     backoff: RetryBackoffSettings,
+    ready_in_ms: Mapping[SlotKey, float] | None = None,
 ) -> RecoveredSlots:
     """The retries, report lists and usage of recovered rows, in the rows' order."""
     retries: dict[SlotKey, RetryEntry] = {}
@@ -324,7 +334,12 @@ def recover_slots(
     for key, record in records.items():
         span = max(span, record.slot_index + 1)
         retries[key] = retry_of_recovered(
-            record, previous_owner=previous_owner(key), now_ms=now_ms, wall=wall, backoff=backoff
+            record,
+            previous_owner=previous_owner(key),
+            now_ms=now_ms,
+            wall=wall,
+            backoff=backoff,
+            ready_in_ms=(ready_in_ms or {}).get(key),
         )
         if record.phase is ClaimPhase.RETRY_PENDING:
             restored.append(key)
