@@ -174,6 +174,7 @@ def _downgrade_to_schema_2(path: Path) -> None:
     raw = sqlite3.connect(path, isolation_level=None)
     raw.execute("DROP TABLE issue_spend")
     raw.execute("DROP TABLE day_spend")
+    raw.execute("ALTER TABLE claims DROP COLUMN stored_at")  # NB: schema 4's column
     raw.execute("UPDATE claim_store_meta SET value = '2' WHERE key = 'schema_version'")
     raw.close()
 

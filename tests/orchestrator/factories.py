@@ -16,7 +16,12 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from lorenz.claims import DEFAULT_OWNER_STALE_MS, ClaimOwnerLost, MemoryClaimStore
+from lorenz.claims import (
+    DEFAULT_OWNER_STALE_MS,
+    ClaimOwnerLost,
+    ClaimRecoveryTooLarge,
+    MemoryClaimStore,
+)
 from lorenz.claims.owners import Liveness, owner_liveness
 from lorenz.config import WorkflowSettings
 from lorenz.model import BlockerRef, ClaimRecord, Clock, Issue, ManualClock, SlotKey, StoredState
@@ -164,8 +169,10 @@ class SharedStore:
         held = self.shared.rows.get(key)
         return held is None or held.owner == self._owner
 
-    async def load(self) -> StoredState:
+    async def load(self, *, bound: int | None = None) -> StoredState:
         self.calls.append("load")
+        if bound is not None and len(self.shared.rows) > bound:
+            raise ClaimRecoveryTooLarge(path=None, where="the test store", limit=bound)
         checkpoint = self.shared.checkpoint
         return StoredState(
             claims=[copy.copy(r) for r in self.shared.rows.values()],

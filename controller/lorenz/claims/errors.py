@@ -31,7 +31,7 @@ class ClaimStoreSchemaUnsupported(ClaimStoreError):
         if version is None:
             what = "has tables but no claim_store_meta table (not a Lorenz claim store)"
         else:
-            what = f"has schema_version {version!r}, this Lorenz supports 1, 2 and 3"
+            what = f"has schema_version {version!r}, this Lorenz supports 1 to 4"
         super().__init__(
             f"claim store {path} {what}; upgrade Lorenz or set claim_store.path to another file",
             path=path,
@@ -150,4 +150,28 @@ class ClaimRebindTooLarge(ClaimStoreError):
         )
         self.owners = owners
         self.count = count
+        self.limit = limit
+
+
+class ClaimRecoveryTooLarge(ClaimRebindTooLarge):
+    """A bounded recovery read found more claims than the bound; nothing was recovered.
+
+    A kind of :class:`ClaimRebindTooLarge` (same code, same rule: recovery is bounded and
+    fails closed), raised by ``load(bound=...)`` before any row is moved, released or retried,
+    so whoever handles a too-large take-over handles this one too.
+    """
+
+    def __init__(self, *, path: Path | None, where: str, limit: int) -> None:
+        # NB: not the parent's constructor (no owners were named yet); its fields are set below.
+        ClaimStoreError.__init__(
+            self,
+            f"{where} holds more than {limit} claims of this workflow; recovery reads at most "
+            f"{limit} and recovered nothing (fail closed) — a workflow never holds that many, "
+            f"so look at the store (an owner id reused by many processes, a copied file, "
+            f"leftover Claims) before starting again",
+            path=path,
+        )
+        self.owners: list[str] = []
+        self.count = limit + 1
+        """At least this many (the read stops one past the bound)."""
         self.limit = limit

@@ -16,7 +16,12 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from lorenz.claims.errors import MAX_REBIND, ClaimGenerationStale, ClaimRebindTooLarge
+from lorenz.claims.errors import (
+    MAX_REBIND,
+    ClaimGenerationStale,
+    ClaimRebindTooLarge,
+    ClaimRecoveryTooLarge,
+)
 from lorenz.claims.spend import (
     DAY_SPEND_KEPT,
     ISSUE_SPEND_KEPT,
@@ -118,9 +123,12 @@ class MemoryClaimStore:
             self._on_fenced(error)
         raise error
 
-    async def load(self) -> StoredState:
+    async def load(self, *, bound: int | None = None) -> StoredState:
+        claims = self._table.claims
+        if bound is not None and len(claims) > bound:
+            raise ClaimRecoveryTooLarge(path=None, where="the memory claim store", limit=bound)
         return StoredState(
-            claims=[copy.copy(r) for r in self._table.claims.values()],
+            claims=[copy.copy(r) for r in claims.values()],
             checkpoint=copy.deepcopy(self._table.checkpoint),
         )
 

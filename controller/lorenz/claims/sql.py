@@ -38,6 +38,7 @@ from lorenz.claims.errors import (
     ClaimGenerationStale,
     ClaimOwnerLost,
     ClaimRebindTooLarge,
+    ClaimRecoveryTooLarge,
     ClaimStoreBusy,
     ClaimStoreSchemaUnsupported,
     ClaimStoreUnreadable,
@@ -69,10 +70,10 @@ from lorenz.model.clocks import iso_or_none
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = "3"
+SCHEMA_VERSION = "4"
 """The schema this code writes (``claim_store_meta.schema_version``)."""
 
-MIGRATED_VERSIONS = frozenset({"1", "2"})
+MIGRATED_VERSIONS = frozenset({"1", "2", "3"})
 """Older schemas this code opens and migrates in place (one transaction, on first open)."""
 
 DEFAULT_OWNER_STALE_MS = 30_000
@@ -183,6 +184,9 @@ _SPEND_TABLES: tuple[str, ...] = (
 _MIGRATIONS: dict[str, tuple[str, ...]] = {
     # Each entry takes a store from its version to the next; opening an older store runs the
     # steps of every version from its own up to SCHEMA_VERSION, in one transaction.
+    # v3 → v4: the store's own clock at each claim write (retry readiness from the store's
+    # clock, not the writer's); rows written before read as without it.
+    "3": ("ALTER TABLE claims ADD COLUMN stored_at TEXT",),
     # v2 → v3: the spend ledger (new tables only; existing rows untouched).
     "2": _SPEND_TABLES,
     # v1 → v2: the generation of each claim's writer, the spawn intent, the fence row.
@@ -199,7 +203,7 @@ _MIGRATIONS: dict[str, tuple[str, ...]] = {
         " fenced_at REAL NOT NULL)",
     ),
 }
-_NEXT_VERSION: dict[str, str] = {"1": "2", "2": "3"}
+_NEXT_VERSION: dict[str, str] = {"1": "2", "2": "3", "3": "4"}
 
 
 def migration_steps(version: str) -> tuple[str, ...]:
@@ -222,7 +226,7 @@ _SCHEMA: tuple[str, ...] = (
     " total_tokens INTEGER NOT NULL DEFAULT 0, last_error TEXT, session_id TEXT,"
     " updated_at TEXT, generation INTEGER, handle TEXT, spawn_phase TEXT,"
     " intent_generation INTEGER, last_seq INTEGER NOT NULL DEFAULT 0, placement TEXT,"
-    " intent_at TEXT)",
+    " intent_at TEXT, stored_at TEXT)",
     "CREATE INDEX IF NOT EXISTS claims_by_owner ON claims (owner)",
     "CREATE TABLE IF NOT EXISTS owners ("
     " owner TEXT PRIMARY KEY, heartbeat_at REAL NOT NULL, pid INTEGER, host TEXT,"
@@ -243,11 +247,13 @@ _SCHEMA: tuple[str, ...] = (
 _SELECT_CLAIMS = f"SELECT {', '.join(_CLAIM_COLUMNS + _INTENT_COLUMNS)} FROM claims"
 # NB: the WHERE on the DO UPDATE branch is the whole exclusion rule: a row held by anyone else
 # is left untouched and changes() stays 0. Stale owners are no exception (see take_over).
+_STORE_NOW = "strftime('%Y-%m-%dT%H:%M:%f+00:00', 'now')"
+"""The store's own clock (SQLite's, or the Turso server's), never the writer's."""
 _UPSERT_CLAIM = (
-    f"INSERT INTO claims ({', '.join(_CLAIM_COLUMNS)})"
-    f" VALUES ({', '.join('?' for _ in _CLAIM_COLUMNS)})"
+    f"INSERT INTO claims ({', '.join(_CLAIM_COLUMNS)}, stored_at)"
+    f" VALUES ({', '.join('?' for _ in _CLAIM_COLUMNS)}, {_STORE_NOW})"
     " ON CONFLICT (slot_key) DO UPDATE SET "
-    + ", ".join(f"{c} = excluded.{c}" for c in _CLAIM_COLUMNS if c != "slot_key")
+    + ", ".join(f"{c} = excluded.{c}" for c in (*_CLAIM_COLUMNS, "stored_at") if c != "slot_key")
     + ", "
     # NB: a claim back to a pending retry has a settled run: its intent has nothing to probe.
     + ", ".join(
@@ -262,6 +268,31 @@ _SET_INTENT = (
     + ", ".join(f"{c} = ?" for c in _INTENT_COLUMNS)
     + " WHERE slot_key = ? AND owner = ?"
 )
+
+
+def _retry_readiness(conn: DbConnection, *, bound: int | None) -> dict[SlotKey, float]:
+    """Milliseconds until each pending retry is due, on the store's clock.
+
+    The writer's delay (``due_at - updated_at``, both its own clock, so its skew cancels) is
+    counted from ``stored_at``, the store's clock at that write, against the store's clock now.
+    Rows without ``stored_at`` (written before schema 4) are left out: their wall-clock
+    ``due_at`` is used, as before.
+    """
+    rows = conn.execute(
+        f"SELECT slot_key, due_at, updated_at, stored_at, {_STORE_NOW} FROM claims"
+        " WHERE phase = 'RetryPending' AND due_at IS NOT NULL AND updated_at IS NOT NULL"
+        " AND stored_at IS NOT NULL LIMIT ?",
+        (-1 if bound is None else bound + 1,),
+    ).fetchall()
+    ready: dict[SlotKey, float] = {}
+    for key, due_at, updated_at, stored_at, now in rows:
+        try:
+            delay = _parse_when(due_at) - _parse_when(updated_at)
+            elapsed = _parse_when(now) - _parse_when(stored_at)
+        except (TypeError, ValueError):
+            continue  # NB: an unreadable stamp falls back to the wall-clock due_at
+        ready[SlotKey(str(key))] = (delay - elapsed).total_seconds() * 1000.0
+    return ready
 
 
 class EventKind:
@@ -620,9 +651,12 @@ class SqlClaimStore(abc.ABC):
         the claim is absent or another owner's. Fenced like every write."""
         return await self._run(lambda: self._intent_sync(key, intent))
 
-    async def load(self) -> StoredState:
-        """Every claim (of every owner), the checkpoint, and the owners that are stale now."""
-        return await self._run(self._load_sync)
+    async def load(self, *, bound: int | None = None) -> StoredState:
+        """Every claim (of every owner), the checkpoint, and the owners that are stale now.
+
+        With ``bound``, the read itself is bounded (``LIMIT bound + 1``) and more rows than
+        ``bound`` fail closed (``claim_rebind_too_large``)."""
+        return await self._run(lambda: self._load_sync(bound=bound))
 
     async def acquire(self, record: ClaimRecord) -> bool:
         """Claim ``record.slot_key``; ``False`` when any other owner's row holds it.
@@ -964,13 +998,27 @@ class SqlClaimStore(abc.ABC):
             return False
         return heartbeat_ms is None or self._is_stale(heartbeat_ms, now_ms)
 
-    def _load_sync(self) -> StoredState:
+    def _load_sync(self, *, bound: int | None = None) -> StoredState:
         def body(conn: DbConnection) -> StoredState:
-            claims = [_claim_from_row(row) for row in conn.execute(_SELECT_CLAIMS).fetchall()]
+            if bound is None:
+                rows = conn.execute(_SELECT_CLAIMS).fetchall()
+            else:
+                # NB: one row past the bound proves "too many" without reading them all.
+                rows = conn.execute(f"{_SELECT_CLAIMS} LIMIT ?", (bound + 1,)).fetchall()
+                if len(rows) > bound:
+                    raise ClaimRecoveryTooLarge(
+                        path=self._path, where=f"claim store {self._path}", limit=bound
+                    )
+            claims = [_claim_from_row(row) for row in rows]
             row = conn.execute("SELECT body FROM checkpoint WHERE id = 1").fetchone()
             checkpoint = json.loads(row[0]) if row is not None else None
             stale = self._stale_set(conn, self._now_ms())
-            return StoredState(claims=claims, checkpoint=checkpoint, stale_owners=stale)
+            return StoredState(
+                claims=claims,
+                checkpoint=checkpoint,
+                stale_owners=stale,
+                retry_ready_in_ms=_retry_readiness(conn, bound=bound),
+            )
 
         return self._transaction(body, write=False)
 
@@ -1033,7 +1081,10 @@ class SqlClaimStore(abc.ABC):
             for owner in movable:
                 rows = conn.execute(f"{_SELECT_CLAIMS} WHERE owner = ?", (owner,)).fetchall()
                 conn.execute(
-                    "UPDATE claims SET owner = ?, updated_at = ?, generation = ? WHERE owner = ?",
+                    # NB: updated_at and stored_at move together: a pending retry's delay is
+                    # due_at - updated_at, counted from stored_at on the store's clock.
+                    "UPDATE claims SET owner = ?, updated_at = ?, generation = ?,"
+                    f" stored_at = {_STORE_NOW} WHERE owner = ?",
                     (self._owner, now.isoformat(), self._generation, owner),
                 )
                 taken.extend(

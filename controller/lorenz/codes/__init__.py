@@ -1188,8 +1188,8 @@ CODE_DOCS: Final[Mapping[ErrorCode, CodeDoc]] = MappingProxyType({
         "by themselves.",
     ),
     _C.CLAIM_REBIND_TOO_LARGE: _claims(
-        "Recovering dead owners would rebind more than 1,000 claims; nothing was moved (exit 1 "
-        "at start, retried by recovery passes).",
+        "Recovery would read or rebind more than 1,000 claims; nothing was recovered or moved "
+        "(exit 1 at start, retried by recovery passes).",
         "Inspect the claim store (`claims.db`): a workflow never holds that many claims.",
     ),
     _C.CLAIM_GENERATION_STALE: _claims(

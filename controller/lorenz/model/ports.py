@@ -27,6 +27,10 @@ class StoredState:
     """The last orchestrator checkpoint (usage totals, completed ids, ...), if any."""
     stale_owners: frozenset[str] = frozenset()
     """Owners whose heartbeat is older than the stale threshold at read time."""
+    retry_ready_in_ms: Mapping[SlotKey, float] = dataclasses.field(default_factory=dict)
+    """Per pending retry, milliseconds until it is due on the *store's* clock (negative:
+    overdue), where the store has a clock of its own; a slot left out falls back to its
+    wall-clock ``due_at`` against the reader's clock."""
 
 
 class ClaimStore(Protocol):
@@ -48,8 +52,13 @@ class ClaimStore(Protocol):
         """Whether claims survive this process (``memory`` does not)."""
         ...
 
-    async def load(self) -> StoredState:
-        """Read all claims and the checkpoint (used once, at start-up or takeover)."""
+    async def load(self, *, bound: int | None = None) -> StoredState:
+        """Read all claims and the checkpoint (used once, at start-up or takeover).
+
+        With ``bound``, at most ``bound + 1`` claim rows are read, and more than ``bound``
+        raises a coded error (``claim_rebind_too_large``) instead of returning: recovery is
+        bounded and fails closed, never a sweep of whatever the store holds.
+        """
         ...
 
     async def acquire(self, record: ClaimRecord) -> bool:

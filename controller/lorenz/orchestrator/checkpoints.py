@@ -12,10 +12,17 @@ operator's ``Claim`` checkpoint resource)::
     {"schema": 1,
      "usage_totals": {"input_tokens": …, "output_tokens": …, "total_tokens": …,
                       "seconds_running": …, "cost_usd": …},
-     "failure_streaks": [{"slot_key": "<issue id>#<slot>", "failures": 2}, …],   # when any
+     "failure_streaks": [{"slot_key": "<issue id>#<slot>", "failures": 2,
+                          "max_attempts": 3, "terminal_action": "block",
+                          "failure_code": "turn_timeout"}, …],                   # when any
      "blocked": [{"slot_key": …, "issue_id": …, "reason": …, …}, …],            # when any
      "resumes": [{"slot_key": …, "session_id": …, "answer": …, "text": …,
                   "question": {…}}, …]}                                           # when any
+
+A failure streak carries the retry budget it was decided under (``max_attempts``,
+``terminal_action``, the last failure's code): a restart decides the recovered streak with
+it, not with a changed WORKFLOW.md. Optional keys: an entry without them decides with the
+settings, as before.
 
 A waiting slot is a blocked entry with ``waiting: true``, its ``question`` (text, options,
 session id, turn) and ``question_posted``; an answered one becomes a pending retry plus its
@@ -46,7 +53,7 @@ from lorenz.model import (
 )
 from lorenz.model.questions import AgentQuestion, SessionResume
 from lorenz.orchestrator.errors import CheckpointInvalid
-from lorenz.orchestrator.state import BlockedEntry
+from lorenz.orchestrator.state import BlockedEntry, RetryBudget
 
 CHECKPOINT_SCHEMA = 1
 """Version of the checkpoint mapping written through :meth:`ClaimStore.save_checkpoint`."""
@@ -66,6 +73,8 @@ class Checkpoint:
     """Blocked slots, in slot key order."""
     resumes: Mapping[SlotKey, SessionResume] = dataclasses.field(default_factory=dict)
     """Answered questions whose slot's next run resumes the session."""
+    retry_budgets: Mapping[SlotKey, RetryBudget] = dataclasses.field(default_factory=dict)
+    """The budget each streak was decided under (stored in its ``failure_streaks`` entry)."""
     schema: int = CHECKPOINT_SCHEMA
 
     @classmethod
@@ -76,11 +85,14 @@ class Checkpoint:
         failure_streaks: Mapping[SlotKey, int],
         blocked: Mapping[SlotKey, BlockedEntry],
         resumes: Mapping[SlotKey, SessionResume] | None = None,
+        retry_budgets: Mapping[SlotKey, RetryBudget] | None = None,
     ) -> Checkpoint:
         """The checkpoint of the orchestrator's state (its maps, as it keeps them)."""
+        streaks = dict(sorted(failure_streaks.items()))
         return cls(
             usage_totals=usage_totals,
-            failure_streaks=dict(sorted(failure_streaks.items())),
+            failure_streaks=streaks,
+            retry_budgets={k: b for k, b in (retry_budgets or {}).items() if k in streaks},
             blocked=tuple(entry for _, entry in sorted(blocked.items())),
             resumes=dict(sorted((resumes or {}).items())),
         )
@@ -91,7 +103,11 @@ class Checkpoint:
         document: dict[str, Any] = {"schema": self.schema, "usage_totals": totals.to_dict()}
         if self.failure_streaks:
             document["failure_streaks"] = [
-                {"slot_key": key, "failures": failures}
+                {
+                    "slot_key": key,
+                    "failures": failures,
+                    **_budget_to_json(self.retry_budgets.get(key)),
+                }
                 for key, failures in self.failure_streaks.items()
             ]
         if self.blocked:
@@ -112,6 +128,7 @@ class Checkpoint:
         if isinstance(totals, CheckpointInvalid):
             problems.append(totals)
         streaks, blocked, problem = _read_retry_state(document)
+        budgets = _read_budgets(document, streaks=streaks)
         if problem is not None:
             problems.append(problem)
         resumes, resume_problem = read_resumes(document)
@@ -122,6 +139,7 @@ class Checkpoint:
             failure_streaks=streaks,
             blocked=blocked,
             resumes=resumes,
+            retry_budgets=budgets,
         )
         return checkpoint, tuple(problems)
 
@@ -145,6 +163,7 @@ class Checkpoint:
             blocked={entry.key: entry for entry in self.blocked if entry.key in pending},
             problem=problem,
             resumes={key: r for key, r in self.resumes.items() if key in recovered},
+            retry_budgets={k: b for k, b in self.retry_budgets.items() if k in recovered},
         )
 
 
@@ -158,6 +177,8 @@ class RetryStateRestore:
     problem: CheckpointInvalid | None
     resumes: dict[SlotKey, SessionResume] = dataclasses.field(default_factory=dict)
     """Answered questions of recovered slots: their next run resumes the session."""
+    retry_budgets: dict[SlotKey, RetryBudget] = dataclasses.field(default_factory=dict)
+    """The recorded budgets of recovered slots' streaks."""
 
 
 
@@ -342,3 +363,37 @@ def blocked_from_checkpoint(item: Any) -> BlockedEntry | None:
         )
     except (KeyError, TypeError, ValueError):
         return None
+
+
+def _budget_to_json(budget: RetryBudget | None) -> dict[str, Any]:
+    if budget is None:
+        return {}
+    return {
+        "max_attempts": budget.max_attempts,
+        "terminal_action": budget.terminal_action.value,
+        "failure_code": budget.failure_code,
+    }
+
+
+def _read_budgets(
+    checkpoint: Mapping[str, Any], *, streaks: Mapping[SlotKey, int]
+) -> dict[SlotKey, RetryBudget]:
+    """The budgets recorded beside the streaks; an entry without one (written before budgets
+    were recorded) or with an unreadable one decides with the settings, as before."""
+    rows = checkpoint.get("failure_streaks") if isinstance(checkpoint, Mapping) else None
+    budgets: dict[SlotKey, RetryBudget] = {}
+    for item in rows if isinstance(rows, list) else ():
+        try:
+            key = _AS_SLOT_KEY(str(item["slot_key"]))
+            max_attempts = int(item["max_attempts"])
+            action = TerminalAction(item["terminal_action"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        code = item.get("failure_code")
+        if key in streaks and max_attempts >= 1:
+            budgets[key] = RetryBudget(
+                max_attempts=max_attempts,
+                terminal_action=action,
+                failure_code=str(code)[:200] if code is not None else None,
+            )
+    return budgets

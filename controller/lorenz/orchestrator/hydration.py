@@ -11,8 +11,10 @@ The rules, in one place:
 * a row whose slot key does not match its issue and slot index is a problem, never recovered;
 * rows of our own owner (a previous life) and of stale owners are recovered; rows of live
   other owners are *foreign* (left alone, re-checked later);
-* a recovered ``retry_pending`` row comes back as that retry, its wall-clock due time mapped
-  onto this process's monotonic clock, its attempt kept;
+* a recovered ``retry_pending`` row comes back as that retry, its attempt kept, due after
+  the time left on the *store's* clock where the store has one (SQLite/Turso: the delay the
+  writer set, counted from the store's own time of that write), else its wall-clock due time
+  mapped onto this process's monotonic clock;
 * a recovered ``running`` or ``reserved`` row whose spawn intent names a worker that may
   still exist (any phase but ``compensated``) is a run to *adopt*: an ``adoption`` retry, due
   at once, its attempt kept, carrying the intent (the run re-attaches after ``last_seq``; the
@@ -21,13 +23,16 @@ The rules, in one place:
   running with its intent, so a second crash before the dispatch finds it again;
 * any other recovered ``running`` or ``reserved`` row is a run that died with its owner: a
   failure retry with the next attempt and the configured backoff, its usage added to the totals;
-* from the checkpoint: usage totals, and failure streaks and blocked slots for the recovered
+* from the checkpoint: usage totals, and failure streaks (with the retry budget each was
+  decided under: it keeps deciding that streak) and blocked slots for the recovered
   pending retries only (an entry without its row is stale and dropped); a blocked slot
   replaces the pending retry recovered for it.
 
-At start-up the whole of it is one plan: :func:`owners_to_take_over` names the stale owners
-whose rows the store moves to us, and :func:`plan_hydration` turns what was read and what was
-moved into a :class:`HydrationPlan`, which ``hydrate()`` applies as it is.
+At start-up the read is bounded: the store reads at most :data:`RECOVERY_BOUND` rows and
+fails closed above it (nothing recovered, moved or retried). The whole of it is one plan:
+:func:`owners_to_take_over` names the stale owners whose rows the store moves to us, and
+:func:`plan_hydration` turns what was read and what was moved into a :class:`HydrationPlan`,
+which ``hydrate()`` applies as it is.
 """
 
 from __future__ import annotations
@@ -54,8 +59,12 @@ from lorenz.model import (
 from lorenz.model.questions import SessionResume
 from lorenz.orchestrator.checkpoints import Checkpoint, RetryStateRestore
 from lorenz.orchestrator.errors import CheckpointInvalid, ClaimRecordInvalid
-from lorenz.orchestrator.state import BlockedEntry
+from lorenz.orchestrator.state import BlockedEntry, RetryBudget
 from lorenz.policies import failure_backoff_ms, next_failure_attempt
+
+RECOVERY_BOUND = 1_000
+"""Claim rows a start-up reads at most: above it the store's bounded read fails closed
+(``claim_rebind_too_large``) and nothing is recovered, like a take-over above the same bound."""
 
 _ZERO_USAGE = TokenUsage()
 _AS_SLOT_KEY = cast("Callable[[str], SlotKey]", str)
@@ -100,6 +109,9 @@ class HydrationPlan:
     """Consecutive failures per recovered slot, from the checkpoint."""
     resumes: dict[SlotKey, SessionResume] = dataclasses.field(default_factory=dict)
     """Answered questions of recovered slots (their next run resumes the session)."""
+    retry_budgets: dict[SlotKey, RetryBudget] = dataclasses.field(default_factory=dict)
+    """The recorded retry budgets of recovered slots' failure streaks (they decide the rest
+    of those streaks, not the current settings)."""
     foreign: dict[SlotKey, str]
     """Slots of live other owners (slot: owner), left alone and re-checked later."""
     usage_totals: UsageTotals | None
@@ -148,6 +160,7 @@ def plan_hydration(
         now_ms=now_ms,
         wall=wall,
         backoff=backoff,
+        ready_in_ms=stored.retry_ready_in_ms,
     )
     problems: list[ClaimRecordInvalid | CheckpointInvalid] = list(valid.problems)
     usage_totals: UsageTotals | None = None
@@ -168,6 +181,7 @@ def plan_hydration(
         blocked=restore.blocked,
         failure_streaks=restore.failure_streaks,
         resumes=restore.resumes,
+        retry_budgets=restore.retry_budgets,
         foreign=foreign_claims(by_key, recovered=recovered, own=own, stale=stale),
         usage_totals=usage_totals,
         taken_over_from=stale | ({own} if own_rows else frozenset()),
@@ -226,10 +240,16 @@ def retry_of_recovered(
     now_ms: float,
     wall: datetime.datetime,
     backoff: RetryBackoffSettings,
+    ready_in_ms: float | None = None,
 ) -> RetryEntry:
-    """The retry a recovered row comes back as (see the module's rules)."""
+    """The retry a recovered row comes back as (see the module's rules).
+
+    ``ready_in_ms``: when the store has a clock of its own, how long until the pending retry
+    is due on it; it replaces the wall-clock ``due_at`` (which the writer's clock set)."""
     if record.phase is ClaimPhase.RETRY_PENDING:
         due_at = record.due_at or wall
+        if ready_in_ms is not None:
+            due_at = wall + datetime.timedelta(milliseconds=ready_in_ms)
         return RetryEntry(
             issue_id=record.issue_id,
             identifier=record.identifier,
@@ -302,6 +322,7 @@ def recover_slots(
     now_ms: float,
     wall: datetime.datetime,
     backoff: RetryBackoffSettings,
+    ready_in_ms: Mapping[SlotKey, float] | None = None,
 ) -> RecoveredSlots:
     """The retries, report lists and usage of recovered rows, in the rows' order."""
     retries: dict[SlotKey, RetryEntry] = {}
@@ -313,7 +334,12 @@ def recover_slots(
     for key, record in records.items():
         span = max(span, record.slot_index + 1)
         retries[key] = retry_of_recovered(
-            record, previous_owner=previous_owner(key), now_ms=now_ms, wall=wall, backoff=backoff
+            record,
+            previous_owner=previous_owner(key),
+            now_ms=now_ms,
+            wall=wall,
+            backoff=backoff,
+            ready_in_ms=(ready_in_ms or {}).get(key),
         )
         if record.phase is ClaimPhase.RETRY_PENDING:
             restored.append(key)

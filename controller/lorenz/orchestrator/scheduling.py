@@ -49,6 +49,7 @@ from lorenz.model.questions import AgentQuestion, SessionResume
 from lorenz.orchestrator.checkpoints import Checkpoint
 from lorenz.orchestrator.errors import AlreadyStarted, CheckpointInvalid, ClaimRecordInvalid
 from lorenz.orchestrator.hydration import (
+    RECOVERY_BOUND,
     RecoveredSlots,
     owners_to_take_over,
     plan_hydration,
@@ -77,7 +78,7 @@ from lorenz.orchestrator.snapshots import (
     orchestrator_snapshot,
     run_identities,
 )
-from lorenz.orchestrator.state import BlockedEntry, ForeignClaim, OrchestratorState
+from lorenz.orchestrator.state import BlockedEntry, ForeignClaim, OrchestratorState, RetryBudget
 from lorenz.policies import (
     IssueRules,
     dispatchable_issues,
@@ -199,6 +200,9 @@ class Orchestrator:
         and no new slot is claimed until occupancy is under the new cap again.
         """
         self._settings = settings
+        # NB: an explicit reload applies to every streak from its next failure, recovered ones
+        # included; only a restart keeps the budgets recorded with the streaks.
+        self._state.restored_budgets.clear()
         self._rules = IssueRules.from_settings(settings)
         self._slot_span = max(self._slot_span, settings.agent.ensemble_size)
 
@@ -256,7 +260,7 @@ class Orchestrator:
                 raise AlreadyStarted(
                     "hydrate() runs once, before the first dispatch; create a new orchestrator",
                 )
-            stored = await self._store.load()
+            stored = await self._store.load(bound=RECOVERY_BOUND)
             own = self._store.owner
             valid = valid_records(stored.claims)
             stale = owners_to_take_over(valid, stored=stored)
@@ -279,6 +283,8 @@ class Orchestrator:
             if plan.usage_totals is not None:
                 state.usage_totals = plan.usage_totals
             state.failure_streaks.update(plan.failure_streaks)
+            state.retry_budgets.update(plan.retry_budgets)
+            state.restored_budgets.update(plan.retry_budgets)
             state.blocked.update(plan.blocked)
             state.resumes.update(plan.resumes)
             slots = plan.slots
@@ -425,6 +431,8 @@ class Orchestrator:
             if issue is None or blocked.issue_id not in eligible_ids or blocked.slot_index >= span:
                 del state.blocked[key]
                 state.failure_streaks.pop(key, None)
+                state.retry_budgets.pop(key, None)
+                state.restored_budgets.pop(key, None)
                 released.append(blocked)
                 continue
             if blocked.waiting:
@@ -472,6 +480,8 @@ class Orchestrator:
         self._state.blocked.pop(key, None)
         # NB: a person looked at it: the budget starts again.
         self._state.failure_streaks.pop(key, None)
+        self._state.retry_budgets.pop(key, None)
+        self._state.restored_budgets.pop(key, None)
         retry = self._blocked_retry(blocked, now_ms=now_ms)
         retry.due_at = wall
         self._state.retry_attempts[key] = retry
@@ -1042,16 +1052,29 @@ class Orchestrator:
         state.completed.add(entry.issue.id)
         if release:
             state.failure_streaks.pop(key, None)
+            state.retry_budgets.pop(key, None)
+            state.restored_budgets.pop(key, None)
             state.continuation_streaks.pop(key, None)
             await self._store.release(key)
             await self._save_checkpoint()
             return Finished(entry=entry, retry=None)
+        retry_settings = self._settings.retry
+        recorded = state.restored_budgets.get(key)
+        if recorded is not None:
+            # NB: a streak recovered at start-up keeps the limit and action it was decided
+            # under, not a WORKFLOW.md changed across the restart.
+            retry_settings = retry_settings.model_copy(
+                update={
+                    "max_attempts": recorded.max_attempts,
+                    "terminal_action": recorded.terminal_action,
+                }
+            )
         decision = settle_decision(
             normal=normal,
             failure_code=failure_code,
             previous_attempt=entry.attempt,
             previous_failures=state.failure_streaks.get(key, 0),
-            retry=self._settings.retry,
+            retry=retry_settings,
             previous_continuations=state.continuation_streaks.get(key, 0),
             max_continuation_runs=(
                 self._settings.agent.max_continuation_runs if count_continuation else 0
@@ -1060,8 +1083,15 @@ class Orchestrator:
         )
         if decision.failures:
             state.failure_streaks[key] = decision.failures
+            state.retry_budgets[key] = RetryBudget(
+                max_attempts=retry_settings.max_attempts,
+                terminal_action=retry_settings.terminal_action,
+                failure_code=failure_code,
+            )
         else:
             state.failure_streaks.pop(key, None)
+            state.retry_budgets.pop(key, None)
+            state.restored_budgets.pop(key, None)
         if normal and not count_continuation:
             pass  # NB: not the agent's choice: the count stays as it was
         elif decision.continuations and decision.blocked is None:
@@ -1103,6 +1133,8 @@ class Orchestrator:
             )
             state.blocked[key] = blocked
             state.failure_streaks.pop(key, None)  # kept in the entry; an unblock starts at 0
+            state.retry_budgets.pop(key, None)
+            state.restored_budgets.pop(key, None)
             # NB: the row stays, as a pending retry due at once: it keeps the slot ours in a
             # shared store, and if the checkpoint entry were lost the slot simply retries.
             await self._store.save(retry_record(self._blocked_retry(blocked, now_ms=now_ms),
@@ -1137,6 +1169,8 @@ class Orchestrator:
             if key in self._state.claimed:
                 return
             self._state.failure_streaks.pop(key, None)
+            self._state.retry_budgets.pop(key, None)
+            self._state.restored_budgets.pop(key, None)
             self._state.continuation_streaks.pop(key, None)
             blocked = self._state.blocked.pop(key, None)
             if self._state.retry_attempts.pop(key, None) is not None or blocked is not None:
@@ -1165,6 +1199,8 @@ class Orchestrator:
                 retry = state.retry_attempts.pop(key, None)
                 blocked = state.blocked.pop(key, None)
                 state.failure_streaks.pop(key, None)
+                state.retry_budgets.pop(key, None)
+                state.restored_budgets.pop(key, None)
                 state.continuation_streaks.pop(key, None)
                 if blocked is not None:
                     unblocked = True
@@ -1204,6 +1240,8 @@ class Orchestrator:
             retry = state.retry_attempts.pop(key, None)
             blocked = state.blocked.pop(key, None)
             state.failure_streaks.pop(key, None)
+            state.retry_budgets.pop(key, None)
+            state.restored_budgets.pop(key, None)
             state.continuation_streaks.pop(key, None)
             if entry is None and reservation is None and retry is None and blocked is None:
                 return Released()
@@ -1279,6 +1317,7 @@ class Orchestrator:
         checkpoint = Checkpoint.of(
             usage_totals=state.usage_totals,
             failure_streaks=state.failure_streaks,
+            retry_budgets=state.retry_budgets,
             blocked=state.blocked,
             resumes={
                 key: resume

@@ -43,6 +43,23 @@ class ForeignClaim:
     """Monotonic time after which a claim attempt may go to the store again."""
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RetryBudget:
+    """The retry budget a slot's failure streak was decided under, kept in the checkpoint.
+
+    A restarted controller decides the rest of a recovered streak with it (limit and terminal
+    action as recorded), not with a possibly changed WORKFLOW.md; a reload while running
+    (``update_settings``) applies from the next failure, as before.
+    """
+
+    max_attempts: int
+    """``retry.max_attempts`` when the last failure was decided."""
+    terminal_action: TerminalAction
+    """``retry.terminal_action`` when the last failure was decided."""
+    failure_code: str | None = None
+    """The failure class (stable code) of the streak's last failure, when it has one."""
+
+
 @dataclasses.dataclass(slots=True)
 class BlockedEntry:
     """A slot that stopped retrying: its budget is used up, or its agent asked a question."""
@@ -108,6 +125,11 @@ class OrchestratorState:
     """Slots that stopped retrying until a refresh or a change of their issue."""
     failure_streaks: dict[SlotKey, int] = dataclasses.field(default_factory=dict)
     """Consecutive failed runs per slot (absent = 0): what ``retry.max_attempts`` counts."""
+    retry_budgets: dict[SlotKey, RetryBudget] = dataclasses.field(default_factory=dict)
+    """The budget each slot's failure streak was last decided under (beside its streak)."""
+    restored_budgets: dict[SlotKey, RetryBudget] = dataclasses.field(default_factory=dict)
+    """Budgets recovered at start-up: they decide those slots' streaks until the streak ends
+    or the settings are reloaded (a restart never applies a changed WORKFLOW.md to them)."""
     resumes: dict[SlotKey, SessionResume] = dataclasses.field(default_factory=dict)
     """Answered questions whose slot's next run continues the session (persisted in the
     checkpoint until that run ends)."""

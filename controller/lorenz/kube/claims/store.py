@@ -64,7 +64,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
-from lorenz.claims import ClaimGenerationStale
+from lorenz.claims import ClaimGenerationStale, ClaimRecoveryTooLarge
 from lorenz.claims.memory import MemoryClaimStore
 from lorenz.claims.spend import IssueSpend, SpendCharge, SpendTotal, check_charge
 from lorenz.kube.api import resources
@@ -176,7 +176,7 @@ class ClaimResourceStore:
         """The Claims this store holds (read-only view, for the operator and tests)."""
         return self._held
 
-    async def load(self) -> StoredState:
+    async def load(self, *, bound: int | None = None) -> StoredState:
         if self._lister is not None:
             items = await self._lister.claims_of(self._workflow)
         else:
@@ -206,6 +206,13 @@ class ClaimResourceStore:
                 continue
             records.append(record)
             self._held[record.slot_key] = self._entry(item, record)
+        if bound is not None and len(records) > bound:
+            # NB: the Claims are listed by this workflow's label only; above the bound nothing
+            # is recovered (fail closed), as in the single-host stores.
+            self._held.clear()
+            raise ClaimRecoveryTooLarge(
+                path=None, where=f"namespace {self._workflow.namespace}", limit=bound
+            )
         self.loaded.set()
         holder = self._holder()
         stale = frozenset(r.owner for r in records if r.owner != holder)
