@@ -1,0 +1,139 @@
+"""Ask, answer, resume in the operator, end to end: a real ``lorenz operator`` process runs a
+Workflow whose agent is the scripted Codex app-server. Its question shows on the Claim
+(``kubectl get claims``: phase ``WaitingForInput``, the question in the status), the answer
+comes through the ``lorenz.dev/answer`` annotation, the leader takes and removes it, and the
+resumed run resumes the same thread in the same workspace with the answer in its input.
+
+NB: the runs are ``worker.kind: local`` (the agent script is on this machine); a Pod run's
+workspace claim kept while it waits needs the real node (docs/questions.md)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cluster.cluster import wait_until
+from tests.kube.operators import Kube, OperatorProcess, Rig, write_issue
+from tests.runtime.questions_rig import FAKE_CODEX, asking_scenario
+
+pytestmark = pytest.mark.cluster
+
+
+def codex_spec(rig: Rig, scenarios: Path) -> dict[str, Any]:
+    command = (
+        " ".join(shlex.quote(str(p)) for p in (sys.executable, FAKE_CODEX))
+        + f' {shlex.quote(str(scenarios))}/"$LORENZ_ISSUE_IDENTIFIER".json'
+    )
+    return {
+        "agent": {"kind": "codex", "maxConcurrentAgents": 1, "maxTurns": 1},
+        "agents": {
+            "codex": {
+                "protocol": "codex-app-server",
+                "command": command,
+                "stallTimeoutMs": 60000,
+                "turnTimeoutMs": 60000,
+            }
+        },
+        "input": {"answerTemplate": "Answer: {{ answer }}"},
+    }
+
+
+def received(record: Path, method: str) -> list[dict[str, Any]]:
+    if not record.exists():
+        return []
+    rows = [json.loads(line) for line in record.read_text(encoding="utf-8").splitlines()]
+    return [
+        row["received"].get("params") or {}
+        for row in rows
+        if isinstance(row.get("received"), dict) and row["received"].get("method") == method
+    ]
+
+
+def test_a_question_waits_on_its_claim_and_the_answer_annotation_resumes_the_thread(
+    kube: Kube, rig: Rig, operators: Callable[..., OperatorProcess], tmp_path: Path
+) -> None:
+    operators("solo", namespaces=(kube.namespace,))
+    scenarios = tmp_path / "scenarios"
+    scenarios.mkdir()
+    (tmp_path / "records").mkdir()
+    scenario = asking_scenario(tmp_path, "T-1")
+    (scenarios / "T-1.json").write_text(json.dumps(scenario), encoding="utf-8")
+    record = Path(scenario["record"])
+    write_issue(rig.issues_of("ask"), "T-1")
+    kube.apply(rig.workflow("ask", extra=codex_spec(rig, scenarios)))
+
+    def waiting_claim() -> dict[str, Any] | None:
+        claims = kube.items("claims")
+        return next(
+            (c for c in claims if (c.get("status") or {}).get("phase") == "WaitingForInput"),
+            None,
+        )
+
+    claim = wait_until(waiting_claim, timeout=90, message="a WaitingForInput Claim")
+    question = claim["status"]["question"]
+    assert question["text"] == "Database — Which database should the cache use?"
+    assert question["options"] == ["Redis", "Postgres"]
+    assert question["sessionId"] == "thr-T-1"
+    (row,) = kube.table("claims", "-o", "wide")
+    assert row["PHASE"] == "WaitingForInput"
+    assert row["QUESTION"].startswith("Database")
+    (started,) = received(record, "thread/start")
+    workspace = started["cwd"]
+
+    name = claim["metadata"]["name"]
+    kube.cluster.kubectl(
+        "annotate", "claim", name, "-n", kube.namespace, "lorenz.dev/answer=Postgres, please."
+    )
+    resumed = wait_until(
+        lambda: received(record, "thread/resume") or None,
+        timeout=90, message="the thread resumed",
+    )
+    assert resumed[0]["threadId"] == "thr-T-1"
+    assert resumed[0]["cwd"] == workspace
+    turns = received(record, "turn/start")
+    texts = [json.dumps(turn.get("input")) for turn in turns]
+    assert any("Answer: Postgres, please." in text for text in texts), texts
+
+    def annotation_gone() -> bool | None:
+        annotations = kube.get("claim", name)["metadata"].get("annotations") or {}
+        return "lorenz.dev/answer" not in annotations or None
+
+    wait_until(annotation_gone, timeout=30, message="the answer annotation removed")
+    wait_until(
+        lambda: "InputAnswered" in kube.reasons("ask") or None,
+        timeout=30, message="an InputAnswered Event",
+    )
+
+
+def test_an_answer_annotation_on_a_claim_that_does_not_wait_is_refused_and_removed(
+    kube: Kube, rig: Rig, operators: Callable[..., OperatorProcess]
+) -> None:
+    operators("solo", namespaces=(kube.namespace,))
+    write_issue(rig.issues_of("busy"), "TASK-1")
+    kube.apply(rig.workflow("busy", seconds=30.0))
+    claim = wait_until(
+        lambda: next(
+            (c for c in kube.items("claims")
+             if (c.get("status") or {}).get("phase") == "Running"),
+            None,
+        ),
+        timeout=60, message="a Running Claim",
+    )
+    name = claim["metadata"]["name"]
+    kube.cluster.kubectl("annotate", "claim", name, "-n", kube.namespace, "lorenz.dev/answer=yes")
+
+    def annotation_gone() -> bool | None:
+        annotations = kube.get("claim", name)["metadata"].get("annotations") or {}
+        return "lorenz.dev/answer" not in annotations or None
+
+    wait_until(annotation_gone, timeout=30, message="the refused annotation removed")
+    refused = [e for e in kube.events("busy") if e["reason"] == "AnswerRefused"]
+    assert refused
+    assert "issue_not_waiting" in refused[0]["message"]
+    assert kube.get("claim", name)["status"]["phase"] == "Running"
