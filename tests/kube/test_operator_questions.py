@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import shlex
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -137,3 +139,87 @@ def test_an_answer_annotation_on_a_claim_that_does_not_wait_is_refused_and_remov
     assert refused
     assert "issue_not_waiting" in refused[0]["message"]
     assert kube.get("claim", name)["status"]["phase"] == "Running"
+
+
+def ask(kube: Kube, rig: Rig, tmp_path: Path, name: str) -> tuple[dict[str, Any], Path]:
+    """Apply Workflow ``name`` whose T-1 asks; return its waiting Claim and the agent record."""
+    scenarios = tmp_path / "scenarios"
+    scenarios.mkdir()
+    (tmp_path / "records").mkdir()
+    scenario = asking_scenario(tmp_path, "T-1")
+    (scenarios / "T-1.json").write_text(json.dumps(scenario), encoding="utf-8")
+    write_issue(rig.issues_of(name), "T-1")
+    kube.apply(rig.workflow(name, extra=codex_spec(rig, scenarios)))
+    claim = wait_until(
+        lambda: next(
+            (c for c in kube.items("claims")
+             if (c.get("status") or {}).get("phase") == "WaitingForInput"),
+            None,
+        ),
+        timeout=90, message="a WaitingForInput Claim",
+    )
+    return claim, Path(scenario["record"])
+
+
+def post(operator: OperatorProcess, path: str, body: object) -> tuple[int, Any]:
+    assert operator.url is not None
+    request = urllib.request.Request(
+        f"{operator.url}{path}", data=json.dumps(body).encode(), method="POST",
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_the_operators_answer_route_resumes_the_waiting_issue(
+    kube: Kube, rig: Rig, operators: Callable[..., OperatorProcess], tmp_path: Path
+) -> None:
+    operator = operators("solo", namespaces=(kube.namespace,))
+    _, record = ask(kube, rig, tmp_path, "routed")
+    route = f"/api/v1/workflows/{kube.namespace}/routed/issues/T-1/answer"
+    status, body = post(operator, route, {"txt": "x"})
+    assert (status, body["error"]["code"]) == (400, "invalid_request_body")
+    status, body = post(
+        operator, f"/api/v1/workflows/{kube.namespace}/nope/issues/T-1/answer", {"text": "x"}
+    )
+    assert (status, body["error"]["code"]) == (404, "workflow_not_found")
+    status, body = post(operator, route, {"text": "Redis"})
+    assert status == 202, body
+    assert body["session_ids"] == ["thr-T-1"]
+    resumed = wait_until(
+        lambda: received(record, "thread/resume") or None,
+        timeout=90, message="the thread resumed",
+    )
+    assert resumed[0]["threadId"] == "thr-T-1"
+    status, body = post(operator, route, {"text": "Redis"})
+    assert (status, body["error"]["code"]) == (404, "issue_not_waiting")
+
+
+def test_an_answer_left_while_no_leader_runs_is_taken_by_the_next_leader(
+    kube: Kube, rig: Rig, operators: Callable[..., OperatorProcess], tmp_path: Path
+) -> None:
+    first = operators("first", namespaces=(kube.namespace,))
+    claim, record = ask(kube, rig, tmp_path, "failover")
+    first.kill()
+    first.wait()
+    name = claim["metadata"]["name"]
+    kube.cluster.kubectl(
+        "annotate", "claim", name, "-n", kube.namespace, "lorenz.dev/answer=Postgres"
+    )
+    operators("second", namespaces=(kube.namespace,))
+    resumed = wait_until(
+        lambda: received(record, "thread/resume") or None,
+        timeout=120, message="the next leader resumed the thread",
+    )
+    assert resumed[0]["threadId"] == "thr-T-1"
+    (started,) = received(record, "thread/start")[:1]
+    assert resumed[0]["cwd"] == started["cwd"]
+
+    def annotation_gone() -> bool | None:
+        annotations = kube.get("claim", name)["metadata"].get("annotations") or {}
+        return "lorenz.dev/answer" not in annotations or None
+
+    wait_until(annotation_gone, timeout=30, message="the answer annotation removed")
