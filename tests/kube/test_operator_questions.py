@@ -19,9 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.cluster.cluster import wait_until
 from tests.kube.operators import Kube, OperatorProcess, Rig, write_issue
+from tests.kube.test_api_auth import service_account
 from tests.runtime.questions_rig import FAKE_CODEX, asking_scenario
 
 pytestmark = pytest.mark.cluster
@@ -161,11 +163,15 @@ def ask(kube: Kube, rig: Rig, tmp_path: Path, name: str) -> tuple[dict[str, Any]
     return claim, Path(scenario["record"])
 
 
-def post(operator: OperatorProcess, path: str, body: object) -> tuple[int, Any]:
+def post(
+    operator: OperatorProcess, path: str, body: object, *, token: str | None = None
+) -> tuple[int, Any]:
     assert operator.url is not None
+    headers = {"Content-Type": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
     request = urllib.request.Request(
-        f"{operator.url}{path}", data=json.dumps(body).encode(), method="POST",
-        headers={"Content-Type": "application/json"},
+        f"{operator.url}{path}", data=json.dumps(body).encode(), method="POST", headers=headers
     )
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
@@ -223,3 +229,40 @@ def test_an_answer_left_while_no_leader_runs_is_taken_by_the_next_leader(
         return "lorenz.dev/answer" not in annotations or None
 
     wait_until(annotation_gone, timeout=30, message="the answer annotation removed")
+
+
+def test_the_answer_route_needs_patch_on_claims_with_kubernetes_auth(
+    kube: Kube, rig: Rig, operators: Callable[..., OperatorProcess]
+) -> None:
+    operator = operators(
+        "guarded", namespaces=(kube.namespace,), extra_args=("--api-auth", "kubernetes"),
+    )
+    kube.apply(rig.workflow("secured"))
+    wait_until(lambda: kube.holder("secured") == "guarded" or None, timeout=60,
+               message="the operator leads")
+    reader = service_account(kube, "reader", verbs=["get", "list", "patch"])
+    answerer = service_account(kube, "answerer")
+    manifests = [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+         "metadata": {"name": "answerer"},
+         "rules": [{"apiGroups": ["lorenz.dev"], "resources": ["claims"], "verbs": ["patch"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+         "metadata": {"name": "answerer"},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                     "name": "answerer"},
+         "subjects": [{"kind": "ServiceAccount", "name": "answerer",
+                       "namespace": kube.namespace}]},
+    ]
+    kube.cluster.kubectl(
+        "apply", "-n", kube.namespace, "-f", "-", input=yaml.safe_dump_all(manifests)
+    )
+    route = f"/api/v1/workflows/{kube.namespace}/secured/issues/TASK-1/answer"
+    status, body = post(operator, route, {"text": "x"}, token=reader)
+    assert (status, body["error"]["code"]) == (403, "forbidden")  # patch on the Workflow: no
+    assert "claims.lorenz.dev" in body["error"]["message"]
+    status, body = wait_until(
+        lambda: ((r := post(operator, route, {"text": "x"}, token=answerer))[0] != 403 and r)
+        or None,
+        timeout=60, message="the answerer's Role is in force",
+    )
+    assert (status, body["error"]["code"]) == (404, "issue_not_waiting")
