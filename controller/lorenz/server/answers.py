@@ -10,7 +10,7 @@ next run resumes the agent's session with it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 from aiohttp import web
 
@@ -29,6 +29,14 @@ _SOURCES = frozenset({"cli", "dashboard", "api"})
 
 def answer_routes(runtime: LorenzRuntime) -> list[web.RouteDef]:
     """The answer route, bound to ``runtime``."""
+    return [web.post(ANSWER_PATH, answer_handler(lambda request: runtime))]
+
+
+def answer_handler(
+    runtime_of: Callable[[web.Request], LorenzRuntime],
+) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """The answer route's handler, for the runtime ``runtime_of`` picks for a request (the
+    operator serves one per Workflow it leads; ``runtime_of`` raises the API error if none)."""
 
     async def post_answer(request: web.Request) -> web.StreamResponse:
         identifier = request.match_info["identifier"]
@@ -47,6 +55,7 @@ def answer_routes(runtime: LorenzRuntime) -> list[web.RouteDef]:
                 code=INVALID_REQUEST_BODY,
                 status=400,
             )
+        runtime = runtime_of(request)
         if runtime.stopped:
             raise ApiError(
                 "the runtime has stopped and takes no more requests; restart lorenz to resume",
@@ -62,4 +71,4 @@ def answer_routes(runtime: LorenzRuntime) -> list[web.RouteDef]:
             raise ApiError(exc.message, code=exc.code, status=422) from None
         return web.json_response(receipt.to_dict(), status=202)
 
-    return [web.post(ANSWER_PATH, post_answer)]
+    return post_answer

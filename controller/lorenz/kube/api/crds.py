@@ -508,6 +508,12 @@ def claim_crd() -> dict[str, Any]:
                 description="a pending retry's backoff, from when it was scheduled",
             ),
             _column(
+                "Question",
+                ".status.question.text",
+                priority=1,
+                description="the agent's question while the slot waits (WaitingForInput)",
+            ),
+            _column(
                 "Handle",
                 ".status.intent.handle",
                 priority=1,

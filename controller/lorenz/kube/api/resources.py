@@ -54,6 +54,37 @@ def on_hold(obj: Mapping[str, Any]) -> str | None:
     value = annotations.get(HOLD_ANNOTATION)
     return None if value is None else str(value)
 """Any new value on a Workflow asks its runtime to poll now (and re-read its Secret)."""
+ANSWER_ANNOTATION: Final = f"{GROUP}/answer"
+"""On a Claim whose slot waits for input (phase ``WaitingForInput``): the answer to its agent's
+question, as text. The leader takes it (the issue's waiting slots resume their sessions with
+it) and removes it; a refused one is removed too, with a Warning Event saying why."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimAnswer:
+    """An answer annotation as a Claim carried it."""
+
+    name: str
+    """The Claim's name."""
+    uid: str
+    issue_id: str
+    """The issue the Claim's slot belongs to (the answer goes to its waiting slots)."""
+    text: str
+
+
+def answer_of(obj: Mapping[str, Any]) -> ClaimAnswer | None:
+    """The answer annotation of a Claim object (``None``: none, or not a whole Claim)."""
+    metadata = obj.get("metadata") or {}
+    value = (metadata.get("annotations") or {}).get(ANSWER_ANNOTATION)
+    issue_id = (obj.get("spec") or {}).get("issueId")
+    if value is None or not metadata.get("name") or not metadata.get("uid") or not issue_id:
+        return None
+    return ClaimAnswer(
+        name=str(metadata["name"]), uid=str(metadata["uid"]), issue_id=str(issue_id),
+        text=str(value),
+    )
+
+
 ENDPOINT_ANNOTATION: Final = f"{GROUP}/endpoint"
 """On a Lease: where the holding replica serves its API."""
 CLEANUP_FINALIZER: Final = f"{GROUP}/cleanup"

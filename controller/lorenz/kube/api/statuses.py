@@ -14,6 +14,7 @@ flips, and the list is keyed by ``type``. Only the leading replica writes any of
 from __future__ import annotations
 
 import datetime
+import enum
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -360,11 +361,45 @@ class ClaimSpec(WireModel):
     """Which slot of the issue's ensemble."""
 
 
+class ClaimStatusPhase(enum.StrEnum):
+    """A Claim's ``status.phase``: the record's :class:`~lorenz.model.ClaimPhase`, or
+    ``WaitingForInput`` for a slot whose agent asked a question (docs/questions.md).
+
+    NB: a waiting slot is a ``RetryPending`` row to every claim store (it keeps the slot ours);
+    the Claim shows it as waiting, and :func:`record_from_claim` reads it back as
+    ``RetryPending``."""
+
+    RESERVED = "Reserved"
+    RUNNING = "Running"
+    RETRY_PENDING = "RetryPending"
+    WAITING_FOR_INPUT = "WaitingForInput"
+
+
+QUESTION_STATUS_LIMIT = 1000
+"""Characters of a waiting slot's question shown in its Claim's status (the rest is cut)."""
+
+
+class ClaimQuestion(WireModel):
+    """The question a waiting slot's agent asked (docs/questions.md), as its Claim shows it."""
+
+    text: str = Field(max_length=QUESTION_STATUS_LIMIT + 1)
+    """The question, cut to 1000 characters (and an ellipsis)."""
+    options: list[str] = Field(default_factory=list, max_length=20)
+    """The options the agent offered (at most 20, each cut to 200 characters)."""
+    session_id: str | None = None
+    """The agent session the answer resumes."""
+    asked_at: datetime.datetime | None = None
+    """When the agent asked."""
+    posted: bool = False
+    """Whether the question is on the tracker."""
+
+
 class ClaimStatus(WireModel):
     """The claimed slot's state, as the leader's orchestrator last persisted it."""
 
-    phase: ClaimPhase
-    """``Reserved`` (waiting for a worker), ``Running`` or ``RetryPending``."""
+    phase: ClaimStatusPhase
+    """``Reserved`` (waiting for a worker), ``Running``, ``RetryPending`` or
+    ``WaitingForInput`` (its agent asked a question; it holds no concurrency)."""
     owner: str
     """The identity of the replica that holds the slot."""
     attempt: int | None = None
@@ -410,6 +445,8 @@ class ClaimStatus(WireModel):
     workers."""
     node: str | None = None
     """The node the run's Pod is scheduled on (``worker.kind: pod``)."""
+    question: ClaimQuestion | None = None
+    """The agent's question while the slot waits for an answer (phase ``WaitingForInput``)."""
 
 
 CLAIM_SPEC_FIELDS = ("slot_key", "issue_id", "identifier", "slot_index")
@@ -418,7 +455,7 @@ CLAIM_SPEC_FIELDS = ("slot_key", "issue_id", "identifier", "slot_index")
 CLAIM_POD_FIELDS = ("pod_phase", "node")
 """Claim status fields the operator's Pod watch fills in (not part of the claim record)."""
 
-CLAIM_DISPLAY_FIELDS = ("retry_in",)
+CLAIM_DISPLAY_FIELDS = ("retry_in", "question")
 """Claim status fields derived for people (printer columns), never read back."""
 
 
@@ -433,8 +470,9 @@ def claim_spec(record: ClaimRecord, *, workflow: str) -> dict[str, Any]:
     ).wire()
 
 
-def claim_status(record: ClaimRecord) -> dict[str, Any]:
-    """The status of the Claim for ``record`` (wire form)."""
+def claim_status(record: ClaimRecord, *, question: ClaimQuestion | None = None) -> dict[str, Any]:
+    """The status of the Claim for ``record`` (wire form); with the ``question`` of a waiting
+    slot (a ``RetryPending`` record), phase ``WaitingForInput``."""
     data = record.to_dict()
     values = {name: data[name] for name in ClaimStatus.model_fields if name in data}
     # NB: a first run is attempt 0 on the wire (so ``kubectl get clm`` shows it); the record
@@ -442,7 +480,11 @@ def claim_status(record: ClaimRecord) -> dict[str, Any]:
     if values.get("attempt") is None:
         values["attempt"] = 0
     status = ClaimStatus.model_validate(values)
-    if status.due_at is not None:
+    if question is not None and record.phase is ClaimPhase.RETRY_PENDING:
+        status.phase = ClaimStatusPhase.WAITING_FOR_INPUT
+        status.question = question
+    elif status.due_at is not None:
+        # NB: not for a waiting slot: it is due when answered (``dueAt`` stays, read back).
         since = status.updated_at or datetime.datetime.now(datetime.UTC)
         status.retry_in = go_duration((status.due_at - since).total_seconds())
     return status.wire()
@@ -470,15 +512,20 @@ def record_from_claim(obj: Mapping[str, Any]) -> ClaimRecord:
     spec = ClaimSpec.model_validate(obj.get("spec") or {})
     raw_status = obj.get("status") or {}
     if not raw_status.get("phase"):
-        status = ClaimStatus(phase=ClaimPhase.RESERVED, owner="")
+        status = ClaimStatus(phase=ClaimStatusPhase.RESERVED, owner="")
     else:
         status = ClaimStatus.model_validate(raw_status)
+    phase = (
+        ClaimPhase.RETRY_PENDING
+        if status.phase is ClaimStatusPhase.WAITING_FOR_INPUT
+        else ClaimPhase(status.phase.value)
+    )
     return ClaimRecord(
         slot_key=SlotKey(spec.slot_key),
         issue_id=spec.issue_id,
         identifier=spec.identifier,
         slot_index=spec.slot_index,
-        phase=status.phase,
+        phase=phase,
         owner=status.owner,
         attempt=status.attempt or None,
         retry_kind=status.retry_kind,

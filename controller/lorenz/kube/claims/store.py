@@ -21,7 +21,10 @@ takes a Workflow over rebuilds the scheduling state from them (``load``), and so
                     from the Workflow the term's finalizer edit got back, when there was one);
                     every owner that is not the current Lease holder is stale.
 ``take_over``       status writes (CAS) that set the owner to us.
-``save_checkpoint`` merge-patch ``status.checkpoint`` of the Workflow.
+``save_checkpoint`` merge-patch ``status.checkpoint`` of the Workflow; a top-level key the
+                    new checkpoint no longer has (``resumes`` once the resumed run
+                    ended, ``blocked``…) is sent as ``null``, so the merge removes it.
+                    The waiting slots it names show ``WaitingForInput`` on their Claims.
 ``heartbeat``       nothing: the Lease renewal *is* the heartbeat.
 ``add_spend``       the spend ledger (:mod:`.spending`): in memory, written whole to
                     ``status.spend.ledger`` of the Workflow at most once a second and at
@@ -70,7 +73,13 @@ from lorenz.claims.spend import IssueSpend, SpendCharge, SpendTotal, check_charg
 from lorenz.kube.api import resources
 from lorenz.kube.api.casing import camel_keys, snake_keys
 from lorenz.kube.api.resources import WorkflowRef
-from lorenz.kube.api.statuses import claim_spec, claim_status, record_from_claim
+from lorenz.kube.api.statuses import (
+    QUESTION_STATUS_LIMIT,
+    ClaimQuestion,
+    claim_spec,
+    claim_status,
+    record_from_claim,
+)
 from lorenz.kube.claims.lists import ClaimLister
 from lorenz.kube.claims.spending import SPEND_FLUSH_S, ledger_document, spend_book
 from lorenz.kube.clients import KubeApi, claims_path, workflows_path
@@ -83,6 +92,7 @@ from lorenz.model import (
     SpawnIntent,
     StoredState,
 )
+from lorenz.orchestrator.checkpoints import blocked_from_checkpoint
 
 logger = logging.getLogger("lorenz.kube.claims")
 
@@ -142,6 +152,12 @@ class ClaimResourceStore:
         self._pods: dict[SlotKey, tuple[str | None, str | None]] = {}
         """The phase and node of each slot's run Pod, as the Pod watch last told
         (:meth:`note_pod`); every status write of the slot carries them."""
+        self._questions: dict[SlotKey, ClaimQuestion] = {}
+        """The question of each waiting slot, as the last checkpoint named it: a status write
+        of such a slot shows phase ``WaitingForInput`` and the question."""
+        self._checkpoint_keys: frozenset[str] = frozenset()
+        """The top-level keys of ``status.checkpoint`` as last read or written (those a new
+        checkpoint leaves out are deleted with ``null``)."""
         self.fenced_writes = 0
         """Mutations refused because this replica may not write (lost or expiring lease)."""
         self._spend: MemoryClaimStore | None = None
@@ -152,6 +168,9 @@ class ClaimResourceStore:
         self._spend_dirty = False
         self.fenced_out: ClaimGenerationStale | None = None
         """Why every write is refused, once a Claim showed a newer leader generation."""
+        self.found_answers: list[resources.ClaimAnswer] = []
+        """Answer annotations the last :meth:`load` found on the Claims (set while no leader
+        was there to take them); the controller takes them once the runtime runs."""
         self.loaded = asyncio.Event()
         """Set once :meth:`load` has read the Workflow's Claims: until then :attr:`held` names
         none of them, and nothing may be judged by it (the orphan sweep of a new term)."""
@@ -186,6 +205,7 @@ class ClaimResourceStore:
             )
         self._drop_all_pending()
         self._held.clear()
+        self.found_answers = []
         records: list[ClaimRecord] = []
         for item in items:
             if (item.get("spec") or {}).get("workflow") != self._workflow.name:
@@ -206,6 +226,9 @@ class ClaimResourceStore:
                 continue
             records.append(record)
             self._held[record.slot_key] = self._entry(item, record)
+            answer = resources.answer_of(item)
+            if answer is not None:
+                self.found_answers.append(answer)
         if bound is not None and len(records) > bound:
             # NB: the Claims are listed by this workflow's label only; above the bound nothing
             # is recovered (fail closed), as in the single-host stores.
@@ -217,6 +240,7 @@ class ClaimResourceStore:
         holder = self._holder()
         stale = frozenset(r.owner for r in records if r.owner != holder)
         checkpoint = await self._read_checkpoint()
+        self._questions = waiting_questions(checkpoint)
         return StoredState(claims=records, checkpoint=checkpoint, stale_owners=stale)
 
     async def acquire(self, record: ClaimRecord) -> bool:
@@ -348,14 +372,40 @@ class ClaimResourceStore:
         if not self._writable("save_checkpoint", None):
             return
         path = workflows_path(self._workflow.namespace, self._workflow.name, status=True)
+        # NB: camelCase like the rest of the status; the keys are the orchestrator's own.
+        document: dict[str, Any] = camel_keys(dict(checkpoint))
+        # NB: a merge patch keeps what it does not name: a key the checkpoint dropped (the
+        # ``resumes`` of a resumed run that ended, the last ``blocked`` slot) must be nulled.
+        patch: dict[str, Any] = {key: None for key in self._checkpoint_keys - document.keys()}
+        patch.update(document)
         try:
-            # NB: camelCase like the rest of the status; the keys are the orchestrator's own.
-            await self._api.merge_patch(
-                path, {"status": {"checkpoint": camel_keys(dict(checkpoint))}}
-            )
+            await self._api.merge_patch(path, {"status": {"checkpoint": patch}})
         except KubeApiError as exc:
             if not exc.not_found:
                 raise
+        else:
+            self._checkpoint_keys = frozenset(document)
+        await self._show_questions(waiting_questions(checkpoint))
+
+    async def _show_questions(self, questions: dict[SlotKey, ClaimQuestion]) -> None:
+        """Rewrite the status of each held Claim whose question changed (``WaitingForInput``
+        when it waits, its record's phase again once answered or released)."""
+        before, self._questions = self._questions, questions
+        for key in sorted(before.keys() | questions.keys()):
+            if before.get(key) == questions.get(key):
+                continue
+            held = self._held.get(key)
+            if held is None or held.record.owner != self._owner:
+                continue
+            try:
+                await self._write_status(held, held.record)
+            except KubeApiError as exc:  # shown at the slot's next write; never fatal here
+                logger.warning(
+                    "Claim question not shown workflow=%s slot=%s error=%s",
+                    self._workflow.display,
+                    key,
+                    exc,
+                )
 
     async def heartbeat(self) -> None:
         # NB: the Lease renewal is the heartbeat; only a fenced-out store has news to tell.
@@ -611,7 +661,7 @@ class ClaimResourceStore:
             self._check_fence(held.record, key=record.slot_key)
             if not self._writable("status", record.slot_key):
                 return False
-            status = claim_status(record)
+            status = claim_status(record, question=self._questions.get(record.slot_key))
             status["podPhase"], status["node"] = self._pods.get(record.slot_key, (None, None))
             patch = {"metadata": {"resourceVersion": held.resource_version}, "status": status}
             path = claims_path(self._workflow.namespace, held.name, status=True)
@@ -669,7 +719,12 @@ class ClaimResourceStore:
         if self._spend is None and isinstance(spend, Mapping):
             self._spend_seed = spend.get("ledger")
         checkpoint = status.get("checkpoint") if isinstance(status, Mapping) else None
-        return snake_keys(dict(checkpoint)) if isinstance(checkpoint, Mapping) else None
+        if not isinstance(checkpoint, Mapping):
+            self._checkpoint_keys = frozenset()
+            return None
+        self._checkpoint_keys = frozenset(str(key) for key in checkpoint)
+        read: Mapping[str, Any] = snake_keys(dict(checkpoint))
+        return read
 
     # -- the spend ledger (lorenz.claims.spend.SpendLedger) -------------------------------------
 
@@ -750,6 +805,27 @@ def _still_newer(pending: SpawnIntent | None, stored: SpawnIntent | None) -> Spa
     if pending is None or stored is None or not _only_seq_moved(stored, pending):
         return None
     return pending if pending.last_seq >= stored.last_seq else None
+def waiting_questions(checkpoint: Mapping[str, Any] | None) -> dict[SlotKey, ClaimQuestion]:
+    """The waiting slots of an orchestrator checkpoint (snake_case keys) and their questions,
+    bounded for a Claim's status."""
+    rows = checkpoint.get("blocked") if isinstance(checkpoint, Mapping) else None
+    questions: dict[SlotKey, ClaimQuestion] = {}
+    for row in rows if isinstance(rows, list) else ():
+        blocked = blocked_from_checkpoint(row)
+        if blocked is None or not blocked.waiting or blocked.question is None:
+            continue
+        question = blocked.question
+        text = question.text
+        if len(text) > QUESTION_STATUS_LIMIT:
+            text = text[: QUESTION_STATUS_LIMIT - 1] + "…"
+        questions[blocked.key] = ClaimQuestion(
+            text=text,
+            options=[option[:200] for option in question.options[:20]],
+            session_id=question.session_id,
+            asked_at=blocked.blocked_at,
+            posted=blocked.question_posted,
+        )
+    return questions
 
 
 def _only_seq_moved(before: SpawnIntent | None, after: SpawnIntent) -> bool:

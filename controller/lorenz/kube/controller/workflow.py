@@ -65,6 +65,7 @@ from lorenz.kube.api.resources import compact_json
 from lorenz.kube.claims.lists import ClaimLister
 from lorenz.kube.claims.store import ClaimResourceStore
 from lorenz.kube.clients import KubeApi
+from lorenz.kube.controller.answers import ClaimAnswers
 from lorenz.kube.controller.candidates import SpecCandidates
 from lorenz.kube.controller.cleanup import (
     clean_up_deleted,
@@ -241,6 +242,8 @@ class WorkflowController:
             post=self.post,
             background=self._background,
         )
+        self.answers = ClaimAnswers(api=api, workflow=self.ref, post=self.post)
+        """The ``lorenz.dev/answer`` annotations of the Workflow's Claims, taken."""
         self.status = StatusPublisher(
             api=api,
             workflow=self.ref,
@@ -343,6 +346,14 @@ class WorkflowController:
             f"was stopped and it is not dispatched until the annotation is removed",
         )
         self._spawn(runtime.cancel_slot(slot_key, reason="held"))
+
+    def claim_answered(self, answer: resources.ClaimAnswer) -> None:
+        """A Claim of this Workflow carries the answer annotation: answer its issue with it
+        (:mod:`.answers`)."""
+        runtime = self.runtime
+        if runtime is None or not self.lease.holds_lease() or self.answers.taking(answer):
+            return
+        self._spawn(self.answers.take(runtime, answer))
 
     async def shutdown(self) -> None:
         """Stop this controller (operator shutdown): release what it leads, then return."""
@@ -652,6 +663,8 @@ class WorkflowController:
         # NB: the store forgets its Claims when the term ends: from then on it names
         # nothing, and every Pod is the next leader's to judge.
         still_ours = functools.partial(self._still_ours, term=term, store=store)
+        for answer in store.found_answers:  # NB: annotated while nobody led the Workflow
+            self.claim_answered(answer)
         self._spawn(sweep_orphans(
             api=self._api, workflow=self.ref, store=store, may_delete=still_ours,
             lists=self._claim_lister,

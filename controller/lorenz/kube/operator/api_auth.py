@@ -8,6 +8,8 @@ the route touches:
 
 * ``GET /api/v1/workflows/{ns}/{name}/state``: ``get`` on that Workflow in ``{ns}``;
 * ``POST /api/v1/workflows/{ns}/{name}/refresh``: ``patch`` on it (what the annotation needs);
+* ``POST /api/v1/workflows/{ns}/{name}/issues/{identifier}/answer``: ``patch`` on Claims in
+  ``{ns}`` (what the ``lorenz.dev/answer`` annotation needs);
 * ``GET /api/v1/workflows``: lists only namespaces where the caller may ``list`` Workflows;
 * ``GET /metrics``, ``GET /healthz``: ``get`` on the non-resource URL.
 
@@ -106,7 +108,13 @@ class KubernetesAuth:
         resource = request.match_info.route.resource
         route = resource.canonical if resource is not None else request.path
         info = request.match_info
-        if route.endswith("/state") or route.endswith("/refresh"):
+        if route.endswith("/answer"):
+            attributes = {"resourceAttributes": {
+                "namespace": info["namespace"], "verb": "patch", "group": "lorenz.dev",
+                "resource": "claims",
+            }}
+            what = f"patch claims.lorenz.dev in namespace {info['namespace']}"
+        elif route.endswith("/state") or route.endswith("/refresh"):
             verb = "get" if request.method == "GET" else "patch"
             attributes = {"resourceAttributes": workflow_attributes(
                 namespace=info["namespace"], name=info["name"], verb=verb

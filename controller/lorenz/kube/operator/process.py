@@ -195,9 +195,10 @@ class Supervisor:
             self._forget(key, watched)
 
     def claim_event(self, kind: str | None, body: Mapping[str, Any]) -> None:
-        """One watch event of a Claim: deletions and holds matter."""
+        """One watch event of a Claim: deletions, holds and answers matter."""
         hold = resources.on_hold(body)
-        if kind != "DELETED" and hold is None:
+        answer = resources.answer_of(body) if kind != "DELETED" and hold is None else None
+        if kind != "DELETED" and hold is None and answer is None:
             return
         metadata = body.get("metadata") or {}
         spec = body.get("spec") or {}
@@ -216,6 +217,8 @@ class Supervisor:
                 uid=str(uid), slot_key=SlotKey(str(slot)), name=str(metadata.get("name")),
                 note=hold,
             )
+        elif answer is not None:
+            controller.claim_answered(answer)
 
     def healthy(self) -> bool:
         """Whether this process serves (not shutting down): all ``/healthz`` tells anyone."""

@@ -11,6 +11,9 @@ writes refused by the fence). The snapshot API mirrors the single-host routes pe
 * ``GET  /api/v1/workflows/{namespace}/{name}/state`` — the runtime snapshot (``GET
   /api/v1/state`` of a single host); 409 ``workflow_not_led_here`` names the leader's endpoint;
 * ``POST /api/v1/workflows/{namespace}/{name}/refresh`` — poll now (like the annotation);
+* ``POST /api/v1/workflows/{namespace}/{name}/issues/{identifier}/answer`` — answer a waiting
+  issue's question (the single host's ``POST /api/v1/issues/{identifier}/answer``, same body,
+  answers and refusals; like the ``lorenz.dev/answer`` annotation on its Claim);
 * ``GET  /metrics``, ``GET /healthz``.
 
 Every route is authenticated with the caller's Kubernetes token unless ``api_auth`` is
@@ -34,7 +37,11 @@ from lorenz.kube.clients import KubeApi
 from lorenz.kube.operator.api_auth import KubernetesAuth
 from lorenz.kube.settings import OperatorSettings
 from lorenz.server import ApiError, LorenzMetrics
+from lorenz.server.answers import answer_handler
 from lorenz.server.errors import error_middleware
+
+ANSWER_ROUTE = "/api/v1/workflows/{namespace}/{name}/issues/{identifier:.+}/answer"
+"""A waiting issue's answer, for the Workflow's runtime (authorized as ``patch`` on Claims)."""
 
 if TYPE_CHECKING:
     from lorenz.kube.operator.process import Supervisor
@@ -156,6 +163,7 @@ class OperatorServer:
                 web.get("/api/v1/workflows", self._list),
                 web.get("/api/v1/workflows/{namespace}/{name}/state", self._state),
                 web.post("/api/v1/workflows/{namespace}/{name}/refresh", self._refresh),
+                web.post(ANSWER_ROUTE, answer_handler(self._led_runtime)),
             ]
         )
         return app
