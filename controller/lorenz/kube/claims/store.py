@@ -398,7 +398,7 @@ class ClaimResourceStore:
             if held is None or held.record.owner != self._owner:
                 continue
             try:
-                await self._write_status(held, held.record)
+                await self._write_status(held, held.record, redo=lambda fresh: fresh.record)
             except KubeApiError as exc:  # shown at the slot's next write; never fatal here
                 logger.warning(
                     "Claim question not shown workflow=%s slot=%s error=%s",
