@@ -358,6 +358,16 @@ class Cluster:
             *(f"customresourcedefinition/{name}" for name in names),
             timeout=timeout + 10,
         )
+        # NB: Established is not served: right after it, a list of the new resource may still
+        # answer 429 "storage is (re)initializing" on a loaded host, and a test's first list
+        # failed on it. Wait until each resource lists.
+        deadline = time.monotonic() + timeout
+        for name in names:
+            while self.kubectl("get", name, "--all-namespaces", "-o", "name",
+                               check=False).returncode != 0:
+                if time.monotonic() > deadline:
+                    self.kubectl("get", name, "--all-namespaces", "-o", "name")  # raises
+                time.sleep(0.5)
         return names
 
     def create_namespace(
