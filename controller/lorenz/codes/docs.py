@@ -32,7 +32,7 @@ AREA_TITLES: dict[Area, str] = {
 _INTRO = """\
 # Error codes
 
-<!-- Generated from lorenz/codes/__init__.py by `python -m lorenz.codes.docs`; do not edit. -->
+<!-- Generated from lorenz/codes/catalog.py by `python -m lorenz.codes.docs`; do not edit. -->
 
 Every error Lorenz reports carries a stable code: `lorenz validate` prints it, the HTTP API
 answers `{"error": {"code": ..., "message": ...}}`, a Workflow's `Degraded` condition uses it
