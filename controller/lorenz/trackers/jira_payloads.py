@@ -167,7 +167,7 @@ def reset_delay(value: str | None, *, now: float) -> float | None:
     return max(0.0, moment.timestamp() - now)
 
 
-# -- the jira_rest tool's input, Jira's error bodies ---------------------------------------------
+# -- the jira_rest tool's input, Jira's error bodies ----------------------------------------------
 
 
 def validate_rest_path(path: Any) -> str:
