@@ -828,7 +828,6 @@ class Dispatching:
         self._agent.on_agent_update(key, update)
 
 
-
 def _agent_kind(settings: WorkflowSettings, name: str) -> AgentKindSettings:
     """The settings of the kind a slot was claimed for (gone if a reload removed it)."""
     try:

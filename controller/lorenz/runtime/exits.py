@@ -50,8 +50,6 @@ class CleanExits:
         """The issues with a clean exit still waiting for its decision."""
         return {pending.issue_id for pending in self._exits.values()}
 
-
-
     async def settle_clean_exit(self, run: ActiveRun) -> None:
         """Wait for the by-id read that decides a cleanly exited slot (see :class:`PendingExit`).
 

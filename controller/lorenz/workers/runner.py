@@ -118,7 +118,6 @@ _pruned_roots: set[Path] = set()
 """State roots whose old state directories this process has removed already."""
 
 
-
 @dataclasses.dataclass(slots=True)
 class Departure:
     """Whether one runtime's cancelled runs leave their detached workers running.
@@ -170,7 +169,6 @@ def agent_update_from(record: Record) -> AgentUpdate:
         pid=pid if isinstance(pid, int) else None,
         payload=payload if isinstance(payload, Mapping) else None,
     )
-
 
 
 class WorkerRunner:
@@ -726,7 +724,6 @@ async def _never_active() -> bool:
 
 def _ignore(record: Record) -> None:
     del record  # nobody waits for a dropped adoption's records: they stay in its journal
-
 
 
 def _result_of(final: Record) -> AgentRunResult:
