@@ -32,7 +32,7 @@ AREA_TITLES: dict[Area, str] = {
 _INTRO = """\
 # Error codes
 
-<!-- Generated from lorenz/codes/__init__.py by `python -m lorenz.codes.docs`; do not edit. -->
+<!-- Generated from lorenz/codes/catalog.py by `python -m lorenz.codes.docs`; do not edit. -->
 
 Every error Lorenz reports carries a stable code: `lorenz validate` prints it, the HTTP API
 answers `{"error": {"code": ..., "message": ...}}`, a Workflow's `Degraded` condition uses it
@@ -45,8 +45,9 @@ ended (or was skipped) with this code, and the retry policy decides what follows
 when nothing narrower fits.
 
 Link to a code as `errors.md#<code>`. In code, name it as `ErrorCode.<NAME>`
-(`from lorenz.codes import ErrorCode`). A new code is a member of `ErrorCode` plus its
-entry in `CODE_DOCS` (both in `lorenz/codes/__init__.py`); then regenerate this page with
+(`from lorenz.codes import ErrorCode`). A new code is a member of `ErrorCode`
+(`lorenz/codes/__init__.py`) plus its entry in `CODE_DOCS` (`lorenz/codes/catalog.py`, or
+`lorenz/codes/services.py` for the services' areas); then regenerate this page with
 `python -m lorenz.codes.docs > docs/errors.md` (`tests/codes/test_registry.py` checks both).
 """
 

@@ -10,17 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 from pathlib import Path
 from typing import Any, Protocol
 
 from lorenz.agents import AgentAsked, AgentRunRequest, PlacementFailed, RunPlacement
 from lorenz.agents.base import TurnStop
-from lorenz.agents.environment import agent_environment
-from lorenz.claims.errors import ClaimStoreWriteFailed
 from lorenz.codes import ErrorCode
-from lorenz.config import AgentKindSettings, TrackerKind, WorkflowSettings
+from lorenz.config import AgentKindSettings, WorkflowSettings
 from lorenz.model import (
     AbortReason,
     AgentUpdate,
@@ -32,24 +29,22 @@ from lorenz.model import (
     RetryKind,
     RunFailure,
     RunningEntry,
-    RunOutcome,
     SlotKey,
-    StopReason,
     slot_key,
 )
-from lorenz.model.variables import run_variables
 from lorenz.orchestrator import DispatchCandidate, Reserved, Skipped, Started
 from lorenz.policies import WorkerHealth, agent_kind_for, classify_worker_outcome
 from lorenz.policies.placement import RunLocation, run_location
 from lorenz.policies.retries import HOST_FAULT_CODES
+from lorenz.runtime.agent_calls import AgentCalls
 from lorenz.runtime.blocking import Blocking
+from lorenz.runtime.exits import CleanExits
 from lorenz.runtime.parts import RuntimeParts
 from lorenz.runtime.reconciling import Reconciling
 from lorenz.runtime.reporting import describe_error
-from lorenz.runtime.runs import ActiveRun, PendingExit
+from lorenz.runtime.runs import ActiveRun
 from lorenz.runtime.spending import RunMeter
 from lorenz.runtime.tools import tracker_tools
-from lorenz.tasks import run_to_completion
 from lorenz.workflow import continuation_prompt, render_prompt
 from lorenz.workspaces import Workspace
 
@@ -77,8 +72,10 @@ class WorkerPool(Protocol):
 class Dispatching:
     """Claims slots, runs them as detached tasks, and settles how each one ended.
 
-    It owns the dispatch passes (wanted, running, their wake-up), the clean exits waiting for
-    their decision and the issues refused for an unpassable field. ``tick_lock`` is the lock a
+    It owns the dispatch passes (wanted, running, their wake-up), the host-fault pause and its
+    probe, and the issues refused for an unpassable field; and two parts of its own: the clean
+    exits waiting for their decision (:class:`~.exits.CleanExits`, which a pass decides) and
+    what each run hands its agent (:class:`~.agent_calls.AgentCalls`). ``tick_lock`` is the lock a
     tick's body holds (see :class:`~.polling.Polling`): a pass holds it too, so the two never
     interleave.
     """
@@ -97,7 +94,10 @@ class Dispatching:
         self._blocking = blocking
         self._pool = pool
         self._tick_lock = tick_lock
-        self._exits: dict[SlotKey, PendingExit] = {}
+        self._agent = AgentCalls(parts=parts, reconciling=reconciling)
+        self._exits = CleanExits(
+            parts=parts, reconciling=reconciling, blocking=blocking, wake=self.nudge
+        )
         self._refused: dict[str, tuple[object, ...]] = {}
         """Issues not started because of an unpassable field, with the version reported."""
         self._pass_wanted = False
@@ -156,9 +156,11 @@ class Dispatching:
         """The runtime stops: cut a pass's batching wait short (it then sees the stop)."""
         self._pass_wake.set()
 
-    def waiting_issue_ids(self) -> set[str]:
-        """The issues with a clean exit still waiting for its decision."""
-        return {pending.issue_id for pending in self._exits.values()}
+    @property
+    def exits(self) -> CleanExits:
+        """The clean exits waiting for their decision (a tick's reconciliation decides them
+        too)."""
+        return self._exits
 
     def nudge(self) -> None:
         """Freed capacity, a clean exit or a due retry: act now, not at the next interval.
@@ -209,7 +211,7 @@ class Dispatching:
         issues together. A failed read decides the exits as continuations (as a settle always
         did) and starts nothing.
         """
-        exits = self.take_exits()
+        exits = self._exits.take_exits()
         chosen: list[DispatchCandidate] = []
         if (
             not self._parts.status.stopped
@@ -248,11 +250,11 @@ class Dispatching:
                 code=getattr(exc, "code", type(exc).__name__),
             )
             for pending in exits:
-                await self.decide_exit(pending, None, known=False)
+                await self._exits.decide_exit(pending, None, known=False)
             return
         by_id = {issue.id: issue for issue in found}
         for pending in exits:
-            await self.decide_exit(pending, by_id.get(pending.issue_id), known=True)
+            await self._exits.decide_exit(pending, by_id.get(pending.issue_id), known=True)
         for candidate in chosen:
             if self._parts.status.stopped:
                 break
@@ -573,7 +575,7 @@ class Dispatching:
                 workspace=path,
                 settings=kind,
                 max_turns=settings.agent.max_turns,
-                env=self.agent_env(
+                env=self._agent.agent_env(
                     issue=issue,
                     attempt=entry.attempt,
                     slot_index=entry.slot_index,
@@ -582,13 +584,13 @@ class Dispatching:
                     remote=placement is not None,
                 ),
                 on_update=on_update,
-                issue_is_active=lambda: self.issue_still_active(issue.id),
+                issue_is_active=lambda: self._agent.issue_still_active(issue.id),
                 continuation_prompt=continuation_prompt,
                 tools=tracker_tools(self._parts.tracker.current),
                 placement=placement,
                 resume=entry.resume,
                 on_placed=placed if not bound else None,
-                on_launch=lambda up: self.on_launch(run, launching=up),
+                on_launch=lambda up: self._agent.on_launch(run, launching=up),
                 answer=self._parts.orchestrator.session_resume(key),
                 stop=stop,
                 on_replayed=meter.replayed,
@@ -716,7 +718,7 @@ class Dispatching:
             elif run.reason is AbortReason.SHUTDOWN:
                 # A clean shutdown: keep the slot's place with a continuation retry, so a
                 # durable store brings it back after a restart without counting a failure.
-                await self.finish_for_shutdown(key)
+                await self._exits.finish_for_shutdown(key)
             elif run.is_active and key in self._reconciling.grace_keys(run.issue_id):
                 await self._reconciling.settle_in_grace(
                     run, key=key, normal=normal, text=text
@@ -725,7 +727,7 @@ class Dispatching:
                 if run is self._probe:
                     self.clear_host_fault(why="the probe run's worker ran its agent")
                 run.exited = True
-                await self.settle_clean_exit(run)
+                await self._exits.settle_clean_exit(run)
             elif run.is_active:
                 code = error.code if error is not None else None
                 if code in HOST_FAULT_CODES and error is not None:
@@ -761,109 +763,6 @@ class Dispatching:
             self._parts.runs.discard(run)
             self._parts.reporting.emit_snapshot()
             self.nudge()
-
-    async def settle_clean_exit(self, run: ActiveRun) -> None:
-        """Wait for the by-id read that decides a cleanly exited slot (see :class:`PendingExit`).
-
-        In ``--once`` there are no dispatch passes, so the run reads its issue itself.
-        """
-        pending = PendingExit(run=run, decided=asyncio.get_running_loop().create_future())
-        if self._parts.status.once:
-            try:
-                found = await self._parts.tracker.current.fetch_issues_by_ids([run.issue_id])
-            except Exception:  # noqa: BLE001 - unknown state: the exit keeps its continuation
-                await self.decide_exit(pending, None, known=False)
-            else:
-                by_id = {issue.id: issue for issue in found}
-                await self.decide_exit(pending, by_id.get(run.issue_id), known=True)
-            return
-        self._exits[run.key] = pending
-        self.nudge()
-        try:
-            await pending.decided
-        except asyncio.CancelledError:
-            self._exits.pop(run.key, None)
-            if run.reason is AbortReason.SHUTDOWN:
-                # Stopped while waiting: as any shutdown, keep the slot's place (if the pass
-                # did not decide it already).
-                await self.finish_for_shutdown(run.key)
-                return
-            if run.reason is None:
-                run.reason = AbortReason.SHUTDOWN
-                await self.finish_for_shutdown(run.key)
-                raise
-
-    async def finish_for_shutdown(self, key: SlotKey) -> None:
-        """End a run stopped by the shutdown: its continuation keeps the slot's place, and the
-        stop does not count as one of the agent's continuations."""
-        try:
-            await self._parts.orchestrator.finish(
-                key, normal=True, error=None, count_continuation=False
-            )
-        except ClaimStoreWriteFailed as exc:
-            # NB: a full disk must not turn a clean stop into a traceback; the claim stays
-            # running in the store, and the next controller recovers it as interrupted.
-            logger.warning("slot not recorded at shutdown slot=%s: %s", key, exc)
-
-    def take_exits(self) -> list[PendingExit]:
-        exits = list(self._exits.values())
-        self._exits.clear()
-        return exits
-
-    async def decide_exit(self, pending: PendingExit, issue: Issue | None, *, known: bool) -> None:
-        """Continuation retry while the issue stays active (or cannot be read); else release."""
-        key, issue_id = pending.key, pending.issue_id
-        try:
-            if pending.decided.done() or not pending.run.is_active:
-                return  # stopped or cancelled meanwhile: whoever did that settled the slot
-            reason = self._parts.orchestrator.reconciliation_decision(issue) if known else None
-            if reason is None:
-                finished = await self._parts.orchestrator.finish(key, normal=True, error=None)
-                if issue is not None:
-                    self._parts.candidates[issue_id] = issue
-                if finished is None:
-                    return
-                self._parts.reporting.record_run(
-                    finished.entry, outcome=RunOutcome.SUCCESS, error=None
-                )
-                self._parts.reporting.event(
-                    EventType.RUN_FINISHED,
-                    issue=finished.entry.issue,
-                    slot=finished.entry.slot_index,
-                    message="run finished",
-                    outcome=RunOutcome.SUCCESS,
-                )
-                self._parts.reporting.retry_event(finished.retry)
-                if finished.blocked is not None:
-                    self._blocking.on_blocked(finished.blocked)
-                if finished.retry is not None and not self._parts.status.stopped:
-                    self._parts.timers.sync(self._parts.orchestrator.retry_deadlines())
-                return
-            finished = await self._parts.orchestrator.finish(
-                key, normal=True, error=None, release=True
-            )
-            self._parts.candidates.pop(issue_id, None)
-            if finished is not None:
-                self._parts.reporting.record_run(
-                    finished.entry, outcome=RunOutcome.SUCCESS, error=None
-                )
-                self._parts.reporting.event(
-                    EventType.RUN_FINISHED,
-                    issue=finished.entry.issue,
-                    slot=finished.entry.slot_index,
-                    message=f"run finished; issue {reason}, released",
-                    outcome=RunOutcome.SUCCESS,
-                    reason=str(reason),
-                )
-            if reason is StopReason.TERMINAL and self._reconciling.finishing_turn(
-                issue_id, issue
-            ):
-                return  # other slots are finishing their turn; the last one cleans up
-            self._reconciling.end_grace(issue_id)
-            await self._reconciling.stop_issue(issue_id, issue=issue, reason=str(reason))
-        finally:
-            if not pending.decided.done():
-                pending.decided.set_result(None)
 
     async def wait_for_runs(self) -> None:
         """Wait until every run in flight has settled."""
@@ -934,88 +833,12 @@ class Dispatching:
                     worker_slot=None,
                 )
 
-    def agent_env(
-        self,
-        *,
-        issue: Issue,
-        attempt: int | None,
-        slot_index: int,
-        workspace: Path,
-        kind: AgentKindSettings | None = None,
-        remote: bool = False,
-    ) -> dict[str, str]:
-        """The agent's environment: this process's (``base_env``) with the kind's ``env`` and
-        the run's variables, minus tracker secrets. ``remote``: only the additions — a worker
-        on an SSH host lays them over the remote login's own environment."""
-        settings = self._parts.settings
-        if kind is None:
-            kind = settings.agent_kind()
-        extra = dict(kind.env)
-        extra.update(
-            run_variables(
-                issue_id=issue.id,
-                identifier=issue.identifier,
-                title=issue.title,
-                state=issue.state,
-                attempt=attempt,
-                slot_index=slot_index,
-                workspace=workspace,
-            )
-        )
-        extra["LORENZ_WORKFLOW"] = str(self._parts.workflow.current.path)
-        if settings.tracker.kind is TrackerKind.FILES and settings.tracker.path:
-            extra["LORENZ_TRACKER_PATH"] = settings.tracker.path
-        secrets = [
-            value
-            for value in (settings.tracker.api_key, settings.tracker.webhook_secret)
-            if value
-        ]
-        base = {} if remote else self._parts.base_env
-        return agent_environment(base=base, extra=extra, secret_values=secrets)
-
-    async def issue_still_active(self, issue_id: str) -> bool:
-        if self._reconciling.in_grace(issue_id):
-            return False  # terminal already: the turn under way is the last one
-        try:
-            # NB: asked mid-run; a run cancelled meanwhile lets the request finish first.
-            tracker = self._parts.tracker.current
-            found = await run_to_completion(tracker.fetch_issues_by_ids([issue_id]))
-        except Exception:  # noqa: BLE001 - unknown counts as inactive: no new turn
-            return False
-        issue = found[0] if found else None
-        return self._parts.orchestrator.reconciliation_decision(issue) is None
-
-    def on_launch(self, run: ActiveRun, *, launching: bool) -> None:
-        """The run's worker launch began (``True``) or answered (see ``on_launch`` of
-        :class:`~lorenz.agents.AgentRunRequest`)."""
-        run.launching = launching
-        if not launching:
-            run.launched_at_ms = self._parts.clock.monotonic_ms()
-
     def on_agent_update(self, key: SlotKey, update: AgentUpdate) -> None:
         if self._probe is not None and self._probe.key == key:
             # NB: the probe's agent spoke, so its worker started: the fault is over. (Runs
             # started before the fault prove nothing about launching now.)
             self.clear_host_fault(why="the probe run's worker started")
-        if update.message:
-            scrubbed = self._parts.reporting.scrub(update.message)
-            if scrubbed != update.message:  # NB: a copy only when there was a secret in it
-                update = dataclasses.replace(update, message=scrubbed)
-        self._parts.background.spawn(
-            self.apply_update(key, update), name=f"lorenz-agent-update:{key}"
-        )
-
-    async def apply_update(self, key: SlotKey, update: AgentUpdate) -> None:
-        try:
-            progress = await self._parts.orchestrator.apply_update(key, update)
-        except Exception:
-            # Logged, not raised: this runs as a background task, and one bad update must not
-            # hide the ones after it.
-            logger.exception("applying an agent update failed slot=%s", key)
-            return
-        self._parts.reporting.agent_update(key, update, progress)
-        # NB: a new session (a turn began) is more than progress: the log lines carry it.
-        self._parts.reporting.emit_snapshot(progress_only=update.session_id is None)
+        self._agent.on_agent_update(key, update)
 
 
 def _agent_kind(settings: WorkflowSettings, name: str) -> AgentKindSettings:

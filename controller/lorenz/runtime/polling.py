@@ -213,7 +213,7 @@ class Polling:
             validate_dispatch(settings)
             await self._reconciling.cleanup_terminal_workspaces_once()
             await self._reconciling.reconcile_stalled_runs()
-            await self._reconciling.reconcile_tracked_issues(exits=self._dispatching)
+            await self._reconciling.reconcile_tracked_issues(exits=self._dispatching.exits)
             if not dry_run:
                 if await self._blocking.honour_refresh():
                     self._dispatching.nudge()

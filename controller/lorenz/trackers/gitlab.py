@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import datetime
 import json
 import logging
 import re
@@ -47,6 +46,20 @@ from lorenz.model.issues import normalize_state
 from lorenz.trackers import httpstack as _httpstack  # noqa: F401 - see its docstring
 from lorenz.trackers.base import TrackerError, tracker_settings_of, unchanged
 from lorenz.trackers.connections import TrackerConnection
+from lorenz.trackers.gitlab_payloads import (
+    API_PREFIX,
+    OPENED_STATE,
+    TOOL_REFUSED_PARAMETERS,
+    error_message,
+    full_reference,
+    label_names,
+    nonblank,
+    positive_int,
+    tool_query,
+)
+from lorenz.trackers.gitlab_payloads import LabelStates as LabelStates
+from lorenz.trackers.gitlab_payloads import normalize_issue as normalize_issue
+from lorenz.trackers.gitlab_payloads import tool_path_segments as tool_path_segments
 from lorenz.trackers.options import ProviderOptions, parse_provider_options
 from lorenz.trackers.questions import (
     ReadComment,
@@ -70,15 +83,9 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_GITLAB_ENDPOINT = "https://gitlab.com"
 GITLAB_TOKEN_ENV = "GITLAB_TOKEN"
-API_PREFIX = "/api/v4"
-OPENED_STATE = "opened"
 BLOCKED_BY_LINK = "is_blocked_by"
-BODY_SNIPPET_CHARS = 500
-MAX_TOOL_PATH_CHARS = 2048
 MAX_TOOL_BODY_BYTES = 1024 * 1024
 """Largest JSON body the agent may send through ``gitlab_api``."""
-TOOL_REFUSED_PARAMETERS = frozenset({"sudo", "private_token", "access_token", "job_token"})
-"""Parameters ``gitlab_api`` never passes: impersonation (``sudo``) and other credentials."""
 TOOL_HEADERS = ("x-next-page", "x-page", "x-per-page", "x-total", "x-total-pages", "link")
 """Response headers handed to the agent with a ``gitlab_api`` answer (paging)."""
 _PROJECT_PATH_RE = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.-]*(/[A-Za-z0-9_.][A-Za-z0-9_.-]*)+$")
@@ -116,143 +123,6 @@ class GitLabOptions(ProviderOptions):
     api_scope: Literal["project", "instance"] = "project"
     """``project``: ``gitlab_api`` paths must stay under ``/projects/<this project>``;
     ``instance``: any path under ``/api/v4`` of this instance."""
-
-
-# -- normalization --------------------------------------------------------------------------------
-
-
-def _label_names(item: Mapping[str, Any]) -> list[str]:
-    labels = item.get("labels")
-    if not isinstance(labels, list):
-        return []
-    names = []
-    for label in labels:
-        # NB: plain names by default; objects when listed ``with_labels_details=true``.
-        name = label.get("name") if isinstance(label, Mapping) else label
-        if isinstance(name, str) and name.strip():
-            names.append(name)
-    return names
-
-
-def _timestamp(value: Any) -> datetime.datetime | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        moment = datetime.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return moment if moment.tzinfo else moment.replace(tzinfo=datetime.UTC)
-
-
-def _nonblank(value: Any) -> str | None:
-    return value if isinstance(value, str) and value.strip() else None
-
-
-def _positive_int(value: Any) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        return None
-    return value
-
-
-def _full_reference(item: Mapping[str, Any]) -> str | None:
-    references = item.get("references")
-    if isinstance(references, Mapping):
-        return _nonblank(references.get("full"))
-    return None
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class LabelStates:
-    """How scoped labels (and opened/closed) map to workflow states for one configuration."""
-
-    active: tuple[str, ...]
-    terminal: tuple[str, ...]
-    scope: str | None
-
-    @classmethod
-    def from_settings(cls, settings: TrackerSettings, *, scope: str | None) -> LabelStates:
-        return cls(active=settings.active_states, terminal=settings.terminal_states, scope=scope)
-
-    @property
-    def closed_fallback(self) -> str:
-        """The state of a closed issue without a terminal label."""
-        return self.terminal[0] if self.terminal else "closed"
-
-    def label_for(self, state: str) -> str:
-        """The scoped label that carries ``state`` (only with a scope)."""
-        return f"{self.scope}::{state.strip()}"
-
-    def state_in_label(self, label: str) -> str | None:
-        """The state a label carries (``status::todo`` → ``todo``), if it is in the scope."""
-        if self.scope is None:
-            return None
-        prefix = f"{normalize_state(self.scope)}::"
-        if not normalize_state(label).startswith(prefix):
-            return None
-        value = label.strip()[len(prefix) :].strip()
-        return value or None
-
-    def state_of(self, item: Mapping[str, Any]) -> str | None:
-        """The issue's workflow state, or ``None`` when its ``state`` is not opened/closed."""
-        native = item.get("state")
-        if native not in ("opened", "closed"):
-            return None
-        labelled = [s for s in map(self.state_in_label, _label_names(item)) if s is not None]
-        terminal = {normalize_state(s) for s in self.terminal}
-        if native == "closed":
-            for state in labelled:
-                if normalize_state(state) in terminal:
-                    return state
-            return self.closed_fallback
-        known = terminal | {normalize_state(s) for s in self.active}
-        for state in labelled:
-            if normalize_state(state) in known:
-                return state
-        return OPENED_STATE
-
-    def is_state_label(self, label: str) -> bool:
-        return self.state_in_label(label) is not None
-
-
-def normalize_issue(item: Any, *, project: str, states: LabelStates) -> Issue | None:
-    """A REST issue object as an :class:`Issue`; ``None`` when malformed."""
-    if not isinstance(item, Mapping):
-        return None
-    iid = _positive_int(item.get("iid"))
-    title = _nonblank(item.get("title"))
-    state = states.state_of(item)
-    if iid is None or title is None or state is None:
-        return None
-    assignees = item.get("assignees")
-    usernames = [
-        a["username"]
-        for a in (assignees if isinstance(assignees, list) else [])
-        if isinstance(a, Mapping) and _nonblank(a.get("username"))
-    ]
-    if not usernames:
-        single = item.get("assignee")
-        if isinstance(single, Mapping) and _nonblank(single.get("username")):
-            usernames = [single["username"]]
-    native_ref: dict[str, Any] = {"project": project, "iid": iid, "state": item["state"]}
-    for key in ("id", "project_id", "moved_to_id"):
-        if _positive_int(item.get(key)) is not None:
-            native_ref[key] = item[key]
-    if len(usernames) > 1:
-        native_ref["assignees"] = usernames
-    description = item.get("description")
-    return Issue(
-        id=str(iid),
-        identifier=_full_reference(item) or f"{project}#{iid}",
-        title=title,
-        state=state,
-        description=description if isinstance(description, str) else None,
-        url=_nonblank(item.get("web_url")),
-        labels=tuple(_label_names(item)),
-        created_at=_timestamp(item.get("created_at")),
-        updated_at=_timestamp(item.get("updated_at")),
-        assignee_id=usernames[0] if usernames else None,
-        native_ref=native_ref,
-    )
 
 
 # -- the client -----------------------------------------------------------------------------------
@@ -379,7 +249,7 @@ class GitLabTracker:
         items: dict[Any, Any] = {}
         for listing in self._listings(wanted):
             for item in await self._list_issues(listing):
-                iid = _positive_int(item.get("iid")) if isinstance(item, Mapping) else None
+                iid = positive_int(item.get("iid")) if isinstance(item, Mapping) else None
                 # NB: items without an iid cannot be de-duplicated; they are malformed anyway.
                 items.setdefault(iid if iid is not None else object(), item)
         issues: list[Issue] = []
@@ -537,12 +407,12 @@ class GitLabTracker:
         for item in items:
             if not isinstance(item, Mapping) or item.get("link_type") != BLOCKED_BY_LINK:
                 continue
-            iid = _positive_int(item.get("iid"))
+            iid = positive_int(item.get("iid"))
             if iid is None:
                 continue
             project_id = item.get("project_id")
             same_project = own_project is None or project_id == own_project
-            identifier = _full_reference(item) or (
+            identifier = full_reference(item) or (
                 f"{self.project}#{iid}" if same_project else f"project {project_id}#{iid}"
             )
             blockers.append(
@@ -576,7 +446,7 @@ class GitLabTracker:
         # NB: cached per tracker instance; a reload builds a new instance and asks again.
         if self._viewer_username is None:
             _, body = await self._get_json("/user", what="the token's user")
-            username = _nonblank(body.get("username")) if isinstance(body, Mapping) else None
+            username = nonblank(body.get("username")) if isinstance(body, Mapping) else None
             if username is None:
                 raise TrackerError(
                     "GitLab did not say who the token belongs to; set tracker.assignee to a "
@@ -620,7 +490,7 @@ class GitLabTracker:
         terminal = target in {normalize_state(s) for s in self._states.terminal}
         changes: dict[str, Any] = {}
         if self._states.scope is not None:
-            names = _label_names(item)
+            names = label_names(item)
             stale = [
                 n for n in names
                 if self._states.is_state_label(n)
@@ -711,7 +581,7 @@ class GitLabTracker:
                     continue
                 author = item.get("author")
                 username = (
-                    _nonblank(author.get("username")) if isinstance(author, Mapping) else None
+                    nonblank(author.get("username")) if isinstance(author, Mapping) else None
                 )
                 notes.append(
                     ReadComment(
@@ -735,7 +605,7 @@ class GitLabTracker:
             return self._viewer_username
         if self._own_user is None:
             _, body = await self._get_json("/user", what="the token's user", absent=(403, 404))
-            username = _nonblank(body.get("username")) if isinstance(body, Mapping) else None
+            username = nonblank(body.get("username")) if isinstance(body, Mapping) else None
             self._own_user = (username,)
         return self._own_user[0]
 
@@ -764,7 +634,7 @@ class GitLabTracker:
                 code=ErrorCode.GITLAB_API_METHOD_REFUSED,
             )
         relative = await self._tool_path(path)
-        params = _tool_query(query)
+        params = tool_query(query)
         if body is not None and verb in ("GET", "DELETE"):
             raise TrackerError(
                 f"gitlab_api {verb} takes no body; put parameters in `query`",
@@ -817,8 +687,8 @@ class GitLabTracker:
             return True
         if self._project_identity is None:
             _, item = await self._get_json(self._project_path(""), what="the project")
-            project_id = _positive_int(item.get("id")) if isinstance(item, Mapping) else None
-            full_path = _nonblank(item.get("path_with_namespace")) if isinstance(
+            project_id = positive_int(item.get("id")) if isinstance(item, Mapping) else None
+            full_path = nonblank(item.get("path_with_namespace")) if isinstance(
                 item, Mapping) else None
             if project_id is None or full_path is None:
                 raise TrackerError(
@@ -913,7 +783,7 @@ class GitLabTracker:
         if status == 429:
             retry_after = parse_retry_after(response.headers.get("retry-after"), now=now)
             delay = retry_after if retry_after is not None else reset_in
-            message = _message(response)
+            message = error_message(response)
             logger.warning("GitLab rate limited request=%s status=%d delay_s=%s",
                            what, status, delay)
             raise RateLimitHit(f"HTTP 429 {message}", delay_s=delay)
@@ -929,7 +799,7 @@ class GitLabTracker:
             else "retry later or check tracker.endpoint"
         )
         raise TrackerError(
-            f"GitLab answered HTTP {status} for {what}: {_message(response)}; {hint}",
+            f"GitLab answered HTTP {status} for {what}: {error_message(response)}; {hint}",
             code=ErrorCode.GITLAB_API_STATUS,
             retryable=status >= 500,
         )
@@ -989,94 +859,3 @@ def _api_base(endpoint: str) -> str:
     return f"{base}{API_PREFIX}"
 
 
-def tool_path_segments(path: Any) -> list[str]:
-    """The segments of a ``gitlab_api`` path under ``/api/v4`` (still URL-encoded), or a
-    ``gitlab_api_path_refused`` error: only a plain absolute path on this instance passes."""
-
-    def refuse(why: str) -> TrackerError:
-        return TrackerError(
-            f"gitlab_api path {str(path)[:200]!r} refused: {why}; give a path like "
-            "/projects/group%2Fapp/issues/1/notes, parameters in `query`",
-            code=ErrorCode.GITLAB_API_PATH_REFUSED,
-        )
-
-    if not isinstance(path, str) or not path.strip():
-        raise refuse("it must be a non-empty string")
-    if len(path) > MAX_TOOL_PATH_CHARS:
-        raise refuse(f"longer than {MAX_TOOL_PATH_CHARS} characters")
-    if not path.startswith("/"):
-        raise refuse("it must start with / (a URL or host is not accepted)")
-    if any(c in path for c in "?#\\") or any(ord(c) <= 32 or ord(c) == 127 for c in path):
-        raise refuse("it must not hold ?, #, backslashes, spaces or control characters")
-    relative: str = path
-    if relative == API_PREFIX or relative.startswith(f"{API_PREFIX}/"):
-        relative = relative[len(API_PREFIX) :]
-    segments = relative.split("/")[1:]
-    if not segments or any(not s for s in segments):
-        raise refuse("empty segments (//) are not accepted")
-    for segment in segments:
-        decoded = unquote(segment)
-        # NB: decoded too, so %2e%2e cannot climb out where a server decodes before routing.
-        if decoded in (".", "..") or any(part in (".", "..") for part in decoded.split("/")):
-            raise refuse("dot segments are not accepted")
-        if "\\" in decoded or any(ord(c) < 32 for c in decoded):
-            raise refuse("encoded backslashes or control characters are not accepted")
-    return segments
-
-
-def _tool_query(query: Any) -> dict[str, str | list[str]] | None:
-    if query is None:
-        return None
-    if not isinstance(query, Mapping):
-        raise TrackerError(
-            "gitlab_api `query` must be an object",
-            code=ErrorCode.GITLAB_API_QUERY_INVALID,
-        )
-    params: dict[str, str | list[str]] = {}
-    for name, value in query.items():
-        if str(name).lower() in TOOL_REFUSED_PARAMETERS:
-            raise TrackerError(
-                f"gitlab_api query parameter {name!r} is not allowed (impersonation or "
-                "credentials); the call runs as the orchestrator's token",
-                code=ErrorCode.GITLAB_API_QUERY_INVALID,
-            )
-        if isinstance(value, list) and all(_scalar(v) for v in value):
-            params[str(name)] = [_text(v) for v in value]
-        elif _scalar(value):
-            params[str(name)] = _text(value)
-        else:
-            raise TrackerError(
-                f"gitlab_api query parameter {name!r} must be a string, number, boolean or a "
-                "list of them",
-                code=ErrorCode.GITLAB_API_QUERY_INVALID,
-            )
-    return params
-
-
-def _scalar(value: Any) -> bool:
-    return isinstance(value, str | int | float | bool)
-
-
-def _text(value: str | int | float | bool) -> str:
-    return ("true" if value else "false") if isinstance(value, bool) else str(value)
-
-
-def _message(response: httpx.Response) -> str:
-    """GitLab's error text: ``message`` (a string or a field→errors object), or ``error``."""
-    try:
-        body = response.json()
-    except ValueError:
-        body = None
-    if isinstance(body, Mapping):
-        message = body.get("message")
-        if isinstance(message, str):
-            return message[:BODY_SNIPPET_CHARS]
-        if isinstance(message, Mapping | list):
-            return json.dumps(message)[:BODY_SNIPPET_CHARS]
-        error = body.get("error")
-        if isinstance(error, str):
-            detail = body.get("error_description")
-            text = f"{error}: {detail}" if isinstance(detail, str) else error
-            return text[:BODY_SNIPPET_CHARS]
-    text = " ".join(response.text.split())
-    return text[:BODY_SNIPPET_CHARS] or response.reason_phrase

@@ -38,26 +38,42 @@ from __future__ import annotations
 import asyncio
 import base64
 import dataclasses
-import datetime
 import json
 import logging
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import urlsplit
 
 import httpx
 from pydantic import Field
 
 from lorenz.codes import ErrorCode
 from lorenz.config import TrackerSettings, WorkflowSettings
-from lorenz.model import BlockerRef, Issue
+from lorenz.model import Issue
 from lorenz.model.issues import normalize_state
 from lorenz.trackers import httpstack as _httpstack  # noqa: F401 - see its docstring
 from lorenz.trackers.base import TrackerError, tracker_settings_of, unchanged
 from lorenz.trackers.connections import TrackerConnection
 from lorenz.trackers.jira_adf import adf_to_text, text_to_adf
+from lorenz.trackers.jira_payloads import (
+    API_PREFIX,
+    ISSUE_ID_RE,
+    as_mapping,
+    error_message,
+    error_messages,
+    labels_of,
+    nonblank,
+    parse_timestamp,
+    query_params,
+    snippet,
+    status_name,
+)
+from lorenz.trackers.jira_payloads import jql_string as jql_string
+from lorenz.trackers.jira_payloads import normalize_issue as normalize_issue
+from lorenz.trackers.jira_payloads import reset_delay as reset_delay
+from lorenz.trackers.jira_payloads import validate_rest_path as validate_rest_path
 from lorenz.trackers.options import ProviderOptions, parse_provider_options
 from lorenz.trackers.questions import (
     ReadComment,
@@ -80,11 +96,9 @@ logger = logging.getLogger(__name__)
 
 JIRA_API_TOKEN_ENV = "JIRA_API_TOKEN"
 JIRA_EMAIL_ENV = "JIRA_EMAIL"
-API_PREFIX = "/rest/api/3/"
 BULK_FETCH_MAX = 100
 """Ids per bulk fetch request (Jira's limit for a request that asks for these fields)."""
 COMMENT_PAGE_SIZE = 100
-BODY_SNIPPET_CHARS = 500
 MAX_JQL_FILTER_CHARS = 2000
 ISSUE_FIELDS = (
     "summary",
@@ -99,14 +113,9 @@ ISSUE_FIELDS = (
     "project",
 )
 """The fields every issue read asks for (nothing else is transferred)."""
-PRIORITY_BY_NAME = {"highest": 1, "high": 2, "medium": 3, "low": 4, "lowest": 5}
-"""Jira's default priority scheme on Lorenz's scale (1 most urgent); other names → ``None``."""
 REST_METHODS = ("GET", "POST", "PUT", "DELETE")
 _PROJECT_KEY_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,254}$")
-_ISSUE_ID_RE = re.compile(r"^[0-9]{1,19}$")
-_PATH_RE = re.compile(r"^/rest/api/3/[A-Za-z0-9._~!$&'()*+,;=:@%/-]*$")
 _UNKNOWN_STATUS_RE = re.compile(r"The value '(.+)' does not exist for the field 'status'")
-_ISO_MINUTES_RE = re.compile(r"^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2})(Z|[+-]\d{2}:?\d{2})?$")
 
 
 class JiraOptions(ProviderOptions):
@@ -136,140 +145,6 @@ class JiraOptions(ProviderOptions):
 
     tool_max_response_bytes: Annotated[int, Field(ge=1024, le=16 * 1024 * 1024)] = 1024 * 1024
     """Largest response the ``jira_rest`` tool hands back to the agent."""
-
-
-# -- normalization --------------------------------------------------------------------------------
-
-
-def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _nonblank(value: Any) -> str | None:
-    return value if isinstance(value, str) and value.strip() else None
-
-
-def parse_timestamp(value: Any) -> datetime.datetime | None:
-    """Jira's ``2026-01-15T10:30:00.000+0000`` (or any ISO 8601 time) as an aware datetime."""
-    if not isinstance(value, str):
-        return None
-    try:
-        moment = datetime.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return moment if moment.tzinfo else moment.replace(tzinfo=datetime.UTC)
-
-
-def parse_priority(value: Any) -> int | None:
-    name = _nonblank(_mapping(value).get("name"))
-    return PRIORITY_BY_NAME.get(name.strip().lower()) if name else None
-
-
-def _status_name(fields: Mapping[str, Any]) -> str | None:
-    return _nonblank(_mapping(fields.get("status")).get("name"))
-
-
-def _labels(fields: Mapping[str, Any]) -> list[str]:
-    labels = fields.get("labels")
-    if not isinstance(labels, list):
-        return []
-    return [label for label in labels if isinstance(label, str) and label.strip()]
-
-
-def _blockers(fields: Mapping[str, Any], *, link_type: str) -> list[BlockerRef]:
-    links = fields.get("issuelinks")
-    if not isinstance(links, list):
-        return []
-    wanted = normalize_state(link_type)
-    blockers: list[BlockerRef] = []
-    for link in links:
-        link = _mapping(link)
-        if normalize_state(str(_mapping(link.get("type")).get("name") or "")) != wanted:
-            continue
-        # NB: seen from this issue, a link carrying ``inwardIssue`` reads "this issue <inward
-        # name> that one": for Blocks, "is blocked by". ``outwardIssue`` is an issue it blocks.
-        other = _mapping(link.get("inwardIssue"))
-        key = _nonblank(other.get("key"))
-        other_id = _nonblank(other.get("id"))
-        if key is None and other_id is None:
-            continue
-        blockers.append(
-            BlockerRef(
-                id=other_id,
-                identifier=key,
-                state=_status_name(_mapping(other.get("fields"))),
-            )
-        )
-    return blockers
-
-
-def normalize_issue(item: Any, *, site: str, link_type: str = "Blocks") -> Issue | None:
-    """A REST issue object (``id``, ``key``, ``fields``) as an :class:`Issue`; ``None`` when
-    the id, key, summary or status is missing."""
-    if not isinstance(item, Mapping):
-        return None
-    issue_id = item.get("id")
-    if isinstance(issue_id, int) and not isinstance(issue_id, bool):
-        issue_id = str(issue_id)
-    key = _nonblank(item.get("key"))
-    fields = _mapping(item.get("fields"))
-    title = _nonblank(fields.get("summary"))
-    state = _status_name(fields)
-    if not isinstance(issue_id, str) or not _ISSUE_ID_RE.match(issue_id) or key is None:
-        return None
-    if title is None or state is None:
-        return None
-    assignee = _nonblank(_mapping(fields.get("assignee")).get("accountId"))
-    status = _mapping(fields.get("status"))
-    native_ref: dict[str, Any] = {"key": key, "project": _project_key(item)}
-    category = _nonblank(_mapping(status.get("statusCategory")).get("key"))
-    if category is not None:
-        native_ref["status_category"] = category
-    return Issue(
-        id=issue_id,
-        identifier=key,
-        title=title,
-        state=state,
-        description=adf_to_text(fields.get("description")),
-        priority=parse_priority(fields.get("priority")),
-        url=f"{site}/browse/{quote(key, safe='-')}",
-        labels=tuple(_labels(fields)),
-        blocked_by=tuple(_blockers(fields, link_type=link_type)),
-        created_at=parse_timestamp(fields.get("created")),
-        updated_at=parse_timestamp(fields.get("updated")),
-        assignee_id=assignee,
-        native_ref=native_ref,
-    )
-
-
-def _project_key(item: Mapping[str, Any]) -> str | None:
-    project = _nonblank(_mapping(_mapping(item.get("fields")).get("project")).get("key"))
-    if project is not None:
-        return project
-    key = _nonblank(item.get("key"))
-    return key.rpartition("-")[0] or None if key else None
-
-
-def jql_string(value: str) -> str:
-    """``value`` as a JQL string literal (double quotes; backslash and quote escaped)."""
-    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
-    return f'"{escaped}"'
-
-
-def reset_delay(value: str | None, *, now: float) -> float | None:
-    """``X-RateLimit-Reset`` (an ISO 8601 time, Jira writes ``yyyy-MM-ddTHH:mmZ``) as seconds
-    from now."""
-    if value is None:
-        return None
-    text = value.strip()
-    match = _ISO_MINUTES_RE.match(text)
-    if match:
-        zone = match.group(2) or "Z"
-        text = match.group(1) + ":00" + ("+00:00" if zone == "Z" else zone)
-    moment = parse_timestamp(text)
-    if moment is None:
-        return None
-    return max(0.0, moment.timestamp() - now)
 
 
 # -- the client -----------------------------------------------------------------------------------
@@ -399,7 +274,7 @@ class JiraTracker:
 
     async def fetch_issues_by_ids(self, ids: Sequence[str]) -> list[Issue]:
         # Ids this tracker never hands out (not numeric) cannot be visible here.
-        wanted = list(dict.fromkeys(i for i in ids if i and _ISSUE_ID_RE.match(i)))
+        wanted = list(dict.fromkeys(i for i in ids if i and ISSUE_ID_RE.match(i)))
         if not wanted:
             return []
         route = await self._routing()
@@ -416,7 +291,7 @@ class JiraTracker:
             if isinstance(errors, list) and errors:
                 raise TrackerError(
                     f"Jira could not return {len(errors)} of the issues asked for "
-                    f"({_snippet(json.dumps(errors[:3]))}); Lorenz retries on the next tick",
+                    f"({snippet(json.dumps(errors[:3]))}); Lorenz retries on the next tick",
                     code=ErrorCode.JIRA_ISSUE_ERRORS,
                     retryable=True,
                 )
@@ -543,7 +418,7 @@ class JiraTracker:
         # NB: cached per tracker instance; a reload builds a new instance and asks again.
         if self._viewer_id is None:
             body = await self._request_json("GET", "myself", what="the token's user")
-            account = _nonblank(body.get("accountId"))
+            account = nonblank(body.get("accountId"))
             if account is None:
                 raise TrackerError(
                     "Jira did not say who the token belongs to; set tracker.assignee to an "
@@ -577,7 +452,7 @@ class JiraTracker:
             current = await self._request_json(
                 "GET", base, params={"fields": "labels"}, what=f"labels of {issue.identifier}"
             )
-            have = {existing.lower() for existing in _labels(_mapping(current.get("fields")))}
+            have = {existing.lower() for existing in labels_of(as_mapping(current.get("fields")))}
             if name.lower() not in have:
                 await self._request(
                     "PUT", base, json_body={"update": {"labels": [{"add": name}]}},
@@ -601,7 +476,7 @@ class JiraTracker:
             "GET", f"issue/{issue.id}", params={"fields": "status"},
             what=f"issue {issue.identifier}",
         )
-        if normalize_state(_status_name(_mapping(current.get("fields"))) or "") == target:
+        if normalize_state(status_name(as_mapping(current.get("fields"))) or "") == target:
             return
         listing = await self._request_json(
             "GET", f"issue/{issue.id}/transitions", what=f"transitions of {issue.identifier}"
@@ -613,9 +488,9 @@ class JiraTracker:
                 code=ErrorCode.JIRA_UNKNOWN_PAYLOAD,
             )
         for transition in transitions:
-            transition = _mapping(transition)
-            to_name = _nonblank(_mapping(transition.get("to")).get("name"))
-            transition_id = _nonblank(transition.get("id"))
+            transition = as_mapping(transition)
+            to_name = nonblank(as_mapping(transition.get("to")).get("name"))
+            transition_id = nonblank(transition.get("id"))
             if to_name is None or transition_id is None or normalize_state(to_name) != target:
                 continue
             if transition.get("isAvailable") is False:
@@ -626,7 +501,7 @@ class JiraTracker:
                 what=f"transition of {issue.identifier} to {state.strip()}",
             )
             return
-        reachable = (_nonblank(_mapping(_mapping(t).get("to")).get("name")) for t in transitions)
+        reachable = (nonblank(as_mapping(as_mapping(t).get("to")).get("name")) for t in transitions)
         names = sorted({name for name in reachable if name is not None})
         raise TrackerError(
             f"no transition leads {issue.identifier} to {state.strip()!r} (it can go to: "
@@ -651,7 +526,7 @@ class JiraTracker:
                     code=ErrorCode.JIRA_UNKNOWN_PAYLOAD,
                 )
             for item in comments:
-                if has_marker(adf_to_text(_mapping(item).get("body")), key=key):
+                if has_marker(adf_to_text(as_mapping(item).get("body")), key=key):
                     return True
             total = page.get("total")
             start += len(comments)
@@ -702,19 +577,19 @@ class JiraTracker:
                     code=ErrorCode.JIRA_UNKNOWN_PAYLOAD,
                 )
             for item in items:
-                item = _mapping(item)
-                comment_id = _nonblank(item.get("id"))
+                item = as_mapping(item)
+                comment_id = nonblank(item.get("id"))
                 created_at = parse_timestamp(item.get("created"))
                 text = adf_to_text(item.get("body"))
                 if comment_id is None or created_at is None or text is None:
                     continue
-                author = _mapping(item.get("author"))
-                account = _nonblank(author.get("accountId"))
+                author = as_mapping(item.get("author"))
+                account = nonblank(author.get("accountId"))
                 comments.append(
                     ReadComment(
                         comment_id=comment_id,
                         body=text,
-                        author=_nonblank(author.get("emailAddress")) or account or "",
+                        author=nonblank(author.get("emailAddress")) or account or "",
                         author_id=account,
                         created_at=created_at,
                     )
@@ -732,7 +607,7 @@ class JiraTracker:
             return self._viewer_id
         if self._own_user is None:
             body = await self._request_json("GET", "myself", what="the token's user")
-            self._own_user = (_nonblank(body.get("accountId")),)
+            self._own_user = (nonblank(body.get("accountId")),)
         return self._own_user[0]
 
     # -- the agents' tool ---------------------------------------------------------------------
@@ -760,7 +635,7 @@ class JiraTracker:
                 code=ErrorCode.INVALID_JIRA_REST_CALL,
             )
         relative = validate_rest_path(path)
-        params = _query_params(query)
+        params = query_params(query)
         if body is not None:
             if verb in ("GET", "DELETE"):
                 raise TrackerError(
@@ -924,10 +799,10 @@ class JiraTracker:
             if status == 404
             else "retry later or check tracker.endpoint"
         )
-        message = _error_message(content) or response.reason_phrase
+        message = error_message(content) or response.reason_phrase
         raise JiraStatusError(
             f"Jira answered HTTP {status} for {what}: {message}; {hint}",
-            messages=_error_messages(content),
+            messages=error_messages(content),
             status=status,
         )
 
@@ -960,86 +835,3 @@ async def _read_bounded(response: httpx.Response, *, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def validate_rest_path(path: Any) -> str:
-    """The part of an agent's ``path`` after ``/rest/api/3/``; :class:`TrackerError` when it
-    could leave the API (another host, a ``..``, an encoded separator) or is not a plain path."""
-    if not isinstance(path, str) or not path.strip():
-        raise TrackerError(
-            "`path` must be a non-empty string like /rest/api/3/issue/ENG-1",
-            code=ErrorCode.INVALID_JIRA_REST_CALL,
-        )
-    text = path.strip()
-    problem = None
-    if len(text) > 2000:
-        problem = "is longer than 2000 characters"
-    elif not _PATH_RE.match(text):
-        problem = (
-            "must start with /rest/api/3/ and hold only URL path characters (no scheme, host, "
-            "query or fragment: put parameters in `query`)"
-        )
-    else:
-        lowered = text.lower()
-        segments = text.split("/")
-        if "//" in text or any(s in (".", "..") for s in segments):
-            problem = "must not contain empty, '.' or '..' segments"
-        elif any(code in lowered for code in ("%2e", "%2f", "%5c", "%00", "%25")):
-            problem = "must not contain encoded dots, slashes, backslashes, NULs or percents"
-    if problem is not None:
-        raise TrackerError(f"jira_rest path {problem}", code=ErrorCode.INVALID_JIRA_REST_CALL)
-    return text[len(API_PREFIX) :]
-
-
-def _query_params(query: Any) -> dict[str, str | int] | None:
-    if query is None:
-        return None
-    if not isinstance(query, Mapping) or len(query) > 50:
-        raise TrackerError(
-            "`query` must be an object of at most 50 parameters",
-            code=ErrorCode.INVALID_JIRA_REST_CALL,
-        )
-    params: dict[str, str | int] = {}
-    for name, value in query.items():
-        if isinstance(value, bool):
-            params[str(name)] = "true" if value else "false"
-        elif isinstance(value, (str, int)):
-            params[str(name)] = value
-        elif isinstance(value, float):
-            params[str(name)] = str(value)
-        else:
-            raise TrackerError(
-                f"query parameter {name!r} must be a string, number or boolean",
-                code=ErrorCode.INVALID_JIRA_REST_CALL,
-            )
-    return params
-
-
-def _error_messages(content: bytes) -> list[str]:
-    """Jira's ``{"errorMessages": [...], "errors": {field: message}}`` as a list (at most 50)."""
-    try:
-        body = json.loads(content)
-    except ValueError:
-        return []
-    parts: list[str] = []
-    if isinstance(body, Mapping):
-        messages = body.get("errorMessages")
-        if isinstance(messages, list):
-            parts.extend(m for m in messages if isinstance(m, str))
-        errors = body.get("errors")
-        if isinstance(errors, Mapping):
-            parts.extend(f"{k}: {v}" for k, v in errors.items() if isinstance(v, str))
-        if not parts and isinstance(body.get("message"), str):
-            parts.append(body["message"])
-    return parts[:50]
-
-
-def _error_message(content: bytes) -> str:
-    """Jira's error body as one line (the raw body, cut, when it is not Jira's shape)."""
-    parts = _error_messages(content)
-    if parts:
-        return _snippet("; ".join(parts))
-    return _snippet(content.decode("utf-8", errors="replace"))
-
-
-def _snippet(text: str) -> str:
-    flat = " ".join(text.split())
-    return flat[:BODY_SNIPPET_CHARS]

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import datetime
 import json
 import logging
 import time
@@ -29,11 +28,13 @@ from pydantic import Field
 
 from lorenz.codes import ErrorCode
 from lorenz.config import TrackerSettings, WorkflowSettings
-from lorenz.model import BlockerRef, Issue
-from lorenz.model.issues import normalize_state
+from lorenz.model import Issue
 from lorenz.trackers import httpstack as _httpstack  # noqa: F401 - see its docstring
 from lorenz.trackers.base import TrackerError, tracker_settings_of, unchanged
 from lorenz.trackers.connections import TrackerConnection
+from lorenz.trackers.linear_issues import as_mapping, nodes_of, nonblank
+from lorenz.trackers.linear_issues import normalize_issue as normalize_issue
+from lorenz.trackers.linear_issues import parse_priority as parse_priority
 from lorenz.trackers.options import ProviderOptions, parse_provider_options
 from lorenz.trackers.questions import (
     ReadComment,
@@ -207,108 +208,6 @@ QUERIES = {
 """Every document the tracker itself sends, by operation name (tests validate each one)."""
 
 
-# -- normalization --------------------------------------------------------------------------------
-
-
-def _nonblank(value: Any) -> str | None:
-    if isinstance(value, str) and value.strip():
-        return value
-    return None
-
-
-def _optional_str(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
-
-
-def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _nodes(connection: Any) -> list[Mapping[str, Any]]:
-    nodes = _mapping(connection).get("nodes")
-    if not isinstance(nodes, list):
-        return []
-    return [node for node in nodes if isinstance(node, Mapping)]
-
-
-def parse_priority(value: Any) -> int | None:
-    """Linear priorities: 1 urgent … 4 low; 0 ("no priority") and anything odd become ``None``.
-
-    NB: the schema types ``priority`` as ``Float``; integral floats are accepted.
-    """
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, int) and value > 0:
-        return value
-    return None
-
-
-def parse_timestamp(value: Any) -> datetime.datetime | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        moment = datetime.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return moment if moment.tzinfo else moment.replace(tzinfo=datetime.UTC)
-
-
-def normalize_issue(node: Any) -> Issue | None:
-    """An issue node as an :class:`Issue`; ``None`` when a required field is missing or blank.
-
-    Optional fields that are unusable become ``None`` or empty, never a reason to drop the issue.
-    """
-    if not isinstance(node, Mapping):
-        return None
-    state = _mapping(node.get("state"))
-    issue_id = _nonblank(node.get("id"))
-    identifier = _nonblank(node.get("identifier"))
-    title = _nonblank(node.get("title"))
-    state_name = _nonblank(state.get("name"))
-    if issue_id is None or identifier is None or title is None or state_name is None:
-        return None
-    blockers = []
-    for relation in _nodes(node.get("inverseRelations")):
-        if normalize_state(_optional_str(relation.get("type"))) != "blocks":
-            continue
-        blocker = relation.get("issue")
-        if not isinstance(blocker, Mapping):
-            continue
-        blockers.append(
-            BlockerRef(
-                id=_nonblank(blocker.get("id")),
-                identifier=_nonblank(blocker.get("identifier")),
-                state=_nonblank(_mapping(blocker.get("state")).get("name")),
-            )
-        )
-    assignee_id = _nonblank(_mapping(node.get("assignee")).get("id"))
-    native_ref: dict[str, Any] = {"id": issue_id}
-    if state_type := _nonblank(state.get("type")):
-        native_ref["state_type"] = state_type
-    if team_key := _nonblank(_mapping(node.get("team")).get("key")):
-        native_ref["team_key"] = team_key
-    return Issue(
-        id=issue_id,
-        identifier=identifier,
-        title=title,
-        state=state_name,
-        description=_optional_str(node.get("description")),
-        priority=parse_priority(node.get("priority")),
-        branch_name=_nonblank(node.get("branchName")),
-        url=_nonblank(node.get("url")),
-        labels=tuple(
-            name for label in _nodes(node.get("labels")) if (name := _nonblank(label.get("name")))
-        ),
-        blocked_by=tuple(blockers),
-        created_at=parse_timestamp(node.get("createdAt")),
-        updated_at=parse_timestamp(node.get("updatedAt")),
-        assignee_id=assignee_id.strip() if assignee_id else None,
-        native_ref=native_ref,
-    )
-
-
 # -- the client -----------------------------------------------------------------------------------
 
 
@@ -336,7 +235,7 @@ def _graphql_errors(body: Any) -> list[Mapping[str, Any]]:
 
 
 def _error_code(error: Mapping[str, Any]) -> str | None:
-    code = _mapping(error.get("extensions")).get("code")
+    code = as_mapping(error.get("extensions")).get("code")
     return code if isinstance(code, str) else None
 
 
@@ -567,12 +466,12 @@ class LinearTracker:
             TEAM_STATE_QUERY, {"id": issue.id, "name": state.strip()},
             operation_name="LorenzTeamState",
         )
-        found = _mapping(data.get("issue"))
-        current = _nonblank(_mapping(found.get("state")).get("name"))
+        found = as_mapping(data.get("issue"))
+        current = nonblank(as_mapping(found.get("state")).get("name"))
         if current is not None and current.strip().lower() == state.strip().lower():
             return
-        states = _nodes(_mapping(_mapping(found.get("team")).get("states")))
-        state_id = next((_nonblank(node.get("id")) for node in states), None)
+        states = nodes_of(as_mapping(as_mapping(found.get("team")).get("states")))
+        state_id = next((nonblank(node.get("id")) for node in states), None)
         if state_id is None:
             raise TrackerError(
                 f"the team of {issue.identifier} has no state {state!r}; set retry.cancel_state "
@@ -596,13 +495,13 @@ class LinearTracker:
                 ESCALATION_CONTEXT_QUERY, {"id": issue_id, "after": after, "first": 100},
                 operation_name="LorenzEscalationContext",
             )
-            found = _mapping(data.get("issue"))
-            team_id = _nonblank(_mapping(found.get("team")).get("id"))
-            labels = [str(n.get("name")) for n in _nodes(_mapping(found.get("labels")))]
-            comments = _mapping(found.get("comments"))
-            bodies.extend(str(n.get("body") or "") for n in _nodes(comments))
-            page = _mapping(comments.get("pageInfo"))
-            after = _nonblank(page.get("endCursor"))
+            found = as_mapping(data.get("issue"))
+            team_id = nonblank(as_mapping(found.get("team")).get("id"))
+            labels = [str(n.get("name")) for n in nodes_of(as_mapping(found.get("labels")))]
+            comments = as_mapping(found.get("comments"))
+            bodies.extend(str(n.get("body") or "") for n in nodes_of(comments))
+            page = as_mapping(comments.get("pageInfo"))
+            after = nonblank(page.get("endCursor"))
             if not page.get("hasNextPage") or after is None:
                 break
         return team_id, labels, bodies
@@ -611,16 +510,16 @@ class LinearTracker:
         data = await self._query(
             LABELS_BY_NAME_QUERY, {"name": name}, operation_name="LorenzLabelsByName"
         )
-        for node in _nodes(_mapping(data.get("issueLabels"))):
-            owner = _nonblank(_mapping(node.get("team")).get("id"))
-            label_id = _nonblank(node.get("id"))
+        for node in nodes_of(as_mapping(data.get("issueLabels"))):
+            owner = nonblank(as_mapping(node.get("team")).get("id"))
+            label_id = nonblank(node.get("id"))
             if label_id is not None and (owner is None or owner == team_id):
                 return label_id
         created = await self._write(
             CREATE_LABEL_MUTATION, {"name": name, "teamId": team_id},
             operation_name="LorenzCreateLabel", field="issueLabelCreate",
         )
-        label_id = _nonblank(_mapping(created.get("issueLabel")).get("id"))
+        label_id = nonblank(as_mapping(created.get("issueLabel")).get("id"))
         if label_id is None:
             raise TrackerError(
                 "Linear created the escalation label but did not say its id; retry later",
@@ -632,7 +531,7 @@ class LinearTracker:
         self, query: str, variables: dict[str, Any], *, operation_name: str, field: str
     ) -> Mapping[str, Any]:
         data = await self._query(query, variables, operation_name=operation_name)
-        payload = _mapping(data.get(field))
+        payload = as_mapping(data.get(field))
         if payload.get("success") is not True:
             raise TrackerError(
                 f"Linear did not apply {operation_name}; check the API key's write access",
@@ -678,28 +577,28 @@ class LinearTracker:
                     "check that it still exists",
                     code=ErrorCode.LINEAR_UNKNOWN_PAYLOAD,
                 )
-            connection = _mapping(found.get("comments"))
-            for node in _nodes(connection):
-                comment_id = _nonblank(node.get("id"))
+            connection = as_mapping(found.get("comments"))
+            for node in nodes_of(connection):
+                comment_id = nonblank(node.get("id"))
                 created_at = parse_comment_time(node.get("createdAt"))
                 body = node.get("body")
                 if comment_id is None or created_at is None or not isinstance(body, str):
                     continue
-                user = _mapping(node.get("user"))
+                user = as_mapping(node.get("user"))
                 comments.append(
                     ReadComment(
                         comment_id=comment_id,
                         body=body,
-                        author=_nonblank(user.get("email"))
-                        or _nonblank(user.get("displayName"))
-                        or _nonblank(user.get("name"))
+                        author=nonblank(user.get("email"))
+                        or nonblank(user.get("displayName"))
+                        or nonblank(user.get("name"))
                         or "",
-                        author_id=_nonblank(user.get("id")),
+                        author_id=nonblank(user.get("id")),
                         created_at=created_at,
                     )
                 )
-            page = _mapping(connection.get("pageInfo"))
-            after = _nonblank(page.get("endCursor"))
+            page = as_mapping(connection.get("pageInfo"))
+            after = nonblank(page.get("endCursor"))
             if not page.get("hasNextPage") or after is None:
                 break
         return comments
@@ -710,7 +609,7 @@ class LinearTracker:
             return self._viewer_id
         if self._own_user is None:
             data = await self._query(VIEWER_QUERY, {}, operation_name="LorenzViewer")
-            self._own_user = (_nonblank(_mapping(data.get("viewer")).get("id")),)
+            self._own_user = (nonblank(as_mapping(data.get("viewer")).get("id")),)
         return self._own_user[0]
 
     # -- the linear_graphql tool --------------------------------------------------------------
@@ -750,7 +649,7 @@ class LinearTracker:
         # NB: cached per tracker instance; a reload builds a new instance and asks again.
         if self._viewer_id is None:
             data = await self._query(VIEWER_QUERY, {}, operation_name="LorenzViewer")
-            viewer_id = _nonblank(_mapping(data.get("viewer")).get("id"))
+            viewer_id = nonblank(as_mapping(data.get("viewer")).get("id"))
             if viewer_id is None:
                 raise TrackerError(
                     "Linear did not say who the API key belongs to; set tracker.assignee to "

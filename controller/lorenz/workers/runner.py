@@ -38,13 +38,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import logging
-import os
-import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Final, cast
+from typing import Any, Final
 
 from lorenz.agents import (
     AgentAsked,
@@ -54,12 +51,9 @@ from lorenz.agents import (
     DroppedAdoption,
 )
 from lorenz.agents.base import TurnStop
-from lorenz.claims.owners import Liveness, default_owner_id, owner_liveness
 from lorenz.codes import ErrorCode
 from lorenz.model import (
     AgentUpdate,
-    ImmediateSpawnIntents,
-    SlotKey,
     SpawnIntent,
     SpawnIntents,
     SpawnPhase,
@@ -76,17 +70,22 @@ from lorenz.workers.handles import (
     WorkerHandle,
     WorkerUnknown,
 )
+from lorenz.workers.intents import PAUSE_AT_SPAWN_PHASE_ENV as PAUSE_AT_SPAWN_PHASE_ENV
+from lorenz.workers.intents import IntentRecorder
 from lorenz.workers.journal import DEFAULT_MAX_BYTES as DEFAULT_JOURNAL_MAX_BYTES
 from lorenz.workers.journal import Record
 from lorenz.workers.launch import WorkerLaunchError
 from lorenz.workers.leftovers import kill_leftovers
+from lorenz.workers.marks import CONTROLLER_NAME as CONTROLLER_NAME
+from lorenz.workers.marks import StateRootIndex, controller_id, index_of, read_spec
+from lorenz.workers.marks import live_controller_of as live_controller_of
+from lorenz.workers.marks import record_controller as record_controller
 from lorenz.workers.spec import HookSpec, IssueSpec, RunSpec, is_handle, unpassable_fields
 from lorenz.workers.states import (
     COLLECTED_NAME as COLLECTED_NAME,  # NB: re-exported: tests and tools import it from here
 )
 from lorenz.workers.states import (
     DEFAULT_RETENTION_S,
-    SPEC_NAME,
     ProbeState,
     mark_collected,
     prune_state_dirs,
@@ -94,6 +93,10 @@ from lorenz.workers.states import (
 )
 
 logger = logging.getLogger(__name__)
+
+_StateRootIndex = StateRootIndex
+"""NB: its old name here, kept for ``tests/workers/test_state_index.py`` (it lives in
+:mod:`lorenz.workers.marks`)."""
 
 CANCEL_WAIT_S: Final = 60.0
 """How long a cancelled run's worker may take to end the run before its processes are killed."""
@@ -105,13 +108,6 @@ MAX_RUNS_PER_ATTEMPT: Final = 10_000
 
 QUARANTINE_PROBE_S: Final = 5.0
 
-CONTROLLER_NAME: Final = "controller"
-"""File in a run's state directory: the owner id (``<host>:<pid>:<start time>``) of the
-controller that follows the run — the one that started it, or the last to adopt it."""
-
-CONTROLLER_MARK_LIMIT: Final = 512
-"""Bytes of a controller file read at most (an owner id is far shorter)."""
-
 CONTROLLER_EXIT_WAIT_S: Final = 30.0
 """How long an adoption from a claim waits for the worker's live controller to exit."""
 
@@ -120,114 +116,6 @@ CONTROLLED_ELSEWHERE_CODE: Final = ErrorCode.WORKER_CONTROLLED_ELSEWHERE
 
 _pruned_roots: set[Path] = set()
 """State roots whose old state directories this process has removed already."""
-
-
-class _StateRootIndex:
-    """What this process has learnt about a state root's runs, so that looking for a slot's
-    predecessor does not walk every run of the retention window again.
-
-    NB: it keeps only what never changes once seen: a run that has its collected mark stays
-    collected (the mark is never removed; a pruned directory leaves the listing and the
-    index), and the workflow, issue and slot a run's spec names never change. Every call still
-    lists the root and checks each run not known collected for its mark, so a worker that
-    appeared since (a predecessor's, one of this process's own that was left uncollected) is
-    found exactly as by a full walk. Before it, each dispatch stat'ed and built paths for every
-    handle of the root: ~80 ms of a worker thread per 100 runs in the tracker bench, growing
-    with the root.
-    """
-
-    def __init__(self, root: Path) -> None:
-        self._root = str(root)
-        self._lock = threading.Lock()
-        self._collected: set[str] = set()
-        self._slots: dict[str, tuple[object, object, object]] = {}
-
-    def uncollected(self, *, workflow: str, issue_id: str, slot: int) -> list[str]:
-        """Handles (sorted) of uncollected runs whose spec names this workflow, issue, slot."""
-        try:
-            names = os.listdir(self._root)
-        except FileNotFoundError:
-            return []
-        wanted = (workflow, issue_id, slot)
-        found = []
-        with self._lock:
-            listed = set(names)
-            self._collected &= listed
-            for name in [n for n in self._slots if n not in listed]:
-                del self._slots[name]
-            for name in names:
-                if name in self._collected or not is_handle(name):
-                    continue
-                state_dir = os.path.join(self._root, name)
-                if os.path.exists(os.path.join(state_dir, COLLECTED_NAME)):
-                    self._collected.add(name)
-                    self._slots.pop(name, None)
-                    continue
-                identity = self._slots.get(name)
-                if identity is None:
-                    spec = _read_spec(Path(state_dir))
-                    if spec is None:
-                        continue  # NB: not a run directory, or its spec is not written yet
-                    identity = (
-                        spec.get("workflow"),
-                        (spec.get("issue") or {}).get("id"),
-                        spec.get("slot_index"),
-                    )
-                    self._slots[name] = identity
-                if identity == wanted:
-                    found.append(name)
-        return sorted(found)
-
-
-_indexes: dict[Path, _StateRootIndex] = {}
-
-
-def _index_of(root: Path) -> _StateRootIndex:
-    # NB: setdefault is atomic under the GIL; callers are worker threads of to_thread.
-    return _indexes.setdefault(root, _StateRootIndex(root))
-
-
-def record_controller(state_dir: Path, *, owner: str) -> None:
-    """Name ``owner`` as the controller following the run in ``state_dir`` (atomic replace).
-
-    NB: best effort: a mark that cannot be written (the run's directory is gone, a full disk)
-    leaves the run unmarked, which is how runs of earlier versions look.
-    """
-    temp = state_dir / f".{CONTROLLER_NAME}.{os.getpid()}.tmp"
-    try:
-        temp.write_text(owner, encoding="utf-8")
-        os.replace(temp, state_dir / CONTROLLER_NAME)
-    except OSError as exc:
-        logger.warning("controller mark not written state_dir=%s: %s", state_dir, exc)
-        with contextlib.suppress(OSError):
-            temp.unlink()
-
-
-_controller_ids: dict[int, str] = {}
-
-
-def _controller_id() -> str:
-    """This process's owner id, computed once per pid (a runner is built per dispatch).
-
-    NB: keyed by pid: a forked child is another process, with an id of its own."""
-    pid = os.getpid()
-    known = _controller_ids.get(pid)
-    if known is None:
-        known = _controller_ids[pid] = default_owner_id()
-    return known
-
-
-def live_controller_of(state_dir: Path, *, me: str) -> str | None:
-    """The owner id of another controller that follows the run in ``state_dir`` and is
-    provably alive on this host; ``None`` when it is us, dead, unknown or unmarked."""
-    try:
-        with open(state_dir / CONTROLLER_NAME, "rb") as mark:
-            owner = mark.read(CONTROLLER_MARK_LIMIT).decode("utf-8", "replace").strip()
-    except OSError:
-        return None
-    if not owner or owner == me:
-        return None
-    return owner if owner_liveness(owner) is Liveness.ALIVE else None
 
 
 @dataclasses.dataclass(slots=True)
@@ -283,104 +171,6 @@ def agent_update_from(record: Record) -> AgentUpdate:
     )
 
 
-PAUSE_AT_SPAWN_PHASE_ENV: Final = "LORENZ_TEST_PAUSE_AT_SPAWN_PHASE"
-"""Test-only: a spawn phase (``provisioning``, ``spawn_requested``) at which this controller's
-runs stop for ever right after the claim recorded it, so that a test can ``kill -9`` the
-controller in exactly that phase. Not a setting and not supported."""
-
-
-class IntentRecorder:
-    """Writes one slot's spawn intent through the claim store, newest state last.
-
-    The intent before a spawn is mandatory (:meth:`require`: no worker starts unless the claim
-    says so first). The updates after it — phase ``running``, the collected ``last_seq`` — are
-    coalesced into one writer task and best effort: NB, a failed write is logged and never
-    touches the worker (a live worker is never killed because a write failed).
-    """
-
-    def __init__(
-        self, *, store: SpawnIntents, key: SlotKey, generation: int | None, placement: str | None
-    ) -> None:
-        self._store = store
-        self._key = key
-        self._generation = generation
-        self._placement = placement
-        self._wanted: SpawnIntent | None = None
-        self._written: SpawnIntent | None = None
-        self._writer: asyncio.Task[None] | None = None
-        # NB: not the writer task then: one task per journal record cost more on the loop
-        # than the write it made (~6 a run), and the intent is written earlier, not later.
-        # (An attribute test: isinstance() against a runtime-checkable protocol cost ~0.1 ms.)
-        self._immediate: ImmediateSpawnIntents | None = (
-            cast(ImmediateSpawnIntents, store)
-            if callable(getattr(store, "record_intent_now", None))
-            else None
-        )
-
-    def intent(self, handle: str, phase: SpawnPhase, last_seq: int = 0) -> SpawnIntent:
-        return SpawnIntent(
-            handle=handle,
-            phase=phase,
-            generation=self._generation,
-            last_seq=last_seq,
-            placement=self._placement,
-        )
-
-    async def require(self, handle: str, phase: SpawnPhase, last_seq: int = 0) -> None:
-        """Record ``phase`` before the step it names; :class:`AgentRunError` if it cannot be."""
-        intent = self.intent(handle, phase, last_seq)
-        try:
-            await self._store.record_intent(self._key, intent)
-        except Exception as exc:
-            raise AgentRunError(
-                f"the spawn intent of {self._key} could not be recorded ({exc}); no worker "
-                "was started",
-                code=getattr(exc, "code", ErrorCode.SPAWN_INTENT_FAILED),
-            ) from exc
-        self._written = intent
-        if os.environ.get(PAUSE_AT_SPAWN_PHASE_ENV) == phase.value:
-            logger.warning("test pause at spawn phase=%s handle=%s", phase.value, handle)
-            await asyncio.Event().wait()
-
-    def update(self, intent: SpawnIntent) -> None:
-        """Ask for ``intent`` to be written soon (coalesced with later updates).
-
-        A store whose writes never suspend (the memory store) is written at once instead.
-        """
-        self._wanted = intent
-        if self._immediate is not None:
-            self._write_now(self._immediate, intent)
-            return
-        if self._writer is None or self._writer.done():
-            self._writer = asyncio.get_running_loop().create_task(self._write())
-
-    async def flush(self) -> None:
-        while self._writer is not None and not self._writer.done():
-            # NB: the writer logs its own failures; flushing only waits for it to end.
-            with contextlib.suppress(Exception):
-                await asyncio.shield(self._writer)
-
-    def _write_now(self, store: ImmediateSpawnIntents, intent: SpawnIntent) -> None:
-        if intent == self._written:
-            return
-        try:
-            store.record_intent_now(self._key, intent)
-        except Exception as exc:  # noqa: BLE001 - logged; the worker goes on regardless
-            logger.warning("spawn intent not recorded slot=%s: %s", self._key, exc)
-            return
-        self._written = intent
-
-    async def _write(self) -> None:
-        while self._wanted is not None and self._wanted != self._written:
-            wanted = self._wanted
-            try:
-                await self._store.record_intent(self._key, wanted)
-            except Exception as exc:  # noqa: BLE001 - logged; the worker goes on regardless
-                logger.warning("spawn intent not recorded slot=%s: %s", self._key, exc)
-                return
-            self._written = wanted
-
-
 class WorkerRunner:
     """Runs every request in a local worker (or on ``transport``)."""
 
@@ -431,7 +221,7 @@ class WorkerRunner:
     @property
     def owner(self) -> str:
         """This controller's id, as it marks the runs it follows (:data:`CONTROLLER_NAME`)."""
-        return _controller_id()
+        return controller_id()
 
     def _leaves_workers(self) -> bool:
         """Whether a cancelled run leaves its worker running (for the next controller)."""
@@ -855,7 +645,7 @@ class WorkerRunner:
             return None
         root = getattr(self.transport, "state_root", None)
         if isinstance(root, Path):
-            spec = _read_spec(root / resume.handle)
+            spec = read_spec(root / resume.handle)
             if spec is not None and not self._spec_matches(spec, issue_id=issue_id, slot=slot):
                 logger.warning(
                     "not adopting worker handle=%s: it runs another slot", resume.handle
@@ -877,7 +667,7 @@ class WorkerRunner:
             return None
 
         def uncollected_of_this_slot() -> list[str]:
-            return _index_of(root).uncollected(
+            return index_of(root).uncollected(
                 workflow=self.workflow, issue_id=request.issue.id, slot=request.slot_index
             )
 
@@ -950,14 +740,6 @@ async def _never_active() -> bool:
 
 def _ignore(record: Record) -> None:
     del record  # nobody waits for a dropped adoption's records: they stay in its journal
-
-
-def _read_spec(state_dir: Path) -> dict[str, Any] | None:
-    try:
-        raw = json.loads((state_dir / SPEC_NAME).read_bytes())
-    except (OSError, ValueError):
-        return None
-    return raw if isinstance(raw, dict) else None
 
 
 def _result_of(final: Record) -> AgentRunResult:

@@ -42,6 +42,7 @@ WORKFLOW_LABEL: Final = f"{GROUP}/workflow"
 SLOT_LABEL: Final = f"{GROUP}/slot"
 """Label on every Claim: the label-safe form of its slot key (for humans; not a selector)."""
 REFRESH_ANNOTATION: Final = f"{GROUP}/refresh"
+"""Any new value on a Workflow asks its runtime to poll now (and re-read its Secret)."""
 HOLD_ANNOTATION: Final = f"{GROUP}/hold"
 """On a Claim: stop its run and keep the issue from being dispatched while it is there (the
 value is a note for people). Removing it releases the issue; deleting the Claim instead
@@ -53,7 +54,15 @@ def on_hold(obj: Mapping[str, Any]) -> str | None:
     annotations = (obj.get("metadata") or {}).get("annotations") or {}
     value = annotations.get(HOLD_ANNOTATION)
     return None if value is None else str(value)
-"""Any new value on a Workflow asks its runtime to poll now (and re-read its Secret)."""
+
+
+def refresh_of(obj: Mapping[str, Any]) -> str | None:
+    """The ``lorenz.dev/refresh`` value of a Workflow object (``None``: not set)."""
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    value = annotations.get(REFRESH_ANNOTATION)
+    return None if value is None else str(value)
+
+
 ANSWER_ANNOTATION: Final = f"{GROUP}/answer"
 """On a Claim whose slot waits for input (phase ``WaitingForInput``): the answer to its agent's
 question, as text. The leader takes it (the issue's waiting slots resume their sessions with

@@ -11,6 +11,8 @@ off:
 * :mod:`~lorenz.kube.controller.specs` and :mod:`~lorenz.kube.controller.candidates` — a
   Workflow's spec loaded into a workflow, and the candidate the runtime reloads from;
 * :mod:`~lorenz.kube.controller.holds` — the continuation limit and its holds;
+* :mod:`~lorenz.kube.controller.placement` — ``Degraded`` after runs that could not be placed;
+* :mod:`~lorenz.kube.controller.answers` — answers to waiting agents, from Claims;
 * :mod:`~lorenz.kube.controller.cleanup` — the finalizer, a deleted Workflow's cleanup and the
   sweeps of a new term;
 * :mod:`~lorenz.kube.controller.flags` — the small events they wake each other with.

@@ -39,7 +39,7 @@ from typing import Any
 
 import yaml
 
-from lorenz.config import WorkerKind
+from lorenz.config import WorkerKind, WorkflowSettings
 from lorenz.kube.api.casing import front_matter_from_spec
 from lorenz.kube.api.crds import (
     OPERATOR_DEFAULTS,
@@ -56,6 +56,7 @@ from lorenz.kube.errors import (
     TrackerSecretMissing,
 )
 from lorenz.policies import DEFAULT_MAX_CONTINUATION_RUNS
+from lorenz.secrets import tracker_secrets
 from lorenz.workflow import (
     DEFAULT_WORKFLOW_FILENAME,
     LoadedWorkflow,
@@ -319,3 +320,12 @@ def write_workflow_file(loaded: LoadedWorkflow) -> None:
     temporary = loaded.path.with_name(f".{loaded.path.name}.tmp")
     temporary.write_text(text, encoding="utf-8")
     temporary.replace(loaded.path)
+
+
+def logged_secrets(settings: WorkflowSettings, *, environ: Mapping[str, str]) -> list[str]:
+    """The values the process log scrubs for a Workflow: its tracker token and webhook secret
+    (read from its Secrets), as :func:`lorenz.secrets.tracker_secrets` finds them."""
+    values = tracker_secrets(api_key=settings.tracker.api_key, environ=environ)
+    if settings.tracker.webhook_secret:
+        values.append(settings.tracker.webhook_secret)
+    return values

@@ -48,7 +48,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import dataclasses
 import functools
 import json
 import logging
@@ -76,11 +75,13 @@ from lorenz.kube.controller.cleanup import (
 )
 from lorenz.kube.controller.flags import Flag
 from lorenz.kube.controller.holds import ContinuationHolds, HoldingClaimStore
+from lorenz.kube.controller.placement import PlacementHealth
 from lorenz.kube.controller.posting import EventKind, EventPoster, Post, kopf_post
 from lorenz.kube.controller.publisher import StatusPublisher
 from lorenz.kube.controller.specs import (
     generation_of,
     load_workflow_object,
+    logged_secrets,
     workflow_ref,
     write_workflow_file,
 )
@@ -99,9 +100,10 @@ from lorenz.model import (
     SystemClock,
 )
 from lorenz.orchestrator import Orchestrator
+from lorenz.policies.placement import runs_in_pods
 from lorenz.runtime import LorenzRuntime
-from lorenz.secrets import tracker_secrets
 from lorenz.tasks import BackgroundTasks, first_of
+from lorenz.workers.runner import Departure
 from lorenz.workers.states import STATE_ROOT_ENV
 from lorenz.workflow import LoadedWorkflow, validate_dispatch
 
@@ -109,35 +111,12 @@ logger = logging.getLogger("lorenz.kube.controllers")
 
 T = TypeVar("T")
 
-PLACEMENT_FAILURES_DEGRADE = 3
-"""Runs in a row that could not be placed (``placement_failed``: an image that does not pull,
-no node that fits, a full quota) before the Workflow says so as ``Degraded``: one is a busy
-cluster, three in a row is something to fix."""
 
 class RuntimeAttacher(Protocol):
     """Where a runtime is announced while it runs (the shared metrics registry)."""
 
     def attach(self, runtime: LorenzRuntime, *, workflow: str | None = None) -> Callable[[], None]:
         ...
-
-
-@dataclasses.dataclass(slots=True)
-class Departure:
-    """Whether one runtime's stopped runs leave their detached workers running.
-
-    NB: per runtime, not per process (``leave_workers_running`` is the process-wide form the
-    daemon uses): a replica leads many Workflows, and the one it hands over or loses must not
-    make the others' cancelled runs leave their workers behind.
-    """
-
-    reason: str | None = None
-    """Why the runs are left to their workers (``None``: cancelling a run cancels its worker)."""
-
-
-def runs_in_pods(settings: WorkflowSettings) -> bool:
-    """Whether the runs of ``settings`` go to Pods of their own (``worker.kind: pod``): they
-    outlive the runtime wherever the replica runs."""
-    return settings.worker.kind is WorkerKind.POD
 
 
 class WorkflowController:
@@ -201,7 +180,7 @@ class WorkflowController:
         """The Workflow has a deletionTimestamp (or vanished): clean up when leading."""
         self._changed = Flag()
         """A spec or refresh change was observed (wakes a leader waiting for a valid spec)."""
-        self._refresh_value = self._annotation(body)
+        self._refresh_value = resources.refresh_of(body)
         if (body.get("metadata") or {}).get("deletionTimestamp"):
             self._deleting.set()  # NB: first seen already being deleted (operator restart)
             self.events.silence()
@@ -224,10 +203,8 @@ class WorkflowController:
         self._degraded: Degradation | None = None
         self._start_failures = 0
         """Failed starts in a row (the backoff doubles with each; a good poll resets it)."""
-        self._placement_failures = 0
+        self._placement = PlacementHealth()
         """Runs in a row that were not placed (a run that starts, or a new spec, resets it)."""
-        self._placement_degraded: Degradation | None = None
-        """Set once :data:`PLACEMENT_FAILURES_DEGRADE` runs in a row were not placed."""
         self._term_object: Mapping[str, Any] | None = None
         """The Workflow as read after the current term began (see :meth:`_lead`), for the
         term's first claim store; taken once."""
@@ -302,7 +279,7 @@ class WorkflowController:
             self.events.silence()
             self._changed.set()
             return
-        refresh = self._annotation(body)
+        refresh = resources.refresh_of(body)
         spec_changed = self._generation != previous_generation
         refreshed = refresh != self._refresh_value
         self._refresh_value = refresh
@@ -621,7 +598,7 @@ class WorkflowController:
         # Runs in Pods of their own always outlive this replica: the next leader adopts them.
         departure = (
             Departure()
-            if (workers and STATE_ROOT_ENV in os.environ) or runs_in_pods(settings)
+            if (workers and STATE_ROOT_ENV in os.environ) or runs_in_pods(settings.worker)
             else None
         )
         runtime = assemble_runtime(
@@ -637,11 +614,11 @@ class WorkflowController:
             claim_store=store,
             generation=lambda: store.generation,
             worker_env=self._base_env,
-            leave_workers=(lambda: departure.reason) if departure is not None else None,
+            leave_workers=departure,
             # NB: a replica that leaves leaves the runs' Pods to the next leader.
             pods=functools.partial(
                 self.pod_runners.runner, workflow=str(loaded.path), store=store,
-                leaving=(lambda: departure.reason) if departure is not None else None,
+                leaving=departure,
             ),
             workers=workers,
         )
@@ -692,7 +669,7 @@ class WorkflowController:
             return
         departure = self._departure
         if hand_over and departure is not None:
-            departure.reason = "handed_over"
+            departure.leave(reason="handed_over")
             runtime.stop(hand_over=True)
         else:
             runtime.stop()
@@ -721,7 +698,7 @@ class WorkflowController:
         if runtime is None:
             return
         if self._departure is not None:
-            self._departure.reason = "leadership_lost"
+            self._departure.leave(reason="leadership_lost")
             # Before the aborts below: a run under way is handed over (nothing recorded, no
             # after_run here: the adopting leader runs it when the run ends).
             runtime.stop(hand_over=True)
@@ -789,13 +766,9 @@ class WorkflowController:
     # -- runtime output --------------------------------------------------------------------
 
     def _remember_secrets(self, settings: WorkflowSettings) -> None:
-        """Have the process log scrub this Workflow's tracker token and webhook secret (from
-        its Secrets)."""
+        """Have the process log scrub this Workflow's secrets (:func:`logged_secrets`)."""
         if self._log_secrets is not None:
-            values = tracker_secrets(api_key=settings.tracker.api_key, environ=self._base_env)
-            if settings.tracker.webhook_secret:
-                values.append(settings.tracker.webhook_secret)
-            self._log_secrets(values)
+            self._log_secrets(logged_secrets(settings, environ=self._base_env))
 
     def _on_runtime_event(self, event: RuntimeEvent) -> None:
         kind = event.type
@@ -803,7 +776,7 @@ class WorkflowController:
             if self.runtime is not None:
                 self._remember_secrets(self.runtime.settings)
             self._degraded = None
-            self._placement_failures, self._placement_degraded = 0, None
+            self._placement.reset()
             self._applied_generation = self.candidates.generation
             candidate = self.candidates.candidate
             if isinstance(candidate, LoadedWorkflow):
@@ -818,9 +791,10 @@ class WorkflowController:
             )
             self.status.dirty()
         elif kind is EventType.PLACEMENT_FAILED:
-            self._placement_failed(event)
-        elif kind is EventType.RUN_STARTED and self._placement_failures:
-            self._placement_failures, self._placement_degraded = 0, None
+            generation = self._applied_generation or self._generation
+            if self._placement.failed(event, generation=generation):
+                self.status.dirty()
+        elif kind is EventType.RUN_STARTED and self._placement.reset():
             self.status.dirty()
         elif (
             kind is EventType.WORKSPACE_CLEANUP
@@ -836,22 +810,6 @@ class WorkflowController:
         if kind is not EventType.LEADERSHIP_LOST:
             self.events.runtime_event(event)
         self.holds.on_runtime_event(event)
-
-    def _placement_failed(self, event: RuntimeEvent) -> None:
-        """One more run that was not placed: ``Degraded`` (with the failure's own code as the
-        reason) once :data:`PLACEMENT_FAILURES_DEGRADE` came in a row, until a run starts.
-        NB: the ``PlacementFailed`` Events alone were only seen by ``kubectl describe``."""
-        self._placement_failures += 1
-        if self._placement_failures < PLACEMENT_FAILURES_DEGRADE:
-            return
-        self._placement_degraded = Degradation(
-            code=event.code or ErrorCode.PLACEMENT_FAILED,
-            message=f"{self._placement_failures} runs in a row were not placed; the last "
-            f"({event.reason or 'unknown'}): {event.message or ''}",
-            generation=self._applied_generation or self._generation,
-            stage="cannot place its runs",
-        )
-        self.status.dirty()
 
     def _continuation_limit(self) -> int:
         """``agent.max_continuation_runs`` of the runtime in force (the operator's flag when
@@ -879,7 +837,7 @@ class WorkflowController:
             generation=self._generation,
             applied_generation=self._applied_generation,
             candidate_generation=self.candidates.generation,
-            degraded=self._degraded or self._placement_degraded,
+            degraded=self._degraded or self._placement.degraded,
             running=self.runtime is not None,
             snapshot=runtime.snapshot() if runtime is not None else None,
             nodes=self.store.pod_nodes() if self.store is not None else {},
@@ -929,11 +887,6 @@ class WorkflowController:
         )
 
     # -- helpers ---------------------------------------------------------------------------
-
-    def _annotation(self, body: Mapping[str, Any]) -> str | None:
-        annotations = (body.get("metadata") or {}).get("annotations") or {}
-        value = annotations.get(resources.REFRESH_ANNOTATION)
-        return str(value) if value is not None else None
 
     def _spawn(self, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
         return self._background.spawn(coro)
