@@ -40,8 +40,8 @@ SEEN = f"{VOLUME_ROOT}/pods-seen.txt"
 # the workspace), then becomes the scripted Codex.
 COMMAND = textwrap.dedent(
     f"""\
-    [ -e first-pod ] || hostname > first-pod
-    echo "$(hostname) $(cat first-pod)" >> {SEEN}
+    [ -e first-pod ] || cat /etc/hostname > first-pod
+    echo "$(cat /etc/hostname) $(cat first-pod)" >> {SEEN}
     printf '%s' "$FAKE_CODEX_SCENARIO_JSON" > /tmp/scenario.json
     exec python3 -c "$FAKE_CODEX_SOURCE" /tmp/scenario.json"""
 )
