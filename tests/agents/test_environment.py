@@ -6,7 +6,9 @@ import json
 import sys
 from pathlib import Path
 
-from lorenz.agents.environment import TRACKER_SECRET_ENV, agent_environment
+import pytest
+
+from lorenz.agents.environment import TRACKER_SECRET_ENV, agent_environment, make_session_stores
 from lorenz.agents.processes import spawn_agent
 
 
@@ -84,3 +86,21 @@ async def test_a_spawned_agent_never_sees_the_tracker_token(tmp_path: Path) -> N
     assert "lin_api_123" not in seen.values()
     assert "ghp_456" not in seen.values()
     assert not {"LINEAR_API_KEY", "GITHUB_TOKEN", "ALIAS"} & set(seen)
+
+
+def test_the_session_stores_the_environment_names_are_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    codex = tmp_path / "volume" / ".lorenz-sessions" / "codex"
+    claude = tmp_path / "volume" / ".lorenz-sessions" / "claude"
+    claude.mkdir(parents=True)
+    (claude / "kept.json").write_text("{}")
+    make_session_stores(
+        {"CODEX_HOME": str(codex), "CLAUDE_CONFIG_DIR": str(claude), "OTHER": str(tmp_path / "x")}
+    )
+    assert codex.is_dir()
+    assert (claude / "kept.json").read_text() == "{}"
+    assert not (tmp_path / "x").exists()
+    make_session_stores({"CODEX_HOME": "relative/home", "CLAUDE_CONFIG_DIR": ""})
+    assert not (tmp_path / "relative").exists()

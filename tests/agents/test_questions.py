@@ -17,7 +17,7 @@ from lorenz.agents.claude import ClaudeStreamRunner
 from lorenz.agents.codex import CodexAppServerRunner
 from lorenz.config import ApprovalMode
 from lorenz.model.questions import AgentQuestion, SessionResume, new_session_summary
-from tests.agents.conftest import FakeCodexFactory, RunKit, assert_gone
+from tests.agents.conftest import FakeCodexFactory, RunKit, assert_gone, base_env
 from tests.agents.test_acp import Harness as AcpHarness
 from tests.agents.test_acp import _jsonl
 from tests.agents.test_claude import Harness as ClaudeHarness
@@ -257,3 +257,40 @@ async def test_acp_without_load_session_starts_a_new_session_told_the_question(
     await AcpRunner().run(with_answer(harness.request(), resume))
     assert not (harness.workspace / "acp_loads.jsonl").exists()
     assert harness.prompts() == [new_session_summary(resume)]
+
+
+async def test_codex_resumes_a_thread_only_where_its_codex_home_kept_it(
+    kit: RunKit, fake_codex: FakeCodexFactory, tmp_path: Path
+) -> None:
+    # NB: what a Pod run without a persistent session store meets: the resumed run's agent
+    # has another CODEX_HOME (a new Pod's home), where the thread is not kept.
+    kept = tmp_path / "kept-home"
+    fresh = tmp_path / "fresh-home"
+    kept.mkdir()
+    fresh.mkdir()
+    script = fake_codex(
+        thread_id="thr-kept",
+        turns=[{"steps": [USER_INPUT, {"hang": True}]}],
+        resumed_turns=[{"steps": [{"agent_message": "using Postgres"}]}],
+    )
+    env = {**base_env(), "CODEX_HOME": str(kept)}
+    with pytest.raises(AgentAsked) as caught:
+        await FAST.run(kit.request(command=script.command, env=env, turn_timeout_ms=120_000))
+    resume = answered(caught.value.question)
+    assert (kept / "sessions" / "thr-kept.json").exists()
+
+    elsewhere = fake_codex(thread_id="thr-new")
+    await FAST.run(
+        with_answer(
+            kit.request(command=elsewhere.command, env={**base_env(), "CODEX_HOME": str(fresh)}),
+            resume,
+        )
+    )
+    assert {"resume": "thr-kept"} in elsewhere.records()
+    assert [r for r in elsewhere.received() if r.get("method") == "thread/start"]
+    assert "thread_resume_refused" in kit.recorder.events()
+
+    again = fake_codex(resumed_turns=[{"steps": [{"agent_message": "using Postgres"}]}])
+    await FAST.run(with_answer(kit.request(command=again.command, env=env), resume))
+    assert {"resume": "thr-kept"} in again.records()
+    assert not [r for r in again.received() if r.get("method") == "thread/start"]

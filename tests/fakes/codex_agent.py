@@ -20,6 +20,10 @@ Scenario keys (all optional)::
     thread_start     {no_response, error, overload_times, result}
     thread_resume    {error}: thread/resume answers the thread it was asked for (recorded as
                      {"resume": THREAD_ID}) unless an error is set; later turns run on it
+
+With ``CODEX_HOME`` set (as the real one, it must name an existing folder), thread/start keeps
+the thread in ``$CODEX_HOME/sessions/<id>.json`` and thread/resume of a thread not kept there
+fails as the real one does (``no rollout found for thread id <id>``).
     resumed_turns    the turns played after a thread/resume (default: ``turns``)
     turn_start       {no_response, error, overload_times}
     turns            [{steps: [...], status: completed|failed|interrupted, error: "msg",
@@ -296,8 +300,23 @@ class FakeCodex:
         if self.scenario.get("model"):
             default_result["model"] = self.scenario["model"]
         result = self.scenario.get("thread_start", {}).get("result", default_result)
+        store = self.thread_store(str(thread["id"]))
+        if store is not None:
+            os.makedirs(os.path.dirname(store), exist_ok=True)
+            with open(store, "w", encoding="utf-8") as handle:
+                json.dump(thread, handle)
         self.send({"id": message["id"], "result": result})
         self.notify("thread/started", {"thread": thread})
+
+    @staticmethod
+    def thread_store(thread_id: str) -> str | None:
+        """Where a thread is kept (``None``: no ``CODEX_HOME``, threads are not kept)."""
+        home = os.environ.get("CODEX_HOME")
+        if not home:
+            return None
+        if not os.path.isdir(home):
+            raise Violation(f"CODEX_HOME {home!r} does not name an existing folder")
+        return os.path.join(home, "sessions", f"{os.path.basename(thread_id)}.json")
 
     def on_thread_resume(self, message: dict[str, Any]) -> None:
         params = self.check_request(message)
@@ -309,6 +328,9 @@ class FakeCodex:
             raise Violation(f"thread/resume.cwd must be an absolute path, got {cwd!r}")
         self.record({"resume": thread_id})
         error = self.scenario.get("thread_resume", {}).get("error")
+        store = self.thread_store(thread_id)
+        if not error and store is not None and not os.path.exists(store):
+            error = f"no rollout found for thread id {thread_id}"
         if error:
             self.send({"id": message["id"], "error": {"code": -32600, "message": error}})
             return

@@ -4,8 +4,9 @@ Workflow whose agent is the scripted Codex app-server. Its question shows on the
 comes through the ``lorenz.dev/answer`` annotation, the leader takes and removes it, and the
 resumed run resumes the same thread in the same workspace with the answer in its input.
 
-NB: the runs are ``worker.kind: local`` (the agent script is on this machine); a Pod run's
-workspace claim kept while it waits needs the real node (docs/questions.md)."""
+NB: the runs are ``worker.kind: local`` (the agent script is on this machine); the same flow
+with runs in Pods, their workspace claim and session store kept while the issue waits, is
+tests/node/test_pod_questions.py (the real node)."""
 
 from __future__ import annotations
 

@@ -158,6 +158,15 @@ def test_a_claim_template_gives_each_issue_slot_a_claim_of_its_own() -> None:
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
     assert volumes["workspace"]["persistentVolumeClaim"] == {"claimName": name}
     assert spec_claim_name(later, workflow=WORKFLOW) == name
+    # The agent's sessions are kept on the claim too, beside the issue's workspace folder, so
+    # an answered question's run in a new Pod resumes the same session (docs/questions.md).
+    (container,) = pod["spec"]["containers"]
+    assert container["env"] == [
+        {"name": "HOME", "value": "/home/lorenz"},
+        {"name": "CODEX_HOME", "value": "/var/lib/lorenz/workspaces/.lorenz-sessions/codex"},
+        {"name": "CLAUDE_CONFIG_DIR",
+         "value": "/var/lib/lorenz/workspaces/.lorenz-sessions/claude"},
+    ]
     # Another issue, slot, Workflow or a case-twin of the identifier: another claim.
     names = {
         workspace_claim_name(workflow=w, issue_id=i, identifier=k, slot_index=n)

@@ -23,7 +23,12 @@ from lorenz.agents.base import (
     RunPlacement,
     ToolHandler,
 )
-from lorenz.agents.environment import TRACKER_SECRET_ENV, agent_environment
+from lorenz.agents.environment import (
+    SESSION_STORE_ENV,
+    TRACKER_SECRET_ENV,
+    agent_environment,
+    make_session_stores,
+)
 from lorenz.codes import ErrorCode
 from lorenz.config import AgentProtocol
 
@@ -75,6 +80,7 @@ def build_runner(protocol: AgentProtocol | str) -> AgentRunner:
 
 __all__ = [
     "QUESTION_EVENT",
+    "SESSION_STORE_ENV",
     "TRACKER_SECRET_ENV",
     "AdoptionCanceller",
     "AgentAsked",
@@ -88,4 +94,5 @@ __all__ = [
     "ToolHandler",
     "agent_environment",
     "build_runner",
+    "make_session_stores",
 ]

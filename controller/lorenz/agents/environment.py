@@ -8,12 +8,24 @@ resolved ``tracker.api_key`` from, even one they listed in ``agents.<kind>.env``
 
 from __future__ import annotations
 
+import os
 from collections.abc import Collection, Mapping
+from pathlib import Path
 from types import MappingProxyType
+from typing import Final
 
 from lorenz.secrets import TRACKER_SECRET_ENV, strip_secrets
 
-__all__ = ["TRACKER_SECRET_ENV", "agent_environment"]
+__all__ = [
+    "SESSION_STORE_ENV",
+    "TRACKER_SECRET_ENV",
+    "agent_environment",
+    "make_session_stores",
+]
+
+SESSION_STORE_ENV: Final = {"CODEX_HOME": "codex", "CLAUDE_CONFIG_DIR": "claude"}
+"""The variables naming where an agent keeps its sessions (Codex its threads, Claude Code its
+sessions), each with the folder a Pod run's persistent workspace volume gives it."""
 
 _NOTHING: Mapping[str, str] = MappingProxyType({})
 
@@ -31,3 +43,15 @@ def agent_environment(
     ``LORENZ_*`` variables. The rules are :func:`lorenz.secrets.strip_secrets`'.
     """
     return strip_secrets(base=base, extra=extra, names=secret_names, values=secret_values)
+
+
+def make_session_stores(env: Mapping[str, str]) -> None:
+    """Create the session stores ``env`` names (:data:`SESSION_STORE_ENV`) that do not exist.
+
+    NB: Codex refuses to start when ``CODEX_HOME`` names a missing folder; a Pod run's store on
+    its workspace volume is missing until its first run makes it.
+    """
+    for name in SESSION_STORE_ENV:
+        folder = env.get(name)
+        if folder and os.path.isabs(folder):
+            Path(folder).mkdir(parents=True, exist_ok=True)

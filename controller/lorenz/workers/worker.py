@@ -43,6 +43,7 @@ from lorenz.agents import (
     AgentRunResult,
     agent_environment,
     build_runner,
+    make_session_stores,
 )
 from lorenz.codes import ErrorCode
 from lorenz.model import AgentUpdate, LorenzError, WorkerPhase
@@ -378,7 +379,9 @@ class Worker:
             )
         await self._hook("before_run", workspace)
         self.phase = WorkerPhase.AGENT
-        return await build_runner(spec.agent.protocol).run(self._request(workspace))
+        request = self._request(workspace)
+        make_session_stores(request.env)
+        return await build_runner(spec.agent.protocol).run(request)
 
     def _request(self, workspace: Path) -> AgentRunRequest:
         spec = self.spec

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from lorenz.agents import (
+    SESSION_STORE_ENV,
     PlacementFailed,
 )
 from lorenz.codes import ErrorCode
@@ -40,6 +41,9 @@ RUN_UID: Final = 10001
 """The Lorenz image's user; a run's image is built ``FROM`` it (docs/install.md)."""
 SPEC_SECRET_LIMIT: Final = 900 * 1024
 """A Secret holds at most 1 MiB; the spec must fit with room to spare."""
+SESSION_STORE_ROOT: Final = f"{POD_WORKSPACE_ROOT}/.lorenz-sessions"
+"""Where a Pod run with a workspace claim keeps its agent's sessions: on the claim, beside the
+issue's workspace folder (never inside its git tree), so a resumed run's new Pod finds them."""
 POD_LINGER_MS: Final = 15 * 60 * 1000
 """How long a run's worker keeps its final record for a controller to collect.
 
@@ -159,7 +163,7 @@ def pod_manifest(
         "image": image,
         "command": ["lorenz", "worker", "--spec", f"{SPEC_DIR}/{SPEC_KEY}",
                     "--state-root", STATE_ROOT],
-        "env": [{"name": "HOME", "value": "/home/lorenz"}],
+        "env": [{"name": "HOME", "value": "/home/lorenz"}, *session_store_env(worker)],
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,
@@ -239,6 +243,17 @@ def pod_manifest(
     if workflow.uid:
         metadata["ownerReferences"] = [workflow_owner(workflow)]
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+def session_store_env(worker: WorkerSettings) -> list[dict[str, str]]:
+    """The variables that put the agent's session store on the workspace claim (none for an
+    ``emptyDir`` workspace: that goes with the Pod anyway). ``agents.<kind>.env`` wins."""
+    if worker.workspace.volume_claim_template is None:
+        return []
+    return [
+        {"name": name, "value": f"{SESSION_STORE_ROOT}/{folder}"}
+        for name, folder in SESSION_STORE_ENV.items()
+    ]
 
 
 def pod_owner(*, name: str, uid: str) -> dict[str, Any]:
