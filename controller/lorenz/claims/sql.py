@@ -1,8 +1,11 @@
 """The durable claim store, once, for every SQLite-compatible driver (stdlib sqlite3, pyturso).
 
-Two backends speak the same SQL and must obey the same exclusion rule, so the schema, the
-transactions and the row mapping live here, and a backend only says how to connect, how to tune
-the connection, and what its "database is locked" error looks like (:class:`SqlDriver`).
+Two backends speak the same SQL and must obey the same exclusion rule, so the store's
+transactions live here, once, and a backend only says how to connect, how to tune the
+connection, and what its "database is locked" error looks like
+(:class:`~lorenz.claims.connections.SqlDriver`). Beside it, one module per concern: the tables
+and their migrations (:mod:`.schema`), the row mapping and claim statements (:mod:`.rows`), the
+bounded event log (:mod:`.events`) and the spend ledger's queries (:mod:`.ledger`).
 
 Exclusion between processes rests on one thing: every write runs inside ``BEGIN IMMEDIATE``,
 which takes the database's single write lock *before* reading anything. A claim is then one
@@ -22,15 +25,15 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
-import datetime
 import json
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, Self, TypeVar
+from typing import Any, ClassVar, Self, TypeVar
 
 import tenacity
 
+from lorenz.claims.connections import DbConnection, DbCursor, SqlDriver
 from lorenz.claims.errors import (
     MAX_REBIND as MAX_REBIND,  # NB: re-exported: tests and tools import it from here
 )
@@ -40,11 +43,30 @@ from lorenz.claims.errors import (
     ClaimRebindTooLarge,
     ClaimRecoveryTooLarge,
     ClaimStoreBusy,
-    ClaimStoreSchemaUnsupported,
     ClaimStoreUnreadable,
     ClaimStoreWriteFailed,
 )
+from lorenz.claims.events import EVENTS_KEPT, EventKind, StoreEvent, append_event, read_events
+from lorenz.claims.ledger import add_spend, issue_spends, spend_total
 from lorenz.claims.owners import Liveness, ProcessIdentity, current_process, owner_liveness
+from lorenz.claims.rows import (
+    SELECT_CLAIMS,
+    SET_INTENT,
+    STORE_NOW,
+    UPSERT_CLAIM,
+    claim_from_row,
+    claim_params,
+    intent_params,
+    retry_readiness,
+)
+from lorenz.claims.schema import (
+    MIGRATED_VERSIONS,
+    SCHEMA,
+    SCHEMA_VERSION,
+    check_schema,
+    migration_steps,
+    schema_version,
+)
 from lorenz.claims.spend import (
     DAY_SPEND_KEPT,
     ISSUE_SPEND_KEPT,
@@ -54,34 +76,37 @@ from lorenz.claims.spend import (
     check_charge,
 )
 from lorenz.model import (
-    ClaimPhase,
     ClaimRecord,
     Clock,
     LorenzError,
-    RetryKind,
     SlotKey,
     SpawnIntent,
-    SpawnPhase,
     StoredState,
     SystemClock,
-    TokenUsage,
 )
-from lorenz.model.clocks import iso_or_none
+
+__all__ = [
+    # NB: the names other modules and tests import from here, now defined beside it.
+    "DEFAULT_OWNER_STALE_MS",
+    "EVENTS_KEPT",
+    "MAX_REBIND",
+    "MIGRATED_VERSIONS",
+    "SCHEMA_VERSION",
+    "DbConnection",
+    "DbCursor",
+    "EventKind",
+    "SqlClaimStore",
+    "SqlDriver",
+    "StoreEvent",
+    "check_schema",
+    "migration_steps",
+    "schema_version",
+]
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = "4"
-"""The schema this code writes (``claim_store_meta.schema_version``)."""
-
-MIGRATED_VERSIONS = frozenset({"1", "2", "3"})
-"""Older schemas this code opens and migrates in place (one transaction, on first open)."""
-
 DEFAULT_OWNER_STALE_MS = 30_000
 """Heartbeat age after which an owner is stale, when ``claim_store.owner_stale_ms`` is 0."""
-
-EVENTS_KEPT = 500
-"""How many recent mutation events the ``events`` table keeps."""
-
 
 BUSY_DEADLINE_S = 10.0
 """How long one operation keeps retrying a locked database before ``claim_store_busy``."""
@@ -90,398 +115,6 @@ BUSY_TIMEOUT_MS = 2_000
 """The driver's own wait for the write lock, per attempt (``PRAGMA busy_timeout``)."""
 
 T = TypeVar("T")
-
-
-class DbCursor(Protocol):
-    def fetchone(self) -> Any: ...
-
-    def fetchall(self) -> list[Any]: ...
-
-
-class DbConnection(Protocol):
-    """The DB-API subset the store uses (autocommit mode: transactions are explicit)."""
-
-    def execute(self, sql: str, parameters: Sequence[Any] = ..., /) -> DbCursor: ...
-
-    def close(self) -> None: ...
-
-
-class SqlDriver(Protocol):
-    """What differs between SQLite-compatible drivers."""
-
-    backend: str
-    """The ``claim_store.backend`` value this driver serves."""
-
-    def connect(self, path: Path, *, busy_timeout_ms: int) -> DbConnection:
-        """Open ``path`` in autocommit mode (no implicit transactions) with a busy timeout."""
-        ...
-
-    def tune(self, conn: DbConnection) -> None:
-        """Set journal/durability pragmas; called only after the schema version was accepted."""
-        ...
-
-    def is_busy(self, exc: BaseException) -> bool:
-        """Whether ``exc`` means "another connection holds the lock; try again"."""
-        ...
-
-    def is_database_error(self, exc: BaseException) -> bool:
-        """Whether ``exc`` is the driver's error for an unusable file (not a database, ...)."""
-        ...
-
-    def is_write_failure(self, exc: BaseException) -> bool:
-        """Whether ``exc`` means the file system refused a write (full, read-only, I/O error)."""
-        ...
-
-
-_CLAIM_COLUMNS: tuple[str, ...] = (
-    "slot_key",
-    "owner",
-    "issue_id",
-    "identifier",
-    "slot_index",
-    "phase",
-    "attempt",
-    "retry_kind",
-    "due_at",
-    "reservation_token",
-    "host",
-    "workspace_path",
-    "started_at",
-    "last_agent_at",
-    "turn_count",
-    "input_tokens",
-    "output_tokens",
-    "total_tokens",
-    "last_error",
-    "session_id",
-    "updated_at",
-    "generation",
-)
-
-_INTENT_COLUMNS: tuple[str, ...] = (
-    "handle",
-    "spawn_phase",
-    "intent_generation",
-    "last_seq",
-    "placement",
-    "intent_at",
-)
-"""The spawn intent of a claim: written only by ``record_intent``; ``save`` keeps it, except
-that a claim going back to a pending retry drops it (its run is settled)."""
-
-_SPEND_TABLES: tuple[str, ...] = (
-    # The spend ledger (lorenz.claims.spend): per issue, kept after the issue finished, pruned
-    # by age of the last charge; per UTC day.
-    "CREATE TABLE IF NOT EXISTS issue_spend ("
-    " issue_id TEXT PRIMARY KEY, identifier TEXT NOT NULL, tokens INTEGER NOT NULL DEFAULT 0,"
-    " usd REAL NOT NULL DEFAULT 0, updated_at REAL NOT NULL)",
-    "CREATE INDEX IF NOT EXISTS issue_spend_by_age ON issue_spend (updated_at)",
-    "CREATE TABLE IF NOT EXISTS day_spend ("
-    " day TEXT PRIMARY KEY, tokens INTEGER NOT NULL DEFAULT 0, usd REAL NOT NULL DEFAULT 0,"
-    " updated_at REAL NOT NULL)",
-)
-
-_MIGRATIONS: dict[str, tuple[str, ...]] = {
-    # Each entry takes a store from its version to the next; opening an older store runs the
-    # steps of every version from its own up to SCHEMA_VERSION, in one transaction.
-    # v3 → v4: the store's own clock at each claim write (retry readiness from the store's
-    # clock, not the writer's); rows written before read as without it.
-    "3": ("ALTER TABLE claims ADD COLUMN stored_at TEXT",),
-    # v2 → v3: the spend ledger (new tables only; existing rows untouched).
-    "2": _SPEND_TABLES,
-    # v1 → v2: the generation of each claim's writer, the spawn intent, the fence row.
-    "1": (
-        "ALTER TABLE claims ADD COLUMN generation INTEGER",
-        "ALTER TABLE claims ADD COLUMN handle TEXT",
-        "ALTER TABLE claims ADD COLUMN spawn_phase TEXT",
-        "ALTER TABLE claims ADD COLUMN intent_generation INTEGER",
-        "ALTER TABLE claims ADD COLUMN last_seq INTEGER NOT NULL DEFAULT 0",
-        "ALTER TABLE claims ADD COLUMN placement TEXT",
-        "ALTER TABLE claims ADD COLUMN intent_at TEXT",
-        "CREATE TABLE IF NOT EXISTS fence ("
-        " id INTEGER PRIMARY KEY CHECK (id = 1), generation INTEGER NOT NULL, holder TEXT,"
-        " fenced_at REAL NOT NULL)",
-    ),
-}
-_NEXT_VERSION: dict[str, str] = {"1": "2", "2": "3", "3": "4"}
-
-
-def migration_steps(version: str) -> tuple[str, ...]:
-    """The statements that take a store of ``version`` to :data:`SCHEMA_VERSION`."""
-    steps: list[str] = []
-    while version != SCHEMA_VERSION:
-        steps.extend(_MIGRATIONS[version])
-        version = _NEXT_VERSION[version]
-    return tuple(steps)
-
-_SCHEMA: tuple[str, ...] = (
-    "CREATE TABLE IF NOT EXISTS claim_store_meta ( key TEXT PRIMARY KEY, value TEXT NOT NULL)",
-    "CREATE TABLE IF NOT EXISTS claims ("
-    " slot_key TEXT PRIMARY KEY, owner TEXT NOT NULL,"
-    " issue_id TEXT NOT NULL, identifier TEXT NOT NULL, slot_index INTEGER NOT NULL,"
-    " phase TEXT NOT NULL, attempt INTEGER, retry_kind TEXT, due_at TEXT,"
-    " reservation_token TEXT, host TEXT, workspace_path TEXT, started_at TEXT,"
-    " last_agent_at TEXT, turn_count INTEGER NOT NULL DEFAULT 0,"
-    " input_tokens INTEGER NOT NULL DEFAULT 0, output_tokens INTEGER NOT NULL DEFAULT 0,"
-    " total_tokens INTEGER NOT NULL DEFAULT 0, last_error TEXT, session_id TEXT,"
-    " updated_at TEXT, generation INTEGER, handle TEXT, spawn_phase TEXT,"
-    " intent_generation INTEGER, last_seq INTEGER NOT NULL DEFAULT 0, placement TEXT,"
-    " intent_at TEXT, stored_at TEXT)",
-    "CREATE INDEX IF NOT EXISTS claims_by_owner ON claims (owner)",
-    "CREATE TABLE IF NOT EXISTS owners ("
-    " owner TEXT PRIMARY KEY, heartbeat_at REAL NOT NULL, pid INTEGER, host TEXT,"
-    " started_at REAL)",
-    "CREATE TABLE IF NOT EXISTS checkpoint ("
-    " id INTEGER PRIMARY KEY CHECK (id = 1), body TEXT NOT NULL, updated_at REAL NOT NULL)",
-    "CREATE TABLE IF NOT EXISTS events ("
-    " id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, owner TEXT NOT NULL,"
-    " kind TEXT NOT NULL, slot_key TEXT, body TEXT)",
-    # One row: the newest leader generation that fenced the store. Every write of a fenced
-    # store compares it with its own generation inside its transaction.
-    "CREATE TABLE IF NOT EXISTS fence ("
-    " id INTEGER PRIMARY KEY CHECK (id = 1), generation INTEGER NOT NULL, holder TEXT,"
-    " fenced_at REAL NOT NULL)",
-    *_SPEND_TABLES,
-)
-
-_SELECT_CLAIMS = f"SELECT {', '.join(_CLAIM_COLUMNS + _INTENT_COLUMNS)} FROM claims"
-# NB: the WHERE on the DO UPDATE branch is the whole exclusion rule: a row held by anyone else
-# is left untouched and changes() stays 0. Stale owners are no exception (see take_over).
-_STORE_NOW = "strftime('%Y-%m-%dT%H:%M:%f+00:00', 'now')"
-"""The store's own clock (SQLite's, or the Turso server's), never the writer's."""
-_UPSERT_CLAIM = (
-    f"INSERT INTO claims ({', '.join(_CLAIM_COLUMNS)}, stored_at)"
-    f" VALUES ({', '.join('?' for _ in _CLAIM_COLUMNS)}, {_STORE_NOW})"
-    " ON CONFLICT (slot_key) DO UPDATE SET "
-    + ", ".join(f"{c} = excluded.{c}" for c in (*_CLAIM_COLUMNS, "stored_at") if c != "slot_key")
-    + ", "
-    # NB: a claim back to a pending retry has a settled run: its intent has nothing to probe.
-    + ", ".join(
-        f"{c} = CASE WHEN excluded.phase = 'RetryPending' THEN"
-        f" {'0' if c == 'last_seq' else 'NULL'} ELSE claims.{c} END"
-        for c in _INTENT_COLUMNS
-    )
-    + " WHERE claims.owner = excluded.owner"
-)
-_SET_INTENT = (
-    "UPDATE claims SET "
-    + ", ".join(f"{c} = ?" for c in _INTENT_COLUMNS)
-    + " WHERE slot_key = ? AND owner = ?"
-)
-
-
-def _retry_readiness(conn: DbConnection, *, bound: int | None) -> dict[SlotKey, float]:
-    """Milliseconds until each pending retry is due, on the store's clock.
-
-    The writer's delay (``due_at - updated_at``, both its own clock, so its skew cancels) is
-    counted from ``stored_at``, the store's clock at that write, against the store's clock now.
-    Rows without ``stored_at`` (written before schema 4) are left out: their wall-clock
-    ``due_at`` is used, as before.
-    """
-    rows = conn.execute(
-        f"SELECT slot_key, due_at, updated_at, stored_at, {_STORE_NOW} FROM claims"
-        " WHERE phase = 'RetryPending' AND due_at IS NOT NULL AND updated_at IS NOT NULL"
-        " AND stored_at IS NOT NULL LIMIT ?",
-        (-1 if bound is None else bound + 1,),
-    ).fetchall()
-    ready: dict[SlotKey, float] = {}
-    for key, due_at, updated_at, stored_at, now in rows:
-        try:
-            delay = _parse_when(due_at) - _parse_when(updated_at)
-            elapsed = _parse_when(now) - _parse_when(stored_at)
-        except (TypeError, ValueError):
-            continue  # NB: an unreadable stamp falls back to the wall-clock due_at
-        ready[SlotKey(str(key))] = (delay - elapsed).total_seconds() * 1000.0
-    return ready
-
-
-class EventKind:
-    """The ``events.kind`` vocabulary."""
-
-    ACQUIRE = "acquire"
-    SAVE = "save"
-    RELEASE = "release"
-    TAKE_OVER = "take_over"
-    CHECKPOINT = "checkpoint"
-    OWNER_OPEN = "owner_open"
-    OWNER_CLOSE = "owner_close"
-    OWNER_DEAD = "owner_dead"
-    FENCE = "fence"
-    INTENT = "intent"
-    MIGRATE = "migrate"
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class StoreEvent:
-    """One row of the bounded ``events`` table: a recent mutation, for diagnostics."""
-
-    id: int
-    at_ms: float
-    """Wall-clock epoch milliseconds of the commit."""
-    owner: str
-    kind: str
-    slot_key: SlotKey | None
-    body: Any
-    """The JSON body (the claim record for acquire/save, the keys for take_over), or None."""
-
-
-def _claim_params(
-    record: ClaimRecord, *, owner: str, now: datetime.datetime, generation: int | None
-) -> tuple[Any, ...]:
-    return (
-        record.slot_key,
-        owner,
-        record.issue_id,
-        record.identifier,
-        record.slot_index,
-        record.phase.value,
-        record.attempt,
-        record.retry_kind.value if record.retry_kind is not None else None,
-        iso_or_none(record.due_at),
-        record.reservation_token,
-        record.host,
-        record.workspace_path,
-        iso_or_none(record.started_at),
-        iso_or_none(record.last_agent_at),
-        record.turn_count,
-        record.usage.input_tokens,
-        record.usage.output_tokens,
-        record.usage.total_tokens,
-        record.last_error,
-        record.session_id,
-        iso_or_none(record.updated_at or now),
-        generation,
-    )
-
-
-def _intent_params(intent: SpawnIntent | None) -> tuple[Any, ...]:
-    if intent is None:
-        return (None, None, None, 0, None, None)
-    return (
-        intent.handle,
-        intent.phase.value,
-        intent.generation,
-        intent.last_seq,
-        intent.placement,
-        iso_or_none(intent.updated_at),
-    )
-
-
-_PHASES: dict[str, ClaimPhase] = {p.value: p for p in ClaimPhase}
-_SPAWN_PHASES: dict[str, SpawnPhase] = {p.value: p for p in SpawnPhase}
-_RETRY_KINDS: dict[str | None, RetryKind | None] = {k.value: k for k in RetryKind}
-_NO_USAGE = TokenUsage()
-_parse_when = datetime.datetime.fromisoformat
-
-
-def _claim_from_row(row: Sequence[Any]) -> ClaimRecord:
-    # NB: hydration converts every row of the store at start-up (10k rows in well under 200 ms
-    # is a target), so this avoids per-field helper calls and Enum() lookups on purpose.
-    (
-        key,
-        owner,
-        issue_id,
-        identifier,
-        slot_index,
-        phase,
-        attempt,
-        retry_kind,
-        due_at,
-        token,
-        host,
-        workspace_path,
-        started_at,
-        last_agent_at,
-        turn_count,
-        input_tokens,
-        output_tokens,
-        total_tokens,
-        last_error,
-        session_id,
-        updated_at,
-        generation,
-        handle,
-        spawn_phase,
-        intent_generation,
-        last_seq,
-        placement,
-        intent_at,
-    ) = row
-    intent = (
-        SpawnIntent(
-            handle=handle,
-            phase=_SPAWN_PHASES[spawn_phase],
-            generation=intent_generation,
-            last_seq=last_seq or 0,
-            placement=placement,
-            updated_at=_parse_when(intent_at) if intent_at else None,
-        )
-        if handle and spawn_phase in _SPAWN_PHASES
-        else None
-    )
-    return ClaimRecord(
-        slot_key=key,
-        issue_id=issue_id,
-        identifier=identifier,
-        slot_index=slot_index,
-        phase=_PHASES[phase],
-        owner=owner,
-        attempt=attempt,
-        retry_kind=_RETRY_KINDS.get(retry_kind),
-        due_at=_parse_when(due_at) if due_at else None,
-        reservation_token=token,
-        host=host,
-        workspace_path=workspace_path,
-        started_at=_parse_when(started_at) if started_at else None,
-        last_agent_at=_parse_when(last_agent_at) if last_agent_at else None,
-        turn_count=turn_count,
-        usage=TokenUsage(input_tokens, output_tokens, total_tokens)
-        if input_tokens or output_tokens or total_tokens
-        else _NO_USAGE,
-        last_error=last_error,
-        session_id=session_id,
-        updated_at=_parse_when(updated_at) if updated_at else None,
-        generation=generation,
-        intent=intent,
-    )
-
-
-def schema_version(conn: DbConnection) -> tuple[bool, str | None]:
-    """``(has tables, claim_store_meta.schema_version)`` of an open database; reads only."""
-    names = {
-        str(row[0])
-        for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
-    }
-    names = {n for n in names if not n.startswith("sqlite_")}
-    if "claim_store_meta" not in names:
-        return bool(names), None
-    row = conn.execute("SELECT value FROM claim_store_meta WHERE key = 'schema_version'").fetchone()
-    return True, (str(row[0]) if row is not None else None)
-
-
-def check_schema(conn: DbConnection, *, path: Path) -> str | None:
-    """The schema version (``None``: an empty database); raise if it is not one we open."""
-    has_tables, version = schema_version(conn)
-    if not has_tables:
-        return None
-    if version != SCHEMA_VERSION and version not in MIGRATED_VERSIONS:
-        raise ClaimStoreSchemaUnsupported(path=path, version=version)
-    return version
-
-
-_SPEND_TABLE_KEYS: frozenset[tuple[str, str]] = frozenset(
-    {("issue_spend", "issue_id"), ("day_spend", "day")}
-)
-
-
-def _total_row(conn: DbConnection, table: str, column: str, key: str) -> SpendTotal:
-    # NB: table and column are spliced into SQL: only the two ledger tables are allowed.
-    if (table, column) not in _SPEND_TABLE_KEYS:
-        raise ValueError(f"not a spend table: {table}.{column}")
-    row = conn.execute(f"SELECT tokens, usd FROM {table} WHERE {column} = ?", (key,)).fetchone()
-    if row is None:
-        return SpendTotal()
-    return SpendTotal(tokens=int(row[0]), usd=float(row[1]))
 
 
 def _rollback_quietly(conn: DbConnection) -> None:
@@ -872,16 +505,15 @@ class SqlClaimStore(abc.ABC):
         slot_key: str | None = None,
         body: Any = None,
     ) -> None:
-        text = json.dumps(body, sort_keys=True) if body is not None else None
-        # NB: no RETURNING here or anywhere: turso 0.8 takes milliseconds per RETURNING statement.
-        conn.execute(
-            "INSERT INTO events (at, owner, kind, slot_key, body) VALUES (?, ?, ?, ?, ?)",
-            (now_ms, self._owner, kind, slot_key, text),
+        append_event(
+            conn,
+            owner=self._owner,
+            kind=kind,
+            now_ms=now_ms,
+            kept=self._events_kept,
+            slot_key=slot_key,
+            body=body,
         )
-        (last_id,) = conn.execute("SELECT last_insert_rowid()").fetchone()
-        # NB: AUTOINCREMENT ids only grow, so "the last N" is an id range; the trim rides in the
-        # mutation's own transaction and the table can never exceed N rows.
-        conn.execute("DELETE FROM events WHERE id <= ?", (int(last_id) - self._events_kept,))
 
     def _upsert_owner(self, conn: DbConnection, *, heartbeat_ms: float) -> None:
         conn.execute(
@@ -928,7 +560,7 @@ class SqlClaimStore(abc.ABC):
         version = check_schema(conn, path=self._path)
         now_ms = self._now_ms()
         if version is None:
-            for statement in _SCHEMA:
+            for statement in SCHEMA:
                 conn.execute(statement)
             conn.execute(
                 "INSERT INTO claim_store_meta (key, value) VALUES ('schema_version', ?)",
@@ -1001,15 +633,15 @@ class SqlClaimStore(abc.ABC):
     def _load_sync(self, *, bound: int | None = None) -> StoredState:
         def body(conn: DbConnection) -> StoredState:
             if bound is None:
-                rows = conn.execute(_SELECT_CLAIMS).fetchall()
+                rows = conn.execute(SELECT_CLAIMS).fetchall()
             else:
                 # NB: one row past the bound proves "too many" without reading them all.
-                rows = conn.execute(f"{_SELECT_CLAIMS} LIMIT ?", (bound + 1,)).fetchall()
+                rows = conn.execute(f"{SELECT_CLAIMS} LIMIT ?", (bound + 1,)).fetchall()
                 if len(rows) > bound:
                     raise ClaimRecoveryTooLarge(
                         path=self._path, where=f"claim store {self._path}", limit=bound
                     )
-            claims = [_claim_from_row(row) for row in rows]
+            claims = [claim_from_row(row) for row in rows]
             row = conn.execute("SELECT body FROM checkpoint WHERE id = 1").fetchone()
             checkpoint = json.loads(row[0]) if row is not None else None
             stale = self._stale_set(conn, self._now_ms())
@@ -1017,7 +649,7 @@ class SqlClaimStore(abc.ABC):
                 claims=claims,
                 checkpoint=checkpoint,
                 stale_owners=stale,
-                retry_ready_in_ms=_retry_readiness(conn, bound=bound),
+                retry_ready_in_ms=retry_readiness(conn, bound=bound),
             )
 
         return self._transaction(body, write=False)
@@ -1027,10 +659,10 @@ class SqlClaimStore(abc.ABC):
 
     def _put_sync(self, record: ClaimRecord, *, kind: str) -> bool:
         now = self._clock.now()
-        params = _claim_params(record, owner=self._owner, now=now, generation=self._generation)
+        params = claim_params(record, owner=self._owner, now=now, generation=self._generation)
 
         def body(conn: DbConnection) -> bool:
-            conn.execute(_UPSERT_CLAIM, params)
+            conn.execute(UPSERT_CLAIM, params)
             (changed,) = conn.execute("SELECT changes()").fetchone()
             if not changed:
                 return False
@@ -1079,17 +711,17 @@ class SqlClaimStore(abc.ABC):
                     path=self._path, owners=movable, count=count, limit=MAX_REBIND
                 )
             for owner in movable:
-                rows = conn.execute(f"{_SELECT_CLAIMS} WHERE owner = ?", (owner,)).fetchall()
+                rows = conn.execute(f"{SELECT_CLAIMS} WHERE owner = ?", (owner,)).fetchall()
                 conn.execute(
                     # NB: updated_at and stored_at move together: a pending retry's delay is
                     # due_at - updated_at, counted from stored_at on the store's clock.
                     "UPDATE claims SET owner = ?, updated_at = ?, generation = ?,"
-                    f" stored_at = {_STORE_NOW} WHERE owner = ?",
+                    f" stored_at = {STORE_NOW} WHERE owner = ?",
                     (self._owner, now.isoformat(), self._generation, owner),
                 )
                 taken.extend(
                     dataclasses.replace(
-                        _claim_from_row(row),
+                        claim_from_row(row),
                         owner=self._owner,
                         updated_at=now,
                         generation=self._generation,
@@ -1155,7 +787,7 @@ class SqlClaimStore(abc.ABC):
         stamped = dataclasses.replace(intent, updated_at=now) if intent is not None else None
 
         def body(conn: DbConnection) -> bool:
-            conn.execute(_SET_INTENT, (*_intent_params(stamped), key, self._owner))
+            conn.execute(SET_INTENT, (*intent_params(stamped), key, self._owner))
             (changed,) = conn.execute("SELECT changes()").fetchone()
             if not changed:
                 return False
@@ -1189,59 +821,25 @@ class SqlClaimStore(abc.ABC):
         self, *, issue_id: str, identifier: str, day: str, tokens: int, usd: float
     ) -> SpendCharge:
         def body(conn: DbConnection) -> SpendCharge:
-            now_ms = self._now_ms()
-            conn.execute(
-                "INSERT INTO issue_spend (issue_id, identifier, tokens, usd, updated_at)"
-                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (issue_id) DO UPDATE SET"
-                " identifier = excluded.identifier, tokens = issue_spend.tokens + excluded.tokens,"
-                " usd = issue_spend.usd + excluded.usd, updated_at = excluded.updated_at",
-                (issue_id, identifier, tokens, usd, now_ms),
-            )
-            conn.execute(
-                "INSERT INTO day_spend (day, tokens, usd, updated_at) VALUES (?, ?, ?, ?)"
-                " ON CONFLICT (day) DO UPDATE SET tokens = day_spend.tokens + excluded.tokens,"
-                " usd = day_spend.usd + excluded.usd, updated_at = excluded.updated_at",
-                (day, tokens, usd, now_ms),
-            )
-            # NB: bounded ledger: the oldest charged issues and days beyond the limits go.
-            conn.execute(
-                "DELETE FROM issue_spend WHERE issue_id IN (SELECT issue_id FROM issue_spend"
-                " ORDER BY updated_at DESC, issue_id LIMIT -1 OFFSET ?)",
-                (self._issue_spend_kept,),
-            )
-            conn.execute(
-                "DELETE FROM day_spend WHERE day IN (SELECT day FROM day_spend"
-                " ORDER BY day DESC LIMIT -1 OFFSET ?)",
-                (self._day_spend_kept,),
-            )
-            return SpendCharge(
-                issue=_total_row(conn, "issue_spend", "issue_id", issue_id),
-                day=_total_row(conn, "day_spend", "day", day),
+            return add_spend(
+                conn,
+                issue_id=issue_id,
+                identifier=identifier,
+                day=day,
+                tokens=tokens,
+                usd=usd,
+                now_ms=self._now_ms(),
+                issue_spend_kept=self._issue_spend_kept,
+                day_spend_kept=self._day_spend_kept,
             )
 
         return self._transaction(body, fenced=False)
 
     def _read_total_sync(self, table: str, column: str, key: str) -> SpendTotal:
-        return self._transaction(lambda conn: _total_row(conn, table, column, key), write=False)
+        return self._transaction(lambda conn: spend_total(conn, table, column, key), write=False)
 
     def _issue_spends_sync(self, limit: int) -> list[IssueSpend]:
-        def body(conn: DbConnection) -> list[IssueSpend]:
-            rows = conn.execute(
-                "SELECT issue_id, identifier, tokens, usd, updated_at FROM issue_spend"
-                " ORDER BY updated_at DESC, issue_id LIMIT ?",
-                (max(int(limit), 0),),
-            ).fetchall()
-            return [
-                IssueSpend(
-                    issue_id=str(row[0]),
-                    identifier=str(row[1]),
-                    total=SpendTotal(tokens=int(row[2]), usd=float(row[3])),
-                    updated_at_ms=float(row[4]),
-                )
-                for row in rows
-            ]
-
-        return self._transaction(body, write=False)
+        return self._transaction(lambda conn: issue_spends(conn, limit=limit), write=False)
 
     def _heartbeat_sync(self) -> None:
         # NB: heartbeats are not events: one every few seconds would push every real mutation
@@ -1285,25 +883,7 @@ class SqlClaimStore(abc.ABC):
         self._transaction(body)
 
     def _events_sync(self, limit: int) -> list[StoreEvent]:
-        rows = (
-            self._connection()
-            .execute(
-                "SELECT id, at, owner, kind, slot_key, body FROM events ORDER BY id DESC LIMIT ?",
-                (limit,),
-            )
-            .fetchall()
-        )
-        return [
-            StoreEvent(
-                id=int(row[0]),
-                at_ms=float(row[1]),
-                owner=str(row[2]),
-                kind=str(row[3]),
-                slot_key=SlotKey(row[4]) if row[4] is not None else None,
-                body=json.loads(row[5]) if row[5] is not None else None,
-            )
-            for row in rows
-        ]
+        return read_events(self._connection(), limit=limit)
 
     def _integrity_sync(self) -> str:
         rows = self._connection().execute("PRAGMA integrity_check").fetchall()

@@ -53,7 +53,7 @@ from lorenz.model import (
 )
 from lorenz.model.questions import AgentQuestion, SessionResume
 from lorenz.orchestrator.errors import CheckpointInvalid
-from lorenz.orchestrator.state import BlockedEntry, RetryBudget
+from lorenz.orchestrator.state import BlockedEntry, OrchestratorState, RetryBudget
 
 CHECKPOINT_SCHEMA = 1
 """Version of the checkpoint mapping written through :meth:`ClaimStore.save_checkpoint`."""
@@ -397,3 +397,21 @@ def _read_budgets(
                 failure_code=str(code)[:200] if code is not None else None,
             )
     return budgets
+
+
+def state_checkpoint(state: OrchestratorState) -> Checkpoint:
+    """The checkpoint of the live state: what the rows alone cannot bring back after a restart.
+
+    Answered questions are kept only for slots still tracked (a pending retry or a claim).
+    """
+    return Checkpoint.of(
+        usage_totals=state.usage_totals,
+        failure_streaks=state.failure_streaks,
+        retry_budgets=state.retry_budgets,
+        blocked=state.blocked,
+        resumes={
+            key: resume
+            for key, resume in state.resumes.items()
+            if key in state.retry_attempts or key in state.claimed
+        },
+    )

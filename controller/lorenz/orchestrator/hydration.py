@@ -3,8 +3,9 @@
 Why a module of its own: recovery is where a restart either keeps its promises (no slot run
 twice, no retry state lost) or breaks them, so its rules are pure functions of the stored rows,
 the owner facts and the clock readings — tested table-style without a store, an event loop or
-an orchestrator. :class:`~lorenz.orchestrator.scheduling.Orchestrator` reads the store, calls
-these, and applies the result to its state under its lock; nothing here touches state or I/O.
+an orchestrator. :class:`~lorenz.orchestrator.scheduling.Orchestrator` (through
+:mod:`lorenz.orchestrator.recovery`) reads the store, calls these, and applies the result to
+its state under its lock; nothing here touches state or I/O.
 
 The rules, in one place:
 

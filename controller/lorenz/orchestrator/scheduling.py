@@ -8,7 +8,11 @@ the only time source is the injected :class:`~lorenz.model.Clock`, so tests are 
 
 The slot's lifecycle (unclaimed, reserved, running, retry pending, blocked, released) is drawn
 in :mod:`lorenz.model.lifecycle`; whether a candidate may be claimed, and where it runs, are the
-pure policies :mod:`lorenz.policies.admission` and :mod:`lorenz.policies.placement`.
+pure policies :mod:`lorenz.policies.admission` and :mod:`lorenz.policies.placement`. What each
+transition does to the state is a plain function beside it, a module per concern: candidates
+(:mod:`.candidates`), a claim's entries (:mod:`.claiming`), agent progress (:mod:`.progress`),
+a run's exit (:mod:`.settling`), blocked slots (:mod:`.waiting`), releases (:mod:`.releasing`)
+and recovery (:mod:`.recovery`); this class holds the lock and does the store writes.
 
 NB: every mutating method holds one :class:`asyncio.Lock` for its whole body, store awaits
 included. Without it two dispatches could both pass the cap check while the first one waits on
@@ -19,45 +23,39 @@ acquire leaves everything as it was (apart from remembering the slot as foreign)
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import datetime
-import secrets
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import cast
+from collections.abc import Iterable, Mapping, Sequence
 
-from lorenz.config import TerminalAction, WorkflowSettings
+from lorenz.config import WorkflowSettings
 from lorenz.model import (
     AgentUpdate,
-    BlockReason,
     CapacityProbe,
-    ClaimRecord,
     ClaimStore,
     Clock,
     Issue,
     ReservationRecord,
     RetryEntry,
-    RetryKind,
     RunningEntry,
     SlotKey,
     StaticCapacity,
     StopReason,
-    TokenUsage,
-    UsageTotals,
     slot_key,
 )
 from lorenz.model.questions import AgentQuestion, SessionResume
-from lorenz.orchestrator.checkpoints import Checkpoint
-from lorenz.orchestrator.errors import AlreadyStarted, CheckpointInvalid, ClaimRecordInvalid
-from lorenz.orchestrator.hydration import (
-    RECOVERY_BOUND,
-    RecoveredSlots,
-    owners_to_take_over,
-    plan_hydration,
-    record_problem,
-    recover_slots,
-    valid_records,
+from lorenz.orchestrator.candidates import dispatch_candidates, prune_retries
+from lorenz.orchestrator.checkpoints import state_checkpoint
+from lorenz.orchestrator.claiming import new_reservation, placement_retry, running_entry
+from lorenz.orchestrator.errors import AlreadyStarted
+from lorenz.orchestrator.progress import (
+    ZERO_USAGE,
+    fold_update,
+    progress_of,
+    totals_plus,
+    totals_with_run,
 )
 from lorenz.orchestrator.records import reserved_record, retry_record, running_record
+from lorenz.orchestrator.recovery import Recovery, recover_at_start, recover_from_owners
+from lorenz.orchestrator.releasing import forget_slot, forget_streaks
 from lorenz.orchestrator.results import (
     AgentProgress,
     ClaimResult,
@@ -72,72 +70,31 @@ from lorenz.orchestrator.results import (
     StalledRun,
     Started,
 )
+from lorenz.orchestrator.settling import settle_run
 from lorenz.orchestrator.snapshots import (
     OrchestratorSnapshot,
     RunIdentity,
     orchestrator_snapshot,
     run_identities,
 )
-from lorenz.orchestrator.state import BlockedEntry, ForeignClaim, OrchestratorState, RetryBudget
-from lorenz.policies import (
-    IssueRules,
-    dispatchable_issues,
-    placement_wait_ms,
-    reconciliation_decision,
-    reservation_lifetime_ms,
-    sort_for_dispatch,
-    stall_error,
-    stalled_for_ms,
+from lorenz.orchestrator.state import BlockedEntry, ForeignClaim, OrchestratorState
+from lorenz.orchestrator.waiting import (
+    answer_slot,
+    blocked_retry,
+    pending_terminal_actions,
+    review_blocked,
+    stop_waiting_slot,
+    unblock_slot,
+    waiting_for,
+    waiting_slots,
 )
+from lorenz.policies import IssueRules, reconciliation_decision, stall_error, stalled_for_ms
 from lorenz.policies.admission import Admitted, admission
-from lorenz.policies.retries import (
-    QUESTION_CODES,
-    issue_version,
-    settle_decision,
-    terminal_action_key,
-)
 
 DEFAULT_FOREIGN_RECHECK_MS = 30000
 """How long a slot held by another owner is left alone before a claim may ask the store again,
 when ``claim_store.owner_stale_ms`` is 0 (the store's own default)."""
 
-_ZERO_USAGE = TokenUsage()
-_AS_SLOT_KEY = cast("Callable[[str], SlotKey]", str)
-
-
-def _constant(owner: str) -> Callable[[SlotKey], str]:
-    def of(_key: SlotKey) -> str:
-        return owner
-
-    return of
-
-
-def _max_usage(a: TokenUsage, b: TokenUsage) -> TokenUsage:
-    return TokenUsage(
-        input_tokens=max(a.input_tokens, b.input_tokens),
-        output_tokens=max(a.output_tokens, b.output_tokens),
-        total_tokens=max(a.total_tokens, b.total_tokens),
-    )
-
-
-def _dropped_below(reported: TokenUsage, last: TokenUsage) -> bool:
-    return (
-        reported.input_tokens < last.input_tokens
-        or reported.output_tokens < last.output_tokens
-        or reported.total_tokens < last.total_tokens
-    )
-
-
-def _totals_plus(
-    totals: UsageTotals, *, usage: TokenUsage, seconds: float, cost_usd: float
-) -> UsageTotals:
-    return UsageTotals(
-        input_tokens=totals.input_tokens + usage.input_tokens,
-        output_tokens=totals.output_tokens + usage.output_tokens,
-        total_tokens=totals.total_tokens + usage.total_tokens,
-        seconds_running=totals.seconds_running + seconds,
-        cost_usd=totals.cost_usd + cost_usd,
-    )
 
 
 class Orchestrator:
@@ -260,46 +217,14 @@ class Orchestrator:
                 raise AlreadyStarted(
                     "hydrate() runs once, before the first dispatch; create a new orchestrator",
                 )
-            stored = await self._store.load(bound=RECOVERY_BOUND)
-            own = self._store.owner
-            valid = valid_records(stored.claims)
-            stale = owners_to_take_over(valid, stored=stored)
-            moved = await self._store.take_over(from_owners=stale) if stale else []
-            now_ms = self._clock.monotonic_ms()
-            wall = self._clock.now()
-            plan = plan_hydration(
-                valid,
-                stored=stored,
-                moved=moved,
-                own=own,
-                now_ms=now_ms,
-                wall=wall,
-                backoff=self._settings.retry.backoff,
+            recovery = await recover_at_start(
+                state,
+                store=self._store,
+                clock=self._clock,
+                settings=self._settings,
+                foreign_recheck_ms=self._foreign_recheck_ms(),
             )
-            self._apply_recovered(plan.slots)
-            recheck_at = now_ms + self._foreign_recheck_ms()
-            for key, owner in plan.foreign.items():
-                state.foreign[key] = ForeignClaim(owner=owner, recheck_at_ms=recheck_at)
-            if plan.usage_totals is not None:
-                state.usage_totals = plan.usage_totals
-            state.failure_streaks.update(plan.failure_streaks)
-            state.retry_budgets.update(plan.retry_budgets)
-            state.restored_budgets.update(plan.retry_budgets)
-            state.blocked.update(plan.blocked)
-            state.resumes.update(plan.resumes)
-            slots = plan.slots
-            await self._persist_recovered(
-                list(slots.interrupted), recovered_usage=slots.usage, owner=own, now=wall
-            )
-            return HydrationReport(
-                interrupted=slots.interrupted,
-                adopting=slots.adopting,
-                restored_retries=slots.restored,
-                foreign=plan.foreign,
-                taken_over_from=plan.taken_over_from,
-                usage_restored=plan.usage_totals is not None,
-                problems=plan.problems,
-            )
+            return await self._persist_recovered(recovery)
 
     async def take_over(self, owners: Iterable[str]) -> HydrationReport:
         """Take over the claims of ``owners`` while running (a periodic recovery pass).
@@ -312,56 +237,10 @@ class Orchestrator:
         The caller must have stopped the owners' agents first (their slots are ours now).
         """
         async with self._lock:
-            state = self._state
-            own = self._store.owner
-            now_ms = self._clock.monotonic_ms()
-            wall = self._clock.now()
-            interrupted: list[SlotKey] = []
-            adopting: list[SlotKey] = []
-            restored: list[SlotKey] = []
-            problems: list[ClaimRecordInvalid | CheckpointInvalid] = []
-            taken_from: set[str] = set()
-            recovered_usage = TokenUsage()
-            for owner in sorted(set(owners) - {own}):
-                # NB: one owner per call, so each interrupted run names the owner it was lost with.
-                moved: dict[SlotKey, ClaimRecord] = {}
-                for record in await self._store.take_over(from_owners=[owner]):
-                    taken_from.add(owner)
-                    problem = record_problem(record)
-                    if problem is not None:
-                        problems.append(problem)
-                    elif record.slot_key not in state.claimed:
-                        # NB: claimed cannot happen (the row was another owner's); never clobber
-                        moved[record.slot_key] = record
-                slots = recover_slots(
-                    moved,
-                    previous_owner=_constant(owner),
-                    now_ms=now_ms,
-                    wall=wall,
-                    backoff=self._settings.retry.backoff,
-                )
-                for key in moved:
-                    state.foreign.pop(key, None)
-                self._apply_recovered(slots)
-                interrupted += slots.interrupted
-                adopting += slots.adopting
-                restored += slots.restored
-                recovered_usage = recovered_usage + slots.usage
-            await self._persist_recovered(
-                interrupted, recovered_usage=recovered_usage, owner=own, now=wall
+            recovery = await recover_from_owners(
+                self._state, owners, store=self._store, clock=self._clock, settings=self._settings
             )
-            return HydrationReport(
-                interrupted=tuple(interrupted),
-                adopting=tuple(adopting),
-                restored_retries=tuple(restored),
-                taken_over_from=frozenset(taken_from),
-                problems=tuple(problems),
-            )
-
-    def _apply_recovered(self, slots: RecoveredSlots) -> None:
-        """Track the retries recovered slots came back as (see :mod:`.hydration`)."""
-        self._slot_span = max(self._slot_span, slots.slot_span)
-        self._state.retry_attempts.update(slots.retries)
+            return await self._persist_recovered(recovery)
 
     def _foreign_recheck_ms(self) -> float:
         return float(self._settings.claim_store.owner_stale_ms or DEFAULT_FOREIGN_RECHECK_MS)
@@ -418,32 +297,10 @@ class Orchestrator:
     ) -> tuple[list[BlockedEntry], list[BlockedEntry]]:
         """On a full candidate list: release blocked slots whose issue is no longer eligible,
         note the issue's version once the terminal action is done, and unblock a slot whose
-        issue has changed since."""
-        state = self._state
-        span = self._settings.agent.ensemble_size
-        ids = {blocked.issue_id for blocked in state.blocked.values()}
-        by_id = {issue.id: issue for issue in issues if issue.id in ids}
-        unblocked: list[BlockedEntry] = []
-        released: list[BlockedEntry] = []
-        noted = False
-        for key, blocked in list(state.blocked.items()):
-            issue = by_id.get(blocked.issue_id)
-            if issue is None or blocked.issue_id not in eligible_ids or blocked.slot_index >= span:
-                del state.blocked[key]
-                state.failure_streaks.pop(key, None)
-                state.retry_budgets.pop(key, None)
-                state.restored_budgets.pop(key, None)
-                released.append(blocked)
-                continue
-            if blocked.waiting:
-                continue  # NB: an answer ends the wait, not a change (the question is one).
-            version = issue_version(issue)
-            if blocked.issue_version is None:
-                if blocked.action_done:
-                    blocked.issue_version = version
-                    noted = True
-            elif version != blocked.issue_version:
-                unblocked.append(blocked)
+        issue has changed since (:func:`.waiting.review_blocked`)."""
+        unblocked, released, noted = review_blocked(
+            self._state, issues, eligible_ids, span=self._settings.agent.ensemble_size
+        )
         for blocked in released:
             await self._store.release(blocked.key)
         wall = self._clock.now()
@@ -453,38 +310,10 @@ class Orchestrator:
             await self._save_checkpoint()
         return unblocked, released
 
-    def _blocked_retry(self, blocked: BlockedEntry, *, now_ms: float) -> RetryEntry:
-        """The retry a blocked slot becomes when it is unblocked: due at once, same attempt."""
-        return RetryEntry(
-            issue_id=blocked.issue_id,
-            identifier=blocked.identifier,
-            slot_index=blocked.slot_index,
-            attempt=blocked.attempt,
-            kind=(
-                RetryKind.CONTINUATION
-                if blocked.reason is BlockReason.CONTINUATION_LIMIT
-                else RetryKind.FAILURE
-            ),
-            due_at_ms=now_ms,
-            due_at=blocked.blocked_at,
-            error=blocked.error,
-            error_code=blocked.error_code,
-            host=blocked.host,
-            workspace_path=blocked.workspace_path,
-        )
-
     async def _unblock_locked(
         self, blocked: BlockedEntry, *, now_ms: float, wall: datetime.datetime
     ) -> RetryEntry:
-        key = blocked.key
-        self._state.blocked.pop(key, None)
-        # NB: a person looked at it: the budget starts again.
-        self._state.failure_streaks.pop(key, None)
-        self._state.retry_budgets.pop(key, None)
-        self._state.restored_budgets.pop(key, None)
-        retry = self._blocked_retry(blocked, now_ms=now_ms)
-        retry.due_at = wall
-        self._state.retry_attempts[key] = retry
+        retry = unblock_slot(self._state, blocked, now_ms=now_ms, wall=wall)
         await self._store.save(retry_record(retry, owner=self._store.owner, now=wall))
         return retry
 
@@ -512,12 +341,7 @@ class Orchestrator:
 
     def waiting_slots(self) -> tuple[BlockedEntry, ...]:
         """Slots waiting for an answer, oldest question first."""
-        return tuple(
-            sorted(
-                (b for b in self._state.blocked.values() if b.waiting),
-                key=lambda b: (b.blocked_at, b.key),
-            )
-        )
+        return waiting_slots(self._state)
 
     def session_resume(self, key: SlotKey) -> SessionResume | None:
         """The answered question the slot's next run resumes, if any."""
@@ -526,8 +350,8 @@ class Orchestrator:
     async def record_question_posted(self, key: SlotKey, *, action_key: str) -> bool:
         """The question of a waiting slot is on the tracker; ``False`` when that wait is over."""
         async with self._lock:
-            blocked = self._state.blocked.get(key)
-            if blocked is None or not blocked.waiting or blocked.action_key != action_key:
+            blocked = waiting_for(self._state.blocked.get(key), action_key=action_key)
+            if blocked is None:
                 return False
             if not blocked.question_posted:
                 blocked.question_posted = True
@@ -540,20 +364,12 @@ class Orchestrator:
         """Answer a waiting slot: its next run (due at once, same attempt, no failure counted)
         resumes the session with ``resume``. ``None`` when that wait is over already."""
         async with self._lock:
-            state = self._state
-            blocked = state.blocked.get(key)
-            if blocked is None or not blocked.waiting or blocked.action_key != action_key:
+            blocked = waiting_for(self._state.blocked.get(key), action_key=action_key)
+            if blocked is None:
                 return None
-            del state.blocked[key]
             now_ms = self._clock.monotonic_ms()
             wall = self._clock.now()
-            retry = self._blocked_retry(blocked, now_ms=now_ms)
-            retry.kind = RetryKind.CONTINUATION
-            retry.due_at = wall
-            state.retry_attempts[key] = retry
-            state.resumes[key] = resume
-            if blocked.failures:
-                state.failure_streaks[key] = blocked.failures
+            retry = answer_slot(self._state, blocked, resume=resume, now_ms=now_ms, wall=wall)
             await self._store.save(retry_record(retry, owner=self._store.owner, now=wall))
             await self._save_checkpoint()
             return retry
@@ -562,34 +378,17 @@ class Orchestrator:
         """A question went unanswered past ``input.timeout_ms``: the slot stays blocked and
         takes the terminal action (``cancel`` counts as ``block``, as for any question)."""
         async with self._lock:
-            blocked = self._state.blocked.get(key)
-            if blocked is None or not blocked.waiting or blocked.action_key != action_key:
+            blocked = waiting_for(self._state.blocked.get(key), action_key=action_key)
+            if blocked is None:
                 return None
             action = self._settings.retry.terminal_action
-            if action is TerminalAction.CANCEL:
-                action = TerminalAction.BLOCK
-            wall = self._clock.now()
-            blocked.waiting = False
-            blocked.action = action
-            blocked.action_key = terminal_action_key(
-                issue_id=blocked.issue_id,
-                slot_index=blocked.slot_index,
-                blocked_at=wall,
-                reason=blocked.reason,
-            )
-            blocked.action_done = action is TerminalAction.BLOCK
-            blocked.action_error = None
+            stop_waiting_slot(blocked, action=action, wall=self._clock.now())
             await self._save_checkpoint()
             return blocked
 
     def pending_terminal_actions(self) -> tuple[BlockedEntry, ...]:
         """Blocked slots whose escalation or cancel has not been applied yet (oldest first)."""
-        return tuple(
-            sorted(
-                (b for b in self._state.blocked.values() if not b.action_done),
-                key=lambda b: (b.blocked_at, b.key),
-            )
-        )
+        return pending_terminal_actions(self._state)
 
     async def record_terminal_action(
         self, key: SlotKey, *, action_key: str, error: str | None
@@ -617,62 +416,18 @@ class Orchestrator:
         self, issues: Sequence[Issue], *, now_ms: float
     ) -> tuple[list[DispatchCandidate], set[str]]:
         """The sorted candidates, and the ids of eligible issues that have a tracked slot."""
-        ordered = sort_for_dispatch(dispatchable_issues(issues, self._rules))
-        state = self._state
-        claimed = state.claimed
-        foreign = state.foreign
-        retries = state.retry_attempts
-        blocked = state.blocked
-        span = self._settings.agent.ensemble_size
-        # NB: only the few issues with a claimed, foreign or retrying slot need per-slot checks;
-        # every other issue gets its candidates without a single map lookup. Candidates are
-        # built with tuple.__new__ and keys with str (SlotKey is a NewType of str, and calling
-        # it is a Python-level call): this loop runs once per eligible issue on every tick.
-        tracked: set[str] = set()
-        for tracked_key in (*claimed, *foreign, *retries, *blocked):
-            tracked.add(tracked_key.rpartition("#")[0])
-        eligible_tracked: set[str] = set()
-        out: list[DispatchCandidate] = []
-        append = out.append
-        make = tuple.__new__
-        as_key = _AS_SLOT_KEY
-        for issue in ordered:
-            issue_id = issue.id
-            if issue_id not in tracked:
-                if span == 1:
-                    append(make(DispatchCandidate, (issue, 0, as_key(issue_id + "#0"), None)))
-                else:
-                    for index in range(span):
-                        key = as_key(f"{issue_id}#{index}")
-                        append(make(DispatchCandidate, (issue, index, key, None)))
-                continue
-            eligible_tracked.add(issue_id)
-            for index in range(span):
-                key = as_key(f"{issue_id}#{index}")
-                if key in claimed or key in blocked:
-                    continue
-                held = foreign.get(key)
-                if held is not None and held.recheck_at_ms > now_ms:
-                    continue
-                retry = retries.get(key)
-                if retry is not None and retry.due_at_ms > now_ms:
-                    continue
-                append(make(DispatchCandidate, (issue, index, key, retry)))
-        return out, eligible_tracked
+        return dispatch_candidates(
+            self._state,
+            issues,
+            rules=self._rules,
+            span=self._settings.agent.ensemble_size,
+            now_ms=now_ms,
+        )
 
     async def _prune_retries_locked(self, eligible_ids: set[str]) -> list[RetryEntry]:
-        # NB: "eligible in this pass" is exactly "reconciliation would keep it" (same chain), so
-        # the ids seen while building candidates decide, with no second scan of the issues.
-        retries = self._state.retry_attempts
-        span = self._settings.agent.ensemble_size
-        pruned = [
-            retry
-            for retry in retries.values()
-            if retry.issue_id not in eligible_ids or retry.slot_index >= span
-        ]
-        for retry in pruned:
-            del retries[retry.key]
-            self._state.continuation_streaks.pop(retry.key, None)
+        pruned = prune_retries(
+            self._state, eligible_ids, span=self._settings.agent.ensemble_size
+        )
         for retry in pruned:
             await self._store.release(retry.key)
         return pruned
@@ -719,35 +474,27 @@ class Orchestrator:
             reservation: ReservationRecord | None = None
             entry: RunningEntry | None = None
             if placement.reserves:
-                lifetime = reservation_lifetime_ms(placement.acquire_timeout_ms)
-                reservation = ReservationRecord(
-                    issue=issue,
+                reservation = new_reservation(
+                    issue,
                     slot_index=candidate.slot_index,
-                    token=secrets.token_hex(8),
                     attempt=attempt,
-                    reserved_at_ms=now_ms,
-                    expires_at_ms=now_ms + lifetime,
-                    reserved_at=wall,
-                    consumed_retry=current,
+                    retry=current,
+                    acquire_timeout_ms=placement.acquire_timeout_ms,
                     agent_kind=decision.kind,
+                    now_ms=now_ms,
+                    wall=wall,
                 )
                 record = reserved_record(reservation, owner=owner, now=wall)
             else:
-                entry = RunningEntry(
-                    issue=issue,
+                entry = running_entry(
+                    issue,
                     slot_index=candidate.slot_index,
                     attempt=attempt,
-                    started_at_ms=now_ms,
-                    started_at=wall,
+                    retry=current,
                     host=placement.host,
-                    workspace_path=current.workspace_path if current is not None else None,
-                    retry_kind=(
-                        current.kind
-                        if current is not None and current.kind is not RetryKind.PLACEMENT
-                        else None
-                    ),
                     agent_kind=decision.kind,
-                    resume=current.resume if current is not None else None,
+                    now_ms=now_ms,
+                    wall=wall,
                 )
                 record = running_record(entry, owner=owner, now=wall)
 
@@ -783,22 +530,15 @@ class Orchestrator:
             current = state.reserved.get(key)
             if current is None or current.token != reservation.token:
                 return None
-            retry = current.consumed_retry
-            entry = RunningEntry(
-                issue=current.issue,
+            entry = running_entry(
+                current.issue,
                 slot_index=current.slot_index,
                 attempt=current.attempt,
-                started_at_ms=self._clock.monotonic_ms(),
-                started_at=self._clock.now(),
+                retry=current.consumed_retry,
                 host=host,
-                workspace_path=retry.workspace_path if retry is not None else None,
-                retry_kind=(
-                    retry.kind
-                    if retry is not None and retry.kind is not RetryKind.PLACEMENT
-                    else None
-                ),
                 agent_kind=current.agent_kind,
-                resume=retry.resume if retry is not None else None,
+                now_ms=self._clock.monotonic_ms(),
+                wall=self._clock.now(),
             )
             del state.reserved[key]
             self._placement_failures.pop(key, None)
@@ -844,29 +584,9 @@ class Orchestrator:
             now_ms = self._clock.monotonic_ms()
             wall = self._clock.now()
             failures = self._placement_failures[key] = self._placement_failures.get(key, 0) + 1
-            wait = placement_wait_ms(failures)
-            consumed = current.consumed_retry
-            if consumed is not None:
-                due_ms = max(consumed.due_at_ms, now_ms + wait)
-                retry = dataclasses.replace(
-                    consumed,
-                    due_at_ms=due_ms,
-                    due_at=wall + datetime.timedelta(milliseconds=due_ms - now_ms),
-                    error=error,
-                    error_code=code,
-                )
-            else:
-                retry = RetryEntry(
-                    issue_id=current.issue.id,
-                    identifier=current.issue.identifier,
-                    slot_index=current.slot_index,
-                    attempt=0,
-                    kind=RetryKind.PLACEMENT,
-                    due_at_ms=now_ms + wait,
-                    due_at=wall + datetime.timedelta(milliseconds=wait),
-                    error=error,
-                    error_code=code,
-                )
+            retry = placement_retry(
+                current, failures=failures, error=error, code=code, now_ms=now_ms, wall=wall
+            )
             state.retry_attempts[key] = retry
             await self._store.save(retry_record(retry, owner=self._store.owner, now=wall))
             return retry
@@ -891,14 +611,9 @@ class Orchestrator:
         """Fold one agent progress report into its running entry; ``None`` (ignored) for keys
         that are not running. Returns what the entry shows now.
 
-        Usage and cost arrive as running totals and are turned into deltas against the last
-        report, so repeats and out-of-order reports never count twice. A new session id counts
-        one more turn; if the first totals after it are *lower* than the last report, they are
-        a fresh counter (a new session) and count from zero, otherwise they continue the old one
-        (Codex reports thread totals across turns).
-
-        Persisted only when something a restart needs changed (session, pid, usage, cost), not
-        for plain events or messages, which are the bulk of the traffic.
+        See :func:`.progress.fold_update` for how usage and cost reports are counted (never
+        twice); persisted only when something a restart needs changed (session, pid, usage,
+        cost), not for plain events or messages, which are the bulk of the traffic.
         """
         async with self._lock:
             entry = self._state.running.get(key)
@@ -906,56 +621,20 @@ class Orchestrator:
                 return None
             now_ms = self._clock.monotonic_ms()
             wall = self._clock.now()
-            stamp = update.timestamp_ms if update.timestamp_ms is not None else now_ms
-            if entry.last_agent_timestamp_ms is None or stamp >= entry.last_agent_timestamp_ms:
-                entry.last_agent_timestamp_ms = stamp
-                entry.last_agent_at = wall - datetime.timedelta(milliseconds=max(now_ms - stamp, 0))
-                entry.last_agent_event = update.event
-                if update.message is not None:
-                    entry.last_agent_message = update.message
-            persist = False
-            if update.session_id and update.session_id != entry.session_id:
-                entry.session_id = update.session_id
-                entry.turn_count += 1
-                self._usage_rebase.add(key)
-                self._cost_rebase.add(key)
-                persist = True
-            if update.pid is not None and update.pid != entry.agent_pid:
-                entry.agent_pid = update.pid
-                persist = True
-            if update.usage is not None:
-                reported = update.usage
-                last = entry.last_reported
-                if key in self._usage_rebase:
-                    self._usage_rebase.discard(key)
-                    if _dropped_below(reported, last):
-                        last = _ZERO_USAGE
-                delta = reported.delta_since(last)
-                if delta != _ZERO_USAGE:
-                    entry.usage = entry.usage + delta
-                    persist = True
-                entry.last_reported = _max_usage(last, reported)
-            if update.cost_usd is not None:
-                last_cost = entry.last_reported_cost_usd
-                if key in self._cost_rebase:
-                    self._cost_rebase.discard(key)
-                    if update.cost_usd < last_cost:
-                        last_cost = 0.0
-                if update.cost_usd > last_cost:
-                    entry.cost_usd += update.cost_usd - last_cost
-                    persist = True
-                entry.last_reported_cost_usd = max(last_cost, update.cost_usd)
+            persist = fold_update(
+                entry,
+                update,
+                key=key,
+                now_ms=now_ms,
+                wall=wall,
+                usage_rebase=self._usage_rebase,
+                cost_rebase=self._cost_rebase,
+            )
             if update.rate_limits is not None:
                 self._state.rate_limits = dict(update.rate_limits)
             if persist:
                 await self._store.save(running_record(entry, owner=self._store.owner, now=wall))
-            return AgentProgress(
-                issue_id=entry.issue.id,
-                identifier=entry.issue.identifier,
-                usage=entry.usage,
-                message=entry.last_agent_message,
-                at=entry.last_agent_at,
-            )
+            return progress_of(entry)
 
     async def set_workspace(self, key: SlotKey, path: str) -> None:
         """Record where a running slot's workspace is (once the runtime has created it)."""
@@ -981,28 +660,21 @@ class Orchestrator:
     ) -> Finished | None:
         """End a running slot and schedule its retry; ``None`` if ``key`` is not running.
 
-        Clean exit: continuation retry, attempt 1, 1000 ms. Fault: failure retry, the entry's
-        attempt plus one (a first run counts as 0), ``10000 * 2**(attempt-1)`` ms capped by
-        ``retry.backoff``. The run's time and usage go into the totals. The retry
-        is written even if the issue is no longer active; the next eligibility pass prunes it.
-        ``release=True`` writes no retry and releases the claim instead: the runtime knows the
-        issue is done with (a fresh read after the exit said so).
-
-        A failure that uses up ``retry.max_attempts`` consecutive failures, or whose
-        ``failure_code`` says the agent asked for input or approval, writes no retry either:
-        the slot is blocked (``Finished.blocked``) until a refresh or a change of its issue.
-        So is a clean exit past ``agent.max_continuation_runs`` clean runs of the slot in a row
-        (``policies.continuations``): its agent keeps stopping without moving the issue.
-        ``count_continuation=False`` is for a clean end the agent did not choose (the runtime
-        shutting down): the continuation is written, and the count neither grows nor blocks.
-        A ``question`` (the run ended because the agent asked) makes the blocked slot
-        *waiting* (:attr:`BlockedEntry.waiting`): no failure is counted, no terminal action is
-        taken, and an answer (:meth:`answer`) resumes the question's session.
+        The run's time and usage go into the totals. ``release=True`` writes no retry and
+        releases the claim instead: the runtime knows the issue is done with (a fresh read
+        after the exit said so). Otherwise the slot gets its retry or is blocked by the rules
+        of :func:`~lorenz.orchestrator.settling.settle_run`; the retry is written even if the
+        issue is no longer active (the next eligibility pass prunes it).
         """
         async with self._lock:
             return await self._finish_locked(
-                key, normal=normal, error=error, release=release, failure_code=failure_code,
-                count_continuation=count_continuation, question=question,
+                key,
+                normal=normal,
+                error=error,
+                release=release,
+                failure_code=failure_code,
+                count_continuation=count_continuation,
+                question=question,
             )
 
     async def finish_stalled(
@@ -1051,127 +723,42 @@ class Orchestrator:
         self._add_to_totals(entry, now_ms=now_ms)
         state.completed.add(entry.issue.id)
         if release:
-            state.failure_streaks.pop(key, None)
-            state.retry_budgets.pop(key, None)
-            state.restored_budgets.pop(key, None)
-            state.continuation_streaks.pop(key, None)
+            forget_streaks(state, key)
             await self._store.release(key)
             await self._save_checkpoint()
             return Finished(entry=entry, retry=None)
-        retry_settings = self._settings.retry
-        recorded = state.restored_budgets.get(key)
-        if recorded is not None:
-            # NB: a streak recovered at start-up keeps the limit and action it was decided
-            # under, not a WORKFLOW.md changed across the restart.
-            retry_settings = retry_settings.model_copy(
-                update={
-                    "max_attempts": recorded.max_attempts,
-                    "terminal_action": recorded.terminal_action,
-                }
-            )
-        decision = settle_decision(
+        settled = settle_run(
+            state,
+            entry,
+            key=key,
+            settings=self._settings,
             normal=normal,
+            error=error,
             failure_code=failure_code,
-            previous_attempt=entry.attempt,
-            previous_failures=state.failure_streaks.get(key, 0),
-            retry=retry_settings,
-            previous_continuations=state.continuation_streaks.get(key, 0),
-            max_continuation_runs=(
-                self._settings.agent.max_continuation_runs if count_continuation else 0
-            ),
-            on_budget_exhausted=self._settings.budget.on_exhausted,
+            count_continuation=count_continuation,
+            question=question,
+            now_ms=now_ms,
+            wall=wall,
         )
-        if decision.failures:
-            state.failure_streaks[key] = decision.failures
-            state.retry_budgets[key] = RetryBudget(
-                max_attempts=retry_settings.max_attempts,
-                terminal_action=retry_settings.terminal_action,
-                failure_code=failure_code,
-            )
-        else:
-            state.failure_streaks.pop(key, None)
-            state.retry_budgets.pop(key, None)
-            state.restored_budgets.pop(key, None)
-        if normal and not count_continuation:
-            pass  # NB: not the agent's choice: the count stays as it was
-        elif decision.continuations and decision.blocked is None:
-            state.continuation_streaks[key] = decision.continuations
-        else:
-            state.continuation_streaks.pop(key, None)
-        waiting = question is not None and decision.blocked in QUESTION_CODES.values()
-        if waiting:
-            # NB: a question is not a failure: the streak stays as it was before this run.
-            decision = dataclasses.replace(
-                decision,
-                failures=state.failure_streaks.get(key, 0),
-                action=TerminalAction.BLOCK,
-            )
-        if decision.blocked is not None:
-            assert decision.action is not None
-            blocked = BlockedEntry(
-                issue_id=entry.issue.id,
-                identifier=entry.issue.identifier,
-                slot_index=entry.slot_index,
-                reason=decision.blocked,
-                error=error,
-                failures=decision.failures,
-                attempt=decision.attempt,
-                blocked_at=wall,
-                action=decision.action,
-                action_key=terminal_action_key(
-                    issue_id=entry.issue.id,
-                    slot_index=entry.slot_index,
-                    blocked_at=wall,
-                    reason=decision.blocked,
-                ),
-                action_done=decision.action is TerminalAction.BLOCK,
-                host=entry.host,
-                workspace_path=entry.workspace_path,
-                error_code=failure_code,
-                question=question if waiting else None,
-                waiting=waiting,
-            )
-            state.blocked[key] = blocked
-            state.failure_streaks.pop(key, None)  # kept in the entry; an unblock starts at 0
-            state.retry_budgets.pop(key, None)
-            state.restored_budgets.pop(key, None)
+        if isinstance(settled, BlockedEntry):
             # NB: the row stays, as a pending retry due at once: it keeps the slot ours in a
             # shared store, and if the checkpoint entry were lost the slot simply retries.
-            await self._store.save(retry_record(self._blocked_retry(blocked, now_ms=now_ms),
-                                                owner=self._store.owner, now=wall))
+            row = blocked_retry(settled, now_ms=now_ms)
+            await self._store.save(retry_record(row, owner=self._store.owner, now=wall))
             await self._save_checkpoint()
-            return Finished(entry=entry, retry=None, blocked=blocked)
-        kind = decision.kind or RetryKind.FAILURE
-        attempt, delay = decision.attempt, decision.delay_ms
-        retry = RetryEntry(
-            issue_id=entry.issue.id,
-            identifier=entry.issue.identifier,
-            slot_index=entry.slot_index,
-            attempt=attempt,
-            kind=kind,
-            due_at_ms=now_ms + delay,
-            due_at=wall + datetime.timedelta(milliseconds=delay),
-            error=error,
-            error_code=failure_code,
-            host=entry.host,
-            workspace_path=entry.workspace_path,
-        )
-        state.retry_attempts[key] = retry
+            return Finished(entry=entry, retry=None, blocked=settled)
         # NB: the retry row first, the checkpoint second. If the process dies in between, the
         # run's usage is lost (undercount); the other order would count it twice on recovery.
-        await self._store.save(retry_record(retry, owner=self._store.owner, now=wall))
+        await self._store.save(retry_record(settled, owner=self._store.owner, now=wall))
         await self._save_checkpoint()
-        return Finished(entry=entry, retry=retry)
+        return Finished(entry=entry, retry=settled)
 
     async def release_retry(self, key: SlotKey) -> None:
         """Drop a pending retry and release its claim row (a no-op for claimed or unknown keys)."""
         async with self._lock:
             if key in self._state.claimed:
                 return
-            self._state.failure_streaks.pop(key, None)
-            self._state.retry_budgets.pop(key, None)
-            self._state.restored_budgets.pop(key, None)
-            self._state.continuation_streaks.pop(key, None)
+            forget_streaks(self._state, key)
             blocked = self._state.blocked.pop(key, None)
             if self._state.retry_attempts.pop(key, None) is not None or blocked is not None:
                 await self._store.release(key)
@@ -1194,37 +781,29 @@ class Orchestrator:
             unblocked = False
             for index in range(self._slot_span):
                 key = slot_key(issue_id, index)
-                entry = state.running.pop(key, None)
-                reservation = state.reserved.pop(key, None)
-                retry = state.retry_attempts.pop(key, None)
-                blocked = state.blocked.pop(key, None)
-                state.failure_streaks.pop(key, None)
-                state.retry_budgets.pop(key, None)
-                state.restored_budgets.pop(key, None)
-                state.continuation_streaks.pop(key, None)
-                if blocked is not None:
+                gone = forget_slot(state, key)
+                if gone.blocked is not None:
                     unblocked = True
                     touched.append(key)
-                if entry is not None:
-                    self._add_to_totals(entry, now_ms=now_ms)
-                    self._forget_session(key)
-                    runs.append(entry)
-                if reservation is not None:
-                    reservations.append(reservation)
-                if retry is not None:
-                    retries.append(retry)
-                if entry is not None or reservation is not None:
-                    state.claimed.discard(key)
-                if (entry is not None or reservation is not None or retry is not None) and (
-                    blocked is None
-                ):
+                elif not gone.empty:
                     touched.append(key)
+                if gone.run is not None:
+                    self._add_to_totals(gone.run, now_ms=now_ms)
+                    self._forget_session(key)
+                    runs.append(gone.run)
+                    state.claimed.discard(key)
+                if gone.reservation is not None:
+                    reservations.append(gone.reservation)
+                    state.claimed.discard(key)
+                if gone.retry is not None:
+                    retries.append(gone.retry)
             for key in touched:
                 await self._store.release(key)
             if runs or unblocked:
                 await self._save_checkpoint()
-            return Released(runs=tuple(runs), reservations=tuple(reservations),
-                            retries=tuple(retries))
+            return Released(
+                runs=tuple(runs), reservations=tuple(reservations), retries=tuple(retries)
+            )
 
     async def release_slot(self, key: SlotKey) -> Released:
         """Forget one slot (running, reserved and any retry) without scheduling a retry.
@@ -1235,22 +814,16 @@ class Orchestrator:
         """
         async with self._lock:
             state = self._state
-            entry = state.running.pop(key, None)
-            reservation = state.reserved.pop(key, None)
-            retry = state.retry_attempts.pop(key, None)
-            blocked = state.blocked.pop(key, None)
-            state.failure_streaks.pop(key, None)
-            state.retry_budgets.pop(key, None)
-            state.restored_budgets.pop(key, None)
-            state.continuation_streaks.pop(key, None)
-            if entry is None and reservation is None and retry is None and blocked is None:
+            gone = forget_slot(state, key)
+            if gone.empty:
                 return Released()
+            entry, reservation, retry = gone.run, gone.reservation, gone.retry
             state.claimed.discard(key)
             if entry is not None:
                 self._add_to_totals(entry, now_ms=self._clock.monotonic_ms())
                 self._forget_session(key)
             await self._store.release(key)
-            if entry is not None or blocked is not None:
+            if entry is not None or gone.blocked is not None:
                 await self._save_checkpoint()
             return Released(
                 runs=(entry,) if entry is not None else (),
@@ -1283,49 +856,32 @@ class Orchestrator:
         await self._store.heartbeat()
 
     def _add_to_totals(self, entry: RunningEntry, *, now_ms: float) -> None:
-        seconds = max(now_ms - entry.started_at_ms, 0.0) / 1000.0
-        self._state.usage_totals = _totals_plus(
-            self._state.usage_totals, usage=entry.usage, seconds=seconds, cost_usd=entry.cost_usd
-        )
+        self._state.usage_totals = totals_with_run(self._state.usage_totals, entry, now_ms=now_ms)
 
     def _forget_session(self, key: SlotKey) -> None:
         self._usage_rebase.discard(key)
         self._cost_rebase.discard(key)
 
-    async def _persist_recovered(
-        self,
-        interrupted: list[SlotKey],
-        *,
-        recovered_usage: TokenUsage,
-        owner: str,
-        now: datetime.datetime,
-    ) -> None:
-        """After hydration or a takeover: the recovered usage counted once, each interrupted
-        run's failure retry and (if usage moved) the checkpoint written."""
-        state = self.state
-        if recovered_usage != _ZERO_USAGE:
-            state.usage_totals = _totals_plus(
-                state.usage_totals, usage=recovered_usage, seconds=0.0, cost_usd=0.0
+    async def _persist_recovered(self, recovery: Recovery) -> HydrationReport:
+        """After hydration or a takeover: the recovered slots tracked, the recovered usage
+        counted once, each interrupted run's failure retry and (if usage moved) the checkpoint
+        written."""
+        state = self._state
+        self._slot_span = max(self._slot_span, recovery.slot_span)
+        if recovery.usage != ZERO_USAGE:
+            state.usage_totals = totals_plus(
+                state.usage_totals, usage=recovery.usage, seconds=0.0, cost_usd=0.0
             )
-        for key in interrupted:
-            await self._store.save(retry_record(state.retry_attempts[key], owner=owner, now=now))
-        if recovered_usage != _ZERO_USAGE:
+        own = self._store.owner
+        for key in recovery.report.interrupted:
+            retry = state.retry_attempts[key]
+            await self._store.save(retry_record(retry, owner=own, now=recovery.wall))
+        if recovery.usage != ZERO_USAGE:
             await self._save_checkpoint()
+        return recovery.report
 
     async def _save_checkpoint(self) -> None:
-        state = self._state
-        checkpoint = Checkpoint.of(
-            usage_totals=state.usage_totals,
-            failure_streaks=state.failure_streaks,
-            retry_budgets=state.retry_budgets,
-            blocked=state.blocked,
-            resumes={
-                key: resume
-                for key, resume in state.resumes.items()
-                if key in state.retry_attempts or key in state.claimed
-            },
-        )
-        await self._store.save_checkpoint(checkpoint.to_json())
+        await self._store.save_checkpoint(state_checkpoint(self._state).to_json())
 
     # -- snapshot -----------------------------------------------------------------------------
 
