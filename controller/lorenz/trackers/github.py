@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import datetime
 import logging
 import re
 import time
@@ -40,6 +39,7 @@ from lorenz.trackers import httpstack as _httpstack  # noqa: F401 - see its docs
 from lorenz.trackers.base import TrackerError, tracker_settings_of, unchanged
 from lorenz.trackers.connections import TrackerConnection
 from lorenz.trackers.options import ProviderOptions, parse_provider_options
+from lorenz.trackers.payloads import label_names, nonblank, parse_timestamp
 from lorenz.trackers.questions import (
     ReadComment,
     TrackerReply,
@@ -86,32 +86,6 @@ class GitHubOptions(ProviderOptions):
 # -- normalization --------------------------------------------------------------------------------
 
 
-def _label_names(item: Mapping[str, Any]) -> list[str]:
-    labels = item.get("labels")
-    if not isinstance(labels, list):
-        return []
-    names = []
-    for label in labels:
-        name = label.get("name") if isinstance(label, Mapping) else label
-        if isinstance(name, str) and name.strip():
-            names.append(name)
-    return names
-
-
-def _timestamp(value: Any) -> datetime.datetime | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        moment = datetime.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return moment if moment.tzinfo else moment.replace(tzinfo=datetime.UTC)
-
-
-def _nonblank(value: Any) -> str | None:
-    return value if isinstance(value, str) and value.strip() else None
-
-
 def _repository_of(item: Mapping[str, Any]) -> str | None:
     """``owner/name`` from an issue's ``repository_url`` (``…/repos/owner/name``)."""
     url = item.get("repository_url")
@@ -142,7 +116,7 @@ class LabelStates:
         native = item.get("state")
         if native not in ("open", "closed"):
             return None
-        labels = _label_names(item)
+        labels = label_names(item)
         terminal = {normalize_state(s) for s in self.terminal}
         if native == "closed":
             for label in labels:
@@ -164,7 +138,7 @@ def normalize_issue(item: Any, *, repository: str, states: LabelStates) -> Issue
     number = item.get("number")
     if isinstance(number, bool) or not isinstance(number, int) or number <= 0:
         return None
-    title = _nonblank(item.get("title"))
+    title = nonblank(item.get("title"))
     state = states.state_of(item)
     if title is None or state is None:
         return None
@@ -172,11 +146,11 @@ def normalize_issue(item: Any, *, repository: str, states: LabelStates) -> Issue
     logins = [
         a["login"]
         for a in (assignees if isinstance(assignees, list) else [])
-        if isinstance(a, Mapping) and _nonblank(a.get("login"))
+        if isinstance(a, Mapping) and nonblank(a.get("login"))
     ]
     if not logins:
         single = item.get("assignee")
-        if isinstance(single, Mapping) and _nonblank(single.get("login")):
+        if isinstance(single, Mapping) and nonblank(single.get("login")):
             logins = [single["login"]]
     native_ref: dict[str, Any] = {"repository": repository, "number": number}
     for key in ("node_id", "state", "state_reason"):
@@ -193,10 +167,10 @@ def normalize_issue(item: Any, *, repository: str, states: LabelStates) -> Issue
         title=title,
         state=state,
         description=body if isinstance(body, str) else None,
-        url=_nonblank(item.get("html_url")),
-        labels=tuple(_label_names(item)),
-        created_at=_timestamp(item.get("created_at")),
-        updated_at=_timestamp(item.get("updated_at")),
+        url=nonblank(item.get("html_url")),
+        labels=tuple(label_names(item)),
+        created_at=parse_timestamp(item.get("created_at")),
+        updated_at=parse_timestamp(item.get("updated_at")),
         assignee_id=logins[0] if logins else None,
         native_ref=native_ref,
     )
@@ -384,7 +358,7 @@ class GitHubTracker:
         issue as not planned (GitHub states are labels plus open/closed, see the module)."""
         base = f"/repos/{self.repository}/issues/{issue.id}"
         _, item = await self._get_json(base, what=f"issue {issue.identifier}")
-        names = _label_names(item) if isinstance(item, Mapping) else []
+        names = label_names(item) if isinstance(item, Mapping) else []
         target = normalize_state(state)
         states = {normalize_state(s) for s in (*self._states.active, *self._states.terminal)}
         for name in names:
@@ -460,7 +434,7 @@ class GitHubTracker:
                 if comment_id is None or created_at is None or not isinstance(body, str):
                     continue
                 user = item.get("user")
-                login = _nonblank(user.get("login")) if isinstance(user, Mapping) else None
+                login = nonblank(user.get("login")) if isinstance(user, Mapping) else None
                 comments.append(
                     ReadComment(
                         comment_id=str(comment_id),
@@ -483,7 +457,7 @@ class GitHubTracker:
             return self._viewer_login
         if self._own_user is None:
             _, body = await self._get_json("/user", what="the token's user", absent=(403,))
-            login = _nonblank(body.get("login")) if isinstance(body, Mapping) else None
+            login = nonblank(body.get("login")) if isinstance(body, Mapping) else None
             self._own_user = (login,)
         return self._own_user[0]
 
@@ -599,7 +573,7 @@ class GitHubTracker:
         # NB: cached per tracker instance; a reload builds a new instance and asks again.
         if self._viewer_login is None:
             _, body = await self._get_json("/user", what="the token's user")
-            login = _nonblank(body.get("login")) if isinstance(body, Mapping) else None
+            login = nonblank(body.get("login")) if isinstance(body, Mapping) else None
             if login is None:
                 raise TrackerError(
                     "GitHub did not say who the token belongs to; set tracker.assignee to a "

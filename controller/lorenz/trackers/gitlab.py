@@ -52,8 +52,6 @@ from lorenz.trackers.gitlab_payloads import (
     TOOL_REFUSED_PARAMETERS,
     error_message,
     full_reference,
-    label_names,
-    nonblank,
     positive_int,
     tool_query,
 )
@@ -61,6 +59,7 @@ from lorenz.trackers.gitlab_payloads import LabelStates as LabelStates
 from lorenz.trackers.gitlab_payloads import normalize_issue as normalize_issue
 from lorenz.trackers.gitlab_payloads import tool_path_segments as tool_path_segments
 from lorenz.trackers.options import ProviderOptions, parse_provider_options
+from lorenz.trackers.payloads import label_names, nonblank
 from lorenz.trackers.questions import (
     ReadComment,
     TrackerReply,

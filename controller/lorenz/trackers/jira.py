@@ -60,12 +60,9 @@ from lorenz.trackers.jira_adf import adf_to_text, text_to_adf
 from lorenz.trackers.jira_payloads import (
     API_PREFIX,
     ISSUE_ID_RE,
-    as_mapping,
     error_message,
     error_messages,
     labels_of,
-    nonblank,
-    parse_timestamp,
     query_params,
     snippet,
     status_name,
@@ -75,6 +72,7 @@ from lorenz.trackers.jira_payloads import normalize_issue as normalize_issue
 from lorenz.trackers.jira_payloads import reset_delay as reset_delay
 from lorenz.trackers.jira_payloads import validate_rest_path as validate_rest_path
 from lorenz.trackers.options import ProviderOptions, parse_provider_options
+from lorenz.trackers.payloads import as_mapping, nonblank, parse_timestamp
 from lorenz.trackers.questions import (
     ReadComment,
     TrackerReply,
