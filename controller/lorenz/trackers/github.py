@@ -20,11 +20,12 @@ bounded policy of :mod:`lorenz.trackers.throttling`, else reported as ``github_r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import re
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Collection, Mapping, Sequence
 from typing import Annotated, Any
 from urllib.parse import quote
 
@@ -373,6 +374,18 @@ class GitHubTracker:
                               what="closing the issue")
 
     async def _has_comment_marker(self, base: str, *, key: str) -> bool:
+        async with contextlib.aclosing(self._comment_pages(base)) as pages:
+            async for page in pages:
+                if any(isinstance(c, Mapping) and has_marker(c.get("body"), key=key) for c in page):
+                    return True
+        return False
+
+    async def _comment_pages(self, base: str) -> AsyncGenerator[list[Any], None]:
+        """The issue's comments page by page, following ``Link: next`` (bounded pages).
+
+        Shared by the marker check of escalations and the question reader, so both page and
+        reject a non-list answer alike.
+        """
         url = f"{self._endpoint}{base}/comments"
         query: Mapping[str, str | int] | None = {"per_page": 100}
         for _ in range(MAX_COMMENT_PAGES):
@@ -383,13 +396,11 @@ class GitHubTracker:
                     "GitHub's issue comments are not a JSON list; check tracker.endpoint",
                     code=ErrorCode.GITHUB_UNKNOWN_PAYLOAD,
                 )
-            if any(isinstance(c, Mapping) and has_marker(c.get("body"), key=key) for c in page):
-                return True
+            yield page
             next_url = response.links.get("next", {}).get("url")
             if not next_url:
-                return False
+                return
             url, query = next_url, None
-        return False
 
     # -- questions (lorenz.trackers.questions) -------------------------------------------------
 
@@ -414,17 +425,8 @@ class GitHubTracker:
 
     async def _question_comments(self, base: str) -> list[ReadComment]:
         """The issue's comments, oldest first (bounded pages; malformed ones skipped)."""
-        url = f"{self._endpoint}{base}/comments"
-        query: Mapping[str, str | int] | None = {"per_page": 100}
         comments: list[ReadComment] = []
-        for _ in range(MAX_COMMENT_PAGES):
-            response = await self._request(url, params=query, what="issue comments", absent=())
-            page = self._json(response, what="issue comments")
-            if not isinstance(page, list):
-                raise TrackerError(
-                    "GitHub's issue comments are not a JSON list; check tracker.endpoint",
-                    code=ErrorCode.GITHUB_UNKNOWN_PAYLOAD,
-                )
+        async for page in self._comment_pages(base):
             for item in page:
                 if not isinstance(item, Mapping):
                     continue
@@ -444,10 +446,6 @@ class GitHubTracker:
                         created_at=created_at,
                     )
                 )
-            next_url = response.links.get("next", {}).get("url")
-            if not next_url:
-                break
-            url, query = next_url, None
         return comments
 
     async def _own_login(self) -> str | None:

@@ -27,12 +27,13 @@ on an allow-list and its path confined to the configured project unless the work
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
 import re
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Collection, Mapping, Sequence
 from typing import Annotated, Any, Literal
 from urllib.parse import quote, unquote
 
@@ -517,8 +518,23 @@ class GitLabTracker:
             await self._write("PUT", base, changes, what=f"moving the issue to {state!r}")
 
     async def _has_note_marker(self, base: str, *, key: str) -> bool:
+        query: Mapping[str, Any] = {"per_page": 100, "sort": "asc"}
+        async with contextlib.aclosing(self._note_pages(base, params=query)) as pages:
+            async for page in pages:
+                if any(isinstance(n, Mapping) and has_marker(n.get("body"), key=key) for n in page):
+                    return True
+        return False
+
+    async def _note_pages(
+        self, base: str, *, params: Mapping[str, Any]
+    ) -> AsyncGenerator[list[Any], None]:
+        """The issue's notes page by page, following ``x-next-page`` (bounded pages).
+
+        Shared by the marker check of escalations and the question reader, so both page and
+        reject a non-list answer alike; each passes its own ``params`` (order, sort).
+        """
         url = f"{self._api}{base}/notes"
-        query: Mapping[str, Any] | None = {"per_page": 100, "sort": "asc"}
+        query = params
         for _ in range(MAX_COMMENT_PAGES):
             response = await self._request(url, params=query, what="issue notes", absent=())
             page = self._json(response, what="issue notes")
@@ -527,13 +543,11 @@ class GitLabTracker:
                     "GitLab's issue notes are not a JSON list; check tracker.endpoint",
                     code=ErrorCode.GITLAB_UNKNOWN_PAYLOAD,
                 )
-            if any(isinstance(n, Mapping) and has_marker(n.get("body"), key=key) for n in page):
-                return True
+            yield page
             next_page = response.headers.get("x-next-page", "").strip()
             if not next_page.isdigit():
-                return False
-            query = {"per_page": 100, "sort": "asc", "page": int(next_page)}
-        return False
+                return
+            query = {**params, "page": int(next_page)}
 
     # -- questions (lorenz.trackers.questions) -------------------------------------------------
 
@@ -559,17 +573,9 @@ class GitLabTracker:
     async def _question_notes(self, base: str) -> list[ReadComment]:
         """The issue's notes by people, oldest first (bounded pages; system notes, which
         GitLab writes for label and state changes, and malformed ones skipped)."""
-        url = f"{self._api}{base}/notes"
         query: Mapping[str, Any] = {"per_page": 100, "sort": "asc", "order_by": "created_at"}
         notes: list[ReadComment] = []
-        for _ in range(MAX_COMMENT_PAGES):
-            response = await self._request(url, params=query, what="issue notes", absent=())
-            page = self._json(response, what="issue notes")
-            if not isinstance(page, list):
-                raise TrackerError(
-                    "GitLab's issue notes are not a JSON list; check tracker.endpoint",
-                    code=ErrorCode.GITLAB_UNKNOWN_PAYLOAD,
-                )
+        async for page in self._note_pages(base, params=query):
             for item in page:
                 if not isinstance(item, Mapping) or item.get("system") is True:
                     continue
@@ -591,10 +597,6 @@ class GitLabTracker:
                         created_at=created_at,
                     )
                 )
-            next_page = response.headers.get("x-next-page", "").strip()
-            if not next_page.isdigit():
-                break
-            query = {**query, "page": int(next_page)}
         return notes
 
     async def _own_username(self) -> str | None:
