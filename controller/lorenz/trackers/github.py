@@ -45,8 +45,8 @@ from lorenz.trackers.questions import (
     ReadComment,
     TrackerReply,
     has_question_marker,
-    parse_comment_time,
     question_comment,
+    read_rest_comment,
     replies_after,
 )
 from lorenz.trackers.throttling import (
@@ -428,24 +428,9 @@ class GitHubTracker:
         comments: list[ReadComment] = []
         async for page in self._comment_pages(base):
             for item in page:
-                if not isinstance(item, Mapping):
-                    continue
-                comment_id = item.get("id")
-                created_at = parse_comment_time(item.get("created_at"))
-                body = item.get("body")
-                if comment_id is None or created_at is None or not isinstance(body, str):
-                    continue
-                user = item.get("user")
-                login = nonblank(user.get("login")) if isinstance(user, Mapping) else None
-                comments.append(
-                    ReadComment(
-                        comment_id=str(comment_id),
-                        body=body,
-                        author=login or "",
-                        author_id=login,
-                        created_at=created_at,
-                    )
-                )
+                comment = read_rest_comment(item, author_key="user", name_key="login")
+                if comment is not None:
+                    comments.append(comment)
         return comments
 
     async def _own_login(self) -> str | None:

@@ -65,8 +65,8 @@ from lorenz.trackers.questions import (
     ReadComment,
     TrackerReply,
     has_question_marker,
-    parse_comment_time,
     question_comment,
+    read_rest_comment,
     replies_after,
 )
 from lorenz.trackers.throttling import (
@@ -577,26 +577,11 @@ class GitLabTracker:
         notes: list[ReadComment] = []
         async for page in self._note_pages(base, params=query):
             for item in page:
-                if not isinstance(item, Mapping) or item.get("system") is True:
+                if isinstance(item, Mapping) and item.get("system") is True:
                     continue
-                note_id = item.get("id")
-                created_at = parse_comment_time(item.get("created_at"))
-                body = item.get("body")
-                if note_id is None or created_at is None or not isinstance(body, str):
-                    continue
-                author = item.get("author")
-                username = (
-                    nonblank(author.get("username")) if isinstance(author, Mapping) else None
-                )
-                notes.append(
-                    ReadComment(
-                        comment_id=str(note_id),
-                        body=body,
-                        author=username or "",
-                        author_id=username,
-                        created_at=created_at,
-                    )
-                )
+                note = read_rest_comment(item, author_key="author", name_key="username")
+                if note is not None:
+                    notes.append(note)
         return notes
 
     async def _own_username(self) -> str | None:
