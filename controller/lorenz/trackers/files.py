@@ -533,6 +533,24 @@ def find_issue_file(folder: Path, id_or_identifier: str) -> Path:
     )
 
 
+def _read_for_edit(path: Path) -> tuple[str, tuple[str, str]]:
+    """An issue file's text and its split front matter, before one of the writers edits it.
+
+    Shared by the state change, the escalation and the question, which all refuse a file
+    without a front matter block alike.
+    """
+    # NB: newline="" keeps CRLF files CRLF: only the changed lines may differ afterwards.
+    with path.open(encoding="utf-8", newline="") as handle:
+        text = handle.read()
+    parts = split_front_matter(text)
+    if parts is None:
+        raise TrackerError(
+            f"issue file {path} has no front matter block; add one starting with '---'",
+            code=ErrorCode.FILES_MALFORMED_ISSUE,
+        )
+    return text, parts
+
+
 def set_issue_state(
     target: str | os.PathLike[str],
     new_state: str,
@@ -556,14 +574,7 @@ def set_issue_state(
                 code=ErrorCode.FILES_ISSUE_NOT_FOUND,
             )
         path = find_issue_file(folder, str(target))
-    # NB: newline="" keeps CRLF files CRLF: only the changed lines may differ afterwards.
-    with path.open(encoding="utf-8", newline="") as handle:
-        text = handle.read()
-    if split_front_matter(text) is None:
-        raise TrackerError(
-            f"issue file {path} has no front matter block; add one starting with '---'",
-            code=ErrorCode.FILES_MALFORMED_ISSUE,
-        )
+    text, _ = _read_for_edit(path)
     text = replace_front_matter_value(text, "state", yaml_scalar(new_state.strip()))
     stamp = (now or datetime.datetime.now(datetime.UTC)).isoformat(timespec="seconds")
     text = replace_front_matter_value(
@@ -595,14 +606,7 @@ def escalate_issue_file(
     the file has one.
     """
     with _WRITE_LOCK:
-        with path.open(encoding="utf-8", newline="") as handle:
-            text = handle.read()
-        parts = split_front_matter(text)
-        if parts is None:
-            raise TrackerError(
-                f"issue file {path} has no front matter block; add one starting with '---'",
-                code=ErrorCode.FILES_MALFORMED_ISSUE,
-            )
+        text, parts = _read_for_edit(path)
         changed = False
         if label is not None:
             meta = load_front_matter_yaml(parts[0])
@@ -773,13 +777,7 @@ def post_question_to_file(
     marker is left alone. ``updated_at:`` is bumped when the file has one.
     """
     with _WRITE_LOCK:
-        with path.open(encoding="utf-8", newline="") as handle:
-            text = handle.read()
-        if split_front_matter(text) is None:
-            raise TrackerError(
-                f"issue file {path} has no front matter block; add one starting with '---'",
-                code=ErrorCode.FILES_MALFORMED_ISSUE,
-            )
+        text, _ = _read_for_edit(path)
         if has_question_marker(text, key=key):
             return False
         moment = (now or datetime.datetime.now(datetime.UTC)).astimezone(datetime.UTC)

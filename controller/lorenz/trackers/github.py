@@ -20,12 +20,12 @@ bounded policy of :mod:`lorenz.trackers.throttling`, else reported as ``github_r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
-import datetime
 import logging
 import re
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Collection, Mapping, Sequence
 from typing import Annotated, Any
 from urllib.parse import quote
 
@@ -40,12 +40,13 @@ from lorenz.trackers import httpstack as _httpstack  # noqa: F401 - see its docs
 from lorenz.trackers.base import TrackerError, tracker_settings_of, unchanged
 from lorenz.trackers.connections import TrackerConnection
 from lorenz.trackers.options import ProviderOptions, parse_provider_options
+from lorenz.trackers.payloads import label_names, nonblank, parse_timestamp
 from lorenz.trackers.questions import (
     ReadComment,
     TrackerReply,
     has_question_marker,
-    parse_comment_time,
     question_comment,
+    read_rest_comment,
     replies_after,
 )
 from lorenz.trackers.throttling import (
@@ -86,32 +87,6 @@ class GitHubOptions(ProviderOptions):
 # -- normalization --------------------------------------------------------------------------------
 
 
-def _label_names(item: Mapping[str, Any]) -> list[str]:
-    labels = item.get("labels")
-    if not isinstance(labels, list):
-        return []
-    names = []
-    for label in labels:
-        name = label.get("name") if isinstance(label, Mapping) else label
-        if isinstance(name, str) and name.strip():
-            names.append(name)
-    return names
-
-
-def _timestamp(value: Any) -> datetime.datetime | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        moment = datetime.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return moment if moment.tzinfo else moment.replace(tzinfo=datetime.UTC)
-
-
-def _nonblank(value: Any) -> str | None:
-    return value if isinstance(value, str) and value.strip() else None
-
-
 def _repository_of(item: Mapping[str, Any]) -> str | None:
     """``owner/name`` from an issue's ``repository_url`` (``…/repos/owner/name``)."""
     url = item.get("repository_url")
@@ -142,7 +117,7 @@ class LabelStates:
         native = item.get("state")
         if native not in ("open", "closed"):
             return None
-        labels = _label_names(item)
+        labels = label_names(item)
         terminal = {normalize_state(s) for s in self.terminal}
         if native == "closed":
             for label in labels:
@@ -164,7 +139,7 @@ def normalize_issue(item: Any, *, repository: str, states: LabelStates) -> Issue
     number = item.get("number")
     if isinstance(number, bool) or not isinstance(number, int) or number <= 0:
         return None
-    title = _nonblank(item.get("title"))
+    title = nonblank(item.get("title"))
     state = states.state_of(item)
     if title is None or state is None:
         return None
@@ -172,11 +147,11 @@ def normalize_issue(item: Any, *, repository: str, states: LabelStates) -> Issue
     logins = [
         a["login"]
         for a in (assignees if isinstance(assignees, list) else [])
-        if isinstance(a, Mapping) and _nonblank(a.get("login"))
+        if isinstance(a, Mapping) and nonblank(a.get("login"))
     ]
     if not logins:
         single = item.get("assignee")
-        if isinstance(single, Mapping) and _nonblank(single.get("login")):
+        if isinstance(single, Mapping) and nonblank(single.get("login")):
             logins = [single["login"]]
     native_ref: dict[str, Any] = {"repository": repository, "number": number}
     for key in ("node_id", "state", "state_reason"):
@@ -193,10 +168,10 @@ def normalize_issue(item: Any, *, repository: str, states: LabelStates) -> Issue
         title=title,
         state=state,
         description=body if isinstance(body, str) else None,
-        url=_nonblank(item.get("html_url")),
-        labels=tuple(_label_names(item)),
-        created_at=_timestamp(item.get("created_at")),
-        updated_at=_timestamp(item.get("updated_at")),
+        url=nonblank(item.get("html_url")),
+        labels=tuple(label_names(item)),
+        created_at=parse_timestamp(item.get("created_at")),
+        updated_at=parse_timestamp(item.get("updated_at")),
         assignee_id=logins[0] if logins else None,
         native_ref=native_ref,
     )
@@ -384,7 +359,7 @@ class GitHubTracker:
         issue as not planned (GitHub states are labels plus open/closed, see the module)."""
         base = f"/repos/{self.repository}/issues/{issue.id}"
         _, item = await self._get_json(base, what=f"issue {issue.identifier}")
-        names = _label_names(item) if isinstance(item, Mapping) else []
+        names = label_names(item) if isinstance(item, Mapping) else []
         target = normalize_state(state)
         states = {normalize_state(s) for s in (*self._states.active, *self._states.terminal)}
         for name in names:
@@ -399,6 +374,18 @@ class GitHubTracker:
                               what="closing the issue")
 
     async def _has_comment_marker(self, base: str, *, key: str) -> bool:
+        async with contextlib.aclosing(self._comment_pages(base)) as pages:
+            async for page in pages:
+                if any(isinstance(c, Mapping) and has_marker(c.get("body"), key=key) for c in page):
+                    return True
+        return False
+
+    async def _comment_pages(self, base: str) -> AsyncGenerator[list[Any], None]:
+        """The issue's comments page by page, following ``Link: next`` (bounded pages).
+
+        Shared by the marker check of escalations and the question reader, so both page and
+        reject a non-list answer alike.
+        """
         url = f"{self._endpoint}{base}/comments"
         query: Mapping[str, str | int] | None = {"per_page": 100}
         for _ in range(MAX_COMMENT_PAGES):
@@ -409,13 +396,11 @@ class GitHubTracker:
                     "GitHub's issue comments are not a JSON list; check tracker.endpoint",
                     code=ErrorCode.GITHUB_UNKNOWN_PAYLOAD,
                 )
-            if any(isinstance(c, Mapping) and has_marker(c.get("body"), key=key) for c in page):
-                return True
+            yield page
             next_url = response.links.get("next", {}).get("url")
             if not next_url:
-                return False
+                return
             url, query = next_url, None
-        return False
 
     # -- questions (lorenz.trackers.questions) -------------------------------------------------
 
@@ -440,40 +425,12 @@ class GitHubTracker:
 
     async def _question_comments(self, base: str) -> list[ReadComment]:
         """The issue's comments, oldest first (bounded pages; malformed ones skipped)."""
-        url = f"{self._endpoint}{base}/comments"
-        query: Mapping[str, str | int] | None = {"per_page": 100}
         comments: list[ReadComment] = []
-        for _ in range(MAX_COMMENT_PAGES):
-            response = await self._request(url, params=query, what="issue comments", absent=())
-            page = self._json(response, what="issue comments")
-            if not isinstance(page, list):
-                raise TrackerError(
-                    "GitHub's issue comments are not a JSON list; check tracker.endpoint",
-                    code=ErrorCode.GITHUB_UNKNOWN_PAYLOAD,
-                )
+        async for page in self._comment_pages(base):
             for item in page:
-                if not isinstance(item, Mapping):
-                    continue
-                comment_id = item.get("id")
-                created_at = parse_comment_time(item.get("created_at"))
-                body = item.get("body")
-                if comment_id is None or created_at is None or not isinstance(body, str):
-                    continue
-                user = item.get("user")
-                login = _nonblank(user.get("login")) if isinstance(user, Mapping) else None
-                comments.append(
-                    ReadComment(
-                        comment_id=str(comment_id),
-                        body=body,
-                        author=login or "",
-                        author_id=login,
-                        created_at=created_at,
-                    )
-                )
-            next_url = response.links.get("next", {}).get("url")
-            if not next_url:
-                break
-            url, query = next_url, None
+                comment = read_rest_comment(item, author_key="user", name_key="login")
+                if comment is not None:
+                    comments.append(comment)
         return comments
 
     async def _own_login(self) -> str | None:
@@ -483,7 +440,7 @@ class GitHubTracker:
             return self._viewer_login
         if self._own_user is None:
             _, body = await self._get_json("/user", what="the token's user", absent=(403,))
-            login = _nonblank(body.get("login")) if isinstance(body, Mapping) else None
+            login = nonblank(body.get("login")) if isinstance(body, Mapping) else None
             self._own_user = (login,)
         return self._own_user[0]
 
@@ -599,7 +556,7 @@ class GitHubTracker:
         # NB: cached per tracker instance; a reload builds a new instance and asks again.
         if self._viewer_login is None:
             _, body = await self._get_json("/user", what="the token's user")
-            login = _nonblank(body.get("login")) if isinstance(body, Mapping) else None
+            login = nonblank(body.get("login")) if isinstance(body, Mapping) else None
             if login is None:
                 raise TrackerError(
                     "GitHub did not say who the token belongs to; set tracker.assignee to a "

@@ -27,12 +27,13 @@ on an allow-list and its path confined to the configured project unless the work
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
 import re
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Collection, Mapping, Sequence
 from typing import Annotated, Any, Literal
 from urllib.parse import quote, unquote
 
@@ -52,8 +53,6 @@ from lorenz.trackers.gitlab_payloads import (
     TOOL_REFUSED_PARAMETERS,
     error_message,
     full_reference,
-    label_names,
-    nonblank,
     positive_int,
     tool_query,
 )
@@ -61,12 +60,13 @@ from lorenz.trackers.gitlab_payloads import LabelStates as LabelStates
 from lorenz.trackers.gitlab_payloads import normalize_issue as normalize_issue
 from lorenz.trackers.gitlab_payloads import tool_path_segments as tool_path_segments
 from lorenz.trackers.options import ProviderOptions, parse_provider_options
+from lorenz.trackers.payloads import label_names, nonblank
 from lorenz.trackers.questions import (
     ReadComment,
     TrackerReply,
     has_question_marker,
-    parse_comment_time,
     question_comment,
+    read_rest_comment,
     replies_after,
 )
 from lorenz.trackers.throttling import (
@@ -518,8 +518,23 @@ class GitLabTracker:
             await self._write("PUT", base, changes, what=f"moving the issue to {state!r}")
 
     async def _has_note_marker(self, base: str, *, key: str) -> bool:
+        query: Mapping[str, Any] = {"per_page": 100, "sort": "asc"}
+        async with contextlib.aclosing(self._note_pages(base, params=query)) as pages:
+            async for page in pages:
+                if any(isinstance(n, Mapping) and has_marker(n.get("body"), key=key) for n in page):
+                    return True
+        return False
+
+    async def _note_pages(
+        self, base: str, *, params: Mapping[str, Any]
+    ) -> AsyncGenerator[list[Any], None]:
+        """The issue's notes page by page, following ``x-next-page`` (bounded pages).
+
+        Shared by the marker check of escalations and the question reader, so both page and
+        reject a non-list answer alike; each passes its own ``params`` (order, sort).
+        """
         url = f"{self._api}{base}/notes"
-        query: Mapping[str, Any] | None = {"per_page": 100, "sort": "asc"}
+        query = params
         for _ in range(MAX_COMMENT_PAGES):
             response = await self._request(url, params=query, what="issue notes", absent=())
             page = self._json(response, what="issue notes")
@@ -528,13 +543,11 @@ class GitLabTracker:
                     "GitLab's issue notes are not a JSON list; check tracker.endpoint",
                     code=ErrorCode.GITLAB_UNKNOWN_PAYLOAD,
                 )
-            if any(isinstance(n, Mapping) and has_marker(n.get("body"), key=key) for n in page):
-                return True
+            yield page
             next_page = response.headers.get("x-next-page", "").strip()
             if not next_page.isdigit():
-                return False
-            query = {"per_page": 100, "sort": "asc", "page": int(next_page)}
-        return False
+                return
+            query = {**params, "page": int(next_page)}
 
     # -- questions (lorenz.trackers.questions) -------------------------------------------------
 
@@ -560,42 +573,15 @@ class GitLabTracker:
     async def _question_notes(self, base: str) -> list[ReadComment]:
         """The issue's notes by people, oldest first (bounded pages; system notes, which
         GitLab writes for label and state changes, and malformed ones skipped)."""
-        url = f"{self._api}{base}/notes"
         query: Mapping[str, Any] = {"per_page": 100, "sort": "asc", "order_by": "created_at"}
         notes: list[ReadComment] = []
-        for _ in range(MAX_COMMENT_PAGES):
-            response = await self._request(url, params=query, what="issue notes", absent=())
-            page = self._json(response, what="issue notes")
-            if not isinstance(page, list):
-                raise TrackerError(
-                    "GitLab's issue notes are not a JSON list; check tracker.endpoint",
-                    code=ErrorCode.GITLAB_UNKNOWN_PAYLOAD,
-                )
+        async for page in self._note_pages(base, params=query):
             for item in page:
-                if not isinstance(item, Mapping) or item.get("system") is True:
+                if isinstance(item, Mapping) and item.get("system") is True:
                     continue
-                note_id = item.get("id")
-                created_at = parse_comment_time(item.get("created_at"))
-                body = item.get("body")
-                if note_id is None or created_at is None or not isinstance(body, str):
-                    continue
-                author = item.get("author")
-                username = (
-                    nonblank(author.get("username")) if isinstance(author, Mapping) else None
-                )
-                notes.append(
-                    ReadComment(
-                        comment_id=str(note_id),
-                        body=body,
-                        author=username or "",
-                        author_id=username,
-                        created_at=created_at,
-                    )
-                )
-            next_page = response.headers.get("x-next-page", "").strip()
-            if not next_page.isdigit():
-                break
-            query = {**query, "page": int(next_page)}
+                note = read_rest_comment(item, author_key="author", name_key="username")
+                if note is not None:
+                    notes.append(note)
         return notes
 
     async def _own_username(self) -> str | None:

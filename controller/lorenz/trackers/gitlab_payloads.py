@@ -12,7 +12,6 @@ becomes ``None`` or is skipped, and a malformed issue is dropped rather than fai
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -25,6 +24,7 @@ from lorenz.config import TrackerSettings
 from lorenz.model import Issue
 from lorenz.model.issues import normalize_state
 from lorenz.trackers.base import TrackerError
+from lorenz.trackers.payloads import label_names, nonblank, parse_timestamp
 
 API_PREFIX = "/api/v4"
 OPENED_STATE = "opened"
@@ -35,33 +35,6 @@ TOOL_REFUSED_PARAMETERS = frozenset({"sudo", "private_token", "access_token", "j
 
 
 # -- normalization --------------------------------------------------------------------------------
-
-
-def label_names(item: Mapping[str, Any]) -> list[str]:
-    labels = item.get("labels")
-    if not isinstance(labels, list):
-        return []
-    names = []
-    for label in labels:
-        # NB: plain names by default; objects when listed ``with_labels_details=true``.
-        name = label.get("name") if isinstance(label, Mapping) else label
-        if isinstance(name, str) and name.strip():
-            names.append(name)
-    return names
-
-
-def parse_timestamp(value: Any) -> datetime.datetime | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        moment = datetime.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return moment if moment.tzinfo else moment.replace(tzinfo=datetime.UTC)
-
-
-def nonblank(value: Any) -> str | None:
-    return value if isinstance(value, str) and value.strip() else None
 
 
 def positive_int(value: Any) -> int | None:

@@ -37,12 +37,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import dataclasses
 import json
 import logging
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import Annotated, Any
 from urllib.parse import urlsplit
 
@@ -60,12 +61,9 @@ from lorenz.trackers.jira_adf import adf_to_text, text_to_adf
 from lorenz.trackers.jira_payloads import (
     API_PREFIX,
     ISSUE_ID_RE,
-    as_mapping,
     error_message,
     error_messages,
     labels_of,
-    nonblank,
-    parse_timestamp,
     query_params,
     snippet,
     status_name,
@@ -75,6 +73,7 @@ from lorenz.trackers.jira_payloads import normalize_issue as normalize_issue
 from lorenz.trackers.jira_payloads import reset_delay as reset_delay
 from lorenz.trackers.jira_payloads import validate_rest_path as validate_rest_path
 from lorenz.trackers.options import ProviderOptions, parse_provider_options
+from lorenz.trackers.payloads import as_mapping, nonblank, parse_timestamp
 from lorenz.trackers.questions import (
     ReadComment,
     TrackerReply,
@@ -511,28 +510,40 @@ class JiraTracker:
         )
 
     async def _has_comment_marker(self, base: str, *, key: str) -> bool:
+        async with contextlib.aclosing(self._comment_pages(base, params={})) as pages:
+            async for items in pages:
+                for item in items:
+                    if has_marker(adf_to_text(as_mapping(item).get("body")), key=key):
+                        return True
+        return False
+
+    async def _comment_pages(
+        self, base: str, *, params: Mapping[str, Any]
+    ) -> AsyncGenerator[list[Any], None]:
+        """The issue's comments page by page, by ``startAt`` until ``total`` (bounded pages).
+
+        Shared by the marker check of escalations and the question reader, so both page and
+        reject an answer without a comments list alike; ``params`` adds e.g. ``orderBy``.
+        """
         start = 0
         for _ in range(MAX_COMMENT_PAGES):
             page = await self._request_json(
                 "GET",
                 f"{base}/comment",
-                params={"startAt": start, "maxResults": COMMENT_PAGE_SIZE},
+                params={"startAt": start, "maxResults": COMMENT_PAGE_SIZE, **params},
                 what="issue comments",
             )
-            comments = page.get("comments")
-            if not isinstance(comments, list):
+            items = page.get("comments")
+            if not isinstance(items, list):
                 raise TrackerError(
                     "Jira's comments answer has no comments list; check tracker.endpoint",
                     code=ErrorCode.JIRA_UNKNOWN_PAYLOAD,
                 )
-            for item in comments:
-                if has_marker(adf_to_text(as_mapping(item).get("body")), key=key):
-                    return True
+            yield items
             total = page.get("total")
-            start += len(comments)
-            if not comments or not isinstance(total, int) or start >= total:
-                return False
-        return False
+            start += len(items)
+            if not items or not isinstance(total, int) or start >= total:
+                return
 
     # -- questions (lorenz.trackers.questions) -------------------------------------------------
 
@@ -562,20 +573,7 @@ class JiraTracker:
     async def _question_comments(self, base: str) -> list[ReadComment]:
         """The issue's comments, oldest first (bounded pages; malformed ones skipped)."""
         comments: list[ReadComment] = []
-        start = 0
-        for _ in range(MAX_COMMENT_PAGES):
-            page = await self._request_json(
-                "GET",
-                f"{base}/comment",
-                params={"startAt": start, "maxResults": COMMENT_PAGE_SIZE, "orderBy": "created"},
-                what="issue comments",
-            )
-            items = page.get("comments")
-            if not isinstance(items, list):
-                raise TrackerError(
-                    "Jira's comments answer has no comments list; check tracker.endpoint",
-                    code=ErrorCode.JIRA_UNKNOWN_PAYLOAD,
-                )
+        async for items in self._comment_pages(base, params={"orderBy": "created"}):
             for item in items:
                 item = as_mapping(item)
                 comment_id = nonblank(item.get("id"))
@@ -594,10 +592,6 @@ class JiraTracker:
                         created_at=created_at,
                     )
                 )
-            total = page.get("total")
-            start += len(items)
-            if not items or not isinstance(total, int) or start >= total:
-                break
         return comments
 
     async def _own_account(self) -> str | None:

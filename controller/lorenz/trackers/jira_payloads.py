@@ -11,7 +11,6 @@ and the validation of an agent's ``jira_rest`` path and query (so a call cannot 
 
 from __future__ import annotations
 
-import datetime
 import json
 import re
 from collections.abc import Mapping
@@ -23,6 +22,7 @@ from lorenz.model import BlockerRef, Issue
 from lorenz.model.issues import normalize_state
 from lorenz.trackers.base import TrackerError
 from lorenz.trackers.jira_adf import adf_to_text
+from lorenz.trackers.payloads import as_mapping, nonblank, parse_timestamp
 
 API_PREFIX = "/rest/api/3/"
 BODY_SNIPPET_CHARS = 500
@@ -34,25 +34,6 @@ ISO_MINUTES_RE = re.compile(r"^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2})(Z|[+-]\d{2}:?\d{2
 
 
 # -- normalization --------------------------------------------------------------------------------
-
-
-def as_mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
-def nonblank(value: Any) -> str | None:
-    return value if isinstance(value, str) and value.strip() else None
-
-
-def parse_timestamp(value: Any) -> datetime.datetime | None:
-    """Jira's ``2026-01-15T10:30:00.000+0000`` (or any ISO 8601 time) as an aware datetime."""
-    if not isinstance(value, str):
-        return None
-    try:
-        moment = datetime.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return moment if moment.tzinfo else moment.replace(tzinfo=datetime.UTC)
 
 
 def parse_priority(value: Any) -> int | None:

@@ -32,10 +32,11 @@ from lorenz.model import Issue
 from lorenz.trackers import httpstack as _httpstack  # noqa: F401 - see its docstring
 from lorenz.trackers.base import TrackerError, tracker_settings_of, unchanged
 from lorenz.trackers.connections import TrackerConnection
-from lorenz.trackers.linear_issues import as_mapping, nodes_of, nonblank
+from lorenz.trackers.linear_issues import nodes_of
 from lorenz.trackers.linear_issues import normalize_issue as normalize_issue
 from lorenz.trackers.linear_issues import parse_priority as parse_priority
 from lorenz.trackers.options import ProviderOptions, parse_provider_options
+from lorenz.trackers.payloads import as_mapping, nonblank
 from lorenz.trackers.questions import (
     ReadComment,
     TrackerReply,

@@ -9,28 +9,18 @@ a node without an id or an identifier is dropped, so one malformed issue cannot 
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Mapping
 from typing import Any
 
 from lorenz.model import BlockerRef, Issue
 from lorenz.model.issues import normalize_state
+from lorenz.trackers.payloads import as_mapping, nonblank, parse_timestamp
 
 # -- normalization --------------------------------------------------------------------------------
 
 
-def nonblank(value: Any) -> str | None:
-    if isinstance(value, str) and value.strip():
-        return value
-    return None
-
-
 def optional_str(value: Any) -> str | None:
     return value if isinstance(value, str) else None
-
-
-def as_mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
 
 
 def nodes_of(connection: Any) -> list[Mapping[str, Any]]:
@@ -52,16 +42,6 @@ def parse_priority(value: Any) -> int | None:
     if isinstance(value, int) and value > 0:
         return value
     return None
-
-
-def parse_timestamp(value: Any) -> datetime.datetime | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        moment = datetime.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return moment if moment.tzinfo else moment.replace(tzinfo=datetime.UTC)
 
 
 def normalize_issue(node: Any) -> Issue | None:

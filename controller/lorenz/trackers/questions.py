@@ -23,10 +23,11 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import re
-from collections.abc import Iterable
-from typing import Protocol, runtime_checkable
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol, runtime_checkable
 
 from lorenz.model import Issue
+from lorenz.trackers.payloads import nonblank
 
 QUESTION_MARKER = "<!-- lorenz-question: {key} -->"
 """The invisible marker a question comment carries (``{key}``: the idempotency key)."""
@@ -131,6 +132,32 @@ def bounded_reply(body: str) -> str:
     if len(body) <= MAX_REPLY_CHARS:
         return body
     return body[:MAX_REPLY_CHARS] + truncation_note(len(body))
+
+
+def read_rest_comment(item: Any, *, author_key: str, name_key: str) -> ReadComment | None:
+    """A comment of a REST listing (GitHub's issue comment, GitLab's note) as a
+    :class:`ReadComment`; ``None`` when it has no id, no readable ``created_at`` or no string
+    ``body``.
+
+    Both trackers write a comment as ``{id, body, created_at, <author_key>: {<name_key>: …}}``
+    and name its author by that login or username, so they read it here alike.
+    """
+    if not isinstance(item, Mapping):
+        return None
+    comment_id = item.get("id")
+    created_at = parse_comment_time(item.get("created_at"))
+    body = item.get("body")
+    if comment_id is None or created_at is None or not isinstance(body, str):
+        return None
+    author = item.get(author_key)
+    name = nonblank(author.get(name_key)) if isinstance(author, Mapping) else None
+    return ReadComment(
+        comment_id=str(comment_id),
+        body=body,
+        author=name or "",
+        author_id=name,
+        created_at=created_at,
+    )
 
 
 def replies_after(
