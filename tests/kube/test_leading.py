@@ -102,7 +102,10 @@ async def test_a_follower_keeps_only_the_newest_object_until_its_shard_is_offere
         await asyncio.sleep(10 * TIMING.retry_period_s)
     assert count.created == 0, "a follower made tasks"
     assert supervisor.controllers == {}
-    assert supervisor.probe() == {"workflows": 1, "leading": 0}
+    # NB: what it watches, said from the inside: the probe tells any Pod only ok or not (#37).
+    assert list(supervisor.workflows) == [key]
+    assert not any(c.leading for c in supervisor.controllers.values())
+    assert supervisor.probe() == {"ok": True}
     watched = supervisor.workflows[key]
     assert watched.controller is None
     assert watched.runtime is None
