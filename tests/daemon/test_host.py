@@ -302,7 +302,10 @@ def _launchers() -> list[psutil.Process]:
     return found
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the launcher is Linux only")
+# NB: runs on this machine (Linux); only a machine without PR_SET_PDEATHSIG skips it.
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="the launcher needs PR_SET_PDEATHSIG (Linux)"
+)
 async def test_the_host_closes_the_launcher_of_its_workers_when_it_stops(
     root: Path, daemon_env: dict[str, str]
 ) -> None:

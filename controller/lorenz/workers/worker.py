@@ -626,7 +626,12 @@ _RUN_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def _ignore_signal(_signum: int, _frame: object) -> None:
-    pass
+    """SIGHUP does nothing to a worker (it outlives the terminal that started its controller).
+
+    NB: a handler that does nothing, not ``signal.SIG_IGN``: an ignored signal stays ignored
+    across ``exec``, so the agent and its hooks would inherit it; a handler resets to the
+    default in them.
+    """
 
 
 def agent_update_data(update: AgentUpdate) -> dict[str, Any]:
