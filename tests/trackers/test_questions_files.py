@@ -30,13 +30,6 @@ NOW = datetime.datetime(2026, 3, 4, 5, 6, 7, tzinfo=datetime.UTC)
 
 
 @pytest.fixture
-def folder(tmp_path: Path) -> Path:
-    path = tmp_path / "issues"
-    path.mkdir()
-    return path
-
-
-@pytest.fixture
 def tracker(folder: Path) -> FilesTracker:
     return FilesTracker(settings=TrackerSettings(kind="files"), folder=folder)
 

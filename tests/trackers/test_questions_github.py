@@ -7,12 +7,9 @@ are the comments after it by any login but the token's, oldest first, bounded, r
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 
 from lorenz.codes import ErrorCode
-from lorenz.config import TrackerSettings
 from lorenz.model import Issue
 from lorenz.trackers.base import TrackerError
 from lorenz.trackers.github import GitHubTracker
@@ -22,27 +19,6 @@ from tests.fakes.github_server import FakeGitHubServer
 
 KEY = "lz-0123456789abcdef"
 QUESTION = "Which database should the migration target?"
-
-
-async def _no_sleep(delay: float) -> None:
-    """No real wait (no test here expects a rate limit)."""
-
-
-@pytest.fixture
-async def github(github_server: FakeGitHubServer) -> AsyncIterator[GitHubTracker]:
-    tracker = GitHubTracker(
-        settings=TrackerSettings(
-            kind="github",
-            endpoint=github_server.url,
-            repository=github_server.repository,
-            active_states=("Todo", "In Progress"),
-            terminal_states=("Done", "Cancelled"),
-        ),
-        token=github_server.token,
-        sleep=_no_sleep,
-    )
-    yield tracker
-    await tracker.close()
 
 
 async def _issue(github: GitHubTracker, github_server: FakeGitHubServer) -> Issue:

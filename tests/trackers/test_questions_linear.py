@@ -7,13 +7,11 @@ key's own user), oldest first, bounded in length, read across comment pages.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from lorenz.codes import ErrorCode
-from lorenz.config import TrackerSettings
 from lorenz.model import Issue
 from lorenz.trackers.base import TrackerError
 from lorenz.trackers.linear import LinearTracker
@@ -27,23 +25,6 @@ from tests.fakes.linear_server import FakeLinearServer
 
 KEY = "lz-0123456789abcdef"
 QUESTION = "Which database should the migration target?\n\n1. Postgres\n2. SQLite"
-
-
-async def _no_sleep(delay: float) -> None:
-    """No real wait (no test here expects a rate limit)."""
-
-
-@pytest.fixture
-async def linear(linear_server: FakeLinearServer) -> AsyncIterator[LinearTracker]:
-    tracker = LinearTracker(
-        settings=TrackerSettings(
-            kind="linear", endpoint=linear_server.url, project_slug=linear_server.project_slug
-        ),
-        api_key=linear_server.api_key,
-        sleep=_no_sleep,
-    )
-    yield tracker
-    await tracker.close()
 
 
 @pytest.fixture

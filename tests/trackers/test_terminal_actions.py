@@ -34,36 +34,6 @@ async def _no_sleep(delay: float) -> None:
     """No real wait (no test here expects a rate limit)."""
 
 
-@pytest.fixture
-async def linear(linear_server: FakeLinearServer) -> AsyncIterator[LinearTracker]:
-    tracker = LinearTracker(
-        settings=TrackerSettings(
-            kind="linear", endpoint=linear_server.url, project_slug=linear_server.project_slug
-        ),
-        api_key=linear_server.api_key,
-        sleep=_no_sleep,
-    )
-    yield tracker
-    await tracker.close()
-
-
-@pytest.fixture
-async def github(github_server: FakeGitHubServer) -> AsyncIterator[GitHubTracker]:
-    tracker = GitHubTracker(
-        settings=TrackerSettings(
-            kind="github",
-            endpoint=github_server.url,
-            repository=github_server.repository,
-            active_states=("Todo", "In Progress"),
-            terminal_states=("Done", "Cancelled"),
-        ),
-        token=github_server.token,
-        sleep=_no_sleep,
-    )
-    yield tracker
-    await tracker.close()
-
-
 async def _one(
     tracker: LinearTracker | GitHubTracker | GitLabTracker | FilesTracker, issue_id: str
 ) -> Issue:
@@ -210,13 +180,6 @@ async def test_github_cancel_to_an_active_state_keeps_the_issue_open(
 
 
 # -- files ----------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def folder(tmp_path: Path) -> Path:
-    path = tmp_path / "issues"
-    path.mkdir()
-    return path
 
 
 def _files_tracker(folder: Path) -> FilesTracker:
