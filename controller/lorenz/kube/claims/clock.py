@@ -14,7 +14,8 @@ its own clock, so its skew cancels), and it is counted on the API server's clock
   ``status.updatedAt`` and ``status.dueAt``: another manager's write of them (an older
   operator, ``kubectl``) takes them away, and the Claim falls back to its wall-clock ``dueAt``.
   NB: a later write of the same manager that changes other fields moves the stamp later, never
-  earlier: the retry then waits a little longer, never less.
+  earlier: the retry then waits a little longer, never less. NB: a retry write that leaves
+  ``updatedAt`` as it was (only a frozen test clock does) does not own it: wall clock.
 * **now**: the ``Date`` header of the API server's last answer (the list that ``load`` just
   read, or newer), plus the time since it arrived on our monotonic clock
   (:class:`~lorenz.kube.clients.ServerDate`).
