@@ -19,6 +19,9 @@ Every request is counted by ``(verb, resource)`` in :attr:`KubeApi.requests`, wh
 metrics). Requests carry a timeout (client-go's leader-election client uses half the renew
 deadline, so one hung request cannot cost leadership); a request that fails without a response
 raises :class:`~lorenz.kube.errors.KubeApiError` with status 0.
+
+Every answer's ``Date`` header is kept (:class:`ServerDate`): it is the API server's clock,
+which decides when a pending retry is due (:mod:`lorenz.kube.claims.clock`), not ours.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import dataclasses
+import datetime
+import email.utils
 import json
 import logging
 import os
@@ -57,6 +63,40 @@ own request: with 32 threads and 1,000 Workflows starting at once on 2 loaded co
 past their 5 s request timeout and a replica lost all of its shards (measured). Starts wait
 less for a thread by making fewer requests instead (see :mod:`lorenz.kube.controller.cleanup` and
 the first status of a term)."""
+
+
+@dataclasses.dataclass(slots=True)
+class ServerDate:
+    """The API server's clock, as the ``Date`` header of the last answer received shows it.
+
+    NB: a ``Date`` has whole seconds, cut down (Go's ``net/http`` formats ``time.Now()``), and
+    is stamped before the answer leaves the server: the server's clock is *at least* that
+    ``Date`` plus the time since the answer arrived (our monotonic clock, never our wall clock).
+    """
+
+    date: datetime.datetime | None = None
+    """The last ``Date`` received (``None`` before any answer, or when it had none)."""
+    received: float = 0.0
+    """When it arrived (``time.monotonic()``)."""
+
+    def note(self, header: str | None, *, received: float) -> None:
+        """Keep ``header`` (an HTTP date) if it arrived after the one kept."""
+        if not header or received < self.received:
+            return
+        try:
+            date = email.utils.parsedate_to_datetime(header)
+        except (TypeError, ValueError):
+            return
+        if date.tzinfo is None:
+            return  # NB: an HTTP date is always GMT; one without a zone is not a server's
+        self.date, self.received = date.astimezone(datetime.UTC), received
+
+    def at_least(self, *, monotonic: float | None = None) -> datetime.datetime | None:
+        """A time the server's clock has certainly reached by ``monotonic`` (default: now)."""
+        if self.date is None:
+            return None
+        since = (time.monotonic() if monotonic is None else monotonic) - self.received
+        return self.date + datetime.timedelta(seconds=max(0.0, since))
 
 
 def _quote(segment: str) -> str:
@@ -169,6 +209,8 @@ class KubeApi:
             collections.defaultdict(float)
         )
         """Of those, the seconds spent waiting for a free thread of the pool."""
+        self.server_date = ServerDate()
+        """The API server's clock, from its answers' ``Date`` headers."""
 
     @classmethod
     def from_kubeconfig(
@@ -196,6 +238,7 @@ class KubeApi:
         sibling.requests = self.requests
         sibling.seconds = self.seconds
         sibling.queued_seconds = self.queued_seconds
+        sibling.server_date = self.server_date
         return sibling
 
     @property
@@ -243,9 +286,17 @@ class KubeApi:
         """PUT: the body's ``metadata.resourceVersion`` makes it a compare-and-swap."""
         return await self.request("PUT", path, body=body, verb="update")
 
-    async def merge_patch(self, path: str, patch: Mapping[str, Any]) -> dict[str, Any]:
-        """A JSON merge patch; with ``metadata.resourceVersion`` in it, a compare-and-swap."""
-        return await self.request("PATCH", path, body=patch, content_type=MERGE_PATCH)
+    async def merge_patch(
+        self, path: str, patch: Mapping[str, Any], *, field_manager: str | None = None
+    ) -> dict[str, Any]:
+        """A JSON merge patch; with ``metadata.resourceVersion`` in it, a compare-and-swap.
+
+        ``field_manager``: whose write the server records in ``metadata.managedFields``
+        (default: the user agent's, ``lorenz-operator``)."""
+        query = {"fieldManager": field_manager} if field_manager else None
+        return await self.request(
+            "PATCH", path, query=query, body=patch, content_type=MERGE_PATCH
+        )
 
     async def json_patch(self, path: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
         """A JSON patch (RFC 6902); a failed ``test`` op is a 422 reported as a conflict."""
@@ -304,7 +355,7 @@ class KubeApi:
         status = 0
         sent_at = started
         try:
-            sent_at, status, data = await loop.run_in_executor(
+            sent_at, status, data, date = await loop.run_in_executor(
                 self._executor,
                 self._send,
                 method,
@@ -314,6 +365,7 @@ class KubeApi:
                 content_type,
                 timeout,
             )
+            self.server_date.note(date, received=time.monotonic())
         finally:
             ended = time.monotonic()
             self.seconds[(verb, resource)] += ended - started
@@ -344,8 +396,8 @@ class KubeApi:
         body: Any,
         content_type: str,
         timeout: float,
-    ) -> tuple[float, int, Any]:
-        """``(when this thread took the request, status, decoded body)``."""
+    ) -> tuple[float, int, Any, str | None]:
+        """``(when this thread took the request, status, decoded body, its Date header)``."""
         import urllib3
 
         sent_at = time.monotonic()
@@ -371,13 +423,14 @@ class KubeApi:
                 retries=urllib3.Retry(total=2, connect=2, read=0, redirect=0, status=0),
             )
         except (urllib3.exceptions.HTTPError, OSError) as exc:
-            return sent_at, 0, {"reason": "Unreachable", "message": f"{type(exc).__name__}: {exc}"}
+            unreachable = {"reason": "Unreachable", "message": f"{type(exc).__name__}: {exc}"}
+            return sent_at, 0, unreachable, None
         raw = response.data
         try:
             data = json.loads(raw) if raw else {}
         except ValueError:
             data = {"message": raw[:500].decode("utf-8", "replace")}
-        return sent_at, int(response.status), data
+        return sent_at, int(response.status), data, response.headers.get("Date")
 
 
 _STATUS_REASONS = {

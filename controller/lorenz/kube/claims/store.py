@@ -80,6 +80,7 @@ from lorenz.kube.api.statuses import (
     claim_status,
     record_from_claim,
 )
+from lorenz.kube.claims.clock import retry_field_manager, retry_ready_in_ms
 from lorenz.kube.claims.lists import ClaimLister
 from lorenz.kube.claims.spending import SPEND_FLUSH_S, ledger_document, spend_book
 from lorenz.kube.clients import KubeApi, claims_path, workflows_path
@@ -207,6 +208,8 @@ class ClaimResourceStore:
         self._held.clear()
         self.found_answers = []
         records: list[ClaimRecord] = []
+        ready: dict[SlotKey, float] = {}
+        server_now = self._api.server_date.at_least()
         for item in items:
             if (item.get("spec") or {}).get("workflow") != self._workflow.name:
                 continue  # NB: a hashed label value could (in theory) collide
@@ -226,6 +229,9 @@ class ClaimResourceStore:
                 continue
             records.append(record)
             self._held[record.slot_key] = self._entry(item, record)
+            ready_in = retry_ready_in_ms(record, item, server_now=server_now)
+            if ready_in is not None:
+                ready[record.slot_key] = ready_in
             answer = resources.answer_of(item)
             if answer is not None:
                 self.found_answers.append(answer)
@@ -241,7 +247,9 @@ class ClaimResourceStore:
         stale = frozenset(r.owner for r in records if r.owner != holder)
         checkpoint = await self._read_checkpoint()
         self._questions = waiting_questions(checkpoint)
-        return StoredState(claims=records, checkpoint=checkpoint, stale_owners=stale)
+        return StoredState(
+            claims=records, checkpoint=checkpoint, stale_owners=stale, retry_ready_in_ms=ready
+        )
 
     async def acquire(self, record: ClaimRecord) -> bool:
         self._check_fence(None, key=record.slot_key)
@@ -665,8 +673,10 @@ class ClaimResourceStore:
             status["podPhase"], status["node"] = self._pods.get(record.slot_key, (None, None))
             patch = {"metadata": {"resourceVersion": held.resource_version}, "status": status}
             path = claims_path(self._workflow.namespace, held.name, status=True)
+            # NB: a write that schedules a retry is stamped by the server (see .clock).
+            manager = retry_field_manager(before=held.record, after=record)
             try:
-                written = await self._api.merge_patch(path, patch)
+                written = await self._api.merge_patch(path, patch, field_manager=manager)
             except KubeApiError as exc:
                 if exc.not_found:
                     self._forget(record.slot_key, held)
