@@ -30,7 +30,10 @@ and a dropped adoption leaves it alone.
 
 Cancellation (stall, reconciliation, shutdown of the controller) cancels the worker's run with
 a reason and waits, bounded, for its final record, so the runtime's after-run bookkeeping sees
-a finished run — the same contract as the in-process runners.
+a finished run — the same contract as the in-process runners. A worker that does not end its
+run (frozen, unknown, gone) has the run's processes killed where they run (the transport's
+``kill``: this host, its SSH host, its Pod), and the cancellation ends only once that kill is
+confirmed: until then the slot stays held (``worker_kill_unconfirmed``).
 """
 
 from __future__ import annotations
