@@ -6,13 +6,16 @@ Shapes::
     lorenz worker --state-dir DIR [--detach]                  # run the spec already in DIR
     lorenz worker --state-dir DIR --probe                     # print what DIR proves (JSON)
     lorenz worker --state-dir DIR --journal-after N           # print records after seq N
+    lorenz worker --state-dir DIR --kill                      # kill the run's processes
     lorenz worker --state-dir DIR --bridge                    # stdio <-> the control socket
     lorenz worker --launcher --state-root DIR --parent PID    # fork workers per request line
 
 With ``--detach`` the command returns as soon as the worker (in a session of its own) serves
 its control socket, printing one JSON line; that is how controllers start workers, locally and
 over ssh. Exit codes: 0 success (or started, with ``--detach``), 1 the run failed, 2 bad spec
-or state directory, 3 canceled.
+or state directory, 3 canceled. ``--kill`` (how a controller stops a frozen or gone worker's
+run on an SSH host, :mod:`lorenz.workers.leftovers`) prints ``{"alive": [pids]}`` and exits 0
+only when none of the run's processes survived.
 """
 
 from __future__ import annotations
@@ -31,6 +34,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--probe", action="store_true", help="print the worker's state")
     parser.add_argument(
         "--journal-after", type=int, metavar="SEQ", help="print journal records after SEQ"
+    )
+    parser.add_argument(
+        "--kill",
+        action="store_true",
+        help="kill the run's worker, agent and hooks; exit 0 once they are gone",
     )
     parser.add_argument(
         "--bridge", action="store_true", help="connect stdin/stdout to the control socket"
@@ -88,6 +96,12 @@ def run(args: argparse.Namespace) -> int:
             socket_path = (state_dir / "control.sock").absolute()
             print(json.dumps({**probe.to_json(), "socket": str(socket_path)}))
             return 0
+        if args.kill:
+            from lorenz.workers.leftovers import end_run
+
+            alive = end_run(state_dir.absolute())
+            print(json.dumps({"alive": alive}))
+            return 0 if not alive else 1
         if args.bridge:
             from lorenz.workers.bridge import bridge
 

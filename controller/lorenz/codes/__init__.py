@@ -159,6 +159,7 @@ class ErrorCode(enum.StrEnum):
     SPAWN_INTENT_FAILED = "spawn_intent_failed"
     WORKER_GONE = "worker_gone"
     WORKER_UNKNOWN = "worker_unknown"
+    WORKER_KILL_UNCONFIRMED = "worker_kill_unconfirmed"
     WORKER_LAUNCH_FAILED = "worker_launch_failed"
     WORKER_LAUNCH_TIMEOUT = "worker_launch_timeout"
     WORKER_START_FAILED = "worker_start_failed"

@@ -637,6 +637,15 @@ CODE_DOCS: Final[Mapping[ErrorCode, CodeDoc]] = MappingProxyType({
         "Check the worker's host; the worker is probed again until it answers or ends.",
         kind=Kind.OUTCOME,
     ),
+    _C.WORKER_KILL_UNCONFIRMED: _worker(
+        "A stopped run's worker did not end it (frozen, gone or unknown), and its processes "
+        "could not be proven killed: its SSH host does not answer, or its Pod is not gone yet "
+        "(a finalizer, an unreachable API server). The slot stays held, counted against "
+        "concurrency, and is not retried.",
+        "Check the worker's host or the Pod (`kubectl get pod`, its finalizers); the kill is "
+        "tried again until it is confirmed, then the slot is retried.",
+        kind=Kind.OUTCOME,
+    ),
     _C.WORKER_LAUNCH_FAILED: _worker(
         "The worker command could not be run, or exited before it reported ready; counted "
         "against no retry budget, and dispatch pauses until a probe run's worker starts.",

@@ -315,10 +315,18 @@ class KubeApi:
             raise
 
     async def delete(
-        self, path: str, *, uid: str | None = None, resource_version: str | None = None
+        self,
+        path: str,
+        *,
+        uid: str | None = None,
+        resource_version: str | None = None,
+        grace_period_s: int | None = None,
     ) -> dict[str, Any]:
-        """DELETE, with preconditions so that a successor of the same name survives."""
+        """DELETE, with preconditions so that a successor of the same name survives;
+        ``grace_period_s`` overrides the object's (0: a Pod's containers are killed now)."""
         body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}
+        if grace_period_s is not None:
+            body["gracePeriodSeconds"] = grace_period_s
         preconditions = {}
         if uid is not None:
             preconditions["uid"] = uid

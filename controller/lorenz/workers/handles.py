@@ -33,6 +33,7 @@ from lorenz.workers.launch import (
     run_launch_command,
     worker_process_env,
 )
+from lorenz.workers.leftovers import end_run
 from lorenz.workers.protocol import LINE_LIMIT_BYTES, SOCKET_NAME
 from lorenz.workers.spec import RunSpec
 from lorenz.workers.states import (
@@ -58,6 +59,13 @@ class WorkerUnknown(LorenzError):
     code = ErrorCode.WORKER_UNKNOWN
 
 
+class WorkerKillUnconfirmed(LorenzError):
+    """A run's processes could not be proven killed (their host or API server does not
+    answer, a Pod's deletion is held): the slot stays held and the kill is tried again."""
+
+    code = ErrorCode.WORKER_KILL_UNCONFIRMED
+
+
 class SequenceGap(LorenzError):
     """Records did not continue the collected sequence: a bug or a foreign journal."""
 
@@ -76,6 +84,12 @@ class Transport(Protocol):
     async def read_journal(self, handle: str, *, after_seq: int) -> list[Record]: ...
 
     async def connect(self, handle: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]: ...
+
+    async def kill(self, handle: str) -> None:
+        """Kill every process of the run ``handle`` (worker, agent, hooks) and return once
+        they are proven gone; :class:`WorkerKillUnconfirmed` when that cannot be shown (the
+        caller keeps the slot held and tries again)."""
+        ...
 
     async def close(self) -> None: ...
 
@@ -143,6 +157,15 @@ class LocalTransport:
         return await asyncio.open_unix_connection(
             str(self.state_dir(handle) / SOCKET_NAME), limit=LINE_LIMIT_BYTES
         )
+
+    async def kill(self, handle: str) -> None:
+        state_dir = self.state_dir(handle)
+        alive = await asyncio.to_thread(end_run, state_dir)
+        if alive:
+            raise WorkerKillUnconfirmed(
+                f"processes of the run {handle} survived SIGKILL (stuck in the kernel?) "
+                f"pids={alive}; the slot stays held and the kill is tried again"
+            )
 
     async def close(self) -> None:
         if self.launcher is not None:

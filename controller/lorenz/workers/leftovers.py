@@ -23,8 +23,12 @@ issue) whose worker did not end it: a frozen worker (SIGSTOP, wedged) reads no c
 agent goes on working, and the slot's retry must not start beside that agent. A worker that is
 merely ``unknown`` while nobody asked it to stop is quarantined, never touched.
 
-This sees the processes of this host only: for a worker placed over SSH the leftovers live on
-the remote host and still end by themselves (at their next write or read).
+This sees the processes of this host only. For a worker placed over SSH the same kill runs on
+the worker's host: ``lorenz worker --state-dir DIR --kill`` over the transport's ssh settings
+(:func:`end_run` there, answering which processes survived). The slot is settled only once that
+command confirms the run's processes are gone; a host that cannot be reached keeps the slot held
+(``worker_kill_unconfirmed``) and the kill is tried again — never given up on the controller's
+clock alone, since the agent may be working on over there.
 """
 
 from __future__ import annotations
@@ -34,11 +38,12 @@ import logging
 import os
 import signal
 import time
+from pathlib import Path
 from typing import Final
 
 import psutil
 
-from lorenz.workers.states import HANDLE_ENV
+from lorenz.workers.states import HANDLE_ENV, worker_pid
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +116,19 @@ def kill_leftovers(
             sorted(p.pid for p in alive),
         )
     return killed
+
+
+def end_run(state_dir: Path, *, wait_s: float = KILL_WAIT_S) -> list[int]:
+    """Kill every process of the run whose state directory is ``state_dir`` (its handle is
+    the directory's name; its worker's pid is read before anything is killed: a dead
+    worker's is no proof) and answer the pids still alive afterwards (empty: proven gone).
+
+    What ``lorenz worker --state-dir DIR --kill`` runs on a worker's host. NB: blocking.
+    """
+    handle = state_dir.name
+    worker = worker_pid(state_dir)
+    kill_leftovers(handle, wait_s=wait_s, worker=worker)
+    return sorted(p.pid for p in find_leftovers(handle, worker=worker) if _running(p))
 
 
 def _wait_dead(processes: list[psutil.Process], *, until: float) -> None:

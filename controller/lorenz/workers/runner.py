@@ -30,7 +30,10 @@ and a dropped adoption leaves it alone.
 
 Cancellation (stall, reconciliation, shutdown of the controller) cancels the worker's run with
 a reason and waits, bounded, for its final record, so the runtime's after-run bookkeeping sees
-a finished run — the same contract as the in-process runners.
+a finished run — the same contract as the in-process runners. A worker that does not end its
+run (frozen, unknown, gone) has the run's processes killed where they run (the transport's
+``kill``: this host, its SSH host, its Pod), and the cancellation ends only once that kill is
+confirmed: until then the slot stays held (``worker_kill_unconfirmed``).
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ from lorenz.workers.handles import (
     Transport,
     WorkerGone,
     WorkerHandle,
+    WorkerKillUnconfirmed,
     WorkerUnknown,
 )
 from lorenz.workers.intents import PAUSE_AT_SPAWN_PHASE_ENV as PAUSE_AT_SPAWN_PHASE_ENV
@@ -75,7 +79,6 @@ from lorenz.workers.intents import IntentRecorder
 from lorenz.workers.journal import DEFAULT_MAX_BYTES as DEFAULT_JOURNAL_MAX_BYTES
 from lorenz.workers.journal import Record
 from lorenz.workers.launch import WorkerLaunchError
-from lorenz.workers.leftovers import kill_leftovers
 from lorenz.workers.marks import CONTROLLER_NAME as CONTROLLER_NAME
 from lorenz.workers.marks import StateRootIndex, controller_id, index_of, read_spec
 from lorenz.workers.marks import live_controller_of as live_controller_of
@@ -89,7 +92,6 @@ from lorenz.workers.states import (
     ProbeState,
     mark_collected,
     prune_state_dirs,
-    worker_pid,
 )
 
 logger = logging.getLogger(__name__)
@@ -351,18 +353,20 @@ class WorkerRunner:
         while True:
             follow = asyncio.ensure_future(handle.follow(relay))
             try:
-                final = await self._follow_until_stopped(handle, follow, stop=request.stop)
+                final = await self._follow_until_stopped(
+                    handle, follow, stop=request.stop, on_update=request.on_update
+                )
                 break
             except asyncio.CancelledError:
                 if self._leaves_workers():
                     follow.cancel()  # NB: the worker goes on; the next controller adopts it
                 else:
-                    await self._cancel(handle, follow)
+                    await self._cancel(handle, follow, on_update=request.on_update)
                 raise
             except WorkerGone as exc:
                 # NB: before the claim says so: a successor that reads ``compensated`` retries
                 # at once, and the dead worker's agent must not work beside that retry.
-                await self._kill_leftovers(name)
+                await self._kill_run(name, on_update=request.on_update)
                 if recorder is not None:
                     recorder.update(
                         recorder.intent(name, SpawnPhase.COMPENSATED, handle.last_seq)
@@ -389,7 +393,15 @@ class WorkerRunner:
                 request.on_update(
                     AgentUpdate(event="worker_quarantined", message=exc.message)
                 )
-                await asyncio.sleep(self.quarantine_probe_s)
+                try:
+                    await asyncio.sleep(self.quarantine_probe_s)
+                except asyncio.CancelledError:
+                    # NB: stopped (a stall, the issue left) while quarantined: the worker was
+                    # asked nothing and cannot be, yet its agent may work on; the slot is
+                    # settled only once the run's processes are proven gone.
+                    if not self._leaves_workers():
+                        await self._kill_run(name, on_update=request.on_update)
+                    raise
         if recorder is not None:
             await recorder.flush()
         self._mark_collected(name)
@@ -476,7 +488,12 @@ class WorkerRunner:
         )
 
     async def _follow_until_stopped(
-        self, handle: WorkerHandle, follow: asyncio.Future[Record], *, stop: TurnStop | None
+        self,
+        handle: WorkerHandle,
+        follow: asyncio.Future[Record],
+        *,
+        stop: TurnStop | None,
+        on_update: Callable[[AgentUpdate], None] | None = None,
     ) -> Record:
         """The worker's final record; or, when ``stop`` is requested first (a spend cap
         crossed, see docs/budgets.md), cancel the worker's run with the stop's reason, wait
@@ -495,7 +512,9 @@ class WorkerRunner:
             stopper.cancel()
         if follow.done():
             return follow.result()
-        await self._cancel(handle, follow, reason=stop.reason or "the run was stopped")
+        await self._cancel(
+            handle, follow, reason=stop.reason or "the run was stopped", on_update=on_update
+        )
         raise stop.error()
 
     async def _cancel(
@@ -504,16 +523,19 @@ class WorkerRunner:
         follow: asyncio.Future[Record],
         *,
         reason: str = "the controller aborted the run",
+        on_update: Callable[[AgentUpdate], None] | None = None,
     ) -> None:
         """Cancel the worker's run and wait (bounded) for its final record; without one, kill
-        what the run has running on this host before returning.
+        every process of the run wherever it runs before returning.
 
         NB: a worker that does not end its run is not proof that its agent stopped: a frozen
         worker (SIGSTOP, a wedged process) reads no cancel while its agent goes on working, and
         the caller settles the slot — a retry — as soon as this returns. So the wait ends early
         once a probe finds the worker not answering (``unknown``: its pid lives, its socket is
-        silent), and then, as after :data:`CANCEL_WAIT_S`, every process of the run (the
-        worker, its agent, a hook: :mod:`lorenz.workers.leftovers`) is killed and waited for.
+        silent, or its host does not answer), and then, as after :data:`CANCEL_WAIT_S`, the
+        transport kills every process of the run (the worker, its agent, a hook:
+        :mod:`lorenz.workers.leftovers`; on an SSH host over ssh; a Pod by its deletion) and
+        this returns only once they are proven gone (:meth:`_kill_run`).
         """
         if await handle.cancel(reason):
             loop = asyncio.get_running_loop()
@@ -521,24 +543,23 @@ class WorkerRunner:
             while not follow.done() and loop.time() < deadline:
                 with contextlib.suppress(BaseException):
                     await asyncio.wait_for(asyncio.shield(follow), timeout=CANCEL_PROBE_S)
-                if follow.done() or not isinstance(self.transport, LocalTransport):
-                    # NB: only this host's processes can be killed: a remote worker that does
-                    # not answer is waited for (its host may come back with the final record).
+                if follow.done():
                     continue
                 with contextlib.suppress(Exception):
                     probe = await self.transport.probe(handle.handle)
                     if probe.state is ProbeState.UNKNOWN:
                         logger.warning(
                             "the worker does not answer its cancel (frozen?); killing its "
-                            "processes handle=%s",
+                            "processes handle=%s: %s",
                             handle.handle,
+                            probe.detail,
                         )
                         break
             if follow.done() and not follow.cancelled() and follow.exception() is None:
                 self._mark_collected(handle.handle)
                 return
         follow.cancel()
-        await self._kill_leftovers(handle.handle)
+        await self._kill_run(handle.handle, on_update=on_update)
 
     async def cancel_adoption(self, dropped: DroppedAdoption) -> bool:
         """Cancel the worker a dropped adoption would have followed; see
@@ -576,7 +597,7 @@ class WorkerRunner:
             await handle.cancel(dropped.reason)
             final = await asyncio.wait_for(asyncio.shield(follow), timeout=CANCEL_WAIT_S)
         except WorkerGone:
-            await self._kill_leftovers(name)  # NB: its agent may outlive it, working on
+            await self._kill_run(name)  # NB: its agent may outlive it, working on
             logger.info("dropped adoption: the worker is gone handle=%s", name)
             return True
         except (WorkerUnknown, TimeoutError) as exc:
@@ -688,7 +709,7 @@ class WorkerRunner:
                 logger.info("adopting the worker of an earlier controller handle=%s", name)
                 return name
             if probe.state is ProbeState.GONE:
-                await self._kill_leftovers(name)  # NB: before a new agent starts for the slot
+                await self._kill_run(name)  # NB: before a new agent starts for the slot
                 self._mark_collected(name)  # dead and settled now: never looked at again
         return None
 
@@ -720,12 +741,36 @@ class WorkerRunner:
                 )
             await asyncio.sleep(0.2)
 
-    async def _kill_leftovers(self, name: str) -> None:
-        """Kill what the gone worker ``name`` left running (its agent, a hook), on this host."""
-        if isinstance(self.transport, LocalTransport):
-            # NB: the pid is read before anything is killed: a dead worker's is no proof.
-            worker = worker_pid(self.transport.state_dir(name))
-            await asyncio.to_thread(kill_leftovers, name, worker=worker)
+    async def _kill_run(
+        self, name: str, *, on_update: Callable[[AgentUpdate], None] | None = None
+    ) -> None:
+        """Kill every process of the run ``name`` where it runs (:meth:`Transport.kill`: this
+        host's, an SSH host's, the Pod), trying again every ``quarantine_probe_s`` until the
+        transport confirms they are gone.
+
+        NB: never given up on this controller's clock: the caller settles the slot (a retry,
+        a fresh worker) once this returns, and an unconfirmed kill may have left the agent
+        working. Until then the slot stays held — counted against concurrency, no retry —
+        and ``on_update`` is told once why (``worker_quarantined`` with the coded reason
+        ``worker_kill_unconfirmed``).
+        """
+        told = False
+        while True:
+            try:
+                await self.transport.kill(name)
+                return
+            except WorkerKillUnconfirmed as exc:
+                problem = exc
+            except Exception as exc:  # noqa: BLE001 - any failure is an unconfirmed kill
+                problem = WorkerKillUnconfirmed(
+                    f"killing the run {name} failed ({exc}); the slot stays held and the kill "
+                    "is tried again"
+                )
+            logger.warning("worker kill unconfirmed handle=%s: %s", name, problem.message)
+            if on_update is not None and not told:
+                told = True
+                on_update(AgentUpdate(event="worker_quarantined", message=str(problem)))
+            await asyncio.sleep(self.quarantine_probe_s)
 
     def _mark_collected(self, name: str) -> None:
         root = getattr(self.transport, "state_root", None)

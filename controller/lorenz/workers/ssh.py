@@ -10,11 +10,14 @@ of ssh invocation do everything:
   makes the remote control socket a local one, so the protocol and :class:`WorkerHandle` are
   the same as for local workers; tool calls travel back through it, so the tracker token
   stays on the controller's host;
-* ``ssh HOST lorenz worker --probe|--journal-after …`` answers probes and catch-up reads.
+* ``ssh HOST lorenz worker --probe|--journal-after|--kill …`` answers probes and catch-up
+  reads, and kills a stopped run's processes on the host when its worker did not end it (a
+  frozen or gone worker: :mod:`lorenz.workers.leftovers`).
 
 ssh's exit status 255 means it could not reach or log in to the host: a launch then fails
-with ``worker_host_unreachable`` and a probe says ``unknown`` (the worker may well live on; a
-network failure proves nothing about it).
+with ``worker_host_unreachable``, a probe says ``unknown`` (the worker may well live on; a
+network failure proves nothing about it) and a kill is unconfirmed (``worker_kill_unconfirmed``:
+the slot stays held until a later kill gets through).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from pathlib import Path
 from typing import Final
 
 from lorenz.codes import ErrorCode
+from lorenz.workers.handles import WorkerKillUnconfirmed
 from lorenz.workers.journal import Record
 from lorenz.workers.launch import (
     LaunchResult,
@@ -165,6 +169,27 @@ class SshTransport:
         if status != 0:
             raise OSError(f"reading the journal on {self.host} failed: {err[-300:]}")
         return [Record.from_json(json.loads(line)) for line in out.splitlines() if line.strip()]
+
+    async def kill(self, handle: str) -> None:
+        """Kill the run's processes on the host (``lorenz worker --kill``), bounded by
+        ``probe_timeout_s``; :class:`WorkerKillUnconfirmed` unless the host confirms."""
+        try:
+            status, out, err = await self._run(
+                self._remote("--kill", "--state-dir", self._state_dir(handle))
+            )
+        except TimeoutError:
+            raise WorkerKillUnconfirmed(
+                f"no answer from {self.host} to the kill of the run {handle} within "
+                f"{self.probe_timeout_s:.0f} s; the slot stays held and the kill is tried again"
+            ) from None
+        if status != 0:
+            said = (err.strip() or out.strip())[-300:]
+            raise WorkerKillUnconfirmed(
+                f"the kill of the run {handle} on {self.host} was not confirmed (ssh status "
+                f"{status}: {said}); check the host, the slot stays held and the kill is tried "
+                "again"
+            )
+        logger.info("killed the run's processes on the host handle=%s host=%s", handle, self.host)
 
     async def connect(self, handle: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         local = await self._forward(handle)

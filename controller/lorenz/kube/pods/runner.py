@@ -43,7 +43,13 @@ logger = logging.getLogger(__name__)
 class PodWorkerRunner(WorkerRunner):
     """A :class:`WorkerRunner` for one run in a Pod: the worker creates the workspace on the
     Pod's volume, runs every hook there, and starts its agent from the container's environment
-    (the image's, plus the Secrets of ``env_from_secrets``); the Pod is deleted afterwards."""
+    (the image's, plus the Secrets of ``env_from_secrets``); the Pod is deleted afterwards.
+
+    A run stopped (a stall, a stopped issue) whose worker does not end it, or whose worker is
+    gone, ends only once its Pod is: deleted with ``gracePeriodSeconds: 0`` and seen gone (or
+    ended) on the API server, tried again while a finalizer or a failing API server keeps it
+    (``worker_kill_unconfirmed``; :meth:`WorkerRunner._kill_run`). Until then the slot stays
+    held, and no retry is placed beside a Pod whose agent may still run."""
 
     def __init__(
         self,
@@ -199,9 +205,11 @@ class PodWorkerRunner(WorkerRunner):
                 logger.info("run Pod left for the next controller handles=%s", sorted(handles))
             return
         for handle in sorted(handles):
-            # NB: shielded: a cancelled run still removes its Pod (the worker has written its
-            # final record or is gone by now); a failed delete is logged, and the next term's
-            # orphan sweep removes what is left.
+            # NB: shielded: a cancelled run still removes its Pod. Its agent is over by now:
+            # the worker wrote its final record, or the run was stopped (or found gone)
+            # without one and the kill path already deleted the Pod with grace 0 and waited
+            # until the API server showed it gone (PodTransport.kill) — so this tidy-up may
+            # fail: it is logged, and the next term's orphan sweep removes what is left.
             with contextlib.suppress(Exception):
                 await asyncio.shield(self.pods.delete(handle))
 

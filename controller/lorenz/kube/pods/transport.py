@@ -55,6 +55,7 @@ from lorenz.kube.pods.manifests import (
     workspace_claim_manifest,
 )
 from lorenz.kube.pods.watch import WATCHES, RunPodWatch, RunPodWatches
+from lorenz.workers.handles import WorkerKillUnconfirmed
 from lorenz.workers.journal import Record
 from lorenz.workers.launch import LaunchResult, WorkerLaunchError
 from lorenz.workers.protocol import SOCKET_NAME
@@ -530,6 +531,44 @@ class PodTransport:
             )
         except PodExecError as exc:
             raise OSError(str(exc)) from exc
+
+    async def kill(self, handle: str) -> None:
+        """Delete the run's Pod with ``gracePeriodSeconds: 0`` and return once the API server
+        shows it gone (or ended: every container terminated); :class:`WorkerKillUnconfirmed`
+        while it still exists (a finalizer holds it, the kubelet has not killed it yet) or the
+        API server cannot be asked — the runner keeps the slot held and calls this again.
+
+        NB: the deletion is sent again on every call (idempotent: a Pod being deleted is
+        only not found once gone), so a delete that failed is retried with the read.
+        """
+        name = pod_name(handle)
+        path = pods_path(self.namespace, name)
+        try:
+            await self.api.delete(path, grace_period_s=0)
+        except KubeApiError as exc:
+            if not exc.not_found:
+                raise WorkerKillUnconfirmed(
+                    f"the Pod {self.namespace}/{name} could not be deleted ({exc.status} "
+                    f"{exc.reason}); the slot stays held and the deletion is tried again"
+                ) from exc
+        try:
+            pod = await self.api.get(path)
+        except KubeApiError as exc:
+            if exc.not_found:
+                await self.delete(handle)  # NB: its spec Secret (the GC would, later)
+                return
+            raise WorkerKillUnconfirmed(
+                f"the Pod {self.namespace}/{name} could not be read after its deletion "
+                f"({exc.status} {exc.reason}); the slot stays held until it is seen gone"
+            ) from exc
+        if pod_ended(pod):
+            return
+        finalizers = (pod.get("metadata") or {}).get("finalizers") or []
+        held = f" (finalizers {', '.join(map(str, finalizers))})" if finalizers else ""
+        raise WorkerKillUnconfirmed(
+            f"the Pod {self.namespace}/{name} is being deleted but not gone yet{held}; the "
+            "slot stays held until the API server shows it gone"
+        )
 
     async def delete(self, handle: str) -> None:
         """Delete the run's Pod and its spec Secret (gone already is fine)."""
