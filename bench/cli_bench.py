@@ -20,13 +20,17 @@ and then linger) with ``python -c 'lorenz.cli.main()' WORKFLOW.md`` and prints:
 * issue #35's figures of the whole tree. The tree is a cgroup v2 made under ``/sys/fs/cgroup``
   when one can be made (its ``cpu.stat`` counts every process ever in it, detached ones
   included), else the subreaper's ``RUSAGE_CHILDREN`` (the same processes, once reaped). The
-  fake agents record their own CPU (``RUSAGE_SELF`` at exit) and their start and end times in a
-  file, so the bench prints the *orchestration* CPU (the tree minus the agents; the ``bash -lc``
-  around each agent counts as orchestration), the peak PSS of the tree without the agents
-  (psutil ``memory_full_info().pss``, sampled every 0.25 s) and the PSS per extra live run,
-  the first dispatch latency (the ``lorenz`` process's first tracker request, when the waiting
-  issues first appear to it, to the first agent's start; also from the process's start) and
-  the peak number of agents alive at once (and their mean over the drain);
+  fake agents record their own CPU (``RUSAGE_SELF`` as their last act, then ``os._exit``: no
+  interpreter teardown left uncounted) and their start and end times in a file, so the bench
+  prints the *orchestration* CPU (the tree minus the agents). NB: ``bash -c``/``bash -lc``
+  with one command execs it, and ``RUSAGE_SELF`` goes on across an exec: the shell's own CPU
+  (the login profile's included) is in the agent's figure and subtracted with it; the bench
+  prints the login shell's cost per run on its own line instead (``bash -lc true`` with the
+  agents' environment). Also the peak PSS of the tree without the agents (psutil
+  ``memory_full_info().pss``, sampled every 0.25 s) and the PSS per extra live run, the first
+  dispatch latency (the ``lorenz`` process's first tracker request, when the waiting issues
+  first appear to it, to the first agent's start; also from the process's start) and the peak
+  number of agents alive at once (and their mean over the drain);
 * the orchestration CPU by process: each launcher, launch child and worker writes its own
   ``RUSAGE_SELF`` as it ends (``lorenz.workers.profiling``, through ``LORENZ_PROFILE_DIR``);
   with ``LORENZ_PROFILE_CPROFILE=1`` in the bench's environment each also writes a cProfile
@@ -91,6 +95,18 @@ def _end():
     usage = _resource.getrusage(_resource.RUSAGE_SELF)
     _note(f"end {_os.getpid()} {_time.time()!r} {usage.ru_utime + usage.ru_stime!r}")
 _atexit.register(_end)
+"""
+
+# NB: appended to the agent: a run that got to its last line notes its CPU and leaves at once.
+# RUSAGE_SELF read in an atexit handler cannot count what the interpreter does after it — its
+# teardown, ~10 ms of CPU a run for this agent on this machine (``python3 -c 'import
+# urllib.request'`` with and without ``os._exit``) — which the tree then counted as
+# orchestration: the agent's own CPU, not the orchestrator's. An agent that fails still ends
+# through ``atexit`` (its exit status kept).
+AGENT_EPILOGUE = """
+_atexit.unregister(_end)
+_end()
+_os._exit(0)
 """
 
 
@@ -264,7 +280,7 @@ def drain(args: argparse.Namespace, tmp: Path, linear: FakeLinearServer) -> dict
                          priority=1 + n % 4)
     workflow = write_workflow(tmp, linear, slots=args.slots, linger_s=args.linger,
                               interval_ms=args.interval_ms)
-    (tmp / "bench_agent.py").write_text(AGENT_LEDGER + AGENT, encoding="utf-8")
+    (tmp / "bench_agent.py").write_text(AGENT_LEDGER + AGENT + AGENT_EPILOGUE, encoding="utf-8")
     ledger = tmp / "agents.ledger"
     if args.no_login_shell:
         _no_login_shell(workflow)
@@ -278,6 +294,7 @@ def drain(args: argparse.Namespace, tmp: Path, linear: FakeLinearServer) -> dict
     # NB: every launcher, launch child and worker writes its CPU at its end (lorenz.workers.
     # profiling); LORENZ_PROFILE_DIR given to the bench keeps them there, with
     # LORENZ_PROFILE_CPROFILE=1 a cProfile of each too.
+    shell_ms = shell_cpu_ms(login=not args.no_login_shell, env=environ)
     profile_dir = Path(os.environ.get("LORENZ_PROFILE_DIR") or tmp / "profile")
     profile_dir.mkdir(parents=True, exist_ok=True)
     (profile_dir / "cpu.txt").unlink(missing_ok=True)
@@ -392,7 +409,22 @@ def drain(args: argparse.Namespace, tmp: Path, linear: FakeLinearServer) -> dict
         "peak_live_agents": agents["peak_live_agents"],
         "mean_live_agents": agents["mean_live_agents"],
         "breakdown": breakdown,
+        "shell_cpu_ms": shell_ms,
     }
+
+
+def shell_cpu_ms(*, login: bool, env: dict[str, str], runs: int = 20) -> float:
+    """Median CPU of the shell around an agent (``bash -lc true`` or ``bash -c true``), in ms.
+
+    NB: the shell execs the agent's one command, so its CPU lands in the agent's own figure and
+    is subtracted with it: this says what it was, on a line of its own.
+    """
+    samples = []
+    for _ in range(runs):
+        before = _children_cpu_s()
+        subprocess.run(["bash", "-lc" if login else "-c", "true"], env=env, check=False)
+        samples.append(1000 * (_children_cpu_s() - before))
+    return statistics.median(samples)
 
 
 def cpu_breakdown(path: Path) -> dict[str, tuple[int, float]]:
@@ -446,6 +478,9 @@ def report(args: argparse.Namespace, figures: dict[str, Any]) -> None:
           f"{figures['orchestration_cpu_s']:.2f} s (tree {figures['tree_cpu_s']:.2f} s less "
           f"{figures['agents']} agents' own {figures['agents_cpu_s']:.2f} s; "
           f"{1000 * figures['orchestration_cpu_s'] / max(1, figures['agents']):.1f} ms per run)")
+    print(f"the agent's shell           {figures['shell_cpu_ms']:6.1f} ms  "
+          f"({'bash -c' if args.no_login_shell else 'bash -lc'} true, median; in the agents' "
+          "own CPU, not in the orchestration figure)")
     print(f"peak PSS without agents     {figures['peak_pss_mib']:6.1f} MiB "
           f"(per live run {figures['pss_per_worker_mib']:.1f} MiB, median of samples)")
     print(f"first dispatch              {figures['first_dispatch_s']:6.2f} s   "
@@ -467,7 +502,7 @@ def report(args: argparse.Namespace, figures: dict[str, Any]) -> None:
             print(f"  {kind:<10} x{count:<4}       {cpu:6.2f} s {1000 * cpu / runs:6.1f}  "
                   f"({1000 * cpu / max(1, count):.1f} ms each)")
         rest = figures["tree_cpu_s"] - counted
-        print(f"  the rest (bash, agents' exec, unreported ends) {rest:6.2f} s "
+        print(f"  the rest (hooks, unreported ends)          {rest:6.2f} s "
               f"{1000 * rest / runs:6.1f}")
 
 

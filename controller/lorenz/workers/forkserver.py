@@ -7,21 +7,26 @@ slots the launches alone kept both cores busy, a drain of 100 issues took twice 
 in-process agents, and the controller polled and reconciled through all of it). The single host
 therefore keeps one *launcher* (``lorenz worker --launcher``): it imports the worker's code
 once, reads launch requests (one JSON line each) on its stdin, and for each forks a child that
-does exactly what the launch command does — create the state directory, probe it, write the
-spec, fork the worker into a session of its own, wait until it serves — and answers with the
-launch command's JSON line, tagged with the request's id, on the launcher's stdout.
+does what the launch command does — create the state directory, probe it, write the spec —
+and then *becomes* the worker (a session of its own) instead of forking it: its readiness line,
+once it serves, is the launch command's JSON line, which the launcher tags with the request's
+id and writes on its stdout. One fork a run, not two: a launch child that only forked, waited
+and answered cost a run ~6 ms of CPU, most of it the kernel's fork and copy-on-write faults
+(issue #35).
 
 What the launch command's exec gave for free, the launcher keeps:
 
 * the worker is detached as before (a session of its own, not the controller's child);
 * NB: a forked process keeps the environment block of the interpreter it was forked from, so
-  the run's handle cannot be *in* ``/proc/<pid>/environ`` of the launch child or of the worker
+  the run's handle cannot be *in* ``/proc/<pid>/environ`` of the worker
   (``lorenz.workers.leftovers`` finds the launch command and a just-forked worker by it). The
   chain dies with its parent instead (``PR_SET_PDEATHSIG``): the launcher with the controller,
-  a launch child with the launcher, a worker with its launch child until its socket is bound and
-  its status written — from then on a successor's probe finds it and adopts it. So a controller
-  killed mid-launch leaves no unmarked worker behind that a retry could run beside. The agent
-  and hooks a worker starts are exec'd and carry the handle as before;
+  a worker with the launcher until its socket is bound and its status written — from then on
+  a successor's probe finds it and adopts it. So a controller killed mid-launch leaves no
+  unmarked worker behind that a retry could run beside. The agent and hooks a worker starts
+  are exec'd and carry the handle as before;
+* the worker is the launcher's child, not the controller's: the launcher reaps the workers that
+  end while it runs; once it is gone they are the init process's (or the nearest subreaper's);
 * the launcher's own environment carries ``LORENZ_WORKER_HANDLE=launcher`` (never a handle),
   so the orphan sweep of in-process agents passes it and its workers by, as it passes workers.
 
@@ -40,6 +45,7 @@ import itertools
 import json
 import logging
 import os
+import select
 import selectors
 import signal
 import sys
@@ -50,8 +56,8 @@ from typing import Any, Final
 from lorenz.codes import ErrorCode
 from lorenz.workers import profiling
 from lorenz.workers.launch import LaunchResult, WorkerLaunchError
-from lorenz.workers.spec import RunSpec
-from lorenz.workers.states import HANDLE_ENV
+from lorenz.workers.spec import RunSpec, is_handle
+from lorenz.workers.states import HANDLE_ENV, LOG_NAME
 
 logger = logging.getLogger(__name__)
 
@@ -96,22 +102,24 @@ def _libc() -> ctypes.CDLL:
 
 
 class _Child:
-    __slots__ = ("fd", "ident", "output", "pid")
+    __slots__ = ("fd", "ident", "log", "output", "pid")
 
-    def __init__(self, *, ident: object, pid: int, fd: int) -> None:
+    def __init__(self, *, ident: object, pid: int, fd: int, log: Path | None) -> None:
         self.ident = ident
         self.pid = pid
         self.fd = fd
+        self.log = log
+        """The worker's log, where a worker that died before it was ready says why."""
         self.output = b""
 
 
 def serve_launches(
     *, state_root: Path, parent: int, preload: Sequence[str] | None = None
 ) -> int:
-    """Fork a launch child per request line on stdin until stdin ends; answers on stdout.
+    """Fork a worker per request line on stdin until stdin ends; answers on stdout.
 
     A request is ``{"id": ID, "spec": {...}}`` (start a worker) or ``{"kill": ID}`` (give up on
-    one: its launch child is killed, and so the worker it forked if that did not serve yet). An
+    one: its fork is killed unless it answered — it serves then, and a successor adopts it). An
     answer is ``{"id": ID, "answer": {...}}`` with the launch command's answer. ``preload``:
     the agent protocols whose runners are imported before the first fork (``None``: all).
     """
@@ -122,11 +130,24 @@ def serve_launches(
     _preload(protocols=preload)
     selector = selectors.DefaultSelector()
     selector.register(0, selectors.EVENT_READ, None)
+    # NB: the workers are this process's children: each is reaped as it ends (SIGCHLD wakes the
+    # select), not at the next request — until then it is a zombie that still "exists" to
+    # whoever waits for its pid to go (the controller collecting a finished run).
+    wake = os.pipe()
+    for fd in wake:
+        os.set_blocking(fd, False)
+    signal.signal(signal.SIGCHLD, _on_child_exit)
+    signal.set_wakeup_fd(wake[1], warn_on_full_buffer=False)
+    selector.register(wake[0], selectors.EVENT_READ, _CHILD_EXITED)
     children: dict[int, _Child] = {}
     pending = b""
     try:
         while True:
             for key, _ in selector.select(timeout=1.0):
+                if key.data is _CHILD_EXITED:
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(wake[0], _READ_CHUNK)
+                    continue
                 if key.data is None:
                     chunk = os.read(0, _READ_CHUNK)
                     if not chunk:
@@ -136,7 +157,7 @@ def serve_launches(
                         line, pending = pending.split(b"\n", 1)
                         if line.strip():
                             _request(line, state_root=state_root, children=children,
-                                     selector=selector)
+                                     selector=selector, wake=wake)
                     continue
                 child: _Child = key.data
                 data = os.read(child.fd, _READ_CHUNK)
@@ -173,8 +194,21 @@ def _preload(*, protocols: Sequence[str] | None = None) -> None:
     gc.freeze()
 
 
+_CHILD_EXITED: Final = object()
+"""The selector's mark of the SIGCHLD wake-up pipe."""
+
+
+def _on_child_exit(signum: int, frame: object) -> None:
+    """Nothing: the signal's byte on the wake-up pipe is what wakes the launcher's select."""
+
+
 def _request(
-    line: bytes, *, state_root: Path, children: dict[int, _Child], selector: selectors.BaseSelector
+    line: bytes,
+    *,
+    state_root: Path,
+    children: dict[int, _Child],
+    selector: selectors.BaseSelector,
+    wake: tuple[int, int],
 ) -> None:
     try:
         request = json.loads(line)
@@ -184,7 +218,7 @@ def _request(
         return
     if "kill" in request:
         for child in children.values():
-            if child.ident == request["kill"]:
+            if child.ident == request["kill"] and not _answered(child):
                 with contextlib.suppress(OSError):
                     os.kill(child.pid, signal.SIGKILL)
         return
@@ -192,7 +226,7 @@ def _request(
     read_fd, write_fd = os.pipe()
     launcher = os.getpid()
     pid = os.fork()
-    if pid == 0:  # the launch child
+    if pid == 0:  # the launch child, the worker itself once the spec is written
         status = 1
         try:
             profiling.begin("launch")
@@ -203,6 +237,10 @@ def _request(
             for fd in children:
                 os.close(fd)
             selector.close()
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            for fd in wake:
+                os.close(fd)
             null = os.open(os.devnull, os.O_RDWR)
             os.dup2(null, 0)
             os.dup2(write_fd, 1)
@@ -217,7 +255,14 @@ def _request(
             profiling.end("launch")
             os._exit(status)
     os.close(write_fd)
-    children[read_fd] = _Child(ident=ident, pid=pid, fd=read_fd)
+    spec = request.get("spec")
+    handle = spec.get("handle") if isinstance(spec, dict) else None
+    log = (
+        state_root.absolute() / handle / LOG_NAME
+        if isinstance(handle, str) and is_handle(handle)
+        else None
+    )
+    children[read_fd] = _Child(ident=ident, pid=pid, fd=read_fd, log=log)
     selector.register(read_fd, selectors.EVENT_READ, children[read_fd])
 
 
@@ -229,7 +274,9 @@ def _launch_one(raw: object, *, state_root: Path) -> int:
     try:
         spec = read_spec(_Bytes(json.dumps(raw).encode()))
         os.environ[HANDLE_ENV] = spec.handle
-        return start_from_spec(spec, state_root=state_root, detach=True, die_with_parent=True)
+        return start_from_spec(
+            spec, state_root=state_root, detach=True, die_with_parent=True, in_place=True
+        )
     except LorenzError as exc:
         answer({"ok": False, "code": exc.code, "message": exc.message})
         return 2
@@ -243,12 +290,31 @@ class _Bytes:
         return self._data[:limit]
 
 
+def _answered(child: _Child) -> bool:
+    """Whether the fork wrote its answer (read here now if it waits in the pipe).
+
+    NB: a worker answers only once it serves with its status written, and starts its agent only
+    after that: a fork that answered is never killed (its run goes on, and the controller's
+    successor adopts it); one that did not has no agent yet, and dies with nothing to adopt.
+    """
+    if child.output:
+        return True
+    ready, _, _ = select.select([child.fd], [], [], 0)
+    if ready:
+        with contextlib.suppress(OSError):
+            child.output += os.read(child.fd, _READ_CHUNK)
+    return bool(child.output)
+
+
 def _child_answer(child: _Child) -> dict[str, Any]:
     for line in reversed(child.output.splitlines()):
         with contextlib.suppress(ValueError):
             value = json.loads(line)
             if isinstance(value, dict):
                 return value
+    if child.log is not None and child.log.exists():
+        return {"ok": False, "code": ErrorCode.WORKER_START_FAILED,
+                "message": f"the worker exited before it was ready; see {child.log}"}
     return {"ok": False, "code": ErrorCode.WORKER_LAUNCH_FAILED,
             "message": "the launch child ended without an answer (killed?)"}
 

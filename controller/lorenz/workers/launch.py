@@ -28,7 +28,7 @@ import signal
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 import pydantic
 
@@ -197,19 +197,29 @@ def read_spec(stream: Any) -> RunSpec:
 
 
 def start_from_spec(
-    spec: RunSpec, *, state_root: Path, detach: bool, die_with_parent: bool = False
+    spec: RunSpec,
+    *,
+    state_root: Path,
+    detach: bool,
+    die_with_parent: bool = False,
+    in_place: bool = False,
 ) -> int:
     """Create the state directory for ``spec`` and start (or find) its worker.
 
     ``die_with_parent``: the worker dies with this process until it serves (see
-    :mod:`lorenz.workers.forkserver`, whose launch children call this).
+    :mod:`lorenz.workers.forkserver`, whose forks call this). ``in_place`` (with
+    ``detach``): this process, a launcher's fork, becomes the worker itself instead of forking
+    it (see :func:`serve`); it never returns then.
     """
     state_dir = create_state_dir(state_root, spec.handle)
     if _is_empty_dir(state_dir):
         # NB: a new run's directory (the usual launch): no journal, no status, no socket, so
         # the probe could only say "gone, never ran"; skip its event loop and connect attempt.
         write_spec(state_dir, spec)
-        return serve(state_dir, detach=detach, die_with_parent=die_with_parent, spec=spec)
+        return serve(
+            state_dir, detach=detach, die_with_parent=die_with_parent, spec=spec,
+            in_place=in_place,
+        )
     probe = asyncio.run(probe_local(state_dir, timeout_s=2.0))
     journal = read_journal(state_dir / JOURNAL_NAME) if probe.state is ProbeState.GONE else []
     if probe.state is not ProbeState.GONE:
@@ -231,7 +241,9 @@ def start_from_spec(
             code=ErrorCode.WORKER_HANDLE_USED,
         )
     write_spec(state_dir, spec)
-    return serve(state_dir, detach=detach, die_with_parent=die_with_parent, spec=spec)
+    return serve(
+        state_dir, detach=detach, die_with_parent=die_with_parent, spec=spec, in_place=in_place
+    )
 
 
 def _is_empty_dir(path: Path) -> bool:
@@ -240,19 +252,35 @@ def _is_empty_dir(path: Path) -> bool:
 
 
 def serve(
-    state_dir: Path, *, detach: bool, die_with_parent: bool = False, spec: RunSpec | None = None
+    state_dir: Path,
+    *,
+    detach: bool,
+    die_with_parent: bool = False,
+    spec: RunSpec | None = None,
+    in_place: bool = False,
 ) -> int:
     """Run the worker of ``state_dir``; with ``detach``, in a new session, answering once
     its socket is bound (the answer is one JSON line on stdout).
 
     ``die_with_parent`` (with ``detach``): the forked worker is killed if this process ends
     before the worker's socket is bound and its status written. ``spec``: the spec just
-    written there (``None``: read from ``state_dir``).
+    written there (``None``: read from ``state_dir``). ``in_place`` (with ``detach``): this
+    process is already a child of its own (a launcher's fork, its parent-death signal set, its
+    stdout the launcher's answer pipe), so it becomes the worker without a second fork — one
+    fork a run instead of two, and no launch child's copy-on-write faults — and answers on
+    that pipe once it serves; it never returns.
     """
     if spec is None:
         spec = load_spec(state_dir)
     if not detach:
         return asyncio.run(_serve(spec, state_dir, ready_fd=None))
+    if in_place:
+        sys.stdout.flush()
+        # NB: its own descriptor for the answer: stdout goes to the worker's log below, and
+        # the launcher reads the answer until this last end of its pipe closes.
+        _become_worker(
+            spec, state_dir, ready_fd=os.dup(1), die_with_parent=die_with_parent, parent=None
+        )
     read_fd, write_fd = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -271,12 +299,24 @@ def serve(
             }
         answer(result)
         return 0 if result.get("ok") else 1
-    # The worker: a session of its own, stdio on the log, then the run.
     os.close(read_fd)
+    _become_worker(
+        spec, state_dir, ready_fd=write_fd, die_with_parent=die_with_parent, parent=parent
+    )
+
+
+def _become_worker(
+    spec: RunSpec, state_dir: Path, *, ready_fd: int, die_with_parent: bool, parent: int | None
+) -> NoReturn:
+    """The worker: a session of its own, stdio on the log, then the run; ends the process.
+
+    ``parent``: the process that forked this one just now, to die with until the worker
+    serves (``None``: the parent-death signal is set already, by a launcher's fork).
+    """
     status = int(ExitStatus.FAILED)
     try:
         profiling.begin("worker")
-        if die_with_parent:
+        if die_with_parent and parent is not None:
             from lorenz.workers.forkserver import set_parent_death_signal
 
             set_parent_death_signal(signal.SIGKILL)
@@ -288,7 +328,7 @@ def serve(
             level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
         )
         status = asyncio.run(
-            _serve(spec, state_dir, ready_fd=write_fd, die_with_parent=die_with_parent)
+            _serve(spec, state_dir, ready_fd=ready_fd, die_with_parent=die_with_parent)
         )
     except BaseException:
         logger.exception("the worker failed")

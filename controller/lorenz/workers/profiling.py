@@ -1,14 +1,14 @@
 """Where a run's CPU goes outside the controller: per-process figures for ``bench/cli_bench.py``.
 
-A run's orchestration is spread over processes the controller cannot see into: the launcher,
-one launch child per run (forked from the launcher, it forks the worker and answers) and the
-worker. Their CPU is counted in the bench's whole-tree figure, but not split. With
-``LORENZ_PROFILE_DIR`` set in the controller's environment (the bench sets it; nothing else
-should), each of these processes appends one line to ``DIR/cpu.txt`` as it ends — its kind,
-pid and the CPU it used since its fork or exec (``RUSAGE_SELF``) — and with
-``LORENZ_PROFILE_CPROFILE=1`` also writes a cProfile of itself to ``DIR/<kind>-<pid>.prof``
-(which inflates the CPU figures: read them from a run without it). Unset, everything here is
-one environment lookup.
+A run's orchestration is spread over processes the controller cannot see into: the launcher and one
+fork of it per run, which becomes the run's worker (a fork that ends before that, having found the
+worker running or failed, reports as ``launch``). Their CPU is counted in the bench's whole-tree
+figure, but not split. With ``LORENZ_PROFILE_DIR`` set in the controller's environment (the bench
+sets it; nothing else should), each of these processes appends one line to ``DIR/cpu.txt`` as it
+ends — its kind, pid and the CPU it used since its fork or exec (``RUSAGE_SELF``) — and with
+``LORENZ_PROFILE_CPROFILE=1`` also writes a cProfile of itself to ``DIR/<kind>-<pid>.prof`` (which
+inflates the CPU figures: read them from a run without it). Unset, everything here is one
+environment lookup.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ _profiler: cProfile.Profile | None = None
 def begin(kind: str) -> None:
     """In a process just forked (or started) as ``kind``: start its profile if asked for.
 
-    NB: a profiler inherited across the fork (the launch child's, in its worker) is stopped
-    first, so each process profiles only itself.
+    NB: a profiler inherited across a fork (the launcher's, or the fork's own as ``launch``
+    when it becomes the worker) is stopped first, so each process profiles only itself.
     """
     global _profiler
     if _profiler is not None:
