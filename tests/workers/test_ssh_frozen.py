@@ -25,8 +25,10 @@ from typing import Any
 import psutil
 import pytest
 
+from lorenz.daemon import shutdown
+from lorenz.daemon.host import wait_for_runs_or_leave
 from lorenz.model import ManualClock, RetryKind, slot_key
-from lorenz.workers.runner import WorkerRunner
+from lorenz.workers.runner import Departure, WorkerRunner
 from lorenz.workers.ssh import SshTransport
 from lorenz.workers.states import worker_pid
 from tests.runtime.harness import LIVE_RUNTIMES, RuntimeRig, build_rig, write_workflow
@@ -111,7 +113,12 @@ async def ssh(sshd: Sshd) -> AsyncIterator[SshTransport]:
 
 
 def ssh_rig(
-    tmp_path: Path, *, transport: SshTransport, clock: ManualClock, runners: list[WorkerRunner]
+    tmp_path: Path,
+    *,
+    transport: SshTransport,
+    clock: ManualClock,
+    runners: list[WorkerRunner],
+    departure: Departure | None = None,
 ) -> RuntimeRig:
     """A runtime whose runs are workers over ``transport``; each runner made joins ``runners``."""
     agent = tmp_path / "locking_agent.py"
@@ -145,6 +152,7 @@ def ssh_rig(
             transport=transport,
             placement=transport.host,
             quarantine_probe_s=0.5,
+            leaving=departure,
         )
         runners.append(made)
         return made
@@ -248,3 +256,36 @@ async def test_an_unreachable_host_keeps_the_frozen_runs_slot_held_until_a_kill_
         lambda: key in state.retry_attempts, timeout=WAIT_S, what="the slot's retry"
     )
     assert not pid_alive(first["pid"]), "the first agent still runs beside its retry"
+
+
+async def test_a_stop_whose_kill_cannot_get_through_ends_and_leaves_the_slot_to_the_next_controller(
+    sshd: Sshd,
+    ssh: SshTransport,
+    tmp_path: Path,
+    stopped: list[int],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``--force-kill`` (or ``--now``) with the frozen worker's host unreachable: the stop
+    cannot prove the agent gone, yet must end; the run is left unsettled — no retry written for
+    a successor to start beside the live agent — for the next controller to probe and kill."""
+    monkeypatch.setattr(shutdown, "KILL_CONFIRM_BOUND_S", 2.0)
+    clock, runners, departure = ManualClock(), list[WorkerRunner](), Departure()
+    rig = ssh_rig(tmp_path, transport=ssh, clock=clock, runners=runners, departure=departure)
+    log = tmp_path / "agent.log"
+    key = slot_key("id-1", 0)
+    first, _ = await freeze_the_first_worker(
+        rig, sshd=sshd, log=log, stopped=stopped, runners=runners
+    )
+    sshd.stop()
+    try:
+        rig.runtime.stop()  # a stop that kills: the runs are cancelled, not handed over
+        await asyncio.wait_for(
+            wait_for_runs_or_leave(rig.runtime, departure=departure), timeout=WAIT_S
+        )
+        state = rig.orchestrator.state
+        assert departure() == shutdown.KILL_UNCONFIRMED
+        assert key not in state.retry_attempts, "a retry was written beside a live agent"
+        assert pid_alive(first["pid"]), "the agent is the next controller's to kill"
+    finally:
+        sshd.start()
+        _wait_for_login(sshd)

@@ -285,7 +285,7 @@ async def run_host(
             if graceful is not None:
                 await graceful.finish()
             runtime.stop()
-            await runtime.wait_for_runs()
+            await wait_for_runs_or_leave(runtime, departure=departure)
             shutdown.shutdown_step(shutdown.UNMOUNT_TUI)
             for attachment in attachments:
                 if not shutdown.stops_with_server(attachment):
@@ -320,6 +320,33 @@ async def run_host(
             if daemon is not None:
                 shutdown.shutdown_step(shutdown.RELEASE_LEASE)
                 await daemon.release()
+
+
+async def wait_for_runs_or_leave(runtime: LorenzRuntime, *, departure: Departure) -> None:
+    """Wait for the stopped runtime's runs; past the bound
+    (:data:`~lorenz.daemon.shutdown.KILL_CONFIRM_BOUND_S`) leave those still waiting for a kill
+    to be confirmed to the next controller.
+
+    NB: a cancelled run whose worker cannot be reached (an SSH host down, an API server that
+    does not answer) holds its slot until the kill is confirmed, which may be never while this
+    controller runs: a stop must still end. Left, such a run ends unsettled — its claim keeps
+    the worker's intent — and the next controller probes and kills it before it retries.
+    """
+    waiting = asyncio.ensure_future(runtime.wait_for_runs())
+    try:
+        await asyncio.wait_for(asyncio.shield(waiting), timeout=shutdown.KILL_CONFIRM_BOUND_S)
+    except TimeoutError:
+        left = runtime.leave_runs_in_flight()
+        logger.warning(
+            "runs whose kill is not confirmed after %g s left to the next controller runs=%d",
+            shutdown.KILL_CONFIRM_BOUND_S,
+            left,
+        )
+        departure.leave(reason=shutdown.KILL_UNCONFIRMED)
+        await waiting
+    finally:
+        if not waiting.done():
+            waiting.cancel()
 
 
 def _install_signal_handlers(graceful: shutdown.GracefulStop) -> None:

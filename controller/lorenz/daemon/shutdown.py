@@ -74,6 +74,12 @@ DEFAULT_GRACE_S: Final = 120.0
 """How long runs in flight may go on after a graceful stop was asked for (``--grace-seconds``)."""
 
 GRACE_ELAPSED: Final = "shutdown_grace_elapsed"
+KILL_UNCONFIRMED: Final = "shutdown_kill_unconfirmed"
+"""The departure's reason when runs cancelled at shutdown could not be proven killed in time."""
+KILL_CONFIRM_BOUND_S: Final = 60.0
+"""How long a stopping controller waits for the cancelled runs' kills to be confirmed (a
+frozen worker's host unreachable, a Pod the API server does not show gone) before it leaves
+those runs, unsettled, to the next controller."""
 """Why a drain that ran out of time left its detached workers running."""
 
 

@@ -295,6 +295,23 @@ class LorenzRuntime:
         self._dispatching.wake_passes()
         self._reporting.event(EventType.STOPPING, message="runtime stopping")
 
+    def leave_runs_in_flight(self) -> int:
+        """Leave every run still in flight to its worker and the next controller (as
+        :meth:`stop` with ``hand_over`` does), even one stopped already; how many.
+
+        NB: for a stopping controller whose cancelled runs cannot be proven killed (a frozen
+        worker whose host is unreachable): settled as stopped, each would write a retry that
+        the next controller starts beside a possibly live agent; left, its claim keeps the
+        worker's intent, and the next controller probes and kills it first. The caller has made
+        the runner leave workers running.
+        """
+        left = 0
+        for run in self._parts.runs.all():
+            if run.task is not None and not run.task.done() and not run.exited:
+                run.reason = AbortReason.HANDED_OVER
+                left += 1
+        return left
+
     async def drain(self, *, grace_s: float, cut_short: asyncio.Event | None = None) -> bool:
         """Stop starting runs and let the ones in flight go on for up to ``grace_s`` seconds.
 

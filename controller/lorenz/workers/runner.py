@@ -752,10 +752,15 @@ class WorkerRunner:
         a fresh worker) once this returns, and an unconfirmed kill may have left the agent
         working. Until then the slot stays held — counted against concurrency, no retry —
         and ``on_update`` is told once why (``worker_quarantined`` with the coded reason
-        ``worker_kill_unconfirmed``).
+        ``worker_kill_unconfirmed``). A controller that leaves its workers meanwhile (its
+        shutdown's kill bound passed, leadership lost) stops trying: the run ends cancelled,
+        unsettled, and its claim keeps the worker's intent for the next controller, which
+        probes and kills it in turn.
         """
         told = False
         while True:
+            if told and self._leaves_workers():
+                raise asyncio.CancelledError  # NB: unsettled: the next controller's to kill
             try:
                 await self.transport.kill(name)
                 return
