@@ -20,6 +20,8 @@ takes a Workflow over rebuilds the scheduling state from them (``load``), and so
                     checkpoint from the Workflow's status (the first load of a term takes it
                     from the Workflow the term's finalizer edit got back, when there was one);
                     every owner that is not the current Lease holder is stale.
+``recover``         a term's start: that list, bounded, and the take-over of its stale
+                    owners' Claims (:mod:`.recovering`).
 ``take_over``       status writes (CAS) that set the owner to us.
 ``save_checkpoint`` merge-patch ``status.checkpoint`` of the Workflow; a top-level key the
                     new checkpoint no longer has (``resumes`` once the resumed run
@@ -81,6 +83,7 @@ from lorenz.kube.api.statuses import (
     record_from_claim,
 )
 from lorenz.kube.claims.lists import ClaimLister
+from lorenz.kube.claims.recovering import recover_listed
 from lorenz.kube.claims.spending import SPEND_FLUSH_S, ledger_document, spend_book
 from lorenz.kube.clients import KubeApi, claims_path, workflows_path
 from lorenz.kube.errors import KubeApiError, LeaseLost
@@ -88,6 +91,7 @@ from lorenz.model import (
     ClaimPhase,
     ClaimRecord,
     LorenzError,
+    RecoveredClaims,
     SlotKey,
     SpawnIntent,
     StoredState,
@@ -242,6 +246,11 @@ class ClaimResourceStore:
         checkpoint = await self._read_checkpoint()
         self._questions = waiting_questions(checkpoint)
         return StoredState(claims=records, checkpoint=checkpoint, stale_owners=stale)
+
+    async def recover(self) -> RecoveredClaims:
+        """A term's start: the Workflow's Claims, ours and stale ones rebound (see
+        :mod:`.recovering`)."""
+        return await recover_listed(self)
 
     async def acquire(self, record: ClaimRecord) -> bool:
         self._check_fence(None, key=record.slot_key)
