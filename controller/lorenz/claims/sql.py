@@ -382,7 +382,7 @@ class SqlClaimStore(abc.ABC):
     # -- extras for recovery passes and diagnostics ----------------------------------------------
 
     async def mark_owners_dead(self, owners: Iterable[str]) -> list[str]:
-        """Declare ``owners`` dead, so the next :meth:`load` reports them stale at once.
+        """Declare ``owners`` dead, so the next :meth:`recover` finds them stale at once.
 
         For a caller that *proved* the processes gone — the daemon, whose lease verified its
         predecessor's pid and start time on this host. Their heartbeat is set to 0, exactly what

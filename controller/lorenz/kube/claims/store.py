@@ -249,8 +249,12 @@ class ClaimResourceStore:
 
     async def recover(self) -> RecoveredClaims:
         """A term's start: the Workflow's Claims, ours and stale ones rebound (see
-        :mod:`.recovering`)."""
-        return await recover_listed(self)
+        :mod:`.recovering`); above the bound the store holds none of them."""
+        try:
+            return await recover_listed(self, where=f"namespace {self._workflow.namespace}")
+        except ClaimRecoveryTooLarge:
+            self._held.clear()
+            raise
 
     async def acquire(self, record: ClaimRecord) -> bool:
         self._check_fence(None, key=record.slot_key)
