@@ -12,15 +12,23 @@ rebind nothing moves.
 
 from __future__ import annotations
 
+import sqlite3
+import time
 from pathlib import Path
 from typing import ClassVar
 
 import pytest
 
-from lorenz.claims import ClaimRebindTooLarge, MemoryClaimStore, SqliteClaimStore
+from lorenz.claims import (
+    ClaimRebindTooLarge,
+    ClaimRecoveryTooLarge,
+    MemoryClaimStore,
+    SqliteClaimStore,
+)
 from lorenz.claims.connections import DbConnection, SqlDriver
 from lorenz.claims.errors import MAX_REBIND
 from lorenz.claims.memory import MemoryClaimTable
+from lorenz.claims.rebinding import MAX_OWNERS
 from lorenz.claims.sqlite import SqliteDriver
 from lorenz.config import WorkflowSettings
 from lorenz.model import ClaimStore, SlotKey, SystemClock, slot_key
@@ -162,3 +170,28 @@ async def test_memory_start_up_above_the_bound_fails_closed() -> None:
         await _orchestrator(MemoryClaimStore(owner="ours", table=table)).hydrate()
     assert caught.value.count == MAX_REBIND + 1
     assert {record.phase.value for record in table.claims.values()} == {"Running"}
+
+
+async def test_a_store_naming_more_owners_than_the_bound_fails_closed(tmp_path: Path) -> None:
+    path = tmp_path / "claims.db"
+    ours = await SqliteClaimStore.open(path, owner="ours", owner_stale_ms=STALE_MS)
+    try:
+        await _hold(ours, "O", 1)
+        # NB: a damaged store (a copied file, an owner id per restart never pruned): heartbeat
+        # rows are written beside the store, as another process would.
+        with sqlite3.connect(path) as conn:
+            now_ms = time.time() * 1000.0
+            conn.executemany(
+                "INSERT INTO owners (owner, heartbeat_at) VALUES (?, ?)",
+                [(f"host:{pid}:1.0", now_ms) for pid in range(MAX_OWNERS + 1)],
+            )
+        with pytest.raises(ClaimRecoveryTooLarge) as caught:
+            await _orchestrator(ours).hydrate()
+        assert caught.value.code == "claim_rebind_too_large"
+        assert f"more than {MAX_OWNERS} owners" in caught.value.message
+        with sqlite3.connect(path) as conn:
+            assert conn.execute("SELECT slot_key, owner FROM claims").fetchall() == [
+                ("O0#0", "ours")
+            ]
+    finally:
+        await ours.close()
