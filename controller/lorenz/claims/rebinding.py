@@ -46,7 +46,7 @@ _CLAIM_OWNERS = (
 
 
 def owner_heartbeats(
-    conn: DbConnection, *, where: str, limit: int = MAX_OWNERS
+    conn: DbConnection, *, path: Path, limit: int = MAX_OWNERS
 ) -> dict[str, float | None]:
     """Every owner the store knows of (a heartbeat row, or claims without one: ``None``),
     at most ``limit`` of each; more fail closed."""
@@ -54,7 +54,9 @@ def owner_heartbeats(
     heartbeats: dict[str, float | None] = {str(owner): float(at) for owner, at in rows.fetchall()}
     holding = [str(row[0]) for row in conn.execute(_CLAIM_OWNERS, (limit + 1,)).fetchall()]
     if len(heartbeats) > limit or len(holding) > limit:
-        raise ClaimRecoveryTooLarge(path=None, where=where, limit=limit, what="owners")
+        raise ClaimRecoveryTooLarge(
+            path=path, where=f"claim store {path}", limit=limit, what="owners"
+        )
     for owner in holding:
         heartbeats.setdefault(owner, None)
     return heartbeats
@@ -94,12 +96,12 @@ def stale_owners(
     now_ms: float,
     stale_ms: float,
     liveness: Callable[[str], Liveness],
-    where: str,
+    path: Path,
 ) -> frozenset[str]:
     """The owners other than ``own`` that are stale now (:func:`owner_is_stale`)."""
     return frozenset(
         owner
-        for owner, heartbeat_ms in owner_heartbeats(conn, where=where).items()
+        for owner, heartbeat_ms in owner_heartbeats(conn, path=path).items()
         if owner != own
         and owner_is_stale(owner, heartbeat_ms, now_ms=now_ms, stale_ms=stale_ms, liveness=liveness)
     )

@@ -629,7 +629,7 @@ class SqlClaimStore(abc.ABC):
             now_ms=now_ms,
             stale_ms=self._owner_stale_ms,
             liveness=self._liveness,
-            where=f"claim store {self._path}",
+            path=self._path,
         )
 
     def _load_sync(self, *, bound: int | None = None) -> StoredState:
