@@ -48,4 +48,8 @@ async def recover_listed(store: ClaimStore, *, where: str) -> RecoveredClaims:
         claims=list(claims.values()),
         previous_owners={key: previous[key] for key in claims if key in previous},
         checkpoint=stored.checkpoint,
+        # NB: as the list read them, before any move (the store's clock, where it has one).
+        retry_ready_in_ms={
+            key: ready for key, ready in stored.retry_ready_in_ms.items() if key in claims
+        },
     )
