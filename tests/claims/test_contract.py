@@ -178,7 +178,46 @@ async def test_checkpoint_round_trip(any_store: Subject) -> None:
     assert (await store.load()).checkpoint == {"usage_totals": {"total_tokens": 3}}
 
 
+async def test_recover_returns_exactly_our_claims_and_the_checkpoint(any_store: Subject) -> None:
+    store = await any_store.open_owner("me")
+    await store.acquire(claim("1"))
+    await store.acquire(claim("2", phase=ClaimPhase.RETRY_PENDING, attempt=2))
+    await store.save_checkpoint({"usage_totals": {"total_tokens": 3}})
+    recovered = await store.recover()
+    assert {r.slot_key: (r.owner, r.attempt) for r in recovered.claims} == {
+        "1#0": ("me", None),
+        "2#0": ("me", 2),
+    }
+    assert recovered.previous_owners == {"1#0": "me", "2#0": "me"}
+    assert recovered.checkpoint == {"usage_totals": {"total_tokens": 3}}
+
+
 # -- several owners -------------------------------------------------------------------------
+
+
+async def test_recover_rebinds_exactly_the_stale_owners_claims_and_reads_no_live_one(
+    shared_store: Subject,
+) -> None:
+    live = await shared_store.open_owner("live")
+    dead = await shared_store.open_owner("dead")
+    await live.acquire(claim("1"))
+    await dead.acquire(claim("2"))
+    await dead.acquire(claim("3", phase=ClaimPhase.RETRY_PENDING, attempt=2))
+    shared_store.clock.advance(STALE_MS + 1)
+    await live.heartbeat()
+    heir = await shared_store.open_owner("heir")
+    recovered = await heir.recover()
+    assert {r.slot_key: (r.owner, r.attempt) for r in recovered.claims} == {
+        "2#0": ("heir", None),
+        "3#0": ("heir", 2),
+    }
+    assert recovered.previous_owners == {"2#0": "dead", "3#0": "dead"}
+    owners = {r.slot_key: r.owner for r in (await heir.load()).claims}
+    assert owners == {"1#0": "live", "2#0": "heir", "3#0": "heir"}
+    assert "dead" not in await heir.stale_owners()  # its heartbeat row went with its claims
+    assert await heir.acquire(claim("1")) is False
+
+
 
 
 async def test_acquire_refuses_a_live_owners_slot(shared_store: Subject) -> None:

@@ -230,7 +230,7 @@ async def test_the_hydration_line_prints_counts_not_a_repr(
     [line] = [r.getMessage() for r in caplog.records if "claims hydrated" in r.getMessage()]
     assert "HydrationReport" not in line
     assert line == (
-        "claims hydrated backend=memory interrupted=0 adopting=0 restored_retries=0 foreign=0 "
+        "claims hydrated backend=memory interrupted=0 adopting=0 restored_retries=0 "
         "taken_over=0 problems=0"
     )
 

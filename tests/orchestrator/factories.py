@@ -19,12 +19,23 @@ from typing import Any
 from lorenz.claims import (
     DEFAULT_OWNER_STALE_MS,
     ClaimOwnerLost,
+    ClaimRebindTooLarge,
     ClaimRecoveryTooLarge,
     MemoryClaimStore,
 )
+from lorenz.claims.errors import MAX_REBIND
 from lorenz.claims.owners import Liveness, owner_liveness
 from lorenz.config import WorkflowSettings
-from lorenz.model import BlockerRef, ClaimRecord, Clock, Issue, ManualClock, SlotKey, StoredState
+from lorenz.model import (
+    BlockerRef,
+    ClaimRecord,
+    Clock,
+    Issue,
+    ManualClock,
+    RecoveredClaims,
+    SlotKey,
+    StoredState,
+)
 from lorenz.orchestrator import Orchestrator
 
 EPOCH = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
@@ -182,6 +193,25 @@ class SharedStore:
 
     async def stale_owners(self) -> frozenset[str]:
         return self.shared.stale_owners(reader=self._owner)
+
+    async def recover(self) -> RecoveredClaims:
+        """The SQL stores' rebind: the stale owners' rows become ours (above ``MAX_REBIND``
+        with ours counted, nothing moves), and exactly those and ours come back."""
+        self.calls.append("recover")
+        stale = self.shared.stale_owners(reader=self._owner)
+        owners = stale | {self._owner}
+        previous = {k: r.owner for k, r in self.shared.rows.items() if r.owner in owners}
+        if len(previous) > MAX_REBIND:
+            raise ClaimRebindTooLarge(
+                path=SHARED_PATH, owners=sorted(owners), count=len(previous), limit=MAX_REBIND
+            )
+        if stale:
+            await self.take_over(from_owners=stale)
+        return RecoveredClaims(
+            claims=[copy.copy(self.shared.rows[key]) for key in previous],
+            previous_owners=previous,
+            checkpoint=copy.deepcopy(self.shared.checkpoint),
+        )
 
     async def acquire(self, record: ClaimRecord) -> bool:
         self.calls.append(f"acquire {record.slot_key}")

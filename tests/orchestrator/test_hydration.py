@@ -84,22 +84,29 @@ async def test_our_own_claims_from_a_previous_life_are_recovered() -> None:
     assert set(orchestrator.state.retry_attempts) == {K1, K2, K3}
 
 
-async def test_live_foreign_claims_are_never_dispatched() -> None:
+async def test_live_foreign_claims_are_never_read_at_start_nor_dispatched() -> None:
     shared = SharedClaims()
     other = await previous_life(shared, "alive")
     orchestrator, _, clock = make(store=shared.store("me"))
     report = await orchestrator.hydrate()
-    assert report.foreign == {K1: "alive", K2: "alive", K3: "alive"}
     assert report.interrupted == ()
+    assert report.taken_over_from == frozenset()
     assert orchestrator.state.retry_attempts == {}
+    assert orchestrator.state.foreign == {}, "a live owner's rows are not read at start-up"
     issues = [issue(1), issue(2), issue(3), issue(4)]
-    assert [c.key for c in await orchestrator.eligible_issues(issues)] == [SlotKey("i4#0")]
-    # after the recheck interval the store decides: still held → claimed_elsewhere
+    candidates = {c.key: c for c in await orchestrator.eligible_issues(issues)}
+    # the store refuses the slot when it comes up; it is remembered as foreign from then on
+    result = await orchestrator.claim(candidates[K1])
+    assert getattr(result, "reason", None) == "claimed_elsewhere"
+    assert K1 in orchestrator.state.foreign
+    assert K1 not in [c.key for c in await orchestrator.eligible_issues(issues)]
+    # after the recheck interval the store decides again: still held → claimed_elsewhere
     clock.advance(30000)
     candidates = {c.key: c for c in await orchestrator.eligible_issues(issues)}
     result = await orchestrator.claim(candidates[K1])
     assert getattr(result, "reason", None) == "claimed_elsewhere"
     assert K1 in other.state.running
+    assert {r.owner for r in shared.rows.values()} == {"alive"}
 
 
 async def test_usage_totals_come_back_from_the_checkpoint() -> None:
@@ -177,7 +184,6 @@ async def test_hydrating_an_empty_memory_store_changes_nothing() -> None:
         "interrupted": [],
         "adopting": [],
         "restored_retries": [],
-        "foreign": {},
         "taken_over_from": [],
         "usage_restored": False,
         "problems": [],

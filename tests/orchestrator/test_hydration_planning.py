@@ -11,11 +11,11 @@ from lorenz.model import (
     BlockReason,
     ClaimPhase,
     ClaimRecord,
+    RecoveredClaims,
     RetryKind,
     SlotKey,
     SpawnIntent,
     SpawnPhase,
-    StoredState,
     TokenUsage,
     slot_key,
 )
@@ -25,8 +25,6 @@ from lorenz.orchestrator.checkpoints import (
     checkpoint_usage,
 )
 from lorenz.orchestrator.hydration import (
-    foreign_claims,
-    owners_to_take_over,
     plan_hydration,
     record_problem,
     recover_slots,
@@ -72,20 +70,6 @@ def test_a_row_whose_key_disagrees_with_its_issue_is_a_problem_never_recovered()
     valid = valid_records([good, bad])
     assert list(valid.by_key) == [good.slot_key]
     assert len(valid.problems) == 1
-
-
-def test_live_other_owners_rows_are_foreign_own_and_stale_and_recovered_ones_are_not() -> None:
-    rows = {
-        r.slot_key: r
-        for r in (
-            row("mine", ClaimPhase.RUNNING, owner="me"),
-            row("dead", ClaimPhase.RUNNING, owner="stale"),
-            row("live", ClaimPhase.RUNNING, owner="other"),
-            row("moved", ClaimPhase.RUNNING, owner="other2"),
-        )
-    }
-    foreign = foreign_claims(rows, recovered=[slot_key("moved", 0)], own="me", stale=["stale"])
-    assert foreign == {slot_key("live", 0): "other"}
 
 
 def test_a_pending_retry_keeps_its_attempt_kind_and_wall_due_time_on_this_clock() -> None:
@@ -350,16 +334,19 @@ def test_a_lost_run_without_an_intent_and_a_pending_retry_with_one_are_not_adopt
 def plan(
     rows: list[ClaimRecord],
     *,
-    stale: frozenset[str] = frozenset(),
-    moved: list[ClaimRecord] | None = None,
+    previous: dict[SlotKey, str] | None = None,
     checkpoint: dict[str, Any] | None = None,
 ) -> Any:
-    stored = StoredState(claims=rows, checkpoint=checkpoint, stale_owners=stale)
-    valid = valid_records(rows)
+    """The plan of ``rows``, the claims a store rebound to "me" (each taken from its
+    ``previous`` owner, by default the owner the row names)."""
+    recovered = RecoveredClaims(
+        claims=rows,
+        previous_owners=previous or {r.slot_key: r.owner for r in rows},
+        checkpoint=checkpoint,
+    )
     return plan_hydration(
-        valid,
-        stored=stored,
-        moved=moved if moved is not None else [],
+        valid_records(rows),
+        recovered=recovered,
         own="me",
         now_ms=NOW_MS,
         wall=WALL,
@@ -372,40 +359,24 @@ def malformed(*, owner: str) -> ClaimRecord:
     return dataclasses.replace(row("y", ClaimPhase.RUNNING, owner=owner), slot_key=SlotKey("x#0"))
 
 
-def test_only_stale_owners_holding_a_trusted_row_are_taken_over() -> None:
-    rows = [
-        row("dead", ClaimPhase.RUNNING, owner="stale"),
-        row("live", ClaimPhase.RUNNING, owner="other"),
-        row("mine", ClaimPhase.RETRY_PENDING, owner="me"),
-    ]
-    stored = StoredState(claims=rows, stale_owners=frozenset({"stale", "gone-without-rows"}))
-    assert owners_to_take_over(valid_records(rows), stored=stored) == {"stale"}
-
-
-def test_the_plan_merges_own_and_moved_rows_and_names_whom_it_took_over_from() -> None:
-    dead = row("dead", ClaimPhase.RUNNING, owner="stale", attempt=2)
-    rows = [
-        dead,
-        row("live", ClaimPhase.RUNNING, owner="other"),
-        row("mine", ClaimPhase.RETRY_PENDING, owner="me"),
-    ]
-    late = row("late", ClaimPhase.RETRY_PENDING, owner="stale")  # written after the read
-    result = plan(rows, stale=frozenset({"stale"}), moved=[dead, late])
-    assert set(result.slots.retries) == {
-        slot_key("dead", 0),
-        slot_key("mine", 0),
-        slot_key("late", 0),
-    }
+def test_the_plan_recovers_every_rebound_row_and_names_whom_it_took_over_from() -> None:
+    dead = row("dead", ClaimPhase.RUNNING, owner="me", attempt=2)
+    mine = row("mine", ClaimPhase.RETRY_PENDING, owner="me")
+    result = plan([dead, mine], previous={dead.slot_key: "stale", mine.slot_key: "me"})
+    assert set(result.slots.retries) == {slot_key("dead", 0), slot_key("mine", 0)}
     assert result.slots.interrupted == (slot_key("dead", 0),)
     assert result.slots.retries[slot_key("dead", 0)].attempt == 3
-    assert result.foreign == {slot_key("live", 0): "other"}
+    assert result.slots.retries[slot_key("dead", 0)].error == "interrupted: owner stale lost"
     assert result.taken_over_from == {"stale", "me"}
-    assert plan([rows[1]]).taken_over_from == frozenset(), "no own rows, nobody stale: nobody"
+    assert plan([]).taken_over_from == frozenset(), "nothing rebound: nobody"
 
 
-def test_a_malformed_moved_row_that_was_not_read_is_dropped() -> None:
-    result = plan([], stale=frozenset({"stale"}), moved=[malformed(owner="stale")])
+def test_a_malformed_rebound_row_is_a_problem_never_recovered() -> None:
+    bad = malformed(owner="me")
+    result = plan([bad], previous={bad.slot_key: "stale"})
     assert result.slots.retries == {}
+    assert [p.code for p in result.problems] == ["claim_record_invalid"]
+    assert result.taken_over_from == frozenset()
 
 
 def test_a_blocked_slot_from_the_checkpoint_replaces_its_recovered_retry() -> None:

@@ -157,15 +157,16 @@ class ClaimRecoveryTooLarge(ClaimRebindTooLarge):
     """A bounded recovery read found more claims than the bound; nothing was recovered.
 
     A kind of :class:`ClaimRebindTooLarge` (same code, same rule: recovery is bounded and
-    fails closed), raised by ``load(bound=...)`` before any row is moved, released or retried,
-    so whoever handles a too-large take-over handles this one too.
+    fails closed), raised by a bounded read (``load(bound=...)``, the owners a start-up
+    reads) before any row is moved, released or retried, so whoever handles a too-large
+    take-over handles this one too.
     """
 
-    def __init__(self, *, path: Path | None, where: str, limit: int) -> None:
+    def __init__(self, *, path: Path | None, where: str, limit: int, what: str = "claims") -> None:
         # NB: not the parent's constructor (no owners were named yet); its fields are set below.
         ClaimStoreError.__init__(
             self,
-            f"{where} holds more than {limit} claims of this workflow; recovery reads at most "
+            f"{where} holds more than {limit} {what} of this workflow; recovery reads at most "
             f"{limit} and recovered nothing (fail closed) — a workflow never holds that many, "
             f"so look at the store (an owner id reused by many processes, a copied file, "
             f"leftover Claims) before starting again",

@@ -30,7 +30,15 @@ from lorenz.claims.spend import (
     SpendTotal,
     check_charge,
 )
-from lorenz.model import ClaimPhase, ClaimRecord, LorenzError, SlotKey, SpawnIntent, StoredState
+from lorenz.model import (
+    ClaimPhase,
+    ClaimRecord,
+    LorenzError,
+    RecoveredClaims,
+    SlotKey,
+    SpawnIntent,
+    StoredState,
+)
 
 
 @dataclasses.dataclass(slots=True)
@@ -129,6 +137,27 @@ class MemoryClaimStore:
             raise ClaimRecoveryTooLarge(path=None, where="the memory claim store", limit=bound)
         return StoredState(
             claims=[copy.copy(r) for r in claims.values()],
+            checkpoint=copy.deepcopy(self._table.checkpoint),
+        )
+
+    async def recover(self) -> RecoveredClaims:
+        """The claims this owner holds already (an earlier store of the same owner on a shared
+        table) and the checkpoint; above :data:`~lorenz.claims.errors.MAX_REBIND` of them,
+        ``claim_rebind_too_large``. Nothing moves: a memory store has no stale owners (every
+        owner sharing a table lives in this process), so other owners' claims stay theirs,
+        found by :meth:`acquire` when their slot comes up.
+
+        NB: the claims are a dict of this process: finding ours is a pass over it in memory,
+        not a read of anyone's rows from a shared store."""
+        self._check_fence()
+        ours = [copy.copy(r) for r in self._table.claims.values() if r.owner == self._owner]
+        if len(ours) > MAX_REBIND:
+            raise ClaimRebindTooLarge(
+                path=Path(":memory:"), owners=[self._owner], count=len(ours), limit=MAX_REBIND
+            )
+        return RecoveredClaims(
+            claims=ours,
+            previous_owners={record.slot_key: self._owner for record in ours},
             checkpoint=copy.deepcopy(self._table.checkpoint),
         )
 

@@ -53,8 +53,11 @@ SET_INTENT = (
 _parse_when = datetime.datetime.fromisoformat
 
 
-def retry_readiness(conn: DbConnection, *, bound: int | None) -> dict[SlotKey, float]:
-    """Milliseconds until each pending retry is due, on the store's clock.
+def retry_readiness(
+    conn: DbConnection, *, bound: int | None, owner: str | None = None
+) -> dict[SlotKey, float]:
+    """Milliseconds until each pending retry (of ``owner``, when given) is due, on the
+    store's clock.
 
     The writer's delay (``due_at - updated_at``, both its own clock, so its skew cancels) is
     counted from ``stored_at``, the store's clock at that write, against the store's clock now.
@@ -64,8 +67,8 @@ def retry_readiness(conn: DbConnection, *, bound: int | None) -> dict[SlotKey, f
     rows = conn.execute(
         f"SELECT slot_key, due_at, updated_at, stored_at, {STORE_NOW} FROM claims"
         " WHERE phase = 'RetryPending' AND due_at IS NOT NULL AND updated_at IS NOT NULL"
-        " AND stored_at IS NOT NULL LIMIT ?",
-        (-1 if bound is None else bound + 1,),
+        " AND stored_at IS NOT NULL" + (" AND owner = ?" if owner is not None else "") + " LIMIT ?",
+        (*(() if owner is None else (owner,)), -1 if bound is None else bound + 1),
     ).fetchall()
     ready: dict[SlotKey, float] = {}
     for key, due_at, updated_at, stored_at, now in rows:

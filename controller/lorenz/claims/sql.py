@@ -25,6 +25,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
+import datetime
 import json
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -40,7 +41,6 @@ from lorenz.claims.errors import (
 from lorenz.claims.errors import (
     ClaimGenerationStale,
     ClaimOwnerLost,
-    ClaimRebindTooLarge,
     ClaimRecoveryTooLarge,
     ClaimStoreBusy,
     ClaimStoreUnreadable,
@@ -49,10 +49,16 @@ from lorenz.claims.errors import (
 from lorenz.claims.events import EVENTS_KEPT, EventKind, StoreEvent, append_event, read_events
 from lorenz.claims.ledger import add_spend, issue_spends, spend_total
 from lorenz.claims.owners import Liveness, ProcessIdentity, current_process, owner_liveness
+from lorenz.claims.rebinding import (
+    Rebound,
+    fetch_recovered,
+    rebind,
+    stale_owners,
+    take_over_owners,
+)
 from lorenz.claims.rows import (
     SELECT_CLAIMS,
     SET_INTENT,
-    STORE_NOW,
     UPSERT_CLAIM,
     claim_from_row,
     claim_params,
@@ -79,6 +85,7 @@ from lorenz.model import (
     ClaimRecord,
     Clock,
     LorenzError,
+    RecoveredClaims,
     SlotKey,
     SpawnIntent,
     StoredState,
@@ -285,11 +292,31 @@ class SqlClaimStore(abc.ABC):
         return await self._run(lambda: self._intent_sync(key, intent))
 
     async def load(self, *, bound: int | None = None) -> StoredState:
-        """Every claim (of every owner), the checkpoint, and the owners that are stale now.
+        """Every claim (of every owner), the checkpoint, and the owners that are stale now
+        (diagnostics and tests; a start-up uses :meth:`recover`).
 
         With ``bound``, the read itself is bounded (``LIMIT bound + 1``) and more rows than
         ``bound`` fail closed (``claim_rebind_too_large``)."""
         return await self._run(lambda: self._load_sync(bound=bound))
+
+    async def recover(self) -> RecoveredClaims:
+        """Rebind the claims of the owners stale now to us (one write transaction, above
+        ``MAX_REBIND`` with ours counted nothing moves), then read exactly those rows and ours
+        back by slot key, with the checkpoint (one read transaction).
+
+        NB: no statement walks the claims of live owners: owners are found by index seeks
+        and rows by owner or slot key (:mod:`lorenz.claims.rebinding`)."""
+        rebound = await self._run(self._rebind_sync)
+        previous = rebound.previous_owners
+        claims, checkpoint = await self._run(
+            lambda: self._transaction(lambda conn: fetch_recovered(conn, [*previous]), write=False)
+        )
+        return RecoveredClaims(
+            claims=claims,
+            previous_owners=previous,
+            checkpoint=checkpoint,
+            retry_ready_in_ms=rebound.retry_ready_in_ms,
+        )
 
     async def acquire(self, record: ClaimRecord) -> bool:
         """Claim ``record.slot_key``; ``False`` when any other owner's row holds it.
@@ -355,7 +382,7 @@ class SqlClaimStore(abc.ABC):
     # -- extras for recovery passes and diagnostics ----------------------------------------------
 
     async def mark_owners_dead(self, owners: Iterable[str]) -> list[str]:
-        """Declare ``owners`` dead, so the next :meth:`load` reports them stale at once.
+        """Declare ``owners`` dead, so the next :meth:`recover` finds them stale at once.
 
         For a caller that *proved* the processes gone — the daemon, whose lease verified its
         predecessor's pid and start time on this host. Their heartbeat is set to 0, exactly what
@@ -443,9 +470,6 @@ class SqlClaimStore(abc.ABC):
 
     def _now_ms(self) -> float:
         return self._clock.now().timestamp() * 1000.0
-
-    def _is_stale(self, heartbeat_ms: float, now_ms: float) -> bool:
-        return heartbeat_ms < now_ms - self._owner_stale_ms
 
     def _connection(self) -> DbConnection:
         if self._conn is None:
@@ -598,37 +622,15 @@ class SqlClaimStore(abc.ABC):
         )
 
     def _stale_set(self, conn: DbConnection, now_ms: float) -> frozenset[str]:
-        heartbeats = {
-            str(owner): float(at)
-            for owner, at in conn.execute("SELECT owner, heartbeat_at FROM owners").fetchall()
-        }
-        claim_owners = {
-            str(row[0]) for row in conn.execute("SELECT DISTINCT owner FROM claims").fetchall()
-        }
-        return frozenset(
-            owner
-            for owner in (heartbeats.keys() | claim_owners) - {self._owner}
-            if self._owner_is_stale(owner, heartbeats.get(owner), now_ms)
+        """The owners (not us) stale now, by the rule of :func:`.rebinding.owner_is_stale`."""
+        return stale_owners(
+            conn,
+            own=self._owner,
+            now_ms=now_ms,
+            stale_ms=self._owner_stale_ms,
+            liveness=self._liveness,
+            path=self._path,
         )
-
-    def _owner_is_stale(self, owner: str, heartbeat_ms: float | None, now_ms: float) -> bool:
-        """The one staleness rule, for every reader (load, stale_owners, take_over).
-
-        * heartbeat 0 — the owner closed, or was declared dead — stale;
-        * on this host, its pid and start time decide at once: dead is stale, and alive is
-          *not*, however old its heartbeat (a hung Lorenz must be stopped, not shadowed: its
-          agents may still be working, and taking its claims would run them twice);
-        * otherwise (another host, a custom owner id) the heartbeat's age decides, and an owner
-          with claims but no heartbeat row cannot be proven live: stale.
-        """
-        if heartbeat_ms == 0.0:
-            return True
-        liveness = self._liveness(owner)
-        if liveness is Liveness.DEAD:
-            return True
-        if liveness is Liveness.ALIVE:
-            return False
-        return heartbeat_ms is None or self._is_stale(heartbeat_ms, now_ms)
 
     def _load_sync(self, *, bound: int | None = None) -> StoredState:
         def body(conn: DbConnection) -> StoredState:
@@ -694,52 +696,17 @@ class SqlClaimStore(abc.ABC):
     def _take_over_sync(self, owners: Sequence[str]) -> list[ClaimRecord]:
         def body(conn: DbConnection) -> list[ClaimRecord]:
             now = self._clock.now()
-            now_ms = now.timestamp() * 1000.0
-            stale = self._stale_set(conn, now_ms)
-            taken: list[ClaimRecord] = []
-            taken_from: list[str] = []
+            stale = self._stale_set(conn, now.timestamp() * 1000.0)
             movable = [owner for owner in dict.fromkeys(owners) if owner in stale]
-            count = 0
-            for owner in movable:
-                (held,) = conn.execute(
-                    "SELECT COUNT(*) FROM claims WHERE owner = ?", (owner,)
-                ).fetchone()
-                count += int(held)
-            if count > MAX_REBIND:
-                # NB: before the first UPDATE, in the same transaction: nothing is rebound.
-                raise ClaimRebindTooLarge(
-                    path=self._path, owners=movable, count=count, limit=MAX_REBIND
-                )
-            for owner in movable:
-                rows = conn.execute(f"{SELECT_CLAIMS} WHERE owner = ?", (owner,)).fetchall()
-                conn.execute(
-                    # NB: updated_at and stored_at move together: a pending retry's delay is
-                    # due_at - updated_at, counted from stored_at on the store's clock.
-                    "UPDATE claims SET owner = ?, updated_at = ?, generation = ?,"
-                    f" stored_at = {STORE_NOW} WHERE owner = ?",
-                    (self._owner, now.isoformat(), self._generation, owner),
-                )
-                taken.extend(
-                    dataclasses.replace(
-                        claim_from_row(row),
-                        owner=self._owner,
-                        updated_at=now,
-                        generation=self._generation,
-                    )
-                    for row in rows
-                )
-                conn.execute("DELETE FROM owners WHERE owner = ?", (owner,))
-                taken_from.append(owner)
-            if taken_from:
-                self._append_event(
-                    conn,
-                    kind=EventKind.TAKE_OVER,
-                    now_ms=now_ms,
-                    body={
-                        "from_owners": taken_from,
-                        "slot_keys": sorted(r.slot_key for r in taken),
-                    },
-                )
+            taken, taken_from = take_over_owners(
+                conn,
+                movable,
+                to=self._owner,
+                now=now,
+                generation=self._generation,
+                path=self._path,
+            )
+            self._note_take_over(conn, now=now, owners=taken_from, keys=[r.slot_key for r in taken])
             return taken
 
         taken = self._transaction(body)
@@ -749,6 +716,46 @@ class SqlClaimStore(abc.ABC):
                 extra={"path": str(self._path), "owner": self._owner, "count": len(taken)},
             )
         return taken
+
+    def _rebind_sync(self) -> Rebound:
+        def body(conn: DbConnection) -> Rebound:
+            now = self._clock.now()
+            stale = self._stale_set(conn, now.timestamp() * 1000.0)
+            rebound = rebind(
+                conn,
+                stale=sorted(stale),
+                own=self._owner,
+                now=now,
+                generation=self._generation,
+                path=self._path,
+            )
+            moved = [k for k, o in rebound.previous_owners.items() if o != self._owner]
+            self._note_take_over(conn, now=now, owners=rebound.taken_from, keys=moved)
+            return rebound
+
+        rebound = self._transaction(body)
+        if rebound.taken_from:
+            logger.info(
+                "claims taken over",
+                extra={"path": str(self._path), "owner": self._owner, "owners": rebound.taken_from},
+            )
+        return rebound
+
+    def _note_take_over(
+        self,
+        conn: DbConnection,
+        *,
+        now: datetime.datetime,
+        owners: Sequence[str],
+        keys: Sequence[SlotKey],
+    ) -> None:
+        if owners:
+            self._append_event(
+                conn,
+                kind=EventKind.TAKE_OVER,
+                now_ms=now.timestamp() * 1000.0,
+                body={"from_owners": list(owners), "slot_keys": sorted(keys)},
+            )
 
     def _fence_sync(self, generation: int) -> None:
         def body(conn: DbConnection) -> None:

@@ -66,8 +66,9 @@ SERVICE_DOCS: Final[Mapping[ErrorCode, CodeDoc]] = MappingProxyType({
         "by themselves.",
     ),
     _C.CLAIM_REBIND_TOO_LARGE: _claims(
-        "Recovery would read or rebind more than 1,000 claims; nothing was recovered or moved "
-        "(exit 1 at start, retried by recovery passes).",
+        "Recovery would rebind more than 1,000 claims (those of stale owners and this owner's "
+        "own), or the store names more than 1,000 owners; nothing was recovered or moved "
+        "(exit 1 at start, retried by recovery passes). Live owners' claims do not count.",
         "Inspect the claim store (`claims.db`): a workflow never holds that many claims.",
     ),
     _C.CLAIM_GENERATION_STALE: _claims(

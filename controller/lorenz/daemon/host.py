@@ -204,9 +204,9 @@ async def run_host(
         report = await orchestrator.hydrate()
         logger.info(
             "claims hydrated backend=%s interrupted=%d adopting=%d restored_retries=%d "
-            "foreign=%d taken_over=%d problems=%d",
+            "taken_over=%d problems=%d",
             settings.claim_store.backend.value, len(report.interrupted), len(report.adopting),
-            len(report.restored_retries), len(report.foreign), len(report.taken_over_from),
+            len(report.restored_retries), len(report.taken_over_from),
             len(report.problems),
         )
         for problem in report.problems:

@@ -19,7 +19,10 @@ from lorenz.model.slots import SlotKey
 
 @dataclasses.dataclass(slots=True)
 class StoredState:
-    """Everything a claim store holds, as read at start-up (hydration)."""
+    """Everything a claim store holds, as a diagnostic read (:meth:`ClaimStore.load`) sees it.
+
+    NB: recovery never reads this: a start-up reads exactly the claims it rebinds
+    (:class:`RecoveredClaims`)."""
 
     claims: list[ClaimRecord] = dataclasses.field(default_factory=list)
     """Every claim row, of every owner."""
@@ -31,6 +34,24 @@ class StoredState:
     """Per pending retry, milliseconds until it is due on the *store's* clock (negative:
     overdue), where the store has a clock of its own; a slot left out falls back to its
     wall-clock ``due_at`` against the reader's clock."""
+
+
+@dataclasses.dataclass(slots=True)
+class RecoveredClaims:
+    """What a start-up recovers (:meth:`ClaimStore.recover`): exactly the claims rebound to
+    this owner, read back by their slot keys, and the checkpoint."""
+
+    claims: list[ClaimRecord] = dataclasses.field(default_factory=list)
+    """The rebound rows, as read after the move (their owner is this one now)."""
+    previous_owners: Mapping[SlotKey, str] = dataclasses.field(default_factory=dict)
+    """The owner each rebound slot was held by before the move: a stale owner, or this
+    owner's own id (the rows of an earlier life, which stay where they are)."""
+    checkpoint: Mapping[str, Any] | None = None
+    """The last orchestrator checkpoint (usage totals, completed ids, ...), if any."""
+    retry_ready_in_ms: Mapping[SlotKey, float] = dataclasses.field(default_factory=dict)
+    """Per rebound pending retry, milliseconds until it is due on the *store's* clock
+    (negative: overdue), taken before the move, where the store has a clock of its own; a
+    slot left out falls back to its wall-clock ``due_at`` against the reader's clock."""
 
 
 class ClaimStore(Protocol):
@@ -53,11 +74,24 @@ class ClaimStore(Protocol):
         ...
 
     async def load(self, *, bound: int | None = None) -> StoredState:
-        """Read all claims and the checkpoint (used once, at start-up or takeover).
+        """Read every claim of every owner and the checkpoint: diagnostics and tests only.
 
         With ``bound``, at most ``bound + 1`` claim rows are read, and more than ``bound``
-        raises a coded error (``claim_rebind_too_large``) instead of returning: recovery is
-        bounded and fails closed, never a sweep of whatever the store holds.
+        raises a coded error (``claim_rebind_too_large``) instead of returning.
+        NB: recovery does not call it (see :meth:`recover`): a start-up reads no row it does
+        not rebind.
+        """
+        ...
+
+    async def recover(self) -> RecoveredClaims:
+        """A start-up's recovery: rebind, in one transaction, every claim of the owners that
+        are stale (or dead) now — and count the claims this owner id already holds (an
+        earlier life of it) — then read exactly those rows back by slot key, and the
+        checkpoint.
+
+        Above ``MAX_REBIND`` (1,000) claims to rebind, nothing moves and the coded error
+        ``claim_rebind_too_large`` is raised. Rows of live other owners are neither read nor
+        counted: :meth:`acquire` refuses them when their slot comes up.
         """
         ...
 
@@ -75,7 +109,10 @@ class ClaimStore(Protocol):
 
     async def take_over(self, *, from_owners: Iterable[str]) -> list[ClaimRecord]:
         """Re-own every claim of those ``from_owners`` that are stale (or dead) at commit time,
-        and return the moved records."""
+        and return exactly the moved records (a recovery pass, while running).
+
+        Above ``MAX_REBIND`` (1,000) claims to move, nothing moves
+        (``claim_rebind_too_large``)."""
         ...
 
     async def save_checkpoint(self, checkpoint: Mapping[str, Any]) -> None:

@@ -10,8 +10,10 @@ its state under its lock; nothing here touches state or I/O.
 The rules, in one place:
 
 * a row whose slot key does not match its issue and slot index is a problem, never recovered;
-* rows of our own owner (a previous life) and of stale owners are recovered; rows of live
-  other owners are *foreign* (left alone, re-checked later);
+* rows of our own owner (a previous life) and of stale owners are recovered: the store
+  rebinds them to us and reads back exactly those (``ClaimStore.recover``); rows of live
+  other owners are never read at start-up (``acquire`` refuses their slots when they come up,
+  and the orchestrator remembers them as foreign then);
 * a recovered ``retry_pending`` row comes back as that retry, its attempt kept, due after
   the time left on the *store's* clock where the store has one (SQLite/Turso: the delay the
   writer set, counted from the store's own time of that write), else its wall-clock due time
@@ -29,11 +31,10 @@ The rules, in one place:
   pending retries only (an entry without its row is stale and dropped); a blocked slot
   replaces the pending retry recovered for it.
 
-At start-up the read is bounded: the store reads at most :data:`RECOVERY_BOUND` rows and
-fails closed above it (nothing recovered, moved or retried). The whole of it is one plan:
-:func:`owners_to_take_over` names the stale owners whose rows the store moves to us, and
-:func:`plan_hydration` turns what was read and what was moved into a :class:`HydrationPlan`,
-which ``hydrate()`` applies as it is.
+At start-up the read is bounded: the store rebinds at most :data:`RECOVERY_BOUND` rows (ours
+counted) and fails closed above it (nothing recovered, moved or retried), whatever live other
+owners hold. The whole of it is one plan: :func:`plan_hydration` turns the rebound rows into
+a :class:`HydrationPlan`, which ``hydrate()`` applies as it is.
 """
 
 from __future__ import annotations
@@ -48,10 +49,10 @@ from lorenz.model import (
     SETTLED_SPAWN_PHASES,
     ClaimPhase,
     ClaimRecord,
+    RecoveredClaims,
     RetryEntry,
     RetryKind,
     SlotKey,
-    StoredState,
     TokenUsage,
     UsageTotals,
     parse_slot_key,
@@ -64,8 +65,9 @@ from lorenz.orchestrator.state import BlockedEntry, RetryBudget
 from lorenz.policies import failure_backoff_ms, next_failure_attempt
 
 RECOVERY_BOUND = 1_000
-"""Claim rows a start-up reads at most: above it the store's bounded read fails closed
-(``claim_rebind_too_large``) and nothing is recovered, like a take-over above the same bound."""
+"""Claim rows a start-up rebinds and reads at most (``MAX_REBIND`` of the stores): above it the
+store's rebind fails closed (``claim_rebind_too_large``) and nothing is recovered, like a
+take-over above the same bound."""
 
 _ZERO_USAGE = TokenUsage()
 _AS_SLOT_KEY = cast("Callable[[str], SlotKey]", str)
@@ -113,8 +115,6 @@ class HydrationPlan:
     retry_budgets: dict[SlotKey, RetryBudget] = dataclasses.field(default_factory=dict)
     """The recorded retry budgets of recovered slots' failure streaks (they decide the rest
     of those streaks, not the current settings)."""
-    foreign: dict[SlotKey, str]
-    """Slots of live other owners (slot: owner), left alone and re-checked later."""
     usage_totals: UsageTotals | None
     """The checkpoint's usage totals, or ``None`` (none stored, or unreadable: a problem)."""
     taken_over_from: frozenset[str]
@@ -123,69 +123,48 @@ class HydrationPlan:
     """What could not be trusted, each with its code and what to do."""
 
 
-def owners_to_take_over(valid: ValidRecords, *, stored: StoredState) -> frozenset[str]:
-    """The stale owners that hold a trusted row: the store moves their rows to us."""
-    return frozenset(
-        record.owner for record in valid.by_key.values() if record.owner in stored.stale_owners
-    )
-
-
 def plan_hydration(
     valid: ValidRecords,
     *,
-    stored: StoredState,
-    moved: Iterable[ClaimRecord],
+    recovered: RecoveredClaims,
     own: str,
     now_ms: float,
     wall: datetime.datetime,
     backoff: RetryBackoffSettings,
 ) -> HydrationPlan:
-    """What a start-up rebuilds from ``valid`` (the rows read) and ``moved`` (the rows the store
-    took over from :func:`owners_to_take_over` for us).
-
-    Our own rows and the moved ones are recovered; a moved row is kept only if it was read (or
-    is well-formed: the store may return a row written after the read). Every other row of an
-    owner that is neither us nor stale is foreign.
-    """
+    """What a start-up rebuilds from ``valid``, the trusted rows of ``recovered`` (the claims
+    the store rebound to us: a stale owner's, or our own previous life's)."""
     by_key = valid.by_key
-    stale = owners_to_take_over(valid, stored=stored)
-    recovered: dict[SlotKey, ClaimRecord] = {
-        key: record for key, record in by_key.items() if record.owner == own
-    }
-    for record in moved:
-        if record.slot_key in by_key or record_problem(record) is None:
-            recovered[record.slot_key] = record
+    previous = recovered.previous_owners
     slots = recover_slots(
-        recovered,
-        previous_owner=lambda key: by_key[key].owner if key in by_key else own,
+        by_key,
+        previous_owner=lambda key: previous.get(key, own),
         now_ms=now_ms,
         wall=wall,
         backoff=backoff,
-        ready_in_ms=stored.retry_ready_in_ms,
+        ready_in_ms=recovered.retry_ready_in_ms,
     )
     problems: list[ClaimRecordInvalid | CheckpointInvalid] = list(valid.problems)
     usage_totals: UsageTotals | None = None
     restore = RetryStateRestore(failure_streaks={}, blocked={}, problem=None)
-    if stored.checkpoint is not None:
-        checkpoint, unreadable = Checkpoint.from_json(stored.checkpoint)
+    if recovered.checkpoint is not None:
+        checkpoint, unreadable = Checkpoint.from_json(recovered.checkpoint)
         problems.extend(unreadable)
         usage_totals = checkpoint.usage_totals
-        restore = checkpoint.retry_state(recovered=recovered)
+        restore = checkpoint.retry_state(recovered=by_key)
     if restore.blocked:
         slots = dataclasses.replace(
             slots,
             retries={k: r for k, r in slots.retries.items() if k not in restore.blocked},
         )
-    own_rows = any(record.owner == own for record in by_key.values())
     return HydrationPlan(
         slots=slots,
         blocked=restore.blocked,
         failure_streaks=restore.failure_streaks,
         resumes=restore.resumes,
         retry_budgets=restore.retry_budgets,
-        foreign=foreign_claims(by_key, recovered=recovered, own=own, stale=stale),
         usage_totals=usage_totals,
-        taken_over_from=stale | ({own} if own_rows else frozenset()),
+        taken_over_from=frozenset(previous.get(key, own) for key in by_key),
         problems=tuple(problems),
     )
 
@@ -215,23 +194,6 @@ def valid_records(records: Iterable[ClaimRecord]) -> ValidRecords:
         else:
             by_key[record.slot_key] = record
     return ValidRecords(by_key=by_key, problems=tuple(problems))
-
-
-def foreign_claims(
-    by_key: Mapping[SlotKey, ClaimRecord],
-    *,
-    recovered: Iterable[SlotKey],
-    own: str,
-    stale: Iterable[str],
-) -> dict[SlotKey, str]:
-    """Slots held by live other owners (by slot: the owner), left alone for now."""
-    taken = set(recovered)
-    stale_owners = set(stale)
-    return {
-        key: record.owner
-        for key, record in by_key.items()
-        if key not in taken and record.owner != own and record.owner not in stale_owners
-    }
 
 
 def retry_of_recovered(

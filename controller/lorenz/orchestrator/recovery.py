@@ -18,15 +18,13 @@ from lorenz.config import WorkflowSettings
 from lorenz.model import ClaimRecord, ClaimStore, Clock, SlotKey, TokenUsage
 from lorenz.orchestrator.errors import CheckpointInvalid, ClaimRecordInvalid
 from lorenz.orchestrator.hydration import (
-    RECOVERY_BOUND,
-    owners_to_take_over,
     plan_hydration,
     record_problem,
     recover_slots,
     valid_records,
 )
 from lorenz.orchestrator.results import HydrationReport
-from lorenz.orchestrator.state import ForeignClaim, OrchestratorState
+from lorenz.orchestrator.state import OrchestratorState
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -55,30 +53,27 @@ async def recover_at_start(
     store: ClaimStore,
     clock: Clock,
     settings: WorkflowSettings,
-    foreign_recheck_ms: float,
 ) -> Recovery:
-    """Read the store (bounded), have it move the stale owners' rows to us, and apply the
-    :func:`~lorenz.orchestrator.hydration.plan_hydration` plan to an empty ``state``."""
-    stored = await store.load(bound=RECOVERY_BOUND)
-    own = store.owner
-    valid = valid_records(stored.claims)
-    stale = owners_to_take_over(valid, stored=stored)
-    moved = await store.take_over(from_owners=stale) if stale else []
+    """Have the store rebind the stale owners' claims to us and read back exactly those and
+    ours (at most :data:`~lorenz.orchestrator.hydration.RECOVERY_BOUND`, else it fails closed),
+    and apply the :func:`~lorenz.orchestrator.hydration.plan_hydration` plan to an empty
+    ``state``.
+
+    NB: no row of a live other owner is read: such a slot is found when ``acquire`` refuses
+    it, and remembered in ``state.foreign`` then, as for a claim made after the start."""
+    recovered = await store.recover()
+    valid = valid_records(recovered.claims)
     now_ms = clock.monotonic_ms()
     wall = clock.now()
     plan = plan_hydration(
         valid,
-        stored=stored,
-        moved=moved,
-        own=own,
+        recovered=recovered,
+        own=store.owner,
         now_ms=now_ms,
         wall=wall,
         backoff=settings.retry.backoff,
     )
     state.retry_attempts.update(plan.slots.retries)
-    recheck_at = now_ms + foreign_recheck_ms
-    for key, owner in plan.foreign.items():
-        state.foreign[key] = ForeignClaim(owner=owner, recheck_at_ms=recheck_at)
     if plan.usage_totals is not None:
         state.usage_totals = plan.usage_totals
     state.failure_streaks.update(plan.failure_streaks)
@@ -91,7 +86,6 @@ async def recover_at_start(
         interrupted=slots.interrupted,
         adopting=slots.adopting,
         restored_retries=slots.restored,
-        foreign=plan.foreign,
         taken_over_from=plan.taken_over_from,
         usage_restored=plan.usage_totals is not None,
         problems=plan.problems,

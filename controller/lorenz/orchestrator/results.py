@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import enum
-from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from lorenz.model import (
@@ -191,8 +190,6 @@ class HydrationReport:
     retries, due at once (their next run re-attaches to the worker)."""
     restored_retries: tuple[SlotKey, ...] = ()
     """Pending retries restored with their original due time."""
-    foreign: Mapping[SlotKey, str] = dataclasses.field(default_factory=dict)
-    """Slots held by other live owners, with their owner; never dispatched by us."""
     taken_over_from: frozenset[str] = frozenset()
     """Owners whose claims this process now owns (stale ones, and our own previous life)."""
     usage_restored: bool = False
@@ -205,7 +202,6 @@ class HydrationReport:
             "interrupted": list(self.interrupted),
             "adopting": list(self.adopting),
             "restored_retries": list(self.restored_retries),
-            "foreign": dict(self.foreign),
             "taken_over_from": sorted(self.taken_over_from),
             "usage_restored": self.usage_restored,
             "problems": [{"code": p.code, "message": p.message} for p in self.problems],

@@ -206,10 +206,11 @@ class Orchestrator:
         Claims of stale owners, and our own from a previous life, are taken over: a slot that
         was running or reserved becomes an adoption retry (its worker may live on) or a failure
         retry (its run is gone), a pending retry comes back with its wall-clock due time mapped
-        onto this process's monotonic clock. Claims of live other owners are remembered as
-        foreign. Usage totals come from the checkpoint. Every rule is in
-        :func:`~lorenz.orchestrator.hydration.plan_hydration`; this reads the store, has it move
-        the stale owners' rows, applies the plan and persists what the lost runs became.
+        onto this process's monotonic clock. Claims of live other owners are not read: their
+        slots are remembered as foreign when ``acquire`` refuses them. Usage totals come from
+        the checkpoint. Every rule is in :func:`~lorenz.orchestrator.hydration.plan_hydration`;
+        this has the store rebind the stale owners' rows and read back exactly those and ours
+        (``ClaimStore.recover``), applies the plan and persists what the lost runs became.
         """
         async with self._lock:
             state = self._state
@@ -222,7 +223,6 @@ class Orchestrator:
                 store=self._store,
                 clock=self._clock,
                 settings=self._settings,
-                foreign_recheck_ms=self._foreign_recheck_ms(),
             )
             return await self._persist_recovered(recovery)
 

@@ -20,6 +20,8 @@ takes a Workflow over rebuilds the scheduling state from them (``load``), and so
                     checkpoint from the Workflow's status (the first load of a term takes it
                     from the Workflow the term's finalizer edit got back, when there was one);
                     every owner that is not the current Lease holder is stale.
+``recover``         a term's start: that list, bounded, and the take-over of its stale
+                    owners' Claims (:mod:`.recovering`).
 ``take_over``       status writes (CAS) that set the owner to us.
 ``save_checkpoint`` merge-patch ``status.checkpoint`` of the Workflow; a top-level key the
                     new checkpoint no longer has (``resumes`` once the resumed run
@@ -82,6 +84,7 @@ from lorenz.kube.api.statuses import (
 )
 from lorenz.kube.claims.clock import retry_field_manager, retry_ready_in_ms
 from lorenz.kube.claims.lists import ClaimLister
+from lorenz.kube.claims.recovering import recover_listed
 from lorenz.kube.claims.spending import SPEND_FLUSH_S, ledger_document, spend_book
 from lorenz.kube.clients import KubeApi, claims_path, workflows_path
 from lorenz.kube.errors import KubeApiError, LeaseLost
@@ -89,6 +92,7 @@ from lorenz.model import (
     ClaimPhase,
     ClaimRecord,
     LorenzError,
+    RecoveredClaims,
     SlotKey,
     SpawnIntent,
     StoredState,
@@ -250,6 +254,15 @@ class ClaimResourceStore:
         return StoredState(
             claims=records, checkpoint=checkpoint, stale_owners=stale, retry_ready_in_ms=ready
         )
+
+    async def recover(self) -> RecoveredClaims:
+        """A term's start: the Workflow's Claims, ours and stale ones rebound (see
+        :mod:`.recovering`); above the bound the store holds none of them."""
+        try:
+            return await recover_listed(self, where=f"namespace {self._workflow.namespace}")
+        except ClaimRecoveryTooLarge:
+            self._held.clear()
+            raise
 
     async def acquire(self, record: ClaimRecord) -> bool:
         self._check_fence(None, key=record.slot_key)

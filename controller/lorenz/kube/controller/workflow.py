@@ -577,11 +577,10 @@ class WorkflowController:
                 f"{len(report.restored_retries)} pending retr(ies) restored (from {owners})",
             )
         logger.info(
-            "Runtime starting workflow=%s interrupted=%d restored=%d foreign=%d",
+            "Runtime starting workflow=%s interrupted=%d restored=%d",
             self.ref.display,
             len(report.interrupted),
             len(report.restored_retries),
-            len(report.foreign),
         )
         self._remember_secrets(settings)
         self.candidates.adopt(loaded, generation=generation)
