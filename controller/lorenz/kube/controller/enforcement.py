@@ -380,6 +380,7 @@ class EnforcementFollower:
         self.verdict: EnforcementVerdict | None = None
         """The newest answer for this Workflow's namespace (``None``: none yet, or off)."""
         self._task: asyncio.Task[None] | None = None
+        self._active: Callable[[], bool] = lambda: False
 
     def condition(self) -> tuple[ConditionStatus, str, str] | None:
         """The condition as the status says it (``None``: no answer yet, or the probe is off)."""
@@ -393,16 +394,23 @@ class EnforcementFollower:
         runtime: Callable[[], LorenzRuntime | None],
         active: Callable[[], bool],
     ) -> None:
-        """Follow the namespace's answer (with ``spawn``) unless off or already following,
-        while ``active()``, with the worker settings of ``runtime()`` as they are then."""
-        if not self.enabled or (self._task is not None and not self._task.done()):
+        """Follow the namespace's answer (with ``spawn``) unless off, while ``active()``, with
+        the worker settings of ``runtime()`` as they are then.
+
+        NB: a loop that still runs (a runtime restarted within the term, or a new term while
+        it sleeps) goes on with the new ``active`` instead of a second loop beside it."""
+        if not self.enabled:
+            return
+        self._active = active
+        if self._task is not None and not self._task.done():
             return
 
         def worker() -> WorkerSettings | None:
             now = runtime()
             return now.settings.worker if now is not None else None
 
-        self._task = spawn(self.follow(workflow=workflow, worker=worker, active=active))
+        self._task = spawn(self.follow(workflow=workflow, worker=worker,
+                                       active=lambda: self._active()))
 
     async def follow(
         self,
