@@ -1,5 +1,6 @@
 """Fixtures every node test module shares: the tracker fake the operator polls and the recorder
-its agents report to (one of each per module, as the modules' operators are)."""
+its agents report to (one of each per module, as the modules' operators are), and whether the
+node enforces NetworkPolicy."""
 
 from __future__ import annotations
 
@@ -7,8 +8,18 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.cluster.node import Node
 from tests.fakes.linear_server import FakeLinearServer
 from tests.node.test_helm_operator import Recorder
+
+
+def node_enforces_network_policy(node: Node) -> bool:
+    """Whether the test node enforces NetworkPolicy: the outcome the network tests assert
+    (tests/node/test_hostile_tenant.py). Today's node does not (its bridge CNI ignores them);
+    the enforcer beside the kubelet (kube-network-policies, tests/cluster/node.py) will say so
+    here once it lands."""
+    del node
+    return False
 
 
 @pytest.fixture(scope="module")

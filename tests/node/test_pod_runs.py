@@ -44,7 +44,8 @@ from tests.node.test_helm_operator import (
 
 pytestmark = [pytest.mark.node, pytest.mark.cluster, pytest.mark.timeout(1800)]
 
-RUN_POD_LABEL = f"lorenz.dev/workflow={WORKFLOW}"
+RUN_POD_LABEL = f"lorenz.dev/workflow={WORKFLOW},!lorenz.dev/probe"
+"""The Workflow's run Pods (not the operator's NetworkPolicy probe, which has their labels)."""
 
 
 @pytest.fixture(scope="module")

@@ -311,6 +311,9 @@ def test_operator_settings_come_from_the_environment(defaults: list[dict[str, An
         # worker.kind: local (agents in the operator's Pod, with its token) is off (#37).
         "LORENZ_OPERATOR_LOCAL_RUNS": "false",
         "LORENZ_OPERATOR_LOCAL_RUNS_NAMESPACES": "",
+        # The probe that tells whether NetworkPolicy is enforced where runs go (#37) is on.
+        "LORENZ_OPERATOR_NETWORK_POLICY_PROBE": "true",
+        "LORENZ_OPERATOR_NETWORK_POLICY_PROBE_INTERVAL_SECONDS": "3600",
         # Runs in Pods (worker.kind: pod) without an image of their own use the operator's.
         "LORENZ_OPERATOR_WORKER_IMAGE": "lorenz:0.1.0",
     }
@@ -419,6 +422,26 @@ def test_local_runs_are_off_unless_turned_on_for_listed_namespaces(tmp_path: Pat
     assert everywhere.allows_local_runs("team-c")
     bad = template(tmp=tmp_path, values={"operator": {"localRuns": {"namespaces": ["Team/A"]}}},
                    check=False)
+    assert bad.returncode != 0
+
+
+def test_the_network_policy_probe_is_on_unless_turned_off(tmp_path: Path) -> None:
+    assert _default_values()["operator"]["networkPolicyProbe"] == {
+        "enabled": True, "intervalSeconds": 3600,
+    }
+    assert OperatorSettings.model_fields["network_policy_probe"].default is True
+    objects = render(tmp=tmp_path, values={
+        "operator": {"networkPolicyProbe": {"enabled": False, "intervalSeconds": 600}}
+    })
+    env = _operator_env(objects)
+    settings = load_settings(environ={
+        key: env[key] for key in ("LORENZ_OPERATOR_NETWORK_POLICY_PROBE",
+                                  "LORENZ_OPERATOR_NETWORK_POLICY_PROBE_INTERVAL_SECONDS")
+    })
+    assert settings.network_policy_probe is False
+    assert settings.network_policy_probe_interval_seconds == 600
+    bad = template(tmp=tmp_path, check=False,
+                   values={"operator": {"networkPolicyProbe": {"intervalSeconds": 0}}})
     assert bad.returncode != 0
 
 

@@ -300,6 +300,8 @@ class ErrorCode(enum.StrEnum):
     POD_SERVICE_ACCOUNT_FAILED = "pod_service_account_failed"
     POD_NETWORK_POLICY_FAILED = "pod_network_policy_failed"
     POD_WORKSPACE_TERMINATING = "pod_workspace_terminating"
+    NETWORK_POLICY_NOT_ENFORCED = "network_policy_not_enforced"
+    NETWORK_POLICY_PROBE_FAILED = "network_policy_probe_failed"
 
     # general
     LORENZ_ERROR = "lorenz_error"

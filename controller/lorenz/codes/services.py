@@ -452,6 +452,27 @@ SERVICE_DOCS: Final[Mapping[ErrorCode, CodeDoc]] = MappingProxyType({
         "cluster the platform team may allow it (`--local-runs`, the chart's "
         "`operator.localRuns`).",
     ),
+    _C.NETWORK_POLICY_NOT_ENFORCED: _operator(
+        "The operator's probe Pod, selected by the run Pods' NetworkPolicy "
+        "(`lorenz-runs-<workflow>`), reached the operator's own API port, which that policy "
+        "refuses: nothing enforces NetworkPolicy in the namespace, so a run Pod can reach the "
+        "operator, other namespaces' Pods and anything else on the network "
+        "(`NetworkPolicyEnforced=False` reason and a `NetworkPolicyNotEnforced` Event; runs go "
+        "on).",
+        "The platform team installs a CNI that enforces NetworkPolicy (Calico, Cilium, "
+        "kube-network-policies, …); the next probe (hourly, or a new leader) clears it.",
+        kind=Kind.OUTCOME,
+    ),
+    _C.NETWORK_POLICY_PROBE_FAILED: _operator(
+        "The operator's NetworkPolicy probe Pod did not run to an answer (its image did not "
+        "pull, no node took it, the API refused it) or the operator knows no address of its "
+        "own to probe (`NetworkPolicyEnforced=Unknown` reason; never `Degraded` on its own).",
+        "Read the condition's message: it says why; the probe uses the Workflow's run image "
+        "and scheduling, so a run Pod would likely fail the same way. Set "
+        "`--advertise-url` (the chart does) for an address to probe, or turn the probe off "
+        "with `--network-policy-probe false` (the chart's `operator.networkPolicyProbe`).",
+        kind=Kind.OUTCOME,
+    ),
     # -- general -------------------------------------------------------------------------------
     _C.LORENZ_ERROR: CodeDoc(
         area=Area.GENERAL,

@@ -215,6 +215,19 @@ class OperatorSettings(pydantic.BaseModel):
     """With ``local_runs`` on, the namespaces whose Workflows may use it; empty = every
     namespace this operator serves."""
 
+    network_policy_probe: bool = True
+    """Check that NetworkPolicy is enforced where a Workflow's runs go to Pods: a tiny probe
+    Pod with the run Pods' labels (so ``lorenz-runs-<workflow>`` selects it), the Workflow's
+    run image and scheduling, tries to connect to this process's API (``advertise_url``),
+    which that policy refuses. The answer is the Workflow's ``NetworkPolicyEnforced``
+    condition (``False``: a ``NetworkPolicyNotEnforced`` Event too). One probe at a time per
+    process, once per namespace per ``network_policy_probe_interval_seconds``; off: no probe
+    Pod and no such condition."""
+
+    network_policy_probe_interval_seconds: float = Field(default=3600.0, gt=0)
+    """How long a namespace's NetworkPolicy probe answer holds before the next probe (a probe
+    that could not answer is tried again after at most 5 minutes)."""
+
     @pydantic.field_validator(
         "namespaces", "agent_env_passthrough", "api_open_paths", "local_runs_namespaces",
         mode="before",

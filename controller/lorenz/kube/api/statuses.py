@@ -39,7 +39,10 @@ ConditionStatus = Literal["True", "False", "Unknown"]
 READY = "Ready"
 LEADING = "Leading"
 DEGRADED = "Degraded"
-CONDITION_TYPES = (READY, LEADING, DEGRADED)
+NETWORK_POLICY_ENFORCED = "NetworkPolicyEnforced"
+"""Whether the run Pods' NetworkPolicy is enforced, as a probe Pod found (only where runs go
+to Pods and the probe is on: :mod:`lorenz.kube.controller.enforcement`)."""
+CONDITION_TYPES = (READY, LEADING, DEGRADED, NETWORK_POLICY_ENFORCED)
 
 REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
 
@@ -66,7 +69,7 @@ class Condition(WireModel):
     """One ``metav1.Condition``."""
 
     type: str = Field(max_length=316)
-    """``Ready``, ``Leading`` or ``Degraded``."""
+    """``Ready``, ``Leading``, ``Degraded`` or ``NetworkPolicyEnforced``."""
     status: ConditionStatus
     """``True``, ``False`` or ``Unknown``."""
     observed_generation: int | None = Field(default=None, ge=0)
@@ -74,7 +77,8 @@ class Condition(WireModel):
     last_transition_time: datetime.datetime
     """When ``status`` last changed."""
     reason: str = Field(min_length=1, max_length=1024, pattern=REASON_PATTERN)
-    """Machine-readable reason: a CamelCase word, or the stable error code for ``Degraded``."""
+    """Machine-readable reason: a CamelCase word, or a stable error code (``Degraded``, a
+    ``NetworkPolicyEnforced`` that is not ``True``)."""
     message: str = Field(default="", max_length=32768)
     """Human-readable details."""
 

@@ -13,6 +13,8 @@ off:
 * :mod:`~lorenz.kube.controller.holds` — the continuation limit and its holds;
 * :mod:`~lorenz.kube.controller.placement` — ``Degraded`` after runs that could not be placed;
 * :mod:`~lorenz.kube.controller.answers` — answers to waiting agents, from Claims;
+* :mod:`~lorenz.kube.controller.enforcement` — whether the run Pods' NetworkPolicy is enforced
+  (a probe Pod), as the ``NetworkPolicyEnforced`` condition;
 * :mod:`~lorenz.kube.controller.cleanup` — the finalizer, a deleted Workflow's cleanup and the
   sweeps of a new term;
 * :mod:`~lorenz.kube.controller.flags` — the small events they wake each other with.

@@ -16,7 +16,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from lorenz.kube.api.resources import WorkflowRef
 from lorenz.kube.api.statuses import Condition
@@ -32,10 +32,21 @@ from lorenz.kube.controller.status import (
 from lorenz.kube.errors import KubeApiError
 from lorenz.kube.settings import OperatorSettings
 from lorenz.model.clocks import utc_now
+from lorenz.runtime import LorenzRuntime
 from lorenz.tasks import first_of
 
 # NB: the name the controller's log lines have always had (this was part of it).
 logger = logging.getLogger("lorenz.kube.controllers")
+
+
+
+class RuntimeAttacher(Protocol):
+    """Where a runtime is announced while it runs, beside its status (the shared metrics
+    registry)."""
+
+    def attach(self, runtime: LorenzRuntime, *, workflow: str | None = None) -> Callable[[], None]:
+        ...
+
 
 STATUS_SETTLE_S = 0.05
 """How long a burst of snapshots may settle before the status is computed and patched."""

@@ -3,8 +3,9 @@
 The controller gathers the facts (is a runtime running, which generation is applied, which was
 rejected and why, the runtime's last snapshot, the Lease record) into :class:`StatusInputs`;
 :func:`workflow_status` turns them into the status body. Keeping it pure means every rule of
-the conditions (Ready, Leading, Degraded) is tested without a cluster, a runtime or a clock,
-and that the status a leader would write is the same whatever order the facts arrived in.
+the conditions (Ready, Leading, Degraded, NetworkPolicyEnforced) is tested without a cluster,
+a runtime or a clock, and that the status a leader would write is the same whatever order the
+facts arrived in.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 from lorenz.kube.api.statuses import (
     DEGRADED,
     LEADING,
+    NETWORK_POLICY_ENFORCED,
     READY,
     Condition,
     ConditionStatus,
@@ -68,6 +70,9 @@ class StatusInputs:
     transitions: int = 0
     endpoint: str | None = None
     """Where this replica serves the API."""
+    network_policy: tuple[ConditionStatus, str, str] | None = None
+    """The ``NetworkPolicyEnforced`` condition's status, reason and message (``None``: no probe
+    answered, or the probe is off: the condition is left out)."""
 
 
 STARTING_REASON = "Starting"
@@ -151,6 +156,13 @@ def workflow_status(
             generation=degraded_generation, now=now, previous=previous,
         ),
     ]
+    if inputs.network_policy is not None:
+        enforced, reason, message = inputs.network_policy
+        conditions.append(condition(
+            NETWORK_POLICY_ENFORCED, enforced, reason=reason_from_code(reason), message=message,
+            generation=applied if applied is not None else inputs.generation,
+            now=now, previous=previous,
+        ))
     observed = max(
         applied or 0,
         inputs.candidate_generation,

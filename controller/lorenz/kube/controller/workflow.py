@@ -54,7 +54,7 @@ import logging
 import os
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from lorenz.assembly import assemble_runtime, runs_in_workers, tracker_factory
 from lorenz.codes import ErrorCode
@@ -73,11 +73,12 @@ from lorenz.kube.controller.cleanup import (
     sweep_orphans,
     sweep_terminal_workspaces,
 )
+from lorenz.kube.controller.enforcement import EnforcementFollower
 from lorenz.kube.controller.flags import Flag
 from lorenz.kube.controller.holds import ContinuationHolds, HoldingClaimStore
 from lorenz.kube.controller.placement import PlacementHealth
 from lorenz.kube.controller.posting import EventKind, EventPoster, Post, kopf_post
-from lorenz.kube.controller.publisher import StatusPublisher
+from lorenz.kube.controller.publisher import RuntimeAttacher, StatusPublisher
 from lorenz.kube.controller.specs import (
     generation_of,
     load_workflow_object,
@@ -110,13 +111,6 @@ from lorenz.workflow import LoadedWorkflow, validate_dispatch
 logger = logging.getLogger("lorenz.kube.controllers")
 
 T = TypeVar("T")
-
-
-class RuntimeAttacher(Protocol):
-    """Where a runtime is announced while it runs (the shared metrics registry)."""
-
-    def attach(self, runtime: LorenzRuntime, *, workflow: str | None = None) -> Callable[[], None]:
-        ...
 
 
 class WorkflowController:
@@ -228,6 +222,10 @@ class WorkflowController:
             inputs=self.status_inputs,
             seen_status=lambda: self._body.get("status") or {},
             may_write=self._may_publish,
+        )
+        self.enforcement = EnforcementFollower(
+            api=api, settings=settings, post=self.post, changed=self.status.dirty,
+            accounts=agent_accounts,
         )
         self.task: asyncio.Task[None] | None = None
         self.finished = False
@@ -649,6 +647,8 @@ class WorkflowController:
             api=self._api, workflow=self.ref, runtime=runtime, store=store,
             still_ours=still_ours, lists=self._claim_lister,
         ))
+        self.enforcement.start(self._spawn, workflow=lambda: self.ref, active=still_ours,
+                               runtime=lambda: self.runtime)
 
     def _still_ours(self, *, term: Term, store: ClaimResourceStore) -> bool:
         """Whether ``term`` still holds and ``store`` is still its claim store."""
@@ -846,6 +846,7 @@ class WorkflowController:
             acquired_at=record.acquired_at if record is not None else None,
             transitions=record.transitions if record is not None else 0,
             endpoint=self._settings.advertise_url,
+            network_policy=self.enforcement.condition(),
         )
 
     def _may_publish(self) -> bool:

@@ -39,8 +39,9 @@ from lorenz.kube.api.resources import WorkflowRef, compact_json
 from lorenz.kube.claims.lists import ClaimLister
 from lorenz.kube.clients import KubeApi, load_configuration
 from lorenz.kube.controller.posting import Post, kopf_post
+from lorenz.kube.controller.publisher import RuntimeAttacher
 from lorenz.kube.controller.specs import workflow_ref
-from lorenz.kube.controller.workflow import RuntimeAttacher, WorkflowController
+from lorenz.kube.controller.workflow import WorkflowController
 from lorenz.kube.leaderelection.sharding import Shard, ShardCoordinator
 from lorenz.kube.operator.api_auth import KubernetesAuth
 from lorenz.kube.pods.transport import AgentAccounts
