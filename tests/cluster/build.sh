@@ -4,7 +4,8 @@
 # kube-controller-manager and kubectl from k8s.io/kubernetes, etcd from go.etcd.io/etcd/server/v3,
 # and the helm CLI (the control plane); kubelet and kube-scheduler from k8s.io/kubernetes,
 # containerd v2 with its runc shim and ctr, runc, the bridge/host-local/loopback CNI plugins and
-# a tiny sandbox ("pause") command (the test node, tests/cluster/node.py); the kwok controller
+# a tiny sandbox ("pause") command, and a NetworkPolicy enforcer around kube-network-policies'
+# policy engine (the test node, tests/cluster/node.py and enforcer.py); the kwok controller
 # from sigs.k8s.io/kwok, with the Stage files of its module (fake nodes: tests/cluster/kwok.py).
 # Pins live in tests/cluster/versions.env.
 #
@@ -39,7 +40,7 @@ fi
 # they are what most cluster tests need; the node's binaries last).
 names=(etcd kube-apiserver kube-controller-manager kubectl helm
   kube-scheduler kubelet containerd containerd-shim-runc-v2 ctr runc pause
-  bridge host-local loopback kwok)
+  bridge host-local loopback netpol kwok)
 module_of() {
   case "$1" in
     etcd) echo etcd ;;
@@ -50,6 +51,7 @@ module_of() {
     runc) echo runc ;;
     pause) echo pause ;;
     bridge | host-local | loopback) echo cni ;;
+    netpol) echo netpol ;;
     kwok) echo kwok ;;
   esac
 }
@@ -62,6 +64,7 @@ pin_of() {
     runc) echo "runc=$RUNC_VERSION" ;;
     pause) echo "pause=local" ;;
     cni) echo "cni-plugins=$CNI_PLUGINS_VERSION" ;;
+    netpol) echo "kube-network-policies=$NETWORK_POLICIES_VERSION" ;;
     kwok) echo "kwok=$KWOK_VERSION" ;;
   esac
 }
@@ -105,7 +108,8 @@ work=$out/work
 times=$out/build-times.txt
 echo "tests/cluster/build.sh: building the test cluster ($K8S_VERSION, etcd $ETCD_VERSION," \
   "helm $HELM_VERSION, containerd $CONTAINERD_VERSION, runc $RUNC_VERSION," \
-  "CNI plugins $CNI_PLUGINS_VERSION) into $bin; log: $log" >&2
+  "CNI plugins $CNI_PLUGINS_VERSION, kube-network-policies $NETWORK_POLICIES_VERSION) into" \
+  "$bin; log: $log" >&2
 echo "== $(date -u +%FT%TZ) build.sh start: $("$go" version), $(nproc) cores" >>"$log"
 set -E
 trap '[ "$BASH_SUBSHELL" != 0 ] || {
@@ -167,6 +171,14 @@ prepare_tool() { # module, version, tool package...
   echo "$dir"
 }
 
+# A tools module whose main.go imports a library's packages: require the library at its pin.
+prepare_library() { # module, module path@version
+  local dir
+  dir=$(scratch_copy "$1")
+  (cd "$dir" && "$go" get "$2" && "$go" mod tidy) >>"$log" 2>&1
+  echo "$dir"
+}
+
 # One scratch module per tools module and build.sh run: the binaries of one module (the three
 # Kubernetes ones, containerd's three, the CNI plugins) share its generated go.mod and build cache.
 declare -A prepared=()
@@ -187,6 +199,10 @@ prepared_dir() { # module; sets $dir (not printed: a subshell would lose the cac
           "$p/main/bridge" "$p/ipam/host-local" "$p/main/loopback")
         ;;
       pause) prepared[$mod]=$(scratch_copy pause) ;;
+      netpol)
+        prepared[$mod]=$(prepare_library netpol \
+          "sigs.k8s.io/kube-network-policies@$NETWORK_POLICIES_VERSION")
+        ;;
       kwok) prepared[$mod]=$(prepare_tool kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok) ;;
     esac
   fi
@@ -264,6 +280,12 @@ build_one() { # name
       ;;
     pause)
       prepared_dir pause
+      target=.
+      ;;
+    netpol)
+      # NB: our main around upstream's policy engine (tools/netpol/main.go says why upstream's
+      # own command cannot run on this kernel).
+      prepared_dir netpol
       target=.
       ;;
     kwok)

@@ -18,7 +18,9 @@ module adds one, built by tests/cluster/build.sh like the rest:
   Service IP (10.0.0.1:443 — there is no kube-proxy), and the API server reaches the kubelet
   through its egress-selector CONNECT proxy;
 - kube-scheduler runs on the host, next to the API server (one per control plane, shared with
-  the kwok fake nodes: tests/cluster/scheduler.py).
+  the kwok fake nodes: tests/cluster/scheduler.py);
+- NetworkPolicies are enforced by kube-network-policies' engine beside the kubelet
+  (tests/cluster/enforcer.py); tests can stop and start it.
 
 Logs (containerd, kubelet, kube-scheduler, the namespace set-up) go to the control plane's log
 directory, which the pytest summary prints.
@@ -51,6 +53,7 @@ from tests.cluster.controlplane import (
     _Process,
     runs_root,
 )
+from tests.cluster.enforcer import ENFORCER_BINARY, ENFORCER_USER, PolicyEnforcer
 from tests.cluster.portforward import Forwarder
 from tests.cluster.scheduler import ensure_scheduler
 
@@ -67,6 +70,7 @@ NODE_BINARIES = (
     "bridge",
     "host-local",
     "loopback",
+    ENFORCER_BINARY,
 )
 # Test pods must tolerate this taint: it keeps the Pods of other tests (Deployments that used
 # to stay Pending for lack of a node) off the node.
@@ -110,6 +114,7 @@ class Node:
     # copy of the image per container: tens of seconds for the project's image on a busy host)
     snapshotter: str = "native"
     _kubelet: _Process | None = field(default=None, repr=False)
+    _enforcer: PolicyEnforcer | None = field(default=None, repr=False)
 
     name: str = NODE_NAME
 
@@ -148,8 +153,10 @@ class Node:
             self._start_forwarders()
             self._start_containerd()
             self._start_scheduler()
+            self._spawn_enforcer()
             self._start_kubelet()
             self._wait_ready()
+            self.start_network_policy_enforcer()
         except BaseException:
             self.stop()
             raise
@@ -168,6 +175,7 @@ class Node:
         cgroups = set(_container_cgroups(self.dir))
         if self._holder_pid:
             cgroups.update(_process_cgroups(node_processes(marker_pid=os.getpid())))
+        self.stop_network_policy_enforcer()
         while self._processes:
             self._processes.pop().stop(grace=5.0)
         holder, self.holder = self.holder, None
@@ -180,7 +188,45 @@ class Node:
         if self.dir.exists():
             shutil.rmtree(self.dir, ignore_errors=True)
 
+    @property
+    def enforces_network_policy(self) -> bool:
+        """Whether NetworkPolicies are enforced on this node now (the enforcer runs)."""
+        return self._enforcer is not None and self._enforcer.running
+
+    def stop_network_policy_enforcer(self) -> None:
+        """Stop enforcing: the node then behaves as on a cluster whose CNI ignores
+        NetworkPolicies (connections opened from now on pass)."""
+        if self._enforcer is not None:
+            self._enforcer.stop()
+
+    def start_network_policy_enforcer(self) -> None:
+        """Enforce again (returns once it does; a no-op while it runs)."""
+        enforcer = self._enforcer
+        if enforcer is None:
+            raise NodeError("the node is not started")
+        enforcer.start()
+        self.timings.update(enforcer.timings)
+
     # -- pieces ------------------------------------------------------------------------------
+
+    def _spawn_enforcer(self) -> None:
+        kubeconfig = self._client_kubeconfig(
+            stem="network-policy-enforcer",
+            user=ENFORCER_USER,
+            groups=(),
+            server=f"https://{NODE_IP}:{APISERVER_PORT_IN_NODE}",
+        )
+        self._enforcer = PolicyEnforcer(
+            cluster=self.cluster,
+            binaries=self.binaries,
+            kubeconfig=kubeconfig,
+            node_name=self.name,
+            pod_subnet=POD_SUBNET,
+            state_dir=self.dir,
+            log=self.log_dir / "network-policy-enforcer.log",
+            in_node=self._nsenter,
+        )
+        self._enforcer.spawn()
 
     def _nsenter(self, argv: list[str]) -> list[str]:
         return [

@@ -14,12 +14,11 @@ from tests.node.test_helm_operator import Recorder
 
 
 def node_enforces_network_policy(node: Node) -> bool:
-    """Whether the test node enforces NetworkPolicy: the outcome the network tests assert
-    (tests/node/test_hostile_tenant.py). Today's node does not (its bridge CNI ignores them);
-    the enforcer beside the kubelet (kube-network-policies, tests/cluster/node.py) will say so
-    here once it lands."""
-    del node
-    return False
+    """Whether the test node enforces NetworkPolicy now: the outcome the network tests assert
+    (tests/node/test_hostile_tenant.py). It does while the enforcer beside its kubelet runs
+    (kube-network-policies' engine, tests/cluster/enforcer.py); a test that stops it gets a
+    node whose network ignores NetworkPolicies, as a plain bridge CNI's does."""
+    return node.enforces_network_policy
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@ tolerate the test node's taint, and waiting on a Pod's phase through the API."""
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlsplit
 
 from tests.cluster.cluster import Cluster, wait_until
 from tests.cluster.node import NODE_TOLERATION
@@ -73,3 +74,11 @@ def wait_for_phase(
     except TimeoutError as err:
         described = cluster.kubectl("describe", "pod", name, "-n", namespace, check=False)
         raise AssertionError(f"{err}\n{described.stdout}") from err
+
+
+def recorder_egress(recorder_url: str) -> list[dict[str, Any]]:
+    """The Workflow's ``worker.egress`` that lets its run Pods reach the test's recorder (on the
+    node's address, `Node.forward_to_host`): the node enforces the operator's run-Pod
+    NetworkPolicy, which admits DNS and what the Workflow lists, nothing else."""
+    address = urlsplit(recorder_url)
+    return [{"cidr": f"{address.hostname}/32", "ports": [address.port]}]

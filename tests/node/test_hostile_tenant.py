@@ -19,11 +19,12 @@ At admission, team-b tries to hand its run Pod the tracker Secret (``envFromSecr
 (``worker.kind: local``: ``Degraded`` ``local_runs_forbidden``, no run).
 
 The network attempts depend on the node: where it enforces NetworkPolicy
-(:func:`~tests.node.conftest.node_enforces_network_policy`), the operator and team-a are not
-reached and the Workflow's ``NetworkPolicyEnforced`` is ``True``; where it does not (the test
-node today), they are reached — the operator still answers 401 and ``/healthz`` only ``ok`` —
-and the operator's probe must say so: ``NetworkPolicyEnforced=False`` with a
-``NetworkPolicyNotEnforced`` Warning. Either way the suite notices a change.
+(:func:`~tests.node.conftest.node_enforces_network_policy`: the enforcer beside its kubelet
+runs), the operator and team-a are not reached and the Workflow's ``NetworkPolicyEnforced`` is
+``True``; where it does not, they are reached — the operator still answers 401 and
+``/healthz`` only ``ok`` — and the operator's probe must say so: ``NetworkPolicyEnforced=False``
+with a ``NetworkPolicyNotEnforced`` Warning. The probe is checked both ways: with the enforcer
+running, then stopped and the operator restarted (a new leader probes again).
 """
 
 from __future__ import annotations
@@ -195,6 +196,12 @@ def network_policy_condition(rig: Install, name: str = WORKFLOW) -> dict[str, An
     return None
 
 
+def not_enforced(rig: Install) -> dict[str, Any] | None:
+    """The ``NetworkPolicyEnforced`` condition once it says ``False``."""
+    found = network_policy_condition(rig)
+    return found if found is not None and found["status"] == "False" else None
+
+
 def answered(rig: Install) -> dict[str, Any] | None:
     """The ``NetworkPolicyEnforced`` condition once the probe answered (not ``Unknown``)."""
     found = network_policy_condition(rig)
@@ -204,9 +211,9 @@ def answered(rig: Install) -> dict[str, Any] | None:
 def test_the_operator_says_whether_the_node_enforces_network_policy(
     pod_install: Install, other_team: tuple[str, str], kube_node: Node
 ) -> None:
-    """The probe Pod of a Workflow whose runs go to Pods, on the node as it is: today's test
-    node enforces nothing, so the Workflow must say ``NetworkPolicyEnforced=False`` with a
-    ``NetworkPolicyNotEnforced`` Warning."""
+    """The probe Pod of a Workflow whose runs go to Pods: on the node as it is (enforcing:
+    ``NetworkPolicyEnforced=True``), then with its enforcer stopped and the operator restarted
+    (``False`` with a ``NetworkPolicyNotEnforced`` Warning)."""
     rig = pod_install
     namespace, pod_ip = other_team
     began = time.monotonic()
@@ -236,6 +243,31 @@ def test_the_operator_says_whether_the_node_enforces_network_policy(
     workflow = rig.cluster.kubectl_json("get", "workflow", WORKFLOW, "-n", rig.namespace)
     degraded = [c for c in workflow["status"]["conditions"] if c["type"] == "Degraded"]
     assert degraded[0]["status"] == "False", degraded
+    if not node_enforces_network_policy(kube_node):
+        return  # NB: the other way round needs an enforcing node to stop
+
+    # The same cluster without enforcement: a new leader probes again and warns.
+    kube_node.stop_network_policy_enforcer()
+    try:
+        before = [p["metadata"]["name"] for p in rig.pods()]
+        rig.cluster.kubectl("delete", "pod", "-n", rig.namespace, *before, "--wait=false")
+        rig.wait_ready_pods(len(before), exclude=before)
+        try:
+            found = wait_until(
+                lambda: not_enforced(rig), timeout=300, interval=1.0,
+                message="the new leader's probe: not enforced",
+            )
+        except TimeoutError as err:
+            raise AssertionError(
+                f"{err}\n{network_policy_condition(rig)}\n{diagnose(rig)}"
+            ) from err
+        assert found["reason"] == "network_policy_not_enforced", found
+        assert "enforcing CNI" in found["message"]
+        warnings = wait_until(lambda: events_of(rig, "NetworkPolicyNotEnforced") or None,
+                              timeout=60, message="the NetworkPolicyNotEnforced Warning")
+        assert "enforcing CNI" in warnings[0]
+    finally:
+        kube_node.start_network_policy_enforcer()
 
 
 def test_every_attempt_of_a_hostile_tenant_fails(

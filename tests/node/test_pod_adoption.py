@@ -32,7 +32,7 @@ from tests.cluster.images import agent_image
 from tests.cluster.node import NODE_TOLERATION, Node
 from tests.fakes.linear_server import FakeLinearServer
 from tests.kube.operators import Kube, OperatorProcess
-from tests.node.pods import RESTRICTED_LABELS
+from tests.node.pods import RESTRICTED_LABELS, recorder_egress
 from tests.node.test_helm_operator import AGENT, AGENT_PATH, REPO, Recorder, Run
 
 pytestmark = [pytest.mark.node, pytest.mark.cluster, pytest.mark.timeout(1800)]
@@ -143,6 +143,7 @@ def pod_workflow(rig: HostRig, *, name: str, seconds: float) -> dict[str, Any]:
                                   "limits": {"memory": "512Mi"}},
                 },
                 "startTimeoutMs": 180000,
+                "egress": recorder_egress(rig.recorder_url),
             },
             "prompt": "Work on {{ issue.identifier }}",
         },

@@ -30,7 +30,7 @@ from tests.cluster.cluster import Cluster, wait_until
 from tests.cluster.images import agent_image
 from tests.cluster.node import NODE_TOLERATION, Node
 from tests.fakes.linear_server import FakeLinearServer
-from tests.node.pods import RESTRICTED_LABELS
+from tests.node.pods import RESTRICTED_LABELS, recorder_egress
 from tests.node.test_helm_operator import (
     AGENT,
     CHART,
@@ -116,6 +116,7 @@ def pod_workflow(rig: Install, *, seconds: float, **worker: Any) -> dict[str, An
                           "limits": {"memory": "512Mi"}},
         },
         "startTimeoutMs": 120000,
+        "egress": recorder_egress(rig.recorder_url),
         **worker,
     }
     return body
