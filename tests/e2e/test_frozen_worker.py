@@ -24,6 +24,7 @@ import pytest
 from lorenz.workers.states import worker_pid
 from tests.daemon.conftest import daemon_env, daemons, root, runtime_dir
 from tests.daemon.harness import DaemonProcess, pid_alive, read_agent_log, write_daemon_workflow
+from tests.fakes.slot_lock_agent import slot_lock_agent
 from tests.waiting import wait_until
 
 __all__ = ["daemon_env", "daemons", "root", "runtime_dir"]  # fixtures used here
@@ -31,39 +32,15 @@ __all__ = ["daemon_env", "daemons", "root", "runtime_dir"]  # fixtures used here
 WAIT_S = 120.0
 """Hang protection only (a stall, a probe that times out, a kill, a retry on 2 loaded cores)."""
 
-TICKING_AGENT = r"""
-import fcntl, json, os, sys, time
-
-LOG = os.environ["AGENT_LOG"]
-SLOT = os.environ["LORENZ_ISSUE_ID"] + "#" + os.environ["LORENZ_SLOT"]
-
-
-def record(**fields):
-    line = dict(slot=SLOT, pid=os.getpid(), handle=os.environ.get("LORENZ_WORKER_HANDLE"),
-                t=time.time(), **fields)
-    fd = os.open(LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, (json.dumps(line) + "\n").encode())
-    finally:
-        os.close(fd)
-
-
-sys.stdin.read()
-lock = os.open(os.path.join(os.environ["AGENT_LOCKS"], "slot.lock"), os.O_RDWR | os.O_CREAT)
-try:
-    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    dup = False
-except BlockingIOError:
-    dup = True
-record(event="start", dup=dup)
-if dup:
-    sys.exit(3)
 # Ticks (a line a tick: agent activity) for a long while: only a frozen worker makes it stall.
-for tick in range(600):
-    print(f"tick {tick}", flush=True)
-    time.sleep(0.2)
-record(event="end", rc=0)
-"""
+TICKING_AGENT = slot_lock_agent(
+    then=(
+        "for tick in range(600):\n"
+        "    print(f'tick {tick}', flush=True)\n"
+        "    time.sleep(0.2)\n"
+        "record(event='end', rc=0)\n"
+    )
+)
 
 
 @pytest.fixture

@@ -31,6 +31,7 @@ from lorenz.model import ManualClock, RetryKind, slot_key
 from lorenz.workers.runner import Departure, WorkerRunner
 from lorenz.workers.ssh import SshTransport
 from lorenz.workers.states import worker_pid
+from tests.fakes.slot_lock_agent import slot_lock_agent
 from tests.runtime.harness import LIVE_RUNTIMES, RuntimeRig, build_rig, write_workflow
 from tests.runtime.test_runtime_loop import issue
 from tests.waiting import wait_until_async
@@ -41,33 +42,9 @@ __all__ = ["sshd"]  # the module's sshd fixture, used here
 WAIT_S = 120.0
 """Hang protection only (ssh round trips, a probe that times out, a kill, on 2 loaded cores)."""
 
-LOCKING_AGENT = r"""
-import fcntl, json, os, sys, time
-
-LOG = os.environ["AGENT_LOG"]
-
-
-def record(**fields):
-    line = dict(pid=os.getpid(), handle=os.environ.get("LORENZ_WORKER_HANDLE"), **fields)
-    fd = os.open(LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, (json.dumps(line) + "\n").encode())
-    finally:
-        os.close(fd)
-
-
-sys.stdin.read()
-lock = os.open(os.path.join(os.environ["AGENT_LOCKS"], "slot.lock"), os.O_RDWR | os.O_CREAT)
-try:
-    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    dup = False
-except BlockingIOError:
-    dup = True
-record(event="start", dup=dup)
-if dup:
-    sys.exit(3)
-time.sleep(3600)  # works on the issue, silently, until killed
-"""
+LOCKING_AGENT = slot_lock_agent(
+    then="time.sleep(3600)  # works on the issue, silently, until killed\n"
+)
 
 
 def pid_alive(pid: int) -> bool:
