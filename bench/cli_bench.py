@@ -27,7 +27,9 @@ and then linger) with ``python -c 'lorenz.cli.main()' WORKFLOW.md`` and prints:
   (the login profile's included) is in the agent's figure and subtracted with it; the bench
   prints the login shell's cost per run on its own line instead (``bash -lc true`` with the
   agents' environment). Also the peak PSS of the tree without the agents (psutil
-  ``memory_full_info().pss``, sampled every 0.25 s) and the PSS per extra live run, the first
+  ``memory_full_info().pss``, sampled every 0.25 s; at the peak also split by process — the
+  ``lorenz`` process, the launcher, the workers and a worker's own pages, USS) and the PSS per
+  extra live run, the first
   dispatch latency (the ``lorenz`` process's first tracker request, when the waiting issues
   first appear to it, to the first agent's start; also from the process's start) and the peak
   number of agents alive at once (and their mean over the drain);
@@ -159,6 +161,9 @@ class PssSampler:
         self.lorenz_pid = lorenz_pid
         self.peak_bytes = 0
         self.peak_workers = 0
+        self.peak_split: dict[str, float] = {}
+        """At the peak: PSS of ``lorenz``, of the launcher and of the workers, and the workers'
+        median USS (the pages only each worker has: what one more live run adds at least)."""
         self.per_worker: list[float] = []
         self.base: list[float] = []
         self._stop = threading.Event()
@@ -179,22 +184,30 @@ class PssSampler:
         total = 0
         base = 0
         workers = 0
+        split = {"lorenz": 0.0, "launcher": 0.0, "workers": 0.0}
+        worker_uss: list[float] = []
         for pid in self.tree.pids():
             with contextlib.suppress(psutil.Error, OSError):
                 process = psutil.Process(pid)
                 cmdline = process.cmdline()
                 if any(AGENT_MARK in part for part in cmdline) or not cmdline:
                     continue  # NB: an agent (or a zombie): not orchestration
-                pss = int(process.memory_full_info().pss)
+                memory = process.memory_full_info()
+                pss = int(memory.pss)
                 total += pss
                 is_launcher = "--launcher" in cmdline and process.ppid() == self.lorenz_pid
                 if pid == self.lorenz_pid or is_launcher:
                     base += pss
+                    split["lorenz" if pid == self.lorenz_pid else "launcher"] += pss
                 elif "--launcher" in cmdline or "worker" in cmdline:
                     workers += 1
+                    split["workers"] += pss
+                    worker_uss.append(float(memory.uss))
         if total > self.peak_bytes:
             self.peak_bytes = total
             self.peak_workers = workers
+            self.peak_split = {**split, "worker_uss": statistics.median(worker_uss)
+                               if worker_uss else 0.0}
         if workers:
             self.per_worker.append((total - base) / workers)
             self.base.append(base)
@@ -401,6 +414,8 @@ def drain(args: argparse.Namespace, tmp: Path, linear: FakeLinearServer) -> dict
         "peak_pss_mib": sampler.peak_bytes / 2**20,
         "pss_per_worker_mib": (statistics.median(sampler.per_worker) / 2**20
                                if sampler.per_worker else 0.0),
+        "peak_pss_split_mib": {k: v / 2**20 for k, v in sampler.peak_split.items()},
+        "peak_workers": sampler.peak_workers,
         "first_dispatch_s": (first_agent - first_request_at
                              if first_agent is not None and first_request_at is not None
                              else float("nan")),
@@ -483,6 +498,13 @@ def report(args: argparse.Namespace, figures: dict[str, Any]) -> None:
           "own CPU, not in the orchestration figure)")
     print(f"peak PSS without agents     {figures['peak_pss_mib']:6.1f} MiB "
           f"(per live run {figures['pss_per_worker_mib']:.1f} MiB, median of samples)")
+    split = figures.get("peak_pss_split_mib") or {}
+    if split:
+        workers = max(1, figures["peak_workers"])
+        print(f"  at the peak, by process     lorenz {split['lorenz']:.1f}, launcher "
+              f"{split['launcher']:.1f}, {figures['peak_workers']} workers {split['workers']:.1f} "
+              f"MiB ({split['workers'] / workers:.1f} each; {split['worker_uss']:.1f} of it "
+              "each worker's own pages, USS)")
     print(f"first dispatch              {figures['first_dispatch_s']:6.2f} s   "
           f"(first tracker request -> first agent start; "
           f"{figures['first_dispatch_from_start_s']:.2f} s from the process's start)")

@@ -124,6 +124,30 @@ def test_the_preload_imports_the_named_runners_only() -> None:
     assert output.strip() == "['lorenz.agents.command', 'lorenz.workers.worker']"
 
 
+def test_the_preload_rehearses_the_workers_asyncio_and_leaves_nothing_behind() -> None:
+    code = (
+        "import asyncio, json, os, threading, warnings\n"
+        "import psutil\n"
+        "from lorenz.workers.forkserver import _preload\n"
+        "fds = sorted(os.listdir('/proc/self/fd'))\n"
+        "_preload(protocols=['command'])\n"
+        "with warnings.catch_warnings():\n"
+        "    warnings.simplefilter('ignore', DeprecationWarning)\n"
+        "    watcher = asyncio.get_event_loop_policy().get_child_watcher()\n"
+        "print(json.dumps({'threads': threading.active_count(),\n"
+        "                  'children': len(psutil.Process().children()),\n"
+        "                  'fds_added': sorted(set(os.listdir('/proc/self/fd')) - set(fds)),\n"
+        "                  'watcher': type(watcher).__name__}))\n"
+    )
+    output = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True, timeout=120).stdout
+    # NB: the rehearsal ran the workers' subprocess path with their watcher (a pidfd, no
+    # waiter thread), and left no thread, child, socket or other descriptor behind for the forks.
+    assert json.loads(output) == {
+        "threads": 1, "children": 0, "fds_added": [], "watcher": "PidfdChildWatcher"
+    }
+
+
 def test_warming_up_without_a_running_loop_does_nothing(state_root: Path) -> None:
     transport = LocalTransport(state_root=state_root, env=base_env(), forkserver=True)
     assert transport.warm_up() is False
