@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from lorenz.workers.runner import PAUSE_AT_SPAWN_PHASE_ENV
+from lorenz.workers.states import worker_pid
 from tests.daemon.harness import (
     DaemonProcess,
     kill_marked,
@@ -514,6 +515,48 @@ def test_a_worker_whose_issue_was_closed_while_no_controller_ran_is_cancelled_no
     assert ended["rc"] == -signal.SIGTERM, "the agent was not stopped by the cancellation"
     assert f"adopting the worker of a lost controller handle={handle}" not in second.log()
     assert not [b for b in _event_bodies(store) if b.get("retry_kind") == "failure"]
+
+
+def test_a_frozen_worker_whose_issue_was_closed_meanwhile_is_killed_not_left_running(
+    root: Path,
+    daemon_env: dict[str, str],
+    daemons: list[DaemonProcess],
+    worker_state: Path,
+) -> None:
+    """The dropped adoption's worker is frozen (SIGSTOP): it answers no cancel. Its slot is
+    released all the same, so its agent must not go on working on the issue unwatched: the
+    successor kills the run where it runs (#32 point 3)."""
+    run = _a_daemon_with_a_running_worker(
+        root, daemon_env, daemons, worker_state, agent_s=900, extra_args=()
+    )
+    workflow, env, args, store = run.workflow, run.env, run.args, run.store
+    started = run.started
+    worker = worker_pid(worker_state / run.handle)
+    assert worker is not None
+    run.first.kill9()
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        write_issues(root / "issues", ["A-1"], state="Done")
+        second = DaemonProcess(workflow, env=env, args=args, output=root / "daemon-1.log")
+        daemons.append(second.start())
+        second.wait_ready()
+        wait_until(
+            lambda: not pid_alive(started["pid"]),
+            timeout=300.0,
+            what="the agent of the frozen, dropped adoption to be killed",
+        )
+        wait_until(
+            lambda: not pid_alive(worker), timeout=60.0, what="the frozen worker to be killed"
+        )
+        wait_until(lambda: _claim_rows(store) == [], timeout=120.0, what="the claim released")
+        wait_until(
+            lambda: f"killed handle={run.handle}" in second.log(),
+            timeout=60.0,
+            what="the log to say the unanswering worker was killed",
+        )
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker, signal.SIGCONT)
 
 
 def test_without_a_durable_store_a_worker_whose_issue_was_closed_meanwhile_is_cancelled(

@@ -568,7 +568,8 @@ class WorkerRunner:
         The worker is followed after the intent's ``last_seq`` (nothing is relayed: no slot
         waits for it), asked to cancel with ``dropped.reason``, and waited for — bounded — until
         its final record; the worker then runs its own cleanup (``after_run`` when the spec
-        carries it) as for any cancellation. A worker that already ended is only collected.
+        carries it) as for any cancellation. A worker that already ended is only collected; one
+        that does not answer the cancel is killed where it runs (its agent with it).
         """
         name = self._adoptable(dropped.resume, issue_id=dropped.issue.id, slot=dropped.slot_index)
         if name is None:
@@ -602,10 +603,27 @@ class WorkerRunner:
             return True
         except (WorkerUnknown, TimeoutError) as exc:
             follow.cancel()
+            # NB: a worker that does not answer (frozen, wedged) may leave its agent working
+            # on an issue whose slot is released now: killed where it runs, once (bounded by
+            # the transport); one that cannot be killed either is logged, its slot released
+            # as before.
+            try:
+                await self.transport.kill(name)
+            except Exception as kill_exc:  # noqa: BLE001 - any failure: not proven over
+                logger.warning(
+                    "dropped adoption: the worker could not be cancelled (%s) nor killed (%s) "
+                    "handle=%s",
+                    exc,
+                    kill_exc,
+                    name,
+                )
+                return False
             logger.warning(
-                "dropped adoption: the worker could not be cancelled handle=%s: %s", name, exc
+                "dropped adoption: the worker did not answer its cancel (%s); killed handle=%s",
+                exc,
+                name,
             )
-            return False
+            return True
         except BaseException:
             follow.cancel()
             raise
