@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -34,7 +34,8 @@ from lorenz.kube.pods.manifests import network_policies_path, pods_path, run_net
 from lorenz.kube.pods.transport import AgentAccounts, RunNetworkPolicies
 from tests.cluster.cluster import Cluster, wait_until
 from tests.kube.operators import Kube, OperatorProcess, Rig
-from tests.kube.test_pods import RESTRICTED, pod_worker
+from tests.kube.test_pods import pod_worker
+from tests.kube.test_run_network_policy import restricted_namespace as restricted_namespace
 from tests.kube.test_run_network_policy import selects
 
 pytestmark = pytest.mark.timeout(300)
@@ -99,13 +100,6 @@ def test_the_condition_is_written_only_with_an_answer() -> None:
     found = conditions[NETWORK_POLICY_ENFORCED]
     assert (found["status"], found["reason"]) == ("False", "network_policy_not_enforced")
     assert conditions["Degraded"]["status"] == "False"  # never Degraded on its own
-
-
-@pytest.fixture
-def restricted_namespace(kube_control_plane: Cluster) -> Iterator[str]:
-    name = kube_control_plane.create_namespace(labels=RESTRICTED)
-    yield name
-    kube_control_plane.delete_namespace(name, wait=False)
 
 
 @pytest.mark.cluster

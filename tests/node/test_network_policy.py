@@ -124,7 +124,10 @@ def network(
     kube_control_plane: Cluster, kube_node: Node, node_images: NodeImages
 ) -> Iterator[Network]:
     if not isinstance(kube_node, Node):
-        pytest.skip("needs the envtest test node: the test stops and starts its enforcer")
+        pytest.skip(
+            "a kind cluster (LORENZ_TEST_CLUSTER=kind) has no Lorenz test node whose "
+            "NetworkPolicy enforcer the test can stop and start"
+        )
     cluster = kube_control_plane
     team_a = cluster.create_namespace(labels=RESTRICTED_LABELS)
     team_b = cluster.create_namespace(labels=RESTRICTED_LABELS)
