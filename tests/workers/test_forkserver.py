@@ -124,7 +124,10 @@ def test_the_preload_imports_the_named_runners_only() -> None:
     assert output.strip() == "['lorenz.agents.command', 'lorenz.workers.worker']"
 
 
-def test_the_preload_rehearses_the_workers_asyncio_and_leaves_nothing_behind() -> None:
+@pytest.mark.parametrize("tmpdir_name", ["tmp", "t" * 100], ids=["tmp", "tmp-too-long"])
+def test_the_preload_rehearses_the_workers_asyncio_and_leaves_nothing_behind(
+    tmp_path: Path, tmpdir_name: str
+) -> None:
     code = (
         "import asyncio, json, os, threading, warnings\n"
         "import psutil\n"
@@ -139,13 +142,47 @@ def test_the_preload_rehearses_the_workers_asyncio_and_leaves_nothing_behind() -
         "                  'fds_added': sorted(set(os.listdir('/proc/self/fd')) - set(fds)),\n"
         "                  'watcher': type(watcher).__name__}))\n"
     )
+    # NB: under a long temporary directory the whole runs cannot bind their sockets (107 bytes):
+    # they fail half-way, and must leave nothing open either.
+    scratch = tmp_path / tmpdir_name
+    scratch.mkdir()
     output = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            check=True, timeout=120).stdout
+                            check=True, timeout=120, env={**os.environ, "TMPDIR": str(scratch)},
+                            ).stdout
     # NB: the rehearsal ran the workers' subprocess path with their watcher (a pidfd, no
-    # waiter thread), and left no thread, child, socket or other descriptor behind for the forks.
+    # waiter thread), and left no thread, child, socket or other descriptor behind for the forks,
+    # nor any file of its whole runs.
     assert json.loads(output) == {
         "threads": 1, "children": 0, "fds_added": [], "watcher": "PidfdChildWatcher"
     }
+    assert list(scratch.iterdir()) == []
+
+
+def test_the_preload_rehearses_whole_worker_runs_so_forks_do_not_warm_their_code() -> None:
+    # NB: a code object the interpreter has quickened (specialised) reads differently with
+    # ``adaptive=True``; one that never ran, or ran too few times, reads the same. Those below run
+    # once a run, in the worker only: the preload must have run them often enough before the fork.
+    code = (
+        "import dis, json\n"
+        "from lorenz.workers.forkserver import _preload\n"
+        "from lorenz.workers.worker import Worker\n"
+        "from lorenz.agents.command import CommandRunner\n"
+        "def quickened(function):\n"
+        "    pairs = zip(dis.get_instructions(function, adaptive=True),\n"
+        "                dis.get_instructions(function))\n"
+        "    return any(a.opname != b.opname for a, b in pairs)\n"
+        "functions = {'Worker.run': Worker.run, 'Worker._execute': Worker._execute,\n"
+        "             'Worker._handle': Worker._handle, 'Worker.close': Worker.close,\n"
+        "             'CommandRunner.run': CommandRunner.run}\n"
+        "before = {name: quickened(f) for name, f in functions.items()}\n"
+        "_preload(protocols=['command'])\n"
+        "print(json.dumps({'before': before,\n"
+        "                  'after': {name: quickened(f) for name, f in functions.items()}}))\n"
+    )
+    output = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True,
+                                       text=True, check=True, timeout=120).stdout)
+    assert not any(output["before"].values()), output
+    assert all(output["after"].values()), output
 
 
 def test_warming_up_without_a_running_loop_does_nothing(state_root: Path) -> None:
