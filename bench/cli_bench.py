@@ -36,7 +36,11 @@ and then linger) with ``python -c 'lorenz.cli.main()' WORKFLOW.md`` and prints:
 * the orchestration CPU by process: each launcher, launch child and worker writes its own
   ``RUSAGE_SELF`` as it ends (``lorenz.workers.profiling``, through ``LORENZ_PROFILE_DIR``);
   with ``LORENZ_PROFILE_CPROFILE=1`` in the bench's environment each also writes a cProfile
-  (kept in ``LORENZ_PROFILE_DIR`` when the bench is given one).
+  (kept in ``LORENZ_PROFILE_DIR`` when the bench is given one);
+* with ``--pages``, a worker's own pages by cause (``lorenz.workers.written_pages``: compared
+  with the launcher's at the worker's end — written back unchanged, code objects, other
+  objects' fields, reference counts only, memory of no known object), median over the workers.
+  Slow: the CPU figures of such a run are not the product's.
 
 The drain ends when every issue is Done and every run that started has ended (its end logged);
 then the process gets SIGTERM. Runs: ``.venv/bin/python bench/cli_bench.py``; side by side with
@@ -314,6 +318,9 @@ def drain(args: argparse.Namespace, tmp: Path, linear: FakeLinearServer) -> dict
     environ["LORENZ_PROFILE_DIR"] = str(profile_dir)
     if os.environ.get("LORENZ_PROFILE_CPROFILE"):
         environ["LORENZ_PROFILE_CPROFILE"] = os.environ["LORENZ_PROFILE_CPROFILE"]
+    (profile_dir / "pages.txt").unlink(missing_ok=True)
+    if args.pages:
+        environ["LORENZ_PROFILE_PAGES"] = "1"
     done_id = next(s.id for s in linear._states.values() if s.name == "Done")
     tree = Tree()
     tree_before = tree.cpu_s()
@@ -389,6 +396,7 @@ def drain(args: argparse.Namespace, tmp: Path, linear: FakeLinearServer) -> dict
     tree.close()
     agents = agent_ledger(ledger)
     breakdown = cpu_breakdown(profile_dir / "cpu.txt")
+    pages = written_pages(profile_dir / "pages.txt")
     first_agent = agents["first_agent_start"]
     requests = [r for r in linear.requests if r.operation_name != AGENT_OPERATION]
     by_operation = collections.Counter(r.operation_name or "?" for r in requests)
@@ -424,6 +432,7 @@ def drain(args: argparse.Namespace, tmp: Path, linear: FakeLinearServer) -> dict
         "peak_live_agents": agents["peak_live_agents"],
         "mean_live_agents": agents["mean_live_agents"],
         "breakdown": breakdown,
+        "written_pages": pages,
         "shell_cpu_ms": shell_ms,
     }
 
@@ -452,6 +461,20 @@ def cpu_breakdown(path: Path) -> dict[str, tuple[int, float]]:
                 count, total = kinds.get(words[0], (0, 0.0))
                 kinds[words[0]] = (count + 1, total + float(words[2]) + float(words[3]))
     return kinds
+
+
+def written_pages(path: Path) -> dict[str, float]:
+    """The median worker's own pages by cause, in MiB, from their end lines (``--pages``), and
+    how many workers reported."""
+    rows: list[dict[str, int]] = []
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            rows.append({k: int(v) for k, _, v in (w.partition("=") for w in line.split()[2:])})
+    if not rows:
+        return {}
+    page_mib = os.sysconf("SC_PAGE_SIZE") / 2**20
+    median = {key: statistics.median(row[key] for row in rows) * page_mib for key in rows[0]}
+    return {**median, "workers": float(len(rows))}
 
 
 def _no_login_shell(workflow: Path) -> None:
@@ -505,6 +528,13 @@ def report(args: argparse.Namespace, figures: dict[str, Any]) -> None:
               f"{split['launcher']:.1f}, {figures['peak_workers']} workers {split['workers']:.1f} "
               f"MiB ({split['workers'] / workers:.1f} each; {split['worker_uss']:.1f} of it "
               "each worker's own pages, USS)")
+    pages = figures.get("written_pages") or {}
+    if pages:
+        print(f"  a worker's own pages       {pages['own']:6.2f} MiB (median of "
+              f"{int(pages['workers'])} workers, --pages): unchanged {pages['unchanged']:.2f}, "
+              f"code {pages['code']:.2f}, objects {pages['objects']:.2f}, counts "
+              f"{pages['counts']:.2f}, other {pages['other']:.2f}; libraries' data "
+              f"{pages['libraries']:.2f} more")
     print(f"first dispatch              {figures['first_dispatch_s']:6.2f} s   "
           f"(first tracker request -> first agent start; "
           f"{figures['first_dispatch_from_start_s']:.2f} s from the process's start)")

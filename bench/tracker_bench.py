@@ -328,6 +328,9 @@ def board_parser(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--rounds", type=int, default=3, help="runs of each side (--compare)")
     parser.add_argument("--no-login-shell", action="store_true",
                         help="cli_bench.py only: agents.bench.login_shell: false (bash -c)")
+    parser.add_argument("--pages", action="store_true",
+                        help="cli_bench.py only: each worker files the pages it wrote by cause "
+                        "(slow: the CPU figures of such a run are not the product's)")
     parser.add_argument("--keep-log", metavar="PATH",
                         help="cli_bench.py only: the lorenz log, each line prefixed with the "
                         "seconds since the process's start")
@@ -338,7 +341,8 @@ def board_argv(args: argparse.Namespace) -> list[str]:
     """The options a ``--compare`` round passes on to each side's run (with ``--json``)."""
     return ["--issues", str(args.issues), "--slots", str(args.slots), "--linger",
             str(args.linger), "--interval-ms", str(args.interval_ms), "--timeout",
-            str(args.timeout), "--json", *(["--no-login-shell"] if args.no_login_shell else [])]
+            str(args.timeout), "--json", *(["--no-login-shell"] if args.no_login_shell else []),
+            *(["--pages"] if args.pages else [])]
 
 
 def board_main(

@@ -7,8 +7,10 @@ figure, but not split. With ``LORENZ_PROFILE_DIR`` set in the controller's envir
 sets it; nothing else should), each of these processes appends one line to ``DIR/cpu.txt`` as it
 ends — its kind, pid and the CPU it used since its fork or exec (``RUSAGE_SELF``) — and with
 ``LORENZ_PROFILE_CPROFILE=1`` also writes a cProfile of itself to ``DIR/<kind>-<pid>.prof`` (which
-inflates the CPU figures: read them from a run without it). Unset, everything here is one
-environment lookup.
+inflates the CPU figures: read them from a run without it). With ``LORENZ_PROFILE_PAGES=1`` each
+worker also appends to ``DIR/pages.txt`` which of its pages it wrote and why
+(:mod:`lorenz.workers.written_pages`; slow: for the memory figures only). Unset, everything here
+is one environment lookup.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Final
 
 PROFILE_DIR_ENV: Final = "LORENZ_PROFILE_DIR"
 CPROFILE_ENV: Final = "LORENZ_PROFILE_CPROFILE"
+PAGES_ENV: Final = "LORENZ_PROFILE_PAGES"
 
 _profiler: cProfile.Profile | None = None
 
@@ -53,12 +56,22 @@ def end(kind: str) -> None:
             _profiler.dump_stats(os.path.join(directory, f"{kind}-{pid}.prof"))
             _profiler = None
         usage = resource.getrusage(resource.RUSAGE_SELF)
-        line = f"{kind} {pid} {usage.ru_utime!r} {usage.ru_stime!r} {usage.ru_minflt}\n"
-        fd = os.open(os.path.join(directory, "cpu.txt"),
-                     os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            os.write(fd, line.encode())
-        finally:
-            os.close(fd)
+        _append(directory, "cpu.txt",
+                f"{kind} {pid} {usage.ru_utime!r} {usage.ru_stime!r} {usage.ru_minflt}\n")
+        parent = os.getppid()
+        if kind == "worker" and os.environ.get(PAGES_ENV) == "1" and parent != 1:
+            from lorenz.workers.written_pages import written_pages
+
+            _append(directory, "pages.txt",
+                    written_pages(parent=parent).line(kind=kind, pid=pid))
     except OSError:
         pass  # NB: a figure for the bench, never a reason for a run to fail
+
+
+def _append(directory: str, name: str, line: str) -> None:
+    """One whole line appended (``O_APPEND``: lines of processes ending at once never mix)."""
+    fd = os.open(os.path.join(directory, name), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
