@@ -8,12 +8,14 @@ import contextlib
 import functools
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -345,6 +347,53 @@ async def test_a_controller_killed_mid_launch_takes_the_unserving_worker_along(
     assert not (state_dir / STATUS_NAME).exists(), "a worker served after its launch died"
     assert worker_pid(state_dir) is None
     assert not scenario.marks.exists(), "the agent started"
+
+
+def test_the_launcher_leaves_the_spec_to_its_fork(tmp_path: Path) -> None:
+    # NB: a start request as the controller writes it is not decoded by the launcher (each page
+    # it writes after a fork is one more page the fork owns; issue #35): its spec is the fork's
+    # to parse. So a spec that is not JSON at all gets the fork's answer (worker_spec_invalid),
+    # where a launcher that decoded the line itself could only drop it unanswered; a request in
+    # the plain form is still served, and a line that is nothing is skipped.
+    handle = "lzw-ABC-1-s0-a0-g0-0123456789ab"
+    lines = [
+        '{"id": 1, "handle": "' + handle + '", "spec": {not json}}',
+        "not a request",
+        json.dumps({"id": 2, "spec": {"version": 1}}),
+        '{"id": 3, "handle": "' + handle + '", "spec": {"version": 1}}',
+    ]
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "lorenz.cli.worker", "--launcher", "--state-root",
+         str(tmp_path), "--parent", str(os.getpid()), "--preload", "command"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+    )
+    assert launcher.stdin is not None
+    assert launcher.stdout is not None
+    answers: dict[int, dict[str, Any]] = {}
+    try:
+        launcher.stdin.write("".join(line + "\n" for line in lines).encode())
+        launcher.stdin.flush()
+        # NB: the launcher answers while its stdin is open (its end means: the controller is
+        # gone, nothing to answer): read the three answers first, with a bound.
+        deadline = time.monotonic() + 120
+        while len(answers) < 3 and time.monotonic() < deadline:
+            ready, _, _ = select.select([launcher.stdout], [], [], 1.0)
+            if ready:
+                line = launcher.stdout.readline()
+                if not line:
+                    break
+                answer = json.loads(line)
+                answers[answer["id"]] = answer["answer"]
+    finally:
+        launcher.stdin.close()
+        launcher.wait(timeout=60)
+        launcher.stdout.close()
+    assert sorted(answers) == [1, 2, 3], answers
+    for answer in answers.values():
+        assert answer["ok"] is False
+        assert answer["code"] == "worker_spec_invalid"
+    assert "JSON" in answers[1]["message"] or "json" in answers[1]["message"]
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_the_launcher_refuses_to_run_for_a_parent_that_is_not_its_own(tmp_path: Path) -> None:

@@ -45,6 +45,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import select
 import selectors
 import signal
@@ -103,14 +104,15 @@ def _libc() -> ctypes.CDLL:
 
 
 class _Child:
-    __slots__ = ("fd", "ident", "log", "output", "pid")
+    __slots__ = ("fd", "handle", "ident", "output", "pid")
 
-    def __init__(self, *, ident: object, pid: int, fd: int, log: Path | None) -> None:
+    def __init__(self, *, ident: object, pid: int, fd: int, handle: str | None) -> None:
         self.ident = ident
         self.pid = pid
         self.fd = fd
-        self.log = log
-        """The worker's log, where a worker that died before it was ready says why."""
+        self.handle = handle
+        """The run's handle: its state directory has the worker's log, where a worker that
+        died before it was ready says why."""
         self.output = b""
 
 
@@ -119,10 +121,16 @@ def serve_launches(
 ) -> int:
     """Fork a worker per request line on stdin until stdin ends; answers on stdout.
 
-    A request is ``{"id": ID, "spec": {...}}`` (start a worker) or ``{"kill": ID}`` (give up on
-    one: its fork is killed unless it answered — it serves then, and a successor adopts it). An
-    answer is ``{"id": ID, "answer": {...}}`` with the launch command's answer. ``preload``:
-    the agent protocols whose runners are imported before the first fork (``None``: all).
+    A request is ``{"id": ID, "handle": HANDLE, "spec": {...}}`` (start a worker; ``handle``
+    optional) or ``{"kill": ID}`` (give up on one: its fork is killed unless it answered — it
+    serves then, and a successor adopts it). An answer is ``{"id": ID, "answer": {...}}`` with
+    the launch command's answer. ``preload``: the agent protocols whose runners are imported
+    before the first fork (``None``: all).
+
+    NB: a start request as the controller writes it (:data:`_START_REQUEST`) is not parsed
+    here: its fork parses the spec. Every page this process writes after a fork is copied, and
+    the original left to the fork just made; decoding a spec here (a dict of strings over many
+    allocator pools) was ~70 of the ~160 pages a launch cost so (issue #35).
     """
     if not set_parent_death_signal(signal.SIGKILL) or os.getppid() != parent:
         return 1  # NB: the controller is gone already (or cannot take us along): no launches
@@ -168,7 +176,7 @@ def serve_launches(
                 selector.unregister(child.fd)
                 os.close(child.fd)
                 del children[child.fd]
-                _answer(child.ident, _child_answer(child))
+                _answer(child.ident, _child_answer(child, state_root=state_root))
             _reap()
     finally:
         for child in children.values():
@@ -321,6 +329,12 @@ def _on_child_exit(signum: int, frame: object) -> None:
     """Nothing: the signal's byte on the wake-up pipe is what wakes the launcher's select."""
 
 
+_START_REQUEST: Final = re.compile(
+    rb'\{"id": (?P<id>[0-9]{1,18}), "handle": "(?P<handle>[A-Za-z0-9._-]{1,200})", "spec": '
+)
+"""The head of a start request as :class:`Launcher` writes it; the spec follows, then ``}``."""
+
+
 def _request(
     line: bytes,
     *,
@@ -329,19 +343,28 @@ def _request(
     selector: selectors.BaseSelector,
     wake: tuple[int, int],
 ) -> None:
-    try:
-        request = json.loads(line)
-    except ValueError:
-        return
-    if not isinstance(request, dict):
-        return
-    if "kill" in request:
-        for child in children.values():
-            if child.ident == request["kill"] and not _answered(child):
-                with contextlib.suppress(OSError):
-                    os.kill(child.pid, signal.SIGKILL)
-        return
-    ident = request.get("id")
+    head = _START_REQUEST.match(line)
+    spec: bytes | object
+    if head is not None and line.endswith(b"}"):
+        ident: object = int(head["id"])
+        handle: object = head["handle"].decode()
+        spec = line[head.end():-1]  # NB: parsed (and validated) by the fork
+    else:
+        try:
+            request = json.loads(line)
+        except ValueError:
+            return
+        if not isinstance(request, dict):
+            return
+        if "kill" in request:
+            for child in children.values():
+                if child.ident == request["kill"] and not _answered(child):
+                    with contextlib.suppress(OSError):
+                        os.kill(child.pid, signal.SIGKILL)
+            return
+        ident = request.get("id")
+        spec = request.get("spec")
+        handle = spec.get("handle") if isinstance(spec, dict) else None
     read_fd, write_fd = os.pipe()
     launcher = os.getpid()
     pid = os.fork()
@@ -366,7 +389,7 @@ def _request(
             os.close(null)
             os.close(write_fd)
             signal.signal(signal.SIGINT, signal.SIG_DFL)
-            status = _launch_one(request.get("spec"), state_root=state_root)
+            status = _launch_one(spec, state_root=state_root)
         except BaseException as exc:  # noqa: BLE001 - reported as the answer, then _exit
             _write_line(1, {"ok": False, "code": ErrorCode.WORKER_LAUNCH_FAILED,
                             "message": f"the launcher failed: {type(exc).__name__}: {exc}"})
@@ -374,24 +397,22 @@ def _request(
             profiling.end("launch")
             os._exit(status)
     os.close(write_fd)
-    spec = request.get("spec")
-    handle = spec.get("handle") if isinstance(spec, dict) else None
-    log = (
-        state_root.absolute() / handle / LOG_NAME
-        if isinstance(handle, str) and is_handle(handle)
-        else None
+    children[read_fd] = _Child(
+        ident=ident, pid=pid, fd=read_fd,
+        handle=handle if isinstance(handle, str) and is_handle(handle) else None,
     )
-    children[read_fd] = _Child(ident=ident, pid=pid, fd=read_fd, log=log)
     selector.register(read_fd, selectors.EVENT_READ, children[read_fd])
 
 
-def _launch_one(raw: object, *, state_root: Path) -> int:
-    """In the launch child: what ``lorenz worker --spec - --detach`` does (same answers)."""
+def _launch_one(raw: bytes | object, *, state_root: Path) -> int:
+    """In the launch child: what ``lorenz worker --spec - --detach`` does (same answers).
+    ``raw``: the spec's JSON as the request carried it, or the spec decoded already."""
     from lorenz.model import LorenzError
     from lorenz.workers.launch import answer, read_spec, start_from_spec
 
     try:
-        spec = read_spec(_Bytes(json.dumps(raw).encode()))
+        data = raw if isinstance(raw, bytes) else json.dumps(raw).encode()
+        spec = read_spec(_Bytes(data))
         os.environ[HANDLE_ENV] = spec.handle
         return start_from_spec(
             spec, state_root=state_root, detach=True, die_with_parent=True, in_place=True
@@ -425,15 +446,16 @@ def _answered(child: _Child) -> bool:
     return bool(child.output)
 
 
-def _child_answer(child: _Child) -> dict[str, Any]:
+def _child_answer(child: _Child, *, state_root: Path) -> dict[str, Any]:
     for line in reversed(child.output.splitlines()):
         with contextlib.suppress(ValueError):
             value = json.loads(line)
             if isinstance(value, dict):
                 return value
-    if child.log is not None and child.log.exists():
+    log = state_root.absolute() / child.handle / LOG_NAME if child.handle is not None else None
+    if log is not None and log.exists():
         return {"ok": False, "code": ErrorCode.WORKER_START_FAILED,
-                "message": f"the worker exited before it was ready; see {child.log}"}
+                "message": f"the worker exited before it was ready; see {log}"}
     return {"ok": False, "code": ErrorCode.WORKER_LAUNCH_FAILED,
             "message": "the launch child ended without an answer (killed?)"}
 
@@ -553,7 +575,10 @@ class Launcher:
         answer: asyncio.Future[Mapping[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[ident] = answer
         try:
-            process.stdin.write(b'{"id": %d, "spec": %s}\n' % (ident, spec_json))
+            process.stdin.write(
+                b'{"id": %d, "handle": "%s", "spec": %s}\n'
+                % (ident, spec.handle.encode(), spec_json)
+            )
             await process.stdin.drain()
             async with asyncio.timeout(timeout_s):
                 return await answer
