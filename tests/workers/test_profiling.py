@@ -26,6 +26,7 @@ def test_a_process_appends_its_kind_pid_and_cpu(
 ) -> None:
     monkeypatch.setenv(profiling.PROFILE_DIR_ENV, str(tmp_path))
     monkeypatch.delenv(profiling.CPROFILE_ENV, raising=False)
+    monkeypatch.delenv(profiling.PAGES_ENV, raising=False)  # NB: pages.txt only when asked
     profiling.begin("launch")
     profiling.end("launch")
     profiling.end("worker")

@@ -12,11 +12,8 @@ import json
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
-
-from lorenz.workers import profiling
 
 CHILD = textwrap.dedent(
     """
@@ -90,12 +87,3 @@ def test_a_forks_pages_are_filed_under_what_it_did(what: str, cause: str) -> Non
     others = {"objects", "code", "counts", "unchanged"} - {cause}
     assert all(found[other] < found[cause] for other in others), found
 
-
-def test_the_profile_writes_a_workers_pages_only_when_asked(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv(profiling.PROFILE_DIR_ENV, str(tmp_path))
-    monkeypatch.delenv(profiling.PAGES_ENV, raising=False)
-    profiling.end("worker")
-    assert not (tmp_path / "pages.txt").exists()
-    assert (tmp_path / "cpu.txt").read_text().startswith("worker ")
