@@ -130,7 +130,8 @@ def serve_launches(
     NB: a start request as the controller writes it (:data:`_START_REQUEST`) is not parsed
     here: its fork parses the spec. Every page this process writes after a fork is copied, and
     the original left to the fork just made; decoding a spec here (a dict of strings over many
-    allocator pools) was ~70 of the ~160 pages a launch cost so (issue #35).
+    allocator pools) was ~30 of the ~165 pages a launch cost in the bench, ~70 for a 3 KiB spec
+    (issue #35).
     """
     if not set_parent_death_signal(signal.SIGKILL) or os.getppid() != parent:
         return 1  # NB: the controller is gone already (or cannot take us along): no launches

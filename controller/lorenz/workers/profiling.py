@@ -58,12 +58,12 @@ def end(kind: str) -> None:
         usage = resource.getrusage(resource.RUSAGE_SELF)
         _append(directory, "cpu.txt",
                 f"{kind} {pid} {usage.ru_utime!r} {usage.ru_stime!r} {usage.ru_minflt}\n")
-        parent = os.getppid()
-        if kind == "worker" and os.environ.get(PAGES_ENV) == "1" and parent != 1:
+        if kind == "worker" and os.environ.get(PAGES_ENV) == "1" and os.getppid() != 1:
             from lorenz.workers.written_pages import written_pages
 
+            # NB: compared with the launcher it was forked from (gone: reparented to pid 1).
             _append(directory, "pages.txt",
-                    written_pages(parent=parent).line(kind=kind, pid=pid))
+                    written_pages(parent=os.getppid()).line(kind=kind, pid=pid))
     except OSError:
         pass  # NB: a figure for the bench, never a reason for a run to fail
 
