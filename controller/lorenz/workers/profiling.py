@@ -15,6 +15,7 @@ is one environment lookup.
 
 from __future__ import annotations
 
+import contextlib
 import cProfile
 import os
 import resource
@@ -38,7 +39,14 @@ def begin(kind: str) -> None:
     if _profiler is not None:
         _profiler.disable()
         _profiler = None
-    if os.environ.get(PROFILE_DIR_ENV) and os.environ.get(CPROFILE_ENV) == "1":
+    if not os.environ.get(PROFILE_DIR_ENV):
+        return
+    if kind == "launch" and os.environ.get(PAGES_ENV) == "1":
+        from lorenz.workers.written_pages import remember_frames
+
+        with contextlib.suppress(OSError):
+            remember_frames()  # NB: first, before this process writes more than it must
+    if os.environ.get(CPROFILE_ENV) == "1":
         _profiler = cProfile.Profile(time.process_time)  # NB: CPU, not wall (a loaded host)
         _profiler.enable()
 

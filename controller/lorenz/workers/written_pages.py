@@ -15,6 +15,11 @@ to the launcher's (``unchanged``) was written and written back — a count raise
 Writable pages of shared libraries (``libraries``: the interpreter's static data) are counted,
 not compared.
 
+A page can also be a fork's own without the fork ever writing it: the launcher wrote its copy
+after the fork, and the original was left to the fork. :func:`remember_frames`, called first
+thing in the fork, notes each page's frame; at the end a page still in its frame of the fork
+is counted ``inherited`` (the launcher's doing, not the worker's).
+
 For ``bench/cli_bench.py --pages`` only (through :mod:`lorenz.workers.profiling`): it walks every
 object of the process and reads another process's memory (root, or ptrace rights over the
 launcher), which no run otherwise does.
@@ -35,6 +40,8 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 _WORDS = PAGE // 8
 _PRESENT = 1 << 63
 _EXCLUSIVE = 1 << 56
+_FRAME = (1 << 55) - 1
+"""The page frame number bits of a pagemap entry (read as root; zero otherwise)."""
 _GC_HEAD = 16
 """Bytes of the collector's links before a tracked object (CPython 3.11's ``PyGC_Head``)."""
 
@@ -57,16 +64,45 @@ class WrittenPages:
     """Pages whose changed words lie in no object the collector knows."""
     libraries: int
     """Writable pages of shared libraries that are its own (not compared)."""
+    inherited: int
+    """Own pages still in the page frame they had at the fork (:func:`remember_frames`): this
+    process never wrote them; the launcher wrote its copy after the fork and left the original
+    to this process alone. Zero when frames cannot be read (not root)."""
 
     def line(self, *, kind: str, pid: int) -> str:
         fields = " ".join(f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self))
         return f"{kind} {pid} {fields}\n"
 
 
+_entries_at_fork: list[tuple[int, bytes]] = []
+"""``(first page, pagemap entries)`` of each anonymous and heap mapping at the fork: raw bytes,
+not a decoded table (a dict of every page would be a megabyte of this process's own pages)."""
+
+
+def remember_frames() -> None:
+    """In a process just forked: note the page frame of each of its anonymous and heap pages,
+    to tell at its end which pages it owns without having written them (``inherited``)."""
+    _entries_at_fork.clear()
+    with open("/proc/self/pagemap", "rb", buffering=0) as pagemap:
+        for start, end, anonymous in _writable_mappings():
+            if anonymous:
+                pagemap.seek(start // PAGE * 8)
+                _entries_at_fork.append((start // PAGE, pagemap.read((end - start) // PAGE * 8)))
+
+
+def _frame_at_fork(page: int) -> int:
+    for first, entries in _entries_at_fork:
+        if first <= page < first + len(entries) // 8:
+            (entry,) = struct.unpack_from("<Q", entries, (page - first) * 8)
+            return int(entry & _FRAME) if entry & _PRESENT else 0
+    return 0
+
+
 def written_pages(*, parent: int) -> WrittenPages:
     """Compare this process's own pages with ``parent``'s (the process it was forked from)."""
     own: list[int] = []
     libraries = 0
+    inherited = 0
     with open("/proc/self/pagemap", "rb", buffering=0) as pagemap:
         for start, end, anonymous in _writable_mappings():
             pagemap.seek(start // PAGE * 8)
@@ -75,6 +111,7 @@ def written_pages(*, parent: int) -> WrittenPages:
                 if entry & _PRESENT and entry & _EXCLUSIVE:
                     if anonymous:
                         own.append(start // PAGE + index)
+                        inherited += _frame_at_fork(start // PAGE + index) == entry & _FRAME != 0
                     else:
                         libraries += 1
     changed: dict[int, list[int]] = {}
@@ -109,7 +146,9 @@ def written_pages(*, parent: int) -> WrittenPages:
     starts = sorted(objects)
     for words in changed.values():
         tally[_cause(words, objects=objects, starts=starts)] += 1
-    return WrittenPages(own=len(own), unchanged=unchanged, libraries=libraries, **tally)
+    return WrittenPages(
+        own=len(own), unchanged=unchanged, libraries=libraries, inherited=inherited, **tally
+    )
 
 
 def _writable_mappings() -> Iterator[tuple[int, int, bool]]:
