@@ -41,6 +41,10 @@ def begin(kind: str) -> None:
         _profiler = None
     if not os.environ.get(PROFILE_DIR_ENV):
         return
+    if kind == "launcher" and os.environ.get(PAGES_ENV) == "1":
+        # NB: imported before the forks: a fork importing it would write hundreds of pages
+        # before it notes its frames, and count them as the launcher's.
+        import lorenz.workers.written_pages  # noqa: F401
     if kind == "launch" and os.environ.get(PAGES_ENV) == "1":
         from lorenz.workers.written_pages import remember_frames
 
