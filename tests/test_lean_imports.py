@@ -18,6 +18,7 @@ from types import ModuleType
 
 import pytest
 
+import lorenz.claims
 import lorenz.trackers
 from lorenz.trackers import DEFAULT_SECRET_ENV
 from lorenz.trackers.github import GITHUB_TOKEN_ENV
@@ -48,13 +49,21 @@ UNUSED_TRACKERS = (
     "lorenz.trackers.memory",
 )
 
+UNUSED_CLAIM_STORES = (
+    "_sqlite3",
+    "lorenz.claims.sql",
+    "lorenz.claims.sqlite",
+    "lorenz.claims.turso",
+    "sqlite3",
+)
+
 
 def _modules_at_exit(done: subprocess.CompletedProcess[str]) -> set[str]:
     assert done.returncode == 0, done.stdout + done.stderr
     return set(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
-def test_the_controller_polling_linear_holds_no_other_tracker(tmp_path: Path) -> None:
+def test_the_controller_holds_no_tracker_or_claim_store_it_does_not_use(tmp_path: Path) -> None:
     with FakeLinearServer().running_in_thread() as linear:
         linear.add_issue("ENG-1", title="one run", state="Todo")
         workflow = write_workflow(
@@ -75,7 +84,8 @@ def test_the_controller_polling_linear_holds_no_other_tracker(tmp_path: Path) ->
     modules = _modules_at_exit(done)
     assert "run_started" in (tmp_path / "events.jsonl").read_text(), "one run must dispatch"
     assert {"lorenz.trackers.linear", "lorenz.claims.memory"} <= modules
-    assert modules.isdisjoint(UNUSED_TRACKERS), sorted(modules & set(UNUSED_TRACKERS))
+    unused = {*UNUSED_TRACKERS, *UNUSED_CLAIM_STORES}
+    assert modules.isdisjoint(unused), sorted(modules & unused)
 
 
 def test_the_default_secret_variables_are_the_adapters_own() -> None:
@@ -88,7 +98,9 @@ def test_the_default_secret_variables_are_the_adapters_own() -> None:
     ]
 
 
-@pytest.mark.parametrize("package", [lorenz.trackers], ids=lambda package: package.__name__)
+@pytest.mark.parametrize(
+    "package", [lorenz.claims, lorenz.trackers], ids=lambda package: package.__name__
+)
 def test_a_lazy_name_is_its_modules_own_object(package: ModuleType) -> None:
     """The names a package loads on first use: each resolves to its module's object, is in
     ``__all__``, and is what the imports under ``TYPE_CHECKING`` (read by type checkers) say."""
