@@ -19,6 +19,7 @@ from types import ModuleType
 import pytest
 
 import lorenz.claims
+import lorenz.leadership
 import lorenz.trackers
 from lorenz.trackers import DEFAULT_SECRET_ENV
 from lorenz.trackers.github import GITHUB_TOKEN_ENV
@@ -38,6 +39,13 @@ CONTROLLER = (
     "sys.exit(main())\n"
 )
 
+LAUNCHER = (
+    "import json, sys\n"
+    "from lorenz.workers import forkserver\n"
+    "forkserver._preload(protocols=['command'])\n"
+    "print(json.dumps(sorted(sys.modules)))\n"
+)
+
 UNUSED_TRACKERS = (
     "lorenz.trackers.files",
     "lorenz.trackers.github",
@@ -55,6 +63,13 @@ UNUSED_CLAIM_STORES = (
     "lorenz.claims.sqlite",
     "lorenz.claims.turso",
     "sqlite3",
+)
+
+UNUSED_BY_WORKERS = (
+    # the file lease and its retries: a worker only tells a live pid from a reused one
+    "lorenz.leadership.base",
+    "lorenz.leadership.files",
+    "tenacity",
 )
 
 
@@ -88,6 +103,15 @@ def test_the_controller_holds_no_tracker_or_claim_store_it_does_not_use(tmp_path
     assert modules.isdisjoint(unused), sorted(modules & unused)
 
 
+def test_the_launcher_preloads_nothing_a_worker_does_not_run() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", LAUNCHER], capture_output=True, text=True, timeout=120, check=False
+    )
+    modules = _modules_at_exit(done)
+    assert {"lorenz.workers.worker", "lorenz.agents.command"} <= modules
+    assert modules.isdisjoint(UNUSED_BY_WORKERS), sorted(modules & set(UNUSED_BY_WORKERS))
+
+
 def test_the_default_secret_variables_are_the_adapters_own() -> None:
     """``DEFAULT_SECRET_ENV`` names the variables without importing the adapters."""
     assert list(DEFAULT_SECRET_ENV.values()) == [
@@ -99,7 +123,9 @@ def test_the_default_secret_variables_are_the_adapters_own() -> None:
 
 
 @pytest.mark.parametrize(
-    "package", [lorenz.claims, lorenz.trackers], ids=lambda package: package.__name__
+    "package",
+    [lorenz.claims, lorenz.leadership, lorenz.trackers],
+    ids=lambda package: package.__name__,
 )
 def test_a_lazy_name_is_its_modules_own_object(package: ModuleType) -> None:
     """The names a package loads on first use: each resolves to its module's object, is in
