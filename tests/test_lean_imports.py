@@ -70,6 +70,8 @@ UNUSED_BY_WORKERS = (
     "lorenz.leadership.base",
     "lorenz.leadership.files",
     "tenacity",
+    # the shipped price table's parser: prices are the controller's
+    "yaml",
 )
 
 
