@@ -1,5 +1,17 @@
 """Claim stores: where the orchestrator persists slot claims (memory, sqlite, turso, Claims),
-and beside them the spend ledger of budgets (:mod:`lorenz.claims.spend`)."""
+and beside them the spend ledger of budgets (:mod:`lorenz.claims.spend`).
+
+NB: the SQL stores are loaded on first use (PEP 562), and :func:`open_claim_store` imports only
+the backend it opens: a controller with the memory store holds neither ``sqlite3`` (and
+libsqlite3) nor the SQL store's modules and tenacity's retries (issue #35). Type checkers read
+the imports under ``TYPE_CHECKING``; ``_LAZY`` says where each lazy name lives at run time
+(tests/test_lean_imports.py checks that the two agree).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
 
 from lorenz.claims.errors import (
     ClaimGenerationStale,
@@ -16,6 +28,7 @@ from lorenz.claims.memory import MemoryClaimStore
 from lorenz.claims.opening import (
     default_store_path,
     open_claim_store,
+    sql_store_of,
     store_path,
     workflow_digest,
 )
@@ -28,9 +41,40 @@ from lorenz.claims.spend import (
     SpendLedger,
     SpendTotal,
 )
-from lorenz.claims.sql import DEFAULT_OWNER_STALE_MS, SCHEMA_VERSION, SqlClaimStore, StoreEvent
-from lorenz.claims.sqlite import SqliteClaimStore
-from lorenz.claims.turso import TursoClaimStore
+
+if TYPE_CHECKING:
+    from lorenz.claims.sql import DEFAULT_OWNER_STALE_MS as DEFAULT_OWNER_STALE_MS
+    from lorenz.claims.sql import SCHEMA_VERSION as SCHEMA_VERSION
+    from lorenz.claims.sql import SqlClaimStore as SqlClaimStore
+    from lorenz.claims.sql import StoreEvent as StoreEvent
+    from lorenz.claims.sqlite import SqliteClaimStore as SqliteClaimStore
+    from lorenz.claims.turso import TursoClaimStore as TursoClaimStore
+
+_LAZY: dict[str, str] = {
+    "DEFAULT_OWNER_STALE_MS": "sql",
+    "SCHEMA_VERSION": "sql",
+    "SqlClaimStore": "sql",
+    "StoreEvent": "sql",
+    "SqliteClaimStore": "sqlite",
+    "TursoClaimStore": "turso",
+}
+
+if not TYPE_CHECKING:
+    # NB: hidden from type checkers: a module ``__getattr__`` would make them accept any name
+    # (``from lorenz.claims import SqliteClaimStor``); they read the imports above instead.
+
+    def __getattr__(name: str) -> object:
+        module = _LAZY.get(name)
+        if module is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+        globals()[name] = value  # NB: the next use is a plain global, no __getattr__
+        return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 __all__ = [
     "DAY_SPEND_KEPT",
@@ -58,6 +102,7 @@ __all__ = [
     "default_owner_id",
     "default_store_path",
     "open_claim_store",
+    "sql_store_of",
     "store_path",
     "workflow_digest",
 ]

@@ -15,6 +15,8 @@ from lorenz.claims.memory import MemoryClaimStore
 from lorenz.model import ClaimStore, Clock
 
 if TYPE_CHECKING:
+    from lorenz.claims.sql import SqlClaimStore
+
     # NB: only for typing: the settings module pulls in pydantic, which processes that merely
     # touch a store (`lorenz status`, tests' child processes) should not pay for.
     from lorenz.config.settings import ClaimStoreSettings
@@ -83,3 +85,16 @@ async def open_claim_store(
     return await TursoClaimStore.open(
         path, owner=owner, owner_stale_ms=settings.owner_stale_ms, clock=clock
     )
+
+
+def sql_store_of(store: ClaimStore) -> SqlClaimStore | None:
+    """``store`` when it is a SQL claim store (``sqlite``, ``turso``), else ``None``.
+
+    NB: the SQL store's module is imported only for a durable store, the only kind that can be
+    one: a process with the memory store never loads it (issue #35).
+    """
+    if not store.durable:
+        return None
+    from lorenz.claims.sql import SqlClaimStore
+
+    return store if isinstance(store, SqlClaimStore) else None

@@ -21,8 +21,6 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-import yaml
-
 from lorenz.codes import ErrorCode
 
 PRICING_INVALID = ErrorCode.PRICING_INVALID
@@ -158,6 +156,10 @@ class DefaultPrices:
 
 def parse_default_prices(text: str, *, source: str = DEFAULT_TABLE_RESOURCE) -> DefaultPrices:
     """Parse the shipped table's YAML (``checked`` and ``models``)."""
+    # NB: imported here, at the first price asked for: the settings import this module, and
+    # the launcher and every worker (which never price) should not hold yaml (issue #35).
+    import yaml
+
     try:
         document = yaml.safe_load(text)
     except yaml.YAMLError as exc:

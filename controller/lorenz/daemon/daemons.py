@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lorenz.claims import ClaimGenerationStale, ClaimOwnerLost, SqlClaimStore
+from lorenz.claims import ClaimGenerationStale, ClaimOwnerLost, sql_store_of
 from lorenz.daemon.orphans import kill_orphans
 from lorenz.leadership import (
     FileLeaseProvider,
@@ -186,8 +186,9 @@ class Daemon:
             return []
         owners = set(self._dead_predecessors)
         killed = await asyncio.to_thread(kill_orphans, owners)
-        if isinstance(store, SqlClaimStore):
-            marked = await store.mark_owners_dead(owners)
+        sql_store = sql_store_of(store)
+        if sql_store is not None:
+            marked = await sql_store.mark_owners_dead(owners)
             if marked:
                 logger.info("claim owners declared dead owners=%s", marked)
         return killed

@@ -24,7 +24,7 @@ from lorenz.assembly import (
     runs_in_workers,
     tracker_factory,
 )
-from lorenz.claims import SqlClaimStore, open_claim_store, workflow_digest
+from lorenz.claims import open_claim_store, sql_store_of, workflow_digest
 from lorenz.claims.owners import default_owner_id
 from lorenz.config import ClaimStoreBackend
 from lorenz.daemon import shutdown
@@ -260,10 +260,11 @@ async def run_host(
                 attachments.append(attachment)
         if daemon is not None:
             daemon.start_heartbeat(claim_heartbeat=orchestrator.heartbeat)
-        if isinstance(store, SqlClaimStore) and not (options.once or options.dry_run):
+        sql_store = sql_store_of(store)
+        if sql_store is not None and not (options.once or options.dry_run):
             # Owners that die after hydration: see lorenz.daemon.recovery.
             recovery = RecoveryPasses(
-                store=store,
+                store=sql_store,
                 orchestrator=orchestrator,
                 interval_ms=settings.claim_store.recovery_interval_ms,
                 prove_leadership=daemon.prove if daemon is not None else None,

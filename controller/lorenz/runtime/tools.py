@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from lorenz.tasks import run_to_completion
-from lorenz.trackers import GitLabTracker, GraphQLTool, JiraTracker, TrackerClient
+from lorenz.trackers import GraphQLTool, TrackerClient
+
+if TYPE_CHECKING:
+    from lorenz.trackers import GitLabTracker, JiraTracker
 
 LINEAR_GRAPHQL = "linear_graphql"
 GITLAB_API = "gitlab_api"
@@ -180,11 +183,13 @@ def tracker_tools(
     tracker: TrackerClient,
 ) -> GraphQLToolHandler | GitLabApiToolHandler | JiraRestToolHandler | None:
     """The tool handler for this tracker, or ``None`` when it offers no tools."""
-    if isinstance(tracker, GitLabTracker):
-        return GitLabApiToolHandler(tracker=tracker)
+    # NB: each kind is told by the method its tool calls, as GraphQL's Protocol (not
+    # runtime-checkable) always was: an ``isinstance`` against the GitLab or Jira adapter would
+    # import that adapter into every process that polls another tracker (issue #35).
+    if callable(getattr(tracker, "call_gitlab_api", None)):
+        return GitLabApiToolHandler(tracker=cast("GitLabTracker", tracker))
     if callable(getattr(tracker, "execute_graphql", None)):
-        # NB: checked structurally just above; the Protocol is not runtime-checkable.
         return GraphQLToolHandler(tracker=cast("GraphQLTool", tracker))
-    if isinstance(tracker, JiraTracker):
-        return JiraRestToolHandler(tracker=tracker)
+    if callable(getattr(tracker, "execute_jira_rest", None)):
+        return JiraRestToolHandler(tracker=cast("JiraTracker", tracker))
     return None

@@ -3,7 +3,18 @@
 ``memory`` (tests, benchmarks), ``files`` (Markdown files in a folder), ``linear`` (GraphQL),
 ``github`` (Issues REST, labels as states), ``gitlab`` (REST v4, scoped labels as states) and
 ``jira`` (Jira Cloud REST v3); :func:`build_tracker` picks one from the settings.
+
+NB: the adapters are loaded on first use (PEP 562), and :func:`build_tracker` imports only the
+one its settings name: a controller polling Linear does not hold the GitHub, GitLab and Jira
+adapters and their payload modules (issue #35). Type checkers read the imports under
+``TYPE_CHECKING``; ``_LAZY`` says where each lazy name lives at run time
+(tests/test_lean_imports.py checks that the two agree).
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
 
 # NB: first, before any module of this package imports httpx (see its docstring).
 from lorenz.trackers import httpstack as _httpstack  # noqa: F401
@@ -12,12 +23,42 @@ from lorenz.trackers import httpstack as _httpstack  # noqa: F401
 
 from lorenz.trackers.base import GraphQLTool, TrackerClient, TrackerError, tracker_settings_of
 from lorenz.trackers.factory import DEFAULT_SECRET_ENV, build_tracker
-from lorenz.trackers.files import FilesTracker, set_issue_state
-from lorenz.trackers.github import GitHubTracker
-from lorenz.trackers.gitlab import GitLabTracker
-from lorenz.trackers.jira import JiraTracker
-from lorenz.trackers.linear import LinearTracker
-from lorenz.trackers.memory import MemoryTracker
+
+if TYPE_CHECKING:
+    from lorenz.trackers.files import FilesTracker as FilesTracker
+    from lorenz.trackers.files import set_issue_state as set_issue_state
+    from lorenz.trackers.github import GitHubTracker as GitHubTracker
+    from lorenz.trackers.gitlab import GitLabTracker as GitLabTracker
+    from lorenz.trackers.jira import JiraTracker as JiraTracker
+    from lorenz.trackers.linear import LinearTracker as LinearTracker
+    from lorenz.trackers.memory import MemoryTracker as MemoryTracker
+
+_LAZY: dict[str, str] = {
+    "FilesTracker": "files",
+    "set_issue_state": "files",
+    "GitHubTracker": "github",
+    "GitLabTracker": "gitlab",
+    "JiraTracker": "jira",
+    "LinearTracker": "linear",
+    "MemoryTracker": "memory",
+}
+
+if not TYPE_CHECKING:
+    # NB: hidden from type checkers: a module ``__getattr__`` would make them accept any name
+    # (``from lorenz.trackers import GitHubTrackr``); they read the imports above instead.
+
+    def __getattr__(name: str) -> object:
+        module = _LAZY.get(name)
+        if module is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+        globals()[name] = value  # NB: the next use is a plain global, no __getattr__
+        return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 __all__ = [
     "DEFAULT_SECRET_ENV",
