@@ -9,7 +9,9 @@ child process's environment by many roads. Every road goes through this module:
   ``repr()`` (escaped quotes, backslashes, non-ASCII);
 * :func:`strip_secrets` builds a child environment without the well-known credential variables
   and without any variable whose value equals a secret (however the user named it);
-* :class:`SecretRedactor` applies a :class:`Redactor` to every log record on a handler.
+* :class:`SecretRedactor` applies a :class:`Redactor` to every log record on a handler;
+* :func:`hide_process_environment` keeps processes of the same uid (agents) from reading the
+  controller's or the operator's own environment and memory through ``/proc``.
 
 It sits at the bottom of the layers so that the runtime, the daemon's log filter, the agent and
 hook launchers and the operator all apply the same rules.
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import threading
 from collections.abc import Collection, Iterable, Mapping
 from types import MappingProxyType
@@ -212,3 +215,34 @@ class SecretRedactor(logging.Filter):
         if record.stack_info:
             record.stack_info = self.redact(record.stack_info)
         return True
+
+
+_PR_SET_DUMPABLE = 4
+"""``prctl``'s option number (``linux/prctl.h``)."""
+
+
+def hide_process_environment() -> bool:
+    """Make this process non-dumpable; ``True`` if it was done here.
+
+    NB: agents run as the uid of the process that runs them — the single host's ``lorenz``, or
+    the operator in ``local`` mode — and a process of the same uid may read
+    ``/proc/<pid>/environ`` of any other: the tracker key a user exported for ``$VAR``, every
+    credential set through the chart's ``operator.env``. A non-dumpable process's ``/proc``
+    entries belong to root, so a process of the same (non-root) uid can read neither its
+    environment nor its memory. Children get their own ``execve``: the worker launcher, agents
+    and hooks stay dumpable themselves (and hold no tracker secret). Root (or
+    ``CAP_SYS_PTRACE``) still reads everything.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return False
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
+                      ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    result: int = prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+    return result == 0

@@ -22,7 +22,7 @@ NOBODY = "65534"
 HOLDER = """
 import sys, time
 if sys.argv[1] == "hide":
-    from lorenz.kube.operator.process import hide_process_environment
+    from lorenz.secrets import hide_process_environment
     assert hide_process_environment()
 print("ready", flush=True)
 time.sleep(120)

@@ -78,6 +78,15 @@ def _grace_seconds(text: str) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
+    from lorenz.secrets import hide_process_environment
+
+    # NB: first: agents run as this uid, and could otherwise read this process's environment
+    # (the tracker key a `$VAR` names) and memory through /proc.
+    hide_process_environment()
+    return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     from lorenz.config import LoggingSettings
     from lorenz.daemon import logs
     from lorenz.daemon.errors import DaemonRunning

@@ -49,7 +49,7 @@ from lorenz.kube.settings import OperatorSettings
 from lorenz.leadership import LeaseRecord
 from lorenz.model import SlotKey
 from lorenz.runtime import LorenzRuntime
-from lorenz.secrets import SecretRedactor, tracker_secrets
+from lorenz.secrets import SecretRedactor, hide_process_environment, tracker_secrets
 from lorenz.tasks import install_child_watcher
 
 logger = logging.getLogger("lorenz.kube.operator")
@@ -457,35 +457,6 @@ def limit_malloc_arenas(*, arenas: int = MALLOC_ARENAS) -> bool:
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
     return bool(mallopt(_M_ARENA_MAX, arenas))
-
-
-_PR_SET_DUMPABLE = 4
-"""``prctl``'s option number (``linux/prctl.h``)."""
-
-
-def hide_process_environment() -> bool:
-    """Make this process non-dumpable; ``True`` if it was done here.
-
-    NB: agents in ``local`` mode run as the operator's uid, and a process of the same uid may
-    read ``/proc/<operator pid>/environ`` — every credential set through the chart's
-    ``operator.env``. A non-dumpable process's ``/proc`` entries belong to root, so a process
-    of the same (non-root) uid can read neither its environment nor its memory. Children get
-    their own ``execve``: agents stay dumpable themselves. Root (or ``CAP_SYS_PTRACE``) still
-    reads everything.
-    """
-    if not sys.platform.startswith("linux"):
-        return False
-    import ctypes
-
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return False
-    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
-                      ctypes.c_ulong]
-    prctl.restype = ctypes.c_int
-    result: int = prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
-    return result == 0
 
 
 def configure_logging(settings: OperatorSettings) -> SecretRedactor:
