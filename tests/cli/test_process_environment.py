@@ -20,20 +20,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli.test_run_mode import files_workflow
 from tests.kube.test_process_environment import as_nobody, interpreter
 from tests.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "lin_s3cr3t_0123456789"
-
-ISSUE = """---
-id: id-1
-identifier: RUN-1
-title: Something to do
-state: Todo
----
-Do it.
-"""
 
 READER = """
 import sys
@@ -61,29 +53,10 @@ def shared_dir() -> Iterator[Path]:
 
 
 def test_a_process_of_the_same_uid_cannot_read_lorenzs_environment(shared_dir: Path) -> None:
-    (shared_dir / "issues").mkdir(mode=0o777)
-    (shared_dir / "issues" / "RUN-1.md").write_text(ISSUE, encoding="utf-8")
-    (shared_dir / "issues" / "RUN-1.md").chmod(0o666)
+    files_workflow(shared_dir)  # one issue, an agent that touches agent-ran
+    for path in (shared_dir / "issues", *(shared_dir / "issues").iterdir()):
+        path.chmod(0o777)
     marker = shared_dir / "agent-ran"
-    (shared_dir / "WORKFLOW.md").write_text(
-        "---\n"
-        "tracker:\n"
-        "  kind: files\n"
-        "  path: issues\n"
-        "polling:\n"
-        "  interval_ms: 200\n"
-        "workspace:\n"
-        "  root: workspaces\n"
-        "agent:\n"
-        "  kind: marker\n"
-        "agents:\n"
-        "  marker:\n"
-        "    protocol: command\n"
-        f"    command: touch {marker}\n"
-        "---\n"
-        "Work on {{ issue.identifier }}.\n",
-        encoding="utf-8",
-    )
     packages = [p for p in sys.path if p.endswith("site-packages")]
     env = {"PATH": "/usr/bin:/bin", "HOME": str(shared_dir), "TMPDIR": str(shared_dir),
            "LANG": "C.UTF-8", "LINEAR_API_KEY": TOKEN,

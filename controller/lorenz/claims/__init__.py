@@ -10,7 +10,6 @@ the imports under ``TYPE_CHECKING``; ``_LAZY`` says where each lazy name lives a
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
 from lorenz.claims.errors import (
@@ -41,6 +40,7 @@ from lorenz.claims.spend import (
     SpendLedger,
     SpendTotal,
 )
+from lorenz.lazy_names import lazy_attributes
 
 if TYPE_CHECKING:
     from lorenz.claims.sql import DEFAULT_OWNER_STALE_MS as DEFAULT_OWNER_STALE_MS
@@ -60,20 +60,10 @@ _LAZY: dict[str, str] = {
 }
 
 if not TYPE_CHECKING:
-    # NB: hidden from type checkers: a module ``__getattr__`` would make them accept any name
-    # (``from lorenz.claims import SqliteClaimStor``); they read the imports above instead.
-
-    def __getattr__(name: str) -> object:
-        module = _LAZY.get(name)
-        if module is None:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-        globals()[name] = value  # NB: the next use is a plain global, no __getattr__
-        return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+    # NB: hidden from type checkers (lorenz.lazy_names): they read the imports above.
+    __getattr__, __dir__ = lazy_attributes(
+        package=__name__, homes=_LAZY, namespace=globals()
+    )
 
 
 __all__ = [

@@ -9,8 +9,9 @@ at run time (tests/test_lean_imports.py checks that the two agree).
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from lorenz.lazy_names import lazy_attributes
 
 if TYPE_CHECKING:
     from lorenz.leadership.base import LEASE_FORMAT as LEASE_FORMAT
@@ -58,20 +59,10 @@ _LAZY: dict[str, str] = {
 }
 
 if not TYPE_CHECKING:
-    # NB: hidden from type checkers: a module ``__getattr__`` would make them accept any name
-    # (``from lorenz.leadership import LeaseRecrd``); they read the imports above instead.
-
-    def __getattr__(name: str) -> object:
-        module = _LAZY.get(name)
-        if module is None:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-        globals()[name] = value  # NB: the next use is a plain global, no __getattr__
-        return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+    # NB: hidden from type checkers (lorenz.lazy_names): they read the imports above.
+    __getattr__, __dir__ = lazy_attributes(
+        package=__name__, homes=_LAZY, namespace=globals()
+    )
 
 
 __all__ = sorted(_LAZY)

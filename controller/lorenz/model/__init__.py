@@ -12,8 +12,9 @@ lists agree.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from lorenz.lazy_names import lazy_attributes
 
 if TYPE_CHECKING:
     # NB: one block per module, every name re-exported explicitly (``X as X``): with the
@@ -156,20 +157,10 @@ _HOMES: dict[str, str] = {name: module for module, names in _EXPORTS.items() for
 
 
 if not TYPE_CHECKING:
-    # NB: hidden from type checkers: a module ``__getattr__`` would make them accept any name
-    # (``from lorenz.model import Isue``); they read the imports above instead.
-
-    def __getattr__(name: str) -> object:
-        module = _HOMES.get(name)
-        if module is None:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-        globals()[name] = value  # NB: the next use is a plain global, no __getattr__
-        return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+    # NB: hidden from type checkers (lorenz.lazy_names): they read the imports above.
+    __getattr__, __dir__ = lazy_attributes(
+        package=__name__, homes=_HOMES, namespace=globals()
+    )
 
 
 __all__ = sorted(_HOMES)
