@@ -1,0 +1,143 @@
+"""What a forked worker's own Python costs in memory: the pages a fork of the launcher copies.
+
+Issue #35's last open goal (the whole tree's peak PSS) is set by the pages each live run's
+worker owns: everything it writes of what it shares with the launcher is copied. This bench
+forks the launcher's image as it is before its first fork (``forkserver._preload``: the
+imports, the rehearsal, ``gc.freeze()``) and measures, in each fork, the private dirty pages
+after it has done:
+
+* *nothing* — the fork itself (the interpreter's after-fork work, the parent's writes);
+* *a worker run* — one whole :class:`~lorenz.workers.worker.Worker` run as the launcher
+  rehearses it: a ``command`` agent running ``true``, a client attached and acking as the
+  controller does (the worker's asyncio loop, streams, subprocess transports, journal);
+* *the same without asyncio* — the same system work done with plain calls: state files, a
+  unix socket and one attached connection, the agent spawned (``posix_spawn``) and its pipe
+  read through ``select``, four journal records written, synced and sent.
+
+The difference between the last two is what the worker's Python beyond its system calls costs
+a live run. Run: ``.venv/bin/python bench/fork_bench.py [--rounds 3] [--protocols command]``
+(Linux: ``/proc/<pid>/smaps_rollup``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import select
+import socket
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from lorenz.workers import forkserver
+
+
+def nothing(root: Path) -> None:
+    del root
+
+
+def worker_run(root: Path) -> None:
+    asyncio.run(forkserver._rehearse_run(root, run=forkserver.REHEARSED_RUNS + 1))
+
+
+def plain_run(root: Path) -> None:
+    state, workspace = root / "s", root / "w"
+    state.mkdir(parents=True)
+    workspace.mkdir()
+    (state / "spec.json").write_text(json.dumps({"run": 1, "workspace": str(workspace)}))
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(state / "sock"))
+    server.listen(4)
+    (state / "status.json").write_text(json.dumps({"state": "serving", "pid": os.getpid()}))
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    client.connect(str(state / "sock"))
+    connection, _ = server.accept()
+    client.sendall(b'{"op":"attach","after_seq":0}\n')
+    json.loads(connection.recv(4096))
+    out_read, out_write = os.pipe()
+    pid = os.posix_spawnp(
+        "bash", ["bash", "-c", "true"], dict(os.environ),
+        file_actions=[(os.POSIX_SPAWN_DUP2, out_write, 1), (os.POSIX_SPAWN_CLOSE, out_read)],
+        setsid=True,
+    )
+    os.close(out_write)
+    while True:
+        select.select([out_read], [], [], 10.0)
+        if not os.read(out_read, 1 << 16):
+            break
+    os.close(out_read)
+    os.waitpid(pid, 0)
+    journal = os.open(state / "journal.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    for seq, kind in enumerate(("run_started", "session_started", "turn_completed", "final"), 1):
+        record = {"seq": seq, "kind": kind, "at": time.time(), "data": {"outcome": "success"}}
+        line = json.dumps(record)
+        os.write(journal, line.encode() + b"\n")
+        connection.sendall(b'{"op": "record", "record": ' + line.encode() + b"}\n")
+        client.recv(1 << 16)
+    os.fdatasync(journal)
+    os.close(journal)
+    for open_socket in (connection, client, server):
+        open_socket.close()
+
+
+def private_dirty_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as rollup:
+        for line in rollup:
+            if line.startswith("Private_Dirty:"):
+                return int(line.split()[1])
+    raise RuntimeError("no Private_Dirty in smaps_rollup")
+
+
+def in_a_fork(work: Callable[[Path], None]) -> int:
+    """Private dirty KiB of a fork of this process once ``work`` is done (the fork waits)."""
+    go_read, go_write = os.pipe()
+    done_read, done_write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        status = 1
+        try:
+            # NB: a short name: the worker's socket path must fit a unix socket's 107 bytes.
+            with tempfile.TemporaryDirectory(prefix="lzf-") as scratch:
+                work(Path(scratch) / "r")
+                os.write(done_write, b"d")
+                os.read(go_read, 1)
+            status = 0
+        finally:
+            os._exit(status)
+    try:
+        if not os.read(done_read, 1):
+            raise RuntimeError(f"the fork for {work.__name__} failed")
+        return private_dirty_kib(pid)
+    finally:
+        os.write(go_write, b"g")
+        os.waitpid(pid, 0)
+        for fd in (go_read, go_write, done_read, done_write):
+            os.close(fd)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--protocols", default="command",
+                        help="the agent protocols the launcher preloads (comma-separated)")
+    args = parser.parse_args()
+    forkserver._preload(protocols=args.protocols.split(","))
+    figures: dict[str, list[int]] = {}
+    for _ in range(args.rounds):
+        for work in (nothing, worker_run, plain_run):
+            figures.setdefault(work.__name__, []).append(in_a_fork(work))
+    base = statistics.median(figures["nothing"])
+    for name, label in (("nothing", "a fork that does nothing"),
+                        ("worker_run", "a whole worker run (asyncio)"),
+                        ("plain_run", "the same system work, no asyncio")):
+        median = statistics.median(figures[name])
+        print(f"{label:36s} {median / 1024:5.2f} MiB private "
+              f"(+{(median - base) / 1024:4.2f} over the fork; rounds {figures[name]} KiB)")
+
+
+if __name__ == "__main__":
+    main()
