@@ -534,8 +534,9 @@ def report(args: argparse.Namespace, figures: dict[str, Any]) -> None:
               f"{int(pages['workers'])} workers, --pages): unchanged {pages['unchanged']:.2f}, "
               f"code {pages['code']:.2f}, objects {pages['objects']:.2f}, counts "
               f"{pages['counts']:.2f}, other {pages['other']:.2f}; libraries' data "
-              f"{pages['libraries']:.2f} more; of all, never written by the worker (the "
-              f"launcher's writes after its fork) {pages.get('inherited', 0.0):.2f}")
+              f"{pages['libraries']:.2f} more; of all, not written by the worker's own Python "
+              f"(the launcher's writes after the fork, the fork's after-fork work) "
+              f"{pages.get('inherited', 0.0):.2f}")
     print(f"first dispatch              {figures['first_dispatch_s']:6.2f} s   "
           f"(first tracker request -> first agent start; "
           f"{figures['first_dispatch_from_start_s']:.2f} s from the process's start)")

@@ -15,10 +15,12 @@ to the launcher's (``unchanged``) was written and written back — a count raise
 Writable pages of shared libraries (``libraries``: the interpreter's static data) are counted,
 not compared.
 
-A page can also be a fork's own without the fork ever writing it: the launcher wrote its copy
-after the fork, and the original was left to the fork. :func:`remember_frames`, called first
-thing in the fork, notes each page's frame; at the end a page still in its frame of the fork
-is counted ``inherited`` (the launcher's doing, not the worker's).
+A page can also be a fork's own without the fork writing it after it started to watch: the
+launcher wrote its copy after the fork and the original was left to the fork, or the fork
+wrote it before it took note (the interpreter's own after-fork work). :func:`remember_frames`,
+called first thing in the fork's Python, notes each page's frame; at the end a page still in
+that frame is counted ``inherited``. Measured (bench/README.md, sixth round): ~1.1 MiB a
+worker, most of it the fork's after-fork work, not the launcher's writes.
 
 For ``bench/cli_bench.py --pages`` only (through :mod:`lorenz.workers.profiling`): it walks every
 object of the process and reads another process's memory (root, or ptrace rights over the
@@ -65,9 +67,9 @@ class WrittenPages:
     libraries: int
     """Writable pages of shared libraries that are its own (not compared)."""
     inherited: int
-    """Own pages still in the page frame they had at the fork (:func:`remember_frames`): this
-    process never wrote them; the launcher wrote its copy after the fork and left the original
-    to this process alone. Zero when frames cannot be read (not root)."""
+    """Own pages still in the page frame they had when :func:`remember_frames` noted them: the
+    parent wrote its copy after the fork and left the original to this process, or this process
+    wrote them before the note. Zero when frames cannot be read (not root)."""
 
     def line(self, *, kind: str, pid: int) -> str:
         fields = " ".join(f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self))
