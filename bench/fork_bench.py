@@ -22,7 +22,6 @@ a live run. Run: ``.venv/bin/python bench/fork_bench.py [--rounds 3] [--protocol
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import select
@@ -33,6 +32,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from lorenz.tasks import run_on_fresh_loop
 from lorenz.workers import forkserver
 
 
@@ -41,7 +41,8 @@ def nothing(root: Path) -> None:
 
 
 def worker_run(root: Path) -> None:
-    asyncio.run(forkserver._rehearse_run(root, run=forkserver.REHEARSED_RUNS + 1))
+    # NB: on the workers' own runner (launch._become_worker), as a worker runs.
+    run_on_fresh_loop(forkserver._rehearse_run(root, run=forkserver.REHEARSED_RUNS + 1))
 
 
 def plain_run(root: Path) -> None:

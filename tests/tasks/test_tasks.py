@@ -10,6 +10,7 @@ import os
 import sys
 import threading
 import weakref
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -18,6 +19,7 @@ from lorenz.tasks import (
     PidfdChildWatcher,
     first_of,
     install_child_watcher,
+    run_on_fresh_loop,
     run_to_completion,
     start_up_objects_frozen,
 )
@@ -221,3 +223,82 @@ def test_start_up_objects_are_left_to_the_collector_again_on_exit() -> None:
     assert gc.get_freeze_count() == 0
     gc.collect()
     assert old() is None
+
+
+def test_a_fresh_loop_runs_the_coroutine_and_cleans_up_as_asyncio_run_does() -> None:
+    loops: list[asyncio.AbstractEventLoop] = []
+    tasks: list[asyncio.Task[None]] = []
+    threads: list[threading.Thread] = []
+    generators: list[AsyncIterator[int]] = []
+    left_over_cancelled = threading.Event()
+    generator_closed = threading.Event()
+
+    async def linger() -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            left_over_cancelled.set()
+            raise
+
+    async def numbers() -> AsyncIterator[int]:
+        try:
+            yield 1
+            yield 2
+        finally:
+            generator_closed.set()
+
+    async def main() -> int:
+        loops.append(asyncio.get_running_loop())
+        tasks.append(asyncio.create_task(linger()))
+        generators.append(numbers())
+        assert await anext(generators[0]) == 1
+        threads.append(await asyncio.to_thread(threading.current_thread))
+        return 42
+
+    threads_before = set(threading.enumerate())
+    assert run_on_fresh_loop(main()) == 42
+    assert loops[0].is_closed()
+    assert left_over_cancelled.is_set()
+    assert tasks[0].cancelled()
+    assert generator_closed.is_set()
+    # NB: the default executor's thread was joined, not left behind.
+    assert threads[0] not in threading.enumerate()
+    assert set(threading.enumerate()) <= threads_before
+
+
+def test_a_fresh_loop_reports_a_left_over_task_that_failed_and_installs_no_signal_handler(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import signal
+
+    handler_before = signal.getsignal(signal.SIGINT)
+
+    async def fails_when_cancelled() -> None:
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            raise RuntimeError("cleanup went wrong")
+
+    kept: list[asyncio.Task[None]] = []
+
+    async def main() -> None:
+        kept.append(asyncio.create_task(fails_when_cancelled()))
+        await asyncio.sleep(0)
+        assert signal.getsignal(signal.SIGINT) is handler_before
+
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        run_on_fresh_loop(main())
+    assert "left over at the end of the run" in caplog.text
+    assert "cleanup went wrong" in caplog.text
+
+
+def test_a_fresh_loop_raises_the_coroutine_error_and_still_closes() -> None:
+    seen: list[asyncio.AbstractEventLoop] = []
+
+    async def main() -> None:
+        seen.append(asyncio.get_running_loop())
+        raise ValueError("bad run")
+
+    with pytest.raises(ValueError, match="bad run"):
+        run_on_fresh_loop(main())
+    assert seen[0].is_closed()

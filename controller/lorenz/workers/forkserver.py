@@ -220,11 +220,17 @@ def _rehearse() -> None:
     asyncio part, ~0.3 MiB more for the whole runs; issue #35). Best effort: the rehearsal
     leaves no file, socket, thread or child behind, and one that fails changes nothing else.
     """
-    from lorenz.tasks import install_child_watcher
+    from lorenz.tasks import install_child_watcher, run_on_fresh_loop
 
     install_child_watcher()  # NB: the watcher the worker uses (launch.py), no waiter thread
     try:
-        asyncio.run(_rehearsal())
+        run_on_fresh_loop(_rehearsal())
+        # NB: each whole run on a loop of its own, made and closed by the workers' own runner
+        # (launch._become_worker): what a worker calls once a run is rehearsed as many times.
+        # A short name: the worker's socket path must fit a unix socket's 107 bytes.
+        with tempfile.TemporaryDirectory(prefix="lzr-") as scratch:
+            for run in range(REHEARSED_RUNS):
+                run_on_fresh_loop(_rehearse_run(Path(scratch) / str(run), run=run))
     except Exception as exc:  # noqa: BLE001 - a warm-up; a worker does all of it anyway
         logger.debug("the launcher's rehearsal failed: %s", exc)
 
@@ -256,15 +262,16 @@ async def _rehearsal() -> None:
         )
         async with asyncio.timeout(10):
             await process.communicate()
-    # NB: a short name: the worker's socket path must fit a unix socket's 107 bytes.
-    with tempfile.TemporaryDirectory(prefix="lzr-") as scratch:
-        async with asyncio.timeout(REHEARSAL_TIMEOUT_S):
-            for run in range(REHEARSED_RUNS):
-                await _rehearse_run(Path(scratch) / str(run), run=run)
 
 
 async def _rehearse_run(root: Path, *, run: int) -> None:
-    """One whole run of a worker in ``root``, attached to and acked like the controller."""
+    """One whole run of a worker in ``root``, attached to and acked like the controller
+    (within :data:`REHEARSAL_TIMEOUT_S`)."""
+    async with asyncio.timeout(REHEARSAL_TIMEOUT_S):
+        await _rehearse_whole_run(root, run=run)
+
+
+async def _rehearse_whole_run(root: Path, *, run: int) -> None:
     from lorenz.config.settings import AgentKindSettings
     from lorenz.workers.journal import FINAL
     from lorenz.workers.spec import IssueSpec
@@ -320,7 +327,7 @@ which Python 3.11 stops counting a function's calls in its code object, so that 
 calls once a run is no longer written (copied) in every worker. Measured (issue #35, 200 runs,
 10 slots): a worker's own pages 5.9 → 5.5 to 5.6 MiB with 12 runs, 5.6 to 5.7 with 3."""
 REHEARSAL_TIMEOUT_S: Final = 10.0
-"""The whole runs' bound (a hung rehearsal must not keep the launcher from serving)."""
+"""Each whole run's bound (a hung rehearsal must not keep the launcher from serving)."""
 
 _CHILD_EXITED: Final = object()
 """The selector's mark of the SIGCHLD wake-up pipe."""

@@ -35,7 +35,7 @@ import pydantic
 from lorenz.agents import TRACKER_SECRET_ENV, agent_environment
 from lorenz.codes import ErrorCode
 from lorenz.model import LorenzError
-from lorenz.tasks import install_child_watcher
+from lorenz.tasks import install_child_watcher, run_on_fresh_loop
 from lorenz.workers import profiling
 from lorenz.workers.journal import JOURNAL_NAME, read_journal
 from lorenz.workers.protocol import SOCKET_NAME
@@ -327,7 +327,9 @@ def _become_worker(
         logging.basicConfig(
             level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
         )
-        status = asyncio.run(
+        # NB: not asyncio.run: a detached worker handles its own signals, and what asyncio.run
+        # adds for a program's main costs each forked worker pages of its own (lorenz.tasks).
+        status = run_on_fresh_loop(
             _serve(spec, state_dir, ready_fd=ready_fd, die_with_parent=die_with_parent)
         )
     except BaseException:
