@@ -222,10 +222,12 @@ def install_child_watcher() -> bool:
     if sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"):
         return False
     policy = asyncio.get_event_loop_policy()
+    # NB: asked before the warnings are silenced: a worker forked from the launcher inherits
+    # the launcher's watcher, and catching warnings copies the filters (pages of its own).
+    if isinstance(getattr(policy, "_watcher", None), PidfdChildWatcher):
+        return True
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        if isinstance(getattr(policy, "_watcher", None), PidfdChildWatcher):
-            return True
         try:
             os.close(os.pidfd_open(os.getpid()))
         except OSError:
