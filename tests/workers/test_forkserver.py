@@ -113,6 +113,53 @@ async def test_a_launcher_preloads_only_the_named_protocols_and_still_runs_any(
         await transport.close()
 
 
+async def test_the_launcher_and_its_workers_map_no_tls_library_and_the_run_succeeds(
+    state_root: Path, make_spec: SpecFactory
+) -> None:
+    # NB: the real entry (`lorenz worker --launcher`): asyncio and hashlib are loaded there with
+    # ssl and OpenSSL's hashes kept out (lorenz.workers.image_limits).
+    transport = LocalTransport(state_root=state_root, env=base_env(), forkserver=True,
+                               preload=["command"])
+    assert transport.launcher is not None
+    try:
+        result = await transport.launch(make_spec()[0])
+        assert transport.launcher.pid is not None
+        handle = WorkerHandle(transport=transport, handle=result.handle)
+        launcher_maps = await asyncio.to_thread(_maps, transport.launcher.pid)
+        worker_maps = await asyncio.to_thread(_maps, result.pid)
+        assert (await handle.follow(Collected())).data["outcome"] == "success"
+    finally:
+        await transport.close()
+    for maps in (launcher_maps, worker_maps):
+        assert "libssl" not in maps
+        assert "libcrypto" not in maps
+
+
+def _maps(pid: int | None) -> str:
+    return Path(f"/proc/{pid}/maps").read_text()
+
+
+def test_modules_kept_out_of_the_image_load_again_once_let_in() -> None:
+    code = (
+        "import sys\n"
+        "from lorenz.workers import image_limits\n"
+        "assert image_limits.keep_out()\n"
+        "import asyncio, hashlib\n"
+        "loaded = [m for m in image_limits.KEPT_OUT if sys.modules.get(m) is not None]\n"
+        "digest = hashlib.sha256(b'lorenz').hexdigest()\n"
+        "image_limits.let_in()\n"
+        "import ssl\n"
+        "print(loaded, digest, ssl.OPENSSL_VERSION.split()[0], image_limits.keep_out())\n"
+    )
+    output = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True, timeout=120).stdout.split()
+    import hashlib
+
+    # Nothing of TLS loaded while kept out; Python's own sha256 gives OpenSSL's digest; once let
+    # in, ssl loads; and marking again is refused (too late: ssl is loaded).
+    assert output == ["[]", hashlib.sha256(b"lorenz").hexdigest(), "OpenSSL", "False"]
+
+
 def test_the_preload_imports_the_named_runners_only() -> None:
     code = (
         "import sys\n"

@@ -58,6 +58,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.launcher:
+        from lorenz.workers.image_limits import keep_out
+
+        # NB: first, before anything imports asyncio or hashlib (the launcher's preload lifts
+        # the marks once it is done; lorenz.workers.image_limits says why).
+        keep_out()
     import asyncio
     import json
     from pathlib import Path

@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from lorenz.codes import ErrorCode
-from lorenz.workers import profiling
+from lorenz.workers import image_limits, profiling
 from lorenz.workers.launch import LaunchResult, WorkerLaunchError
 from lorenz.workers.spec import RunSpec, is_handle
 from lorenz.workers.states import HANDLE_ENV, LOG_NAME
@@ -200,6 +200,9 @@ def _preload(*, protocols: Sequence[str] | None = None) -> None:
     preload_runners(protocols)
     _libc()
     _rehearse()
+    # NB: the launcher's entry (``lorenz worker --launcher``) kept TLS out of the modules just
+    # loaded; what a worker imports after its fork may have it again.
+    image_limits.let_in()
     # NB: the imported modules are never freed: keep the collector (in every forked child too)
     # from walking them, and from touching their pages (copy-on-write stays shared).
     gc.freeze()
