@@ -1,6 +1,7 @@
 """The worker's control socket on the loop's reader/writer callbacks (control_socket.py): what a
 client that does not read gets, over-long lines, the final record flushed at close, a client
-dropped for reading too slowly, and nothing left registered on the loop once the worker closed.
+dropped for reading too slowly or gone mid-call (its calls failed or handed on), a served socket
+refused, and nothing left registered on the loop once the worker closed.
 
 The worker here runs in the test's own loop (``bind`` and ``journal`` called directly, as the
 launcher's rehearsal does); its clients are plain sockets that read only when a test says so.
@@ -27,7 +28,7 @@ from lorenz.workers.journal import FINAL
 from lorenz.workers.protocol import LINE_LIMIT_BYTES, LineBuffer, ProtocolError
 from lorenz.workers.spec import RunSpec
 from lorenz.workers.states import WorkerStateError
-from lorenz.workers.worker import Worker
+from lorenz.workers.worker import ForwardedTools, Worker
 from tests.waiting import wait_until_async
 from tests.workers.conftest import SpecFactory
 
@@ -332,3 +333,37 @@ async def test_a_second_worker_for_a_served_socket_is_refused_and_a_stale_one_re
             client.close()
     finally:
         await after.close()
+
+
+async def test_a_controller_gone_mid_call_fails_its_tool_call_and_hands_on_its_check(
+    here: Path, make_spec: SpecFactory
+) -> None:
+    spec, _ = make_spec(controller_wait_ms=120_000)
+    async with serving(spec, here) as worker:
+        first = await RawClient.connect(worker.socket_path)
+        second = await RawClient.connect(worker.socket_path)
+        try:
+            await first.attach()
+            tools = ForwardedTools(worker, [{"name": "linear_graphql"}])
+            tool = asyncio.create_task(tools.call_tool("linear_graphql", {"query": "{}"}))
+            check = asyncio.create_task(worker.call("issue_active", {}, idempotent=True))
+            methods = []
+            while len(methods) < 2 and (message := await first.next_message()) is not None:
+                if message["op"] == "call":
+                    methods.append(message["method"])
+            assert sorted(methods) == ["issue_active", "tool"]
+            first.close()
+            result = await asyncio.wait_for(tool, timeout=60)
+            assert result["success"] is False
+            assert "may or may not have run" in result["output"]
+            await second.attach(after_seq=worker.journal("after_the_loss", {}).seq)
+            while (message := await second.next_message()) is not None:
+                if message["op"] == "call":
+                    break
+            assert message is not None
+            assert message["method"] == "issue_active"
+            await second.send({"op": "reply", "id": message["id"], "result": False})
+            assert await asyncio.wait_for(check, timeout=60) is False
+        finally:
+            first.close()
+            second.close()

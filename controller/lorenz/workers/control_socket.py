@@ -58,7 +58,9 @@ class ControlConnection:
 
     A subclass says what a line means (:meth:`line_received`) and what the end of the peer
     means (:meth:`lost`, called once: end of stream, a read or write error, an over-long line,
-    or the peer dropped for reading too slowly). Neither is called after :meth:`close`.
+    or the peer dropped for reading too slowly). Once the owner called :meth:`close`, no line
+    is delivered and no loss is reported, but for a write that failed just before: that loss
+    comes from the loop, later.
     """
 
     def __init__(self, sock: socket.socket, *, loop: asyncio.AbstractEventLoop) -> None:
@@ -83,8 +85,10 @@ class ControlConnection:
         raise NotImplementedError
 
     def start(self) -> None:
-        self._loop.add_reader(self._fd, self._on_readable)
-        self._reading = True
+        """Begin reading (after the first lines are sent: a peer gone already is closed)."""
+        if not self.closed:
+            self._loop.add_reader(self._fd, self._on_readable)
+            self._reading = True
 
     # -- output --------------------------------------------------------------------------
 
