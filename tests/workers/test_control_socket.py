@@ -347,7 +347,7 @@ async def test_a_controller_gone_mid_call_fails_its_tool_call_and_hands_on_its_c
             tools = ForwardedTools(worker, [{"name": "linear_graphql"}])
             tool = asyncio.create_task(tools.call_tool("linear_graphql", {"query": "{}"}))
             check = asyncio.create_task(worker.call("issue_active", {}, idempotent=True))
-            methods = []
+            methods: list[str] = []
             while len(methods) < 2 and (message := await first.next_message()) is not None:
                 if message["op"] == "call":
                     methods.append(message["method"])
