@@ -1,7 +1,8 @@
 """The worker's control socket on the loop's reader/writer callbacks (control_socket.py): what a
 client that does not read gets, over-long lines, the final record flushed at close, a client
 dropped for reading too slowly or gone mid-call (its calls failed or handed on), a served socket
-refused, and nothing left registered on the loop once the worker closed.
+refused, nothing left registered on the loop once the worker closed, and the start time its
+status records.
 
 The worker here runs in the test's own loop (``bind`` and ``journal`` called directly, as the
 launcher's rehearsal does); its clients are plain sockets that read only when a test says so.
@@ -15,11 +16,13 @@ import json
 import os
 import shutil
 import socket
+import subprocess
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from lorenz.codes import ErrorCode
@@ -27,8 +30,8 @@ from lorenz.workers import control_socket
 from lorenz.workers.journal import FINAL
 from lorenz.workers.protocol import LINE_LIMIT_BYTES, LineBuffer, ProtocolError
 from lorenz.workers.spec import RunSpec
-from lorenz.workers.states import WorkerStateError
-from lorenz.workers.worker import ForwardedTools, Worker
+from lorenz.workers.states import STATUS_NAME, WorkerStateError, worker_pid
+from lorenz.workers.worker import ForwardedTools, Worker, _start_time
 from tests.waiting import wait_until_async
 from tests.workers.conftest import SpecFactory
 
@@ -367,3 +370,29 @@ async def test_a_controller_gone_mid_call_fails_its_tool_call_and_hands_on_its_c
         finally:
             first.close()
             second.close()
+
+
+async def test_a_bound_worker_records_the_start_time_psutil_reads(
+    here: Path, make_spec: SpecFactory
+) -> None:
+    spec, _ = make_spec()
+    async with serving(spec, here) as worker:
+        status = json.loads((worker.state_dir / STATUS_NAME).read_text())
+        assert status["pid"] == os.getpid()
+        assert status["create_time"] == psutil.Process(os.getpid()).create_time()
+        assert worker_pid(worker.state_dir) == os.getpid()
+
+
+def test_the_start_time_of_a_process_whose_name_holds_parentheses_and_spaces(
+    here: Path,
+) -> None:
+    # NB: /proc/<pid>/stat puts the name in parentheses; its fields come after the last ")".
+    odd = here / "x) 1 2 3 4 5"
+    odd.symlink_to(shutil.which("sleep") or "/bin/sleep")
+    process = subprocess.Popen([str(odd), "60"])
+    try:
+        assert psutil.Process(process.pid).name() == "x) 1 2 3 4 5"
+        assert _start_time(process.pid) == psutil.Process(process.pid).create_time()
+    finally:
+        process.kill()
+        process.wait(timeout=60)

@@ -613,11 +613,33 @@ def _make_dir(path: Path) -> None:
     path.mkdir(parents=True, exist_ok=True)
 
 
+_CLOCK_TICKS: Final = os.sysconf("SC_CLK_TCK")
+
+
+def _start_time(pid: int) -> float:
+    """What ``psutil.Process(pid).create_time()`` answers, read from ``/proc`` (else psutil).
+
+    NB: psutil's own arithmetic (the start in clock ticks since boot, over the ticks a second,
+    plus ``btime``), so :func:`~lorenz.workers.states.worker_pid` finds the same value with
+    psutil; without psutil's ``Process``, whose setup is some sixteen Python functions a
+    worker would run once after its fork (~0.1 MiB of its own pages; issue #35).
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            # NB: after the last ")": the command name before it may hold spaces and ")".
+            ticks = stat.read().rsplit(b")", 1)[1].split()[19]
+        with open("/proc/stat", "rb") as system:
+            boot = next(float(line.split()[1]) for line in system if line.startswith(b"btime"))
+    except (OSError, IndexError, ValueError, StopIteration):
+        return float(psutil.Process(pid).create_time())
+    return float(ticks) / _CLOCK_TICKS + boot
+
+
 def _write_status(state_dir: Path, *, pid: int, handle: str) -> None:
     """``worker.json``: the pid and its start time (a reused pid is not this worker)."""
     status = {
         "pid": pid,
-        "create_time": psutil.Process(pid).create_time(),
+        "create_time": _start_time(pid),
         "handle": handle,
     }
     tmp = state_dir / f".{STATUS_NAME}.tmp"
