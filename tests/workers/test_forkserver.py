@@ -413,6 +413,9 @@ def test_the_launcher_leaves_the_spec_to_its_fork(tmp_path: Path) -> None:
         [sys.executable, "-m", "lorenz.cli.worker", "--launcher", "--state-root",
          str(tmp_path), "--parent", str(os.getpid()), "--preload", "command"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        # NB: unbuffered: select() sees the pipe, not a buffer; a buffered readline would take
+        # two answers that arrived together and leave the second where select() cannot see it.
+        bufsize=0,
     )
     assert launcher.stdin is not None
     assert launcher.stdout is not None

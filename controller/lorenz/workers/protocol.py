@@ -62,6 +62,45 @@ def decode(line: bytes) -> dict[str, Any]:
     return message
 
 
+class LineBuffer:
+    """Bytes in as they arrive, whole lines out: :func:`read_message`'s rule without a stream.
+
+    The worker reads its control socket in the loop's reader callbacks
+    (:mod:`lorenz.workers.control_socket`), not through a ``StreamReader``; a line longer than
+    ``limit`` (without its newline) is a :class:`ProtocolError` as soon as it is seen to be one.
+    """
+
+    def __init__(self, *, limit: int = LINE_LIMIT_BYTES) -> None:
+        self._limit = limit
+        self._buffer = bytearray()
+        self._scanned = 0
+        """How much of the buffer is known to hold no newline."""
+
+    def feed(self, data: bytes) -> None:
+        self._buffer += data
+
+    def next_line(self) -> bytes | None:
+        """The next whole line with its newline, or ``None`` until more bytes are fed."""
+        end = self._buffer.find(b"\n", self._scanned)
+        if end < 0:
+            self._scanned = len(self._buffer)
+            if self._scanned > self._limit:
+                raise ProtocolError(f"a message is longer than {self._limit} bytes")
+            return None
+        if end > self._limit:
+            raise ProtocolError(f"a message is longer than {self._limit} bytes")
+        line = bytes(self._buffer[: end + 1])
+        # NB: deleting a bytearray's head only moves its start: no copy of what follows.
+        del self._buffer[: end + 1]
+        self._scanned = 0
+        return line
+
+    def end(self) -> None:
+        """The peer sent its last byte: raises :class:`ProtocolError` if it was mid-message."""
+        if self._buffer.strip():
+            raise ProtocolError("the stream ended inside a message")
+
+
 async def read_message(reader: asyncio.StreamReader) -> dict[str, Any] | None:
     """The next message, or ``None`` at end of stream.
 

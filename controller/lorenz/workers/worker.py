@@ -30,7 +30,6 @@ import os
 import shutil
 import signal
 import socket
-import struct
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
@@ -48,25 +47,22 @@ from lorenz.agents import (
 from lorenz.codes import ErrorCode
 from lorenz.model import AgentUpdate, LorenzError, WorkerPhase
 from lorenz.model.questions import AgentQuestion, SessionResume
-from lorenz.tasks import BackgroundTasks, run_to_completion
+from lorenz.tasks import run_to_completion
+from lorenz.workers.control_socket import ControlConnection, ControlListener, socket_answers
 from lorenz.workers.journal import FINAL, JournalWriter, Record, read_journal
 from lorenz.workers.protocol import (
-    LINE_LIMIT_BYTES,
     PROTOCOL_VERSION,
     SOCKET_NAME,
     SOCKET_PATH_LIMIT,
     ProtocolError,
+    decode,
     encode,
-    read_message,
 )
 from lorenz.workers.spec import RunSpec
 from lorenz.workers.states import HANDLE_ENV, SPEC_NAME, STATUS_NAME, WorkerStateError
 from lorenz.workspaces import HookName, run_hook
 
 logger = logging.getLogger(__name__)
-
-QUEUE_LIMIT: Final = 100_000
-"""Live messages queued for one client before it is dropped (it re-attaches from its seq)."""
 
 
 class ExitStatus(enum.IntEnum):
@@ -82,30 +78,33 @@ class _ConnectionClosed(Exception):
     """A client's socket closed while the worker was writing to it."""
 
 
-@dataclasses.dataclass(eq=False)
-class _Client:
-    writer: asyncio.StreamWriter
-    queue: asyncio.Queue[bytes | None] = dataclasses.field(default_factory=asyncio.Queue)
-    attached: bool = False
-    controller: bool = False
-    closed: bool = False
+class _Client(ControlConnection):
+    """A connection to the control socket: a controller, or another attached reader."""
+
+    def __init__(
+        self, sock: socket.socket, *, worker: Worker, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        super().__init__(sock, loop=loop)
+        self._worker = worker
+        self.attached = False
+        self.controller = False
 
     def send(self, message: dict[str, Any]) -> None:
         self.send_raw(encode(message))
 
-    def send_raw(self, line: bytes) -> None:
-        if self.closed:
+    def line_received(self, line: bytes) -> None:
+        try:
+            message = decode(line)
+        except ProtocolError as exc:
+            self.lost(exc)
             return
-        if self.queue.qsize() >= QUEUE_LIMIT:
-            logger.warning("client too slow, dropped; it re-attaches from its last seq")
-            self.close()
-            return
-        self.queue.put_nowait(line)
+        self._worker._handle(self, message)
 
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self.queue.put_nowait(None)
+    def lost(self, error: ProtocolError | None) -> None:
+        if error is not None:
+            self.send({"op": "error", "code": ErrorCode.PROTOCOL_ERROR, "message": str(error)})
+        # NB: what is queued (this error above all) is written before the socket closes.
+        self._worker._client_gone(self)
 
 
 @dataclasses.dataclass(eq=False)
@@ -172,10 +171,8 @@ class Worker:
         self._acked = asyncio.Event()
         self._usage: dict[str, int] | None = None
         self._cost_usd: float | None = None
-        self._server: asyncio.Server | None = None
+        self._listener: ControlListener | None = None
         self._agent_task: asyncio.Task[AgentRunResult] | None = None
-        self._senders = BackgroundTasks(name="worker-senders", log=logger)
-        self._serving: set[asyncio.Task[Any]] = set()
 
     # -- the journal ---------------------------------------------------------------------
 
@@ -208,20 +205,15 @@ class Worker:
                 code=ErrorCode.WORKER_SOCKET_PATH_TOO_LONG,
             )
         if self.socket_path.exists():
-            if await _socket_answers(path):
+            if socket_answers(path):
                 raise WorkerStateError(
                     f"a worker for {self.spec.handle} is already serving {path}",
                     code=ErrorCode.WORKER_ALREADY_RUNNING,
                 )
             self.socket_path.unlink()
-        old_umask = os.umask(0o177)
-        try:
-            self._server = await asyncio.start_unix_server(
-                self._serve_client, path=path, limit=LINE_LIMIT_BYTES
-            )
-        finally:
-            os.umask(old_umask)
-        os.chmod(path, 0o600)
+        self._listener = ControlListener(
+            path=path, accepted=self._accepted, loop=asyncio.get_running_loop()
+        )
         _write_status(self.state_dir, pid=os.getpid(), handle=self.spec.handle)
 
     async def run(self) -> ExitStatus:
@@ -261,23 +253,23 @@ class Worker:
         return ExitStatus(int(final.data["exit_status"]))
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            with contextlib.suppress(FileNotFoundError):
-                self.socket_path.unlink()
-        for client in list(self._clients):
+        """Stop serving: every client's queued lines written (within a bound), sockets closed,
+        the socket path removed, the journal closed. Closing again does nothing more."""
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        clients = list(self._clients)
+        self._clients.clear()
+        self._controller = None
+        for client in clients:
             client.close()
-        # NB: let every sender flush what it has queued (the final record above all): exiting
-        # with buffered lines would cut a client's last message in half.
-        await self._senders.wait(timeout_s=5.0)
-        # NB: then end the connections still open (a controller that acked and stays attached):
-        # a connection's task left waiting for its next line is cancelled by asyncio.run, and
-        # Python 3.11's stream server logs that cancellation as an error with its traceback.
-        serving = [task for task in self._serving if task is not asyncio.current_task()]
-        for client in list(self._clients):
-            client.writer.close()
-        if serving:
-            await asyncio.wait(serving, timeout=1.0)
+        # NB: let every client take what is queued for it (the final record above all):
+        # exiting with lines unwritten would cut a client's last message in half.
+        flushing = [client.finished for client in clients if not client.finished.done()]
+        if flushing:
+            await asyncio.wait(flushing, timeout=FLUSH_TIMEOUT_S)
+        for client in clients:
+            client.abort()
         self._journal.close()
 
     def cancel(self, reason: str) -> None:
@@ -517,20 +509,10 @@ class Worker:
 
     # -- the control socket --------------------------------------------------------------
 
-    async def _serve_client(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        sock = writer.get_extra_info("socket")
-        if sock is not None and _peer_uid(sock) != os.getuid():
-            writer.close()
-            return
-        client = _Client(writer=writer)
+    def _accepted(self, sock: socket.socket) -> None:
+        """A peer of this uid connected (:class:`ControlListener` refused the others)."""
+        client = _Client(sock, worker=self, loop=asyncio.get_running_loop())
         self._clients.add(client)
-        serving = asyncio.current_task()
-        if serving is not None:
-            self._serving.add(serving)
-            serving.add_done_callback(self._serving.discard)
-        sender = self._senders.spawn(self._send_loop(client), name="lorenz-worker-sender")
         client.send(
             {
                 "op": "hello",
@@ -541,43 +523,7 @@ class Worker:
                 "last_seq": self._journal.last_seq,
             }
         )
-        try:
-            while not client.closed:
-                try:
-                    message = await read_message(reader)
-                except ProtocolError as exc:
-                    client.send(
-                        {"op": "error", "code": ErrorCode.PROTOCOL_ERROR, "message": str(exc)},
-                    )
-                    break
-                except (ConnectionError, OSError):
-                    break
-                if message is None:
-                    break
-                self._handle(client, message)
-        finally:
-            self._client_gone(client)
-            # NB: the client is gone: how its sender task ended no longer matters.
-            with contextlib.suppress(Exception):
-                await sender
-            writer.close()
-            # NB: the peer may be gone already: closing is best effort.
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
-
-    async def _send_loop(self, client: _Client) -> None:
-        writer = client.writer
-        try:
-            while True:
-                line = await client.queue.get()
-                if line is None:
-                    await writer.drain()
-                    break
-                writer.write(line)
-                if client.queue.empty():
-                    await writer.drain()
-        except (ConnectionError, OSError):
-            client.close()
+        client.start()
 
     def _handle(self, client: _Client, message: dict[str, Any]) -> None:
         op = message["op"]
@@ -591,6 +537,8 @@ class Worker:
             for record in read_journal(self._journal.path, after_seq=after):
                 client.send({"op": "record", "record": record.to_json()})
             client.send({"op": "live", "seq": self._journal.last_seq})
+            if client.closed:
+                return  # NB: dropped or gone during the replay: its loss is on its way.
             client.attached = True
             if message.get("role", "controller") == "controller":
                 client.controller = True
@@ -623,6 +571,9 @@ class Worker:
 
 
 _RUN_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+FLUSH_TIMEOUT_S: Final = 5.0
+"""How long :meth:`Worker.close` waits for clients to take what is queued for them."""
 
 
 def _ignore_signal(_signum: int, _frame: object) -> None:
@@ -662,26 +613,33 @@ def _make_dir(path: Path) -> None:
     path.mkdir(parents=True, exist_ok=True)
 
 
-def _peer_uid(sock: socket.socket) -> int:
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    _pid, uid, _gid = struct.unpack("3i", creds)
-    return int(uid)
+_CLOCK_TICKS: Final = os.sysconf("SC_CLK_TCK")
 
 
-async def _socket_answers(path: str) -> bool:
+def _start_time(pid: int) -> float:
+    """What ``psutil.Process(pid).create_time()`` answers, read from ``/proc`` (else psutil).
+
+    NB: psutil's own arithmetic (the start in clock ticks since boot, over the ticks a second,
+    plus ``btime``), so :func:`~lorenz.workers.states.worker_pid` finds the same value with
+    psutil; without psutil's ``Process``, whose setup is some sixteen Python functions a
+    worker would run once after its fork (~0.1 MiB of its own pages; issue #35).
+    """
     try:
-        _, writer = await asyncio.wait_for(asyncio.open_unix_connection(path), timeout=2.0)
-    except (OSError, TimeoutError):
-        return False
-    writer.close()
-    return True
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            # NB: after the last ")": the command name before it may hold spaces and ")".
+            ticks = stat.read().rsplit(b")", 1)[1].split()[19]
+        with open("/proc/stat", "rb") as system:
+            boot = next(float(line.split()[1]) for line in system if line.startswith(b"btime"))
+    except (OSError, IndexError, ValueError, StopIteration):
+        return float(psutil.Process(pid).create_time())
+    return float(ticks) / _CLOCK_TICKS + boot
 
 
 def _write_status(state_dir: Path, *, pid: int, handle: str) -> None:
     """``worker.json``: the pid and its start time (a reused pid is not this worker)."""
     status = {
         "pid": pid,
-        "create_time": psutil.Process(pid).create_time(),
+        "create_time": _start_time(pid),
         "handle": handle,
     }
     tmp = state_dir / f".{STATUS_NAME}.tmp"
