@@ -319,8 +319,9 @@ class ChildProcess:
     def close(self) -> None:
         """Close the pipes (stdin without flushing) and stop watching the exit.
 
-        The child itself is neither signalled nor waited for: kill it and :meth:`wait` first.
-        Idempotent; safe on a loop that is closed.
+        The child itself is neither signalled nor waited for (kill it and :meth:`wait` first),
+        only reaped if it has exited; a :meth:`wait` for one still running then raises
+        :class:`ChildProcessError`. Idempotent; safe on a loop that is closed.
         """
         for pipe in (self.stdin, self.stdout, self.stderr):
             if isinstance(pipe, PipeWriter):
@@ -331,15 +332,15 @@ class ChildProcess:
         if self._exit_poll is not None:
             self._exit_poll.cancel()
             self._exit_poll = None
-        if not self._exited.done():
-            if self._popen.poll() is not None:
-                self._settle_exit()
-            else:
-                self._exited.set_exception(
-                    ChildProcessError(f"child {self.pid} was no longer watched before it exited")
-                )
-                # NB: marks the error as seen: nobody may be waiting for it.
-                self._exited.exception()
+        # NB: reaps a child that exited meanwhile, also on a later call (none is watching).
+        if self._popen.poll() is not None:
+            self._settle_exit()
+        elif not self._exited.done():
+            self._exited.set_exception(
+                ChildProcessError(f"child {self.pid} was no longer watched before it exited")
+            )
+            # NB: marks the error as seen: nobody may be waiting for it.
+            self._exited.exception()
 
 
 def start_child(
