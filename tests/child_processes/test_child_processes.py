@@ -334,3 +334,25 @@ async def test_the_child_gets_exactly_its_environment_in_a_session_of_its_own(
     environment, session = json.loads(await read_all(child.stdout))
     assert environment == {**ENV, "ONLY_THIS": "1"}
     assert session == child.pid
+
+
+@BOTH_EXIT_WATCHES
+async def test_the_exit_is_watched_on_a_pidfd_unless_told_to_poll(
+    tmp_path: Path, children: list[ChildProcess], watch_exit_with_pidfd: bool
+) -> None:
+    loop = asyncio.get_running_loop()
+    before = registered_fds(loop)
+    child = start_child(["sleep", "300"], cwd=tmp_path, env=ENV, stdin=DEVNULL,
+                        stdout=DEVNULL, stderr=DEVNULL,
+                        watch_exit_with_pidfd=watch_exit_with_pidfd)
+    children.append(child)
+    watched = registered_fds(loop) - before
+    if watch_exit_with_pidfd:
+        assert len(watched) == 1
+        assert os.readlink(f"/proc/self/fd/{watched.pop()}") == "anon_inode:[pidfd]"
+    else:
+        assert watched == set()
+    child.kill()
+    async with asyncio.timeout(60):
+        assert await child.wait() == -signal.SIGKILL
+    assert registered_fds(loop) == before
