@@ -262,6 +262,7 @@ async def test_closing_a_child_takes_everything_off_the_loop(
     assert stdout is not None
     assert stderr is not None
     stdin.write(b"x" * (1024 * 1024))  # a writer registered, as the child reads nothing
+    draining = asyncio.create_task(stdin.drain())
     reading = asyncio.create_task(stdout.read(100))
     await wait_until_async(lambda: stdout.fileno() in registered_fds(loop), timeout=10.0,
                            what="the read to register its reader")
@@ -270,6 +271,8 @@ async def test_closing_a_child_takes_everything_off_the_loop(
         assert await child.wait() == -signal.SIGKILL
     child.close()
     assert await reading == b""
+    with pytest.raises(BrokenPipeError):
+        await draining
     assert (stdin.fileno(), stdout.fileno(), stderr.fileno()) == (-1, -1, -1)
     assert registered_fds(loop) == before
 
@@ -356,3 +359,22 @@ async def test_the_exit_is_watched_on_a_pidfd_unless_told_to_poll(
     async with asyncio.timeout(60):
         assert await child.wait() == -signal.SIGKILL
     assert registered_fds(loop) == before
+
+
+async def test_aborting_a_writer_fails_the_drain_waiting_for_it(
+    tmp_path: Path, children: list[ChildProcess]
+) -> None:
+    loop = asyncio.get_running_loop()
+    child = start_child(["sleep", "300"], cwd=tmp_path, env=ENV)
+    children.append(child)
+    stdin = child.stdin
+    assert stdin is not None
+    fd = stdin.fileno()
+    stdin.write(b"x" * (1024 * 1024))
+    draining = asyncio.create_task(stdin.drain())
+    await asyncio.sleep(0)
+    stdin.abort()
+    with pytest.raises(BrokenPipeError, match="not yet written"):
+        await draining
+    assert stdin.fileno() == -1
+    assert fd not in registered_fds(loop)

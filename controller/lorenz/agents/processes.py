@@ -24,8 +24,8 @@ traps are the same for all of them, so they are solved once, here:
   bytes) is start-up, and only what follows is the agent's time to answer.
 
 The child and its pipes are :mod:`lorenz.child_processes`' (a Popen, ``add_reader`` and a
-pidfd), not asyncio's subprocess transports: their Python layers cost every run about a MiB of
-its worker's memory (issue #35).
+pidfd), not asyncio's subprocess transports, whose Python layers each run's worker paid for in
+memory (issue #35).
 """
 
 from __future__ import annotations
