@@ -317,8 +317,20 @@ class AgentProcess:
             async with asyncio.timeout(max(grace_s, 1.0) + 5.0):
                 await self._exit_status()
         await self.stderr_drained(timeout_s=1.0)
+        await self._descendants_died(timeout_s=2.0)
         self._child.close()
         return self._child.returncode
+
+    async def _descendants_died(self, *, timeout_s: float) -> None:
+        # NB: stderr at end of file says every holder closed it, not that it is dead yet: a
+        # killed process closes its files before it becomes a zombie, and on a loaded machine
+        # it can be caught in between. Returning only once they are zombies (or gone) keeps
+        # terminate()'s promise to whoever cleans up after it (the workspace, the slot).
+        deadline = time.monotonic() + timeout_s
+        while any(map(_still_running, self._descendants.values())):
+            if time.monotonic() >= deadline:
+                return
+            await asyncio.sleep(_GROUP_POLL_S)
 
     def _remember_descendants(self) -> None:
         if self._child.returncode is not None:
@@ -386,6 +398,14 @@ class AgentProcess:
         tb: TracebackType | None,
     ) -> None:
         await self.terminate()
+
+
+def _still_running(process: psutil.Process) -> bool:
+    """Alive and not a zombie (psutil compares the start time: a reused pid is not it)."""
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def descendant_pids(pid: int) -> list[int]:
