@@ -331,8 +331,9 @@ async def test_stderr_lines_are_logged_as_diagnostics(
     assert "agent stderr: warn: not JSON {" in caplog.messages
 
 
-async def test_a_timed_out_close_of_stdin_leaves_asyncio_consistent(tmp_path: Path) -> None:
-    """A cancelled stdin close must not cancel asyncio's own close future (InvalidStateError)."""
+async def test_a_timed_out_close_of_stdin_leaves_the_loop_consistent(tmp_path: Path) -> None:
+    """A cancelled stdin close reports nothing to the loop, and terminate() still closes the
+    pipe and takes its writer off the loop."""
     loop = asyncio.get_running_loop()
     errors: list[dict[str, object]] = []
     previous = loop.get_exception_handler()
@@ -341,24 +342,31 @@ async def test_a_timed_out_close_of_stdin_leaves_asyncio_consistent(tmp_path: Pa
         # The agent never reads stdin: a full pipe keeps the close pending.
         proc = await spawn_agent(command="echo ready; sleep 300", cwd=tmp_path, env=base_env())
         assert await proc.read_line(timeout_s=60) == b"ready"
-        stdin = proc._process.stdin
+        stdin = proc._child.stdin
         assert stdin is not None
+        fd = stdin.fileno()
         stdin.write(b"x" * (4 * 1024 * 1024))
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(proc.close_stdin(), timeout=0.05)
         await proc.terminate(grace_s=0.5)
-        for _ in range(20):  # let the pipes' connection_lost callbacks run
+        for _ in range(20):  # let any late callbacks run
             await asyncio.sleep(0.01)
     finally:
         loop.set_exception_handler(previous)
     assert [c.get("exception") for c in errors] == []
+    assert stdin.fileno() == -1
+    assert not loop.remove_writer(fd)
 
 
-async def test_pipes_of_an_unreaped_child_are_left_to_the_child_watcher(tmp_path: Path) -> None:
-    """Closing the transport before the watcher reaped the child would reap it behind its back
-    ("Unknown child process pid ..., will report returncode 255"): it is left open instead."""
+async def test_closing_the_pipes_of_a_running_child_neither_reaps_nor_kills_it(
+    tmp_path: Path,
+) -> None:
+    """Closing the pipes early must not reap the child behind anyone's back: it keeps running,
+    and terminate() still reports its status."""
     proc = await spawn_agent(command="sleep 300", cwd=tmp_path, env=base_env())
-    proc._close_pipes()  # returncode is None: the transport must not poll (and kill) the child
+    for pipe in (proc._child.stdin, proc._child.stdout, proc._child.stderr):
+        assert pipe is not None
+        pipe.close()
     await asyncio.sleep(0.3)
     assert psutil.pid_exists(proc.pid)
     assert psutil.Process(proc.pid).status() != psutil.STATUS_ZOMBIE

@@ -22,6 +22,10 @@ traps are the same for all of them, so they are solved once, here:
   version managers) starts the agent, which can take seconds on a loaded machine: the time the
   agent takes to *read* its input (:meth:`AgentProcess.wait_input_read`, the pipe's unread
   bytes) is start-up, and only what follows is the agent's time to answer.
+
+The child and its pipes are :mod:`lorenz.child_processes`' (a Popen, ``add_reader`` and a
+pidfd), not asyncio's subprocess transports, whose Python layers each run's worker paid for in
+memory (issue #35).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from types import TracebackType
 import psutil
 
 from lorenz.agents.base import AgentRunError
+from lorenz.child_processes import DEVNULL, PIPE, ChildProcess, start_child
 from lorenz.codes import ErrorCode
 
 logger = logging.getLogger(__name__)
@@ -56,7 +61,6 @@ STDERR_RING_BYTES = 64 * 1024
 _READ_CHUNK_BYTES = 256 * 1024
 _GROUP_POLL_S = 0.02
 _INPUT_POLL_S = 0.01
-_EXIT_WAIT_S = 1.0
 
 
 class LineTooLong(AgentRunError):
@@ -77,13 +81,13 @@ class AgentProcess:
     Not safe for concurrent readers: one task reads lines, any task may write.
     """
 
-    def __init__(self, process: asyncio.subprocess.Process, *, command: str) -> None:
-        self._process = process
+    def __init__(self, child: ChildProcess, *, command: str) -> None:
+        self._child = child
         self.command = command
-        self.pid: int = process.pid
+        self.pid: int = child.pid
         # NB: with start_new_session=True the child is a session and group leader, so its
         # process-group id is its pid; it stays valid while any group member is alive.
-        self._pgid: int = process.pid
+        self._pgid: int = child.pid
         self._buffer = bytearray()
         self._scan_from = 0
         self._discarding = False
@@ -97,16 +101,13 @@ class AgentProcess:
             self._drain_stderr(), name=f"agent-stderr-{self.pid}"
         )
         self._descendants: dict[int, psutil.Process] = {}
-        self._exit_seen: asyncio.Future[None] | None = None
-        self._pidfd: int | None = None
-        self._watch_exit()
 
     # -- status ---------------------------------------------------------------------------
 
     @property
     def returncode(self) -> int | None:
         """The exit status once the process has been reaped (negative: killed by a signal)."""
-        return self._process.returncode
+        return self._child.returncode
 
     @property
     def stderr_bytes_total(self) -> int:
@@ -126,7 +127,7 @@ class AgentProcess:
             return await self._next_line()
 
     async def _next_line(self) -> bytes | None:
-        stdout = self._process.stdout
+        stdout = self._child.stdout
         assert stdout is not None
         while True:
             newline = self._buffer.find(b"\n", self._scan_from)
@@ -179,37 +180,33 @@ class AgentProcess:
 
     async def write_line(self, data: bytes) -> None:
         """Send ``data`` plus ``\\n`` and wait until the pipe accepted it."""
-        stdin = self._process.stdin
+        stdin = self._child.stdin
         if stdin is None:
             raise AgentStdinClosed(f"agent {self.pid} was started without stdin")
         async with self._write_lock:
             try:
-                stdin.write(data + b"\n")
+                stdin.write(data)
+                stdin.write(b"\n")
                 await stdin.drain()
-            except (BrokenPipeError, ConnectionResetError, RuntimeError) as exc:
-                # NB: RuntimeError is what a write on an already-closed transport raises.
+            except BrokenPipeError as exc:
+                # NB: also what a write after close_stdin() raises.
                 raise AgentStdinClosed(
                     f"agent {self.pid} stopped reading its stdin ({exc.__class__.__name__}); "
                     f"it has probably exited: {self.stderr_tail(max_bytes=500)}"
                 ) from exc
 
     def stdin_unread_bytes(self) -> int | None:
-        """Bytes written to the agent's stdin that it has not read yet: asyncio's write buffer
+        """Bytes written to the agent's stdin that it has not read yet: the writer's buffer
         plus the pipe's contents (``FIONREAD``). ``None`` when stdin is closed or not a pipe."""
-        stdin = self._process.stdin
+        stdin = self._child.stdin
         if stdin is None or stdin.is_closing():
             return None
-        transport = stdin.transport
-        assert isinstance(transport, asyncio.WriteTransport)
-        pipe = transport.get_extra_info("pipe")
-        if pipe is None:
-            return None
         try:
-            raw = fcntl.ioctl(pipe.fileno(), termios.FIONREAD, b"\0\0\0\0")
+            raw = fcntl.ioctl(stdin.fileno(), termios.FIONREAD, b"\0\0\0\0")
         except OSError:
             return None
         (in_pipe,) = struct.unpack("i", raw)
-        return transport.get_write_buffer_size() + int(in_pipe)
+        return stdin.buffered_bytes + int(in_pipe)
 
     async def wait_input_read(
         self, *, timeout_s: float, until: asyncio.Future[object] | None = None
@@ -231,23 +228,19 @@ class AgentProcess:
             await asyncio.sleep(_INPUT_POLL_S)
 
     async def close_stdin(self) -> None:
-        """Signal end of input; harmless if the agent already closed its end."""
-        stdin = self._process.stdin
+        """Signal end of input once what was written is in the pipe; harmless if the agent
+        already closed its end. A cancelled wait leaves the rest to be written and closed."""
+        stdin = self._child.stdin
         if stdin is None or stdin.is_closing():
             return
         stdin.close()
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            # NB: wait_closed() awaits asyncio's own close future of the pipe protocol; a
-            # cancelled wait (a caller's wait_for timing out) would cancel that very future,
-            # and the pipe's connection_lost later fails setting it (InvalidStateError).
-            closing = asyncio.ensure_future(stdin.wait_closed())
-            closing.add_done_callback(_consume_outcome)
-            await asyncio.shield(closing)
+        with contextlib.suppress(BrokenPipeError):
+            await stdin.drain()
 
     # -- stderr ---------------------------------------------------------------------------
 
     async def _drain_stderr(self) -> None:
-        stderr = self._process.stderr
+        stderr = self._child.stderr
         if stderr is None:
             return
         while True:
@@ -286,41 +279,9 @@ class AgentProcess:
             return await self._exit_status()
 
     async def _exit_status(self) -> int:
-        # NB: asyncio's Process.wait() also waits for every pipe to close, so a leftover
-        # grandchild holding stdout would make it hang; watch the process itself instead: a
-        # pidfd becomes readable at exit, and the child watcher sets returncode right after.
-        # NB: the pidfd fires at exit, so the wait on it needs no short timeout; the bound is
-        # a safety net only (each wake-up of a short one cost a timer and a task per agent).
-        while (returncode := self._process.returncode) is None:
-            if self._exit_seen is not None and not self._exit_seen.done():
-                await asyncio.wait({self._exit_seen}, timeout=_EXIT_WAIT_S)
-            else:
-                await asyncio.sleep(0.005)
-        return returncode
-
-    def _watch_exit(self) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            self._pidfd = os.pidfd_open(self.pid)
-            self._exit_seen = loop.create_future()
-            loop.add_reader(self._pidfd, self._on_exit_seen)
-        except (AttributeError, OSError, NotImplementedError, RuntimeError):
-            self._close_pidfd()
-            self._exit_seen = None
-
-    def _on_exit_seen(self) -> None:
-        self._close_pidfd()
-        if self._exit_seen is not None and not self._exit_seen.done():
-            self._exit_seen.set_result(None)
-
-    def _close_pidfd(self) -> None:
-        if self._pidfd is not None:
-            # NB: the loop may be closing or the reader never added: nothing to undo.
-            with contextlib.suppress(Exception):
-                asyncio.get_running_loop().remove_reader(self._pidfd)
-            with contextlib.suppress(OSError):
-                os.close(self._pidfd)
-            self._pidfd = None
+        # NB: the child's exit is watched on the process itself (a pidfd), not on its pipes:
+        # a leftover grandchild holding stdout open does not delay it.
+        return await self._child.wait()
 
     async def terminate(self, *, grace_s: float = 2.0) -> int | None:
         """Stop the agent and everything it started; returns its exit status.
@@ -348,7 +309,7 @@ class AgentProcess:
         self._signal_group(signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline:
-            if self._process.returncode is not None and not self._group_alive():
+            if self._child.exited() and not self._group_alive():
                 break
             await asyncio.sleep(_GROUP_POLL_S)
         self._kill_everything()
@@ -356,12 +317,23 @@ class AgentProcess:
             async with asyncio.timeout(max(grace_s, 1.0) + 5.0):
                 await self._exit_status()
         await self.stderr_drained(timeout_s=1.0)
-        self._close_pipes()
-        self._close_pidfd()
-        return self._process.returncode
+        await self._descendants_died(timeout_s=2.0)
+        self._child.close()
+        return self._child.returncode
+
+    async def _descendants_died(self, *, timeout_s: float) -> None:
+        # NB: stderr at end of file says every holder closed it, not that it is dead yet: a
+        # killed process closes its files before it becomes a zombie, and on a loaded machine
+        # it can be caught in between. Returning only once they are zombies (or gone) keeps
+        # terminate()'s promise to whoever cleans up after it (the workspace, the slot).
+        deadline = time.monotonic() + timeout_s
+        while any(map(_still_running, self._descendants.values())):
+            if time.monotonic() >= deadline:
+                return
+            await asyncio.sleep(_GROUP_POLL_S)
 
     def _remember_descendants(self) -> None:
-        if self._process.returncode is not None:
+        if self._child.returncode is not None:
             # NB: a reaped agent has no descendants left to find (its children were reparented
             # when it exited), and its pid may already be someone else's: scanning the process
             # table for "its" children would cost a /proc walk and could name strangers.
@@ -381,9 +353,8 @@ class AgentProcess:
             with contextlib.suppress(psutil.Error):
                 if child.is_running():
                     child.kill()
-        if self._process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self._process.kill()
+        # NB: Popen signals only a child it has not reaped, so never a reused pid.
+        self._child.kill()
 
     def _signal_group(self, signum: signal.Signals) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -417,18 +388,6 @@ class AgentProcess:
             return False
         return True
 
-    def _close_pipes(self) -> None:
-        for stream in (self._process.stdin,):
-            if stream is not None and not stream.is_closing():
-                stream.close()
-        transport = getattr(self._process, "_transport", None)
-        if transport is not None and self._process.returncode is not None:
-            # NB: only once the child watcher has reaped the child. Closing earlier makes the
-            # transport poll() the child itself; reaping it behind the watcher's back is what
-            # logs "Unknown child process pid ..., will report returncode 255". A transport
-            # left open closes itself when the watcher reports the exit.
-            transport.close()
-
     async def __aenter__(self) -> AgentProcess:
         return self
 
@@ -439,6 +398,14 @@ class AgentProcess:
         tb: TracebackType | None,
     ) -> None:
         await self.terminate()
+
+
+def _still_running(process: psutil.Process) -> bool:
+    """Alive and not a zombie (psutil compares the start time: a reused pid is not it)."""
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def descendant_pids(pid: int) -> list[int]:
@@ -478,12 +445,6 @@ def _walked_descendant_pids(pid: int) -> list[int]:
     return []
 
 
-def _consume_outcome(future: asyncio.Future[None]) -> None:
-    """Take a shielded future's error, so one nobody waits for any more is not reported."""
-    if not future.cancelled():
-        future.exception()
-
-
 async def spawn_agent(
     *,
     command: str,
@@ -499,36 +460,21 @@ async def spawn_agent(
 
     Raises :class:`AgentRunError` (``agent_spawn_failed``) when the workspace or bash is missing.
     """
-    # NB: a cancellation that lands inside create_subprocess_exec makes asyncio kill bash and
-    # wait for its pipes to close, which a grandchild holding them can delay forever. So the
-    # spawn itself is shielded; a cancelled caller waits for it, kills the whole group, and
-    # only then sees the cancellation.
-    spawn = asyncio.ensure_future(
-        asyncio.create_subprocess_exec(
-            "bash",
-            "-lc" if login_shell else "-c",
-            command,
-            stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            cwd=str(cwd),
-            env=dict(env),
-            start_new_session=True,
-        )
-    )
+    # NB: the spawn is synchronous (a Popen: fork and exec, nothing awaited), so no
+    # cancellation can land inside it and leave a started child unowned; with asyncio's
+    # create_subprocess_exec one could, and the spawn had to be shielded and its child killed.
     try:
-        process = await asyncio.shield(spawn)
-    except asyncio.CancelledError:
-        # NB: the spawn's result only matters to kill what it started.
-        with contextlib.suppress(BaseException):
-            started = await spawn
-            await AgentProcess(started, command=command).terminate(grace_s=0.5)
-        raise
+        child = start_child(
+            ("bash", "-lc" if login_shell else "-c", command),
+            stdin=PIPE if stdin else DEVNULL,
+            cwd=cwd,
+            env=env,
+        )
     except OSError as exc:
         raise AgentRunError(
             f"could not start the agent command in {cwd}: {exc.strerror or exc}; "
             "check that the workspace exists and bash is installed",
             code=ErrorCode.AGENT_SPAWN_FAILED,
         ) from exc
-    logger.debug("agent started", extra={"pid": process.pid, "cwd": str(cwd)})
-    return AgentProcess(process, command=command)
+    logger.debug("agent started", extra={"pid": child.pid, "cwd": str(cwd)})
+    return AgentProcess(child, command=command)

@@ -11,7 +11,9 @@ Hooks are operator configuration, so they run with the full power of a login she
 * stdout and stderr are merged and captured, and only the first 2048 bytes are kept (with a
   truncation marker), because a chatty ``npm install`` must not flood logs or events.
 
-What a failure *means* (abort the attempt, or log and carry on) is decided by the caller.
+What a failure *means* (abort the attempt, or log and carry on) is decided by the caller. The
+child is started and watched by :mod:`lorenz.child_processes` (a Popen and a pidfd), not by
+asyncio's subprocess layers, whose Python every run would pay for in memory (issue #35).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import BinaryIO, Literal
 
+from lorenz.child_processes import DEVNULL, STDOUT, start_child
 from lorenz.codes import ErrorCode
 from lorenz.secrets import strip_secrets
 from lorenz.workspaces.errors import HOOK_FAILED_PREFIX, WorkspaceHookError
@@ -93,21 +96,18 @@ async def run_hook(
     """
     context = " ".join(f"{k}={v}" for k, v in (log_context or {}).items())
     logger.info("workspace hook started hook=%s workspace=%s %s", name, cwd, context)
-    # NB: output goes to an unlinked temporary file, not a pipe. With a pipe, asyncio's wait()
-    # only returns once every holder of the pipe has closed it, so a background process the hook
-    # left behind would make a finished hook look hung; a file also bounds memory, however much
-    # a hook prints.
+    # NB: output goes to an unlinked temporary file, not a pipe: nobody has to read it while
+    # the hook runs, a background process the hook left behind holding it cannot delay
+    # anything, and a file bounds memory, however much a hook prints.
     with tempfile.TemporaryFile() as capture:
         try:
-            process = await asyncio.create_subprocess_exec(
-                *HOOK_SHELL,
-                script,
+            child = start_child(
+                (*HOOK_SHELL, script),
                 cwd=cwd,
-                env=dict(env),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=capture,
-                stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True,
+                env=env,
+                stdin=DEVNULL,
+                stdout=capture.fileno(),
+                stderr=STDOUT,
             )
         except ValueError as exc:
             # NB: what subprocess says for a NUL byte in an argument or a variable (an issue
@@ -131,13 +131,18 @@ async def run_hook(
         try:
             try:
                 async with asyncio.timeout(timeout_ms / 1000):
-                    returncode = await process.wait()
+                    returncode = await child.wait()
             except TimeoutError:
                 timed_out = True
         finally:
             # Runs on success, timeout and cancellation alike: nothing of the hook outlives it.
-            _kill_group(process.pid)
-            await asyncio.shield(process.wait())
+            _kill_group(child.pid)
+            try:
+                # NB: the exit after SIGKILL is near. A second cancellation landing here still
+                # closes the watch; the Popen dropped then is reaped by the next one started.
+                await child.wait()
+            finally:
+                child.close()
         output = _read_capture(capture, limit=OUTPUT_LIMIT_BYTES)
 
     if timed_out:
