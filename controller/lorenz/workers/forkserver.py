@@ -224,25 +224,24 @@ def _return_free_heap() -> None:
 
 
 def _rehearse() -> None:
-    """Run, once and before any fork, the code every worker runs: a unix-socket server and
-    its connections, JSON lines, a subprocess with pipes waited through a pidfd, then
-    :data:`REHEARSED_RUNS` whole runs of a :class:`~lorenz.workers.worker.Worker` (a
-    ``command`` agent running ``true``) with a client that attaches and acks as the
-    controller does.
+    """Run, once and before any fork, what every worker runs: :data:`REHEARSED_RUNS` whole
+    runs of a :class:`~lorenz.workers.worker.Worker` — its socket served, a ``command`` agent
+    running ``true`` between ``before_run`` and ``after_run`` hooks, its journal written — with
+    a client that attaches, reads to the final record and acks as the controller does.
 
     NB: Python 3.11 writes into a code object the first times it runs (its warm-up counter on
     every call until the 8th, then the specialising interpreter's inline caches), and asyncio
     makes some of its objects at first use. A worker doing all of that first after its fork
     copies every page it writes: rehearsed here, those writes land once in the launcher's
-    pages instead of in each worker's (~0.3 MiB of private memory less per live run for the
-    asyncio part, ~0.3 MiB more for the whole runs; issue #35). Best effort: the rehearsal
-    leaves no file, socket, thread or child behind, and one that fails changes nothing else.
+    pages instead of in each worker's (issue #35). The hooks are rehearsed too (workflows
+    usually have them); code a worker never runs is never copied, so a run without hooks loses
+    nothing by it. Best effort: the rehearsal leaves no file, socket, thread or child behind,
+    and one that fails changes nothing else.
     """
     from lorenz.tasks import install_child_watcher, run_on_fresh_loop
 
     install_child_watcher()  # NB: the watcher the worker uses (launch.py), no waiter thread
     try:
-        run_on_fresh_loop(_rehearsal())
         # NB: each whole run on a loop of its own, made and closed by the workers' own runner
         # (launch._become_worker): what a worker calls once a run is rehearsed as many times.
         # A short name: the worker's socket path must fit a unix socket's 107 bytes.
@@ -251,35 +250,6 @@ def _rehearse() -> None:
                 run_on_fresh_loop(_rehearse_run(Path(scratch) / str(run), run=run))
     except Exception as exc:  # noqa: BLE001 - a warm-up; a worker does all of it anyway
         logger.debug("the launcher's rehearsal failed: %s", exc)
-
-
-async def _rehearsal() -> None:
-    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        writer.write(await reader.readline())
-        await writer.drain()
-        writer.close()
-
-    # NB: an abstract socket (Linux): nothing on disk to remove, whatever happens.
-    address = f"\0lorenz-launcher-rehearsal-{os.getpid()}"
-    server = await asyncio.start_unix_server(echo, path=address)
-    try:
-        for _ in range(3):
-            reader, writer = await asyncio.open_unix_connection(address)
-            writer.write(json.dumps({"type": "rehearsal", "seq": 1}).encode() + b"\n")
-            await writer.drain()
-            json.loads(await reader.readline())
-            writer.close()
-            await writer.wait_closed()
-    finally:
-        server.close()
-        await server.wait_closed()
-    for _ in range(2):
-        process = await asyncio.create_subprocess_exec(
-            "true", stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        async with asyncio.timeout(10):
-            await process.communicate()
 
 
 async def _rehearse_run(root: Path, *, run: int) -> None:
