@@ -47,11 +47,7 @@ SpecInvalid = DataclassJsonError
 """What reading a spec raises: ``where`` names the field (``issue.id``), ``message`` what is
 wrong with it."""
 
-_SPEC = dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-# NB: every spec class is frozen and keyword-only; :func:`read_spec` refuses unknown keys.
-
-
-@_SPEC
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class IssueSpec:
     """The issue fields a run uses (prompt rendering already happened in the controller)."""
 
@@ -116,7 +112,7 @@ def unpassable_fields(issue: Issue) -> dict[str, str]:
 _REQUIRED_ISSUE_FIELDS: Final = frozenset({"id", "identifier"})
 
 
-@_SPEC
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class HookSpec:
     """The workspace hooks the worker runs itself (``sh -lc`` in the workspace)."""
 
@@ -132,7 +128,7 @@ class HookSpec:
     """Complete environment of the hooks (secrets already stripped by the controller)."""
 
 
-@_SPEC
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class RunSpec:
     """One run, as the controller hands it to a worker."""
 
@@ -231,13 +227,13 @@ class RunSpec:
         )
 
 
-def read_spec(raw: str | bytes) -> RunSpec:
+def decode_spec(raw: str | bytes) -> RunSpec:
     """The run spec in the JSON document ``raw``; raises :class:`SpecInvalid` naming the field."""
     return read_json(RunSpec, raw)
 
 
 def encode_spec(spec: RunSpec) -> bytes:
-    """``spec`` as the JSON bytes :func:`read_spec` reads (``spec.json``, ssh's stdin, the
+    """``spec`` as the JSON bytes :func:`decode_spec` reads (``spec.json``, ssh's stdin, the
     launcher's request)."""
     return encode_json(spec)
 
