@@ -23,6 +23,7 @@ import pytest
 from lorenz.model import LorenzError
 from lorenz.workers.forkserver import LAUNCHER_MARK
 from lorenz.workers.handles import LocalTransport, WorkerHandle
+from lorenz.workers.spec import encode_spec
 from lorenz.workers.states import HANDLE_ENV, LOG_NAME, STATUS_NAME, create_state_dir, worker_pid
 from tests.waiting import wait_until_async
 from tests.workers.conftest import Collected, SpecFactory, base_env, process_gone
@@ -306,7 +307,7 @@ async def test_a_controller_killed_mid_launch_takes_the_unserving_worker_along(
     nobody reads yet, and opening it for writing blocks."""
     spec, scenario = make_spec()
     spec_file = tmp_path / "spec.json"
-    spec_file.write_text(spec.model_dump_json())
+    spec_file.write_bytes(encode_spec(spec))
     script = tmp_path / "controller.py"
     script.write_text(CONTROLLER)
     state_dir = create_state_dir(state_root, spec.handle)
