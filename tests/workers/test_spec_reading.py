@@ -8,6 +8,7 @@ key, a version it does not know — each with the path of the field, which
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -150,3 +151,17 @@ def test_the_worker_names_the_field_of_a_bad_spec_file(tmp_path: Path) -> None:
         load_spec(tmp_path)
     assert caught.value.code == ErrorCode.WORKER_SPEC_INVALID
     assert f"the run spec {tmp_path / SPEC_NAME} is invalid at issue.id: " in caught.value.message
+
+
+def test_a_spec_built_in_code_is_held_to_the_same_limits() -> None:
+    """The controller must never write a spec its worker refuses."""
+    spec = full_spec()
+    with pytest.raises(SpecInvalid) as caught:
+        dataclasses.replace(spec, prompt="p" * 1_000_001)
+    assert caught.value.where == "prompt"
+    with pytest.raises(SpecInvalid) as caught:
+        IssueSpec(id="i", identifier="")
+    assert caught.value.where == "identifier"
+    with pytest.raises(SpecInvalid) as caught:
+        HookSpec(timeout_ms=0)
+    assert caught.value.where == "timeout_ms"

@@ -120,6 +120,18 @@ def encode_json(value: object) -> bytes:
     return json.dumps(_plain(value), separators=(",", ":"), ensure_ascii=False).encode()
 
 
+def check_limits(value: object) -> None:
+    """Check the constraints of each field of the dataclass ``value`` (not nested ones): for a
+    record built in code, whose types the type checker vouches for, but whose limits only a
+    run-time check sees. Raises :class:`DataclassJsonError` naming the field."""
+    cls = type(value)
+    for name in _fields(cls):
+        field_value = getattr(value, name)
+        if field_value is not None:
+            for constraint in constraints_of(cls, name):
+                _check(constraint, field_value, path=(name,))
+
+
 def constraints_of(cls: type, name: str) -> tuple[Constraint, ...]:
     """The constraints field ``name`` of dataclass ``cls`` declares (its ``Annotated`` metadata)."""
     hint = _hints(cls)[name]

@@ -25,6 +25,7 @@ from lorenz.config.dataclass_json import (
     Le,
     MaxLen,
     MinLen,
+    check_limits,
     constraints_of,
     encode_json,
     read_dataclass,
@@ -61,6 +62,9 @@ class IssueSpec:
     """Tracker state when the run was dispatched."""
     url: Annotated[str | None, MaxLen(2000)] = None
     """Link to the issue."""
+
+    def __post_init__(self) -> None:
+        check_limits(self)
 
     def to_issue(self) -> Issue:
         return Issue(
@@ -127,6 +131,9 @@ class HookSpec:
     env: dict[str, str] = dataclasses.field(default_factory=dict)
     """Complete environment of the hooks (secrets already stripped by the controller)."""
 
+    def __post_init__(self) -> None:
+        check_limits(self)
+
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class RunSpec:
@@ -186,7 +193,9 @@ class RunSpec:
     records are replaced by one ``journal_dropped`` record (head and tail kept)."""
 
     def __post_init__(self) -> None:
-        """The checks that span fields (the reader checked each field's type and limits)."""
+        """The limits of each field (also of a spec the controller builds: it must never write
+        one the worker refuses) and the checks that span fields."""
+        check_limits(self)
         if self.version != SPEC_VERSION:
             raise SpecInvalid(
                 f"version {self.version} is not the version this worker reads ({SPEC_VERSION})",
