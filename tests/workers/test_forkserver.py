@@ -284,10 +284,10 @@ CONTROLLER = textwrap.dedent(
     import asyncio, sys
     from pathlib import Path
     from lorenz.workers.handles import LocalTransport
-    from lorenz.workers.spec import RunSpec
+    from lorenz.workers.spec import decode_spec
 
     async def main():
-        spec = RunSpec.model_validate_json(Path(sys.argv[2]).read_text())
+        spec = decode_spec(Path(sys.argv[2]).read_bytes())
         env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"}
         transport = LocalTransport(state_root=Path(sys.argv[1]), env=env, forkserver=True)
         await transport.launch(spec)
