@@ -9,6 +9,12 @@ the controller, which holds the token).
 The *handle* is a pure function of (workflow, issue key, slot, attempt, generation). A controller
 that crashed between starting a worker and recording that it did so can therefore compute the
 same name again and find the worker, instead of starting a second one.
+
+NB: plain frozen dataclasses, read by :mod:`lorenz.config.dataclass_json` (no pydantic): every
+worker reads its spec, and the launcher that forks them preloads what they import; pydantic and
+the settings models were ~10 MiB of that shared image, and each fork's own validation and
+re-dump of its spec wrote pages of its own (issue #35). The fields' limits are ``Annotated``
+metadata, which the reader, :func:`unpassable_fields` and construction in code all check.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 SpecInvalid = DataclassJsonError
 """What reading a spec raises: ``where`` names the field (``issue.id``), ``message`` what is
 wrong with it."""
+
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class IssueSpec:
