@@ -29,7 +29,7 @@ import psutil
 
 from lorenz.agents.base import AgentRunRequest
 from lorenz.agents.codex import CodexAppServerRunner
-from lorenz.config import AgentKindSettings
+from lorenz.config import AgentLaunch
 from lorenz.model import AgentUpdate, Issue
 
 FAKE = Path(__file__).resolve().parent.parent / "tests" / "fakes" / "codex_agent.py"
@@ -67,7 +67,7 @@ async def run_scenario(folder: Path, steps: list[dict[str, Any]], meter: Meter) 
         slot_index=0,
         prompt="flood",
         workspace=workspace,
-        settings=AgentKindSettings(command=command, read_timeout_ms=30_000),
+        settings=AgentLaunch(command=command, read_timeout_ms=30_000),
         max_turns=1,
         env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/")},
         on_update=meter,

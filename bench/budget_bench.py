@@ -37,7 +37,7 @@ from lorenz.agents import AgentRunError
 from lorenz.agents.base import AgentRunner, AgentRunRequest, TurnStop
 from lorenz.agents.codex import CodexAppServerRunner
 from lorenz.agents.command import CommandRunner
-from lorenz.config import AgentKindSettings, AgentProtocol
+from lorenz.config import AgentLaunch, AgentProtocol
 from lorenz.model import AgentUpdate, Issue, SystemClock, slot_key
 from lorenz.runtime.providers import InForce
 from lorenz.runtime.reporting import Reporting
@@ -110,7 +110,7 @@ async def one_run(
         slot_index=0,
         prompt="spend",
         workspace=workspace,
-        settings=AgentKindSettings(command=command, protocol=protocol, read_timeout_ms=30_000),
+        settings=AgentLaunch(command=command, protocol=protocol, read_timeout_ms=30_000),
         max_turns=1,
         env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/")},
         on_update=on_update,

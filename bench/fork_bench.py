@@ -50,7 +50,7 @@ def worker_run(root: Path) -> None:
 
 
 async def _worker(root: Path) -> None:
-    from lorenz.config.settings import AgentKindSettings
+    from lorenz.config.kinds import AgentLaunch, AgentProtocol
     from lorenz.workers.spec import IssueSpec, RunSpec
     from lorenz.workers.worker import Worker
 
@@ -59,7 +59,7 @@ async def _worker(root: Path) -> None:
         issue=IssueSpec(id="bench", identifier="BENCH-1", title="", state="Todo"),
         run=1,
         prompt="",
-        agent=AgentKindSettings(protocol="command", command="true", login_shell=False),
+        agent=AgentLaunch(protocol=AgentProtocol.COMMAND, command="true", login_shell=False),
         workspace=str(root / "w"),
         max_turns=1,
         linger_ms=int(CLIENT_WAIT_S * 1000),

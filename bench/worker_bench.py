@@ -35,7 +35,7 @@ import psutil
 
 from lorenz.agents.base import AgentRunRequest
 from lorenz.agents.codex import CodexAppServerRunner
-from lorenz.config import AgentKindSettings, AgentProtocol
+from lorenz.config import AgentLaunch, AgentProtocol
 from lorenz.model import AgentUpdate, Issue
 from lorenz.workers.handles import LocalTransport, WorkerHandle
 from lorenz.workers.journal import Record
@@ -65,7 +65,7 @@ def make_spec(
         workflow=str(work / "WORKFLOW.md"),
         issue=IssueSpec(id=f"id-{n}", identifier=f"BENCH-{n}", title="bench", state="Todo"),
         prompt="bench",
-        agent=AgentKindSettings(command=command, protocol=protocol, read_timeout_ms=60000),
+        agent=AgentLaunch(command=command, protocol=protocol, read_timeout_ms=60000),
         max_turns=1,
         workspace=str(workspace),
         hooks=HookSpec(env=env()),
@@ -148,7 +148,7 @@ async def bench_events(work: Path, transport: LocalTransport, events: int) -> No
         slot_index=0,
         prompt="bench",
         workspace=work,
-        settings=AgentKindSettings(command=codex_command(scenario, work / "inproc.json"),
+        settings=AgentLaunch(command=codex_command(scenario, work / "inproc.json"),
                                    read_timeout_ms=60000),
         max_turns=1,
         env=env(),

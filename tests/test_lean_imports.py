@@ -19,6 +19,7 @@ from types import ModuleType
 import pytest
 
 import lorenz.claims
+import lorenz.config
 import lorenz.leadership
 import lorenz.trackers
 from lorenz.trackers import DEFAULT_SECRET_ENV
@@ -42,7 +43,7 @@ CONTROLLER = (
 LAUNCHER = (
     "import json, sys\n"
     "from lorenz.workers import forkserver\n"
-    "forkserver._preload(protocols=['command'])\n"
+    "forkserver._preload(protocols=sys.argv[1:] or ['command'])\n"
     "print(json.dumps(sorted(sys.modules)))\n"
 )
 
@@ -72,6 +73,16 @@ UNUSED_BY_WORKERS = (
     "tenacity",
     # the shipped price table's parser: prices are the controller's
     "yaml",
+)
+
+SETTINGS_SCHEMA = (
+    # a worker parses its spec and holds its agent's launch values without them (~10 MiB of
+    # the launcher's image, which every worker shares)
+    "annotated_types",
+    "lorenz.config.settings",
+    "pydantic",
+    "pydantic_core",
+    "typing_extensions",
 )
 
 
@@ -114,6 +125,18 @@ def test_the_launcher_preloads_nothing_a_worker_does_not_run() -> None:
     assert modules.isdisjoint(UNUSED_BY_WORKERS), sorted(modules & set(UNUSED_BY_WORKERS))
 
 
+@pytest.mark.parametrize("protocol", ["command", "codex-app-server", "claude-stream-json"])
+def test_the_launcher_preloads_no_pydantic_and_no_settings(protocol: str) -> None:
+    """NB: ``acp`` is not here: the ACP SDK's schema is pydantic models (docs/agents.md)."""
+    done = subprocess.run(
+        [sys.executable, "-c", LAUNCHER, protocol],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    modules = _modules_at_exit(done)
+    assert {"lorenz.workers.worker", "lorenz.config.kinds"} <= modules
+    assert modules.isdisjoint(SETTINGS_SCHEMA), sorted(modules & set(SETTINGS_SCHEMA))
+
+
 def test_the_default_secret_variables_are_the_adapters_own() -> None:
     """``DEFAULT_SECRET_ENV`` names the variables without importing the adapters."""
     assert list(DEFAULT_SECRET_ENV.values()) == [
@@ -126,7 +149,7 @@ def test_the_default_secret_variables_are_the_adapters_own() -> None:
 
 @pytest.mark.parametrize(
     "package",
-    [lorenz.claims, lorenz.leadership, lorenz.trackers],
+    [lorenz.claims, lorenz.config, lorenz.leadership, lorenz.trackers],
     ids=lambda package: package.__name__,
 )
 def test_a_lazy_name_is_its_modules_own_object(package: ModuleType) -> None:

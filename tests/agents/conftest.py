@@ -78,7 +78,7 @@ class RunKit:
             slot_index=0,
             prompt=prompt,
             workspace=self.workspace,
-            settings=AgentKindSettings(command=command, protocol=protocol, **settings),
+            settings=AgentKindSettings(command=command, protocol=protocol, **settings).launch(),
             max_turns=max_turns,
             env=base_env() if env is None else env,
             on_update=self.recorder,

@@ -84,7 +84,7 @@ class Harness:
             slot_index=0,
             prompt=PROMPT,
             workspace=self.workspace,
-            settings=settings,
+            settings=settings.launch(),
             max_turns=max_turns,
             env=dict(env) if env is not None else agent_environment(base=_minimal_env()),
             on_update=self.updates.append,

@@ -108,7 +108,7 @@ async def test_an_acp_agent_that_never_starts_is_a_startup_timeout(tmp_path: Pat
     command, seconds = never_start(harness.command)
     request = harness.request(command=command, read_timeout_ms=READ_TIMEOUT_MS)
     request = dataclasses.replace(
-        request, settings=request.settings.model_copy(update={"startup_timeout_ms": 1000})
+        request, settings=dataclasses.replace(request.settings, startup_timeout_ms=1000)
     )
     with pytest.raises(AgentRunError) as caught:
         await AcpRunner(terminate_grace_s=0.2).run(request)

@@ -12,10 +12,10 @@ import base64
 
 import pytest
 
-from lorenz.config import AgentKindSettings, AgentProtocol, WorkerSettings
+from lorenz.config import AgentLaunch, AgentProtocol, WorkerSettings
 from lorenz.kube.api.resources import WorkflowRef
 from lorenz.kube.pods.manifests import SPEC_KEY, pod_manifest, pod_name
-from lorenz.workers.spec import IssueSpec, RunSpec
+from lorenz.workers.spec import IssueSpec, RunSpec, encode_spec
 from tests.cluster.cluster import Cluster, wait_until
 from tests.cluster.kwok import (
     FAKE_NODE_SELECTOR,
@@ -42,7 +42,7 @@ def test_a_hundred_fake_nodes_are_ready_and_take_a_run_pod(
         workflow="/var/lib/lorenz/workflows/kwok/WORKFLOW.md",
         issue=IssueSpec(id="id-1", identifier="KWOK-1", title="Place me", state="Todo"),
         prompt="Nothing to do.",
-        agent=AgentKindSettings(command="true", protocol=AgentProtocol.COMMAND),
+        agent=AgentLaunch(command="true", protocol=AgentProtocol.COMMAND),
         max_turns=1,
         workspace="/var/lib/lorenz/workspaces/KWOK-1",
         create_workspace=True,
@@ -65,7 +65,7 @@ def test_a_hundred_fake_nodes_are_ready_and_take_a_run_pod(
             "apiVersion": "v1",
             "kind": "Secret",
             "metadata": {"name": f"{name}-spec"},
-            "data": {SPEC_KEY: base64.b64encode(spec.model_dump_json().encode()).decode()},
+            "data": {SPEC_KEY: base64.b64encode(encode_spec(spec)).decode()},
         },
         namespace=kube_namespace,
     )

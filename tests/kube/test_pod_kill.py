@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from lorenz.agents import AgentRunRequest, RunPlacement
-from lorenz.config import AgentKindSettings, AgentProtocol, HooksSettings
+from lorenz.config import AgentLaunch, AgentProtocol, HooksSettings
 from lorenz.kube.api.resources import WorkflowRef
 from lorenz.kube.clients import KubeApi
 from lorenz.kube.errors import KubeApiError
@@ -97,7 +97,7 @@ async def test_a_stopped_runs_slot_is_held_until_its_pod_is_gone_from_the_api_se
         slot_index=0,
         prompt="Fix the bug.",
         workspace=tmp_path,
-        settings=AgentKindSettings(command="true", protocol=AgentProtocol.COMMAND),
+        settings=AgentLaunch(command="true", protocol=AgentProtocol.COMMAND),
         max_turns=1,
         env={},
         on_update=updates.append,

@@ -11,6 +11,7 @@ admission (a ResourceQuota) fails at once. The worker inside a real Pod is teste
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import Any
 import pytest
 
 from lorenz.agents import PlacementFailed
-from lorenz.config import AgentKindSettings, AgentProtocol, WorkerSettings
+from lorenz.config import AgentLaunch, AgentProtocol, WorkerSettings
 from lorenz.kube.api.resources import WorkflowRef
 from lorenz.kube.clients import KubeApi
 from lorenz.kube.errors import KubeApiError
@@ -61,7 +62,7 @@ def run_spec(identifier: str = "ABC-12", *, attempt: int | None = None) -> RunSp
         issue=IssueSpec(id="id-12", identifier=identifier, title="Fix it", state="Todo"),
         attempt=attempt,
         prompt="Fix the bug.",
-        agent=AgentKindSettings(command="true", protocol=AgentProtocol.COMMAND),
+        agent=AgentLaunch(command="true", protocol=AgentProtocol.COMMAND),
         max_turns=1,
         workspace="/var/lib/lorenz/workspaces/ABC-12",
         create_workspace=True,
@@ -302,8 +303,8 @@ async def test_claims_and_the_agent_account_are_made_and_cleaned_up(
         await transport.launch(run_spec(attempt=1))
     assert again.value.code == "pod_start_timeout"
     # Another issue's claim is not touched by this one's terminal cleanup.
-    other = run_spec("ABC-13").model_copy(
-        update={"issue": IssueSpec(id="id-13", identifier="ABC-13")}
+    other = dataclasses.replace(
+        run_spec("ABC-13"), issue=IssueSpec(id="id-13", identifier="ABC-13")
     )
     with pytest.raises(PlacementFailed):
         await transport.launch(other)
@@ -760,7 +761,7 @@ async def test_the_spec_secret_is_owned_by_its_pod_and_never_outlives_a_launch_t
     monkeypatch.setattr(PodTransport, "_create_spec_secret", recorded)
     await kube_api.create(f"/api/v1/namespaces/{ns}/secrets", stale)
     with pytest.raises(PlacementFailed):
-        await transport().launch(other.model_copy(update={"run": 0}))
+        await transport().launch(dataclasses.replace(other, run=0))
     owners = seen["metadata"]["ownerReferences"]
     assert owners == [{"apiVersion": "v1", "kind": "Pod", "name": name,
                        "uid": seen["pod"]["metadata"]["uid"]}]

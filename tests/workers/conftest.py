@@ -21,7 +21,7 @@ from typing import Any
 import psutil
 import pytest
 
-from lorenz.config import AgentKindSettings, AgentProtocol
+from lorenz.config import AgentLaunch, AgentProtocol
 from lorenz.workers.journal import Record
 from lorenz.workers.spec import HookSpec, IssueSpec, RunSpec
 from lorenz.workers.states import worker_pid
@@ -140,7 +140,7 @@ def make_spec(tmp_path: Path) -> SpecFactory:
                 id=f"issue-{n}", identifier=identifier or f"ABC-{n}", title="Fix it", state="Todo"
             ),
             prompt="Fix the bug.",
-            agent=AgentKindSettings(
+            agent=AgentLaunch(
                 command=command, protocol=AgentProtocol.CODEX_APP_SERVER, read_timeout_ms=30000
             ),
             max_turns=max_turns,

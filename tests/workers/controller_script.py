@@ -20,7 +20,7 @@ from typing import Any, TextIO
 from lorenz.workers.client import CallHandlers
 from lorenz.workers.handles import LocalTransport, WorkerHandle
 from lorenz.workers.journal import Record
-from lorenz.workers.spec import RunSpec
+from lorenz.workers.spec import RunSpec, decode_spec
 
 
 class TokenTools:
@@ -62,6 +62,6 @@ async def main(spec: RunSpec, out: TextIO, after_seq: int) -> int:
 
 
 if __name__ == "__main__":
-    run_spec = RunSpec.model_validate_json(Path(sys.argv[1]).read_bytes())
+    run_spec = decode_spec(Path(sys.argv[1]).read_bytes())
     with open(sys.argv[3], "a", buffering=1) as out_file:  # line-buffered: each line at once
         sys.exit(asyncio.run(main(run_spec, out_file, int(sys.argv[4]))))

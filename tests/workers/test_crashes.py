@@ -16,6 +16,7 @@ import pytest
 
 from lorenz.workers.client import CallHandlers
 from lorenz.workers.handles import LocalTransport, WorkerGone, WorkerHandle, launch
+from lorenz.workers.spec import encode_spec
 from lorenz.workers.states import ProbeState, probe_local, worker_pid
 from tests.waiting import wait_until_async
 from tests.workers.conftest import (
@@ -64,7 +65,7 @@ async def test_kill_9_of_the_controllers_process_group_mid_turn_then_reattach_wi
                           {"usage": 7}]}]
     )
     spec_path = tmp_path / "spec.json"
-    spec_path.write_text(spec.model_dump_json())
+    spec_path.write_bytes(encode_spec(spec))
     out1 = tmp_path / "controller1.jsonl"
     controller = start_controller(spec_path, state_root, out1)
     try:
@@ -321,7 +322,7 @@ async def kill_controllers_at_random_points(
         steps += [{"burst": 40}, {"sleep": 0.5}]  # outlasts the kills: they land mid-turn
     spec, scenario = make_spec(turns=[{"steps": steps}])
     spec_path = tmp_path / "spec.json"
-    spec_path.write_text(spec.model_dump_json())
+    spec_path.write_bytes(encode_spec(spec))
     collected: list[int] = []
     for n in range(kills + 1):
         out = tmp_path / f"controller{n}.jsonl"

@@ -23,6 +23,7 @@ import pytest
 from lorenz.model import LorenzError
 from lorenz.workers.forkserver import LAUNCHER_MARK
 from lorenz.workers.handles import LocalTransport, WorkerHandle
+from lorenz.workers.spec import encode_spec
 from lorenz.workers.states import HANDLE_ENV, LOG_NAME, STATUS_NAME, create_state_dir, worker_pid
 from tests.waiting import wait_until_async
 from tests.workers.conftest import Collected, SpecFactory, base_env, process_gone
@@ -330,10 +331,10 @@ CONTROLLER = textwrap.dedent(
     import asyncio, sys
     from pathlib import Path
     from lorenz.workers.handles import LocalTransport
-    from lorenz.workers.spec import RunSpec
+    from lorenz.workers.spec import decode_spec
 
     async def main():
-        spec = RunSpec.model_validate_json(Path(sys.argv[2]).read_text())
+        spec = decode_spec(Path(sys.argv[2]).read_bytes())
         env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"}
         transport = LocalTransport(state_root=Path(sys.argv[1]), env=env, forkserver=True)
         await transport.launch(spec)
@@ -353,7 +354,7 @@ async def test_a_controller_killed_mid_launch_takes_the_unserving_worker_along(
     nobody reads yet, and opening it for writing blocks."""
     spec, scenario = make_spec()
     spec_file = tmp_path / "spec.json"
-    spec_file.write_text(spec.model_dump_json())
+    spec_file.write_bytes(encode_spec(spec))
     script = tmp_path / "controller.py"
     script.write_text(CONTROLLER)
     state_dir = create_state_dir(state_root, spec.handle)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import shlex
@@ -16,13 +17,12 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-import pydantic
 import pytest
 
 from lorenz.workers.handles import LocalTransport, WorkerHandle, launch
 from lorenz.workers.journal import read_journal
 from lorenz.workers.launch import LOCAL_WORKER_COMMAND
-from lorenz.workers.spec import HookSpec, RunSpec
+from lorenz.workers.spec import HookSpec, SpecInvalid, encode_spec
 from lorenz.workers.states import (
     HANDLE_BUDGET_BYTES,
     ROOT_BUDGET_BYTES,
@@ -301,20 +301,20 @@ def test_spec_file_holds_no_secret_and_the_handle_is_deterministic(
     make_spec: SpecFactory,
 ) -> None:
     spec, _ = make_spec(identifier="ABC-7")
-    same = spec.model_copy()
+    same = dataclasses.replace(spec)
     assert spec.handle == same.handle
-    bumped = spec.model_copy(update={"generation": spec.generation + 1})
+    bumped = dataclasses.replace(spec, generation=spec.generation + 1)
     assert bumped.handle != spec.handle
     assert spec.handle.startswith("lzw-ABC-7-s0-a0-g0-")
-    assert "SECRET" not in json.dumps(spec.model_dump(mode="json"))
+    assert b"SECRET" not in encode_spec(spec)
     assert os.sep not in spec.handle
 
 
 def test_a_spec_needs_one_continuation_prompt_per_later_turn(make_spec: SpecFactory) -> None:
     spec, _ = make_spec(max_turns=3)
     assert len(spec.continuation_prompts) == 2
-    with pytest.raises(pydantic.ValidationError, match="continuation_prompts"):
-        RunSpec.model_validate({**spec.model_dump(), "continuation_prompts": ["only one"]})
+    with pytest.raises(SpecInvalid, match="continuation_prompts"):
+        dataclasses.replace(spec, continuation_prompts=["only one"])
 
 
 def test_lorenz_worker_refuses_a_bad_spec_with_a_code(state_root: Path) -> None:
@@ -445,15 +445,15 @@ while not gate.exists() and time.monotonic() < deadline:
 async def test_a_command_agents_prompt_file_is_in_the_workers_state_directory(
     state_root: Path, make_spec: SpecFactory, tmp_path: Path, ending: str
 ) -> None:
-    from lorenz.config import AgentKindSettings, AgentProtocol
+    from lorenz.config import AgentLaunch, AgentProtocol
 
     agent = tmp_path / "prompt_agent.py"
     agent.write_text(PROMPT_FILE_AGENT)
     gate = tmp_path / "gate"
     spec, _ = make_spec()
-    spec = spec.model_copy(update={"agent": AgentKindSettings(
+    spec = dataclasses.replace(spec, agent=AgentLaunch(
         command=f"{shlex.quote(sys.executable)} {agent} {gate}", protocol=AgentProtocol.COMMAND
-    )})
+    ))
     # The worker's temporary directory is private to this test: a prompt file left in it
     # by a killed worker would show.
     private_tmp = tmp_path / "tmp"

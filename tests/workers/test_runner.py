@@ -4,6 +4,7 @@ in-process runner; a predecessor's live or finished worker is adopted, never run
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import shlex
@@ -59,7 +60,7 @@ class Kit:
             "slot_index": 0,
             "prompt": "Fix it.",
             "workspace": self.workspace,
-            "settings": AgentKindSettings(command=self.command, read_timeout_ms=30000),
+            "settings": AgentKindSettings(command=self.command, read_timeout_ms=30000).launch(),
             "max_turns": self.max_turns,
             "env": base_env(),
             "on_update": self.updates.append,
@@ -123,7 +124,7 @@ class HookedRunner(WorkerRunner):
         self.hooks = hooks
 
     def spec_for(self, request: AgentRunRequest, *, run: int = 0) -> RunSpec:
-        return super().spec_for(request, run=run).model_copy(update={"hooks": self.hooks})
+        return dataclasses.replace(super().spec_for(request, run=run), hooks=self.hooks)
 
 
 async def test_hooks_the_worker_ran_are_in_the_controllers_log_and_a_failed_after_run_warns(
@@ -306,7 +307,7 @@ async def test_a_spend_cap_stops_the_workers_agent_mid_turn(
                 stop.request(reason="spend cap reached: budget.max_tokens_per_run 3000 tokens")
 
     request = kit.request(
-        settings=AgentKindSettings(command=command, read_timeout_ms=30000),
+        settings=AgentKindSettings(command=command, read_timeout_ms=30000).launch(),
         on_update=on_update,
         stop=stop,
     )
@@ -364,7 +365,7 @@ async def test_a_spend_cap_stops_the_workers_claude_or_acp_agent_mid_turn(
 
     request = kit.request(
         settings=AgentKindSettings(command=command + flags, protocol=protocol,
-                                   read_timeout_ms=30000),
+                                   read_timeout_ms=30000).launch(),
         on_update=on_update,
         stop=stop,
     )

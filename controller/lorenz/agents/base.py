@@ -13,12 +13,17 @@ import contextlib
 import dataclasses
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 from lorenz.codes import ErrorCode
-from lorenz.config import AgentKindSettings, HooksSettings, WorkerSettings
+from lorenz.config import AgentLaunch
 from lorenz.model import AgentUpdate, Issue, LorenzError, SpawnIntent
 from lorenz.model.questions import AgentQuestion, SessionResume
+
+if TYPE_CHECKING:
+    # NB: annotations only: the controller builds a RunPlacement; a worker (which imports this
+    # module) must not load the settings (lorenz.config).
+    from lorenz.config import HooksSettings, WorkerSettings
 
 
 class AgentRunError(LorenzError):
@@ -176,7 +181,8 @@ class AgentRunRequest:
     prompt: str
     """The fully rendered first-turn prompt."""
     workspace: Path
-    settings: AgentKindSettings
+    settings: AgentLaunch
+    """How to launch the agent and speak to it (``AgentKindSettings.launch()``)."""
     max_turns: int
     env: Mapping[str, str]
     """The complete environment for the agent process (tracker secrets already stripped)."""

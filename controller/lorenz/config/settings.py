@@ -32,6 +32,7 @@ from pydantic_core import PydanticCustomError
 
 from lorenz.codes import ErrorCode
 from lorenz.config.docstrings import DocumentedModel
+from lorenz.config.kinds import AgentLaunch, AgentProtocol, ApprovalMode, WorkspaceKind
 from lorenz.config.pricing import (
     MODEL_UNPRICED,
     PRICING_INVALID,
@@ -267,11 +268,6 @@ class PollingSettings(Section):
     )
     """Between polls, how long freed capacity, clean exits and due retries are gathered
     before one by-id tracker read decides the exits and revalidates what will start."""
-
-
-class WorkspaceKind(enum.StrEnum):
-    DIRECTORY = "directory"
-    WORKTREE = "worktree"
 
 
 class WorkspaceSettings(Section):
@@ -644,25 +640,6 @@ def command_model(command: str) -> str | None:
     return None
 
 
-class AgentProtocol(enum.StrEnum):
-    CODEX_APP_SERVER = "codex-app-server"
-    ACP = "acp"
-    CLAUDE_STREAM_JSON = "claude-stream-json"
-    COMMAND = "command"
-
-
-class ApprovalMode(enum.StrEnum):
-    """How Lorenz answers an agent's requests for approval (commands, file changes, ...)."""
-
-    DENY = "deny"
-    """Decline every approval request (the default: the agent works inside its sandbox)."""
-    ALLOW = "allow"
-    """Approve every request: high trust, opt in only for sandboxed hosts."""
-    ASK = "ask"
-    """Ask a person: the request becomes a question on the issue and the slot waits for the
-    answer, which resumes the session (docs/questions.md). Nothing is approved meanwhile."""
-
-
 class AgentKindSettings(Section):
     """One agent kind: how to launch it and how to talk to it."""
 
@@ -724,6 +701,10 @@ class AgentKindSettings(Section):
         if not value.strip():
             raise ValueError("must not be blank")
         return value
+
+    def launch(self) -> AgentLaunch:
+        """What a run needs of this kind, as the worker holds it (no pydantic there)."""
+        return AgentLaunch(**{name: getattr(self, name) for name in type(self).model_fields})
 
 
 DEFAULT_CODEX_COMMAND = "codex app-server"

@@ -573,7 +573,7 @@ class Dispatching:
                 slot_index=entry.slot_index,
                 prompt=prompt,
                 workspace=path,
-                settings=kind,
+                settings=kind.launch(),
                 max_turns=settings.agent.max_turns,
                 env=self._agent.agent_env(
                     issue=issue,

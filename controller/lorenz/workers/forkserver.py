@@ -58,7 +58,7 @@ from typing import Any, Final
 from lorenz.codes import ErrorCode
 from lorenz.workers import image_limits, profiling
 from lorenz.workers.launch import LaunchResult, WorkerLaunchError
-from lorenz.workers.spec import RunSpec, is_handle
+from lorenz.workers.spec import RunSpec, encode_spec, is_handle
 from lorenz.workers.states import HANDLE_ENV, LOG_NAME
 
 logger = logging.getLogger(__name__)
@@ -260,7 +260,7 @@ async def _rehearse_run(root: Path, *, run: int) -> None:
 
 
 async def _rehearse_whole_run(root: Path, *, run: int) -> None:
-    from lorenz.config.settings import AgentKindSettings
+    from lorenz.config.kinds import AgentLaunch, AgentProtocol
     from lorenz.workers.journal import FINAL
     from lorenz.workers.spec import IssueSpec
     from lorenz.workers.worker import Worker
@@ -274,7 +274,7 @@ async def _rehearse_whole_run(root: Path, *, run: int) -> None:
         issue=IssueSpec(id="rehearsal", identifier="REHEARSAL-1", title="", state="Todo"),
         run=run,
         prompt="",
-        agent=AgentKindSettings(protocol="command", command="true", login_shell=False),
+        agent=AgentLaunch(protocol=AgentProtocol.COMMAND, command="true", login_shell=False),
         workspace=str(workspace),
         max_turns=1,
         linger_ms=int(REHEARSAL_TIMEOUT_S * 1000),
@@ -541,9 +541,8 @@ class Launcher:
         return True
 
     async def launch(self, spec: RunSpec, *, timeout_s: float) -> LaunchResult:
-        # NB: the spec serialised by pydantic itself (~20 us), spliced into the request:
-        # model_dump() and json.dumps() of its dict cost ~70 us a run on the loop.
-        spec_json = spec.model_dump_json().encode()
+        # NB: the spec's JSON spliced into the request as it is (not a dict dumped once more).
+        spec_json = encode_spec(spec)
         result = await self._launch_once(spec, spec_json, timeout_s=timeout_s)
         if result is _GONE:
             # NB: a launcher that died before the loop saw its exit (a kill -9 a moment ago)

@@ -30,8 +30,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, NoReturn
 
-import pydantic
-
 from lorenz.agents import TRACKER_SECRET_ENV, agent_environment
 from lorenz.codes import ErrorCode
 from lorenz.model import LorenzError
@@ -39,7 +37,7 @@ from lorenz.tasks import install_child_watcher, run_on_fresh_loop
 from lorenz.workers import profiling
 from lorenz.workers.journal import JOURNAL_NAME, read_journal
 from lorenz.workers.protocol import SOCKET_NAME
-from lorenz.workers.spec import RunSpec
+from lorenz.workers.spec import RunSpec, SpecInvalid, decode_spec, encode_spec
 from lorenz.workers.states import (
     LOG_NAME,
     ProbeState,
@@ -132,7 +130,7 @@ async def run_launch_command(
         ) from exc
     try:
         async with asyncio.timeout(timeout_s):
-            out, err = await process.communicate(spec.model_dump_json().encode())
+            out, err = await process.communicate(encode_spec(spec))
     except TimeoutError:
         with contextlib.suppress(ProcessLookupError):
             process.kill()
@@ -185,12 +183,10 @@ def read_spec(stream: Any) -> RunSpec:
             code=ErrorCode.WORKER_SPEC_INVALID,
         )
     try:
-        return RunSpec.model_validate_json(raw)
-    except pydantic.ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
+        return decode_spec(raw)
+    except SpecInvalid as exc:
         raise WorkerStateError(
-            f"the run spec is invalid at {where or '(root)'}: {first['msg']}; controller and "
+            f"the run spec is invalid at {exc.where}: {exc.message}; controller and "
             "worker must run compatible lorenz versions",
             code=ErrorCode.WORKER_SPEC_INVALID,
         ) from None

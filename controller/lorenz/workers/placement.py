@@ -18,6 +18,7 @@ directory; each run's ssh forward is closed when the run ends.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import shlex
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -157,20 +158,19 @@ class SshWorkerRunner(WorkerRunner):
             for name, value in request.env.items()
             if name.startswith(HOOK_VARIABLE_PREFIX)
         }
-        return spec.model_copy(
-            update={
-                "workspace": str(request.workspace),
-                "create_workspace": True,
-                "inherit_env": True,
-                "host": self.run_placement.host,
-                "hooks": HookSpec(
-                    after_create=hooks.after_create,
-                    before_run=hooks.before_run,
-                    after_run=hooks.after_run,
-                    timeout_ms=hooks.timeout_ms,
-                    env=variables,
-                ),
-            }
+        return dataclasses.replace(
+            spec,
+            workspace=str(request.workspace),
+            create_workspace=True,
+            inherit_env=True,
+            host=self.run_placement.host,
+            hooks=HookSpec(
+                after_create=hooks.after_create,
+                before_run=hooks.before_run,
+                after_run=hooks.after_run,
+                timeout_ms=hooks.timeout_ms,
+                env=variables,
+            ),
         )
 
     async def run(self, request: AgentRunRequest) -> AgentRunResult:

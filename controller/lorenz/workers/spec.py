@@ -9,18 +9,35 @@ the controller, which holds the token).
 The *handle* is a pure function of (workflow, issue key, slot, attempt, generation). A controller
 that crashed between starting a worker and recording that it did so can therefore compute the
 same name again and find the worker, instead of starting a second one.
+
+NB: plain frozen dataclasses, read by :mod:`lorenz.config.dataclass_json` (no pydantic): every
+worker reads its spec, and the launcher that forks them preloads what they import; pydantic and
+the settings models were ~10 MiB of that shared image, and each fork's own validation and
+re-dump of its spec wrote pages of its own (issue #35). The fields' limits are ``Annotated``
+metadata, which the reader, :func:`unpassable_fields` and construction in code all check.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
-from typing import Any, Final
+from typing import Annotated, Any, Final
 
-import pydantic
-from pydantic import Field
-
-from lorenz.config import AgentKindSettings
+from lorenz.config.dataclass_json import (
+    DataclassJsonError,
+    Ge,
+    Gt,
+    Le,
+    MaxLen,
+    MinLen,
+    check_limits,
+    constraints_of,
+    encode_json,
+    read_dataclass,
+    read_json,
+)
+from lorenz.config.kinds import AgentLaunch
 from lorenz.model import Issue
 from lorenz.workers.journal import DEFAULT_MAX_BYTES as DEFAULT_JOURNAL_MAX_BYTES
 from lorenz.workers.journal import MIN_MAX_BYTES as MIN_JOURNAL_MAX_BYTES
@@ -33,23 +50,28 @@ HANDLE_PREFIX: Final = "lzw"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
-class SpecModel(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
+SpecInvalid = DataclassJsonError
+"""What reading a spec raises: ``where`` names the field (``issue.id``), ``message`` what is
+wrong with it."""
 
 
-class IssueSpec(SpecModel):
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class IssueSpec:
     """The issue fields a run uses (prompt rendering already happened in the controller)."""
 
-    id: str = Field(min_length=1, max_length=500)
+    id: Annotated[str, MinLen(1), MaxLen(500)]
     """Tracker id of the issue."""
-    identifier: str = Field(min_length=1, max_length=200)
+    identifier: Annotated[str, MinLen(1), MaxLen(200)]
     """Human key (``ABC-123``)."""
-    title: str = Field(default="", max_length=2000)
+    title: Annotated[str, MaxLen(2000)] = ""
     """Title, used for the Codex turn title."""
-    state: str = Field(default="", max_length=200)
+    state: Annotated[str, MaxLen(200)] = ""
     """Tracker state when the run was dispatched."""
-    url: str | None = Field(default=None, max_length=2000)
+    url: Annotated[str | None, MaxLen(2000)] = None
     """Link to the issue."""
+
+    def __post_init__(self) -> None:
+        check_limits(self)
 
     def to_issue(self) -> Issue:
         return Issue(
@@ -62,15 +84,11 @@ class IssueSpec(SpecModel):
 
     @classmethod
     def from_issue(cls, issue: Issue) -> IssueSpec:
-        """The spec of ``issue``; raises :class:`pydantic.ValidationError` for an issue that
+        """The spec of ``issue``; raises :class:`SpecInvalid` for an issue that
         :func:`unpassable_fields` reports (check that first: a run must never start with it)."""
-        return cls(
-            id=issue.id,
-            identifier=issue.identifier,
-            title=issue.title,
-            state=issue.state,
-            url=issue.url,
-        )
+        fields = {"id": issue.id, "identifier": issue.identifier, "title": issue.title,
+                  "state": issue.state, "url": issue.url}
+        return read_dataclass(cls, fields, path=("issue",))
 
 
 def unpassable_fields(issue: Issue) -> dict[str, str]:
@@ -83,7 +101,8 @@ def unpassable_fields(issue: Issue) -> dict[str, str]:
     are :class:`IssueSpec`'s own, read from its fields, so the check and the spec never differ.
     """
     problems: dict[str, str] = {}
-    for name, field in IssueSpec.model_fields.items():
+    for field in dataclasses.fields(IssueSpec):
+        name = field.name
         value = getattr(issue, name, None)
         if not isinstance(value, str):
             continue
@@ -91,7 +110,7 @@ def unpassable_fields(issue: Issue) -> dict[str, str]:
             problems[name] = "holds a NUL byte"
             continue
         limit = next(
-            (m.max_length for m in field.metadata if getattr(m, "max_length", None) is not None),
+            (c.max_length for c in constraints_of(IssueSpec, name) if isinstance(c, MaxLen)),
             None,
         )
         if limit is not None and len(value) > limit:
@@ -104,7 +123,8 @@ def unpassable_fields(issue: Issue) -> dict[str, str]:
 _REQUIRED_ISSUE_FIELDS: Final = frozenset({"id", "identifier"})
 
 
-class HookSpec(SpecModel):
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class HookSpec:
     """The workspace hooks the worker runs itself (``sh -lc`` in the workspace)."""
 
     after_create: str | None = None
@@ -113,109 +133,99 @@ class HookSpec(SpecModel):
     """Run before the agent; a failure ends the run as failed without starting the agent."""
     after_run: str | None = None
     """Run after the agent, also after a failure or a cancel; a failure is journaled only."""
-    timeout_ms: int = Field(default=60000, gt=0)
+    timeout_ms: Annotated[int, Gt(0)] = 60000
     """Limit for each hook; its process group is killed when it passes."""
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
     """Complete environment of the hooks (secrets already stripped by the controller)."""
 
+    def __post_init__(self) -> None:
+        check_limits(self)
 
-class RunSpec(SpecModel):
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class RunSpec:
     """One run, as the controller hands it to a worker."""
 
     version: int = SPEC_VERSION
     """Spec format version; a worker refuses versions it does not know."""
-    workflow: str = Field(min_length=1, max_length=4096)
+    workflow: Annotated[str, MinLen(1), MaxLen(4096)]
     """Identity of the workflow (its canonical path or ``namespace/name``)."""
     issue: IssueSpec
     """The issue this run works on."""
-    slot_index: int = Field(default=0, ge=0)
+    slot_index: Annotated[int, Ge(0)] = 0
     """Ensemble slot of the issue."""
-    attempt: int | None = Field(default=None, ge=0)
+    attempt: Annotated[int | None, Ge(0)] = None
     """Retry attempt (``None`` for a first run)."""
-    generation: int = Field(default=0, ge=0)
+    generation: Annotated[int, Ge(0)] = 0
     """Controller generation that dispatched the run (the fence of the claim store)."""
-    run: int = Field(default=0, ge=0)
+    run: Annotated[int, Ge(0)] = 0
     """Ordinal among runs with the same attempt and generation (continuations repeat the
     attempt number); part of the handle."""
-    prompt: str = Field(max_length=1_000_000)
+    prompt: Annotated[str, MaxLen(1_000_000)]
     """The rendered first-turn prompt."""
-    agent: AgentKindSettings
+    agent: AgentLaunch
     """How to launch the agent and speak to it."""
-    max_turns: int = Field(default=20, gt=0, le=1000)
+    max_turns: Annotated[int, Gt(0), Le(1000)] = 20
     """Turn limit of the run."""
-    continuation_prompts: list[str] = Field(default_factory=list)
+    continuation_prompts: list[str] = dataclasses.field(default_factory=list)
     """The prompts of turns 2..``max_turns``, rendered by the controller (one per turn)."""
-    workspace: str = Field(min_length=1, max_length=4096)
+    workspace: Annotated[str, MinLen(1), MaxLen(4096)]
     """Absolute path of the workspace on the host the worker runs on."""
     create_workspace: bool = False
     """Create the workspace (and run ``after_create``) when it is missing: remote placement."""
-    hooks: HookSpec = Field(default_factory=HookSpec)
+    hooks: HookSpec = dataclasses.field(default_factory=HookSpec)
     """Hooks run by the worker."""
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
     """Environment of the agent process (secrets already stripped): complete, or with
     ``inherit_env`` laid over the worker's own."""
     inherit_env: bool = False
     """Start the agent's and the hooks' environments from the worker's own (SSH placement:
     the remote login's ``PATH``, ``HOME``, …, minus tracker variables by name) and lay
     ``env`` / ``hooks.env`` over it. Off: ``env`` and ``hooks.env`` are complete."""
-    host: str | None = Field(default=None, max_length=1000)
+    host: Annotated[str | None, MaxLen(1000)] = None
     """The ``worker.ssh_hosts`` entry the run is placed on (``None``: the controller's host).
     A successor controller reaches the worker through it (probe, attach, cancel)."""
     answer: dict[str, Any] | None = None
     """An answered question's session to continue (:class:`~lorenz.model.questions.SessionResume`
     as JSON): the agent resumes it with the rendered answer as its first input."""
-    tools: list[dict[str, Any]] = Field(default_factory=list)
+    tools: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     """Specs of the host-side tools the controller executes (``linear_graphql``)."""
-    controller_wait_ms: int = Field(default=300_000, gt=0)
+    controller_wait_ms: Annotated[int, Gt(0)] = 300_000
     """How long a call that needs the controller (a tool, the between-turn activity check)
     waits for one to attach before it is answered without it."""
-    linger_ms: int = Field(default=30_000, ge=0)
+    linger_ms: Annotated[int, Ge(0)] = 30_000
     """How long the worker keeps serving its final record for a controller to collect."""
-    journal_max_bytes: int = Field(default=DEFAULT_JOURNAL_MAX_BYTES, ge=MIN_JOURNAL_MAX_BYTES)
+    journal_max_bytes: Annotated[int, Ge(MIN_JOURNAL_MAX_BYTES)] = DEFAULT_JOURNAL_MAX_BYTES
     """Cap on the run's journal file (``worker.journal_max_bytes``): past it the middle
     records are replaced by one ``journal_dropped`` record (head and tail kept)."""
 
-    @pydantic.model_validator(mode="before")
-    @classmethod
-    def _agent_env_without_secrets(cls, data: Any) -> Any:
-        """Keep in ``agent.env`` only what survived into ``env``: secrets never reach the file.
-
-        ``agent`` carries the kind's settings as configured, and its ``env`` may name a tracker
-        key (``LINEAR_API_KEY: $LINEAR_API_KEY``, resolved). The controller already stripped
-        ``env`` of every secret by name and value; an entry of ``agent.env`` that is not in it
-        with the same value was stripped, and is dropped here before the spec is written
-        (``spec.json``, ssh's stdin). Nothing reads ``agent.env`` in the worker: ``env`` is
-        what the agent gets.
-        """
-        if not isinstance(data, dict) or "agent" not in data:
-            return data
-        env = data.get("env") or {}
-        agent = data["agent"]
-        if isinstance(agent, AgentKindSettings):
-            kept = {k: v for k, v in agent.env.items() if env.get(k) == v}
-            if kept != agent.env:
-                data = {**data, "agent": agent.model_copy(update={"env": kept})}
-        elif isinstance(agent, dict) and isinstance(agent.get("env"), dict):
-            kept = {k: v for k, v in agent["env"].items() if env.get(k) == v}
-            if kept != agent["env"]:
-                data = {**data, "agent": {**agent, "env": kept}}
-        return data
-
-    @pydantic.field_validator("workspace")
-    @classmethod
-    def _absolute(cls, value: str) -> str:
-        if not value.startswith("/"):
-            raise ValueError("must be an absolute path")
-        return value
-
-    @pydantic.model_validator(mode="after")
-    def _one_prompt_per_turn(self) -> RunSpec:
-        if len(self.continuation_prompts) < self.max_turns - 1:
-            raise ValueError(
-                f"continuation_prompts needs one prompt for each turn after the first "
-                f"({self.max_turns - 1}), got {len(self.continuation_prompts)}"
+    def __post_init__(self) -> None:
+        """The limits of each field (also of a spec the controller builds: it must never write
+        one the worker refuses) and the checks that span fields."""
+        check_limits(self)
+        if self.version != SPEC_VERSION:
+            raise SpecInvalid(
+                f"version {self.version} is not the version this worker reads ({SPEC_VERSION})",
+                path=("version",),
             )
-        return self
+        if not self.workspace.startswith("/"):
+            raise SpecInvalid("must be an absolute path", path=("workspace",))
+        if len(self.continuation_prompts) < self.max_turns - 1:
+            raise SpecInvalid(
+                f"continuation_prompts needs one prompt for each turn after the first "
+                f"({self.max_turns - 1}), got {len(self.continuation_prompts)}",
+                path=("continuation_prompts",),
+            )
+        # NB: keep in ``agent.env`` only what survived into ``env``: secrets never reach the
+        # file. ``agent`` carries the kind's launch values as configured, and its ``env`` may
+        # name a tracker key (``LINEAR_API_KEY: $LINEAR_API_KEY``, resolved). The controller
+        # already stripped ``env`` of every secret by name and value; an entry of ``agent.env``
+        # that is not in it with the same value was stripped, and is dropped here, as the
+        # controller builds the spec, before it is written (``spec.json``, ssh's stdin).
+        # Nothing reads ``agent.env`` in the worker: ``env`` is what the agent gets.
+        kept = {k: v for k, v in self.agent.env.items() if self.env.get(k) == v}
+        if kept != self.agent.env:
+            object.__setattr__(self, "agent", dataclasses.replace(self.agent, env=kept))
 
     def continuation_prompt(self, turn: int, max_turns: int) -> str:
         """The prompt of ``turn`` (2..``max_turns``), as the runners ask for it."""
@@ -231,6 +241,17 @@ class RunSpec(SpecModel):
             generation=self.generation,
             run=self.run,
         )
+
+
+def decode_spec(raw: str | bytes) -> RunSpec:
+    """The run spec in the JSON document ``raw``; raises :class:`SpecInvalid` naming the field."""
+    return read_json(RunSpec, raw)
+
+
+def encode_spec(spec: RunSpec) -> bytes:
+    """``spec`` as the JSON bytes :func:`decode_spec` reads (``spec.json``, ssh's stdin, the
+    launcher's request)."""
+    return encode_json(spec)
 
 
 def run_handle(

@@ -45,7 +45,7 @@ from lorenz.workers.journal import (
     read_journal,
 )
 from lorenz.workers.protocol import SOCKET_NAME, SOCKET_PATH_LIMIT, ProtocolError, read_message
-from lorenz.workers.spec import RunSpec, is_handle
+from lorenz.workers.spec import RunSpec, encode_spec, is_handle
 
 logger = logging.getLogger(__name__)
 
@@ -261,8 +261,8 @@ def write_spec(state_dir: Path, spec: RunSpec) -> Path:
     path = state_dir / SPEC_NAME
     tmp = state_dir / f".{SPEC_NAME}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(spec.model_dump_json())
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(encode_spec(spec))
     os.replace(tmp, path)
     return path
 

@@ -58,7 +58,7 @@ from lorenz.workers.protocol import (
     decode,
     encode,
 )
-from lorenz.workers.spec import RunSpec
+from lorenz.workers.spec import RunSpec, SpecInvalid, decode_spec
 from lorenz.workers.states import HANDLE_ENV, SPEC_NAME, STATUS_NAME, WorkerStateError
 from lorenz.workspaces import HookName, run_hook
 
@@ -651,8 +651,6 @@ def _write_status(state_dir: Path, *, pid: int, handle: str) -> None:
 
 def load_spec(state_dir: Path) -> RunSpec:
     """The spec in ``state_dir``; raises :class:`WorkerStateError` ``worker_spec_invalid``."""
-    import pydantic
-
     path = state_dir / SPEC_NAME
     try:
         raw = path.read_bytes()
@@ -662,12 +660,10 @@ def load_spec(state_dir: Path) -> RunSpec:
             code=ErrorCode.WORKER_SPEC_INVALID,
         ) from None
     try:
-        return RunSpec.model_validate_json(raw)
-    except pydantic.ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
+        return decode_spec(raw)
+    except SpecInvalid as exc:
         raise WorkerStateError(
-            f"the run spec {path} is invalid at {where or '(root)'}: {first['msg']}; it was "
+            f"the run spec {path} is invalid at {exc.where}: {exc.message}; it was "
             "written by an incompatible lorenz version",
             code=ErrorCode.WORKER_SPEC_INVALID,
         ) from None

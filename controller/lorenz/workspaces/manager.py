@@ -32,9 +32,10 @@ import stat
 import tempfile
 from collections.abc import Collection, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lorenz.codes import ErrorCode
-from lorenz.config import WorkflowSettings, WorkspaceKind
+from lorenz.config import WorkspaceKind
 from lorenz.model import Issue
 from lorenz.model.variables import run_variables
 from lorenz.tasks import run_to_completion
@@ -71,6 +72,11 @@ from lorenz.workspaces.worktrees import (
     worktree_status,
     write_manifest,
 )
+
+if TYPE_CHECKING:
+    # NB: annotations only: the worker imports this package (hooks) and must not load the
+    # settings (lorenz.config).
+    from lorenz.config import WorkflowSettings
 
 logger = logging.getLogger(__name__)
 

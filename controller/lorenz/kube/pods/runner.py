@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 from collections.abc import Callable, Mapping
@@ -84,21 +85,20 @@ class PodWorkerRunner(WorkerRunner):
             for name, value in request.env.items()
             if name.startswith(HOOK_VARIABLE_PREFIX)
         }
-        return spec.model_copy(
-            update={
-                "workspace": str(request.workspace),
-                "create_workspace": True,
-                "inherit_env": True,
-                "host": self.run_placement.host,
-                "hooks": HookSpec(
-                    after_create=hooks.after_create,
-                    before_run=hooks.before_run,
-                    after_run=hooks.after_run,
-                    timeout_ms=hooks.timeout_ms,
-                    env=variables,
-                ),
-                "linger_ms": max(spec.linger_ms, POD_LINGER_MS),
-            }
+        return dataclasses.replace(
+            spec,
+            workspace=str(request.workspace),
+            create_workspace=True,
+            inherit_env=True,
+            host=self.run_placement.host,
+            hooks=HookSpec(
+                after_create=hooks.after_create,
+                before_run=hooks.before_run,
+                after_run=hooks.after_run,
+                timeout_ms=hooks.timeout_ms,
+                env=variables,
+            ),
+            linger_ms=max(spec.linger_ms, POD_LINGER_MS),
         )
 
     async def run(self, request: AgentRunRequest) -> AgentRunResult:

@@ -59,7 +59,7 @@ from lorenz.workers.handles import WorkerKillUnconfirmed
 from lorenz.workers.journal import Record
 from lorenz.workers.launch import LaunchResult, WorkerLaunchError
 from lorenz.workers.protocol import SOCKET_NAME
-from lorenz.workers.spec import RunSpec
+from lorenz.workers.spec import RunSpec, encode_spec
 from lorenz.workers.states import Probe, ProbeState
 
 logger = logging.getLogger(__name__)
@@ -229,7 +229,7 @@ class PodTransport:
 
     async def launch(self, spec: RunSpec) -> LaunchResult:
         name = pod_name(spec.handle)
-        payload = spec.model_dump_json()
+        payload = encode_spec(spec).decode()
         if len(payload) > SPEC_SECRET_LIMIT:
             raise WorkerLaunchError(
                 f"the run spec of {spec.handle} is {len(payload)} bytes, more than a Secret "
