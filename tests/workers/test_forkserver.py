@@ -23,7 +23,7 @@ import pytest
 from lorenz.model import LorenzError
 from lorenz.workers.forkserver import LAUNCHER_MARK
 from lorenz.workers.handles import LocalTransport, WorkerHandle
-from lorenz.workers.spec import encode_spec
+from lorenz.workers.spec import HookSpec, encode_spec
 from lorenz.workers.states import HANDLE_ENV, LOG_NAME, STATUS_NAME, create_state_dir, worker_pid
 from tests.waiting import wait_until_async
 from tests.workers.conftest import Collected, SpecFactory, base_env, process_gone
@@ -134,6 +134,27 @@ async def test_the_launcher_and_its_workers_map_no_tls_library_and_the_run_succe
     for maps in (launcher_maps, worker_maps):
         assert "libssl" not in maps
         assert "libcrypto" not in maps
+
+
+async def test_a_forked_worker_logs_to_its_own_log_through_the_launchers_handler(
+    state_root: Path, make_spec: SpecFactory
+) -> None:
+    # NB: the launcher configures logging once, before its forks (launch.configure_worker_
+    # logging); each worker's stderr is its own log, and the inherited handler writes there.
+    transport = LocalTransport(state_root=state_root, env=base_env(), forkserver=True,
+                               preload=["codex-app-server"])
+    try:
+        results = [await transport.launch(make_spec(hooks=HookSpec(before_run="true"))[0])
+                   for _ in range(2)]
+        for result in results:
+            handle = WorkerHandle(transport=transport, handle=result.handle)
+            assert (await handle.follow(Collected())).data["outcome"] == "success"
+    finally:
+        await transport.close()
+    for result in results:
+        log = (Path(result.state_dir) / LOG_NAME).read_text()
+        assert " INFO lorenz.workspaces.hooks workspace hook started hook=before_run" in log
+        assert log.count("hook started hook=before_run") == 1, log
 
 
 def _maps(pid: int | None) -> str:

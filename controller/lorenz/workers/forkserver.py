@@ -57,7 +57,7 @@ from typing import Any, Final
 
 from lorenz.codes import ErrorCode
 from lorenz.workers import image_limits, profiling
-from lorenz.workers.launch import LaunchResult, WorkerLaunchError
+from lorenz.workers.launch import LaunchResult, WorkerLaunchError, configure_worker_logging
 from lorenz.workers.spec import RunSpec, encode_spec, is_handle
 from lorenz.workers.states import HANDLE_ENV, LOG_NAME
 
@@ -137,6 +137,8 @@ def serve_launches(
         return 1  # NB: the controller is gone already (or cannot take us along): no launches
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     profiling.begin("launcher")
+    # NB: its stderr goes nowhere; each fork's goes to its worker's log (launch.py).
+    configure_worker_logging()
     _preload(protocols=preload)
     selector = selectors.DefaultSelector()
     selector.register(0, selectors.EVENT_READ, None)
@@ -226,17 +228,17 @@ def _return_free_heap() -> None:
 def _rehearse() -> None:
     """Run, once and before any fork, what every worker runs: :data:`REHEARSED_RUNS` whole
     runs of a :class:`~lorenz.workers.worker.Worker` — its socket served, a ``command`` agent
-    running ``true`` between ``before_run`` and ``after_run`` hooks, its journal written — with
-    a client that attaches, reads to the final record and acks as the controller does.
+    running ``true``, its journal written — with a client that attaches, reads to the final
+    record and acks as the controller does.
 
     NB: Python 3.11 writes into a code object the first times it runs (its warm-up counter on
     every call until the 8th, then the specialising interpreter's inline caches), and asyncio
     makes some of its objects at first use. A worker doing all of that first after its fork
     copies every page it writes: rehearsed here, those writes land once in the launcher's
-    pages instead of in each worker's (issue #35). The hooks are rehearsed too (workflows
-    usually have them); code a worker never runs is never copied, so a run without hooks loses
-    nothing by it. Best effort: the rehearsal leaves no file, socket, thread or child behind,
-    and one that fails changes nothing else.
+    pages instead of in each worker's (issue #35). NB: hooks are not rehearsed: they run in
+    a login shell (``sh -lc``), and a profile that takes a second would hold the first
+    dispatch back by as many seconds as rehearsed runs. Best effort: the rehearsal leaves no
+    file, socket, thread or child behind, and one that fails changes nothing else.
     """
     from lorenz.tasks import install_child_watcher, run_on_fresh_loop
 

@@ -320,9 +320,10 @@ def _become_worker(
                 os._exit(status)  # NB: the launch died before we could follow it
         os.setsid()
         _redirect_stdio(state_dir / LOG_NAME)
-        logging.basicConfig(
-            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
-        )
+        if not logging.root.handlers:
+            # NB: a launcher's fork inherits the handler the launcher made (stderr, now this
+            # worker's log): see configure_worker_logging.
+            configure_worker_logging()
         # NB: not asyncio.run: a detached worker handles its own signals, and what asyncio.run
         # adds for a program's main costs each forked worker pages of its own (lorenz.tasks).
         status = run_on_fresh_loop(
@@ -334,6 +335,20 @@ def _become_worker(
         logging.shutdown()
         profiling.end("worker")
         os._exit(status)
+
+
+def configure_worker_logging() -> None:
+    """Log INFO and above to stderr, which is the worker's log once it is detached.
+
+    The launcher calls this once before its preload, so its forks inherit the handler instead
+    of each making one and tearing it down: that was ~25 of the ~380 Python functions a worker
+    runs, each a page of its own to copy (issue #35). A fork's stderr is its own worker's log
+    (:func:`_redirect_stdio` replaces file descriptor 2), so the inherited handler writes there.
+    """
+    logging.basicConfig(level=logging.INFO, format=WORKER_LOG_FORMAT)
+
+
+WORKER_LOG_FORMAT: Final = "%(asctime)s %(levelname)s %(name)s %(message)s"
 
 
 def _redirect_stdio(log_path: Path) -> None:
