@@ -20,10 +20,11 @@ from typing import Any
 import psutil
 import pytest
 
+from lorenz.config import AgentLaunch, AgentProtocol
 from lorenz.model import LorenzError
 from lorenz.workers.forkserver import LAUNCHER_MARK
 from lorenz.workers.handles import LocalTransport, WorkerHandle
-from lorenz.workers.spec import HookSpec, encode_spec
+from lorenz.workers.spec import HookSpec, IssueSpec, RunSpec, decode_spec, encode_spec
 from lorenz.workers.states import HANDLE_ENV, LOG_NAME, STATUS_NAME, create_state_dir, worker_pid
 from tests.waiting import wait_until_async
 from tests.workers.conftest import Collected, SpecFactory, base_env, process_gone
@@ -466,6 +467,48 @@ def test_the_launcher_leaves_the_spec_to_its_fork(tmp_path: Path) -> None:
         assert answer["code"] == "worker_spec_invalid"
     assert "JSON" in answers[1]["message"] or "json" in answers[1]["message"]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_forked_worker_keeps_the_spec_document_it_was_sent(
+    tmp_path: Path, state_root: Path
+) -> None:
+    # NB: the fork writes spec.json from the request's own bytes (read and checked whole), not
+    # encoded again (issue #35): a document laid out otherwise than the encoder's is kept as is.
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    spec = RunSpec(
+        workflow=str(tmp_path / "WORKFLOW.md"),
+        issue=IssueSpec(id="i-1", identifier="ABC-1", title="kept", state="Todo"),
+        prompt="as sent",
+        agent=AgentLaunch(protocol=AgentProtocol.COMMAND, command="true", login_shell=False),
+        workspace=str(workspace),
+        max_turns=1,
+        linger_ms=0,
+    )
+    document = json.dumps(json.loads(encode_spec(spec)), indent=1)
+    request = '{"id": 1, "handle": "' + spec.handle + '", "spec": ' + document + "}"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "lorenz.cli.worker", "--launcher", "--state-root",
+         str(state_root), "--parent", str(os.getpid()), "--preload", "command"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0,
+    )
+    assert launcher.stdin is not None
+    assert launcher.stdout is not None
+    try:
+        # NB: a start request is one line: the indented document's newlines become spaces.
+        launcher.stdin.write(request.replace("\n", " ").encode() + b"\n")
+        launcher.stdin.flush()
+        ready, _, _ = select.select([launcher.stdout], [], [], 120)
+        assert ready, "the launcher did not answer"
+        answer = json.loads(launcher.stdout.readline())["answer"]
+    finally:
+        launcher.stdin.close()
+        launcher.wait(timeout=60)
+        launcher.stdout.close()
+    assert answer["ok"] is True, answer
+    written = (Path(answer["state_dir"]) / "spec.json").read_bytes()
+    assert written == document.replace("\n", " ").encode()
+    assert decode_spec(written) == spec
 
 
 def test_the_launcher_refuses_to_run_for_a_parent_that_is_not_its_own(tmp_path: Path) -> None:

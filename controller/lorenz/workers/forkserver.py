@@ -264,14 +264,18 @@ async def _rehearse_run(root: Path, *, run: int) -> None:
 async def _rehearse_whole_run(root: Path, *, run: int) -> None:
     from lorenz.config.kinds import AgentLaunch, AgentProtocol
     from lorenz.workers.journal import FINAL
-    from lorenz.workers.spec import IssueSpec
+    from lorenz.workers.launch import read_spec
+    from lorenz.workers.spec import IssueSpec, encode_spec
+    from lorenz.workers.states import write_spec
     from lorenz.workers.worker import Worker
 
     state_dir = root / "s"
     workspace = root / "w"
     state_dir.mkdir(parents=True)
     workspace.mkdir()
-    spec = RunSpec(
+    # NB: the spec goes through JSON and is written as a launch child does (_launch_one): its
+    # readers and checks are what every worker runs first.
+    encoded = encode_spec(RunSpec(
         workflow=str(root / "WORKFLOW.md"),
         issue=IssueSpec(id="rehearsal", identifier="REHEARSAL-1", title="", state="Todo"),
         run=run,
@@ -280,7 +284,9 @@ async def _rehearse_whole_run(root: Path, *, run: int) -> None:
         workspace=str(workspace),
         max_turns=1,
         linger_ms=int(REHEARSAL_TIMEOUT_S * 1000),
-    )
+    ))
+    spec = read_spec(_Bytes(encoded))
+    write_spec(state_dir, spec, encoded=encoded)
     worker = Worker(spec=spec, state_dir=state_dir)
     running: asyncio.Task[Any] | None = None
     writer: asyncio.StreamWriter | None = None
@@ -413,7 +419,8 @@ def _launch_one(raw: bytes | object, *, state_root: Path) -> int:
         spec = read_spec(_Bytes(data))
         os.environ[HANDLE_ENV] = spec.handle
         return start_from_spec(
-            spec, state_root=state_root, detach=True, die_with_parent=True, in_place=True
+            spec, state_root=state_root, detach=True, die_with_parent=True, in_place=True,
+            encoded=data,
         )
     except LorenzError as exc:
         answer({"ok": False, "code": exc.code, "message": exc.message})

@@ -199,19 +199,21 @@ def start_from_spec(
     detach: bool,
     die_with_parent: bool = False,
     in_place: bool = False,
+    encoded: bytes | None = None,
 ) -> int:
     """Create the state directory for ``spec`` and start (or find) its worker.
 
     ``die_with_parent``: the worker dies with this process until it serves (see
     :mod:`lorenz.workers.forkserver`, whose forks call this). ``in_place`` (with
     ``detach``): this process, a launcher's fork, becomes the worker itself instead of forking
-    it (see :func:`serve`); it never returns then.
+    it (see :func:`serve`); it never returns then. ``encoded``: the JSON document ``spec`` was
+    read from, written as ``spec.json`` as it is (see :func:`~lorenz.workers.states.write_spec`).
     """
     state_dir = create_state_dir(state_root, spec.handle)
     if _is_empty_dir(state_dir):
         # NB: a new run's directory (the usual launch): no journal, no status, no socket, so
         # the probe could only say "gone, never ran"; skip its event loop and connect attempt.
-        write_spec(state_dir, spec)
+        write_spec(state_dir, spec, encoded=encoded)
         return serve(
             state_dir, detach=detach, die_with_parent=die_with_parent, spec=spec,
             in_place=in_place,
@@ -236,7 +238,7 @@ def start_from_spec(
             "attempt gets a new handle",
             code=ErrorCode.WORKER_HANDLE_USED,
         )
-    write_spec(state_dir, spec)
+    write_spec(state_dir, spec, encoded=encoded)
     return serve(
         state_dir, detach=detach, die_with_parent=die_with_parent, spec=spec, in_place=in_place
     )

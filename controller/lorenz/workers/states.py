@@ -256,13 +256,18 @@ def mark_collected(state_dir: Path) -> None:
             os.close(os.open(mark, os.O_WRONLY | os.O_CREAT, 0o600))
 
 
-def write_spec(state_dir: Path, spec: RunSpec) -> Path:
-    """Write ``spec.json`` (0600) atomically."""
+def write_spec(state_dir: Path, spec: RunSpec, *, encoded: bytes | None = None) -> Path:
+    """Write ``spec.json`` (0600) atomically.
+
+    ``encoded``: the JSON document ``spec`` was just read from (a launch request), written as
+    it is. NB: it is the spec already (it was read and checked whole), and encoding the spec
+    again in a launcher's fork cost each worker ~0.25 MiB of pages of its own (issue #35).
+    """
     path = state_dir / SPEC_NAME
     tmp = state_dir / f".{SPEC_NAME}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as handle:
-        handle.write(encode_spec(spec))
+        handle.write(encode_spec(spec) if encoded is None else encoded)
     os.replace(tmp, path)
     return path
 
