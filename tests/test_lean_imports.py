@@ -58,6 +58,16 @@ UNUSED_TRACKERS = (
     "lorenz.trackers.memory",
 )
 
+UNUSED_BY_THE_CONTROLLER = (
+    # the worker's own side: the launcher runs it, the controller only launches and attaches
+    "lorenz.workers.control_socket",
+    "lorenz.workers.worker",
+    # SSH placement, for workflows without worker.ssh_hosts
+    "lorenz.workers.ssh",
+    # the profiler, for LORENZ_PROFILE_CPROFILE only
+    "cProfile",
+)
+
 UNUSED_CLAIM_STORES = (
     "_sqlite3",
     "lorenz.claims.sql",
@@ -112,7 +122,7 @@ def test_the_controller_holds_no_tracker_or_claim_store_it_does_not_use(tmp_path
     modules = _modules_at_exit(done)
     assert "run_started" in (tmp_path / "events.jsonl").read_text(), "one run must dispatch"
     assert {"lorenz.trackers.linear", "lorenz.claims.memory"} <= modules
-    unused = {*UNUSED_TRACKERS, *UNUSED_CLAIM_STORES}
+    unused = {*UNUSED_TRACKERS, *UNUSED_CLAIM_STORES, *UNUSED_BY_THE_CONTROLLER}
     assert modules.isdisjoint(unused), sorted(modules & unused)
 
 

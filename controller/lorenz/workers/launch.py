@@ -46,7 +46,6 @@ from lorenz.workers.states import (
     probe_local,
     write_spec,
 )
-from lorenz.workers.worker import ExitStatus, Worker, load_spec
 
 logger = logging.getLogger(__name__)
 
@@ -269,6 +268,8 @@ def serve(
     that pipe once it serves; it never returns.
     """
     if spec is None:
+        from lorenz.workers.worker import load_spec
+
         spec = load_spec(state_dir)
     if not detach:
         return asyncio.run(_serve(spec, state_dir, ready_fd=None))
@@ -311,6 +312,10 @@ def _become_worker(
     ``parent``: the process that forked this one just now, to die with until the worker
     serves (``None``: the parent-death signal is set already, by a launcher's fork).
     """
+    # NB: the worker's module is imported here, not with this one: a controller imports launch
+    # for the launch command's side and never runs a worker itself (the launcher preloads it).
+    from lorenz.workers.worker import ExitStatus
+
     status = int(ExitStatus.FAILED)
     try:
         profiling.begin("worker")
@@ -366,6 +371,8 @@ def _redirect_stdio(log_path: Path) -> None:
 async def _serve(
     spec: RunSpec, state_dir: Path, *, ready_fd: int | None, die_with_parent: bool = False
 ) -> int:
+    from lorenz.workers.worker import ExitStatus, Worker
+
     install_child_watcher()
     worker = Worker(spec=spec, state_dir=state_dir)
     try:

@@ -23,7 +23,7 @@ import shlex
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import PurePosixPath
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from lorenz.agents import (
     AdoptionCanceller,
@@ -41,8 +41,10 @@ from lorenz.policies.placement import RunLocation, run_location
 from lorenz.workers.journal import DEFAULT_MAX_BYTES as DEFAULT_JOURNAL_MAX_BYTES
 from lorenz.workers.runner import WorkerRunner
 from lorenz.workers.spec import HookSpec, RunSpec
-from lorenz.workers.ssh import SshTransport
 from lorenz.workspaces.keys import slot_dir_name, workspace_key
+
+if TYPE_CHECKING:
+    from lorenz.workers.ssh import SshTransport
 
 DEFAULT_WORKSPACE_ROOT_NAME: Final = "lorenz_workspaces"
 """Under the system temporary directory when ``workspace.root`` is unset (as locally)."""
@@ -104,6 +106,10 @@ class SshTransports:
         key = (host, worker.ssh_config, worker.remote_command, worker.remote_state_root)
         transport = self._transports.get(key)
         if transport is None:
+            # NB: on the first run placed on an SSH host: a controller without ``ssh_hosts``
+            # never loads the SSH transport.
+            from lorenz.workers.ssh import SshTransport
+
             transport = SshTransport(
                 host=host,
                 ssh_options=["-F", worker.ssh_config] if worker.ssh_config else [],

@@ -16,11 +16,13 @@ is one environment lookup.
 from __future__ import annotations
 
 import contextlib
-import cProfile
 import os
 import resource
 import time
-from typing import Final
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    import cProfile
 
 PROFILE_DIR_ENV: Final = "LORENZ_PROFILE_DIR"
 CPROFILE_ENV: Final = "LORENZ_PROFILE_CPROFILE"
@@ -51,6 +53,8 @@ def begin(kind: str) -> None:
         with contextlib.suppress(OSError):
             remember_frames()  # NB: first, before this process writes more than it must
     if os.environ.get(CPROFILE_ENV) == "1":
+        import cProfile  # NB: on demand: nobody else loads the profiler's modules
+
         _profiler = cProfile.Profile(time.process_time)  # NB: CPU, not wall (a loaded host)
         _profiler.enable()
 
