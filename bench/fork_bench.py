@@ -33,9 +33,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from lorenz.tasks import run_on_fresh_loop
-from lorenz.workers import forkserver
-from lorenz.workers.protocol import SOCKET_NAME
+from lorenz.workers import image_limits
+
+# NB: as `lorenz worker --launcher` starts: TLS kept out before asyncio loads (image_limits).
+image_limits.keep_out()
+
+from lorenz.tasks import run_on_fresh_loop  # noqa: E402
+from lorenz.workers import forkserver  # noqa: E402
+from lorenz.workers.protocol import SOCKET_NAME  # noqa: E402
 
 CLIENT_WAIT_S = 30.0
 """How long the client waits for the fork's socket, and for each line (a generous bound)."""
