@@ -157,27 +157,7 @@ class SshWorkerRunner(WorkerRunner):
         self.run_placement = placement
 
     def spec_for(self, request: AgentRunRequest, *, run: int = 0) -> RunSpec:
-        spec = super().spec_for(request, run=run)
-        hooks = self.run_placement.hooks
-        variables = {
-            name: value
-            for name, value in request.env.items()
-            if name.startswith(HOOK_VARIABLE_PREFIX)
-        }
-        return dataclasses.replace(
-            spec,
-            workspace=str(request.workspace),
-            create_workspace=True,
-            inherit_env=True,
-            host=self.run_placement.host,
-            hooks=HookSpec(
-                after_create=hooks.after_create,
-                before_run=hooks.before_run,
-                after_run=hooks.after_run,
-                timeout_ms=hooks.timeout_ms,
-                env=variables,
-            ),
-        )
+        return placed_spec(super().spec_for(request, run=run), request, self.run_placement)
 
     async def run(self, request: AgentRunRequest) -> AgentRunResult:
         try:
@@ -192,6 +172,32 @@ class SshWorkerRunner(WorkerRunner):
         finally:
             if self.last_handle is not None:
                 await self.ssh.close_forward(self.last_handle.handle)
+
+
+def placed_spec(spec: RunSpec, request: AgentRunRequest, placement: RunPlacement) -> RunSpec:
+    """``spec`` for a run placed on another host (over SSH, or in a Pod): the workspace made
+    there, the hooks run there with the run's ``LORENZ_`` variables, and the host's own
+    environment under the run's."""
+    hooks = placement.hooks
+    variables = {
+        name: value
+        for name, value in request.env.items()
+        if name.startswith(HOOK_VARIABLE_PREFIX)
+    }
+    return dataclasses.replace(
+        spec,
+        workspace=str(request.workspace),
+        create_workspace=True,
+        inherit_env=True,
+        host=placement.host,
+        hooks=HookSpec(
+            after_create=hooks.after_create,
+            before_run=hooks.before_run,
+            after_run=hooks.after_run,
+            timeout_ms=hooks.timeout_ms,
+            env=variables,
+        ),
+    )
 
 
 class PlacingRunner:

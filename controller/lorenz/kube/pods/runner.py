@@ -34,9 +34,9 @@ from lorenz.kube.pods.manifests import (
 )
 from lorenz.kube.pods.transport import AgentAccounts, PodTransport
 from lorenz.model import SlotKey, SpawnIntents, slot_key
-from lorenz.workers.placement import HOOK_VARIABLE_PREFIX
+from lorenz.workers.placement import placed_spec
 from lorenz.workers.runner import WorkerRunner
-from lorenz.workers.spec import HookSpec, RunSpec
+from lorenz.workers.spec import RunSpec
 
 logger = logging.getLogger(__name__)
 
@@ -78,28 +78,8 @@ class PodWorkerRunner(WorkerRunner):
 
 
     def spec_for(self, request: AgentRunRequest, *, run: int = 0) -> RunSpec:
-        spec = super().spec_for(request, run=run)
-        hooks = self.run_placement.hooks
-        variables = {
-            name: value
-            for name, value in request.env.items()
-            if name.startswith(HOOK_VARIABLE_PREFIX)
-        }
-        return dataclasses.replace(
-            spec,
-            workspace=str(request.workspace),
-            create_workspace=True,
-            inherit_env=True,
-            host=self.run_placement.host,
-            hooks=HookSpec(
-                after_create=hooks.after_create,
-                before_run=hooks.before_run,
-                after_run=hooks.after_run,
-                timeout_ms=hooks.timeout_ms,
-                env=variables,
-            ),
-            linger_ms=max(spec.linger_ms, POD_LINGER_MS),
-        )
+        spec = placed_spec(super().spec_for(request, run=run), request, self.run_placement)
+        return dataclasses.replace(spec, linger_ms=max(spec.linger_ms, POD_LINGER_MS))
 
     async def run(self, request: AgentRunRequest) -> AgentRunResult:
         stop = self._show_pods(slot_key(request.issue.id, request.slot_index))
