@@ -66,6 +66,9 @@ UNUSED_BY_THE_CONTROLLER = (
     "lorenz.workers.ssh",
     # the profiler, for LORENZ_PROFILE_CPROFILE only
     "cProfile",
+    # the error codes' docs table: read by the docs generator only
+    "lorenz.codes.catalog",
+    "lorenz.codes.services",
 )
 
 UNUSED_CLAIM_STORES = (
@@ -83,6 +86,9 @@ UNUSED_BY_WORKERS = (
     "tenacity",
     # the shipped price table's parser: prices are the controller's
     "yaml",
+    # the error codes' docs table: read by the docs generator only
+    "lorenz.codes.catalog",
+    "lorenz.codes.services",
 )
 
 SETTINGS_SCHEMA = (

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from typing import TYPE_CHECKING, Any
 
 
 class ErrorCode(enum.StrEnum):
@@ -309,6 +310,8 @@ class ErrorCode(enum.StrEnum):
     @property
     def doc(self) -> CodeDoc:
         """This code's entry in :data:`CODE_DOCS`."""
+        from lorenz.codes.catalog import CODE_DOCS
+
         return CODE_DOCS[self]
 
 
@@ -352,7 +355,19 @@ class CodeDoc:
     kind: Kind = Kind.ERROR
 
 
-# NB: imported last, because the table names the members above (a cycle Python resolves as
-# long as this line stays below them); re-exported so ``from lorenz.codes import CODE_DOCS``
-# keeps working.
-from lorenz.codes.catalog import CODE_DOCS as CODE_DOCS  # noqa: E402
+if TYPE_CHECKING:
+    from lorenz.codes.catalog import CODE_DOCS as CODE_DOCS
+
+
+def __getattr__(name: str) -> Any:
+    """``CODE_DOCS``, the docs table, loaded on first use.
+
+    NB: every process imports the codes, but only the docs generator (and its tests) reads the
+    table: its text and records were ~0.1 MiB of every controller's memory and of the image
+    each forked worker shares (issue #35). ``from lorenz.codes import CODE_DOCS`` still works.
+    """
+    if name == "CODE_DOCS":
+        from lorenz.codes.catalog import CODE_DOCS
+
+        return CODE_DOCS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
