@@ -297,20 +297,28 @@ async def test_a_controller_dropped_for_reading_too_slowly_hands_its_call_to_the
             for n in range(control_socket.QUEUE_LIMIT + slow.buffered_bytes() // 50):
                 worker.journal("bulk", {"n": n})
             received = 0
-            while (message := await slow.next_message()) is not None:
+            while await slow.next_message() is not None:
                 received += 1
             assert received < control_socket.QUEUE_LIMIT, "dropped, not flushed"
-            await fast.attach(after_seq=worker.journal("after_the_drop", {}).seq)
-            while (message := await fast.next_message()) is not None:
-                if message["op"] == "call":
-                    break
-            assert message is not None
-            assert message["method"] == "issue_active"
-            await fast.send({"op": "reply", "id": message["id"], "result": True})
+            await _answer_the_activity_check(fast, worker, mark="after_the_drop", active=True)
             assert await asyncio.wait_for(asking, timeout=60) is True
         finally:
             slow.close()
             fast.close()
+
+
+async def _answer_the_activity_check(
+    client: RawClient, worker: Worker, *, mark: str, active: bool
+) -> None:
+    """Attach ``client`` after a new record ``mark``, take the call waiting for a controller
+    (the between-turn activity check) and answer it."""
+    await client.attach(after_seq=worker.journal(mark, {}).seq)
+    while (message := await client.next_message()) is not None:
+        if message["op"] == "call":
+            break
+    assert message is not None
+    assert message["method"] == "issue_active"
+    await client.send({"op": "reply", "id": message["id"], "result": active})
 
 
 async def test_a_second_worker_for_a_served_socket_is_refused_and_a_stale_one_replaced(
@@ -359,13 +367,7 @@ async def test_a_controller_gone_mid_call_fails_its_tool_call_and_hands_on_its_c
             result = await asyncio.wait_for(tool, timeout=60)
             assert result["success"] is False
             assert "may or may not have run" in result["output"]
-            await second.attach(after_seq=worker.journal("after_the_loss", {}).seq)
-            while (message := await second.next_message()) is not None:
-                if message["op"] == "call":
-                    break
-            assert message is not None
-            assert message["method"] == "issue_active"
-            await second.send({"op": "reply", "id": message["id"], "result": False})
+            await _answer_the_activity_check(second, worker, mark="after_the_loss", active=False)
             assert await asyncio.wait_for(check, timeout=60) is False
         finally:
             first.close()
