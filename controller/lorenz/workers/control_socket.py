@@ -16,6 +16,7 @@ not read. What a line means is the worker's (:mod:`lorenz.workers.worker`).
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import collections
 import contextlib
@@ -53,7 +54,7 @@ ACCEPT_PAUSE_S: Final = 1.0
 """How long the listener stops accepting after ``accept`` failed (out of descriptors)."""
 
 
-class ControlConnection:
+class ControlConnection(abc.ABC):
     """One accepted peer: its input as whole lines, its output sent at once or queued.
 
     A subclass says what a line means (:meth:`line_received`) and what the end of the peer
@@ -78,11 +79,15 @@ class ControlConnection:
         self.finished: asyncio.Future[None] = loop.create_future()
         """Done once the socket is closed (after what was queued was written, or not)."""
 
+    @abc.abstractmethod
     def line_received(self, line: bytes) -> None:
-        raise NotImplementedError
+        """One whole line from the peer (without its newline)."""
 
+    @abc.abstractmethod
     def lost(self, error: ProtocolError | None) -> None:
-        raise NotImplementedError
+        """The peer is gone: ``error`` says what it sent that ended it (a line over the limit,
+        or one cut off by the end of the stream); ``None`` for an end of stream, a socket
+        error, or a peer dropped for reading too slowly."""
 
     def start(self) -> None:
         """Begin reading (after the first lines are sent: a peer gone already is closed)."""
